@@ -1,0 +1,31 @@
+"""psframe: parameter-server training for PyTorch over gRPC.
+
+The front door: the names most programs need. Everything else is imported
+from its module (``psframe.placement``, ``psframe.hooks``, ``psframe.codec``...).
+"""
+
+__version__ = "0.1.0"
+
+from psframe import optim  # noqa: E402
+from psframe.cluster import ClusterSpec  # noqa: E402
+from psframe.errors import (  # noqa: E402
+    BarrierTimeoutError,
+    ClusterSpecError,
+    ConnectTimeoutError,
+    PsframeError,
+    ShapeMismatchError,
+)
+from psframe.ps.server import Server  # noqa: E402
+from psframe.trainer import Trainer  # noqa: E402
+
+__all__ = [
+    "ClusterSpec",
+    "Server",
+    "Trainer",
+    "optim",
+    "PsframeError",
+    "ClusterSpecError",
+    "ConnectTimeoutError",
+    "BarrierTimeoutError",
+    "ShapeMismatchError",
+]

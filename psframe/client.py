@@ -1,0 +1,191 @@
+"""A worker's channels to every ps task: connect, init, push/pull, finish.
+
+Requests go to all ps tasks in parallel (gRPC futures), and a failed call is
+raised as the psframe error the ps raised, or as a named transport error.
+Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import grpc
+
+from psframe import errors
+from psframe.cluster import ClusterSpec
+from psframe.codec import ERROR_METADATA_KEY, GRPC_OPTIONS, SERVICE_NAME
+from psframe.errors import ClusterMismatchError, ConnectTimeoutError, PsframeError
+from psframe.proto import psframe_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+# Reconnect quickly to a ps that comes up late or restarts; gRPC's default
+# backoff grows to two minutes.
+CLIENT_OPTIONS = GRPC_OPTIONS + (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+LOG_EVERY_SECONDS = 5.0
+
+
+def remote_error(error: grpc.RpcError, task: str, timeout: float | None = None) -> PsframeError:
+    """The psframe error for a failed call to ``task``."""
+    metadata = dict(error.trailing_metadata() or ())
+    cls = getattr(errors, str(metadata.get(ERROR_METADATA_KEY, "")), None)
+    if isinstance(cls, type) and issubclass(cls, PsframeError):
+        return cls(error.details())
+    code = error.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return errors.TaskUnavailableError(f"{task} is unavailable: {error.details()}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.RpcTimeoutError(f"{task} did not answer within {timeout}s")
+    return errors.RemoteError(f"{task} failed with {code.name}: {error.details()}")
+
+
+class PsClient:
+    """Channels from one worker to every ps task of the cluster.
+
+    Args:
+        cluster: the cluster.
+        task_index: the worker's index.
+        rpc_timeout: deadline in seconds of each call once connected.
+    """
+
+    def __init__(self, cluster: ClusterSpec, task_index: int, *, rpc_timeout: float = 300.0) -> None:
+        cluster.validate_task("worker", task_index)
+        self.cluster = cluster
+        self.task_index = task_index
+        self.rpc_timeout = rpc_timeout
+        self.caller = pb.Caller(
+            job_name="worker", task_index=task_index, cluster_fingerprint=cluster.fingerprint
+        )
+        self.addresses = cluster.job_tasks("ps")
+        self.names = [ClusterSpec.task_name("ps", i) for i in range(len(self.addresses))]
+        self._channels = [grpc.insecure_channel(a, options=CLIENT_OPTIONS) for a in self.addresses]
+
+        def method(name: str, serializer=None, deserializer=None) -> list[grpc.UnaryUnaryMultiCallable]:
+            return [
+                ch.unary_unary(f"/{SERVICE_NAME}/{name}", request_serializer=serializer,
+                               response_deserializer=deserializer)
+                for ch in self._channels
+            ]
+
+        self._get_info = method("GetInfo", pb.InfoRequest.SerializeToString, pb.TaskInfo.FromString)
+        self._finish = method("Finish", pb.FinishRequest.SerializeToString, pb.FinishResponse.FromString)
+        # Tensor-carrying methods send and receive bytes made by psframe.codec.
+        self._init = method("Init")
+        self._push_pull = method("PushPull")
+
+    @property
+    def num_ps(self) -> int:
+        return len(self.addresses)
+
+    def describe(self, ps_task: int) -> str:
+        return f"{self.names[ps_task]} at {self.addresses[ps_task]}"
+
+    # ---- waiting for peers
+
+    def wait_for_ps(self, timeout: float, *, ready: bool = False) -> list[pb.TaskInfo]:
+        """Wait until every ps task answers (and, with ``ready``, holds the model).
+
+        Logs whom it waits for every few seconds.
+
+        Returns:
+            Each ps task's :class:`TaskInfo`, by task index.
+
+        Raises:
+            ConnectTimeoutError: naming the tasks still missing after ``timeout``.
+            ClusterMismatchError: a ps task was started with another cluster.
+        """
+        start = time.monotonic()
+        deadline = start + timeout
+        next_log = start + LOG_EVERY_SECONDS
+        infos: dict[int, pb.TaskInfo] = {}
+        pending = list(range(self.num_ps))
+        request = pb.InfoRequest(caller=self.caller)
+        while True:
+            for i in list(pending):
+                try:
+                    info = self._get_info[i](request, timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+                except grpc.RpcError as e:
+                    if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        raise remote_error(e, self.describe(i)) from e
+                    continue
+                self._check_identity(i, info)
+                if ready and info.state != pb.TaskInfo.READY:
+                    continue
+                infos[i] = info
+                pending.remove(i)
+            if not pending:
+                return [infos[i] for i in range(self.num_ps)]
+            now = time.monotonic()
+            what = "hold the model (the chief creates it)" if ready else "come up"
+            missing = ", ".join(self.describe(i) for i in pending)
+            if now >= deadline:
+                raise ConnectTimeoutError(
+                    f"/job:worker/task:{self.task_index} waited {now - start:.1f}s for {missing} "
+                    f"to {what}; giving up"
+                )
+            if now >= next_log:
+                log.info("worker %d waiting for %s to %s (%.0fs of %.0fs)",
+                         self.task_index, missing, what, now - start, timeout)
+                next_log = now + LOG_EVERY_SECONDS
+            time.sleep(min(0.1, max(0.0, deadline - now)))
+
+    def _check_identity(self, ps_task: int, info: pb.TaskInfo) -> None:
+        if (info.job_name, info.task_index) != ("ps", ps_task) or info.cluster_spec != self.cluster.to_string():
+            raise ClusterMismatchError(
+                f"{self.addresses[ps_task]} should be {self.names[ps_task]} of cluster "
+                f"{self.cluster.to_string()!r}, but it is /job:{info.job_name}/task:{info.task_index} "
+                f"of cluster {info.cluster_spec!r}"
+            )
+
+    # ---- calls
+
+    def get_info(self, ps_task: int) -> pb.TaskInfo:
+        """One ps task's :class:`TaskInfo`."""
+        return self._call(self._get_info, [(ps_task, pb.InfoRequest(caller=self.caller))])[0]
+
+    def init(self, requests: Sequence[tuple[int, bytes]]) -> list[bytes]:
+        """Send Init requests (encoded by the codec) to their ps tasks, in parallel."""
+        return self._call(self._init, requests)
+
+    def push_pull(self, requests: Sequence[tuple[int, bytes]]) -> list[bytes]:
+        """Send PushPull requests (encoded by the codec), in parallel; replies in order."""
+        return self._call(self._push_pull, requests)
+
+    def finish(self) -> None:
+        """Tell every ps task this worker is done; a ps that is gone is only logged."""
+        request = pb.FinishRequest(caller=self.caller)
+        for i in range(self.num_ps):
+            try:
+                self._call(self._finish, [(i, request)], timeout=min(self.rpc_timeout, 30.0))
+            except (errors.TaskUnavailableError, errors.RpcTimeoutError) as e:
+                log.warning("worker %d could not report that it finished: %s", self.task_index, e)
+
+    def _call(self, methods: list[Callable], requests: Sequence[tuple[int, object]],
+              timeout: float | None = None) -> list:
+        timeout = timeout or self.rpc_timeout
+        pending = [(i, methods[i].future(request, timeout=timeout)) for i, request in requests]
+        replies, failure = [], None
+        for i, future in pending:
+            try:
+                replies.append(future.result())
+            except grpc.RpcError as e:
+                failure = failure or remote_error(e, self.describe(i), timeout)
+        if failure is not None:
+            raise failure
+        return replies
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+    def __enter__(self) -> PsClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

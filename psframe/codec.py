@@ -1,0 +1,303 @@
+"""The one bridge between torch tensors and bytes on the wire.
+
+Every tensor-carrying message of ``psframe.proto`` is an envelope of two
+fields: ``header`` (field 1, a message with a ``tensors`` list of
+:class:`TensorMeta`) and ``payload`` (field 2, the raw tensor bytes).
+:func:`encode` writes the payload first, padded so that every tensor starts on
+an 8-byte boundary of the message, then the header; the result is an ordinary
+protobuf message that any parser reads. :func:`decode` finds the two fields by
+hand and returns tensors that are views of the received buffer, so the bytes
+are copied once on the way out (into the message) and not at all on the way
+in. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import TypeVar
+
+import torch
+from google.protobuf.message import DecodeError, Message
+
+from psframe.errors import WireFormatError
+from psframe.optim import KwargValue, OptimizerSpec
+from psframe.proto import psframe_pb2 as pb
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+# A failing call carries the psframe error's class name in this trailing
+# metadata key, so the caller can raise the same class.
+ERROR_METADATA_KEY = "psframe-error"
+# No gRPC message limit of its own (its default is 4 MiB): large variables are
+# split into parts that each fit a message (see psframe.placement).
+GRPC_OPTIONS = (
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+)
+
+ALIGNMENT = 8
+_HEADER_TAG = b"\x0a"  # field 1, length-delimited
+_PAYLOAD_TAG = b"\x12"  # field 2, length-delimited
+
+# Every torch dtype with a fixed element size that can cross the wire.
+DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in (
+        "float64", "float32", "float16", "bfloat16",
+        "complex128", "complex64",
+        "int64", "int32", "int16", "int8", "uint8",
+        "uint16", "uint32", "uint64", "bool",
+        "float8_e4m3fn", "float8_e5m2",
+    )
+    if hasattr(torch, name)
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+H = TypeVar("H", bound=Message)
+
+# torch.frombuffer warns (once per process) that a bytes object is not
+# writable. Received buffers are only ever read, so say it once here, quietly.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    torch.frombuffer(b"\0" * 8, dtype=torch.uint8)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The wire name of a torch dtype ("float32", "bfloat16", ...).
+
+    Raises:
+        WireFormatError: the dtype cannot travel (e.g. a quantized type).
+    """
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise WireFormatError(
+            f"dtype {dtype} cannot be sent; expected one of {sorted(DTYPES)}"
+        ) from None
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """The torch dtype of a wire name.
+
+    Raises:
+        WireFormatError: the name is not one of :data:`DTYPES`.
+    """
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise WireFormatError(
+            f"unknown dtype {name!r} on the wire; expected one of {sorted(DTYPES)}"
+        ) from None
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while pos < len(view):
+        byte = view[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            break
+    raise WireFormatError("truncated or malformed length prefix in a psframe message")
+
+
+def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+    """The little-endian bytes of a contiguous CPU tensor, without a copy."""
+    flat = tensor.reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    if flat.element_size() > 1 and sys.byteorder != "little":
+        # Big-endian host: reverse each element's bytes (a copy, rare).
+        size = flat.element_size()
+        flat = flat.view(torch.uint8).view(-1, size).flip(-1).contiguous()
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]]) -> bytes:
+    """Serialize an envelope message: ``header`` plus the named tensors.
+
+    ``header.tensors`` is replaced by the metadata of ``tensors``. Tensors
+    must be on the CPU; non-contiguous ones are made contiguous (a copy).
+
+    Args:
+        header: the envelope's header message (e.g. ``PushPullHeader``).
+        tensors: ``(name, tensor)`` pairs, in the order to send them.
+
+    Returns:
+        The bytes of the envelope, a valid protobuf message of the envelope type.
+    """
+    del header.tensors[:]
+    chunks: list[memoryview] = []
+    metas = []
+    offset = 0
+    for name, tensor in tensors:
+        if tensor.device.type != "cpu":
+            raise WireFormatError(f"tensor {name!r} is on {tensor.device}; encode() needs CPU tensors")
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        data = _raw_bytes(tensor)
+        pad = -offset % ALIGNMENT
+        if pad:
+            chunks.append(memoryview(bytes(pad)))
+            offset += pad
+        metas.append(
+            pb.TensorMeta(
+                name=name,
+                dtype=dtype_name(tensor.dtype),
+                shape=tensor.shape,
+                offset=offset,
+                nbytes=data.nbytes,
+            )
+        )
+        chunks.append(data)
+        offset += data.nbytes
+    # The payload starts right after its tag and length; pad its front so
+    # that it starts on an aligned offset of the message. Offsets in the
+    # header are relative to the payload start, so they include the lead pad.
+    prefix = len(_varint(offset))
+    while True:
+        lead = -(1 + prefix) % ALIGNMENT
+        if len(_varint(offset + lead)) == prefix:
+            break
+        prefix = len(_varint(offset + lead))
+    for meta in metas:
+        meta.offset += lead
+    header.tensors.extend(metas)
+    header_bytes = header.SerializeToString()
+    return b"".join(
+        [
+            _PAYLOAD_TAG,
+            _varint(offset + lead),
+            bytes(lead),
+            *chunks,
+            _HEADER_TAG,
+            _varint(len(header_bytes)),
+            header_bytes,
+        ]
+    )
+
+
+def decode(data: bytes, header_type: type[H]) -> tuple[H, list[torch.Tensor]]:
+    """Parse an envelope message into its header and its tensors.
+
+    The tensors share memory with ``data`` (they are read-only views) when
+    it is suitably aligned, which is the case for messages made by
+    :func:`encode`; otherwise they are copied.
+
+    Args:
+        data: bytes of an envelope message (from :func:`encode` or any protobuf
+            serializer).
+        header_type: the header message class, e.g. ``pb.PushPullHeader``.
+
+    Returns:
+        ``(header, tensors)`` with tensors in ``header.tensors`` order.
+
+    Raises:
+        WireFormatError: the bytes are not a well-formed envelope.
+    """
+    view = memoryview(data)
+    header = None
+    payload_start, payload_len = 0, 0
+    pos = 0
+    while pos < len(view):
+        tag = view[pos]
+        pos += 1
+        if tag not in (_HEADER_TAG[0], _PAYLOAD_TAG[0]):
+            raise WireFormatError(f"unexpected protobuf tag {tag:#x} in a psframe envelope")
+        length, pos = _read_varint(view, pos)
+        if pos + length > len(view):
+            raise WireFormatError(
+                f"psframe message truncated: a field of {length} bytes at offset {pos} "
+                f"overruns the {len(view)}-byte message"
+            )
+        if tag == _HEADER_TAG[0]:
+            try:
+                header = header_type.FromString(view[pos : pos + length])
+            except DecodeError as e:
+                raise WireFormatError(f"malformed {header_type.__name__}: {e}") from e
+        else:
+            payload_start, payload_len = pos, length
+        pos += length
+    if header is None:
+        header = header_type()
+    tensors = [_tensor_at(view, payload_start, payload_len, meta) for meta in header.tensors]
+    return header, tensors
+
+
+def _tensor_at(view: memoryview, start: int, length: int, meta: pb.TensorMeta) -> torch.Tensor:
+    dtype = dtype_from_name(meta.dtype)
+    shape = tuple(meta.shape)
+    numel = 1
+    for dim in shape:
+        if dim < 0:
+            raise WireFormatError(f"tensor {meta.name!r} has a negative dimension in shape {shape}")
+        numel *= dim
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if numel * itemsize != meta.nbytes:
+        raise WireFormatError(
+            f"tensor {meta.name!r}: shape {shape} of {meta.dtype} needs {numel * itemsize} bytes, "
+            f"header says {meta.nbytes}"
+        )
+    if meta.offset + meta.nbytes > length:
+        raise WireFormatError(
+            f"tensor {meta.name!r} lies outside the payload "
+            f"(bytes {meta.offset}..{meta.offset + meta.nbytes} of {length})"
+        )
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    flat = torch.frombuffer(view, dtype=torch.uint8, count=meta.nbytes, offset=start + meta.offset)
+    if flat.data_ptr() % min(itemsize, ALIGNMENT):
+        flat = flat.clone()  # misaligned buffer (not one of ours): copy rather than fault
+    if itemsize > 1 and sys.byteorder != "little":
+        flat = flat.view(-1, itemsize).flip(-1).contiguous().view(-1)
+    return flat.view(dtype).view(shape)
+
+
+def optimizer_to_proto(spec: OptimizerSpec) -> pb.OptimizerDef:
+    """The wire form of an optimizer spec."""
+    message = pb.OptimizerDef(name=spec.name)
+    for key, value in spec.kwargs.items():
+        slot = message.kwargs[key]
+        if isinstance(value, bool):
+            slot.flag = value
+        elif isinstance(value, int):
+            slot.integer = value
+        elif isinstance(value, float):
+            slot.number = value
+        elif isinstance(value, str):
+            slot.text = value
+        else:
+            slot.numbers.values.extend(float(v) for v in value)
+    return message
+
+
+def optimizer_from_proto(message: pb.OptimizerDef) -> OptimizerSpec:
+    """The optimizer spec of a wire message (validated again on arrival).
+
+    Raises:
+        OptimizerConfigError: the name or arguments are not acceptable.
+    """
+    kwargs: dict[str, KwargValue] = {}
+    for key, value in message.kwargs.items():
+        kind = value.WhichOneof("kind")
+        if kind == "numbers":
+            kwargs[key] = tuple(value.numbers.values)
+        elif kind is not None:
+            kwargs[key] = getattr(value, kind)
+    return OptimizerSpec(message.name, kwargs)

@@ -1,0 +1,99 @@
+"""The exceptions psframe raises: one root, one named class per failure.
+
+Every message says what was expected and what was found, so that a user can
+fix the input without reading psframe's source.
+"""
+
+from __future__ import annotations
+
+
+class PsframeError(Exception):
+    """Root of every error psframe raises on purpose."""
+
+
+class ClusterSpecError(PsframeError, ValueError):
+    """A cluster definition, task address, job name or task index is malformed."""
+
+
+class ClusterMismatchError(PsframeError):
+    """Two tasks of one job disagree about the cluster or the model."""
+
+
+class PlacementError(PsframeError, ValueError):
+    """A variable cannot be placed as asked (unknown ps task, bad device string)."""
+
+
+class OptimizerConfigError(PsframeError, ValueError):
+    """An optimizer name or keyword argument is not accepted by ``torch.optim``."""
+
+
+class InvalidGradientError(PsframeError, ValueError):
+    """A pushed tensor does not fit the variable it names; nothing was applied."""
+
+
+class ShapeMismatchError(InvalidGradientError):
+    """A pushed tensor has the wrong shape for its variable."""
+
+
+class DtypeMismatchError(InvalidGradientError):
+    """A pushed tensor has the wrong dtype for its variable."""
+
+
+class UnknownVariableError(InvalidGradientError, KeyError):
+    """A request names a variable the ps task does not hold."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class WireFormatError(PsframeError, ValueError):
+    """Bytes received on the wire do not decode as a psframe message."""
+
+
+class ConnectTimeoutError(PsframeError, TimeoutError):
+    """A peer task did not come up (or become ready) before the deadline."""
+
+
+class TaskUnavailableError(PsframeError, ConnectionError):
+    """A peer task that was up stopped answering (it exited or the network failed)."""
+
+
+class RpcTimeoutError(PsframeError, TimeoutError):
+    """A call to a peer task got no answer within its deadline."""
+
+
+class BarrierTimeoutError(PsframeError, TimeoutError):
+    """A synchronous step did not gather enough gradients before the deadline."""
+
+
+class PortInUseError(PsframeError, OSError):
+    """The address a task must listen on is taken by another process."""
+
+
+class NotReadyError(PsframeError):
+    """The ps task holds no model yet: the chief has not initialised it."""
+
+
+class RemoteError(PsframeError):
+    """A peer failed in a way that has no more specific psframe error."""
+
+
+__all__ = [
+    "PsframeError",
+    "ClusterSpecError",
+    "ClusterMismatchError",
+    "PlacementError",
+    "OptimizerConfigError",
+    "InvalidGradientError",
+    "ShapeMismatchError",
+    "DtypeMismatchError",
+    "UnknownVariableError",
+    "WireFormatError",
+    "ConnectTimeoutError",
+    "TaskUnavailableError",
+    "RpcTimeoutError",
+    "BarrierTimeoutError",
+    "PortInUseError",
+    "NotReadyError",
+    "RemoteError",
+]

@@ -1,0 +1,117 @@
+"""Server-side optimizers, named the way ``torch.optim`` names them.
+
+The ps tasks run real ``torch.optim`` optimizers over the variables they
+hold; a worker only says which one and with which keyword arguments::
+
+    optimizer = psframe.optim.SGD(lr=0.1, momentum=0.9, nesterov=True)
+    optimizer = psframe.optim.Adam(lr=1e-3, betas=(0.9, 0.999))
+
+Arguments are checked on the worker, up front, by building the optimizer
+once over a dummy parameter, so a typo fails before any task is contacted.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from psframe.errors import OptimizerConfigError
+
+# torch.optim optimizers a ps can run: every one whose step() needs no
+# closure. LBFGS re-evaluates the loss, which only a worker can do.
+SUPPORTED = (
+    "SGD", "Adam", "AdamW", "Adagrad", "RMSprop",
+    "Adadelta", "Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "SparseAdam",
+)
+
+KwargValue = float | int | bool | str | tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """A ``torch.optim`` optimizer by class name and keyword arguments.
+
+    Args:
+        name: the class name in ``torch.optim`` (one of :data:`SUPPORTED`).
+        kwargs: keyword arguments for its constructor; numbers, bools,
+            strings and tuples of numbers only, since they cross the wire.
+
+    Raises:
+        OptimizerConfigError: unknown name, or arguments torch.optim refuses.
+    """
+
+    name: str
+    kwargs: Mapping[str, KwargValue] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name not in SUPPORTED:
+            raise OptimizerConfigError(
+                f"unknown optimizer {self.name!r}; expected one of {', '.join(SUPPORTED)}"
+            )
+        clean: dict[str, KwargValue] = {}
+        for key, value in self.kwargs.items():
+            if isinstance(value, list):
+                value = tuple(value)
+            if isinstance(value, tuple):
+                if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+                    raise OptimizerConfigError(
+                        f"{self.name}({key}={value!r}): tuples may hold numbers only"
+                    )
+            elif not isinstance(value, (bool, int, float, str)):
+                raise OptimizerConfigError(
+                    f"{self.name}({key}={value!r}): expected a number, bool, string or tuple "
+                    f"of numbers, got {type(value).__name__}"
+                )
+            clean[key] = value
+        object.__setattr__(self, "kwargs", clean)
+        _check(self.name, tuple(sorted(clean.items())))
+
+    def build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        """Create the torch optimizer over ``params`` (done on the ps)."""
+        return getattr(torch.optim, self.name)(params, **self.kwargs)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        return f"psframe.optim.{self.name}({args})"
+
+
+@functools.lru_cache(maxsize=64)
+def _check(name: str, items: tuple[tuple[str, Any], ...]) -> None:
+    dummy = torch.zeros(1, requires_grad=True)
+    try:
+        getattr(torch.optim, name)([dummy], **dict(items))
+    except (TypeError, ValueError) as e:
+        raise OptimizerConfigError(f"torch.optim.{name} refused {dict(items)}: {e}") from e
+
+
+def _factory(name: str):
+    def make(**kwargs: KwargValue) -> OptimizerSpec:
+        return OptimizerSpec(name, kwargs)
+
+    make.__name__ = name
+    make.__qualname__ = name
+    make.__doc__ = (
+        f"Run ``torch.optim.{name}`` on the ps tasks with these keyword arguments.\n\n"
+        f"Returns:\n    An :class:`OptimizerSpec` to pass to ``psframe.Trainer``."
+    )
+    return make
+
+
+SGD = _factory("SGD")
+Adam = _factory("Adam")
+AdamW = _factory("AdamW")
+Adagrad = _factory("Adagrad")
+RMSprop = _factory("RMSprop")
+Adadelta = _factory("Adadelta")
+Adamax = _factory("Adamax")
+NAdam = _factory("NAdam")
+RAdam = _factory("RAdam")
+ASGD = _factory("ASGD")
+Rprop = _factory("Rprop")
+SparseAdam = _factory("SparseAdam")
+
+__all__ = ["OptimizerSpec", "SUPPORTED", *SUPPORTED]

@@ -1,0 +1,229 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TensorMeta(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "offset", "nbytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    offset: int
+    nbytes: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class VariableDef(_message.Message):
+    __slots__ = ("name", "variable", "dtype", "shape", "full_shape", "row_start", "part_index", "num_parts")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VARIABLE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    FULL_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    ROW_START_FIELD_NUMBER: _ClassVar[int]
+    PART_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    variable: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    full_shape: _containers.RepeatedScalarFieldContainer[int]
+    row_start: int
+    part_index: int
+    num_parts: int
+    def __init__(self, name: _Optional[str] = ..., variable: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., full_shape: _Optional[_Iterable[int]] = ..., row_start: _Optional[int] = ..., part_index: _Optional[int] = ..., num_parts: _Optional[int] = ...) -> None: ...
+
+class Value(_message.Message):
+    __slots__ = ("number", "integer", "flag", "text", "numbers")
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    INTEGER_FIELD_NUMBER: _ClassVar[int]
+    FLAG_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    NUMBERS_FIELD_NUMBER: _ClassVar[int]
+    number: float
+    integer: int
+    flag: bool
+    text: str
+    numbers: NumberList
+    def __init__(self, number: _Optional[float] = ..., integer: _Optional[int] = ..., flag: _Optional[bool] = ..., text: _Optional[str] = ..., numbers: _Optional[_Union[NumberList, _Mapping]] = ...) -> None: ...
+
+class NumberList(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class OptimizerDef(_message.Message):
+    __slots__ = ("name", "kwargs")
+    class KwargsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KWARGS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kwargs: _containers.MessageMap[str, Value]
+    def __init__(self, name: _Optional[str] = ..., kwargs: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+
+class Caller(_message.Message):
+    __slots__ = ("job_name", "task_index", "cluster_fingerprint")
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    job_name: str
+    task_index: int
+    cluster_fingerprint: str
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., cluster_fingerprint: _Optional[str] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ("caller",)
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
+
+class TaskInfo(_message.Message):
+    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid")
+    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STARTING: _ClassVar[TaskInfo.State]
+        WAITING_FOR_MODEL: _ClassVar[TaskInfo.State]
+        READY: _ClassVar[TaskInfo.State]
+        FINISHED: _ClassVar[TaskInfo.State]
+    STARTING: TaskInfo.State
+    WAITING_FOR_MODEL: TaskInfo.State
+    READY: TaskInfo.State
+    FINISHED: TaskInfo.State
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_HELD_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_PUSHES_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    job_name: str
+    task_index: int
+    address: str
+    cluster_spec: str
+    cluster_fingerprint: str
+    state: TaskInfo.State
+    global_step: int
+    variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
+    bytes_held: int
+    optimizer: OptimizerDef
+    pushes: int
+    rejected_pushes: int
+    finished_workers: _containers.RepeatedScalarFieldContainer[int]
+    version: str
+    pid: int
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class InitHeader(_message.Message):
+    __slots__ = ("caller", "variables", "optimizer", "tensors")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
+    optimizer: OptimizerDef
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
+
+class InitRequest(_message.Message):
+    __slots__ = ("header", "payload")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    header: InitHeader
+    payload: bytes
+    def __init__(self, header: _Optional[_Union[InitHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class InitReplyHeader(_message.Message):
+    __slots__ = ("state", "created", "global_step", "tensors")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    state: TaskInfo.State
+    created: bool
+    global_step: int
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    def __init__(self, state: _Optional[_Union[TaskInfo.State, str]] = ..., created: _Optional[bool] = ..., global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
+
+class InitResponse(_message.Message):
+    __slots__ = ("header", "payload")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    header: InitReplyHeader
+    payload: bytes
+    def __init__(self, header: _Optional[_Union[InitReplyHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class PushPullHeader(_message.Message):
+    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
+    END_OF_STEP_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    step: int
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    pull: _containers.RepeatedScalarFieldContainer[str]
+    end_of_step: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ...) -> None: ...
+
+class PushPullRequest(_message.Message):
+    __slots__ = ("header", "payload")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    header: PushPullHeader
+    payload: bytes
+    def __init__(self, header: _Optional[_Union[PushPullHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class PushPullReplyHeader(_message.Message):
+    __slots__ = ("global_step", "tensors")
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    global_step: int
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
+
+class PushPullResponse(_message.Message):
+    __slots__ = ("header", "payload")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    header: PushPullReplyHeader
+    payload: bytes
+    def __init__(self, header: _Optional[_Union[PushPullReplyHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class FinishRequest(_message.Message):
+    __slots__ = ("caller",)
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
+
+class FinishResponse(_message.Message):
+    __slots__ = ("finished_workers", "num_workers")
+    FINISHED_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    finished_workers: int
+    num_workers: int
+    def __init__(self, finished_workers: _Optional[int] = ..., num_workers: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,141 @@
+"""``psframe.Server``: one task's gRPC server, as TF's ``tf.train.Server``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent import futures
+
+import grpc
+
+from psframe.codec import GRPC_OPTIONS
+from psframe.cluster import ClusterSpec, parse_address
+from psframe.errors import PortInUseError
+from psframe.ps.service import ParameterServerService, TaskService
+
+log = logging.getLogger(__name__)
+
+
+
+class Server:
+    """The server of one task of the cluster.
+
+    A ps task holds the variables placed on it and applies the gradients
+    workers push; :meth:`join` returns once every worker has finished, so a ps
+    process ends with exit code 0 on its own. A worker task's server only
+    answers who it is (``psframe ping``).
+
+    Args:
+        cluster: the cluster, as a :class:`ClusterSpec` or a dict of job name to
+            addresses.
+        job_name: ``"ps"`` or ``"worker"``.
+        task_index: this task's index in its job.
+        bind_address: where to listen instead of the task's address in the
+            cluster, e.g. ``"[::]:2222"`` or ``"0.0.0.0:2222"`` in a container.
+        start: start serving now (as TF's ``Server(start=True)``).
+        max_threads: request threads; defaults to enough for every worker to
+            have several calls in flight.
+
+    Raises:
+        ClusterSpecError: the cluster, job or index is invalid.
+        PortInUseError: the address cannot be listened on.
+
+    Example::
+
+        cluster = psframe.ClusterSpec({"ps": ["localhost:2222"], "worker": ["localhost:2223"]})
+        psframe.Server(cluster, "ps", 0).join()
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterSpec | Mapping[str, Sequence[str]],
+        job_name: str,
+        task_index: int,
+        *,
+        bind_address: str | None = None,
+        start: bool = True,
+        max_threads: int | None = None,
+    ) -> None:
+        self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
+        self.cluster.validate_task(job_name, task_index)
+        self.job_name = job_name
+        self.task_index = task_index
+        self.task_name = ClusterSpec.task_name(job_name, task_index)
+        self.address = self.cluster.task_address(job_name, task_index)
+        if job_name == "ps":
+            self.service: TaskService = ParameterServerService(self.cluster, task_index)
+        else:
+            self.service = TaskService(self.cluster, job_name, task_index)
+        threads = max_threads or max(16, 4 * self.cluster.num_workers + 8)
+        self._grpc = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{job_name}{task_index}"),
+            handlers=(self.service.rpc_handler(),),
+            # Two tasks must never share a port: gRPC would otherwise allow it.
+            options=GRPC_OPTIONS + (("grpc.so_reuseport", 0),),
+        )
+        bind = bind_address or self.address
+        parse_address(bind)
+        try:
+            port = self._grpc.add_insecure_port(bind)
+        except RuntimeError as e:
+            port = 0
+            cause: Exception | None = e
+        else:
+            cause = None
+        if port == 0:
+            raise PortInUseError(
+                f"{self.task_name} cannot listen on {bind}: the port is in use by another process "
+                f"or the host is not an address of this machine"
+            ) from cause
+        self._stopped = threading.Event()
+        self._started = False
+        if start:
+            self.start()
+
+    @property
+    def target(self) -> str:
+        """The address to reach this task, as ``grpc://host:port``."""
+        return f"grpc://{self.address}"
+
+    def start(self) -> None:
+        """Start serving (idempotent)."""
+        if not self._started:
+            self._grpc.start()
+            self._started = True
+            log.info("%s serving at %s", self.task_name, self.address)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Serve until training is over (ps: every worker finished) or :meth:`stop`.
+
+        Args:
+            timeout: seconds to wait at most; None waits for as long as it takes.
+
+        Returns:
+            True if the server is done and stopped, False if ``timeout`` ran out.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._stopped.is_set():
+            if self.service.all_finished.wait(0.1):
+                log.info("%s: every worker finished; exiting", self.task_name)
+                self.stop()
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        return True
+
+    def stop(self, grace: float = 2.0) -> None:
+        """Stop serving; calls in flight get ``grace`` seconds to finish."""
+        if not self._stopped.is_set():
+            self._stopped.set()
+            self._grpc.stop(grace).wait(grace + 1.0)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop(grace=0.5)
+
+    def __repr__(self) -> str:
+        return f"Server({self.task_name} at {self.address})"

@@ -1,0 +1,259 @@
+"""The ParameterServer gRPC servicer: decodes requests, calls the store,
+encodes replies. The only place where psframe errors become status codes.
+
+Tensor-carrying methods (Init, PushPull) take and return raw bytes and use
+:mod:`psframe.codec`, so tensors are read in place from the request and
+written once into the reply; the small methods use the generated classes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+import grpc
+import torch
+
+from psframe import __version__, codec
+from psframe.codec import ERROR_METADATA_KEY, SERVICE_NAME
+from psframe.cluster import ClusterSpec
+from psframe.errors import (
+    BarrierTimeoutError,
+    ClusterMismatchError,
+    InvalidGradientError,
+    NotReadyError,
+    OptimizerConfigError,
+    PsframeError,
+    WireFormatError,
+)
+from psframe.proto import psframe_pb2 as pb
+from psframe.ps.store import VariableStore
+
+log = logging.getLogger(__name__)
+
+
+_STATUS_OF = (
+    (InvalidGradientError, grpc.StatusCode.INVALID_ARGUMENT),
+    (WireFormatError, grpc.StatusCode.INVALID_ARGUMENT),
+    (OptimizerConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (ClusterMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+    (NotReadyError, grpc.StatusCode.FAILED_PRECONDITION),
+    (BarrierTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+)
+
+
+def _translate_errors(method: Callable) -> Callable:
+    """Turn a PsframeError into a status code plus the error's class name."""
+
+    @functools.wraps(method)
+    def wrapper(self, request, context: grpc.ServicerContext):
+        try:
+            return method(self, request, context)
+        except PsframeError as e:
+            code = next((c for cls, c in _STATUS_OF if isinstance(e, cls)), grpc.StatusCode.UNKNOWN)
+            context.set_trailing_metadata(((ERROR_METADATA_KEY, type(e).__name__),))
+            context.abort(code, str(e))
+        except Exception as e:  # a bug, not bad input: say so, keep serving
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+    return wrapper
+
+
+class TaskService:
+    """What every task answers: who it is (GetInfo). Worker tasks serve only this."""
+
+    def __init__(self, cluster: ClusterSpec, job_name: str, task_index: int) -> None:
+        self.cluster = cluster
+        self.job_name = job_name
+        self.task_index = task_index
+        self.task_name = ClusterSpec.task_name(job_name, task_index)
+        self.all_finished = threading.Event()
+
+    def info(self) -> pb.TaskInfo:
+        return pb.TaskInfo(
+            job_name=self.job_name,
+            task_index=self.task_index,
+            address=self.cluster.task_address(self.job_name, self.task_index),
+            cluster_spec=self.cluster.to_string(),
+            cluster_fingerprint=self.cluster.fingerprint,
+            state=pb.TaskInfo.READY,
+            version=__version__,
+            pid=os.getpid(),
+        )
+
+    @_translate_errors
+    def get_info(self, request: pb.InfoRequest, context) -> pb.TaskInfo:
+        return self.info()
+
+    def _method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        return {
+            "GetInfo": grpc.unary_unary_rpc_method_handler(
+                self.get_info,
+                request_deserializer=pb.InfoRequest.FromString,
+                response_serializer=pb.TaskInfo.SerializeToString,
+            )
+        }
+
+    def rpc_handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, self._method_handlers())
+
+
+class ParameterServerService(TaskService):
+    """The servicer of a ps task over its :class:`VariableStore`."""
+
+    def __init__(self, cluster: ClusterSpec, task_index: int, store: VariableStore | None = None) -> None:
+        super().__init__(cluster, "ps", task_index)
+        self.store = store or VariableStore(self.task_name)
+        self._variable_defs: list[pb.VariableDef] = []
+        self._init_lock = threading.Lock()
+        self._pending_defs: list[pb.VariableDef] = []
+        self._pending_values: dict[str, torch.Tensor] = {}
+        self._finished: set[int] = set()
+
+    # ---- helpers
+
+    def _check_caller(self, caller: pb.Caller) -> None:
+        if caller.cluster_fingerprint != self.cluster.fingerprint:
+            raise ClusterMismatchError(
+                f"/job:{caller.job_name or '?'}/task:{caller.task_index} was started with a different "
+                f"cluster (fingerprint {caller.cluster_fingerprint or 'none'}) than {self.task_name}, "
+                f"whose cluster is {self.cluster.to_string()!r} (fingerprint {self.cluster.fingerprint})"
+            )
+        if caller.job_name != "worker" or not 0 <= caller.task_index < self.cluster.num_workers:
+            raise ClusterMismatchError(
+                f"{self.task_name} serves /job:worker/task:0..{self.cluster.num_workers - 1}, "
+                f"not /job:{caller.job_name}/task:{caller.task_index}"
+            )
+
+    def info(self) -> pb.TaskInfo:
+        info = super().info()
+        store = self.store
+        with store.lock:
+            if self.all_finished.is_set():
+                info.state = pb.TaskInfo.FINISHED
+            elif not store.ready:
+                info.state = pb.TaskInfo.WAITING_FOR_MODEL
+            info.global_step = store.global_step
+            info.variables.extend(self._variable_defs)
+            info.bytes_held = store.nbytes()
+            if store.optimizer_spec is not None:
+                info.optimizer.CopyFrom(codec.optimizer_to_proto(store.optimizer_spec))
+            info.pushes = store.pushes
+            info.rejected_pushes = store.rejected_pushes
+            info.finished_workers.extend(sorted(self._finished))
+        return info
+
+    # ---- Init
+
+    @_translate_errors
+    def init(self, data: bytes, context) -> bytes:
+        header, tensors = codec.decode(data, pb.InitHeader)
+        self._check_caller(header.caller)
+        if header.caller.task_index != 0:
+            raise ClusterMismatchError(
+                f"only the chief (/job:worker/task:0) creates variables, "
+                f"not /job:worker/task:{header.caller.task_index}"
+            )
+        optimizer = codec.optimizer_from_proto(header.optimizer)
+        defs = list(header.variables)
+        with self._init_lock:
+            created = False
+            if self.store.ready:
+                _check_same_defs(self.task_name, self._variable_defs, defs)
+                self.store.create(self._values_like(defs), optimizer)  # checks the optimizer
+            else:
+                if defs != self._pending_defs:  # a new (or restarted) chief: start over
+                    self._pending_defs, self._pending_values = defs, {}
+                by_name = {d.name: d for d in defs}
+                for meta, tensor in zip(header.tensors, tensors):
+                    _check_value(self.task_name, by_name.get(meta.name), meta.name, tensor)
+                    self._pending_values[meta.name] = tensor
+                if len(self._pending_values) == len(defs):
+                    values = {d.name: self._pending_values[d.name] for d in defs}
+                    created = self.store.create(values, optimizer)
+                    self._variable_defs = defs
+                    self._pending_defs, self._pending_values = [], {}
+                    log.info("%s: created %d variables (%d bytes) with %r", self.task_name,
+                             len(defs), self.store.nbytes(), optimizer)
+            state = pb.TaskInfo.READY if self.store.ready else pb.TaskInfo.WAITING_FOR_MODEL
+            reply = pb.InitReplyHeader(state=state, created=created, global_step=self.store.global_step)
+        return codec.encode(reply, ())
+
+    def _values_like(self, defs: list[pb.VariableDef]) -> dict[str, torch.Tensor]:
+        return {
+            d.name: torch.empty(tuple(d.shape), dtype=codec.dtype_from_name(d.dtype), device="meta")
+            for d in defs
+        }
+
+    # ---- PushPull
+
+    @_translate_errors
+    def push_pull(self, data: bytes, context) -> bytes:
+        header, tensors = codec.decode(data, pb.PushPullHeader)
+        self._check_caller(header.caller)
+        grads = {meta.name: tensor for meta, tensor in zip(header.tensors, tensors)}
+        if len(grads) != len(tensors):
+            raise WireFormatError("a push names the same variable twice")
+        store = self.store
+        pull = list(header.pull)
+        with store.lock:
+            store.apply(grads)
+            step = store.advance_step() if header.end_of_step else store.global_step
+            # Encode under the lock: the reply is one consistent version, and
+            # the only copy of the variables is the one into the reply.
+            return codec.encode(pb.PushPullReplyHeader(global_step=step), zip(pull, store.read(pull)))
+
+    # ---- Finish
+
+    @_translate_errors
+    def finish(self, request: pb.FinishRequest, context) -> pb.FinishResponse:
+        self._check_caller(request.caller)
+        with self.store.lock:
+            if request.caller.task_index not in self._finished:
+                self._finished.add(request.caller.task_index)
+                log.info("%s: worker %d finished (%d of %d)", self.task_name, request.caller.task_index,
+                         len(self._finished), self.cluster.num_workers)
+            done = len(self._finished)
+        if done == self.cluster.num_workers:
+            self.all_finished.set()
+        return pb.FinishResponse(finished_workers=done, num_workers=self.cluster.num_workers)
+
+    def _method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        handlers = super()._method_handlers()
+        handlers.update(
+            Init=grpc.unary_unary_rpc_method_handler(self.init),
+            PushPull=grpc.unary_unary_rpc_method_handler(self.push_pull),
+            Finish=grpc.unary_unary_rpc_method_handler(
+                self.finish,
+                request_deserializer=pb.FinishRequest.FromString,
+                response_serializer=pb.FinishResponse.SerializeToString,
+            ),
+        )
+        return handlers
+
+
+def _def_key(d: pb.VariableDef) -> tuple:
+    return (d.name, d.dtype, tuple(d.shape))
+
+
+def _check_same_defs(owner: str, mine: list[pb.VariableDef], theirs: list[pb.VariableDef]) -> None:
+    if [_def_key(d) for d in mine] != [_def_key(d) for d in theirs]:
+        diff = sorted(set(map(_def_key, mine)) ^ set(map(_def_key, theirs)))[:4]
+        raise ClusterMismatchError(
+            f"{owner} already holds a different model: {len(mine)} variables here, "
+            f"{len(theirs)} in the request; differences (name, dtype, shape): {diff}"
+        )
+
+
+def _check_value(owner: str, definition: pb.VariableDef | None, name: str, value: torch.Tensor) -> None:
+    if definition is None:
+        raise WireFormatError(f"initial value for {name!r} sent to {owner}, which was not told of that variable")
+    if codec.dtype_name(value.dtype) != definition.dtype or tuple(value.shape) != tuple(definition.shape):
+        raise WireFormatError(
+            f"initial value for {name!r} is {codec.dtype_name(value.dtype)}{tuple(value.shape)}, "
+            f"expected {definition.dtype}{tuple(definition.shape)}"
+        )

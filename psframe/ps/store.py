@@ -1,0 +1,198 @@
+"""The variables a ps task holds, and the optimizer that updates them.
+
+Plain torch, no network: the servicer translates requests into calls here.
+A store is empty until the chief creates its variables, then ready::
+
+    EMPTY --create()--> READY --apply()/read()--> READY
+
+Updates are all-or-nothing: every gradient of a push is checked against its
+variable before any variable changes, so a bad push leaves the store as it
+was.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from psframe.errors import (
+    ClusterMismatchError,
+    DtypeMismatchError,
+    NotReadyError,
+    ShapeMismatchError,
+    UnknownVariableError,
+)
+from psframe.optim import OptimizerSpec
+
+
+class VariableStore:
+    """Variables plus a ``torch.optim`` optimizer over them.
+
+    Callers that read variables while others may push hold :attr:`lock`
+    around both, so that what they read is one consistent version.
+
+    Args:
+        owner: the task name used in error messages, e.g. ``/job:ps/task:0``.
+    """
+
+    def __init__(self, owner: str = "this ps task") -> None:
+        self.owner = owner
+        self.lock = threading.RLock()
+        self._variables: dict[str, torch.Tensor] = {}
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._optimizer_spec: OptimizerSpec | None = None
+        self.global_step = 0
+        self.pushes = 0
+        self.rejected_pushes = 0
+
+    # ---- creation
+
+    @property
+    def ready(self) -> bool:
+        """Whether the variables exist."""
+        return self._optimizer is not None
+
+    @property
+    def optimizer_spec(self) -> OptimizerSpec | None:
+        return self._optimizer_spec
+
+    def create(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec) -> bool:
+        """Create the variables (copies of ``values``) and the optimizer.
+
+        Creating again with the same names, shapes, dtypes and optimizer is a
+        no-op (the chief restarted, or the store was restored); anything else
+        is refused.
+
+        Returns:
+            True if the variables were created, False if they already existed.
+
+        Raises:
+            ClusterMismatchError: the store already holds a different model.
+        """
+        with self.lock:
+            if self.ready:
+                self._check_same_model(values, optimizer)
+                return False
+            variables = {}
+            for name, value in values.items():
+                variable = value.detach().to("cpu", copy=True).contiguous()
+                variable.requires_grad_(variable.is_floating_point() or variable.is_complex())
+                variables[name] = variable
+            self._optimizer = optimizer.build(list(variables.values()))
+            self._optimizer_spec = optimizer
+            self._variables = variables
+            return True
+
+    def _check_same_model(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec) -> None:
+        mine = {name: (tuple(v.shape), v.dtype) for name, v in self._variables.items()}
+        theirs = {name: (tuple(v.shape), v.dtype) for name, v in values.items()}
+        if mine != theirs:
+            diff = sorted(set(mine.items()) ^ set(theirs.items()), key=str)[:4]
+            raise ClusterMismatchError(
+                f"{self.owner} already holds a different model ({len(mine)} variables); "
+                f"differences (name, (shape, dtype)): {diff}"
+            )
+        if optimizer != self._optimizer_spec:
+            raise ClusterMismatchError(
+                f"{self.owner} already runs {self._optimizer_spec!r}, not {optimizer!r}"
+            )
+
+    # ---- the hot path
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._variables)
+
+    def _require_ready(self) -> None:
+        if not self.ready:
+            raise NotReadyError(f"{self.owner} holds no variables yet: the chief has not created them")
+
+    def _variable(self, name: str) -> torch.Tensor:
+        try:
+            return self._variables[name]
+        except KeyError:
+            raise UnknownVariableError(
+                f"{self.owner} holds no variable {name!r}; it holds {len(self._variables)}: "
+                f"{', '.join(list(self._variables)[:8])}{'...' if len(self._variables) > 8 else ''}"
+            ) from None
+
+    def check_gradients(self, grads: Mapping[str, torch.Tensor]) -> None:
+        """Raise if any gradient does not fit its variable; changes nothing."""
+        self._require_ready()
+        for name, grad in grads.items():
+            variable = self._variable(name)
+            if grad.dtype != variable.dtype:
+                raise DtypeMismatchError(
+                    f"gradient for {name!r} has dtype {grad.dtype} but the variable on "
+                    f"{self.owner} has dtype {variable.dtype}; nothing was applied"
+                )
+            if grad.shape != variable.shape:
+                raise ShapeMismatchError(
+                    f"gradient for {name!r} has shape {tuple(grad.shape)} but the variable on "
+                    f"{self.owner} has shape {tuple(variable.shape)}; nothing was applied"
+                )
+
+    def apply(self, grads: Mapping[str, torch.Tensor]) -> None:
+        """Apply one optimizer step with these gradients.
+
+        Variables without a gradient in ``grads`` are left alone (torch.optim
+        skips parameters whose ``grad`` is None). The gradient tensors are
+        only read.
+
+        Raises:
+            NotReadyError, UnknownVariableError, ShapeMismatchError,
+            DtypeMismatchError: nothing was applied.
+        """
+        with self.lock:
+            try:
+                self.check_gradients(grads)
+            except Exception:
+                self.rejected_pushes += 1
+                raise
+            if not grads:
+                return
+            for name, grad in grads.items():
+                self._variables[name].grad = grad
+            try:
+                self._optimizer.step()
+            finally:
+                for name in grads:
+                    self._variables[name].grad = None
+            self.pushes += 1
+
+    def read(self, names: Sequence[str]) -> list[torch.Tensor]:
+        """The live variables named; valid while the caller holds :attr:`lock`."""
+        with self.lock:
+            self._require_ready()
+            return [self._variable(name).detach() for name in names]
+
+    def advance_step(self) -> int:
+        """Count one finished worker step; returns the new global step."""
+        with self.lock:
+            self.global_step += 1
+            return self.global_step
+
+    # ---- accounting
+
+    def nbytes(self) -> int:
+        """Bytes of the variables plus the optimizer's tensor state."""
+        with self.lock:
+            total = sum(v.numel() * v.element_size() for v in self._variables.values())
+            if self._optimizer is not None:
+                for state in self._optimizer.state.values():
+                    for value in state.values():
+                        if isinstance(value, torch.Tensor):
+                            total += value.numel() * value.element_size()
+            return total
+
+    def state_dict(self) -> dict:
+        """Variables, optimizer state and global step (for checkpoints)."""
+        with self.lock:
+            self._require_ready()
+            return {
+                "variables": {name: v.detach().clone() for name, v in self._variables.items()},
+                "optimizer": self._optimizer.state_dict(),
+                "global_step": self.global_step,
+            }

@@ -1,0 +1,425 @@
+"""``psframe.Trainer``: trains a replica of a ``torch.nn.Module`` against the ps tasks.
+
+Lifecycle (``with trainer:`` or :meth:`Trainer.connect` / :meth:`Trainer.close`)::
+
+    NEW --connect()--> RUNNING --close()--> CLOSED
+          chief: create the variables on the ps tasks (or adopt those there)
+          others: wait until the ps tasks hold the model
+          all: pull the parameters into the local model
+
+Each :meth:`Trainer.step` runs backward, sends every ps task the gradients of
+the variables it holds and receives their updated values in the same call,
+to all ps tasks in parallel.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from psframe import codec
+from psframe.client import PsClient
+from psframe.cluster import ClusterSpec
+from psframe.errors import ClusterMismatchError, PsframeError
+from psframe.hooks import Hook
+from psframe.optim import OptimizerSpec
+from psframe.optim import SGD as _SGD
+from psframe.placement import (
+    DEFAULT_MAX_SHARD_BYTES,
+    DEFAULT_MIN_PARTITION_BYTES,
+    Placement,
+    Shard,
+    VariableInfo,
+    place,
+)
+from psframe.proto import psframe_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class TrainerState(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
+@dataclass
+class _Slot:
+    """One stored variable as seen from the worker: the part of a local parameter it mirrors."""
+
+    shard: Shard
+    param: torch.nn.Parameter
+
+    def rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not self.shard.partitioned:
+            return tensor
+        return tensor[self.shard.row_start : self.shard.row_end]
+
+
+class Trainer:
+    """Trains one replica of ``model`` as worker ``task_index`` of ``cluster``.
+
+    Args:
+        model: any ``torch.nn.Module``; its trainable parameters become
+            variables on the ps tasks. Every worker must build the same model.
+        cluster: the cluster (a :class:`ClusterSpec` or a dict).
+        task_index: this worker's index; worker 0 is the chief.
+        optimizer: the server-side optimizer, e.g. ``psframe.optim.Adam(lr=1e-3)``;
+            defaults to ``SGD(lr=0.01)``.
+        device: where the local replica computes ("cpu", "cuda", "cuda:1");
+            the model is moved there. Defaults to the model's device.
+        gpu_memory_fraction: cap this process's share of the GPU's memory
+            (TF's ``per_process_gpu_memory_fraction``); CUDA only.
+        placement: ``"greedy"`` (balance bytes, the default) or ``"round_robin"``.
+        variable_devices: explicit TF device strings for some parameters,
+            e.g. ``{"embedding.weight": "/job:ps/task:1"}``; they win.
+        soft_placement: fall back to automatic placement, with a warning, when
+            an explicit device names a ps task that does not exist.
+        min_partition_bytes: parameters larger than this are partitioned along
+            dim 0 across the ps tasks; None never partitions for balance.
+        max_shard_bytes: no stored part is larger than this (one message).
+        log_placement: log where each parameter went and the bytes per ps task.
+        hooks: :class:`psframe.hooks.Hook` instances.
+        connect_timeout: seconds to wait for the ps tasks (and for the chief to
+            create the model) before giving up with an error naming them.
+        rpc_timeout: seconds each call may take once connected.
+
+    Raises:
+        ClusterSpecError: the cluster or task index is invalid.
+        ValueError: the model has no trainable parameter.
+
+    Example::
+
+        trainer = psframe.Trainer(model, cluster, task_index=0, optimizer=psframe.optim.SGD(lr=0.5))
+        with trainer:
+            for x, y in loader:
+                trainer.step(F.cross_entropy(model(x), y))
+                if trainer.should_stop():
+                    break
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cluster: ClusterSpec | Mapping[str, Sequence[str]],
+        task_index: int = 0,
+        *,
+        optimizer: OptimizerSpec | None = None,
+        device: str | torch.device | None = None,
+        gpu_memory_fraction: float | None = None,
+        placement: str = "greedy",
+        variable_devices: Mapping[str, str] | None = None,
+        soft_placement: bool = False,
+        min_partition_bytes: int | None = DEFAULT_MIN_PARTITION_BYTES,
+        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+        log_placement: bool = False,
+        hooks: Iterable[Hook] = (),
+        connect_timeout: float = 120.0,
+        rpc_timeout: float = 300.0,
+    ) -> None:
+        self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
+        self.cluster.validate_task("worker", task_index)
+        self.task_index = task_index
+        self.is_chief = task_index == 0
+        self.optimizer = optimizer if optimizer is not None else _SGD(lr=0.01)
+        if not isinstance(self.optimizer, OptimizerSpec):
+            raise TypeError(
+                f"optimizer must be a psframe.optim spec such as psframe.optim.SGD(lr=0.1), "
+                f"got {type(self.optimizer).__name__}; the ps tasks run the torch.optim optimizer"
+            )
+        self.device = _resolve_device(model, device, gpu_memory_fraction)
+        self.model = model.to(self.device)
+        self.hooks = list(hooks)
+        self.connect_timeout = connect_timeout
+        self.rpc_timeout = rpc_timeout
+        self.global_step = 0
+        self.local_step = 0
+        self.state = TrainerState.NEW
+        self._stop_requested = False
+        self._client: PsClient | None = None
+
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no trainable parameter: nothing to place on the ps tasks")
+        variable_devices = dict(variable_devices or {})
+        unknown = sorted(set(variable_devices) - {n for n, _ in params})
+        if unknown:
+            raise ValueError(
+                f"variable_devices names {unknown}, which are not trainable parameters of the model; "
+                f"expected names from model.named_parameters()"
+            )
+        self.placement: Placement = place(
+            [VariableInfo(n, tuple(p.shape), p.element_size(), variable_devices.get(n)) for n, p in params],
+            self.cluster.num_ps,
+            strategy=placement,
+            min_partition_bytes=min_partition_bytes,
+            soft_placement=soft_placement,
+            max_shard_bytes=max_shard_bytes,
+        )
+        if log_placement:
+            log.info("placement of worker %d:\n%s", task_index, self.placement.describe())
+        by_name = dict(params)
+        slots = [_Slot(shard, by_name[shard.variable]) for shard in self.placement.shards]
+        self._slots = slots
+        # Requests to each ps task, as groups of slots that fit one message.
+        self._batches: list[tuple[int, list[_Slot]]] = []
+        for ps_task in range(self.cluster.num_ps):
+            mine = [s for s in slots if s.shard.ps_task == ps_task]
+            for batch in _split(mine, max_shard_bytes):
+                self._batches.append((ps_task, batch))
+        self._staging = _HostStaging(self.device)
+
+    # ---- lifecycle
+
+    def connect(self) -> Trainer:
+        """Connect to the ps tasks, create or wait for the model, pull parameters.
+
+        Raises:
+            ConnectTimeoutError: a ps task (or the model) did not come up in time.
+            ClusterMismatchError: a ps task holds another model or cluster.
+        """
+        if self.state is not TrainerState.NEW:
+            raise PsframeError(f"the trainer is {self.state.value}; connect() is called once")
+        self._client = PsClient(self.cluster, self.task_index, rpc_timeout=self.rpc_timeout)
+        self.state = TrainerState.RUNNING
+        self._client.wait_for_ps(self.connect_timeout)
+        if self.is_chief:
+            self._create_variables()
+        infos = self._client.wait_for_ps(self.connect_timeout, ready=True)
+        self._check_model(infos)
+        self.pull()
+        log.info("worker %d connected to %d ps tasks at global step %d",
+                 self.task_index, self.cluster.num_ps, self.global_step)
+        for hook in self.hooks:
+            hook.begin(self)
+        return self
+
+    def _create_variables(self) -> None:
+        defs = {ps: [] for ps in range(self.cluster.num_ps)}
+        for slot in self._slots:
+            defs[slot.shard.ps_task].append(_variable_def(slot.shard, slot.param))
+        optimizer = codec.optimizer_to_proto(self.optimizer)
+        requests = []
+        for ps_task, batch in self._batches:
+            header = pb.InitHeader(caller=self._client.caller, variables=defs[ps_task], optimizer=optimizer)
+            values = [(s.shard.name, self._staging.to_host(s.rows(s.param.detach()))) for s in batch]
+            requests.append((ps_task, codec.encode(header, values)))
+        created = 0
+        for data in self._client.init(requests):
+            reply, _ = codec.decode(data, pb.InitReplyHeader)
+            created += reply.created
+        log.info("chief %s the model on %d ps tasks", "created" if created else "found", self.cluster.num_ps)
+
+    def _check_model(self, infos: list[pb.TaskInfo]) -> None:
+        for ps_task, info in enumerate(infos):
+            theirs = {(d.name, d.dtype, tuple(d.shape)) for d in info.variables}
+            mine = {
+                (s.shard.name, codec.dtype_name(s.param.dtype), s.shard.shape)
+                for s in self._slots
+                if s.shard.ps_task == ps_task
+            }
+            if mine != theirs:
+                raise ClusterMismatchError(
+                    f"worker {self.task_index}'s model does not match the variables on "
+                    f"{self._client.describe(ps_task)}: expected {sorted(mine)[:4]}..., "
+                    f"found {sorted(theirs)[:4]}... (every worker must build the same model "
+                    f"with the same placement options)"
+                )
+
+    def close(self) -> None:
+        """Tell the ps tasks this worker is done and release the channels (idempotent)."""
+        if self.state is not TrainerState.RUNNING:
+            self.state = TrainerState.CLOSED
+            return
+        try:
+            for hook in self.hooks:
+                hook.end(self)
+        finally:
+            self._client.finish()
+            self._client.close()
+            self.state = TrainerState.CLOSED
+
+    def __enter__(self) -> Trainer:
+        return self.connect()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None:
+            log.error("worker %d stops on %s: %s", self.task_index, type(exc).__name__, exc)
+        self.close()
+
+    # ---- training
+
+    def step(self, loss: torch.Tensor | None = None) -> int:
+        """One training step: backward, push gradients, pull parameters.
+
+        Args:
+            loss: a scalar loss to call ``backward()`` on; None if the caller
+                already computed the gradients.
+
+        Returns:
+            The global step after this update.
+
+        Raises:
+            PsframeError: a ps task refused the gradients or could not be reached.
+        """
+        self._require_running()
+        for hook in self.hooks:
+            hook.before_step(self)
+        if loss is not None:
+            loss.backward()
+        requests = []
+        last = {ps: i for i, (ps, _) in enumerate(self._batches)}
+        for i, (ps_task, batch) in enumerate(self._batches):
+            grads = [(s.shard.name, s.rows(s.param.grad)) for s in batch if s.param.grad is not None]
+            header = pb.PushPullHeader(
+                caller=self._client.caller,
+                step=self.global_step,
+                pull=[s.shard.name for s in batch],
+                end_of_step=last[ps_task] == i,
+            )
+            requests.append((ps_task, codec.encode(header, self._staging.grads_to_host(grads))))
+        self._receive(self._client.push_pull(requests))
+        self.local_step += 1
+        for hook in self.hooks:
+            hook.after_step(self, self.global_step, loss)
+        return self.global_step
+
+    def pull(self) -> int:
+        """Copy the current values of every variable into the local model.
+
+        Returns:
+            The global step of the values received.
+        """
+        self._require_running()
+        requests = [
+            (ps_task, codec.encode(pb.PushPullHeader(caller=self._client.caller, step=self.global_step,
+                                                     pull=[s.shard.name for s in batch]), ()))
+            for ps_task, batch in self._batches
+        ]
+        self._receive(self._client.push_pull(requests))
+        return self.global_step
+
+    def _receive(self, replies: list[bytes]) -> None:
+        steps = []
+        with torch.no_grad():
+            for (ps_task, batch), data in zip(self._batches, replies):
+                reply, tensors = codec.decode(data, pb.PushPullReplyHeader)
+                for slot, tensor in zip(batch, tensors):
+                    self._staging.to_device(slot.rows(slot.param.data), tensor)
+                if ps_task == 0:
+                    steps.append(reply.global_step)
+            for slot_param in self.model.parameters():
+                slot_param.grad = None
+        self._staging.synchronize()
+        # global_step lives on /job:ps/task:0, as in TF.
+        self.global_step = max(steps) if steps else self.global_step
+
+    def should_stop(self) -> bool:
+        """Whether a hook (or :meth:`request_stop`) asked training to end."""
+        return self._stop_requested
+
+    def request_stop(self) -> None:
+        """Ask the training loop to end after this step."""
+        self._stop_requested = True
+
+    def _require_running(self) -> None:
+        if self.state is not TrainerState.RUNNING:
+            raise PsframeError(
+                f"the trainer is {self.state.value}; use it inside `with trainer:` (or after connect())"
+            )
+
+
+def _split(slots: list[_Slot], max_bytes: int) -> list[list[_Slot]]:
+    """Group slots, in order, into batches of at most ``max_bytes`` (at least one slot each)."""
+    batches: list[list[_Slot]] = []
+    size = 0
+    for slot in slots:
+        if not batches or size + slot.shard.nbytes > max_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].append(slot)
+        size += slot.shard.nbytes
+    return batches
+
+
+def _variable_def(shard: Shard, param: torch.Tensor) -> pb.VariableDef:
+    return pb.VariableDef(
+        name=shard.name,
+        variable=shard.variable,
+        dtype=codec.dtype_name(param.dtype),
+        shape=shard.shape,
+        full_shape=tuple(param.shape),
+        row_start=shard.row_start,
+        part_index=shard.part_index,
+        num_parts=shard.num_parts,
+    )
+
+
+def _resolve_device(model: torch.nn.Module, device, gpu_memory_fraction: float | None) -> torch.device:
+    if device is None:
+        first = next(model.parameters(), None)
+        resolved = first.device if first is not None else torch.device("cpu")
+    else:
+        resolved = torch.device(device)
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {resolved} asked for, but CUDA is not available on this host")
+        if resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+        if gpu_memory_fraction is not None:
+            if not 0.0 < gpu_memory_fraction <= 1.0:
+                raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {gpu_memory_fraction}")
+            torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction, resolved)
+    elif resolved.type != "cpu":
+        raise ValueError(f"device must be cpu or cuda, got {resolved}")
+    return resolved
+
+
+class _HostStaging:
+    """Moves tensors between a CUDA replica and the wire through pinned host buffers.
+
+    On a CPU replica every method is a pass-through. Pinned buffers are
+    allocated once per shape and reused every step.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def _buffer(self, key: tuple, like: torch.Tensor) -> torch.Tensor:
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
+            self._buffers[key] = buf
+        return buf
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.cpu() if self.cuda else tensor
+
+    def grads_to_host(self, grads: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        if not self.cuda:
+            return grads
+        staged = []
+        for name, grad in grads:
+            buf = self._buffer(("grad", name), grad)
+            buf.copy_(grad, non_blocking=True)
+            staged.append((name, buf))
+        torch.cuda.current_stream().synchronize()
+        return staged
+
+    def to_device(self, target: torch.Tensor, value: torch.Tensor) -> None:
+        if self.cuda:
+            buf = self._buffer(("param", target.data_ptr()), value)
+            buf.copy_(value)
+            target.copy_(buf, non_blocking=True)
+        else:
+            target.copy_(value)
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
