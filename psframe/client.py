@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from psframe import errors
-from psframe.cluster import ClusterSpec
+from psframe.cluster import ClusterSpec, parse_address
 from psframe.codec import ERROR_METADATA_KEY, GRPC_OPTIONS, SERVICE_NAME
 from psframe.errors import ClusterMismatchError, ConnectTimeoutError, PsframeError
 from psframe.proto import psframe_pb2 as pb
@@ -102,7 +102,7 @@ class PsClient:
         """
         start = time.monotonic()
         deadline = start + timeout
-        next_log = start + LOG_EVERY_SECONDS
+        next_log = start  # say at once whom we wait for, then every few seconds
         infos: dict[int, pb.TaskInfo] = {}
         pending = list(range(self.num_ps))
         request = pb.InfoRequest(caller=self.caller)
@@ -189,3 +189,26 @@ class PsClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def ping(target: str, timeout: float = 5.0) -> pb.TaskInfo:
+    """Ask the task at ``target`` (``grpc://host:port`` or ``host:port``) who it is.
+
+    Raises:
+        ConnectTimeoutError: nothing answered within ``timeout`` seconds.
+        PsframeError: something answered, but not as a psframe task.
+    """
+    address = target.removeprefix("grpc://")
+    parse_address(address)
+    with grpc.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
+        get_info = channel.unary_unary(
+            f"/{SERVICE_NAME}/GetInfo",
+            request_serializer=pb.InfoRequest.SerializeToString,
+            response_deserializer=pb.TaskInfo.FromString,
+        )
+        try:
+            return get_info(pb.InfoRequest(), timeout=timeout, wait_for_ready=True)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise ConnectTimeoutError(f"no psframe task answered at {address} within {timeout}s") from e
+            raise remote_error(e, address, timeout) from e

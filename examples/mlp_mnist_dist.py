@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Distributed training of an MLP on MNIST with psframe (TF's mnist_replica.py, for PyTorch).
+
+One process per task, started in any order:
+
+    python examples/mlp_mnist_dist.py --ps_hosts=localhost:2222 \\
+        --worker_hosts=localhost:2223,localhost:2224 --job_name=ps --task_index=0
+    python examples/mlp_mnist_dist.py ... --job_name=worker --task_index=0   # the chief
+    python examples/mlp_mnist_dist.py ... --job_name=worker --task_index=1
+
+or all of them at once: ``psframe launch --num_ps 1 --num_workers 2 examples/mlp_mnist_dist.py``.
+
+The data must be in --data_dir (``python scripts/fetch_mnist.py`` puts it
+there). Training stops at global step --train_steps; the chief then evaluates
+the final parameters on the test set and prints one JSON line as the last
+line of its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psframe  # noqa: E402
+from mnist_data import load_mnist  # noqa: E402
+from psframe.cli import add_cluster_flags  # noqa: E402
+from psframe.cluster import resolve_cluster  # noqa: E402
+from psframe.hooks import StopAtStepHook  # noqa: E402
+
+DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+log = logging.getLogger("mlp_mnist_dist")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_cluster_flags(parser)
+    parser.add_argument("--train_steps", type=int, default=6000,
+                        help="the global step at which training stops")
+    parser.add_argument("--batch_size", type=int, default=100, help="examples per worker step")
+    parser.add_argument("--learning_rate", type=float, default=0.1, help="SGD learning rate (on the ps)")
+    parser.add_argument("--hidden_units", type=int, default=100, help="units of the hidden layer")
+    parser.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="folder holding MNIST/raw/")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N for the worker's replica")
+    parser.add_argument("--gpu_memory_fraction", type=float, default=None,
+                        help="cap on this worker's share of GPU memory (CUDA only)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial model and data order")
+    parser.add_argument("--log_every", type=int, default=1000, help="log progress every N local steps")
+    parser.add_argument("--connect_timeout", type=float, default=120.0,
+                        help="seconds to wait for the other tasks before failing")
+    return parser.parse_args(argv)
+
+
+def build_model(hidden_units: int) -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(28 * 28, hidden_units),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden_units, 10),
+    )
+
+
+def run_ps(cluster: psframe.ClusterSpec, task_index: int) -> int:
+    server = psframe.Server(cluster, "ps", task_index)
+    server.join()  # returns once every worker has finished
+    return 0
+
+
+def batches(num_examples: int, batch_size: int, seed: int):
+    """Endless random mini-batches of indices, reshuffled every epoch."""
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(num_examples, generator=generator)
+        for start in range(0, num_examples - batch_size + 1, batch_size):
+            yield order[start : start + batch_size]
+
+
+def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
+    with torch.no_grad():
+        return (model(images).argmax(dim=1) == labels).float().mean().item()
+
+
+def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: int) -> int:
+    device = torch.device(args.device)
+    train_x, train_y = (t.to(device) for t in load_mnist(args.data_dir, train=True))
+    torch.manual_seed(args.seed)  # the chief's initial values are the ones that count
+    model = build_model(args.hidden_units)
+    trainer = psframe.Trainer(
+        model,
+        cluster,
+        task_index=task_index,
+        optimizer=psframe.optim.SGD(lr=args.learning_rate),
+        device=device,
+        gpu_memory_fraction=args.gpu_memory_fraction,
+        hooks=[StopAtStepHook(last_step=args.train_steps)],
+        connect_timeout=args.connect_timeout,
+    )
+    with trainer:
+        first_step, start = trainer.global_step, time.perf_counter()
+        for indices in batches(len(train_x), args.batch_size, args.seed + 1 + task_index):
+            if trainer.should_stop():
+                break
+            indices = indices.to(device)
+            loss = F.cross_entropy(model(train_x[indices]), train_y[indices])
+            global_step = trainer.step(loss)
+            if trainer.local_step % args.log_every == 0:
+                rate = (global_step - first_step) / (time.perf_counter() - start)
+                log.info("worker %d: local step %d, global step %d, loss %.4f, %.0f global steps/s",
+                         task_index, trainer.local_step, global_step, loss.item(), rate)
+        wall = time.perf_counter() - start
+        if not trainer.is_chief:
+            log.info("worker %d done after %d local steps", task_index, trainer.local_step)
+            return 0
+        trainer.pull()  # the final parameters, with every worker's last update
+        test_x, test_y = (t.to(device) for t in load_mnist(args.data_dir, train=False))
+        result = {
+            "global_step": trainer.global_step,
+            "local_steps": trainer.local_step,
+            "test_accuracy": round(accuracy(model, test_x, test_y), 4),
+            "wall_seconds": round(wall, 3),
+            "steps_per_sec": round((trainer.global_step - first_step) / wall, 1),
+            "num_ps": cluster.num_ps,
+            "num_workers": cluster.num_workers,
+        }
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cluster, job_name, task_index = resolve_cluster(
+        args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
+    )
+    if job_name == "ps":
+        return run_ps(cluster, task_index)
+    return run_worker(args, cluster, task_index)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""The ``psframe`` command: ``server``, ``ping`` and ``launch``.
+
+    psframe server --cluster_spec='ps|h0:2222;h0:2223,worker|h1:2224' --job_name=ps --task_index=0
+    psframe ping grpc://h0:2222
+    psframe launch --num_ps 2 --num_workers 2 examples/mlp_mnist_dist.py -- --train_steps 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from psframe import __version__
+from psframe.cluster import resolve_cluster
+from psframe.errors import PsframeError
+
+log = logging.getLogger("psframe")
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that name a cluster and a task (TF's, plus --cluster_spec)."""
+    parser.add_argument("--ps_hosts", default=None, help="comma-separated host:port of the ps tasks")
+    parser.add_argument("--worker_hosts", default=None, help="comma-separated host:port of the workers")
+    parser.add_argument("--cluster_spec", default=None,
+                        help="the whole cluster as 'ps|h:p;h:p,worker|h:p' (instead of the *_hosts flags)")
+    parser.add_argument("--job_name", default=None, choices=("ps", "worker"), help="this task's job")
+    parser.add_argument("--task_index", type=int, default=None, help="this task's index in its job")
+
+
+def _server(args: argparse.Namespace) -> int:
+    from psframe.ps.server import Server
+
+    cluster, job_name, task_index = resolve_cluster(
+        args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
+    )
+    server = Server(cluster, job_name, task_index, bind_address=args.bind_address)
+    print(f"psframe {__version__}: {server.task_name} serving at {server.address}", flush=True)
+    try:
+        finished = server.join(timeout=args.timeout)
+    except KeyboardInterrupt:
+        server.stop(grace=0.5)
+        return 130
+    if not finished:
+        log.error("%s: --timeout of %ss ran out before every worker finished", server.task_name, args.timeout)
+        server.stop(grace=0.5)
+        return 1
+    return 0
+
+
+def _ping(args: argparse.Namespace) -> int:
+    from psframe.client import ping
+    from psframe.proto import psframe_pb2 as pb
+
+    info = ping(args.target, timeout=args.timeout)
+    state = pb.TaskInfo.State.Name(info.state).lower()
+    line = f"{info.address} is /job:{info.job_name}/task:{info.task_index} ({state}"
+    if info.job_name == "ps":
+        line += (f", global step {info.global_step}, {len(info.variables)} variables, "
+                 f"{info.bytes_held} bytes")
+    print(f"{line}), psframe {info.version}, pid {info.pid}, cluster {info.cluster_spec}")
+    return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from psframe.launch import launch
+
+    script_args = args.script_args
+    if script_args and script_args[0] == "--":
+        script_args = script_args[1:]
+    return launch(args.script, args.num_ps, args.num_workers, script_args, timeout=args.timeout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="psframe", description="Parameter-server training for PyTorch.")
+    parser.add_argument("--version", action="version", version=f"psframe {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    server = commands.add_parser("server", help="run one bare task (like TF's grpc_tensorflow_server)")
+    add_cluster_flags(server)
+    server.add_argument("--bind_address", default=None,
+                        help="listen here instead of the task's cluster address, e.g. [::]:2222")
+    server.add_argument("--timeout", type=float, default=None,
+                        help="give up (exit 1) after this many seconds if the workers have not all finished")
+    server.set_defaults(run=_server)
+
+    ping = commands.add_parser("ping", help="check that a task is up and print who it is")
+    ping.add_argument("target", help="grpc://host:port or host:port")
+    ping.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    ping.set_defaults(run=_ping)
+
+    launch = commands.add_parser("launch", help="run a whole cluster of SCRIPT on this machine")
+    launch.add_argument("--num_ps", type=int, default=1)
+    launch.add_argument("--num_workers", type=int, default=2)
+    launch.add_argument("--timeout", type=float, default=None, help="stop everything after this many seconds")
+    launch.add_argument("script", help="the training script; it gets --ps_hosts, --worker_hosts, "
+                                       "--job_name and --task_index")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's own flags")
+    launch.set_defaults(run=_launch)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``psframe`` command; returns its exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return args.run(args)
+    except PsframeError as e:
+        print(f"psframe {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

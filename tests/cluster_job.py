@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""A small training job for the multi-process tests.
+
+A linear regression on fixed synthetic data (so the result has an oracle),
+optionally with a large extra parameter ``big`` whose gradient is a
+constant: after G global steps of SGD every element must equal its initial
+value (its row index) minus G * lr * BIG_GRAD, which checks that every part
+of a partitioned variable made the round trip intact.
+
+Every task prints one JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+
+import torch
+
+import psframe
+from psframe.cli import add_cluster_flags
+from psframe.cluster import resolve_cluster
+from psframe.hooks import StopAtStepHook
+
+BIG_GRAD = 16.0  # with the default lr (2**-4) each step subtracts exactly 1.0
+FEATURES = 8
+
+
+class Model(torch.nn.Module):
+    def __init__(self, big_rows: int, big_cols: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(FEATURES, 1)
+        self.big = None
+        if big_rows:
+            rows = torch.arange(big_rows, dtype=torch.float32).unsqueeze(1)
+            self.big = torch.nn.Parameter(rows.expand(big_rows, big_cols).contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        if self.big is not None:
+            loss = loss + self.big.sum() * BIG_GRAD  # d loss / d big == BIG_GRAD everywhere
+        return loss
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(512, FEATURES, generator=generator)
+    w = torch.arange(1, FEATURES + 1, dtype=torch.float32).unsqueeze(1) / FEATURES
+    return x, x @ w + 0.5
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    add_cluster_flags(parser)
+    parser.add_argument("--train_steps", type=int, default=200)
+    parser.add_argument("--lr", type=float, default=0.0625)
+    parser.add_argument("--big_mb", type=float, default=0.0, help="size of the extra parameter in MB")
+    parser.add_argument("--big_cols", type=int, default=1024)
+    parser.add_argument("--connect_timeout", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    cluster, job_name, task_index = resolve_cluster(
+        args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
+    )
+    if job_name == "ps":
+        psframe.Server(cluster, "ps", task_index).join()
+        print(json.dumps({"task": f"ps{task_index}", "exit": "clean"}), flush=True)
+        return 0
+
+    big_rows = math.ceil(args.big_mb * 1e6 / (4 * args.big_cols))
+    torch.manual_seed(0)
+    model = Model(big_rows, args.big_cols)
+    x, y = data()
+    trainer = psframe.Trainer(
+        model, cluster, task_index=task_index,
+        optimizer=psframe.optim.SGD(lr=args.lr),
+        hooks=[StopAtStepHook(last_step=args.train_steps)],
+        connect_timeout=args.connect_timeout,
+    )
+    with trainer:
+        with torch.no_grad():
+            initial_loss = torch.nn.functional.mse_loss(model(x), y).item()
+        generator = torch.Generator().manual_seed(task_index)
+        while not trainer.should_stop():
+            batch = torch.randint(0, len(x), (64,), generator=generator)
+            trainer.step(model.loss(x[batch], y[batch]))
+        trainer.pull()
+        result = {
+            "task": f"worker{task_index}",
+            "global_step": trainer.global_step,
+            "local_steps": trainer.local_step,
+            "initial_loss": initial_loss,
+            "final_loss": torch.nn.functional.mse_loss(model(x), y).item(),
+        }
+        if model.big is not None:
+            rows = torch.arange(big_rows, dtype=torch.float32).unsqueeze(1)
+            expected = rows - trainer.global_step * args.lr * BIG_GRAD
+            result["big_bytes"] = model.big.numel() * 4
+            result["big_max_error"] = (model.big.detach() - expected).abs().max().item()
+            result["big_parts"] = len(trainer.placement.shards_of("big"))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Fixtures that start real clusters on free loopback ports, with deadlines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import psframe
+from psframe.launch import pick_free_ports
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_JOB = Path(__file__).resolve().parent / "cluster_job.py"
+
+
+def free_cluster(num_ps: int, num_workers: int) -> psframe.ClusterSpec:
+    """A cluster on 127.0.0.1 with ports the OS picked."""
+    ports = pick_free_ports(num_ps + num_workers)
+    return psframe.ClusterSpec(
+        {
+            "ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
+            "worker": [f"127.0.0.1:{p}" for p in ports[num_ps:]],
+        }
+    )
+
+
+def cluster_flags(cluster: psframe.ClusterSpec, job_name: str, task_index: int) -> list[str]:
+    return [
+        f"--ps_hosts={','.join(cluster.job_tasks('ps'))}",
+        f"--worker_hosts={','.join(cluster.job_tasks('worker'))}",
+        f"--job_name={job_name}",
+        f"--task_index={task_index}",
+    ]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    out_path: Path
+    returncode: int | None = None
+
+    @property
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+
+@dataclass
+class ProcessGroup:
+    """Child processes of one test; every one is killed (by PID) at the end."""
+
+    tmp_path: Path
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        out_path = self.tmp_path / f"{name}.log"
+        child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                     "PYTHONPATH": str(ROOT), **(env or {})}
+        with open(out_path, "w") as out:
+            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=child_env, cwd=ROOT)
+        proc = Proc(name, popen, out_path)
+        self.procs[name] = proc
+        return proc
+
+    def start_task(self, cluster: psframe.ClusterSpec, job_name: str, task_index: int,
+                   *args: str, script: Path = CLUSTER_JOB) -> Proc:
+        name = f"{job_name}{task_index}"
+        argv = [sys.executable, str(script), *cluster_flags(cluster, job_name, task_index), *args]
+        return self.start(name, argv)
+
+    def wait_for_output(self, name: str, text: str, timeout: float = 60.0) -> None:
+        """Wait until a child printed ``text`` (or fail, showing its output)."""
+        deadline = time.monotonic() + timeout
+        proc = self.procs[name]
+        while time.monotonic() < deadline:
+            if text in proc.output:
+                return
+            if proc.popen.poll() is not None:
+                break
+            time.sleep(0.05)
+        pytest.fail(f"{name} did not print {text!r} within {timeout}s:\n{proc.output[-3000:]}")
+
+    def wait(self, timeout: float = 120.0, expect_success: bool = True) -> dict[str, Proc]:
+        """Wait for every child; on the first failure (or the deadline) kill the rest."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            running = False
+            for proc in self.procs.values():
+                if proc.returncode is None:
+                    proc.returncode = proc.popen.poll()
+                if proc.returncode is None:
+                    running = True
+                elif proc.returncode != 0 and expect_success:
+                    self.kill_all()
+                    pytest.fail(f"{proc.name} exited {proc.returncode}:\n{self.report()}")
+            if not running:
+                return self.procs
+            time.sleep(0.05)
+        self.kill_all()
+        pytest.fail(f"cluster still running after {timeout}s:\n{self.report()}")
+
+    def report(self) -> str:
+        return "\n".join(f"--- {p.name} (rc={p.returncode})\n{p.output[-4000:]}" for p in self.procs.values())
+
+    def kill_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGKILL)
+            proc.popen.wait(timeout=10)
+            if proc.returncode is None:
+                proc.returncode = proc.popen.returncode
+
+
+@pytest.fixture
+def processes(tmp_path: Path):
+    group = ProcessGroup(tmp_path)
+    try:
+        yield group
+    finally:
+        group.kill_all()
+
+
+@pytest.fixture
+def local_cluster():
+    """Factory: a cluster on free ports plus in-process ps servers, stopped at the end."""
+    servers: list[psframe.Server] = []
+
+    def make(num_ps: int = 1, num_workers: int = 1, start_ps: bool = True) -> psframe.ClusterSpec:
+        cluster = free_cluster(num_ps, num_workers)
+        if start_ps:
+            servers.extend(psframe.Server(cluster, "ps", i) for i in range(num_ps))
+        return cluster
+
+    yield make
+    for server in servers:
+        server.stop(grace=0.1)
