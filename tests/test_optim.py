@@ -1,0 +1,157 @@
+"""Unit tests for psframe.optim: optimizer specs by name and keyword arguments, checked up front."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from psframe import optim
+from psframe.errors import OptimizerConfigError, PsframeError
+from psframe.optim import SUPPORTED, OptimizerSpec
+
+
+def _param() -> torch.Tensor:
+    return torch.zeros(2, requires_grad=True)
+
+
+def test_supported_is_every_closure_free_torch_optimizer():
+    assert set(SUPPORTED) == {"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adadelta", "Adamax", "NAdam",
+                              "RAdam", "ASGD", "Rprop", "SparseAdam"}
+    assert "LBFGS" not in SUPPORTED  # its step() needs a closure only a worker has
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_factory_per_optimizer(name):
+    factory = getattr(optim, name)
+    assert factory.__name__ == name
+    spec = factory()
+    assert isinstance(spec, OptimizerSpec)
+    assert spec.name == name
+    assert dict(spec.kwargs) == {}
+    assert type(spec.build([_param()])) is getattr(torch.optim, name)
+
+
+def test_factory_keeps_kwargs_exactly():
+    spec = optim.SGD(lr=0.5, momentum=0.9, nesterov=True, weight_decay=1e-4, dampening=0)
+    assert spec.name == "SGD"
+    assert dict(spec.kwargs) == {"lr": 0.5, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-4,
+                                 "dampening": 0}
+    assert type(spec.kwargs["nesterov"]) is bool
+    assert type(spec.kwargs["dampening"]) is int
+    assert type(spec.kwargs["lr"]) is float
+    assert spec == OptimizerSpec("SGD", {"lr": 0.5, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-4,
+                                         "dampening": 0})
+    assert spec != optim.SGD(lr=0.5)
+    assert spec != OptimizerSpec("Adam", {})
+
+
+def test_repr_names_the_factory_call():
+    assert repr(optim.Adam(lr=0.01, betas=(0.8, 0.99))) == "psframe.optim.Adam(lr=0.01, betas=(0.8, 0.99))"
+    assert repr(optim.SGD()) == "psframe.optim.SGD()"
+
+
+def test_spec_is_frozen():
+    spec = optim.SGD(lr=0.1)
+    with pytest.raises(AttributeError):
+        spec.name = "Adam"  # type: ignore[misc]
+
+
+def test_caller_dict_is_copied():
+    kwargs = {"lr": 0.1}
+    spec = OptimizerSpec("SGD", kwargs)
+    kwargs["lr"] = -5.0
+    assert spec.kwargs["lr"] == 0.1
+
+
+@pytest.mark.parametrize("factory, kwargs, cls, expected", [
+    (optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2),
+     torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2, dampening=0)),
+    (optim.Adam, dict(lr=1e-3, betas=(0.8, 0.99), amsgrad=True),
+     torch.optim.Adam, dict(lr=1e-3, betas=(0.8, 0.99), amsgrad=True)),
+    (optim.AdamW, dict(weight_decay=0.1), torch.optim.AdamW, dict(weight_decay=0.1)),
+    (optim.Adagrad, dict(lr=0.05, lr_decay=0.01), torch.optim.Adagrad, dict(lr=0.05, lr_decay=0.01)),
+    (optim.RMSprop, dict(alpha=0.9, centered=True, momentum=0.5),
+     torch.optim.RMSprop, dict(alpha=0.9, centered=True, momentum=0.5)),
+])
+def test_build_gives_the_torch_optimizer(factory, kwargs, cls, expected):
+    p = _param()
+    opt = factory(**kwargs).build([p])
+    assert type(opt) is cls
+    assert opt.param_groups[0]["params"][0] is p
+    for key, value in expected.items():
+        assert opt.param_groups[0][key] == value, key
+
+
+def test_lists_become_tuples():
+    spec = optim.Adam(betas=[0.8, 0.99])
+    assert spec.kwargs["betas"] == (0.8, 0.99)
+    assert type(spec.kwargs["betas"]) is tuple
+    assert spec == optim.Adam(betas=(0.8, 0.99))
+    assert spec.build([_param()]).param_groups[0]["betas"] == (0.8, 0.99)
+    etas = optim.Rprop(etas=[0.4, 1.3], step_sizes=[1e-6, 50]).kwargs
+    assert etas == {"etas": (0.4, 1.3), "step_sizes": (1e-6, 50)}
+    assert type(etas["step_sizes"][1]) is int
+
+
+# ------------------------------------------------------------------------- refusals
+
+
+def test_unknown_name():
+    with pytest.raises(OptimizerConfigError, match="'sgd'.*expected one of SGD, Adam"):
+        OptimizerSpec("sgd")
+    with pytest.raises(OptimizerConfigError, match="'LBFGS'"):
+        OptimizerSpec("LBFGS")
+    with pytest.raises(OptimizerConfigError, match="'Optimizer'"):
+        OptimizerSpec("Optimizer")
+
+
+def test_unknown_kwarg_names_it():
+    with pytest.raises(OptimizerConfigError, match="momentun") as info:
+        optim.SGD(lr=0.1, momentun=0.9)
+    assert "torch.optim.SGD" in str(info.value)
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+@pytest.mark.parametrize("factory, kwargs, needle", [
+    (optim.SGD, dict(lr=-1), "lr"),
+    (optim.SGD, dict(lr=0.1, momentum=-0.5), "momentum"),
+    (optim.Adam, dict(betas=(0.9, 1.5)), "betas"),
+    (optim.Adam, dict(eps=-1e-8), "eps"),
+    (optim.SGD, dict(lr=0.1, nesterov=True), "nesterov"),
+    (optim.RMSprop, dict(alpha=-0.1), "alpha"),
+])
+def test_invalid_value_names_it(factory, kwargs, needle):
+    with pytest.raises(OptimizerConfigError, match=needle) as info:
+        factory(**kwargs)
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+@pytest.mark.parametrize("kwargs, key, kind", [
+    (dict(lr=0.1, momentum=[torch.zeros(1), torch.ones(1)]), "momentum", "numbers only"),
+    (dict(lr=0.1, momentum={"value": 0.9}), "momentum", "dict"),
+    (dict(lr=torch.tensor(0.1)), "lr", "Tensor"),
+    (dict(lr=0.1, foreach=None), "foreach", "NoneType"),
+    (dict(lr=0.1, dampening=[[0.0]]), "dampening", "numbers only"),
+    (dict(lr=0.1, weight_decay=(0.1, True)), "weight_decay", "numbers only"),
+])
+def test_non_wire_types_name_the_argument(kwargs, key, kind):
+    with pytest.raises(OptimizerConfigError, match=kind) as info:
+        optim.SGD(**kwargs)
+    assert f"{key}=" in str(info.value)
+
+
+def test_refusals_are_psframe_value_errors():
+    for make in (lambda: OptimizerSpec("Nope"), lambda: optim.SGD(lr=-1), lambda: optim.SGD(lr=[{}])):
+        with pytest.raises(PsframeError):
+            make()
+        with pytest.raises(ValueError):
+            make()
+
+
+def test_refusal_is_not_cached_as_acceptance():
+    """The up-front check is memoised; a bad config after a good one (and again) still fails."""
+    optim.SGD(lr=0.3)
+    for _ in range(2):
+        with pytest.raises(OptimizerConfigError):
+            optim.SGD(lr=-0.3)
+    assert optim.SGD(lr=0.3).kwargs == {"lr": 0.3}
