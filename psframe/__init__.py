@@ -4,7 +4,7 @@ The front door: the names most programs need. Everything else is imported
 from its module (``psframe.placement``, ``psframe.hooks``, ``psframe.codec``...).
 """
 
-__version__ = "0.1.0"
+from psframe.version import __version__  # noqa: E402,F401
 
 from psframe import optim  # noqa: E402
 from psframe.cluster import ClusterSpec  # noqa: E402

@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from psframe import __version__
+from psframe.version import __version__
 from psframe.cluster import resolve_cluster
 from psframe.errors import PsframeError
 

@@ -115,6 +115,10 @@ class PsClient:
                         raise remote_error(e, self.describe(i)) from e
                     continue
                 self._check_identity(i, info)
+                if info.state == pb.TaskInfo.FINISHED:
+                    raise errors.TrainingFinishedError(
+                        f"{self.describe(i)} has seen every worker finish; training is over"
+                    )
                 if ready and info.state != pb.TaskInfo.READY:
                     continue
                 infos[i] = info

@@ -149,6 +149,9 @@ def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]]) -> bytes:
     for name, tensor in tensors:
         if tensor.device.type != "cpu":
             raise WireFormatError(f"tensor {name!r} is on {tensor.device}; encode() needs CPU tensors")
+        if tensor.layout != torch.strided:
+            raise WireFormatError(f"tensor {name!r} is {tensor.layout}; encode() sends dense tensors")
+        tensor = tensor.resolve_conj().resolve_neg()
         if not tensor.is_contiguous():
             tensor = tensor.contiguous()
         data = _raw_bytes(tensor)

@@ -74,6 +74,10 @@ class NotReadyError(PsframeError):
     """The ps task holds no model yet: the chief has not initialised it."""
 
 
+class TrainingFinishedError(PsframeError):
+    """Every worker already finished: the ps tasks accept no more training."""
+
+
 class RemoteError(PsframeError):
     """A peer failed in a way that has no more specific psframe error."""
 
@@ -95,5 +99,6 @@ __all__ = [
     "BarrierTimeoutError",
     "PortInUseError",
     "NotReadyError",
+    "TrainingFinishedError",
     "RemoteError",
 ]

@@ -17,7 +17,8 @@ from collections.abc import Callable
 import grpc
 import torch
 
-from psframe import __version__, codec
+from psframe import codec
+from psframe.version import __version__
 from psframe.codec import ERROR_METADATA_KEY, SERVICE_NAME
 from psframe.cluster import ClusterSpec
 from psframe.errors import (
@@ -198,14 +199,12 @@ class ParameterServerService(TaskService):
         grads = {meta.name: tensor for meta, tensor in zip(header.tensors, tensors)}
         if len(grads) != len(tensors):
             raise WireFormatError("a push names the same variable twice")
-        store = self.store
         pull = list(header.pull)
-        with store.lock:
-            store.apply(grads)
-            step = store.advance_step() if header.end_of_step else store.global_step
+        with self.store.lock:
+            step, values = self.store.push_pull(grads, pull, header.end_of_step)
             # Encode under the lock: the reply is one consistent version, and
             # the only copy of the variables is the one into the reply.
-            return codec.encode(pb.PushPullReplyHeader(global_step=step), zip(pull, store.read(pull)))
+            return codec.encode(pb.PushPullReplyHeader(global_step=step), zip(pull, values))
 
     # ---- Finish
 

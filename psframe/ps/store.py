@@ -162,6 +162,24 @@ class VariableStore:
                     self._variables[name].grad = None
             self.pushes += 1
 
+    def push_pull(self, grads: Mapping[str, torch.Tensor], pull: Sequence[str],
+                  end_of_step: bool) -> tuple[int, list[torch.Tensor]]:
+        """One worker request: apply ``grads``, count the step, read ``pull``.
+
+        Every name is checked before anything changes. Hold :attr:`lock`
+        while using the returned tensors: they are the live variables.
+
+        Returns:
+            The global step after the request, and the variables named in ``pull``.
+        """
+        with self.lock:
+            self._require_ready()
+            for name in pull:
+                self._variable(name)
+            self.apply(grads)
+            step = self.advance_step() if end_of_step else self.global_step
+            return step, self.read(pull)
+
     def read(self, names: Sequence[str]) -> list[torch.Tensor]:
         """The live variables named; valid while the caller holds :attr:`lock`."""
         with self.lock:
