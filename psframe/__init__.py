@@ -15,6 +15,7 @@ from psframe.errors import (  # noqa: E402
     PsframeError,
     ShapeMismatchError,
 )
+from psframe.optim import SyncReplicas  # noqa: E402
 from psframe.ps.server import Server  # noqa: E402
 from psframe.trainer import Trainer  # noqa: E402
 
@@ -22,6 +23,7 @@ __all__ = [
     "ClusterSpec",
     "Server",
     "Trainer",
+    "SyncReplicas",
     "optim",
     "PsframeError",
     "ClusterSpecError",

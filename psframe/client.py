@@ -15,7 +15,7 @@ import grpc
 
 from psframe import errors
 from psframe.cluster import ClusterSpec, parse_address
-from psframe.codec import ERROR_METADATA_KEY, GRPC_OPTIONS, SERVICE_NAME
+from psframe.codec import GRPC_OPTIONS, SERVICE_NAME, remote_error
 from psframe.errors import ClusterMismatchError, ConnectTimeoutError, PsframeError
 from psframe.proto import psframe_pb2 as pb
 
@@ -29,20 +29,6 @@ CLIENT_OPTIONS = GRPC_OPTIONS + (
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
 LOG_EVERY_SECONDS = 5.0
-
-
-def remote_error(error: grpc.RpcError, task: str, timeout: float | None = None) -> PsframeError:
-    """The psframe error for a failed call to ``task``."""
-    metadata = dict(error.trailing_metadata() or ())
-    cls = getattr(errors, str(metadata.get(ERROR_METADATA_KEY, "")), None)
-    if isinstance(cls, type) and issubclass(cls, PsframeError):
-        return cls(error.details())
-    code = error.code()
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return errors.TaskUnavailableError(f"{task} is unavailable: {error.details()}")
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return errors.RpcTimeoutError(f"{task} did not answer within {timeout}s")
-    return errors.RemoteError(f"{task} failed with {code.name}: {error.details()}")
 
 
 class PsClient:

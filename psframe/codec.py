@@ -18,10 +18,12 @@ import warnings
 from collections.abc import Sequence
 from typing import TypeVar
 
+import grpc
 import torch
 from google.protobuf.message import DecodeError, Message
 
-from psframe.errors import WireFormatError
+from psframe import errors
+from psframe.errors import PsframeError, WireFormatError
 from psframe.optim import KwargValue, OptimizerSpec
 from psframe.proto import psframe_pb2 as pb
 
@@ -304,3 +306,21 @@ def optimizer_from_proto(message: pb.OptimizerDef) -> OptimizerSpec:
         elif kind is not None:
             kwargs[key] = getattr(value, kind)
     return OptimizerSpec(message.name, kwargs)
+
+
+def remote_error(error: grpc.RpcError, task: str, timeout: float | None = None) -> PsframeError:
+    """The psframe error for a failed call to ``task``.
+
+    The ps sends the class name of the error it raised in trailing metadata,
+    so the caller raises the same class; transport failures get named ones.
+    """
+    metadata = dict(error.trailing_metadata() or ())
+    cls = getattr(errors, str(metadata.get(ERROR_METADATA_KEY, "")), None)
+    if isinstance(cls, type) and issubclass(cls, PsframeError):
+        return cls(error.details())
+    code = error.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return errors.TaskUnavailableError(f"{task} is unavailable: {error.details()}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.RpcTimeoutError(f"{task} did not answer within {timeout}s")
+    return errors.RemoteError(f"{task} failed with {code.name}: {error.details()}")

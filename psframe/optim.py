@@ -114,4 +114,89 @@ ASGD = _factory("ASGD")
 Rprop = _factory("Rprop")
 SparseAdam = _factory("SparseAdam")
 
-__all__ = ["OptimizerSpec", "SUPPORTED", *SUPPORTED]
+
+
+@dataclass(frozen=True)
+class SyncReplicas:
+    """Synchronous training, as TF's ``SyncReplicasOptimizer``.
+
+    Every update averages the gradients of exactly ``replicas_to_aggregate``
+    workers computed at the same global step, summed in task-index order (so
+    runs are bit-identical), and the same workers are used on every ps task.
+    With backup workers (``total_num_replicas`` > ``replicas_to_aggregate``)
+    the first workers to finish a step are used and the late ones' gradients
+    are dropped. Stale gradients are dropped and counted, never applied.
+
+    When workers finish (run out of data or steps) and fewer than
+    ``replicas_to_aggregate`` remain, each update averages the gradients of
+    all remaining workers instead; the ps logs the change.
+
+    Args:
+        replicas_to_aggregate: gradients per update; defaults to the number
+            of workers.
+        total_num_replicas: workers taking part; defaults to the number of
+            workers, and must equal it when given.
+        timeout: seconds any barrier wait may last before failing with an
+            error naming the step and the missing workers.
+
+    Raises:
+        ValueError: a count is not positive, or R > N, or timeout <= 0.
+    """
+
+    replicas_to_aggregate: int | None = None
+    total_num_replicas: int | None = None
+    timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("replicas_to_aggregate", "total_num_replicas"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        r, n = self.replicas_to_aggregate, self.total_num_replicas
+        if r is not None and n is not None and r > n:
+            raise ValueError(f"replicas_to_aggregate ({r}) must be <= total_num_replicas ({n})")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+
+    def resolve(self, num_workers: int) -> SyncReplicas:
+        """This spec with the defaults filled in for a cluster of ``num_workers``.
+
+        Raises:
+            ValueError: the counts do not fit the cluster.
+        """
+        n = self.total_num_replicas if self.total_num_replicas is not None else num_workers
+        r = self.replicas_to_aggregate if self.replicas_to_aggregate is not None else n
+        if n != num_workers:
+            raise ValueError(
+                f"total_num_replicas ({n}) must equal the number of workers in the cluster ({num_workers})"
+            )
+        return SyncReplicas(r, n, self.timeout)
+
+
+@dataclass(frozen=True)
+class SyncReplicasOptimizer:
+    """TF's name for an optimizer plus :class:`SyncReplicas`.
+
+    ``Trainer(optimizer=SyncReplicasOptimizer(SGD(lr=0.1), 2, 3))`` is the
+    same as ``Trainer(optimizer=SGD(lr=0.1), sync=SyncReplicas(2, 3))``.
+    """
+
+    optimizer: OptimizerSpec
+    replicas_to_aggregate: int | None = None
+    total_num_replicas: int | None = None
+    timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.optimizer, OptimizerSpec):
+            raise OptimizerConfigError(
+                f"SyncReplicasOptimizer wraps a psframe.optim spec such as psframe.optim.SGD(lr=0.1), "
+                f"got {type(self.optimizer).__name__}"
+            )
+        self.sync  # validates the counts
+
+    @property
+    def sync(self) -> SyncReplicas:
+        return SyncReplicas(self.replicas_to_aggregate, self.total_num_replicas, self.timeout)
+
+
+__all__ = ["OptimizerSpec", "SyncReplicas", "SyncReplicasOptimizer", "SUPPORTED", *SUPPORTED]

@@ -27,8 +27,8 @@ from psframe.client import PsClient
 from psframe.cluster import ClusterSpec
 from psframe.errors import ClusterMismatchError, PsframeError
 from psframe.hooks import Hook
-from psframe.optim import OptimizerSpec
 from psframe.optim import SGD as _SGD
+from psframe.optim import OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
 from psframe.placement import (
     DEFAULT_MAX_SHARD_BYTES,
     DEFAULT_MIN_PARTITION_BYTES,
@@ -70,7 +70,10 @@ class Trainer:
         cluster: the cluster (a :class:`ClusterSpec` or a dict).
         task_index: this worker's index; worker 0 is the chief.
         optimizer: the server-side optimizer, e.g. ``psframe.optim.Adam(lr=1e-3)``;
-            defaults to ``SGD(lr=0.01)``.
+            defaults to ``SGD(lr=0.01)``. A ``psframe.optim.SyncReplicasOptimizer``
+            also sets ``sync``.
+        sync: ``psframe.SyncReplicas(...)`` for synchronous training; None
+            (the default) for asynchronous updates. Every worker must agree.
         device: where the local replica computes ("cpu", "cuda", "cuda:1");
             the model is moved there. Defaults to the model's device.
         gpu_memory_fraction: cap this process's share of the GPU's memory
@@ -109,7 +112,8 @@ class Trainer:
         cluster: ClusterSpec | Mapping[str, Sequence[str]],
         task_index: int = 0,
         *,
-        optimizer: OptimizerSpec | None = None,
+        optimizer: OptimizerSpec | SyncReplicasOptimizer | None = None,
+        sync: SyncReplicas | None = None,
         device: str | torch.device | None = None,
         gpu_memory_fraction: float | None = None,
         placement: str = "greedy",
@@ -126,7 +130,15 @@ class Trainer:
         self.cluster.validate_task("worker", task_index)
         self.task_index = task_index
         self.is_chief = task_index == 0
+        if isinstance(optimizer, SyncReplicasOptimizer):
+            if sync is not None:
+                raise ValueError("give either a SyncReplicasOptimizer or sync=SyncReplicas(...), not both")
+            optimizer, sync = optimizer.optimizer, optimizer.sync
         self.optimizer = optimizer if optimizer is not None else _SGD(lr=0.01)
+        self.sync = sync.resolve(self.cluster.num_workers) if sync is not None else None
+        if self.sync is not None:
+            # A call may wait at the barrier for as long as the sync timeout.
+            rpc_timeout = max(rpc_timeout, self.sync.timeout + 30.0)
         if not isinstance(self.optimizer, OptimizerSpec):
             raise TypeError(
                 f"optimizer must be a psframe.optim spec such as psframe.optim.SGD(lr=0.1), "
@@ -139,6 +151,7 @@ class Trainer:
         self.rpc_timeout = rpc_timeout
         self.global_step = 0
         self.local_step = 0
+        self.dropped_steps = 0  # sync: steps whose gradients came too late and were dropped
         self.state = TrainerState.NEW
         self._stop_requested = False
         self._client: PsClient | None = None
@@ -206,7 +219,8 @@ class Trainer:
         optimizer = codec.optimizer_to_proto(self.optimizer)
         requests = []
         for ps_task, batch in self._batches:
-            header = pb.InitHeader(caller=self._client.caller, variables=defs[ps_task], optimizer=optimizer)
+            header = pb.InitHeader(caller=self._client.caller, variables=defs[ps_task], optimizer=optimizer,
+                                   sync=self._sync_def())
             values = [(s.shard.name, self._staging.to_host(s.rows(s.param.detach()))) for s in batch]
             requests.append((ps_task, codec.encode(header, values)))
         created = 0
@@ -215,8 +229,25 @@ class Trainer:
             created += reply.created
         log.info("chief %s the model on %d ps tasks", "created" if created else "found", self.cluster.num_ps)
 
+    def _sync_def(self) -> pb.SyncDef | None:
+        if self.sync is None:
+            return None
+        return pb.SyncDef(replicas_to_aggregate=self.sync.replicas_to_aggregate,
+                          total_num_replicas=self.sync.total_num_replicas,
+                          timeout_seconds=self.sync.timeout)
+
     def _check_model(self, infos: list[pb.TaskInfo]) -> None:
+        mine_sync = self._sync_def()
         for ps_task, info in enumerate(infos):
+            theirs_sync = info.sync if info.HasField("sync") else None
+            if theirs_sync != mine_sync:
+                raise ClusterMismatchError(
+                    f"worker {self.task_index} is set up for "
+                    f"{'asynchronous updates' if mine_sync is None else str(self.sync)}, but "
+                    f"{self._client.describe(ps_task)} trains "
+                    f"{'asynchronously' if theirs_sync is None else 'with ' + str(theirs_sync).strip()}"
+                    f" (every worker must pass the same sync settings)"
+                )
             theirs = {(d.name, d.dtype, tuple(d.shape)) for d in info.variables}
             mine = {
                 (s.shard.name, codec.dtype_name(s.param.dtype), s.shard.shape)
@@ -276,6 +307,10 @@ class Trainer:
         last = {ps: i for i, (ps, _) in enumerate(self._batches)}
         for i, (ps_task, batch) in enumerate(self._batches):
             grads = [(s.shard.name, s.rows(s.param.grad)) for s in batch if s.param.grad is not None]
+            if self.sync is not None and len(grads) < len(batch):
+                # A synchronous step averages a gradient for every variable:
+                # a parameter this replica did not use contributes zeros.
+                grads = [(s.shard.name, s.rows(_grad_or_zeros(s.param))) for s in batch]
             header = pb.PushPullHeader(
                 caller=self._client.caller,
                 step=self.global_step,
@@ -305,19 +340,25 @@ class Trainer:
         return self.global_step
 
     def _receive(self, replies: list[bytes]) -> None:
-        steps = []
+        steps, dropped = [], False
         with torch.no_grad():
             for (ps_task, batch), data in zip(self._batches, replies):
                 reply, tensors = codec.decode(data, pb.PushPullReplyHeader)
+                dropped |= reply.dropped
                 for slot, tensor in zip(batch, tensors):
                     self._staging.to_device(slot.rows(slot.param.data), tensor)
-                if ps_task == 0:
+                if ps_task == 0 or self.sync is not None:
                     steps.append(reply.global_step)
             for slot_param in self.model.parameters():
                 slot_param.grad = None
         self._staging.synchronize()
-        # global_step lives on /job:ps/task:0, as in TF.
-        self.global_step = max(steps) if steps else self.global_step
+        self.dropped_steps += dropped
+        # Async: global_step lives on /job:ps/task:0, as in TF. Sync: every ps
+        # advances in lockstep, but a reply may have been read just before a
+        # shard caught up; tagging the next push with the lowest step makes a
+        # gradient computed on mixed versions stale everywhere, never applied.
+        if steps:
+            self.global_step = max(steps) if self.sync is None else min(steps)
 
     def should_stop(self) -> bool:
         """Whether a hook (or :meth:`request_stop`) asked training to end."""
@@ -332,6 +373,10 @@ class Trainer:
             raise PsframeError(
                 f"the trainer is {self.state.value}; use it inside `with trainer:` (or after connect())"
             )
+
+
+def _grad_or_zeros(param: torch.Tensor) -> torch.Tensor:
+    return param.grad if param.grad is not None else torch.zeros_like(param)
 
 
 def _split(slots: list[_Slot], max_bytes: int) -> list[list[_Slot]]:

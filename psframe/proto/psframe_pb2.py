@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rpsframe.proto\x12\x07psframe\"X\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\x99\x01\n\x0bVariableDef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08variable\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x12\n\nfull_shape\x18\x05 \x03(\x03\x12\x11\n\trow_start\x18\x06 \x01(\x03\x12\x12\n\npart_index\x18\x07 \x01(\x05\x12\x11\n\tnum_parts\x18\x08 \x01(\x05\"|\n\x05Value\x12\x10\n\x06number\x18\x01 \x01(\x01H\x00\x12\x11\n\x07integer\x18\x02 \x01(\x03H\x00\x12\x0e\n\x04\x66lag\x18\x03 \x01(\x08H\x00\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12&\n\x07numbers\x18\x05 \x01(\x0b\x32\x13.psframe.NumberListH\x00\x42\x06\n\x04kind\"\x1c\n\nNumberList\x12\x0e\n\x06values\x18\x01 \x03(\x01\"\x8e\x01\n\x0cOptimizerDef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x31\n\x06kwargs\x18\x02 \x03(\x0b\x32!.psframe.OptimizerDef.KwargsEntry\x1a=\n\x0bKwargsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1d\n\x05value\x18\x02 \x01(\x0b\x32\x0e.psframe.Value:\x02\x38\x01\"K\n\x06\x43\x61ller\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x1b\n\x13\x63luster_fingerprint\x18\x03 \x01(\t\".\n\x0bInfoRequest\x12\x1f\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x0f.psframe.Caller\"\xc0\x03\n\x08TaskInfo\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0c\x63luster_spec\x18\x04 \x01(\t\x12\x1b\n\x13\x63luster_fingerprint\x18\x05 \x01(\t\x12&\n\x05state\x18\x06 \x01(\x0e\x32\x17.psframe.TaskInfo.State\x12\x13\n\x0bglobal_step\x18\x07 \x01(\x03\x12\'\n\tvariables\x18\x08 \x03(\x0b\x32\x14.psframe.VariableDef\x12\x12\n\nbytes_held\x18\t \x01(\x04\x12(\n\toptimizer\x18\n \x01(\x0b\x32\x15.psframe.OptimizerDef\x12\x0e\n\x06pushes\x18\x0b \x01(\x03\x12\x17\n\x0frejected_pushes\x18\x0c \x01(\x03\x12\x18\n\x10\x66inished_workers\x18\r \x03(\x05\x12\x0f\n\x07version\x18\x0e \x01(\t\x12\x0b\n\x03pid\x18\x0f \x01(\x05\"E\n\x05State\x12\x0c\n\x08STARTING\x10\x00\x12\x15\n\x11WAITING_FOR_MODEL\x10\x01\x12\t\n\x05READY\x10\x02\x12\x0c\n\x08\x46INISHED\x10\x03\"\xa6\x01\n\nInitHeader\x12\x1f\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x0f.psframe.Caller\x12\'\n\tvariables\x18\x02 \x03(\x0b\x32\x14.psframe.VariableDef\x12(\n\toptimizer\x18\x03 \x01(\x0b\x32\x15.psframe.OptimizerDef\x12$\n\x07tensors\x18\x04 \x03(\x0b\x32\x13.psframe.TensorMeta\"C\n\x0bInitRequest\x12#\n\x06header\x18\x01 \x01(\x0b\x32\x13.psframe.InitHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\x85\x01\n\x0fInitReplyHeader\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.psframe.TaskInfo.State\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x13\n\x0bglobal_step\x18\x03 \x01(\x03\x12$\n\x07tensors\x18\x04 \x03(\x0b\x32\x13.psframe.TensorMeta\"I\n\x0cInitResponse\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.psframe.InitReplyHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\x88\x01\n\x0ePushPullHeader\x12\x1f\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x0f.psframe.Caller\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12$\n\x07tensors\x18\x03 \x03(\x0b\x32\x13.psframe.TensorMeta\x12\x0c\n\x04pull\x18\x04 \x03(\t\x12\x13\n\x0b\x65nd_of_step\x18\x05 \x01(\x08\"K\n\x0fPushPullRequest\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.psframe.PushPullHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"P\n\x13PushPullReplyHeader\x12\x13\n\x0bglobal_step\x18\x01 \x01(\x03\x12$\n\x07tensors\x18\x02 \x03(\x0b\x32\x13.psframe.TensorMeta\"Q\n\x10PushPullResponse\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.psframe.PushPullReplyHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"0\n\rFinishRequest\x12\x1f\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x0f.psframe.Caller\"?\n\x0e\x46inishResponse\x12\x18\n\x10\x66inished_workers\x18\x01 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x02 \x01(\x05\x32\xf6\x01\n\x0fParameterServer\x12\x32\n\x07GetInfo\x12\x14.psframe.InfoRequest\x1a\x11.psframe.TaskInfo\x12\x33\n\x04Init\x12\x14.psframe.InitRequest\x1a\x15.psframe.InitResponse\x12?\n\x08PushPull\x12\x18.psframe.PushPullRequest\x1a\x19.psframe.PushPullResponse\x12\x39\n\x06\x46inish\x12\x16.psframe.FinishRequest\x1a\x17.psframe.FinishResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rpsframe.proto\x12\x07psframe\"X\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\x99\x01\n\x0bVariableDef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08variable\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x12\n\nfull_shape\x18\x05 \x03(\x03\x12\x11\n\trow_start\x18\x06 \x01(\x03\x12\x12\n\npart_index\x18\x07 \x01(\x05\x12\x11\n\tnum_parts\x18\x08 \x01(\x05\"|\n\x05Value\x12\x10\n\x06number\x18\x01 \x01(\x01H\x00\x12\x11\n\x07integer\x18\x02 \x01(\x03H\x00\x12\x0e\n\x04\x66lag\x18\x03 \x01(\x08H\x00\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12&\n\x07numbers\x18\x05 \x01(\x0b\x32\x13.psframe.NumberListH\x00\x42\x06\n\x04kind\"\x1c\n\nNumberList\x12\x0e\n\x06values\x18\x01 \x03(\x01\"\x8e\x01\n\x0cOptimizerDef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x31\n\x06kwargs\x18\x02 \x03(\x0b\x32!.psframe.OptimizerDef.KwargsEntry\x1a=\n\x0bKwargsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1d\n\x05value\x18\x02 \x01(\x0b\x32\x0e.psframe.Value:\x02\x38\x01\"]\n\x07SyncDef\x12\x1d\n\x15replicas_to_aggregate\x18\x01 \x01(\x05\x12\x1a\n\x12total_num_replicas\x18\x02 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x01\"K\n\x06\x43\x61ller\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x1b\n\x13\x63luster_fingerprint\x18\x03 \x01(\t\".\n\x0bInfoRequest\x12\x1f\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x0f.psframe.Caller\"\xfb\x03\n\x08TaskInfo\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0c\x63luster_spec\x18\x04 \x01(\t\x12\x1b\n\x13\x63luster_fingerprint\x18\x05 \x01(\t\x12&\n\x05state\x18\x06 \x01(\x0e\x32\x17.psframe.TaskInfo.State\x12\x13\n\x0bglobal_step\x18\x07 \x01(\x03\x12\'\n\tvariables\x18\x08 \x03(\x0b\x32\x14.psframe.VariableDef\x12\x12\n\nbytes_held\x18\t \x01(\x04\x12(\n\toptimizer\x18\n \x01(\x0b\x32\x15.psframe.OptimizerDef\x12\x0e\n\x06pushes\x18\x0b \x01(\x03\x12\x17\n\x0frejected_pushes\x18\x0c \x01(\x03\x12\x18\n\x10\x66inished_workers\x18\r \x03(\x05\x12\x0f\n\x07version\x18\x0e \x01(\t\x12\x0b\n\x03pid\x18\x0f \x01(\x05\x12\x1e\n\x04sync\x18\x10 \x01(\x0b\x32\x10.psframe.SyncDef\x12\x19\n\x11\x64ropped_gradients\x18\x11 \x01(\x03\"E\n\x05State\x12\x0c\n\x08STARTING\x10\x00\x12\x15\n\x11WAITING_FOR_MODEL\x10\x01\x12\t\n\x05READY\x10\x02\x12\x0c\n\x08\x46INISHED\x10\x03\"\xc6\x01\n\nInitHeader\x12\x1f\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x0f.psframe.Caller\x12\'\n\tvariables\x18\x02 \x03(\x0b\x32\x14.psframe.VariableDef\x12(\n\toptimizer\x18\x03 \x01(\x0b\x32\x15.psframe.OptimizerDef\x12$\n\x07tensors\x18\x04 \x03(\x0b\x32\x13.psframe.TensorMeta\x12\x1e\n\x04sync\x18\x05 \x01(\x0b\x32\x10.psframe.SyncDef\"C\n\x0bInitRequest\x12#\n\x06header\x18\x01 \x01(\x0b\x32\x13.psframe.InitHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\x85\x01\n\x0fInitReplyHeader\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.psframe.TaskInfo.State\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x13\n\x0bglobal_step\x18\x03 \x01(\x03\x12$\n\x07tensors\x18\x04 \x03(\x0b\x32\x13.psframe.TensorMeta\"I\n\x0cInitResponse\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.psframe.InitReplyHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\x88\x01\n\x0ePushPullHeader\x12\x1f\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x0f.psframe.Caller\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12$\n\x07tensors\x18\x03 \x03(\x0b\x32\x13.psframe.TensorMeta\x12\x0c\n\x04pull\x18\x04 \x03(\t\x12\x13\n\x0b\x65nd_of_step\x18\x05 \x01(\x08\"K\n\x0fPushPullRequest\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.psframe.PushPullHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"a\n\x13PushPullReplyHeader\x12\x13\n\x0bglobal_step\x18\x01 \x01(\x03\x12$\n\x07tensors\x18\x02 \x03(\x0b\x32\x13.psframe.TensorMeta\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x08\"Q\n\x10PushPullResponse\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.psframe.PushPullReplyHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"0\n\rFinishRequest\x12\x1f\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x0f.psframe.Caller\"?\n\x0e\x46inishResponse\x12\x18\n\x10\x66inished_workers\x18\x01 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x02 \x01(\x05\"C\n\x12StepMembersRequest\x12\x1f\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x0f.psframe.Caller\x12\x0c\n\x04step\x18\x02 \x01(\x03\"1\n\x10StepMembersReply\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07workers\x18\x02 \x03(\x05\x32\xbd\x02\n\x0fParameterServer\x12\x32\n\x07GetInfo\x12\x14.psframe.InfoRequest\x1a\x11.psframe.TaskInfo\x12\x33\n\x04Init\x12\x14.psframe.InitRequest\x1a\x15.psframe.InitResponse\x12?\n\x08PushPull\x12\x18.psframe.PushPullRequest\x1a\x19.psframe.PushPullResponse\x12\x39\n\x06\x46inish\x12\x16.psframe.FinishRequest\x1a\x17.psframe.FinishResponse\x12\x45\n\x0bStepMembers\x12\x1b.psframe.StepMembersRequest\x1a\x19.psframe.StepMembersReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,34 +45,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPTIMIZERDEF']._serialized_end=571
   _globals['_OPTIMIZERDEF_KWARGSENTRY']._serialized_start=510
   _globals['_OPTIMIZERDEF_KWARGSENTRY']._serialized_end=571
-  _globals['_CALLER']._serialized_start=573
-  _globals['_CALLER']._serialized_end=648
-  _globals['_INFOREQUEST']._serialized_start=650
-  _globals['_INFOREQUEST']._serialized_end=696
-  _globals['_TASKINFO']._serialized_start=699
-  _globals['_TASKINFO']._serialized_end=1147
-  _globals['_TASKINFO_STATE']._serialized_start=1078
-  _globals['_TASKINFO_STATE']._serialized_end=1147
-  _globals['_INITHEADER']._serialized_start=1150
-  _globals['_INITHEADER']._serialized_end=1316
-  _globals['_INITREQUEST']._serialized_start=1318
-  _globals['_INITREQUEST']._serialized_end=1385
-  _globals['_INITREPLYHEADER']._serialized_start=1388
-  _globals['_INITREPLYHEADER']._serialized_end=1521
-  _globals['_INITRESPONSE']._serialized_start=1523
-  _globals['_INITRESPONSE']._serialized_end=1596
-  _globals['_PUSHPULLHEADER']._serialized_start=1599
-  _globals['_PUSHPULLHEADER']._serialized_end=1735
-  _globals['_PUSHPULLREQUEST']._serialized_start=1737
-  _globals['_PUSHPULLREQUEST']._serialized_end=1812
-  _globals['_PUSHPULLREPLYHEADER']._serialized_start=1814
-  _globals['_PUSHPULLREPLYHEADER']._serialized_end=1894
-  _globals['_PUSHPULLRESPONSE']._serialized_start=1896
-  _globals['_PUSHPULLRESPONSE']._serialized_end=1977
-  _globals['_FINISHREQUEST']._serialized_start=1979
-  _globals['_FINISHREQUEST']._serialized_end=2027
-  _globals['_FINISHRESPONSE']._serialized_start=2029
-  _globals['_FINISHRESPONSE']._serialized_end=2092
-  _globals['_PARAMETERSERVER']._serialized_start=2095
-  _globals['_PARAMETERSERVER']._serialized_end=2341
+  _globals['_SYNCDEF']._serialized_start=573
+  _globals['_SYNCDEF']._serialized_end=666
+  _globals['_CALLER']._serialized_start=668
+  _globals['_CALLER']._serialized_end=743
+  _globals['_INFOREQUEST']._serialized_start=745
+  _globals['_INFOREQUEST']._serialized_end=791
+  _globals['_TASKINFO']._serialized_start=794
+  _globals['_TASKINFO']._serialized_end=1301
+  _globals['_TASKINFO_STATE']._serialized_start=1232
+  _globals['_TASKINFO_STATE']._serialized_end=1301
+  _globals['_INITHEADER']._serialized_start=1304
+  _globals['_INITHEADER']._serialized_end=1502
+  _globals['_INITREQUEST']._serialized_start=1504
+  _globals['_INITREQUEST']._serialized_end=1571
+  _globals['_INITREPLYHEADER']._serialized_start=1574
+  _globals['_INITREPLYHEADER']._serialized_end=1707
+  _globals['_INITRESPONSE']._serialized_start=1709
+  _globals['_INITRESPONSE']._serialized_end=1782
+  _globals['_PUSHPULLHEADER']._serialized_start=1785
+  _globals['_PUSHPULLHEADER']._serialized_end=1921
+  _globals['_PUSHPULLREQUEST']._serialized_start=1923
+  _globals['_PUSHPULLREQUEST']._serialized_end=1998
+  _globals['_PUSHPULLREPLYHEADER']._serialized_start=2000
+  _globals['_PUSHPULLREPLYHEADER']._serialized_end=2097
+  _globals['_PUSHPULLRESPONSE']._serialized_start=2099
+  _globals['_PUSHPULLRESPONSE']._serialized_end=2180
+  _globals['_FINISHREQUEST']._serialized_start=2182
+  _globals['_FINISHREQUEST']._serialized_end=2230
+  _globals['_FINISHRESPONSE']._serialized_start=2232
+  _globals['_FINISHRESPONSE']._serialized_end=2295
+  _globals['_STEPMEMBERSREQUEST']._serialized_start=2297
+  _globals['_STEPMEMBERSREQUEST']._serialized_end=2364
+  _globals['_STEPMEMBERSREPLY']._serialized_start=2366
+  _globals['_STEPMEMBERSREPLY']._serialized_end=2415
+  _globals['_PARAMETERSERVER']._serialized_start=2418
+  _globals['_PARAMETERSERVER']._serialized_end=2735
 # @@protoc_insertion_point(module_scope)

@@ -18,8 +18,8 @@ import grpc
 import torch
 
 from psframe import codec
+from psframe.codec import ERROR_METADATA_KEY, GRPC_OPTIONS, SERVICE_NAME
 from psframe.version import __version__
-from psframe.codec import ERROR_METADATA_KEY, SERVICE_NAME
 from psframe.cluster import ClusterSpec
 from psframe.errors import (
     BarrierTimeoutError,
@@ -32,6 +32,7 @@ from psframe.errors import (
 )
 from psframe.proto import psframe_pb2 as pb
 from psframe.ps.store import VariableStore
+from psframe.ps.sync import SyncAggregator
 
 log = logging.getLogger(__name__)
 
@@ -114,20 +115,23 @@ class ParameterServerService(TaskService):
         self._pending_defs: list[pb.VariableDef] = []
         self._pending_values: dict[str, torch.Tensor] = {}
         self._finished: set[int] = set()
+        self._sync_def: pb.SyncDef | None = None
+        self.aggregator: SyncAggregator | None = None
+        self._ps0 = None  # channel to ps 0, to ask for the members of sync steps
 
     # ---- helpers
 
-    def _check_caller(self, caller: pb.Caller) -> None:
+    def _check_caller(self, caller: pb.Caller, job_name: str = "worker") -> None:
         if caller.cluster_fingerprint != self.cluster.fingerprint:
             raise ClusterMismatchError(
                 f"/job:{caller.job_name or '?'}/task:{caller.task_index} was started with a different "
                 f"cluster (fingerprint {caller.cluster_fingerprint or 'none'}) than {self.task_name}, "
                 f"whose cluster is {self.cluster.to_string()!r} (fingerprint {self.cluster.fingerprint})"
             )
-        if caller.job_name != "worker" or not 0 <= caller.task_index < self.cluster.num_workers:
+        if caller.job_name != job_name or not 0 <= caller.task_index < self.cluster.num_tasks(job_name):
             raise ClusterMismatchError(
-                f"{self.task_name} serves /job:worker/task:0..{self.cluster.num_workers - 1}, "
-                f"not /job:{caller.job_name}/task:{caller.task_index}"
+                f"{self.task_name} expects this call from /job:{job_name}/task:0.."
+                f"{self.cluster.num_tasks(job_name) - 1}, not /job:{caller.job_name}/task:{caller.task_index}"
             )
 
     def info(self) -> pb.TaskInfo:
@@ -146,6 +150,9 @@ class ParameterServerService(TaskService):
             info.pushes = store.pushes
             info.rejected_pushes = store.rejected_pushes
             info.finished_workers.extend(sorted(self._finished))
+            if self._sync_def is not None:
+                info.sync.CopyFrom(self._sync_def)
+                info.dropped_gradients = self.aggregator.dropped_gradients
         return info
 
     # ---- Init
@@ -161,11 +168,17 @@ class ParameterServerService(TaskService):
             )
         optimizer = codec.optimizer_from_proto(header.optimizer)
         defs = list(header.variables)
+        sync = header.sync if header.HasField("sync") else None
         with self._init_lock:
             created = False
             if self.store.ready:
                 _check_same_defs(self.task_name, self._variable_defs, defs)
                 self.store.create(self._values_like(defs), optimizer)  # checks the optimizer
+                if sync != self._sync_def:
+                    raise ClusterMismatchError(
+                        f"{self.task_name} trains with {_describe_sync(self._sync_def)}, "
+                        f"the chief asks for {_describe_sync(sync)}"
+                    )
             else:
                 if defs != self._pending_defs:  # a new (or restarted) chief: start over
                     self._pending_defs, self._pending_values = defs, {}
@@ -177,6 +190,8 @@ class ParameterServerService(TaskService):
                     values = {d.name: self._pending_values[d.name] for d in defs}
                     created = self.store.create(values, optimizer)
                     self._variable_defs = defs
+                    if sync is not None:
+                        self._start_sync(sync)
                     self._pending_defs, self._pending_values = [], {}
                     log.info("%s: created %d variables (%d bytes) with %r", self.task_name,
                              len(defs), self.store.nbytes(), optimizer)
@@ -200,11 +215,60 @@ class ParameterServerService(TaskService):
         if len(grads) != len(tensors):
             raise WireFormatError("a push names the same variable twice")
         pull = list(header.pull)
+        if self.aggregator is None or not grads:
+            with self.store.lock:
+                step, values = self.store.push_pull(grads, pull, header.end_of_step and bool(grads))
+                # Encode under the lock: the reply is one consistent version, and
+                # the only copy of the variables is the one into the reply.
+                return codec.encode(pb.PushPullReplyHeader(global_step=step), zip(pull, values))
+        self.store.check_names(pull)
+        dropped = self.aggregator.push(header.caller.task_index, header.step, grads,
+                                       count_drop=header.end_of_step)
         with self.store.lock:
-            step, values = self.store.push_pull(grads, pull, header.end_of_step)
-            # Encode under the lock: the reply is one consistent version, and
-            # the only copy of the variables is the one into the reply.
-            return codec.encode(pb.PushPullReplyHeader(global_step=step), zip(pull, values))
+            reply = pb.PushPullReplyHeader(global_step=self.store.global_step, dropped=dropped)
+            return codec.encode(reply, zip(pull, self.store.read(pull)))
+
+    # ---- sync
+
+    def _start_sync(self, sync: pb.SyncDef) -> None:
+        decide = None if self.task_index == 0 else self._ask_ps0
+        self.aggregator = SyncAggregator(
+            self.store,
+            num_workers=sync.total_num_replicas,
+            replicas_to_aggregate=sync.replicas_to_aggregate,
+            timeout=sync.timeout_seconds,
+            decide=decide,
+        )
+        for worker in self._finished:
+            self.aggregator.worker_finished(worker)
+        self._sync_def = sync
+        log.info("%s: synchronous training, %s", self.task_name, _describe_sync(sync))
+
+    def _ask_ps0(self, step: int, timeout: float) -> tuple[int, ...]:
+        if self._ps0 is None:
+            channel = grpc.insecure_channel(self.cluster.task_address("ps", 0), options=GRPC_OPTIONS)
+            self._ps0 = channel.unary_unary(
+                f"/{SERVICE_NAME}/StepMembers",
+                request_serializer=pb.StepMembersRequest.SerializeToString,
+                response_deserializer=pb.StepMembersReply.FromString,
+            )
+        caller = pb.Caller(job_name="ps", task_index=self.task_index,
+                           cluster_fingerprint=self.cluster.fingerprint)
+        try:
+            reply = self._ps0(pb.StepMembersRequest(caller=caller, step=step), timeout=timeout + 5.0,
+                              wait_for_ready=True)
+        except grpc.RpcError as e:
+            raise codec.remote_error(e, f"/job:ps/task:0 at {self.cluster.task_address('ps', 0)}",
+                                     timeout) from e
+        return tuple(reply.workers)
+
+    @_translate_errors
+    def step_members(self, request: pb.StepMembersRequest, context) -> pb.StepMembersReply:
+        self._check_caller(request.caller, job_name="ps")
+        if self.aggregator is None:
+            raise NotReadyError(f"{self.task_name} is not training synchronously (yet)")
+        workers = self.aggregator.members_of(request.step)
+        return pb.StepMembersReply(step=request.step, workers=workers)
 
     # ---- Finish
 
@@ -217,6 +281,8 @@ class ParameterServerService(TaskService):
                 log.info("%s: worker %d finished (%d of %d)", self.task_name, request.caller.task_index,
                          len(self._finished), self.cluster.num_workers)
             done = len(self._finished)
+        if self.aggregator is not None:
+            self.aggregator.worker_finished(request.caller.task_index)
         if done == self.cluster.num_workers:
             self.all_finished.set()
         return pb.FinishResponse(finished_workers=done, num_workers=self.cluster.num_workers)
@@ -231,8 +297,20 @@ class ParameterServerService(TaskService):
                 request_deserializer=pb.FinishRequest.FromString,
                 response_serializer=pb.FinishResponse.SerializeToString,
             ),
+            StepMembers=grpc.unary_unary_rpc_method_handler(
+                self.step_members,
+                request_deserializer=pb.StepMembersRequest.FromString,
+                response_serializer=pb.StepMembersReply.SerializeToString,
+            ),
         )
         return handlers
+
+
+def _describe_sync(sync: pb.SyncDef | None) -> str:
+    if sync is None:
+        return "asynchronous updates"
+    return (f"SyncReplicas(replicas_to_aggregate={sync.replicas_to_aggregate}, "
+            f"total_num_replicas={sync.total_num_replicas}, timeout={sync.timeout_seconds:g}s)")
 
 
 def _def_key(d: pb.VariableDef) -> tuple:

@@ -118,6 +118,13 @@ class VariableStore:
                 f"{', '.join(list(self._variables)[:8])}{'...' if len(self._variables) > 8 else ''}"
             ) from None
 
+    def check_names(self, names: Sequence[str]) -> None:
+        """Raise unless every name is a variable of this store."""
+        with self.lock:
+            self._require_ready()
+            for name in names:
+                self._variable(name)
+
     def check_gradients(self, grads: Mapping[str, torch.Tensor]) -> None:
         """Raise if any gradient does not fit its variable; changes nothing."""
         self._require_ready()
@@ -173,9 +180,7 @@ class VariableStore:
             The global step after the request, and the variables named in ``pull``.
         """
         with self.lock:
-            self._require_ready()
-            for name in pull:
-                self._variable(name)
+            self.check_names(pull)
             self.apply(grads)
             step = self.advance_step() if end_of_step else self.global_step
             return step, self.read(pull)

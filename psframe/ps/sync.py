@@ -1,0 +1,268 @@
+"""The synchronous barrier of one ps task (SyncReplicas): plain torch, no network.
+
+Each push carries the global step the worker computed its gradients at.
+For the ps's current step ``s`` a *round* gathers gradients:
+
+- a push for a step older than ``s`` is stale: dropped, counted, and the
+  worker gets the current values at once;
+- a push for ``s`` joins the round; a worker's contribution is complete once
+  it has sent a gradient for every variable this ps holds;
+- the round's *members* are the first ``R`` workers to complete their
+  contribution on ps 0, where ``R`` is ``replicas_to_aggregate`` (or the number
+  of workers still training, if fewer remain). ps 0 decides; every other ps
+  asks ps 0 (the ``decide`` callback) so that all shards average the same
+  workers. A worker that is not a member is late: its gradients are dropped;
+- once every member's contribution is in, the gradients are summed in
+  task-index order, divided by the number of members, applied with the
+  optimizer in one step, and the global step advances by one. Everyone
+  waiting on the round is released with the new values.
+
+Every wait has a deadline; when it runs out the error names the step, the
+workers that arrived and the ones missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from psframe.errors import BarrierTimeoutError, ClusterMismatchError, PsframeError
+from psframe.ps.store import VariableStore
+
+log = logging.getLogger(__name__)
+
+# How many past decisions ps 0 remembers for the other ps tasks to ask about.
+DECISIONS_KEPT = 1024
+
+Decide = Callable[[int, float], tuple[int, ...]]
+
+
+@dataclass
+class _Round:
+    step: int
+    contributions: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    completed: list[int] = field(default_factory=list)  # in order of completion
+    members: tuple[int, ...] | None = None
+    late: set[int] = field(default_factory=set)  # pushed after the members were chosen
+    asking: bool = False  # a thread is asking ps 0 for the members
+    failure: PsframeError | None = None  # asking ps 0 failed
+    started: float = field(default_factory=time.monotonic)
+
+
+class SyncAggregator:
+    """Gathers the gradients of one step from several workers and applies their mean.
+
+    Args:
+        store: the ps task's variables; its lock guards the round too.
+        num_workers: total_num_replicas, the workers that take part.
+        replicas_to_aggregate: gradients per update.
+        timeout: seconds any wait may last.
+        decide: on ps tasks other than 0, asks ps 0 for the members of a step
+            (``decide(step, timeout) -> workers``); None on ps 0, which decides.
+    """
+
+    def __init__(
+        self,
+        store: VariableStore,
+        *,
+        num_workers: int,
+        replicas_to_aggregate: int,
+        timeout: float,
+        decide: Decide | None = None,
+    ) -> None:
+        if not 1 <= replicas_to_aggregate <= num_workers:
+            raise ValueError(
+                f"replicas_to_aggregate ({replicas_to_aggregate}) must be in 1..{num_workers} (total_num_replicas)"
+            )
+        self.store = store
+        self.owner = store.owner
+        self.num_workers = num_workers
+        self.replicas_to_aggregate = replicas_to_aggregate
+        self.timeout = timeout
+        self._decide = decide
+        self._cond = threading.Condition(store.lock)
+        self._round = _Round(store.global_step)
+        self._decisions: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        self._live = set(range(num_workers))
+        self.dropped_gradients = 0
+
+    # ---- what workers call
+
+    def push(self, worker: int, step: int, grads: Mapping[str, torch.Tensor], *,
+             count_drop: bool = True) -> bool:
+        """Add a worker's gradients for ``step`` and wait until that step is applied.
+
+        A worker may send its gradients for one step in several pushes; each
+        push returns once the step is over.
+
+        Args:
+            worker: the worker's task index.
+            step: the global step its gradients were computed at.
+            grads: some or all of its gradients, by variable name.
+            count_drop: count this push if it is stale (once per worker step).
+
+        Returns:
+            True if the gradients were dropped (stale or late), False if applied.
+
+        Raises:
+            BarrierTimeoutError: the step did not complete within the timeout.
+            InvalidGradientError: a gradient does not fit (nothing was added).
+        """
+        deadline = time.monotonic() + self.timeout
+        ask = False
+        with self._cond:
+            current = self.store.global_step
+            if step < current:
+                self.dropped_gradients += count_drop
+                return True
+            if step > current:
+                raise ClusterMismatchError(
+                    f"worker {worker} pushed gradients for step {step}, but {self.owner} is at step {current}"
+                )
+            self.store.check_gradients(grads)
+            round_ = self._round
+            if round_.members is not None and worker not in round_.members:
+                round_.late.add(worker)
+            else:
+                mine = round_.contributions.setdefault(worker, {})
+                mine.update(grads)
+                if len(mine) == len(self.store.names) and worker not in round_.completed:
+                    round_.completed.append(worker)
+                    self._try_decide(round_)
+                if self._decide is not None and round_.members is None and not round_.asking:
+                    round_.asking = ask = True
+                    round_.failure = None
+        if ask:
+            self._ask_members(round_, deadline)
+        with self._cond:
+            self._try_apply(round_)
+            self._wait_until_applied(round_, deadline)
+            return worker not in round_.members
+
+    def worker_finished(self, worker: int) -> None:
+        """A worker left: later steps need at most as many gradients as remain."""
+        with self._cond:
+            if worker not in self._live:
+                return
+            self._live.discard(worker)
+            if len(self._live) < self.replicas_to_aggregate:
+                log.warning(
+                    "%s: %d workers still training, fewer than replicas_to_aggregate=%d; "
+                    "from step %d each update averages the gradients of all %d",
+                    self.owner, len(self._live), self.replicas_to_aggregate,
+                    self._round.step, len(self._live),
+                )
+            self._try_decide(self._round)
+            self._try_apply(self._round)
+            self._cond.notify_all()
+
+    # ---- what the other ps tasks ask ps 0
+
+    def members_of(self, step: int, timeout: float | None = None) -> tuple[int, ...]:
+        """The workers whose gradients make up ``step`` (ps 0 only); waits until decided.
+
+        Raises:
+            BarrierTimeoutError: not decided within the timeout.
+            PsframeError: the step is too old to be remembered, or not ps 0.
+        """
+        if self._decide is not None:
+            raise PsframeError(f"{self.owner} does not decide the members of a step; ps 0 does")
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        with self._cond:
+            while True:
+                if step in self._decisions:
+                    return self._decisions[step]
+                if step < self._round.step:
+                    raise PsframeError(f"{self.owner} no longer remembers the members of step {step}")
+                if step == self._round.step and self._round.members is not None:
+                    return self._round.members
+                if self._round.failure is not None:
+                    raise self._round.failure
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._timeout_error(self._round, step)
+                self._cond.wait(remaining)
+
+    # ---- the round, under the lock
+
+    def _required(self) -> int:
+        return min(self.replicas_to_aggregate, len(self._live))
+
+    def _try_decide(self, round_: _Round) -> None:
+        if self._decide is not None or round_.members is not None:
+            return
+        required = self._required()
+        if required and len(round_.completed) >= required:
+            round_.members = tuple(sorted(round_.completed[:required]))
+            self._cond.notify_all()
+
+    def _ask_members(self, round_: _Round, deadline: float) -> None:
+        try:
+            members = tuple(sorted(self._decide(round_.step, max(0.0, deadline - time.monotonic()))))
+        except PsframeError as e:
+            with self._cond:
+                round_.failure = e
+                round_.asking = False  # the next push asks again
+                self._cond.notify_all()
+            return
+        with self._cond:
+            round_.members = members
+            self._cond.notify_all()
+
+    def _try_apply(self, round_: _Round) -> None:
+        if round_ is not self._round or round_.members is None:
+            return
+        if not all(w in round_.completed for w in round_.members):
+            return
+        names = self.store.names
+        mean = {}
+        for name in names:
+            # Sum in task-index order: the result does not depend on arrival order.
+            total = round_.contributions[round_.members[0]][name].clone()
+            for worker in round_.members[1:]:
+                total.add_(round_.contributions[worker][name])
+            mean[name] = total.div_(len(round_.members))
+        self.store.apply(mean)
+        new_step = self.store.advance_step()
+        late = (set(round_.contributions) | round_.late) - set(round_.members)
+        self.dropped_gradients += len(late)
+        self._decisions[round_.step] = round_.members
+        while len(self._decisions) > DECISIONS_KEPT:
+            self._decisions.popitem(last=False)
+        self._round = _Round(new_step)
+        self._cond.notify_all()
+
+    def _wait_until_applied(self, round_: _Round, deadline: float) -> None:
+        while self._round is round_:
+            if round_.failure is not None:
+                raise round_.failure
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                # The round stays open: a worker that comes back can still complete it.
+                raise self._timeout_error(round_, round_.step)
+            self._cond.wait(remaining)
+
+    def _timeout_error(self, round_: _Round, step: int) -> BarrierTimeoutError:
+        arrived = sorted(round_.completed)
+        if round_.members is not None:
+            missing = [w for w in round_.members if w not in round_.completed]
+            wanted = f"the {len(round_.members)} chosen workers {list(round_.members)}"
+        else:
+            missing = sorted(self._live - set(round_.completed))
+            wanted = f"{self._required()} of {self.num_workers} workers"
+            if self._decide is not None:
+                wanted += " (ps 0 had not said which)"
+        return BarrierTimeoutError(
+            f"sync step {step} on {self.owner}: waited {time.monotonic() - round_.started:.1f}s for "
+            f"{wanted}; arrived: {_workers(arrived)}; missing: {_workers(missing)}"
+        )
+
+
+def _workers(indices: list[int]) -> str:
+    return ", ".join(f"/job:worker/task:{i}" for i in indices) or "none"
