@@ -49,11 +49,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning_rate", type=float, default=0.1, help="SGD learning rate (on the ps)")
     parser.add_argument("--hidden_units", type=int, default=100, help="units of the hidden layer")
     parser.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="folder holding MNIST/raw/")
+    parser.add_argument("--sync_replicas", action="store_true",
+                        help="synchronous training: each update averages replicas_to_aggregate gradients")
+    parser.add_argument("--replicas_to_aggregate", type=int, default=None,
+                        help="gradients per synchronous update (default: the number of workers)")
+    parser.add_argument("--total_num_replicas", type=int, default=None,
+                        help="workers taking part in sync training (default: the number of workers)")
+    parser.add_argument("--sync_timeout", type=float, default=300.0,
+                        help="seconds a synchronous step may wait for gradients before failing")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N for the worker's replica")
     parser.add_argument("--gpu_memory_fraction", type=float, default=None,
                         help="cap on this worker's share of GPU memory (CUDA only)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial model and data order")
     parser.add_argument("--log_every", type=int, default=1000, help="log progress every N local steps")
+    parser.add_argument("--worker_timeout", type=float, default=60.0,
+                        help="ps: once some workers finished, seconds of silence after which a worker "
+                             "is presumed dead and not waited for")
     parser.add_argument("--connect_timeout", type=float, default=120.0,
                         help="seconds to wait for the other tasks before failing")
     return parser.parse_args(argv)
@@ -67,8 +78,8 @@ def build_model(hidden_units: int) -> torch.nn.Module:
     )
 
 
-def run_ps(cluster: psframe.ClusterSpec, task_index: int) -> int:
-    server = psframe.Server(cluster, "ps", task_index)
+def run_ps(cluster: psframe.ClusterSpec, task_index: int, worker_timeout: float) -> int:
+    server = psframe.Server(cluster, "ps", task_index, worker_timeout=worker_timeout)
     server.join()  # returns once every worker has finished
     return 0
 
@@ -97,6 +108,8 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         cluster,
         task_index=task_index,
         optimizer=psframe.optim.SGD(lr=args.learning_rate),
+        sync=psframe.SyncReplicas(args.replicas_to_aggregate, args.total_num_replicas, args.sync_timeout)
+        if args.sync_replicas else None,
         device=device,
         gpu_memory_fraction=args.gpu_memory_fraction,
         hooks=[StopAtStepHook(last_step=args.train_steps)],
@@ -123,6 +136,8 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         result = {
             "global_step": trainer.global_step,
             "local_steps": trainer.local_step,
+            "sync_replicas": args.sync_replicas,
+            "dropped_local_steps": trainer.dropped_steps,
             "test_accuracy": round(accuracy(model, test_x, test_y), 4),
             "wall_seconds": round(wall, 3),
             "steps_per_sec": round((trainer.global_step - first_step) / wall, 1),
@@ -140,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
     )
     if job_name == "ps":
-        return run_ps(cluster, task_index)
+        return run_ps(cluster, task_index, args.worker_timeout)
     return run_worker(args, cluster, task_index)
 
 

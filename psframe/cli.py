@@ -35,7 +35,8 @@ def _server(args: argparse.Namespace) -> int:
     cluster, job_name, task_index = resolve_cluster(
         args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
     )
-    server = Server(cluster, job_name, task_index, bind_address=args.bind_address)
+    server = Server(cluster, job_name, task_index, bind_address=args.bind_address,
+                    worker_timeout=args.worker_timeout)
     print(f"psframe {__version__}: {server.task_name} serving at {server.address}", flush=True)
     try:
         finished = server.join(timeout=args.timeout)
@@ -82,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_flags(server)
     server.add_argument("--bind_address", default=None,
                         help="listen here instead of the task's cluster address, e.g. [::]:2222")
+    server.add_argument("--worker_timeout", type=float, default=60.0,
+                        help="(ps) once some workers finished, stop waiting for workers silent this long")
     server.add_argument("--timeout", type=float, default=None,
                         help="give up (exit 1) after this many seconds if the workers have not all finished")
     server.set_defaults(run=_server)

