@@ -589,10 +589,6 @@ def test_a_failing_decide_fails_the_push_and_a_later_push_completes_the_round():
     assert store1.global_step == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "sync.py bug: _ask_members only catches PsframeError; any other exception from decide "
-    "leaves round.asking=True forever, so no later push asks ps 0 again and the step can "
-    "never complete (every push times out)"))
 def test_a_decide_failing_with_any_exception_does_not_wedge_the_round():
     init0, init1 = values0(), values1()
     store0, store1 = make_store(init0, "/job:ps/task:0"), make_store(init1, "/job:ps/task:1")

@@ -21,6 +21,7 @@ from psframe.errors import (
     ClusterMismatchError,
     DtypeMismatchError,
     NotReadyError,
+    PsframeError,
     ShapeMismatchError,
     UnknownVariableError,
 )
@@ -126,7 +127,16 @@ class VariableStore:
                 self._variable(name)
 
     def check_gradients(self, grads: Mapping[str, torch.Tensor]) -> None:
-        """Raise if any gradient does not fit its variable; changes nothing."""
+        """Raise if any gradient does not fit its variable; changes nothing
+        but the count of rejected pushes."""
+        with self.lock:
+            try:
+                self._check_gradients(grads)
+            except PsframeError:
+                self.rejected_pushes += 1
+                raise
+
+    def _check_gradients(self, grads: Mapping[str, torch.Tensor]) -> None:
         self._require_ready()
         for name, grad in grads.items():
             variable = self._variable(name)
@@ -153,11 +163,7 @@ class VariableStore:
             DtypeMismatchError: nothing was applied.
         """
         with self.lock:
-            try:
-                self.check_gradients(grads)
-            except Exception:
-                self.rejected_pushes += 1
-                raise
+            self.check_gradients(grads)
             if not grads:
                 return
             for name, grad in grads.items():

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from psframe.errors import BarrierTimeoutError, ClusterMismatchError, PsframeError
+from psframe.errors import BarrierTimeoutError, ClusterMismatchError, PsframeError, RemoteError
 from psframe.ps.store import VariableStore
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,6 @@ class _Round:
     late: set[int] = field(default_factory=set)  # pushed after the members were chosen
     asking: bool = False  # a thread is asking ps 0 for the members
     failure: PsframeError | None = None  # asking ps 0 failed
-    started: float = field(default_factory=time.monotonic)
 
 
 class SyncAggregator:
@@ -114,9 +113,11 @@ class SyncAggregator:
             BarrierTimeoutError: the step did not complete within the timeout.
             InvalidGradientError: a gradient does not fit (nothing was added).
         """
-        deadline = time.monotonic() + self.timeout
         ask = False
+        started = time.monotonic()
+        deadline = started + self.timeout
         with self._cond:
+            self.store.check_gradients(grads)
             current = self.store.global_step
             if step < current:
                 self.dropped_gradients += count_drop
@@ -125,7 +126,6 @@ class SyncAggregator:
                 raise ClusterMismatchError(
                     f"worker {worker} pushed gradients for step {step}, but {self.owner} is at step {current}"
                 )
-            self.store.check_gradients(grads)
             round_ = self._round
             if round_.members is not None and worker not in round_.members:
                 round_.late.add(worker)
@@ -142,7 +142,7 @@ class SyncAggregator:
             self._ask_members(round_, deadline)
         with self._cond:
             self._try_apply(round_)
-            self._wait_until_applied(round_, deadline)
+            self._wait_until_applied(round_, started, deadline)
             return worker not in round_.members
 
     def worker_finished(self, worker: int) -> None:
@@ -186,7 +186,7 @@ class SyncAggregator:
                     raise self._round.failure
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise self._timeout_error(self._round, step)
+                    raise self._timeout_error(self._round, step, deadline - (self.timeout if timeout is None else timeout))
                 self._cond.wait(remaining)
 
     # ---- the round, under the lock
@@ -205,10 +205,13 @@ class SyncAggregator:
     def _ask_members(self, round_: _Round, deadline: float) -> None:
         try:
             members = tuple(sorted(self._decide(round_.step, max(0.0, deadline - time.monotonic()))))
-        except PsframeError as e:
+        except Exception as e:  # whatever went wrong, the next push must ask again
+            failure = e if isinstance(e, PsframeError) else RemoteError(
+                f"{self.owner} could not learn the members of step {round_.step} from /job:ps/task:0: {e!r}"
+            )
             with self._cond:
-                round_.failure = e
-                round_.asking = False  # the next push asks again
+                round_.failure = failure
+                round_.asking = False
                 self._cond.notify_all()
             return
         with self._cond:
@@ -238,17 +241,17 @@ class SyncAggregator:
         self._round = _Round(new_step)
         self._cond.notify_all()
 
-    def _wait_until_applied(self, round_: _Round, deadline: float) -> None:
+    def _wait_until_applied(self, round_: _Round, started: float, deadline: float) -> None:
         while self._round is round_:
             if round_.failure is not None:
                 raise round_.failure
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 # The round stays open: a worker that comes back can still complete it.
-                raise self._timeout_error(round_, round_.step)
+                raise self._timeout_error(round_, round_.step, started)
             self._cond.wait(remaining)
 
-    def _timeout_error(self, round_: _Round, step: int) -> BarrierTimeoutError:
+    def _timeout_error(self, round_: _Round, step: int, started: float) -> BarrierTimeoutError:
         arrived = sorted(round_.completed)
         if round_.members is not None:
             missing = [w for w in round_.members if w not in round_.completed]
@@ -259,7 +262,7 @@ class SyncAggregator:
             if self._decide is not None:
                 wanted += " (ps 0 had not said which)"
         return BarrierTimeoutError(
-            f"sync step {step} on {self.owner}: waited {time.monotonic() - round_.started:.1f}s for "
+            f"sync step {step} on {self.owner}: waited {time.monotonic() - started:.1f}s for "
             f"{wanted}; arrived: {_workers(arrived)}; missing: {_workers(missing)}"
         )
 
