@@ -308,3 +308,29 @@ def test_mnist_example_sync_reaches_97_percent(processes):
     assert result["sync_replicas"] is True
     assert result["test_accuracy"] >= 0.97, result
     assert result["global_step"] >= 6000
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("victim", [0, 1], ids=["chief", "worker"])
+def test_a_killed_worker_restarted_mid_run_rejoins_at_the_current_step(processes, victim):
+    cluster = free_cluster(2, 2)
+    flags = ["--train_steps=40", "--step_delay=0.05", "--sync_replicas", "--sync_timeout=60"]
+    for i in range(2):
+        processes.start_task(cluster, "ps", i)
+    for i in range(2):
+        processes.start_task(cluster, "worker", i, *flags)
+    name = f"worker{victim}"
+    processes.wait_for_output(name, "local step 10 ", timeout=120)
+    processes.procs[name].popen.send_signal(signal.SIGKILL)
+    processes.procs[name].popen.wait(timeout=30)
+    del processes.procs[name]
+    restarted = processes.start_task(cluster, "worker", victim, *flags)
+    procs = processes.wait(timeout=180)
+    assert all(p.returncode == 0 for p in procs.values())
+    result = last_json(restarted.output)
+    # It rejoined where training was (not at step 0) and finished with the others.
+    first_step = int(restarted.output.split("connected to 2 ps tasks at global step ")[1].split()[0])
+    assert first_step >= 10
+    assert result["global_step"] == 40
+    assert result["local_steps"] == 40 - first_step
+    assert last_json(procs[f"worker{1 - victim}"].output)["global_step"] == 40

@@ -123,7 +123,11 @@ class Server:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._stopped.wait(0.1):
             if self.service.check_training_over():
-                log.info("%s: training is over; exiting", self.task_name)
+                info = self.service.info()
+                if self.job_name == "ps":
+                    log.info("%s: training is over at global step %d (%d pushes applied, %d gradients "
+                             "dropped as stale or late, %d refused); exiting", self.task_name,
+                             info.global_step, info.pushes, info.dropped_gradients, info.rejected_pushes)
                 self.stop()
                 return True
             if deadline is not None and time.monotonic() >= deadline:
