@@ -8,12 +8,15 @@ Every wait has a deadline.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
 
 import grpc
+import torch
 
-from psframe import errors
+from psframe import codec, errors
 from psframe.cluster import ClusterSpec, parse_address
 from psframe.codec import GRPC_OPTIONS, SERVICE_NAME, remote_error
 from psframe.errors import ClusterMismatchError, ConnectTimeoutError, PsframeError
@@ -63,7 +66,9 @@ class PsClient:
         self._finish = method("Finish", pb.FinishRequest.SerializeToString, pb.FinishResponse.FromString)
         # Tensor-carrying methods send and receive bytes made by psframe.codec.
         self._init = method("Init")
-        self._push_pull = method("PushPull")
+        self._push_pull = [ch.stream_stream(f"/{SERVICE_NAME}/PushPull") for ch in self._channels]
+        self._streams: dict[int, _Stream] = {}
+        self._watchdog = _Watchdog()
 
     @property
     def num_ps(self) -> int:
@@ -143,9 +148,52 @@ class PsClient:
         """Send Init requests (encoded by the codec) to their ps tasks, in parallel."""
         return self._call(self._init, requests)
 
-    def push_pull(self, requests: Sequence[tuple[int, bytes]]) -> list[bytes]:
-        """Send PushPull requests (encoded by the codec), in parallel; replies in order."""
-        return self._call(self._push_pull, requests)
+    def push_pull(self, requests: Sequence[tuple[int, bytes]], timeout: float | None = None
+                  ) -> list[tuple[pb.PushPullReplyHeader, list[torch.Tensor]]]:
+        """Send PushPull requests (encoded by the codec) to their ps tasks, in parallel.
+
+        Each ps task is reached over one long-lived stream (opened on first
+        use, reopened after a failure); every request is sent before any
+        reply is awaited.
+
+        Returns:
+            The decoded replies, in the order of ``requests``.
+
+        Raises:
+            PsframeError: the error a ps task raised, or a transport error
+                naming the task; RpcTimeoutError after ``timeout`` seconds.
+        """
+        timeout = timeout or self.rpc_timeout
+        for ps_task, data in requests:
+            self._stream(ps_task).send(data, timeout)
+        replies, failure = [], None
+        for ps_task, _ in requests:
+            stream = self._streams[ps_task]
+            try:
+                data = stream.receive()
+            except grpc.RpcError as e:
+                self._streams.pop(ps_task, None)
+                stream.close()
+                error = (errors.RpcTimeoutError(f"{self.describe(ps_task)} did not answer within {timeout}s")
+                         if stream.expired else remote_error(e, self.describe(ps_task), timeout))
+                failure = failure or error
+                continue
+            header, tensors = codec.decode(data, pb.PushPullReplyHeader)
+            if header.error_class:
+                cls = getattr(errors, header.error_class, None)
+                if not (isinstance(cls, type) and issubclass(cls, PsframeError)):
+                    cls = errors.RemoteError
+                failure = failure or cls(header.error_message)
+            replies.append((header, tensors))
+        if failure is not None:
+            raise failure
+        return replies
+
+    def _stream(self, ps_task: int) -> _Stream:
+        stream = self._streams.get(ps_task)
+        if stream is None:
+            stream = self._streams[ps_task] = _Stream(self._push_pull[ps_task], self._watchdog)
+        return stream
 
     def finish(self) -> None:
         """Tell every ps task this worker is done; a ps that is gone is only logged."""
@@ -159,6 +207,12 @@ class PsClient:
     def _call(self, methods: list[Callable], requests: Sequence[tuple[int, object]],
               timeout: float | None = None) -> list:
         timeout = timeout or self.rpc_timeout
+        if len(requests) == 1:  # a blocking call costs less than a future
+            (i, request), = requests
+            try:
+                return [methods[i](request, timeout=timeout)]
+            except grpc.RpcError as e:
+                raise remote_error(e, self.describe(i), timeout) from e
         pending = [(i, methods[i].future(request, timeout=timeout)) for i, request in requests]
         replies, failure = [], None
         for i, future in pending:
@@ -171,6 +225,10 @@ class PsClient:
         return replies
 
     def close(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
+        self._watchdog.stop()
         for channel in self._channels:
             channel.close()
 
@@ -179,6 +237,73 @@ class PsClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Stream:
+    """One long-lived PushPull call: send a request, then receive its reply."""
+
+    _CLOSE = object()
+
+    def __init__(self, method: Callable, watchdog: _Watchdog) -> None:
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = method(iter(self._requests.get, self._CLOSE))
+        self._watchdog = watchdog
+        self.expired = False
+
+    def send(self, data: bytes, timeout: float) -> None:
+        self._watchdog.arm(self, time.monotonic() + timeout)
+        self._requests.put(data)
+
+    def receive(self) -> bytes:
+        try:
+            return next(self._call)
+        finally:
+            self._watchdog.disarm(self)
+
+    def expire(self) -> None:
+        self.expired = True
+        self._call.cancel()
+
+    def close(self) -> None:
+        self._requests.put(self._CLOSE)
+        self._call.cancel()
+
+
+class _Watchdog:
+    """Cancels a stream whose reply is overdue: a stream has no per-message deadline.
+
+    One thread per client, started on first use, checking a few times a second.
+    """
+
+    def __init__(self) -> None:
+        self._deadlines: dict[_Stream, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, stream: _Stream, deadline: float) -> None:
+        with self._lock:
+            self._deadlines[stream] = deadline
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="psframe-deadlines", daemon=True)
+                self._thread.start()
+
+    def disarm(self, stream: _Stream) -> None:
+        with self._lock:
+            self._deadlines.pop(stream, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            now = time.monotonic()
+            with self._lock:
+                overdue = [s for s, deadline in self._deadlines.items() if deadline <= now]
+                for stream in overdue:
+                    del self._deadlines[stream]
+            for stream in overdue:
+                stream.expire()
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def ping(target: str, timeout: float = 5.0) -> pb.TaskInfo:

@@ -339,11 +339,10 @@ class Trainer:
         self._receive(self._client.push_pull(requests))
         return self.global_step
 
-    def _receive(self, replies: list[bytes]) -> None:
+    def _receive(self, replies: list[tuple[pb.PushPullReplyHeader, list[torch.Tensor]]]) -> None:
         steps, dropped = [], False
         with torch.no_grad():
-            for (ps_task, batch), data in zip(self._batches, replies):
-                reply, tensors = codec.decode(data, pb.PushPullReplyHeader)
+            for (ps_task, batch), (reply, tensors) in zip(self._batches, replies):
                 dropped |= reply.dropped
                 for slot, tensor in zip(batch, tensors):
                     self._staging.to_device(slot.rows(slot.param.data), tensor)

@@ -105,8 +105,7 @@ class GrpcBackend:
                   client: PsClient | None = None) -> tuple[int, dict[str, torch.Tensor]]:
         client = client or self.client
         header = pb.PushPullHeader(caller=client.caller, pull=pull, end_of_step=end_of_step)
-        (reply,) = client.push_pull([(0, codec.encode(header, list(grads.items())))])
-        reply_header, tensors = codec.decode(reply, pb.PushPullReplyHeader)
+        ((reply_header, tensors),) = client.push_pull([(0, codec.encode(header, list(grads.items())))])
         assert [m.name for m in reply_header.tensors] == pull
         return reply_header.global_step, {name: t.clone() for name, t in zip(pull, tensors)}
 

@@ -215,14 +215,18 @@ class PushPullRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[PushPullHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PushPullReplyHeader(_message.Message):
-    __slots__ = ("global_step", "tensors", "dropped")
+    __slots__ = ("global_step", "tensors", "dropped", "error_class", "error_message")
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     global_step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     dropped: bool
-    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., dropped: _Optional[bool] = ...) -> None: ...
+    error_class: str
+    error_message: str
+    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., dropped: _Optional[bool] = ..., error_class: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class PushPullResponse(_message.Message):
     __slots__ = ("header", "payload")

@@ -265,8 +265,20 @@ class ParameterServerService(TaskService):
 
     # ---- PushPull
 
-    @_translate_errors
-    def push_pull(self, data: bytes, context) -> bytes:
+    def push_pull(self, requests, context):
+        """PushPull on a long-lived stream: a refused request is answered with
+        the error's name in the reply header, and the stream goes on."""
+        for data in requests:
+            try:
+                yield self._handle_push_pull(data)
+            except PsframeError as e:
+                yield codec.encode(pb.PushPullReplyHeader(error_class=type(e).__name__, error_message=str(e)), ())
+            except Exception as e:  # a bug, not bad input: say so, keep serving
+                log.exception("PushPull failed")
+                yield codec.encode(pb.PushPullReplyHeader(error_class="RemoteError",
+                                                          error_message=f"{type(e).__name__}: {e}"), ())
+
+    def _handle_push_pull(self, data: bytes) -> bytes:
         header, tensors = codec.decode(data, pb.PushPullHeader)
         self._check_caller(header.caller)
         with self._worker_call(header.caller.task_index):
@@ -353,7 +365,7 @@ class ParameterServerService(TaskService):
         handlers = super()._method_handlers()
         handlers.update(
             Init=grpc.unary_unary_rpc_method_handler(self.init),
-            PushPull=grpc.unary_unary_rpc_method_handler(self.push_pull),
+            PushPull=grpc.stream_stream_rpc_method_handler(self.push_pull),
             Finish=grpc.unary_unary_rpc_method_handler(
                 self.finish,
                 request_deserializer=pb.FinishRequest.FromString,
