@@ -34,7 +34,8 @@ import psframe  # noqa: E402
 from mnist_data import load_mnist  # noqa: E402
 from psframe.cli import add_cluster_flags  # noqa: E402
 from psframe.cluster import resolve_cluster  # noqa: E402
-from psframe.hooks import StopAtStepHook  # noqa: E402
+from psframe.hooks import NanGuardHook, StopAtStepHook  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 log = logging.getLogger("mlp_mnist_dist")
@@ -62,6 +63,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="cap on this worker's share of GPU memory (CUDA only)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial model and data order")
     parser.add_argument("--log_every", type=int, default=1000, help="log progress every N local steps")
+    parser.add_argument("--checkpoint_dir", default=None,
+                        help="save checkpoints here (any fsspec URL); run again after a crash to resume")
+    parser.add_argument("--save_checkpoint_steps", type=int, default=None,
+                        help="save every N global steps (default: every 600 s when --checkpoint_dir is set)")
+    parser.add_argument("--progress", action="store_true", help="show a progress bar on the chief")
     parser.add_argument("--worker_timeout", type=float, default=60.0,
                         help="ps: once some workers finished, seconds of silence after which a worker "
                              "is presumed dead and not waited for")
@@ -78,8 +84,9 @@ def build_model(hidden_units: int) -> torch.nn.Module:
     )
 
 
-def run_ps(cluster: psframe.ClusterSpec, task_index: int, worker_timeout: float) -> int:
-    server = psframe.Server(cluster, "ps", task_index, worker_timeout=worker_timeout)
+def run_ps(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: int) -> int:
+    server = psframe.Server(cluster, "ps", task_index, worker_timeout=args.worker_timeout,
+                            checkpoint_dir=args.checkpoint_dir)
     server.join()  # returns once every worker has finished
     return 0
 
@@ -112,22 +119,31 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         if args.sync_replicas else None,
         device=device,
         gpu_memory_fraction=args.gpu_memory_fraction,
-        hooks=[StopAtStepHook(last_step=args.train_steps)],
+        hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],
+        checkpoint_dir=args.checkpoint_dir,
+        save_checkpoint_steps=args.save_checkpoint_steps,
         connect_timeout=args.connect_timeout,
     )
+    progress = None
     with trainer:
         first_step, start = trainer.global_step, time.perf_counter()
+        if args.progress and trainer.is_chief:
+            progress = tqdm(total=args.train_steps, initial=first_step, unit="step", desc="global step")
         for indices in batches(len(train_x), args.batch_size, args.seed + 1 + task_index):
             if trainer.should_stop():
                 break
             indices = indices.to(device)
             loss = F.cross_entropy(model(train_x[indices]), train_y[indices])
             global_step = trainer.step(loss)
+            if progress is not None:
+                progress.update(global_step - progress.n)
             if trainer.local_step % args.log_every == 0:
                 rate = (global_step - first_step) / (time.perf_counter() - start)
                 log.info("worker %d: local step %d, global step %d, loss %.4f, %.0f global steps/s",
                          task_index, trainer.local_step, global_step, loss.item(), rate)
         wall = time.perf_counter() - start
+        if progress is not None:
+            progress.close()
         if not trainer.is_chief:
             log.info("worker %d done after %d local steps", task_index, trainer.local_step)
             return 0
@@ -138,6 +154,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
             "local_steps": trainer.local_step,
             "sync_replicas": args.sync_replicas,
             "dropped_local_steps": trainer.dropped_steps,
+            "recoveries": trainer.recoveries,
             "test_accuracy": round(accuracy(model, test_x, test_y), 4),
             "wall_seconds": round(wall, 3),
             "steps_per_sec": round((trainer.global_step - first_step) / wall, 1),
@@ -155,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
     )
     if job_name == "ps":
-        return run_ps(cluster, task_index, args.worker_timeout)
+        return run_ps(args, cluster, task_index)
     return run_worker(args, cluster, task_index)
 
 

@@ -1,7 +1,9 @@
-"""The ``psframe`` command: ``server``, ``ping`` and ``launch``.
+"""The ``psframe`` command: ``server``, ``ping``, ``status``, ``shutdown`` and ``launch``.
 
     psframe server --cluster_spec='ps|h0:2222;h0:2223,worker|h1:2224' --job_name=ps --task_index=0
     psframe ping grpc://h0:2222
+    psframe status --cluster_spec='ps|h0:2222;h0:2223,worker|h1:2224'
+    psframe shutdown --cluster_spec='ps|h0:2222;h0:2223,worker|h1:2224'
     psframe launch --num_ps 2 --num_workers 2 examples/mlp_mnist_dist.py -- --train_steps 2000
 """
 
@@ -36,7 +38,7 @@ def _server(args: argparse.Namespace) -> int:
         args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
     )
     server = Server(cluster, job_name, task_index, bind_address=args.bind_address,
-                    worker_timeout=args.worker_timeout)
+                    worker_timeout=args.worker_timeout, checkpoint_dir=args.checkpoint_dir)
     print(f"psframe {__version__}: {server.task_name} serving at {server.address}", flush=True)
     try:
         finished = server.join(timeout=args.timeout)
@@ -64,6 +66,91 @@ def _ping(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster_only(args: argparse.Namespace):
+    """The cluster named by the flags or TF_CONFIG (no task needed)."""
+    from psframe.cluster import ClusterSpec, cluster_from_tf_config
+
+    if args.ps_hosts or args.worker_hosts:
+        return ClusterSpec.from_hosts(args.ps_hosts or "", args.worker_hosts or "")
+    if args.cluster_spec:
+        return ClusterSpec.from_string(args.cluster_spec)
+    return cluster_from_tf_config()[0]
+
+
+def _status(args: argparse.Namespace) -> int:
+    from psframe.client import PsClient
+    from psframe.proto import psframe_pb2 as pb
+
+    cluster = _cluster_only(args)
+    rows = [("task", "address", "role", "state", "global_step", "variables", "bytes_held",
+             "pushes", "dropped", "last_seen")]
+    seen: dict[int, pb.WorkerSeen] = {}
+    client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout)
+    try:
+        for k, address in enumerate(cluster.job_tasks("ps")):
+            try:
+                info = client.get_info(k)
+            except PsframeError:
+                rows.append((f"/job:ps/task:{k}", address, "ps", "down", "", "", "", "", "", ""))
+                continue
+            for worker in info.workers:  # the freshest word from any ps task
+                if worker.task_index not in seen or 0 <= worker.seconds_ago < seen[worker.task_index].seconds_ago:
+                    seen[worker.task_index] = worker
+            rows.append((f"/job:ps/task:{k}", address, "ps", pb.TaskInfo.State.Name(info.state).lower(),
+                         str(info.global_step), str(len(info.variables)), _bytes(info.bytes_held),
+                         str(info.pushes), str(info.dropped_gradients), "-"))
+    finally:
+        client.close()
+    for w, address in enumerate(cluster.job_tasks("worker")):
+        worker = seen.get(w)
+        if worker is None:
+            state, last = "unknown", ""
+        elif worker.finished:
+            state, last = "finished", f"{worker.seconds_ago:.1f}s ago"
+        elif worker.seconds_ago < 0:
+            state, last = "not seen", "never"
+        else:
+            state = "training" if worker.seconds_ago < 10 else "silent"
+            last = f"{worker.seconds_ago:.1f}s ago"
+        rows.append((f"/job:worker/task:{w}", address, "chief" if w == 0 else "worker", state,
+                     "", "", "", "", "", last))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0 if all(row[3] != "down" for row in rows[1:]) else 1
+
+
+def _shutdown(args: argparse.Namespace) -> int:
+    from psframe import checkpoint
+    from psframe.client import PsClient
+    from psframe.proto import psframe_pb2 as pb
+
+    cluster = _cluster_only(args)
+    client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout)
+    try:
+        infos = [client.get_info(k) for k in range(cluster.num_ps)]
+        checkpoint_dir = args.checkpoint_dir or infos[0].checkpoint_dir
+        if checkpoint_dir and not args.no_save and all(i.state == pb.TaskInfo.READY for i in infos):
+            step = infos[0].global_step
+            manifest = checkpoint.commit(checkpoint_dir, step, client.save(checkpoint_dir, step),
+                                         args.keep_checkpoints)
+            print(f"saved checkpoint of global step {step} in {manifest.folder}")
+        for k in range(cluster.num_ps):
+            client.shutdown(k)
+            print(f"/job:ps/task:{k} at {cluster.task_address('ps', k)} is shutting down")
+    finally:
+        client.close()
+    return 0
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
 def _launch(args: argparse.Namespace) -> int:
     from psframe.launch import launch
 
@@ -83,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_flags(server)
     server.add_argument("--bind_address", default=None,
                         help="listen here instead of the task's cluster address, e.g. [::]:2222")
+    server.add_argument("--checkpoint_dir", default=None,
+                        help="(ps) checkpoints live here; on a restart the ps restores its shard")
     server.add_argument("--worker_timeout", type=float, default=60.0,
                         help="(ps) once some workers finished, stop waiting for workers silent this long")
     server.add_argument("--timeout", type=float, default=None,
@@ -93,6 +182,20 @@ def build_parser() -> argparse.ArgumentParser:
     ping.add_argument("target", help="grpc://host:port or host:port")
     ping.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
     ping.set_defaults(run=_ping)
+
+    status = commands.add_parser("status", help="print a table of the cluster's tasks")
+    add_cluster_flags(status)
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each task")
+    status.set_defaults(run=_status)
+
+    shutdown = commands.add_parser("shutdown", help="save a checkpoint (if configured) and stop the ps tasks")
+    add_cluster_flags(shutdown)
+    shutdown.add_argument("--checkpoint_dir", default=None,
+                          help="save here (default: the ps tasks' own checkpoint_dir, if any)")
+    shutdown.add_argument("--no_save", action="store_true", help="stop without saving")
+    shutdown.add_argument("--keep_checkpoints", type=int, default=5)
+    shutdown.add_argument("--timeout", type=float, default=60.0, help="seconds each call may take")
+    shutdown.set_defaults(run=_shutdown)
 
     launch = commands.add_parser("launch", help="run a whole cluster of SCRIPT on this machine")
     launch.add_argument("--num_ps", type=int, default=1)

@@ -43,13 +43,18 @@ class PsClient:
         rpc_timeout: deadline in seconds of each call once connected.
     """
 
-    def __init__(self, cluster: ClusterSpec, task_index: int, *, rpc_timeout: float = 300.0) -> None:
-        cluster.validate_task("worker", task_index)
+    def __init__(self, cluster: ClusterSpec, task_index: int, *, rpc_timeout: float = 300.0,
+                 job_name: str = "worker") -> None:
+        if job_name == "worker":
+            cluster.validate_task("worker", task_index)
+        elif job_name != "tool":
+            raise ValueError(f"job_name must be 'worker' or 'tool' (a command such as psframe shutdown), "
+                             f"got {job_name!r}")
         self.cluster = cluster
         self.task_index = task_index
         self.rpc_timeout = rpc_timeout
         self.caller = pb.Caller(
-            job_name="worker", task_index=task_index, cluster_fingerprint=cluster.fingerprint
+            job_name=job_name, task_index=task_index, cluster_fingerprint=cluster.fingerprint
         )
         self.addresses = cluster.job_tasks("ps")
         self.names = [ClusterSpec.task_name("ps", i) for i in range(len(self.addresses))]
@@ -64,6 +69,8 @@ class PsClient:
 
         self._get_info = method("GetInfo", pb.InfoRequest.SerializeToString, pb.TaskInfo.FromString)
         self._finish = method("Finish", pb.FinishRequest.SerializeToString, pb.FinishResponse.FromString)
+        self._save = method("Save", pb.SaveRequest.SerializeToString, pb.SaveReply.FromString)
+        self._shutdown = method("Shutdown", pb.ShutdownRequest.SerializeToString, pb.ShutdownReply.FromString)
         # Tensor-carrying methods send and receive bytes made by psframe.codec.
         self._init = method("Init")
         self._push_pull = [ch.stream_stream(f"/{SERVICE_NAME}/PushPull") for ch in self._channels]
@@ -195,6 +202,22 @@ class PsClient:
             stream = self._streams[ps_task] = _Stream(self._push_pull[ps_task], self._watchdog)
         return stream
 
+    def save(self, checkpoint_dir: str, step: int) -> list[pb.SaveReply]:
+        """Ask every ps task to write its shard of checkpoint ``step``, in parallel."""
+        request = pb.SaveRequest(caller=self.caller, checkpoint_dir=checkpoint_dir, step=step)
+        return self._call(self._save, [(i, request) for i in range(self.num_ps)])
+
+    def shutdown(self, ps_task: int) -> None:
+        """Ask a ps task to stop serving (it exits 0)."""
+        self._call(self._shutdown, [(ps_task, pb.ShutdownRequest(caller=self.caller))],
+                   timeout=min(self.rpc_timeout, 30.0))
+
+    def reset_streams(self) -> None:
+        """Forget the PushPull streams (after a ps task went away); new ones open on next use."""
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
+
     def finish(self) -> None:
         """Tell every ps task this worker is done; a ps that is gone is only logged."""
         request = pb.FinishRequest(caller=self.caller)
@@ -225,9 +248,7 @@ class PsClient:
         return replies
 
     def close(self) -> None:
-        for stream in self._streams.values():
-            stream.close()
-        self._streams.clear()
+        self.reset_streams()
         self._watchdog.stop()
         for channel in self._channels:
             channel.close()

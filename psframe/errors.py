@@ -78,6 +78,18 @@ class TrainingFinishedError(PsframeError):
     """Every worker already finished: the ps tasks accept no more training."""
 
 
+class CheckpointError(PsframeError):
+    """A checkpoint cannot be written or read as asked."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A checkpoint file is missing, truncated or fails its checksum."""
+
+
+class NanLossError(PsframeError, FloatingPointError):
+    """The loss became NaN or infinite (raised by the NaN guard hook)."""
+
+
 class RemoteError(PsframeError):
     """A peer failed in a way that has no more specific psframe error."""
 
@@ -100,5 +112,8 @@ __all__ = [
     "PortInUseError",
     "NotReadyError",
     "TrainingFinishedError",
+    "CheckpointError",
+    "CheckpointCorruptError",
+    "NanLossError",
     "RemoteError",
 ]

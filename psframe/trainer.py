@@ -22,11 +22,18 @@ from dataclasses import dataclass
 
 import torch
 
-from psframe import codec
+from psframe import checkpoint, checkpoint_io, codec
 from psframe.client import PsClient
 from psframe.cluster import ClusterSpec
-from psframe.errors import ClusterMismatchError, PsframeError
-from psframe.hooks import Hook
+from psframe.errors import (
+    CheckpointError,
+    ClusterMismatchError,
+    NotReadyError,
+    PsframeError,
+    RpcTimeoutError,
+    TaskUnavailableError,
+)
+from psframe.hooks import CheckpointSaverHook, Hook
 from psframe.optim import SGD as _SGD
 from psframe.optim import OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
 from psframe.placement import (
@@ -88,6 +95,12 @@ class Trainer:
         max_shard_bytes: no stored part is larger than this (one message).
         log_placement: log where each parameter went and the bytes per ps task.
         hooks: :class:`psframe.hooks.Hook` instances.
+        checkpoint_dir: where checkpoints go (a folder or any fsspec URL:
+            ``memory://``, ``s3://``, ``hdfs://`` where installed). The chief
+            saves every ``save_checkpoint_steps`` global steps or
+            ``save_checkpoint_secs`` seconds (600 s if neither is given) and at
+            the end, keeping the newest ``keep_checkpoints``; a ps task that
+            restarts restores its shard from the latest valid one.
         connect_timeout: seconds to wait for the ps tasks (and for the chief to
             create the model) before giving up with an error naming them.
         rpc_timeout: seconds each call may take once connected.
@@ -123,6 +136,10 @@ class Trainer:
         max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
         log_placement: bool = False,
         hooks: Iterable[Hook] = (),
+        checkpoint_dir: str | None = None,
+        save_checkpoint_steps: int | None = None,
+        save_checkpoint_secs: float | None = None,
+        keep_checkpoints: int = 5,
         connect_timeout: float = 120.0,
         rpc_timeout: float = 300.0,
     ) -> None:
@@ -147,6 +164,15 @@ class Trainer:
         self.device = _resolve_device(model, device, gpu_memory_fraction)
         self.model = model.to(self.device)
         self.hooks = list(hooks)
+        self.checkpoint_dir = checkpoint_dir
+        if keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
+        self.keep_checkpoints = keep_checkpoints
+        if checkpoint_dir and self.is_chief:
+            if save_checkpoint_steps is None and save_checkpoint_secs is None:
+                save_checkpoint_secs = 600.0
+            self.hooks.append(CheckpointSaverHook(save_checkpoint_steps, save_checkpoint_secs))
+        self.recoveries = 0  # times this worker waited for a lost ps task and went on
         self.connect_timeout = connect_timeout
         self.rpc_timeout = rpc_timeout
         self.global_step = 0
@@ -220,14 +246,15 @@ class Trainer:
         requests = []
         for ps_task, batch in self._batches:
             header = pb.InitHeader(caller=self._client.caller, variables=defs[ps_task], optimizer=optimizer,
-                                   sync=self._sync_def())
+                                   sync=self._sync_def(), checkpoint_dir=self.checkpoint_dir or "")
             values = [(s.shard.name, self._staging.to_host(s.rows(s.param.detach()))) for s in batch]
             requests.append((ps_task, codec.encode(header, values)))
         created = 0
         for data in self._client.init(requests):
             reply, _ = codec.decode(data, pb.InitReplyHeader)
             created += reply.created
-        log.info("chief %s the model on %d ps tasks", "created" if created else "found", self.cluster.num_ps)
+        log.info("chief %s the model on %d ps tasks", "created" if created else "found (or restored)",
+                 self.cluster.num_ps)
 
     def _sync_def(self) -> pb.SyncDef | None:
         if self.sync is None:
@@ -318,7 +345,12 @@ class Trainer:
                 end_of_step=last[ps_task] == i,
             )
             requests.append((ps_task, codec.encode(header, self._staging.grads_to_host(grads))))
-        self._receive(self._client.push_pull(requests))
+        try:
+            replies = self._client.push_pull(requests)
+        except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
+            self._recover(e)  # this step's gradients are lost; the parameters are fresh
+        else:
+            self._receive(replies)
         self.local_step += 1
         for hook in self.hooks:
             hook.after_step(self, self.global_step, loss)
@@ -358,6 +390,42 @@ class Trainer:
         # gradient computed on mixed versions stale everywhere, never applied.
         if steps:
             self.global_step = max(steps) if self.sync is None else min(steps)
+
+    def _recover(self, error: PsframeError) -> None:
+        """Wait for lost ps tasks to come back (restored from a checkpoint), then pull."""
+        log.warning("worker %d: %s; waiting up to %.0fs for the ps tasks to come back",
+                    self.task_index, error, self.connect_timeout)
+        for param in self.model.parameters():
+            param.grad = None
+        self._client.reset_streams()
+        self._client.wait_for_ps(self.connect_timeout)
+        if self.is_chief:
+            # A restarted ps restores its shard from the checkpoint (or, with
+            # none, takes the chief's current values); the others ignore this.
+            self._create_variables()
+        self._check_model(self._client.wait_for_ps(self.connect_timeout, ready=True))
+        self.pull()
+        self.recoveries += 1
+        log.info("worker %d: the ps tasks are back; going on at global step %d",
+                 self.task_index, self.global_step)
+
+    def save_checkpoint(self) -> checkpoint_io.Manifest:
+        """Have every ps task save its shard, then commit the checkpoint (chief).
+
+        Returns:
+            The committed checkpoint's manifest.
+
+        Raises:
+            CheckpointError: no checkpoint_dir, or a ps task could not write.
+        """
+        self._require_running()
+        if not self.checkpoint_dir:
+            raise CheckpointError("save_checkpoint() needs Trainer(checkpoint_dir=...)")
+        step = self.global_step
+        replies = self._client.save(self.checkpoint_dir, step)
+        manifest = checkpoint.commit(self.checkpoint_dir, step, replies, self.keep_checkpoints)
+        log.info("checkpoint of global step %d committed in %s", step, manifest.folder)
+        return manifest
 
     def should_stop(self) -> bool:
         """Whether a hook (or :meth:`request_stop`) asked training to end."""

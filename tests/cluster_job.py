@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync_timeout", type=float, default=60.0)
     parser.add_argument("--max_local_steps", type=int, default=None, help="this worker stops after N steps")
     parser.add_argument("--worker_timeout", type=float, default=60.0, help="ps: presume silent workers dead")
+    parser.add_argument("--checkpoint_dir", default=None)
+    parser.add_argument("--save_checkpoint_steps", type=int, default=None)
+    parser.add_argument("--optimizer", default="SGD", help="SGD or Adam (ps-side)")
     parser.add_argument("--step_delay", type=float, default=0.0, help="seconds of sleep before each step")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -77,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
     )
     if job_name == "ps":
-        psframe.Server(cluster, "ps", task_index, worker_timeout=args.worker_timeout).join()
+        psframe.Server(cluster, "ps", task_index, worker_timeout=args.worker_timeout,
+                       checkpoint_dir=args.checkpoint_dir).join()
         print(json.dumps({"task": f"ps{task_index}", "exit": "clean"}), flush=True)
         return 0
 
@@ -87,11 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     x, y = data()
     trainer = psframe.Trainer(
         model, cluster, task_index=task_index,
-        optimizer=psframe.optim.SGD(lr=args.lr),
+        optimizer=getattr(psframe.optim, args.optimizer)(lr=args.lr),
         sync=psframe.SyncReplicas(args.replicas_to_aggregate, args.total_num_replicas, args.sync_timeout)
         if args.sync_replicas else None,
         hooks=[StopAtStepHook(last_step=args.train_steps)],
         connect_timeout=args.connect_timeout,
+        checkpoint_dir=args.checkpoint_dir,
+        save_checkpoint_steps=args.save_checkpoint_steps,
     )
     with trainer:
         with torch.no_grad():
@@ -108,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             "global_step": trainer.global_step,
             "local_steps": trainer.local_step,
             "dropped_steps": trainer.dropped_steps,
+            "recoveries": trainer.recoveries,
             "initial_loss": initial_loss,
             "final_loss": torch.nn.functional.mse_loss(model(x), y).item(),
         }

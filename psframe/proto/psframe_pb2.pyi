@@ -103,7 +103,7 @@ class InfoRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients")
+    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STARTING: _ClassVar[TaskInfo.State]
@@ -131,6 +131,9 @@ class TaskInfo(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
     DROPPED_GRADIENTS_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_STEP_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     task_index: int
     address: str
@@ -148,21 +151,36 @@ class TaskInfo(_message.Message):
     pid: int
     sync: SyncDef
     dropped_gradients: int
-    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ...) -> None: ...
+    restored_step: int
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerSeen]
+    checkpoint_dir: str
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ...) -> None: ...
+
+class WorkerSeen(_message.Message):
+    __slots__ = ("task_index", "seconds_ago", "finished")
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_AGO_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    task_index: int
+    seconds_ago: float
+    finished: bool
+    def __init__(self, task_index: _Optional[int] = ..., seconds_ago: _Optional[float] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class InitHeader(_message.Message):
-    __slots__ = ("caller", "variables", "optimizer", "tensors", "sync")
+    __slots__ = ("caller", "variables", "optimizer", "tensors", "sync", "checkpoint_dir")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
     optimizer: OptimizerDef
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     sync: SyncDef
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ...) -> None: ...
+    checkpoint_dir: str
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("header", "payload")
@@ -265,3 +283,35 @@ class StepMembersReply(_message.Message):
     step: int
     workers: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, step: _Optional[int] = ..., workers: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SaveRequest(_message.Message):
+    __slots__ = ("caller", "checkpoint_dir", "step")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    checkpoint_dir: str
+    step: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+
+class SaveReply(_message.Message):
+    __slots__ = ("file", "sha256", "nbytes", "global_step")
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    file: str
+    sha256: str
+    nbytes: int
+    global_step: int
+    def __init__(self, file: _Optional[str] = ..., sha256: _Optional[str] = ..., nbytes: _Optional[int] = ..., global_step: _Optional[int] = ...) -> None: ...
+
+class ShutdownRequest(_message.Message):
+    __slots__ = ("caller",)
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
+
+class ShutdownReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -39,6 +39,9 @@ class Server:
             have several calls in flight.
         worker_timeout: (ps) once some workers have finished, workers silent
             for this many seconds are presumed dead and not waited for.
+        checkpoint_dir: (ps) where checkpoints are kept (any fsspec URL). A ps
+            started again after a crash restores its shard from the latest
+            valid checkpoint there on its own.
 
     Raises:
         ClusterSpecError: the cluster, job or index is invalid.
@@ -60,6 +63,7 @@ class Server:
         start: bool = True,
         max_threads: int | None = None,
         worker_timeout: float = 60.0,
+        checkpoint_dir: str | None = None,
     ) -> None:
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self.cluster.validate_task(job_name, task_index)
@@ -69,7 +73,7 @@ class Server:
         self.address = self.cluster.task_address(job_name, task_index)
         if job_name == "ps":
             self.service: TaskService = ParameterServerService(
-                self.cluster, task_index, worker_timeout=worker_timeout
+                self.cluster, task_index, worker_timeout=worker_timeout, checkpoint_dir=checkpoint_dir
             )
         else:
             self.service = TaskService(self.cluster, job_name, task_index)

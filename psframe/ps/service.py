@@ -20,7 +20,7 @@ from collections.abc import Callable
 import grpc
 import torch
 
-from psframe import codec
+from psframe import codec, errors
 from psframe.codec import ERROR_METADATA_KEY, GRPC_OPTIONS, SERVICE_NAME
 from psframe.version import __version__
 from psframe.cluster import ClusterSpec
@@ -33,7 +33,9 @@ from psframe.errors import (
     PsframeError,
     WireFormatError,
 )
+from psframe.optim import OptimizerSpec
 from psframe.proto import psframe_pb2 as pb
+from psframe.ps import recovery
 from psframe.ps.store import VariableStore
 from psframe.ps.sync import SyncAggregator
 
@@ -47,6 +49,7 @@ _STATUS_OF = (
     (ClusterMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
     (NotReadyError, grpc.StatusCode.FAILED_PRECONDITION),
     (BarrierTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.CheckpointError, grpc.StatusCode.FAILED_PRECONDITION),
 )
 
 
@@ -98,13 +101,34 @@ class TaskService:
         """Whether the task's work is done (a ps: every worker finished)."""
         return self.all_finished.is_set()
 
+    def _check_tool_or_worker(self, caller: pb.Caller) -> None:
+        if caller.cluster_fingerprint != self.cluster.fingerprint or caller.job_name not in ("tool", "worker"):
+            raise ClusterMismatchError(
+                f"{self.task_name} takes this call only from a worker or tool of cluster "
+                f"{self.cluster.to_string()!r} (fingerprint {self.cluster.fingerprint}); the caller has "
+                f"job {caller.job_name!r} and fingerprint {caller.cluster_fingerprint or 'none'}"
+            )
+
+    @_translate_errors
+    def shutdown(self, request: pb.ShutdownRequest, context) -> pb.ShutdownReply:
+        self._check_tool_or_worker(request.caller)
+        log.info("%s: shutdown asked by /job:%s/task:%d", self.task_name,
+                 request.caller.job_name, request.caller.task_index)
+        self.all_finished.set()
+        return pb.ShutdownReply()
+
     def _method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         return {
             "GetInfo": grpc.unary_unary_rpc_method_handler(
                 self.get_info,
                 request_deserializer=pb.InfoRequest.FromString,
                 response_serializer=pb.TaskInfo.SerializeToString,
-            )
+            ),
+            "Shutdown": grpc.unary_unary_rpc_method_handler(
+                self.shutdown,
+                request_deserializer=pb.ShutdownRequest.FromString,
+                response_serializer=pb.ShutdownReply.SerializeToString,
+            ),
         }
 
     def rpc_handler(self) -> grpc.GenericRpcHandler:
@@ -115,9 +139,11 @@ class ParameterServerService(TaskService):
     """The servicer of a ps task over its :class:`VariableStore`."""
 
     def __init__(self, cluster: ClusterSpec, task_index: int, store: VariableStore | None = None,
-                 *, worker_timeout: float = 60.0) -> None:
+                 *, worker_timeout: float = 60.0, checkpoint_dir: str | None = None) -> None:
         super().__init__(cluster, "ps", task_index)
         self.worker_timeout = worker_timeout
+        self.checkpoint_dir = checkpoint_dir
+        self.restored_step = -1
         self.store = store or VariableStore(self.task_name)
         self._variable_defs: list[pb.VariableDef] = []
         self._init_lock = threading.Lock()
@@ -126,11 +152,16 @@ class ParameterServerService(TaskService):
         self._finished: set[int] = set()
         self._sync_def: pb.SyncDef | None = None
         self.aggregator: SyncAggregator | None = None
-        self._ps0 = None  # channel to ps 0, to ask for the members of sync steps
+        self._peers: dict[tuple[int, str], Callable] = {}  # calls to the other ps tasks
         # When each worker was last heard from, and how many of its calls are running.
         self._seen_lock = threading.Lock()
         self._last_seen = {w: time.monotonic() for w in range(cluster.num_workers)}
+        self._ever_seen: set[int] = set()
         self._in_flight: collections.Counter[int] = collections.Counter()
+        if checkpoint_dir:
+            restored = recovery.restore_own_shard(checkpoint_dir, task_index, cluster.num_ps)
+            if restored is not None:
+                self._adopt(restored)
 
     # ---- helpers
 
@@ -153,6 +184,7 @@ class ParameterServerService(TaskService):
         with self._seen_lock:
             self._in_flight[worker] += 1
             self._last_seen[worker] = time.monotonic()
+            self._ever_seen.add(worker)
         try:
             yield
         finally:
@@ -207,6 +239,14 @@ class ParameterServerService(TaskService):
             if self._sync_def is not None:
                 info.sync.CopyFrom(self._sync_def)
                 info.dropped_gradients = self.aggregator.dropped_gradients
+            info.restored_step = self.restored_step
+            info.checkpoint_dir = self.checkpoint_dir or ""
+        now = time.monotonic()
+        with self._seen_lock:
+            for w in range(self.cluster.num_workers):
+                ago = 0.0 if self._in_flight[w] else now - self._last_seen[w]
+                info.workers.add(task_index=w, seconds_ago=ago if w in self._ever_seen else -1.0,
+                                 finished=w in self._finished)
         return info
 
     # ---- Init
@@ -237,6 +277,8 @@ class ParameterServerService(TaskService):
                         f"{self.task_name} trains with {_describe_sync(self._sync_def)}, "
                         f"the chief asks for {_describe_sync(sync)}"
                     )
+            elif self._restore_for_chief(header.checkpoint_dir or self.checkpoint_dir, defs, optimizer, sync):
+                pass
             else:
                 if defs != self._pending_defs:  # a new (or restarted) chief: start over
                     self._pending_defs, self._pending_values = defs, {}
@@ -256,6 +298,67 @@ class ParameterServerService(TaskService):
             state = pb.TaskInfo.READY if self.store.ready else pb.TaskInfo.WAITING_FOR_MODEL
             reply = pb.InitReplyHeader(state=state, created=created, global_step=self.store.global_step)
         return codec.encode(reply, ())
+
+    # ---- checkpoints
+
+    def _restore_for_chief(self, url: str, defs: list[pb.VariableDef], optimizer: OptimizerSpec,
+                           sync: pb.SyncDef | None) -> bool:
+        """Restore the variables the chief placed here from the latest checkpoint, if any."""
+        if not url:
+            return False
+        restored = recovery.restore_onto(url, defs, optimizer)
+        if restored is None:
+            return False
+        restored.sync = sync
+        self._adopt(restored)
+        return True
+
+    def _adopt(self, restored: recovery.Restored) -> None:
+        """Become READY with a checkpoint's variables, optimizer state and step.
+
+        The global step continues from the highest one among the other ps
+        tasks that are training (they did not lose their updates; this shard
+        rolls back to the checkpoint), so a sync cluster stays in lockstep.
+        """
+        self.store.create(restored.values, restored.optimizer)
+        peers = self._peer_steps()
+        global_step = max([restored.global_step, *peers])
+        self.store.restore({}, restored.states, global_step)
+        self._variable_defs = list(restored.defs)
+        self.restored_step = restored.step
+        if restored.sync is not None:
+            self._start_sync(restored.sync)
+        log.info("%s: restored %d variables from checkpoint step %d (its global step %d); "
+                 "going on at global step %d", self.task_name, len(restored.defs), restored.step,
+                 restored.global_step, global_step)
+
+    def _peer_steps(self) -> list[int]:
+        """Global steps of the other ps tasks that hold a model (those that answer quickly)."""
+        steps = []
+        request = pb.InfoRequest()
+        for k in range(self.cluster.num_ps):
+            if k == self.task_index:
+                continue
+            try:
+                info = self._peer(k, "GetInfo", pb.InfoRequest, pb.TaskInfo)(request, timeout=2.0)
+            except grpc.RpcError:
+                continue
+            if info.state == pb.TaskInfo.READY:
+                steps.append(info.global_step)
+        return steps
+
+    @_translate_errors
+    def save(self, request: pb.SaveRequest, context) -> pb.SaveReply:
+        self._check_tool_or_worker(request.caller)
+        url = request.checkpoint_dir or self.checkpoint_dir
+        if not url:
+            raise errors.CheckpointError(f"{self.task_name} has no checkpoint_dir and the request named none")
+        with self._init_lock:
+            self.store.check_names([])  # NotReadyError before the model exists
+            record = recovery.save_shard(self.store, self._variable_defs, self._sync_def, url,
+                                         request.step, self.task_index, self.cluster.num_ps)
+        return pb.SaveReply(file=record.file, sha256=record.sha256, nbytes=record.nbytes,
+                            global_step=record.global_step)
 
     def _values_like(self, defs: list[pb.VariableDef]) -> dict[str, torch.Tensor]:
         return {
@@ -318,19 +421,29 @@ class ParameterServerService(TaskService):
         self._sync_def = sync
         log.info("%s: synchronous training, %s", self.task_name, _describe_sync(sync))
 
-    def _ask_ps0(self, step: int, timeout: float) -> tuple[int, ...]:
-        if self._ps0 is None:
-            channel = grpc.insecure_channel(self.cluster.task_address("ps", 0), options=GRPC_OPTIONS)
-            self._ps0 = channel.unary_unary(
-                f"/{SERVICE_NAME}/StepMembers",
-                request_serializer=pb.StepMembersRequest.SerializeToString,
-                response_deserializer=pb.StepMembersReply.FromString,
+    def _peer(self, ps_task: int, method: str, request_type, reply_type) -> Callable:
+        """A unary call to another ps task (channels made once)."""
+        key = (ps_task, method)
+        if key not in self._peers:
+            channel = self._peers.get((ps_task, ""))
+            if channel is None:
+                channel = self._peers[(ps_task, "")] = grpc.insecure_channel(
+                    self.cluster.task_address("ps", ps_task), options=GRPC_OPTIONS
+                )
+            self._peers[key] = channel.unary_unary(
+                f"/{SERVICE_NAME}/{method}",
+                request_serializer=request_type.SerializeToString,
+                response_deserializer=reply_type.FromString,
             )
+        return self._peers[key]
+
+    def _ask_ps0(self, step: int, timeout: float) -> tuple[int, ...]:
+        ask = self._peer(0, "StepMembers", pb.StepMembersRequest, pb.StepMembersReply)
         caller = pb.Caller(job_name="ps", task_index=self.task_index,
                            cluster_fingerprint=self.cluster.fingerprint)
         try:
-            reply = self._ps0(pb.StepMembersRequest(caller=caller, step=step), timeout=timeout + 5.0,
-                              wait_for_ready=True)
+            reply = ask(pb.StepMembersRequest(caller=caller, step=step), timeout=timeout + 5.0,
+                        wait_for_ready=True)
         except grpc.RpcError as e:
             raise codec.remote_error(e, f"/job:ps/task:0 at {self.cluster.task_address('ps', 0)}",
                                      timeout) from e
@@ -370,6 +483,11 @@ class ParameterServerService(TaskService):
                 self.finish,
                 request_deserializer=pb.FinishRequest.FromString,
                 response_serializer=pb.FinishResponse.SerializeToString,
+            ),
+            Save=grpc.unary_unary_rpc_method_handler(
+                self.save,
+                request_deserializer=pb.SaveRequest.FromString,
+                response_serializer=pb.SaveReply.SerializeToString,
             ),
             StepMembers=grpc.unary_unary_rpc_method_handler(
                 self.step_members,

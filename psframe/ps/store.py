@@ -216,12 +216,35 @@ class VariableStore:
                             total += value.numel() * value.element_size()
             return total
 
-    def state_dict(self) -> dict:
-        """Variables, optimizer state and global step (for checkpoints)."""
+    def snapshot(self) -> tuple[int, dict[str, torch.Tensor], dict[str, dict]]:
+        """Copies of the global step, the variables and each one's optimizer state."""
         with self.lock:
             self._require_ready()
-            return {
-                "variables": {name: v.detach().clone() for name, v in self._variables.items()},
-                "optimizer": self._optimizer.state_dict(),
-                "global_step": self.global_step,
+            values = {name: v.detach().clone() for name, v in self._variables.items()}
+            states = {
+                name: {k: x.clone() if isinstance(x, torch.Tensor) else x
+                       for k, x in self._optimizer.state.get(v, {}).items()}
+                for name, v in self._variables.items()
             }
+            return self.global_step, values, states
+
+    def restore(self, values: Mapping[str, torch.Tensor], states: Mapping[str, Mapping],
+                global_step: int) -> None:
+        """Overwrite variables, optimizer state and global step (from a checkpoint).
+
+        Everything is checked before anything changes.
+
+        Raises:
+            UnknownVariableError, ShapeMismatchError, DtypeMismatchError.
+        """
+        with self.lock:
+            self._check_gradients(values)  # same rules: known name, same shape and dtype
+            for name, value in values.items():
+                with torch.no_grad():
+                    self._variables[name].copy_(value)
+            for name, state in states.items():
+                variable = self._variable(name)
+                self._optimizer.state[variable] = {
+                    k: x.clone() if isinstance(x, torch.Tensor) else x for k, x in state.items()
+                }
+            self.global_step = global_step

@@ -4,7 +4,8 @@ Each push carries the global step the worker computed its gradients at.
 For the ps's current step ``s`` a *round* gathers gradients:
 
 - a push for a step older than ``s`` is stale: dropped, counted, and the
-  worker gets the current values at once;
+  worker gets the current values at once (so is one for a newer step, which
+  happens after this ps rolled back to a checkpoint);
 - a push for ``s`` joins the round; a worker's contribution is complete once
   it has sent a gradient for every variable this ps holds;
 - the round's *members* are the first ``R`` workers to complete their
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from psframe.errors import BarrierTimeoutError, ClusterMismatchError, PsframeError, RemoteError
+from psframe.errors import BarrierTimeoutError, PsframeError, RemoteError
 from psframe.ps.store import VariableStore
 
 log = logging.getLogger(__name__)
@@ -119,13 +120,14 @@ class SyncAggregator:
         with self._cond:
             self.store.check_gradients(grads)
             current = self.store.global_step
-            if step < current:
+            if step != current:
+                # Older: stale. Newer: this ps rolled back to a checkpoint after
+                # the worker pulled; its gradient fits no step here either way.
+                if step > current:
+                    log.warning("%s: worker %d pushed gradients for step %d, but this ps is at step %d "
+                                "(restored from a checkpoint); dropped", self.owner, worker, step, current)
                 self.dropped_gradients += count_drop
                 return True
-            if step > current:
-                raise ClusterMismatchError(
-                    f"worker {worker} pushed gradients for step {step}, but {self.owner} is at step {current}"
-                )
             round_ = self._round
             if round_.members is not None and worker not in round_.members:
                 round_.late.add(worker)

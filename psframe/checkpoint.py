@@ -1,0 +1,65 @@
+"""Checkpoints, seen from the worker side.
+
+Each ps task writes its own shard (variables, optimizer state, global step);
+the chief commits the checkpoint by writing its manifest last (see
+:mod:`psframe.checkpoint_io` for the format). :func:`load` reads the latest
+valid checkpoint back as a plain ``state_dict``, with no cluster running::
+
+    model.load_state_dict(psframe.checkpoint.load("ckpt/"), strict=False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from psframe import checkpoint_io
+from psframe.errors import CheckpointError
+from psframe.proto import psframe_pb2 as pb
+
+
+def load(checkpoint_dir: str, step: int | None = None) -> dict[str, torch.Tensor]:
+    """The model parameters of a checkpoint, by parameter name.
+
+    Args:
+        checkpoint_dir: the folder or fsspec URL given to the trainer.
+        step: which checkpoint; None takes the latest valid one (a corrupted
+            newer one is reported and skipped).
+
+    Returns:
+        A ``state_dict`` of the trainable parameters, partitioned ones put
+        back together. Buffers (e.g. BatchNorm statistics) are not on the ps
+        tasks: load with ``strict=False``.
+
+    Raises:
+        CheckpointError: there is no such (valid) checkpoint.
+    """
+    if step is None:
+        manifest = checkpoint_io.latest_valid(checkpoint_dir)
+        if manifest is None:
+            raise CheckpointError(f"no valid checkpoint in {checkpoint_dir}")
+    else:
+        found = [m for m in checkpoint_io.list_checkpoints(checkpoint_dir) if m.step == step]
+        if not found:
+            raise CheckpointError(f"no committed checkpoint of step {step} in {checkpoint_dir}")
+        manifest = found[0]
+    shards = [checkpoint_io.read_shard(manifest, k) for k in range(manifest.num_shards)]
+    return checkpoint_io.assemble(shards)
+
+
+def commit(checkpoint_dir: str, step: int, replies: Sequence[pb.SaveReply], keep: int
+           ) -> checkpoint_io.Manifest:
+    """Commit checkpoint ``step`` from the ps tasks' Save replies, then drop old ones.
+
+    Returns:
+        The manifest written.
+    """
+    records = [
+        checkpoint_io.ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes,
+                                  global_step=r.global_step)
+        for k, r in enumerate(replies)
+    ]
+    manifest = checkpoint_io.write_manifest(checkpoint_dir, step, records)
+    checkpoint_io.prune(checkpoint_dir, keep)
+    return manifest
