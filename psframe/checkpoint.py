@@ -10,13 +10,11 @@ valid checkpoint back as a plain ``state_dict``, with no cluster running::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from psframe import checkpoint_io
+from psframe.client import PsClient
 from psframe.errors import CheckpointError
-from psframe.proto import psframe_pb2 as pb
 
 
 def load(checkpoint_dir: str, step: int | None = None) -> dict[str, torch.Tensor]:
@@ -48,13 +46,19 @@ def load(checkpoint_dir: str, step: int | None = None) -> dict[str, torch.Tensor
     return checkpoint_io.assemble(shards)
 
 
-def commit(checkpoint_dir: str, step: int, replies: Sequence[pb.SaveReply], keep: int
-           ) -> checkpoint_io.Manifest:
-    """Commit checkpoint ``step`` from the ps tasks' Save replies, then drop old ones.
+def save(client: PsClient, checkpoint_dir: str, step: int, keep: int) -> checkpoint_io.Manifest:
+    """Have every ps task write its shard of checkpoint ``step``, then commit it
+    by writing the manifest and drop checkpoints beyond the newest ``keep``.
+
+    A checkpoint of ``step`` that is already committed is returned as it is.
 
     Returns:
-        The manifest written.
+        The checkpoint's manifest.
     """
+    for manifest in checkpoint_io.list_checkpoints(checkpoint_dir):
+        if manifest.step == step:
+            return manifest
+    replies = client.save(checkpoint_dir, step)
     records = [
         checkpoint_io.ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes,
                                   global_step=r.global_step)

@@ -52,7 +52,7 @@ from typing import Any
 import fsspec
 import torch
 
-from psframe.errors import PsframeError
+from psframe.errors import CheckpointCorruptError, CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +65,6 @@ _SHARD_KEYS = ("global_step", "optimizer", "sync", "variables")
 _VARIABLE_KEYS = ("name", "variable", "dtype", "shape", "full_shape", "row_start",
                   "part_index", "num_parts", "value", "state")
 _SYNC_KEYS = ("replicas_to_aggregate", "total_num_replicas", "timeout")
-
-
-class CheckpointError(PsframeError):
-    """A checkpoint cannot be written or read as asked."""
-
-
-class CheckpointCorruptError(CheckpointError):
-    """A committed checkpoint's shard is missing, truncated or fails its sha256."""
 
 
 @dataclass(frozen=True)
@@ -500,7 +492,7 @@ def _check_file(manifest: Manifest, record: ShardRecord) -> tuple[Any, str]:
     fs, path = fsspec.core.url_to_fs(where)
     try:
         size = fs.size(path)
-        if False:
+        if size != record.nbytes:
             kind = "truncated" if size < record.nbytes else "too long"
             raise CheckpointCorruptError(
                 f"{where} is {kind}: {size} bytes, the manifest records {record.nbytes} "
@@ -690,8 +682,8 @@ def _portable(t: torch.Tensor) -> torch.Tensor:
     """Detached, on the CPU, and owning exactly its own bytes (torch.save writes
     a view's whole storage otherwise)."""
     t = t.detach().cpu()
-    if t.is_sparse or t.layout != torch.strided:
-        return t.coalesce() if t.is_sparse else t
+    if t.layout != torch.strided:
+        return t
     if not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size():
         t = t.clone(memory_format=torch.contiguous_format)
     return t
@@ -707,7 +699,8 @@ def _parts_by_variable(shards: Sequence[dict]) -> dict[str, list[dict]]:
         group.sort(key=lambda p: (p["row_start"], p["part_index"]))
         first = group[0]
         for part in group[1:]:
-            if list(part["full_shape"]) != list(first["full_shape"]) or part["dtype"] != first["dtype"]:
+            if (list(part["full_shape"]) != list(first["full_shape"])
+                    or part["dtype"] != first["dtype"]):
                 raise CheckpointError(
                     f"parts of {variable!r} disagree: {first['name']!r} is {first['dtype']} "
                     f"{list(first['full_shape'])}, {part['name']!r} is {part['dtype']} "

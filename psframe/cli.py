@@ -131,10 +131,8 @@ def _shutdown(args: argparse.Namespace) -> int:
         infos = [client.get_info(k) for k in range(cluster.num_ps)]
         checkpoint_dir = args.checkpoint_dir or infos[0].checkpoint_dir
         if checkpoint_dir and not args.no_save and all(i.state == pb.TaskInfo.READY for i in infos):
-            step = infos[0].global_step
-            manifest = checkpoint.commit(checkpoint_dir, step, client.save(checkpoint_dir, step),
-                                         args.keep_checkpoints)
-            print(f"saved checkpoint of global step {step} in {manifest.folder}")
+            manifest = checkpoint.save(client, checkpoint_dir, infos[0].global_step, args.keep_checkpoints)
+            print(f"saved checkpoint of global step {manifest.step} in {manifest.folder}")
         for k in range(cluster.num_ps):
             client.shutdown(k)
             print(f"/job:ps/task:{k} at {cluster.task_address('ps', k)} is shutting down")

@@ -421,10 +421,8 @@ class Trainer:
         self._require_running()
         if not self.checkpoint_dir:
             raise CheckpointError("save_checkpoint() needs Trainer(checkpoint_dir=...)")
-        step = self.global_step
-        replies = self._client.save(self.checkpoint_dir, step)
-        manifest = checkpoint.commit(self.checkpoint_dir, step, replies, self.keep_checkpoints)
-        log.info("checkpoint of global step %d committed in %s", step, manifest.folder)
+        manifest = checkpoint.save(self._client, self.checkpoint_dir, self.global_step, self.keep_checkpoints)
+        log.info("checkpoint of global step %d committed in %s", manifest.step, manifest.folder)
         return manifest
 
     def should_stop(self) -> bool:

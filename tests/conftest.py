@@ -77,15 +77,19 @@ class ProcessGroup:
 
     def wait_for_output(self, name: str, text: str, timeout: float = 60.0) -> None:
         """Wait until a child printed ``text`` (or fail, showing its output)."""
+        self.wait_until(name, lambda output: text in output, f"print {text!r}", timeout)
+
+    def wait_until(self, name: str, done, what: str, timeout: float = 60.0) -> None:
+        """Wait until ``done(output of child)`` is true (or fail, showing its output)."""
         deadline = time.monotonic() + timeout
         proc = self.procs[name]
         while time.monotonic() < deadline:
-            if text in proc.output:
+            if done(proc.output):
                 return
             if proc.popen.poll() is not None:
                 break
             time.sleep(0.05)
-        pytest.fail(f"{name} did not print {text!r} within {timeout}s:\n{proc.output[-3000:]}")
+        pytest.fail(f"{name} did not {what} within {timeout}s:\n{proc.output[-3000:]}")
 
     def wait(self, timeout: float = 120.0, expect_success: bool = True) -> dict[str, Proc]:
         """Wait for every child; on the first failure (or the deadline) kill the rest."""

@@ -1,0 +1,405 @@
+"""The on-disk checkpoint format: sharded, committed by a manifest, checksummed."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import uuid
+
+import fsspec
+import pytest
+import torch
+
+from psframe import checkpoint_io as cio
+from psframe.checkpoint_io import CheckpointCorruptError, CheckpointError
+
+
+@pytest.fixture
+def url():
+    """A fresh folder on the in-memory filesystem."""
+    base = f"memory://ckpt-tests/{uuid.uuid4().hex}"
+    yield base
+    fs, path = fsspec.core.url_to_fs(base)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def adam_state(value: torch.Tensor, steps: int = 3, seed: int = 0) -> dict:
+    """Real torch.optim.Adam per-parameter state after a few steps on ``value``."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.nn.Parameter(value.clone())
+    opt = torch.optim.Adam([p], lr=0.01, betas=(0.9, 0.999))
+    for i in range(steps):
+        p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype) * (i + 1)
+        opt.step()
+    return dict(opt.state[p])
+
+
+def part(name, variable, value, full_shape, row_start=0, part_index=0, num_parts=1, state=None):
+    return {"name": name, "variable": variable, "dtype": str(value.dtype).removeprefix("torch."),
+            "shape": list(value.shape), "full_shape": list(full_shape), "row_start": row_start,
+            "part_index": part_index, "num_parts": num_parts, "value": value,
+            "state": {} if state is None else state}
+
+
+def shard(variables, global_step=7):
+    return {"global_step": global_step,
+            "optimizer": {"name": "Adam", "kwargs": {"lr": 0.001, "betas": (0.9, 0.999)}},
+            "sync": {"replicas_to_aggregate": 2, "total_num_replicas": 3, "timeout": 30.0},
+            "variables": variables}
+
+
+def small_shard(seed: int = 0, global_step: int = 7) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(4, 3, generator=g)
+    return shard([part("fc.weight", "fc.weight", w, [4, 3], state=adam_state(w, seed=seed))],
+                 global_step)
+
+
+def save(url, step, num_shards=2, seed=0) -> cio.Manifest:
+    records = [cio.write_shard(url, step, t, num_shards, small_shard(seed + t, step))
+               for t in range(num_shards)]
+    return cio.write_manifest(url, step, records)
+
+
+def shard_path(manifest: cio.Manifest, ps_task: int):
+    return fsspec.core.url_to_fs(f"{manifest.folder}/{manifest.shard(ps_task).file}")
+
+
+def assert_state_equal(a: dict, b: dict):
+    assert set(a) == set(b)
+    for key in a:
+        if isinstance(a[key], torch.Tensor):
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+# ---- round trip
+
+
+def test_shard_round_trip_is_bit_exact_with_adam_state(url):
+    w = torch.randn(5, 3, dtype=torch.float64)
+    emb = torch.randn(6, 2).to(torch.bfloat16)
+    counts = torch.arange(4, dtype=torch.int64)
+    state = adam_state(w)
+    state["extra_scalar"] = 0.5  # a Python number is per-parameter scalar state too
+    original = shard([
+        part("fc.weight", "fc.weight", w, [5, 3], state=state),
+        part("emb.weight/part_1", "emb.weight", emb, [10, 2], row_start=4, part_index=1,
+             num_parts=2),
+        part("counts", "counts", counts, [4]),
+    ], global_step=123)
+
+    record = cio.write_shard(url, 42, 1, 2, original)
+    other = cio.write_shard(url, 42, 0, 2, small_shard())
+    manifest = cio.write_manifest(url, 42, [record, other])
+    loaded = cio.read_shard(manifest, 1)
+
+    # the hash was computed while writing: it matches the bytes on disk
+    fs, path = shard_path(manifest, 1)
+    data = fs.cat_file(path)
+    assert record.nbytes == len(data) and record.sha256 == hashlib.sha256(data).hexdigest()
+    assert record.global_step == 123 and record.file == "shard-00001-of-00002.pt"
+
+    assert loaded["format_version"] == cio.FORMAT_VERSION
+    assert (loaded["global_step"], loaded["ps_task"], loaded["num_shards"]) == (123, 1, 2)
+    assert loaded["optimizer"] == {"name": "Adam", "kwargs": {"lr": 0.001, "betas": (0.9, 0.999)}}
+    assert loaded["sync"] == original["sync"]
+    assert [v["name"] for v in loaded["variables"]] == ["fc.weight", "emb.weight/part_1", "counts"]
+    for got, want in zip(loaded["variables"], original["variables"]):
+        for key in ("variable", "dtype", "shape", "full_shape", "row_start", "part_index",
+                    "num_parts"):
+            assert got[key] == want[key], key
+        assert got["value"].dtype == want["value"].dtype
+        assert torch.equal(got["value"], want["value"])
+        assert_state_equal(got["state"], want["state"])
+    assert loaded["variables"][0]["state"]["step"].dim() == 0
+
+
+def test_a_view_is_saved_without_its_whole_storage(url):
+    big = torch.randn(100_000, 4)
+    rows = big[10:12]  # a view into 1.6 MB of storage
+    record = cio.write_shard(url, 1, 0, 1, shard([part("v/part_0", "v", rows, [100_000, 4],
+                                                        row_start=10, num_parts=9)]))
+    assert record.nbytes < 100_000
+    loaded = cio.read_shard(cio.write_manifest(url, 1, [record]), 0)
+    assert torch.equal(loaded["variables"][0]["value"], big[10:12])
+
+
+def test_local_path_and_file_url(tmp_path):
+    plain = str(tmp_path / "ckpt")
+    manifest = save(plain, 7)
+    folder = tmp_path / "ckpt" / "ckpt-000000000007"
+    assert sorted(os.listdir(folder)) == [
+        "MANIFEST.json", "shard-00000-of-00002.pt", "shard-00001-of-00002.pt"]  # no temp files
+    assert manifest.folder == f"{plain}/ckpt-000000000007"
+
+    via_url = cio.list_checkpoints(f"file://{tmp_path}/ckpt/")
+    assert [m.step for m in via_url] == [7]
+    assert via_url[0].shards == manifest.shards
+    assert cio.latest_valid(plain) == cio.list_checkpoints(plain)[0]
+    for ps_task in (0, 1):
+        got = cio.read_shard(via_url[0], ps_task)["variables"][0]
+        want = small_shard(ps_task, 7)["variables"][0]
+        assert torch.equal(got["value"], want["value"])
+        assert_state_equal(got["state"], want["state"])
+
+
+# ---- commit, listing, interrupted saves
+
+
+def test_manifest_commits_and_list_is_ascending(url):
+    assert cio.list_checkpoints(url) == []  # the directory does not even exist
+    for step in (30, 5, 100):
+        save(url, step)
+    listed = cio.list_checkpoints(url)
+    assert [m.step for m in listed] == [5, 30, 100]
+    m = listed[-1]
+    assert (m.url, m.num_shards, m.format_version) == (url, 2, cio.FORMAT_VERSION)
+    assert m.folder == f"{url}/ckpt-000000000100"
+    assert [r.ps_task for r in m.shards] == [0, 1]
+    assert m.shard(1).file == "shard-00001-of-00002.pt"
+    with pytest.raises(CheckpointError, match="ps task 2"):
+        m.shard(2)
+
+
+def test_committed_checkpoint_is_never_rewritten(url):
+    save(url, 3)
+    with pytest.raises(CheckpointError, match="already committed"):
+        cio.write_shard(url, 3, 0, 2, small_shard())
+    cio.verify(cio.list_checkpoints(url)[0])
+
+
+def test_unreadable_manifest_is_skipped_with_a_warning(url, caplog):
+    save(url, 1)
+    save(url, 2)
+    fs, path = fsspec.core.url_to_fs(f"{url}/ckpt-000000000002/MANIFEST.json")
+    fs.pipe_file(path, b"{not json")
+    with caplog.at_level(logging.WARNING, logger="psframe.checkpoint_io"):
+        assert [m.step for m in cio.list_checkpoints(url)] == [1]
+    assert "ckpt-000000000002" in caplog.text
+
+
+def test_interrupted_save_is_not_listed_and_previous_stays_usable(url):
+    save(url, 10)
+    cio.write_shard(url, 20, 0, 2, small_shard(0, 20))
+    cio.write_shard(url, 20, 1, 2, small_shard(1, 20))
+    # the chief died while writing the manifest: only its temp file is there
+    fs, path = fsspec.core.url_to_fs(f"{url}/ckpt-000000000020/MANIFEST.json.tmp-{uuid.uuid4()}")
+    fs.pipe_file(path, b'{"format_version": 1, "step": 20')
+    assert [m.step for m in cio.list_checkpoints(url)] == [10]
+    latest = cio.latest_valid(url)
+    assert latest is not None and latest.step == 10
+    assert torch.equal(cio.read_shard(latest, 1)["variables"][0]["value"],
+                       small_shard(1, 10)["variables"][0]["value"])
+
+
+def test_latest_valid_on_nothing_is_none(url):
+    assert cio.latest_valid(url) is None
+
+
+# ---- damage
+
+
+def _truncate(manifest, ps_task):
+    fs, path = shard_path(manifest, ps_task)
+    fs.pipe_file(path, fs.cat_file(path)[:-100])
+
+
+def _flip_a_byte(manifest, ps_task):
+    fs, path = shard_path(manifest, ps_task)
+    data = bytearray(fs.cat_file(path))
+    data[len(data) // 2] ^= 0x01
+    fs.pipe_file(path, bytes(data))
+
+
+@pytest.mark.parametrize("damage, why", [(_truncate, "truncated"), (_flip_a_byte, "corrupt")])
+def test_damaged_shard_is_detected_and_latest_valid_falls_back(url, caplog, damage, why):
+    save(url, 10)
+    newest = save(url, 20)
+    damage(newest, 1)
+
+    with caplog.at_level(logging.WARNING, logger="psframe.checkpoint_io"):
+        latest = cio.latest_valid(url)
+    assert latest is not None and latest.step == 10
+    assert "ckpt-000000000020" in caplog.text and why in caplog.text
+
+    with pytest.raises(CheckpointCorruptError) as info:
+        cio.read_shard(newest, 1)
+    message = str(info.value)
+    assert "ckpt-000000000020/shard-00001-of-00002.pt" in message and why in message
+    assert newest.shard(1).sha256 in message
+    if why == "corrupt":  # same size, other bytes: both hashes are named
+        fs, path = shard_path(newest, 1)
+        assert hashlib.sha256(fs.cat_file(path)).hexdigest() in message
+    with pytest.raises(CheckpointCorruptError):
+        cio.verify(newest)
+    cio.read_shard(newest, 0)  # the undamaged shard still reads
+    cio.verify(latest)
+
+
+def test_missing_shard_is_detected(url):
+    m = save(url, 5)
+    fs, path = shard_path(m, 0)
+    fs.rm(path)
+    with pytest.raises(CheckpointCorruptError, match="shard-00000-of-00002.pt is missing"):
+        cio.read_shard(m, 0)
+    assert cio.latest_valid(url) is None
+
+
+class NotATensor:
+    pass
+
+
+def test_loads_refuse_pickled_objects(url):
+    # a file that hashes right but holds an arbitrary object: weights_only refuses it
+    fs, folder = fsspec.core.url_to_fs(f"{url}/ckpt-000000000001")
+    fs.makedirs(folder, exist_ok=True)
+    with fs.open(f"{folder}/shard-00000-of-00001.pt", "wb") as f:
+        torch.save({"format_version": 1, "ps_task": 0, "num_shards": 1, "x": NotATensor()}, f)
+    data = fs.cat_file(f"{folder}/shard-00000-of-00001.pt")
+    record = cio.ShardRecord(0, "shard-00000-of-00001.pt", hashlib.sha256(data).hexdigest(),
+                             len(data), 1)
+    m = cio.write_manifest(url, 1, [record])
+    cio.verify(m)
+    with pytest.raises(CheckpointError, match="cannot be loaded"):
+        cio.read_shard(m, 0)
+
+
+# ---- prune
+
+
+def test_prune_keeps_newest_and_removes_old_leftovers(url):
+    for step in (10, 20, 30, 40):
+        save(url, step)
+    for step in (15, 35, 50):  # interrupted saves; 50 may still be in progress
+        cio.write_shard(url, step, 0, 2, small_shard(0, step))
+    save(url, 25)
+    fs, path = fsspec.core.url_to_fs(f"{url}/ckpt-000000000025/MANIFEST.json")
+    fs.pipe_file(path, b"garbage")  # unreadable, so not surely garbage: kept
+
+    assert cio.prune(url, keep=2) == [10, 15, 20, 35]
+
+    fs, root = fsspec.core.url_to_fs(url)
+    left = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+    assert left == [f"ckpt-{s:012d}" for s in (25, 30, 40, 50)]
+    assert [m.step for m in cio.list_checkpoints(url)] == [30, 40]
+    assert cio.latest_valid(url).step == 40
+    assert cio.prune(url, keep=2) == []
+    assert cio.prune(url, keep=1) == [30]
+    with pytest.raises(CheckpointError, match="keep"):
+        cio.prune(url, keep=0)
+
+
+# ---- assemble and slice_rows
+
+
+def three_parts() -> tuple[torch.Tensor, torch.Tensor, list[dict], list[dict]]:
+    """emb.weight [10, 3] in parts of 4/3/3 rows over 2 shards, plus fc.bias."""
+    emb = torch.randn(10, 3)
+    bias = torch.randn(5)
+    p0 = part("emb.weight/part_0", "emb.weight", emb[0:4], [10, 3], 0, 0, 3)
+    p1 = part("emb.weight/part_1", "emb.weight", emb[4:7], [10, 3], 4, 1, 3)
+    p2 = part("emb.weight/part_2", "emb.weight", emb[7:10], [10, 3], 7, 2, 3)
+    b = part("fc.bias", "fc.bias", bias, [5])
+    return emb, bias, [p0, p2], [p1, b]
+
+
+def test_assemble_rebuilds_a_partitioned_variable_bit_exactly(url):
+    emb, bias, shard0, shard1 = three_parts()
+    records = [cio.write_shard(url, 1, 0, 2, shard(shard0)),
+               cio.write_shard(url, 1, 1, 2, shard(shard1))]
+    m = cio.write_manifest(url, 1, records)
+    full = cio.assemble([cio.read_shard(m, 1), cio.read_shard(m, 0)])
+    assert set(full) == {"emb.weight", "fc.bias"}
+    assert torch.equal(full["emb.weight"], emb) and torch.equal(full["fc.bias"], bias)
+
+
+def test_assemble_refuses_missing_or_overlapping_rows():
+    emb, _, (p0, p2), (p1, b) = three_parts()
+    with pytest.raises(CheckpointError, match=r"rows \[4, 7\) of 'emb.weight' are in no part"):
+        cio.assemble([shard([p0, p2])])
+    with pytest.raises(CheckpointError, match=r"rows \[7, 10\)"):
+        cio.assemble([shard([p0, p1])])
+    overlapping = dict(p1, row_start=3)
+    with pytest.raises(CheckpointError, match="overlap"):
+        cio.assemble([shard([p0, p2]), shard([overlapping])])
+    with pytest.raises(CheckpointError, match="overlap"):  # the same part twice
+        cio.assemble([shard([p0, p2]), shard([p1]), shard([p1])])
+
+
+def test_slice_rows_repartitions_value_and_state(url):
+    emb = torch.randn(10, 3)
+    exp_avg, exp_avg_sq = torch.randn(10, 3), torch.rand(10, 3)
+
+    def stored(lo, hi, i, step):
+        state = {"step": torch.tensor(step), "exp_avg": exp_avg[lo:hi],
+                 "exp_avg_sq": exp_avg_sq[lo:hi]}
+        return part(f"emb.weight/part_{i}", "emb.weight", emb[lo:hi], [10, 3], lo, i, 2, state)
+
+    records = [cio.write_shard(url, 1, 0, 2, shard([stored(0, 5, 0, 7.0)])),
+               cio.write_shard(url, 1, 1, 2, shard([stored(5, 10, 1, 8.0)]))]
+    m = cio.write_manifest(url, 1, records)
+    shards = [cio.read_shard(m, 0), cio.read_shard(m, 1)]
+
+    for lo, hi, step in ((0, 4, 7.0), (4, 7, 7.0), (7, 10, 8.0)):
+        value, state = cio.slice_rows(shards, "emb.weight", lo, hi)
+        assert torch.equal(value, emb[lo:hi]) and value.is_contiguous()
+        assert set(state) == {"step", "exp_avg", "exp_avg_sq"}
+        assert torch.equal(state["exp_avg"], exp_avg[lo:hi])
+        assert torch.equal(state["exp_avg_sq"], exp_avg_sq[lo:hi])
+        assert state["step"].dim() == 0 and state["step"].item() == step
+
+    with pytest.raises(CheckpointError, match=r"rows \[5, 7\)"):
+        cio.slice_rows(shards[:1], "emb.weight", 4, 7)
+    with pytest.raises(CheckpointError, match="out of range"):
+        cio.slice_rows(shards, "emb.weight", 8, 11)
+    with pytest.raises(CheckpointError, match="no variable"):
+        cio.slice_rows(shards, "nope", 0, 1)
+
+
+# ---- refusals
+
+
+def test_write_manifest_refuses_records_that_do_not_cover_every_task_once(url):
+    r0 = cio.write_shard(url, 1, 0, 3, small_shard(0, 1))
+    r1 = cio.write_shard(url, 1, 1, 3, small_shard(1, 1))
+    r2 = cio.write_shard(url, 1, 2, 3, small_shard(2, 1))
+    with pytest.raises(CheckpointError, match=r"exactly once; got ps tasks \[0, 2\]"):
+        cio.write_manifest(url, 1, [r0, r2])
+    with pytest.raises(CheckpointError, match=r"got ps tasks \[0, 0, 1, 2\]"):
+        cio.write_manifest(url, 1, [r0, r0, r1, r2])
+    with pytest.raises(CheckpointError, match="exactly once"):
+        cio.write_manifest(url, 1, [])
+    assert cio.list_checkpoints(url) == []
+    assert cio.write_manifest(url, 1, [r2, r0, r1]).num_shards == 3  # order does not matter
+
+
+def test_write_manifest_refuses_a_shard_of_the_wrong_size(url):
+    r0 = cio.write_shard(url, 1, 0, 1, small_shard())
+    bad = cio.ShardRecord(0, r0.file, r0.sha256, r0.nbytes + 1, r0.global_step)
+    with pytest.raises(CheckpointError, match="should hold"):
+        cio.write_manifest(url, 1, [bad])
+    assert cio.list_checkpoints(url) == []
+
+
+def test_write_shard_validates_the_dict_up_front(url):
+    good = small_shard()
+    no_variables = {k: v for k, v in good.items() if k != "variables"}
+    with pytest.raises(CheckpointError, match=r"lacks keys \['variables'\]"):
+        cio.write_shard(url, 1, 0, 1, no_variables)
+    var = {k: v for k, v in good["variables"][0].items() if k != "state"}
+    with pytest.raises(CheckpointError, match=r"'fc.weight'.*lacks keys \['state'\]"):
+        cio.write_shard(url, 1, 0, 1, dict(good, variables=[var]))
+    bad_state = dict(good["variables"][0], state={"thing": NotATensor()})
+    with pytest.raises(CheckpointError, match="NotATensor"):
+        cio.write_shard(url, 1, 0, 1, dict(good, variables=[bad_state]))
+    wrong_shape = dict(good["variables"][0], shape=[3, 4])
+    with pytest.raises(CheckpointError, match="shape"):
+        cio.write_shard(url, 1, 0, 1, dict(good, variables=[wrong_shape]))
+    with pytest.raises(CheckpointError, match="ps_task"):
+        cio.write_shard(url, 1, 2, 2, good)
+    fs, root = fsspec.core.url_to_fs(url)
+    assert not fs.exists(root)  # nothing was written
