@@ -65,8 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log_every", type=int, default=1000, help="log progress every N local steps")
     parser.add_argument("--checkpoint_dir", default=None,
                         help="save checkpoints here (any fsspec URL); run again after a crash to resume")
-    parser.add_argument("--save_checkpoint_steps", type=int, default=None,
-                        help="save every N global steps (default: every 600 s when --checkpoint_dir is set)")
+    parser.add_argument("--save_checkpoint_steps", type=int, default=1000,
+                        help="with --checkpoint_dir, save every N global steps")
     parser.add_argument("--progress", action="store_true", help="show a progress bar on the chief")
     parser.add_argument("--worker_timeout", type=float, default=60.0,
                         help="ps: once some workers finished, seconds of silence after which a worker "
