@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 CLIENT_OPTIONS = GRPC_OPTIONS + (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_reconnect_backoff_ms", 250),
 )
 LOG_EVERY_SECONDS = 5.0
 
