@@ -35,6 +35,9 @@ class Hook:
     def before_step(self, trainer: Trainer) -> None:
         """Called at the start of every ``trainer.step``."""
 
+    def before_push(self, trainer: Trainer, loss: torch.Tensor | None) -> None:
+        """Called after backward, before the gradients are sent; raising sends nothing."""
+
     def after_step(self, trainer: Trainer, global_step: int, loss: torch.Tensor | None) -> None:
         """Called after every step with the new global step and the step's loss."""
 
@@ -50,7 +53,7 @@ class StopAtStepHook(Hook):
         num_steps: or stop after this many more global steps from ``begin``.
 
     Raises:
-        ValueError: unless exactly one of the two is given, as a positive int.
+        ValueError: unless exactly one of the two is given, as a non-negative int.
     """
 
     def __init__(self, last_step: int | None = None, num_steps: int | None = None) -> None:
@@ -144,21 +147,27 @@ class LoggingHook(Hook):
 class NanGuardHook(Hook):
     """Stops training when the loss is NaN or infinite (TF's ``NanTensorHook``).
 
+    It looks at the loss before the gradients are sent, so a bad step never
+    reaches the ps tasks (nor a later checkpoint).
+
     Args:
-        fail_on_nan: raise :class:`NanLossError` (the default), or else log and
-            request a stop.
+        fail_on_nan: raise :class:`NanLossError` (the default), or else log,
+            drop the step's gradients and request a stop.
     """
 
     def __init__(self, fail_on_nan: bool = True) -> None:
         self.fail_on_nan = fail_on_nan
 
-    def after_step(self, trainer: Trainer, global_step: int, loss: torch.Tensor | None) -> None:
+    def before_push(self, trainer: Trainer, loss: torch.Tensor | None) -> None:
         if loss is None or bool(torch.isfinite(loss.detach()).all()):
             return
-        message = f"worker {trainer.task_index}: loss is {loss.item()} at global step {global_step}"
+        message = (f"worker {trainer.task_index}: loss is {loss.item()} at global step "
+                   f"{trainer.global_step}; its gradients were not sent")
         if self.fail_on_nan:
             raise NanLossError(message)
         log.error("%s; stopping", message)
+        for param in trainer.model.parameters():
+            param.grad = None
         trainer.request_stop()
 
 

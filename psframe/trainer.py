@@ -226,16 +226,22 @@ class Trainer:
             raise PsframeError(f"the trainer is {self.state.value}; connect() is called once")
         self._client = PsClient(self.cluster, self.task_index, rpc_timeout=self.rpc_timeout)
         self.state = TrainerState.RUNNING
-        self._client.wait_for_ps(self.connect_timeout)
-        if self.is_chief:
-            self._create_variables()
-        infos = self._client.wait_for_ps(self.connect_timeout, ready=True)
-        self._check_model(infos)
-        self.pull()
-        log.info("worker %d connected to %d ps tasks at global step %d",
-                 self.task_index, self.cluster.num_ps, self.global_step)
-        for hook in self.hooks:
-            hook.begin(self)
+        try:
+            self._client.wait_for_ps(self.connect_timeout)
+            if self.is_chief:
+                self._create_variables()
+            infos = self._client.wait_for_ps(self.connect_timeout, ready=True)
+            self._check_model(infos)
+            self.pull()
+            log.info("worker %d connected to %d ps tasks at global step %d",
+                     self.task_index, self.cluster.num_ps, self.global_step)
+            for hook in self.hooks:
+                hook.begin(self)
+        except BaseException:
+            # Never started training: release the channels, report nothing.
+            self._client.close()
+            self.state = TrainerState.CLOSED
+            raise
         return self
 
     def _create_variables(self) -> None:
@@ -294,13 +300,19 @@ class Trainer:
         if self.state is not TrainerState.RUNNING:
             self.state = TrainerState.CLOSED
             return
+        failure: BaseException | None = None
         try:
-            for hook in self.hooks:
-                hook.end(self)
+            for hook in self.hooks:  # every hook ends, even if one fails
+                try:
+                    hook.end(self)
+                except BaseException as e:  # noqa: BLE001 - re-raised below
+                    failure = failure or e
         finally:
             self._client.finish()
             self._client.close()
             self.state = TrainerState.CLOSED
+        if failure is not None:
+            raise failure
 
     def __enter__(self) -> Trainer:
         return self.connect()
@@ -330,6 +342,8 @@ class Trainer:
             hook.before_step(self)
         if loss is not None:
             loss.backward()
+        for hook in self.hooks:
+            hook.before_push(self, loss)
         requests = []
         last = {ps: i for i, (ps, _) in enumerate(self._batches)}
         for i, (ps_task, batch) in enumerate(self._batches):
