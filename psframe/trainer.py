@@ -391,7 +391,12 @@ class Trainer:
             for (ps_task, batch), (reply, tensors) in zip(self._batches, replies):
                 dropped |= reply.dropped
                 for slot, tensor in zip(batch, tensors):
-                    self._staging.to_device(slot.rows(slot.param.data), tensor)
+                    if self._staging.cuda or slot.shard.partitioned:
+                        self._staging.to_device(slot.rows(slot.param.data), tensor)
+                    else:
+                        # A whole CPU parameter takes the received bytes as its
+                        # storage: the reply is not copied again.
+                        slot.param.data = tensor
                 if ps_task == 0 or self.sync is not None:
                     steps.append(reply.global_step)
             for slot_param in self.model.parameters():
