@@ -32,7 +32,10 @@ from psframe.errors import PlacementError
 
 MiB = 1 << 20
 DEFAULT_MIN_PARTITION_BYTES = 16 * MiB  # above this a variable is split across the ps tasks
-DEFAULT_MAX_SHARD_BYTES = 64 * MiB  # no part larger than this (unless a single row is larger)
+# No part larger than this (unless a single row is larger). Parts travel as
+# messages of about this size: gRPC in Python moves 4 MiB messages several
+# times faster than 64 MiB ones, and the ps never buffers more than a few.
+DEFAULT_MAX_SHARD_BYTES = 4 * MiB
 HARD_MAX_SHARD_BYTES = 2**31 - 64 * MiB  # one gRPC message: a larger single row cannot be sent
 
 STRATEGIES = ("greedy", "round_robin")

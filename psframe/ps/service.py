@@ -285,10 +285,11 @@ class ParameterServerService(TaskService):
                 by_name = {d.name: d for d in defs}
                 for meta, tensor in zip(header.tensors, tensors):
                     _check_value(self.task_name, by_name.get(meta.name), meta.name, tensor)
-                    self._pending_values[meta.name] = tensor
+                    # A copy now lets the request's buffer go; create() then adopts it.
+                    self._pending_values[meta.name] = tensor.clone()
                 if len(self._pending_values) == len(defs):
                     values = {d.name: self._pending_values[d.name] for d in defs}
-                    created = self.store.create(values, optimizer)
+                    created = self.store.create(values, optimizer, copy=False)
                     self._variable_defs = defs
                     if sync is not None:
                         self._start_sync(sync)

@@ -59,8 +59,10 @@ class VariableStore:
     def optimizer_spec(self) -> OptimizerSpec | None:
         return self._optimizer_spec
 
-    def create(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec) -> bool:
-        """Create the variables (copies of ``values``) and the optimizer.
+    def create(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec, *,
+               copy: bool = True) -> bool:
+        """Create the variables (copies of ``values``, or ``values`` themselves
+        with ``copy=False``) and the optimizer.
 
         Creating again with the same names, shapes, dtypes and optimizer is a
         no-op (the chief restarted, or the store was restored); anything else
@@ -78,7 +80,7 @@ class VariableStore:
                 return False
             variables = {}
             for name, value in values.items():
-                variable = value.detach().to("cpu", copy=True).contiguous()
+                variable = value.detach().to("cpu", copy=copy).contiguous()
                 variable.requires_grad_(variable.is_floating_point() or variable.is_complex())
                 variables[name] = variable
             self._optimizer = optimizer.build(list(variables.values()))

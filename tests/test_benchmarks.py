@@ -1,0 +1,57 @@
+"""Smoke test of the benchmark suite: ``python -m benchmarks.run --quick`` runs
+end to end, prints every table and writes the report and its plot.
+
+No timing is asserted: speed goals live in benchmarks/, never in tests.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.report import COPIES_MARKER, TITLES, TRAINING_SYSTEMS, table_rows
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 300
+SECTION_TIMEOUT_S = 120  # each section's own deadline, well inside TIMEOUT_S
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(TIMEOUT_S + 30)
+def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
+    out = tmp_path / "benchmarks.md"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out),
+                               "--timeout", str(SECTION_TIMEOUT_S)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:  # subprocess.run kills the child (by PID) first
+        pytest.fail(f"benchmarks.run --quick took over {TIMEOUT_S}s; stderr:\n{e.stderr}")
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
+    stdout = proc.stdout
+
+    raw = table_rows(stdout, TITLES["raw"])
+    assert {(r[0], r[1]) for r in raw} >= {("raw gRPC", "unary"), ("raw gRPC", "stream")}, stdout
+
+    transport = table_rows(stdout, TITLES["transport"])
+    assert transport and all(r[0] == "psframe" for r in transport), stdout
+    assert {r[1] for r in transport} == {"1", "2"}, stdout  # 1 and 2 ps tasks
+
+    memory = table_rows(stdout, TITLES["memory"])
+    assert memory and memory[0][0] == "psframe ps", stdout
+
+    training = table_rows(stdout, TITLES["training"])
+    assert {r[0] for r in training} >= set(TRAINING_SYSTEMS), stdout
+
+    assert out.is_file() and out.with_suffix(".png").is_file()
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = out.read_text()
+    for title in TITLES.values():
+        assert f"## {title}" in report
+    assert COPIES_MARKER in report
+    assert "`OMP_NUM_THREADS=1 python -m benchmarks.run --quick" in report
