@@ -7,6 +7,7 @@ Every wait has a deadline.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -32,6 +33,8 @@ CLIENT_OPTIONS = GRPC_OPTIONS + (
     ("grpc.max_reconnect_backoff_ms", 250),
 )
 LOG_EVERY_SECONDS = 5.0
+# PushPull requests in flight on one stream (see PsClient.push_pull).
+WINDOW = 4
 
 
 class PsClient:
@@ -160,8 +163,9 @@ class PsClient:
         """Send PushPull requests (encoded by the codec) to their ps tasks, in parallel.
 
         Each ps task is reached over one long-lived stream (opened on first
-        use, reopened after a failure); every request is sent before any
-        reply is awaited.
+        use, reopened after a failure). At most :data:`WINDOW` requests are in
+        flight on a stream: enough to keep sending while the ps works, few
+        enough that neither side buffers a whole large model.
 
         Returns:
             The decoded replies, in the order of ``requests``.
@@ -171,27 +175,47 @@ class PsClient:
                 naming the task; RpcTimeoutError after ``timeout`` seconds.
         """
         timeout = timeout or self.rpc_timeout
-        for ps_task, data in requests:
-            self._stream(ps_task).send(data, timeout)
-        replies, failure = [], None
-        for ps_task, _ in requests:
-            stream = self._streams[ps_task]
-            try:
-                data = stream.receive()
-            except grpc.RpcError as e:
-                self._streams.pop(ps_task, None)
-                stream.close()
-                error = (errors.RpcTimeoutError(f"{self.describe(ps_task)} did not answer within {timeout}s")
-                         if stream.expired else remote_error(e, self.describe(ps_task), timeout))
-                failure = failure or error
-                continue
-            header, tensors = codec.decode(data, pb.PushPullReplyHeader)
-            if header.error_class:
-                cls = getattr(errors, header.error_class, None)
-                if not (isinstance(cls, type) and issubclass(cls, PsframeError)):
-                    cls = errors.RemoteError
-                failure = failure or cls(header.error_message)
-            replies.append((header, tensors))
+        unsent: dict[int, collections.deque[int]] = {}
+        for i, (ps_task, _) in enumerate(requests):
+            unsent.setdefault(ps_task, collections.deque()).append(i)
+        in_flight = {ps_task: collections.deque() for ps_task in unsent}
+        replies: list = [None] * len(requests)
+        failure: PsframeError | None = None
+
+        def send_more(ps_task: int) -> None:
+            while unsent[ps_task] and len(in_flight[ps_task]) < WINDOW:
+                i = unsent[ps_task].popleft()
+                self._stream(ps_task).send(requests[i][1], timeout)
+                in_flight[ps_task].append(i)
+
+        for ps_task in unsent:
+            send_more(ps_task)
+        while any(in_flight.values()):
+            for ps_task, waiting in in_flight.items():
+                if not waiting:
+                    continue
+                i = waiting.popleft()
+                stream = self._streams[ps_task]
+                try:
+                    data = stream.receive()
+                except grpc.RpcError as e:
+                    self._streams.pop(ps_task, None)
+                    stream.close()
+                    failure = failure or (
+                        errors.RpcTimeoutError(f"{self.describe(ps_task)} did not answer within {timeout}s")
+                        if stream.expired else remote_error(e, self.describe(ps_task), timeout)
+                    )
+                    waiting.clear()
+                    unsent[ps_task].clear()
+                    continue
+                header, tensors = codec.decode(data, pb.PushPullReplyHeader)
+                if header.error_class:
+                    cls = getattr(errors, header.error_class, None)
+                    if not (isinstance(cls, type) and issubclass(cls, PsframeError)):
+                        cls = errors.RemoteError
+                    failure = failure or cls(header.error_message)
+                replies[i] = (header, tensors)
+                send_more(ps_task)
         if failure is not None:
             raise failure
         return replies

@@ -13,6 +13,7 @@ once over a dummy parameter, so a typo fails before any task is contacted.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,8 +72,17 @@ class OptimizerSpec:
         _check(self.name, tuple(sorted(clean.items())))
 
     def build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-        """Create the torch optimizer over ``params`` (done on the ps)."""
-        return getattr(torch.optim, self.name)(params, **self.kwargs)
+        """Create the torch optimizer over ``params`` (done on the ps).
+
+        Unless told otherwise, it runs the per-parameter ("for-loop") kernels:
+        the multi-tensor ones allocate temporaries as large as every variable
+        of the ps together, which would double a ps task's memory.
+        """
+        cls = getattr(torch.optim, self.name)
+        kwargs = dict(self.kwargs)
+        if "foreach" in inspect.signature(cls.__init__).parameters:
+            kwargs.setdefault("foreach", False)
+        return cls(params, **kwargs)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())

@@ -256,8 +256,8 @@ class Trainer:
             values = [(s.shard.name, self._staging.to_host(s.rows(s.param.detach()))) for s in batch]
             requests.append((ps_task, codec.encode(header, values)))
         created = 0
-        for data in self._client.init(requests):
-            reply, _ = codec.decode(data, pb.InitReplyHeader)
+        for request in requests:  # one at a time: a ps never buffers more than one part
+            reply, _ = codec.decode(self._client.init([request])[0], pb.InitReplyHeader)
             created += reply.created
         log.info("chief %s the model on %d ps tasks", "created" if created else "found (or restored)",
                  self.cluster.num_ps)
@@ -344,31 +344,51 @@ class Trainer:
             loss.backward()
         for hook in self.hooks:
             hook.before_push(self, loss)
-        requests = []
-        last = {ps: i for i, (ps, _) in enumerate(self._batches)}
-        for i, (ps_task, batch) in enumerate(self._batches):
-            grads = [(s.shard.name, s.rows(s.param.grad)) for s in batch if s.param.grad is not None]
-            if self.sync is not None and len(grads) < len(batch):
+        requests, pulled = [], []
+        for ps_task, push, pull, end_of_step in self._step_plan():
+            grads = [(s.shard.name, s.rows(s.param.grad)) for s in push if s.param.grad is not None]
+            if self.sync is not None and len(grads) < len(push):
                 # A synchronous step averages a gradient for every variable:
                 # a parameter this replica did not use contributes zeros.
-                grads = [(s.shard.name, s.rows(_grad_or_zeros(s.param))) for s in batch]
-            header = pb.PushPullHeader(
-                caller=self._client.caller,
-                step=self.global_step,
-                pull=[s.shard.name for s in batch],
-                end_of_step=last[ps_task] == i,
-            )
+                grads = [(s.shard.name, s.rows(_grad_or_zeros(s.param))) for s in push]
+            header = pb.PushPullHeader(caller=self._client.caller, step=self.global_step,
+                                       pull=[s.shard.name for s in pull], end_of_step=end_of_step)
             requests.append((ps_task, codec.encode(header, self._staging.grads_to_host(grads))))
+            pulled.append(pull)
         try:
             replies = self._client.push_pull(requests)
         except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
             self._recover(e)  # this step's gradients are lost; the parameters are fresh
         else:
-            self._receive(replies)
+            self._receive(pulled, replies)
         self.local_step += 1
         for hook in self.hooks:
             hook.after_step(self, self.global_step, loss)
         return self.global_step
+
+    def _step_plan(self) -> list[tuple[int, list[_Slot], list[_Slot], bool]]:
+        """The requests of one step: (ps task, slots to push, slots to pull, end of step).
+
+        Async, and sync when a ps task's variables fit one message: each
+        request pushes a batch and pulls it back. Sync with several messages
+        to a ps task: the ps must have all of them before the step can
+        complete, so all but the last only push (the ps answers at once),
+        the last pushes and waits for the update, and then the rest are
+        pulled; a stream never waits on a message queued behind it.
+        """
+        plan = []
+        by_ps: dict[int, list[list[_Slot]]] = {}
+        for ps_task, batch in self._batches:
+            by_ps.setdefault(ps_task, []).append(batch)
+        for ps_task, batches in by_ps.items():
+            if self.sync is None or len(batches) == 1:
+                plan += [(ps_task, b, b, i == len(batches) - 1) for i, b in enumerate(batches)]
+            else:
+                *first, last = batches
+                plan += [(ps_task, b, [], False) for b in first]
+                plan.append((ps_task, last, last, True))
+                plan += [(ps_task, [], b, False) for b in first]
+        return plan
 
     def pull(self) -> int:
         """Copy the current values of every variable into the local model.
@@ -382,14 +402,18 @@ class Trainer:
                                                      pull=[s.shard.name for s in batch]), ()))
             for ps_task, batch in self._batches
         ]
-        self._receive(self._client.push_pull(requests))
+        self._receive([batch for _, batch in self._batches], self._client.push_pull(requests))
         return self.global_step
 
-    def _receive(self, replies: list[tuple[pb.PushPullReplyHeader, list[torch.Tensor]]]) -> None:
+    def _receive(self, pulled: list[list[_Slot]],
+                 replies: list[tuple[pb.PushPullReplyHeader, list[torch.Tensor]]]) -> None:
         steps, dropped = [], False
         with torch.no_grad():
-            for (ps_task, batch), (reply, tensors) in zip(self._batches, replies):
+            for batch, (reply, tensors) in zip(pulled, replies):
                 dropped |= reply.dropped
+                if not batch:
+                    continue  # a push-only request's answer: no values, and the step before the update
+                ps_task = batch[0].shard.ps_task
                 for slot, tensor in zip(batch, tensors):
                     if self._staging.cuda or slot.shard.partitioned:
                         self._staging.to_device(slot.rows(slot.param.data), tensor)

@@ -128,11 +128,16 @@ def test_backup_worker_a_slow_gradient_is_dropped_and_counted(local_cluster):
 
 
 @pytest.mark.parametrize(
+    "max_shard_bytes",
+    [1 << 20, 64],  # one message per ps and step; or many (push-only messages, then pulls)
+    ids=["one_message", "many_messages"],
+)
+@pytest.mark.parametrize(
     "optimizer",
     [psframe.optim.SGD(lr=0.2), psframe.optim.SGD(lr=0.1, momentum=0.9), psframe.optim.Adam(lr=0.01)],
     ids=["sgd", "momentum", "adam"],
 )
-def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, optimizer):
+def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, optimizer, max_shard_bytes):
     num_workers, steps, per_worker = 3, 20, 8
     cluster = local_cluster(num_ps=2, num_workers=num_workers)
     x_all, y_all = data(99, num_workers * per_worker * steps)
@@ -140,8 +145,11 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
     reference = linear_model(seed=0)
     local_opt = getattr(torch.optim, optimizer.name)(reference.parameters(), **optimizer.kwargs)
     trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=optimizer,
-                                   sync=psframe.SyncReplicas(timeout=30), min_partition_bytes=32)
+                                   sync=psframe.SyncReplicas(timeout=30), min_partition_bytes=32,
+                                   max_shard_bytes=max_shard_bytes)
                 for i in range(num_workers)}
+    if max_shard_bytes == 64:
+        assert len(trainers[0]._batches) > 2 * cluster.num_ps  # several messages per ps task
     run_workers({0: trainers[0].connect})
     run_workers({i: trainers[i].connect for i in range(1, num_workers)})
 

@@ -400,8 +400,10 @@ class ParameterServerService(TaskService):
                 # the only copy of the variables is the one into the reply.
                 return codec.encode(pb.PushPullReplyHeader(global_step=step), zip(pull, values))
         self.store.check_names(pull)
+        # A push that pulls nothing is one of several messages of a worker's
+        # step: it is recorded and answered at once (see Trainer._step_plan).
         dropped = self.aggregator.push(header.caller.task_index, header.step, grads,
-                                       count_drop=header.end_of_step)
+                                       count_drop=header.end_of_step, wait=bool(pull))
         with self.store.lock:
             reply = pb.PushPullReplyHeader(global_step=self.store.global_step, dropped=dropped)
             return codec.encode(reply, zip(pull, self.store.read(pull)))

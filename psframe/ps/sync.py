@@ -95,17 +95,19 @@ class SyncAggregator:
     # ---- what workers call
 
     def push(self, worker: int, step: int, grads: Mapping[str, torch.Tensor], *,
-             count_drop: bool = True) -> bool:
+             count_drop: bool = True, wait: bool = True) -> bool:
         """Add a worker's gradients for ``step`` and wait until that step is applied.
 
         A worker may send its gradients for one step in several pushes; each
-        push returns once the step is over.
+        push returns once the step is over, or at once with ``wait=False``
+        (the worker then waits on a later push of the same step).
 
         Args:
             worker: the worker's task index.
             step: the global step its gradients were computed at.
             grads: some or all of its gradients, by variable name.
             count_drop: count this push if it is stale (once per worker step).
+            wait: wait for the step to be applied.
 
         Returns:
             True if the gradients were dropped (stale or late), False if applied.
@@ -137,9 +139,12 @@ class SyncAggregator:
                 if len(mine) == len(self.store.names) and worker not in round_.completed:
                     round_.completed.append(worker)
                     self._try_decide(round_)
-                if self._decide is not None and round_.members is None and not round_.asking:
+                if wait and self._decide is not None and round_.members is None and not round_.asking:
                     round_.asking = ask = True
                     round_.failure = None
+            if not wait:
+                self._try_apply(round_)
+                return False
         if ask:
             self._ask_members(round_, deadline)
         with self._cond:

@@ -1,0 +1,1 @@
+"""psframe's benchmarks: training throughput against torch.distributed baselines."""

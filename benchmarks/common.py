@@ -1,0 +1,334 @@
+"""Shared helpers of the benchmark suite: timing, child processes, tables, units.
+
+Only the standard library is imported here, so the raw gRPC echo server
+(:mod:`benchmarks.raw_grpc`) runs in a process without torch or psframe.
+
+Conventions used by every benchmark:
+
+- sizes of payloads are binary (``4 KiB``, ``64 MiB``); throughput is decimal
+  (``GB/s`` = 10**9 bytes per second), each way: a round trip of an N-byte
+  request and an N-byte response at R round trips/s moves N*R bytes each way;
+- a rate is the median of several repeats, each timed after a warm-up;
+- every wait has a deadline (:class:`Deadline`), and every child process is
+  killed by its PID when the benchmark that started it ends (:class:`Children`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+KiB = 1024
+MiB = 1024 * KiB
+GB = 10**9  # throughput unit (decimal), as network speeds are quoted
+MB = 10**6
+
+FULL_SIZES = (4 * KiB, 320 * KiB, 4 * MiB, 64 * MiB)
+QUICK_SIZES = (4 * KiB, 320 * KiB)
+
+
+class BenchmarkError(RuntimeError):
+    """A benchmark could not run (a child died, a deadline passed, a bad reply)."""
+
+
+# --------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long and how often to measure.
+
+    Args:
+        quick: the smoke-test mode (tiny sizes, few repeats).
+        sizes: payload sizes in bytes.
+        repeats: timed repeats per measurement; the median is reported.
+        target_seconds: aim for repeats of about this long (more calls per
+            repeat for small payloads).
+        min_calls: calls per repeat at least, however slow each one is.
+        warmup_calls: untimed calls before the repeats, at least...
+        warmup_seconds: ...and for at least this long.
+    """
+
+    quick: bool
+    sizes: tuple[int, ...]
+    repeats: int
+    target_seconds: float
+    min_calls: int
+    warmup_calls: int
+    warmup_seconds: float
+    max_calls: int = 20_000
+
+    @classmethod
+    def for_mode(cls, quick: bool) -> Settings:
+        if quick:
+            return cls(quick=True, sizes=QUICK_SIZES, repeats=3, target_seconds=0.05, min_calls=2,
+                       warmup_calls=2, warmup_seconds=0.02)
+        return cls(quick=False, sizes=FULL_SIZES, repeats=5, target_seconds=0.5, min_calls=3,
+                   warmup_calls=3, warmup_seconds=0.3)
+
+    def describe(self) -> str:
+        return (f"median of {self.repeats} repeats of at least {self.min_calls} calls and about "
+                f"{self.target_seconds:g} s each, after at least {self.warmup_calls} warm-up calls "
+                f"and {self.warmup_seconds:g} s of warm-up")
+
+
+class Deadline:
+    """A point in time that a benchmark must not run past.
+
+    Args:
+        seconds: how long from now.
+        what: what is being waited for, for the error message.
+    """
+
+    def __init__(self, seconds: float, what: str) -> None:
+        self.seconds = seconds
+        self.what = what
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+
+    def remaining(self, floor: float = 0.1) -> float:
+        """Seconds left (at least ``floor``, so it can be passed as a timeout)."""
+        return max(floor, self.end - time.monotonic())
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+    def check(self, doing: str = "") -> None:
+        """Raise :class:`BenchmarkError` once the deadline has passed."""
+        if self.expired():
+            raise BenchmarkError(
+                f"{self.what}: deadline of {self.seconds:g}s passed"
+                + (f" while {doing}" if doing else "")
+            )
+
+
+# ----------------------------------------------------------------------- timing
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of a non-empty sequence."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("median of nothing")
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+@dataclass
+class Rate:
+    """Calls per second: the median of the timed repeats, and each of them."""
+
+    per_second: float
+    samples: list[float] = field(default_factory=list)
+    calls_per_repeat: int = 0
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the repeats: how stable the measurement was."""
+        if not self.samples or not self.per_second:
+            return 0.0
+        return (max(self.samples) - min(self.samples)) / self.per_second
+
+
+def measure_rate(call: Callable[[], object], settings: Settings, deadline: Deadline,
+                 doing: str = "") -> Rate:
+    """Time ``call`` (one round trip): warm up, then ``settings.repeats`` repeats.
+
+    The number of calls per repeat is chosen from the warm-up so that a repeat
+    lasts about ``settings.target_seconds`` (at least ``settings.min_calls``).
+
+    Returns:
+        The median rate over the repeats (warm-up excluded).
+
+    Raises:
+        BenchmarkError: ``deadline`` passed (checked between calls of the warm-up
+            and between repeats).
+    """
+    durations = []
+    warm_start = time.perf_counter()
+    while len(durations) < settings.warmup_calls or time.perf_counter() - warm_start < settings.warmup_seconds:
+        deadline.check(f"warming up {doing}")
+        t = time.perf_counter()
+        call()
+        durations.append(time.perf_counter() - t)
+    # The first calls pay for connections and caches: estimate from the later ones.
+    per_call = median(durations[len(durations) // 2:]) or 1e-6
+    calls = int(min(settings.max_calls, max(settings.min_calls, math.ceil(settings.target_seconds / per_call))))
+    samples = []
+    for _ in range(settings.repeats):
+        deadline.check(f"timing {doing}")
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        samples.append(calls / (time.perf_counter() - start))
+    return Rate(median(samples), samples, calls)
+
+
+def gb_per_second(nbytes: int, per_second: float) -> float:
+    """Decimal GB/s moved each way by ``per_second`` round trips of ``nbytes`` each way."""
+    return nbytes * per_second / GB
+
+
+def single_thread() -> None:
+    """One compute thread in this process (and, through the environment, its children)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
+
+# -------------------------------------------------------------- child processes
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child: one compute thread, unbuffered, psframe importable."""
+    path = os.environ.get("PYTHONPATH", "")
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else ""),
+        **(extra or {}),
+    }
+
+
+class Children:
+    """Child processes of one benchmark, each writing to its own log file.
+
+    Used as a context manager: on exit every child still running is killed
+    by its PID (``Popen.kill``), whatever happened.
+
+    Args:
+        log_dir: where the children's logs go.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start ``argv`` as child ``name`` in the repository root."""
+        if name in self.procs:
+            raise BenchmarkError(f"a child named {name!r} was already started")
+        with open(self.log_path(name), "w") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=child_env(env), cwd=ROOT)
+        self.procs[name] = proc
+        return proc
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        try:
+            text = self.log_path(name).read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait_for_output(self, name: str, pattern: str, timeout: float) -> re.Match:
+        """Wait until child ``name`` printed a line matching ``pattern``.
+
+        Raises:
+            BenchmarkError: the child exited first, or ``timeout`` passed.
+        """
+        regex = re.compile(pattern)
+        proc = self.procs[name]
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log_path(name).read_text(errors="replace")
+            match = regex.search(text)
+            if match:
+                return match
+            if proc.poll() is not None:
+                raise BenchmarkError(f"{name} (pid {proc.pid}) exited with code {proc.returncode} before "
+                                     f"printing /{pattern}/; its log:\n{self.log_tail(name)}")
+            if time.monotonic() >= deadline:
+                raise BenchmarkError(f"{name} (pid {proc.pid}) did not print /{pattern}/ within "
+                                     f"{timeout:g}s; its log:\n{self.log_tail(name)}")
+            time.sleep(0.02)
+
+    def wait_exit(self, name: str, timeout: float) -> int | None:
+        """Wait for child ``name`` to exit; its exit code, or None if it is still running."""
+        try:
+            return self.procs[name].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self, name: str) -> None:
+        """Kill child ``name`` by its PID if it still runs, and reap it."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            proc.kill()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                print(f"[bench] warning: {name} (pid {proc.pid}) survived SIGKILL for 10s", file=sys.stderr)
+
+    def kill_all(self) -> None:
+        for name in list(self.procs):
+            self.kill(name)
+
+    def __enter__(self) -> Children:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill_all()
+
+
+# ------------------------------------------------------------------- formatting
+
+
+def format_bytes(nbytes: float) -> str:
+    """``4 KiB``, ``320 KiB``, ``4 MiB``, ``1.5 GiB`` (binary units)."""
+    for unit, size in (("GiB", 1024**3), ("MiB", MiB), ("KiB", KiB)):
+        if nbytes >= size:
+            value = nbytes / size
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def format_number(value: float | None, digits: int = 3) -> str:
+    """A readable number with about ``digits`` significant digits; ``-`` for None."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if value == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(value)))
+    decimals = max(0, digits - 1 - magnitude)
+    return f"{value:,.{decimals}f}"
+
+
+def format_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub-flavoured markdown table (numbers right-aligned)."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    numeric = [bool(cells) and all(_looks_numeric(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        return "| " + " | ".join(
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)
+        ) + " |"
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2))
+                          for w, num in zip(widths, numeric)) + "|"
+    return "\n".join([line(headers), rule, *(line(r) for r in cells)])
+
+
+def _looks_numeric(text: str) -> bool:
+    return bool(re.fullmatch(r"(\*\*)?[-+]?[\d,]*\.?\d+(x|%)?(\*\*)?|-", text))

@@ -1,0 +1,353 @@
+"""Tables, the markdown report (``docs/benchmarks.md``) and its plot.
+
+Every table printed by :mod:`benchmarks.run` comes from here, so stdout and
+the report show the same numbers. :func:`write_report` writes the report and
+a PNG beside it (same name, ``.png``): throughput against payload size on the
+left, training global steps/s per system on the right.
+
+The section "Copies on the hot path" is written by hand: whatever stands
+between its two marker comments in an existing report is kept when the
+report is written again.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.common import MB, format_bytes, format_number, format_ratio, markdown_table
+
+COPIES_MARKER = "<!-- copies: filled in by maintainers -->"
+COPIES_END = "<!-- /copies -->"
+COPIES_PLACEHOLDER = (
+    "TODO (maintainers): list every copy of tensor bytes on the push+pull path, worker to ps and "
+    "back (encode, gRPC send and receive buffers, decode, optimizer, the reply), and which of them "
+    "the numbers above suggest removing first."
+)
+
+TRAINING_SYSTEMS = ("psframe", "torch_rpc_ps", "ddp_gloo", "single_process")
+
+TITLES = {
+    "raw": "Raw gRPC ceiling",
+    "transport": "psframe transport (push+pull)",
+    "training": "Training",
+    "memory": "ps memory",
+}
+
+
+# ----------------------------------------------------------------------- tables
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.0f}%"
+
+
+def raw_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`benchmarks.raw_grpc.run_raw_benchmarks` rows."""
+    return markdown_table(
+        ["system", "mode", "payload", "round trips/s", "GB/s each way", "spread"],
+        [[r["system"], r["mode"], format_bytes(r["payload_bytes"]), format_number(r["round_trips_per_sec"]),
+          format_number(r["gb_per_sec_each_way"]), _pct(r["spread"])] for r in rows],
+    )
+
+
+def transport_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`benchmarks.transport.run_transport_benchmarks` rows
+    (with the ratios of :func:`benchmarks.transport.add_ratios` where present)."""
+    def ratio(row: dict, mode: str) -> str:
+        text = format_ratio(row.get(f"vs_raw_{mode}"))
+        return f"**{text}**" if row.get("rpc") == mode and text != "-" else text
+
+    return markdown_table(
+        ["system", "ps tasks", "tensors", "payload", "PushPull rpc", "round trips/s", "GB/s each way",
+         "vs raw unary", "vs raw stream", "spread"],
+        [[r["system"], r["num_ps"], f"{r['num_tensors']} ({r['layout']})", format_bytes(r["payload_bytes"]),
+          r.get("rpc", "?"), format_number(r["round_trips_per_sec"]), format_number(r["gb_per_sec_each_way"]),
+          ratio(r, "unary"), ratio(r, "stream"), _pct(r["spread"])]
+         for r in rows],
+    )
+
+
+def memory_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`benchmarks.memory.run_memory_benchmarks` rows (MB = 10**6 bytes)."""
+    return markdown_table(
+        ["system", "variables", "optimizer", "bytes held (MB)", "baseline RSS (MB)",
+         "peak after init (MB)", "peak RSS (MB)", "limit (MB)", "peak <= 1.3 x held + 300 MB", "s/step"],
+        [[r["system"], r["variables"], r["optimizer"], format_number(r["bytes_held"] / MB, 4),
+          format_number(r["baseline_rss"] / MB, 4),
+          format_number(None if r.get("peak_rss_after_init") is None else r["peak_rss_after_init"] / MB, 4),
+          format_number(r["peak_rss"] / MB, 4), format_number(r["limit"] / MB, 4),
+          "yes" if r["within_limit"] else "NO",
+          format_number(r["seconds_per_step"])] for r in rows],
+    )
+
+
+def training_ratios(rows: Sequence[dict]) -> list[dict]:
+    """Each training row with ``vs_torch_rpc_ps`` (samples/s over torch_rpc_ps's,
+    same model and mode) and ``vs_ddp_gloo`` (over ddp_gloo's, same model);
+    None where there is no such row. Computed from the rows of one run only."""
+    rpc = {(r["model"], r["mode"]): r["samples_per_sec"] for r in rows if r["system"] == "torch_rpc_ps"}
+    ddp = {r["model"]: r["samples_per_sec"] for r in rows if r["system"] == "ddp_gloo"}
+    out = []
+    for row in rows:
+        base_rpc = rpc.get((row["model"], row["mode"]))
+        base_ddp = ddp.get(row["model"])
+        out.append({
+            **row,
+            "vs_torch_rpc_ps": row["samples_per_sec"] / base_rpc if base_rpc else None,
+            "vs_ddp_gloo": row["samples_per_sec"] / base_ddp if base_ddp else None,
+        })
+    return out
+
+
+def training_table(rows: Sequence[dict]) -> str:
+    """Markdown table of ``benchmarks.training.run_training_benchmarks`` rows, with ratios."""
+    rows = training_ratios(rows)
+    extra = [k for k in ("note", "error") if any(k in r for r in rows)]
+    return markdown_table(
+        ["system", "model", "mode", "global steps/s", "samples/s", "steps", "seconds",
+         "samples/s vs torch_rpc_ps", "samples/s vs ddp_gloo", *extra],
+        [[r["system"], r["model"], r["mode"], format_number(r["global_steps_per_sec"]),
+          format_number(r["samples_per_sec"]), r["steps"], format_number(r["seconds"]),
+          format_ratio(r["vs_torch_rpc_ps"]), format_ratio(r["vs_ddp_gloo"]),
+          *(str(r.get(k, "")) for k in extra)] for r in rows],
+    )
+
+
+TABLES = {"raw": raw_table, "transport": transport_table, "training": training_table, "memory": memory_table}
+
+
+def section_text(section: str, rows: Sequence[dict]) -> str:
+    """A section's heading and table, as printed and as written in the report."""
+    return f"## {TITLES[section]}\n\n{TABLES[section](rows)}\n"
+
+
+# ---------------------------------------------------------------- machine info
+
+
+def machine() -> dict[str, str]:
+    """CPU model, cores, memory and OS of this machine."""
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import psutil
+
+    physical = psutil.cpu_count(logical=False)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "CPU": cpu,
+        "cores": f"{os.cpu_count()} logical ({physical or '?'} physical), {usable} usable by this process",
+        "RAM": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
+        "OS": platform.platform(),
+    }
+
+
+def versions() -> dict[str, str]:
+    """Versions of python and of the packages measured."""
+    import google.protobuf
+    import grpc
+    import torch
+
+    import psframe
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "grpcio": grpc.__version__,
+        "protobuf": google.protobuf.__version__,
+        "psframe": psframe.__version__,
+    }
+
+
+# ----------------------------------------------------------------------- report
+
+
+_INTROS = {
+    "raw": (
+        "A bytes-in, bytes-out gRPC echo server with no psframe code (generic handlers, no message "
+        "size limit) in its own process. **unary**: one call per round trip; **stream**: one "
+        "long-lived bidirectional stream, request i answered by response i, one in flight. Request "
+        "and response have the same size; GB/s (10^9 bytes/s) is each way."
+    ),
+    "transport": (
+        "One worker (this process) and 1 or 2 `psframe server` ps processes per configuration. A "
+        "round trip is `codec.encode` of a `PushPullHeader` plus the gradients, `PsClient.push_pull` "
+        "to every ps task in parallel (SGD with lr 0 is applied) and `codec.decode` of the replies, "
+        "which carry the same tensors back. **one**: one float32 tensor per ps task (the payload "
+        "halved with 2 ps); **many**: tensors of max(4 KiB, payload/256), half on each ps with 2 ps "
+        "(at 4 KiB this is the same as one, so it is not run). Ratios are round trips/s over the raw "
+        "ceiling's at the same payload; the like-for-like one, against the raw RPC of the same kind as "
+        "psframe's PushPull (column *PushPull rpc*), is in bold."
+    ),
+    "training": (
+        "From `benchmarks.training` (same run). Ratios compare samples/s with torch_rpc_ps in the "
+        "same mode and with ddp_gloo on the same model; `-` where there is nothing to compare with."
+    ),
+    "memory": (
+        "One ps process per row: float32 variables in 16 MiB tensors, an optimizer with state, a "
+        "few push+pull steps of every variable (requests of at most 64 MiB, in parallel, as the "
+        "trainer sends them). *bytes held* is the ps's own count of variables plus optimizer state "
+        "(`TaskInfo.bytes_held`); *peak RSS* the process's high-water mark (VmHWM) at the end; *peak "
+        "after init* the same mark once the variables exist, before the first step; *baseline* its "
+        "RSS once serving, before any variable. MB = 10^6 bytes."
+    ),
+}
+
+
+def _load(load: Sequence[float] | None) -> str:
+    return "unknown" if not load else " / ".join(f"{x:.2f}" for x in load)
+
+
+def _copies_section(previous: str | None) -> str:
+    kept = COPIES_PLACEHOLDER
+    if previous and COPIES_MARKER in previous and COPIES_END in previous:
+        inner = previous.split(COPIES_MARKER, 1)[1].split(COPIES_END, 1)[0].strip()
+        if inner:
+            kept = inner
+    return f"## Copies on the hot path\n\n{COPIES_MARKER}\n{kept}\n{COPIES_END}\n"
+
+
+def render_markdown(results: dict, png_name: str, previous: str | None = None) -> str:
+    """The report's markdown.
+
+    Args:
+        results: what :func:`benchmarks.run.run_all` returns: a row list (or None)
+            per section, plus ``errors``, ``skipped``, ``command``, ``date``,
+            ``seconds``, ``quick`` and ``settings``.
+        png_name: the plot's file name, relative to the report.
+        previous: the report being replaced, if any (its copies section is kept).
+    """
+    parts = [
+        "# psframe benchmarks\n",
+        f"Generated by `{results['command']}` on {results['date']} in {results['seconds']:.0f} s"
+        + (" (**quick mode**: small sizes and few repeats, a smoke test, not a measurement)."
+           if results.get("quick") else "."),
+        "",
+        "All on one machine over loopback (127.0.0.1, ports chosen by the OS), one compute thread "
+        "per process (`OMP_NUM_THREADS=1`, `torch.set_num_threads(1)`), servers in processes "
+        f"separate from their clients; warm-up excluded; {results['settings']}. *spread* is "
+        "(max - min) / median of the repeats.\n",
+        "## Machine\n",
+        *(f"- {k}: {v}" for k, v in machine().items()),
+        f"- load average (1/5/15 min) before the run: {_load(results.get('load_before'))}, after: "
+        f"{_load(results.get('load_after'))} (other work on the machine lowers and scatters the numbers)",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
+        "",
+    ]
+    for section in ("raw", "transport", "training", "memory"):
+        rows = results.get(section)
+        parts.append(f"## {TITLES[section]}\n")
+        if section in results.get("errors", {}):
+            parts.append(f"**Failed:** {results['errors'][section]}\n")
+        if rows:
+            parts += [_INTROS[section], "", TABLES[section](rows), ""]
+        elif section in results.get("skipped", ()):
+            parts.append("Skipped (`--skip`).\n")
+        elif section not in results.get("errors", {}):
+            parts.append("No rows.\n")
+    parts += [
+        "## Plot\n",
+        f"![throughput against payload size, and training steps/s]({png_name})\n",
+        "Left: GB/s each way against payload size (raw gRPC unary and stream; psframe with 1 and 2 ps "
+        "tasks, one tensor per ps solid, many small tensors dashed). Right: training global steps/s "
+        "per system and model.\n",
+        _copies_section(previous),
+    ]
+    return "\n".join(parts)
+
+
+def plot(results: dict, path: Path) -> None:
+    """Write the two-panel PNG (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    lines = []
+    for r in results.get("raw") or ():
+        lines.append((f"raw gRPC {r['mode']}", "-", r))
+    for r in results.get("transport") or ():
+        lines.append((f"psframe {r['num_ps']}ps ({r['layout']})", "-" if r["layout"] == "one" else "--", r))
+    for label in dict.fromkeys(label for label, _, _ in lines):
+        points = sorted((r["payload_bytes"], r["gb_per_sec_each_way"]) for lab, _, r in lines if lab == label)
+        style = next(s for lab, s, _ in lines if lab == label)
+        left.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=label)
+    left.set_xscale("log", base=2)
+    sizes = sorted({r["payload_bytes"] for _, _, r in lines})
+    left.set_xticks(sizes, [format_bytes(s) for s in sizes])
+    left.set_yscale("log")  # 4 KiB and 64 MiB payloads differ by 1000x in GB/s
+    left.set_xlabel("payload per round trip (each way)")
+    left.set_ylabel("GB/s each way")
+    left.set_title("Throughput on loopback")
+    left.grid(True, alpha=0.3)
+    if lines:
+        left.legend(fontsize=8)
+    else:
+        left.text(0.5, 0.5, "not run", ha="center", va="center", transform=left.transAxes)
+
+    training = results.get("training") or []
+    models = list(dict.fromkeys(r["model"] for r in training))
+    series = list(dict.fromkeys(
+        (r["system"], r["mode"]) for s in TRAINING_SYSTEMS for r in training if r["system"] == s
+    )) + list(dict.fromkeys((r["system"], r["mode"]) for r in training if r["system"] not in TRAINING_SYSTEMS))
+    width = 0.8 / max(1, len(series))
+    for i, (system, mode) in enumerate(series):
+        values = [next((r["global_steps_per_sec"] for r in training
+                        if (r["system"], r["mode"], r["model"]) == (system, mode, m)), 0.0) for m in models]
+        label = system if mode in ("-", "", None) else f"{system} ({mode})"
+        bars = right.bar([j + (i - (len(series) - 1) / 2) * width for j in range(len(models))], values,
+                         width, label=label)
+        right.bar_label(bars, [format_number(v) if v else "" for v in values], fontsize=6, rotation=90,
+                        padding=2)
+    right.set_xticks(range(len(models)), models)
+    right.set_ylabel("global steps/s")
+    right.set_title("Training")
+    if series:
+        right.legend(fontsize=8)
+        right.margins(y=0.15)
+    else:
+        right.text(0.5, 0.5, "not run", ha="center", va="center", transform=right.transAxes)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(results: dict, out: Path) -> tuple[Path, Path]:
+    """Write the markdown report to ``out`` and its plot beside it.
+
+    Returns:
+        The paths of the report and of the PNG.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png = out.with_suffix(".png")
+    previous = out.read_text() if out.exists() else None
+    plot(results, png)
+    out.write_text(render_markdown(results, png.name, previous))
+    return out, png
+
+
+def table_rows(text: str, heading: str) -> list[list[str]]:
+    """The body rows (cells stripped) of the first table under a ``## heading``
+    containing ``heading``, in markdown text such as :mod:`benchmarks.run`'s output."""
+    rows: list[list[str]] = []
+    inside = False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            if inside and rows:
+                break
+            inside = heading in line
+        elif inside and line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not re.fullmatch(r"[-: |]+", line):
+                rows.append(cells)
+    return rows[1:]  # without the header row

@@ -1,0 +1,174 @@
+"""Run every benchmark, print each table as it completes, write the report.
+
+    python -m benchmarks.run [--quick] [--skip training,memory,...] [--out docs/benchmarks.md]
+
+Sections, in the order they run: ``raw`` (the raw gRPC ceiling), ``transport``
+(psframe push+pull), ``memory`` (ps memory), ``training`` (psframe against
+torch.distributed.rpc, DDP and one process; from :mod:`benchmarks.training`).
+A section that fails is reported (in the report and on stderr) and the others
+still run; the exit code is then 1. ``--quick`` is a smoke test: 4 KiB and
+320 KiB only, few repeats, one small memory case, training's quick mode on
+``mnist_mlp`` only.
+"""
+
+from __future__ import annotations
+
+import os
+
+# One compute thread per process, set before torch is imported (children inherit it).
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import faulthandler  # noqa: E402
+import shlex  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from benchmarks.common import ROOT, Settings, single_thread  # noqa: E402
+
+SECTIONS = ("raw", "transport", "memory", "training")
+TRAINING_MODELS = ("mnist_mlp", "large_mlp")
+BACKSTOP_S = 120.0  # beyond a section's --timeout, before the run is aborted
+BUSY_LOAD_PER_CORE = 0.25  # warn when other work already loads the machine this much
+
+
+class SectionUnavailable(RuntimeError):
+    """A section's module is not there (yet)."""
+
+
+def run_training(quick: bool, timeout: float) -> list[dict]:
+    """``benchmarks.training.run_training_benchmarks`` (imported only when run)."""
+    try:
+        from benchmarks.training import run_training_benchmarks
+    except ModuleNotFoundError as e:
+        if e.name not in ("benchmarks.training", "benchmarks"):
+            raise
+        raise SectionUnavailable(
+            "benchmarks.training is not available (no module benchmarks.training); "
+            "run with --skip training"
+        ) from e
+    models = TRAINING_MODELS[:1] if quick else TRAINING_MODELS
+    return list(run_training_benchmarks(models=models, quick=quick, timeout=timeout))
+
+
+def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
+    """Run the sections not in ``skip``; print each table as soon as it is done.
+
+    Returns:
+        The results for :func:`benchmarks.report.write_report`: ``raw``,
+        ``transport``, ``memory``, ``training`` (row lists, None if not run),
+        ``errors`` (section -> message), ``skipped``, ``command``, ``date``,
+        ``seconds``, ``quick``, ``settings``, ``load_before``, ``load_after``
+        (the 1/5/15-minute load averages: other work on the machine skews the numbers).
+    """
+    from benchmarks import report
+
+    settings = Settings.for_mode(quick)
+    results: dict = {
+        "command": command,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "quick": quick,
+        "settings": settings.describe(),
+        "errors": {},
+        "skipped": sorted(skip),
+        **{section: None for section in SECTIONS},
+    }
+    results["load_before"] = _load_average()
+    cores = os.cpu_count() or 1
+    if results["load_before"] and results["load_before"][0] > BUSY_LOAD_PER_CORE * cores:
+        print(f"[bench] warning: the machine is busy (load average {results['load_before'][0]:.1f} on "
+              f"{cores} cores); numbers will be lower and noisier than on a quiet machine",
+              file=sys.stderr, flush=True)
+    start = time.monotonic()
+
+    def raw() -> list[dict]:
+        from benchmarks.raw_grpc import run_raw_benchmarks
+
+        return run_raw_benchmarks(settings, timeout=timeout)
+
+    def transport() -> list[dict]:
+        from benchmarks.transport import add_ratios, run_transport_benchmarks
+
+        return add_ratios(run_transport_benchmarks(settings, timeout=timeout), results["raw"] or [])
+
+    def memory() -> list[dict]:
+        from benchmarks.memory import run_memory_benchmarks
+
+        return run_memory_benchmarks(quick=quick, timeout=timeout)
+
+    def training() -> list[dict]:
+        return run_training(quick, timeout)
+
+    for section, run in (("raw", raw), ("transport", transport), ("memory", memory), ("training", training)):
+        if section in skip:
+            continue
+        t = time.monotonic()
+        print(f"[bench] {section}...", file=sys.stderr, flush=True)
+        # Backstop: every wait inside has a deadline, but should one not hold,
+        # print where it hangs and exit (children stop on their own --timeout).
+        faulthandler.dump_traceback_later(timeout + BACKSTOP_S, exit=True)
+        try:
+            results[section] = run()
+        except Exception as e:
+            if not isinstance(e, SectionUnavailable):
+                traceback.print_exc()
+            results["errors"][section] = f"{type(e).__name__}: {e}".splitlines()[0]
+            print(f"[bench] {section} FAILED: {e}", file=sys.stderr, flush=True)
+            continue
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        print(report.section_text(section, results[section]), flush=True)
+        print(f"[bench] {section} took {time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
+    results["seconds"] = time.monotonic() - start
+    results["load_after"] = _load_average()
+    return results
+
+
+def _load_average() -> tuple[float, float, float] | None:
+    try:
+        return os.getloadavg()
+    except OSError:
+        return None
+
+
+def parse_skip(text: str) -> set[str]:
+    skip = {s.strip() for s in text.split(",") if s.strip()}
+    unknown = sorted(skip - set(SECTIONS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown section(s) {unknown}; expected some of {', '.join(SECTIONS)}")
+    return skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks; 0 if every section that ran succeeded, else 1."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: small sizes, few repeats, training quick mode on mnist_mlp")
+    parser.add_argument("--skip", type=parse_skip, default=set(),
+                        help=f"comma-separated sections not to run: {','.join(SECTIONS)}")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md",
+                        help="the report to write (the plot goes beside it, as .png)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="deadline of each section in seconds (training's timeout too)")
+    args = parser.parse_args(argv)
+    single_thread()
+    command = "OMP_NUM_THREADS=1 python -m benchmarks.run" + "".join(
+        " " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    results = run_all(args.quick, args.skip, args.timeout, command)
+
+    from benchmarks import report
+
+    md, png = report.write_report(results, args.out)
+    print(f"[bench] wrote {md} and {png} in {results['seconds']:.0f} s", file=sys.stderr)
+    if results["errors"]:
+        print(f"[bench] failed sections: {', '.join(results['errors'])}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,580 @@
+"""Training throughput: psframe against torch.distributed baselines, on loopback.
+
+Five systems train the same models on the same fixed synthetic data with
+plain SGD (lr 0.01), batch 100 per worker, one compute thread per process:
+
+=================  =====  ==========================================================
+system             mode   processes, and what one step is
+=================  =====  ==========================================================
+psframe            async  1 ps + 2 workers (:mod:`benchmarks.train_psframe`); a
+                          worker pushes its gradients and pulls the parameters in
+                          one gRPC call; the ps applies each push at once.
+psframe            sync   the same with ``SyncReplicas()`` (R = N = 2): one update
+                          averages both workers' gradients.
+torch_rpc_ps       async  1 ps + 2 trainers (:mod:`benchmarks.baseline_rpc_ps`), the
+                          RPC parameter-server tutorial's design: one ``rpc_sync``
+                          per step sends the gradients and returns the parameters;
+                          the ps applies them under a lock with ``torch.optim.SGD``.
+torch_rpc_ps       sync   the batch-RPC tutorial's design: the ps waits for both
+                          trainers' gradients, averages, steps once and answers both.
+ddp_gloo           -      2 ranks of ``DistributedDataParallel`` over gloo
+                          (:mod:`benchmarks.baseline_ddp`): all-reduce, local step.
+single_process     -      the same loop in one process (the upper bound).
+=================  =====  ==========================================================
+
+Every process runs on 127.0.0.1 with ports from
+:func:`psframe.launch.pick_free_ports`, prints one JSON line with what it
+measured, and is killed (by PID) if anything fails or the deadline passes.
+
+Rates are measured after the warm-up steps: the timed window is cut into
+:data:`NUM_WINDOWS` pieces and the median piece's rate is reported.
+``global_steps_per_sec`` counts model updates (at the psframe chief, at the
+RPC ps, per DDP rank, per step of the single process) and
+``samples_per_sec`` is the examples those updates consumed: global steps/s x
+100 for async updates and the single process, x 100 x 2 for synchronous ones
+and DDP.
+
+Run it::
+
+    python -m benchmarks.training [--quick] [--models mnist_mlp large_mlp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Layer sizes of each model; every one is Linear-ReLU-...-Linear.
+MODELS: dict[str, tuple[int, ...]] = {
+    "mnist_mlp": (784, 100, 10),
+    "large_mlp": (784, 4096, 4096, 10),  # 20.0M parameters, 80 MB of float32
+}
+BATCH_SIZE = 100
+LEARNING_RATE = 0.01
+NUM_EXAMPLES = 10_000
+DATA_SEED = 1234
+MODEL_SEED = 0
+NUM_WORKERS = 2  # psframe workers, RPC trainers and DDP ranks
+NUM_WINDOWS = 5
+# (timed steps, warm-up steps) per worker
+FULL_STEPS = {"mnist_mlp": (2000, 200), "large_mlp": (30, 5)}
+QUICK_STEPS = {"mnist_mlp": (20, 5), "large_mlp": (3, 1)}
+SYSTEMS = (
+    ("psframe", "async"),
+    ("psframe", "sync"),
+    ("torch_rpc_ps", "async"),
+    ("torch_rpc_ps", "sync"),
+    ("ddp_gloo", "-"),
+    ("single_process", "-"),
+)
+# Children never leave loopback, and never get more than one compute thread.
+CHILD_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONUNBUFFERED": "1",
+    "TP_SOCKET_IFNAME": "lo",
+    "GLOO_SOCKET_IFNAME": "lo",
+    "MASTER_ADDR": "127.0.0.1",
+    "no_proxy": "127.0.0.1,localhost",
+    "NO_PROXY": "127.0.0.1,localhost",
+}
+_POLL_S = 0.05
+_KILL_GRACE_S = 3.0
+
+
+# ---------------------------------------------------------------- shared by the child processes
+
+
+def set_single_thread() -> None:
+    """One compute thread in this process, and stacks on SIGUSR1 (call first in every child)."""
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The parent sends SIGUSR1 before killing a child that ran past its
+    # deadline: the stacks in its stderr say where it was stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set, or parallel work already ran
+        pass
+
+
+def build_model(name: str):
+    """The model ``name`` (see :data:`MODELS`), initialised from :data:`MODEL_SEED`."""
+    import torch
+
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; expected one of {sorted(MODELS)}")
+    sizes = MODELS[name]
+    torch.manual_seed(MODEL_SEED)
+    layers: list[torch.nn.Module] = []
+    for i, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):
+        if i:
+            layers.append(torch.nn.ReLU())
+        layers.append(torch.nn.Linear(fan_in, fan_out))
+    return torch.nn.Sequential(*layers)
+
+
+def make_data():
+    """The fixed synthetic data set: :data:`NUM_EXAMPLES` random inputs and labels 0..9."""
+    import torch
+
+    generator = torch.Generator().manual_seed(DATA_SEED)
+    x = torch.rand(NUM_EXAMPLES, MODELS["mnist_mlp"][0], generator=generator)
+    y = torch.randint(0, 10, (NUM_EXAMPLES,), generator=generator)
+    return x, y
+
+
+def batches(num_examples: int, batch_size: int, seed: int) -> Iterator:
+    """Endless mini-batches of indices, reshuffled every epoch (seed: the worker's rank)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(num_examples, generator=generator)
+        for start in range(0, num_examples - batch_size + 1, batch_size):
+            yield order[start : start + batch_size]
+
+
+def timed_windows(times: Sequence[float], counts: Sequence[int], start_count: int,
+                  num_windows: int = NUM_WINDOWS) -> dict:
+    """Rates over the records from the first one whose count reached ``start_count``.
+
+    Args:
+        times: ``time.perf_counter()`` after each step, in order.
+        counts: the step counter (global or local) at those times.
+        start_count: the count at which warm-up is over.
+        num_windows: how many pieces the timed records are cut into.
+
+    Returns:
+        ``steps_per_sec`` (the median piece's rate), ``window_rates``,
+        ``overall_steps_per_sec``, ``steps`` and ``seconds`` of the whole window.
+
+    Raises:
+        ValueError: fewer than two records after warm-up.
+    """
+    first = next((i for i, c in enumerate(counts) if c >= start_count), len(counts))
+    t, c = list(times[first:]), list(counts[first:])
+    if len(t) < 2:
+        raise ValueError(f"only {len(t)} step(s) recorded after warm-up (count {start_count}); "
+                         f"{len(counts)} in all: run more steps")
+    pieces = min(num_windows, len(t) - 1)
+    bounds = [round(j * (len(t) - 1) / pieces) for j in range(pieces + 1)]
+    rates = [(c[b] - c[a]) / (t[b] - t[a]) for a, b in zip(bounds, bounds[1:]) if t[b] > t[a]]
+    seconds = t[-1] - t[0]
+    return {
+        "steps_per_sec": statistics.median(rates) if rates else math.nan,
+        "window_rates": [round(r, 2) for r in rates],
+        "overall_steps_per_sec": (c[-1] - c[0]) / seconds if seconds > 0 else math.nan,
+        "steps": c[-1] - c[0],
+        "seconds": seconds,
+    }
+
+
+def file_barrier(directory: str, name: str, count: int, timeout: float) -> None:
+    """Wait until ``count`` processes called this with the same ``directory``.
+
+    Raises:
+        TimeoutError: after ``timeout`` seconds, naming who arrived.
+    """
+    path = Path(directory)
+    (path / f"ready-{name}").touch()
+    deadline = time.monotonic() + timeout
+    while True:
+        arrived = sorted(p.name[len("ready-"):] for p in path.glob("ready-*"))
+        if len(arrived) >= count:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"start barrier: {len(arrived)} of {count} processes arrived "
+                               f"({', '.join(arrived)}) after {timeout:g}s")
+        time.sleep(0.01)
+
+
+def emit(result: dict) -> None:
+    """Print the one JSON line the parent reads."""
+    print(json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------- running children
+
+
+class ChildError(RuntimeError):
+    """A benchmark process failed, printed no result, or ran past the deadline."""
+
+
+@dataclass
+class _Child:
+    name: str
+    proc: subprocess.Popen
+    stdout: Path
+    stderr: Path
+
+    def tail(self, lines: int = 15) -> str:
+        text = self.stderr.read_text(errors="replace").strip().splitlines()
+        out = self.stdout.read_text(errors="replace").strip().splitlines()
+        return "\n".join(f"    {line}" for line in (out[-3:] + text[-lines:]))
+
+
+def _python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float) -> dict[str, dict]:
+    """Run the child processes ``tasks`` (name, argv) together until all exit.
+
+    Every child runs in the repository root with :data:`CHILD_ENV`; its stdout
+    and stderr go to files (so a chatty child never blocks on a pipe). On the
+    first failure or at ``deadline`` (a ``time.monotonic()`` value) every child
+    still running gets SIGTERM, then SIGKILL, by PID.
+
+    Returns:
+        The last JSON object each child printed, by name.
+
+    Raises:
+        ChildError: a child exited non-zero, printed no JSON, or the deadline passed.
+    """
+    env = {**os.environ, **CHILD_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    children: list[_Child] = []
+    with tempfile.TemporaryDirectory(prefix="psframe-bench-") as tmp:
+        try:
+            for name, argv in tasks:
+                out, err = Path(tmp, f"{name}.out"), Path(tmp, f"{name}.err")
+                with open(out, "wb") as fout, open(err, "wb") as ferr:
+                    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fout, stderr=ferr,
+                                            cwd=REPO_ROOT, env=env)
+                children.append(_Child(name, proc, out, err))
+            while True:
+                for child in children:
+                    code = child.proc.poll()
+                    if code not in (None, 0):
+                        raise ChildError(f"{child.name} exited with code {code}:\n{child.tail()}")
+                running = [c.name for c in children if c.proc.poll() is None]
+                if not running:
+                    break
+                if time.monotonic() >= deadline:
+                    _dump_stacks(children)
+                    raise ChildError(f"deadline passed with {', '.join(running)} still running "
+                                     f"(each one's stacks at the end of its stderr):\n"
+                                     + "\n".join(f"  {c.name}:\n{c.tail(25)}" for c in children))
+                time.sleep(_POLL_S)
+            results = {}
+            for child in children:
+                result = _last_json(child.stdout.read_text(errors="replace"))
+                if result is None:
+                    raise ChildError(f"{child.name} exited 0 but printed no JSON result:\n{child.tail()}")
+                results[child.name] = result
+            return results
+        finally:
+            _stop(children)
+
+
+def _dump_stacks(children: list[_Child]) -> None:
+    alive = [c for c in children if c.proc.poll() is None]
+    for c in alive:
+        c.proc.send_signal(signal.SIGUSR1)  # faulthandler (see set_single_thread) prints the stacks
+    if alive:
+        time.sleep(1.0)
+
+
+def _stop(children: list[_Child]) -> None:
+    alive = [c for c in children if c.proc.poll() is None]
+    for c in alive:
+        c.proc.terminate()
+    end = time.monotonic() + _KILL_GRACE_S
+    while any(c.proc.poll() is None for c in alive) and time.monotonic() < end:
+        time.sleep(_POLL_S)
+    for c in alive:
+        if c.proc.poll() is None:
+            c.proc.kill()
+    for c in alive:
+        c.proc.wait(timeout=10)
+
+
+def _last_json(text: str) -> dict | None:
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+# ---------------------------------------------------------------- one system
+
+
+def _free_ports(count: int) -> list[int]:
+    from psframe.launch import pick_free_ports
+
+    return pick_free_ports(count, "127.0.0.1")
+
+
+def _common_flags(model: str, steps: int, warmup: int) -> list[str]:
+    return [f"--model={model}", f"--steps={steps}", f"--warmup={warmup}"]
+
+
+def _run_psframe(model: str, sync: bool, steps: int, warmup: int, deadline: float,
+                 extra_flags: Sequence[str] = ()) -> dict:
+    ports = _free_ports(1 + NUM_WORKERS)
+    hosts = [f"127.0.0.1:{p}" for p in ports]
+    timeout = max(10.0, deadline - time.monotonic())
+    with tempfile.TemporaryDirectory(prefix="psframe-barrier-") as barrier:
+        flags = [f"--ps_hosts={hosts[0]}", f"--worker_hosts={','.join(hosts[1:])}",
+                 *_common_flags(model, steps, warmup), f"--barrier_dir={barrier}",
+                 f"--timeout={timeout:.0f}", "--log_level=INFO", *(["--sync"] if sync else []), *extra_flags]
+        tasks = [("ps0", _python_module("benchmarks.train_psframe", *flags, "--job_name=ps", "--task_index=0"))]
+        tasks += [(f"worker{i}", _python_module("benchmarks.train_psframe", *flags, "--job_name=worker",
+                                                f"--task_index={i}")) for i in range(NUM_WORKERS)]
+        results = run_processes(tasks, deadline)
+    chief = results["worker0"]
+    rate = chief["global_steps_per_sec"]
+    return {
+        "global_steps_per_sec": rate,
+        "samples_per_sec": rate * BATCH_SIZE * (NUM_WORKERS if sync else 1),
+        "steps": chief["timed_global_steps"],
+        "seconds": chief["seconds"],
+        "per_worker_steps_per_sec": [results[f"worker{i}"]["local_steps_per_sec"] for i in range(NUM_WORKERS)],
+        "window_rates": chief["window_rates"],
+        "overall_steps_per_sec": chief["overall_steps_per_sec"],
+        "dropped_steps": sum(results[f"worker{i}"]["dropped_steps"] for i in range(NUM_WORKERS)),
+        "final_loss": chief["final_loss"],
+        "processes": 1 + NUM_WORKERS,
+    }
+
+
+def _run_rpc(model: str, sync: bool, steps: int, warmup: int, deadline: float) -> dict:
+    (port,) = _free_ports(1)
+    timeout = max(10.0, deadline - time.monotonic())
+    flags = [f"--port={port}", f"--num_trainers={NUM_WORKERS}", *_common_flags(model, steps, warmup),
+             f"--timeout={timeout:.0f}", *(["--sync"] if sync else [])]
+    tasks = [(("ps" if rank == 0 else f"trainer{rank - 1}"),
+              _python_module("benchmarks.baseline_rpc_ps", *flags, f"--rank={rank}"))
+             for rank in range(1 + NUM_WORKERS)]
+    results = run_processes(tasks, deadline)
+    ps = results["ps"]
+    rate = ps["global_steps_per_sec"]
+    return {
+        "global_steps_per_sec": rate,
+        "samples_per_sec": rate * BATCH_SIZE * (NUM_WORKERS if sync else 1),
+        "steps": ps["timed_global_steps"],
+        "seconds": ps["seconds"],
+        "per_worker_steps_per_sec": [results[f"trainer{i}"]["local_steps_per_sec"] for i in range(NUM_WORKERS)],
+        "window_rates": ps["window_rates"],
+        "overall_steps_per_sec": ps["overall_steps_per_sec"],
+        "final_loss": results["trainer0"]["final_loss"],
+        "processes": 1 + NUM_WORKERS,
+    }
+
+
+def _run_ddp(model: str, steps: int, warmup: int, deadline: float) -> dict:
+    (port,) = _free_ports(1)
+    timeout = max(10.0, deadline - time.monotonic())
+    flags = [f"--port={port}", f"--world_size={NUM_WORKERS}", *_common_flags(model, steps, warmup),
+             f"--timeout={timeout:.0f}"]
+    tasks = [(f"rank{r}", _python_module("benchmarks.baseline_ddp", *flags, f"--rank={r}"))
+             for r in range(NUM_WORKERS)]
+    results = run_processes(tasks, deadline)
+    rank0 = results["rank0"]
+    rate = rank0["local_steps_per_sec"]
+    return {
+        "global_steps_per_sec": rate,
+        "samples_per_sec": rate * BATCH_SIZE * NUM_WORKERS,
+        "steps": rank0["timed_steps"],
+        "seconds": rank0["seconds"],
+        "per_worker_steps_per_sec": [results[f"rank{r}"]["local_steps_per_sec"] for r in range(NUM_WORKERS)],
+        "window_rates": rank0["window_rates"],
+        "overall_steps_per_sec": rank0["overall_steps_per_sec"],
+        "final_loss": rank0["final_loss"],
+        "processes": NUM_WORKERS,
+    }
+
+
+def _run_single(model: str, steps: int, warmup: int, deadline: float) -> dict:
+    tasks = [("single", _python_module("benchmarks.baseline_ddp", "--single",
+                                       *_common_flags(model, steps, warmup)))]
+    result = run_processes(tasks, deadline)["single"]
+    rate = result["local_steps_per_sec"]
+    return {
+        "global_steps_per_sec": rate,
+        "samples_per_sec": rate * BATCH_SIZE,
+        "steps": result["timed_steps"],
+        "seconds": result["seconds"],
+        "per_worker_steps_per_sec": [rate],
+        "window_rates": result["window_rates"],
+        "overall_steps_per_sec": result["overall_steps_per_sec"],
+        "final_loss": result["final_loss"],
+        "processes": 1,
+    }
+
+
+def run_system(system: str, model: str, mode: str, steps: int, warmup: int, deadline: float) -> dict:
+    """Run one system on one model; returns its row (see :func:`run_training_benchmarks`)."""
+    started = time.monotonic()
+    busy_before, mine_before = _busy_cpu_seconds(), _children_cpu_seconds()
+    if system == "psframe":
+        measured = _run_psframe(model, mode == "sync", steps, warmup, deadline)
+    elif system == "torch_rpc_ps":
+        measured = _run_rpc(model, mode == "sync", steps, warmup, deadline)
+    elif system == "ddp_gloo":
+        measured = _run_ddp(model, steps, warmup, deadline)
+    elif system == "single_process":
+        measured = _run_single(model, steps, warmup, deadline)
+    else:
+        raise ValueError(f"unknown system {system!r}; expected one of {sorted({s for s, _ in SYSTEMS})}")
+    return {"system": system, "model": model, "mode": mode, **measured,
+            "steps_per_worker": steps, "warmup_steps": warmup, "batch_size": BATCH_SIZE,
+            "wall_seconds": round(time.monotonic() - started, 2),
+            "other_cpu_load": _other_load(busy_before, mine_before, time.monotonic() - started)}
+
+
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds the whole machine spent busy since boot (Linux), None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # children reaped so far
+    return usage.ru_utime + usage.ru_stime
+
+
+def _other_load(busy_before: float | None, mine_before: float, seconds: float) -> float | None:
+    """Cores kept busy by other work than this benchmark's processes, on average, while it ran.
+
+    Rates measured while it is well above 0 are skewed by the competition.
+    """
+    busy_after = _busy_cpu_seconds()
+    if busy_before is None or busy_after is None or seconds <= 0:
+        return None
+    mine = _children_cpu_seconds() - mine_before
+    return round(max(0.0, (busy_after - busy_before - mine) / seconds), 2)
+
+
+def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), quick: bool = False,
+                            timeout: float = 600, *, system_timeout: float | None = None) -> list[dict]:
+    """Measure training throughput of every system on every model.
+
+    Args:
+        models: names from :data:`MODELS`.
+        quick: a few steps per system (a smoke test of every system end to end).
+        timeout: seconds for the whole run; systems not finished by then are
+            killed and reported with an ``error``.
+        system_timeout: seconds one system (one set of processes) may take
+            before it is killed and reported with an ``error``; by default
+            60 when ``quick``, else twice its share of ``timeout`` (at least 60).
+
+    Returns:
+        One row per (system, model, mode) with ``system``, ``model``, ``mode``
+        (``"async"``, ``"sync"`` or ``"-"``), ``global_steps_per_sec``,
+        ``samples_per_sec``, ``steps`` (timed global steps; per rank for DDP),
+        ``seconds`` (of the timed window), ``per_worker_steps_per_sec``,
+        ``window_rates``, ``processes``... A system that failed has
+        ``error`` (the message) and NaN rates; the others still run.
+
+    Raises:
+        ValueError: an unknown model name.
+    """
+    models = (models,) if isinstance(models, str) else tuple(models)
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown model(s) {unknown}; expected names from {sorted(MODELS)}")
+    deadline = time.monotonic() + timeout
+    if system_timeout is None:
+        system_timeout = 60.0 if quick else max(60.0, 2 * timeout / max(1, len(models) * len(SYSTEMS)))
+    counts = QUICK_STEPS if quick else FULL_STEPS
+    rows = []
+    for model in models:
+        steps, warmup = counts[model]
+        for system, mode in SYSTEMS:
+            if time.monotonic() >= deadline:
+                error = f"not run: the timeout of {timeout:g}s was spent"
+            else:
+                try:
+                    system_deadline = min(deadline, time.monotonic() + system_timeout)
+                    rows.append(run_system(system, model, mode, steps, warmup, system_deadline))
+                    continue
+                except Exception as e:  # noqa: BLE001 - one broken system must not cost the others' rows
+                    error = f"{type(e).__name__}: {e}"
+            print(f"[training] {system} {mode} {model} failed: {error}", file=sys.stderr, flush=True)
+            rows.append({"system": system, "model": model, "mode": mode, "global_steps_per_sec": math.nan,
+                         "samples_per_sec": math.nan, "steps": 0, "seconds": math.nan, "error": error})
+    return rows
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """The rows as a fixed-width text table."""
+    header = ("system", "model", "mode", "global steps/s", "samples/s", "per-worker steps/s",
+              "timed steps", "seconds", "other load")
+    lines = [header]
+    for r in rows:
+        per_worker = "/".join(f"{v:.0f}" if v >= 10 else f"{v:.2f}" for v in r.get("per_worker_steps_per_sec", []))
+        lines.append((r["system"], r["model"], r["mode"], _num(r["global_steps_per_sec"]),
+                      _num(r["samples_per_sec"]), per_worker or "-", str(r["steps"]),
+                      _num(r["seconds"]) if "error" not in r else "ERROR",
+                      "-" if r.get("other_cpu_load") is None else f"{r['other_cpu_load']:.2f}"))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text)
+
+
+def _num(value: float) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "nan"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
+
+
+def _raise_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a few steps per system (smoke test)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(MODELS))
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    # `timeout`/`kill` send SIGTERM: unwind, so that every child is stopped on the way out.
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    started = time.monotonic()
+    rows = run_training_benchmarks(args.models, quick=args.quick, timeout=args.timeout)
+    print(format_table(rows))
+    print(f"\n({time.monotonic() - started:.0f}s in all; rates are medians of {NUM_WINDOWS} windows "
+          f"after warm-up; batch {BATCH_SIZE} per worker; 1 thread per process; other load: cores "
+          f"busy with work outside the benchmark while the system ran)")
+    for r in rows:
+        if "error" in r:
+            print(f"\n{r['system']} {r['mode']} {r['model']}: {r['error']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""psframe push+pull round trips through real ps processes.
+
+The same payloads as the raw ceiling (:mod:`benchmarks.raw_grpc`), sent the
+way a worker sends them: ``codec.encode`` of a ``PushPullHeader`` plus the
+gradients, ``PsClient.push_pull`` to every ps task in parallel (the ps applies
+SGD with lr 0, so values stay put but the update runs), and ``codec.decode``
+of the replies, which carry the same bytes back. PushPull is whatever kind
+of RPC ``psframe.proto`` declares (unary, or one long-lived bidirectional
+stream per ps task); each row says which, and its ratio to the raw ceiling of
+the same kind is the like-for-like one. Each layout of the payload:
+
+- **one**: one tensor per ps task (with 2 ps, the payload split in halves);
+- **many**: small float32 tensors of ``max(4 KiB, payload / 256)`` bytes
+  (at most 256 of them), half on each ps task with 2 ps. At 4 KiB this is
+  the same as "one", so it is not run.
+
+Each configuration gets its own fresh ps processes (``psframe server``), so
+a ps holds only the variables it is timed on (a ps optimizer visits every
+variable it holds on each step); the cluster has one worker, this process.
+
+    python -m benchmarks.transport [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+import psframe
+from psframe import codec, optim
+from psframe.client import PsClient
+from psframe.launch import pick_free_ports
+from psframe.optim import OptimizerSpec
+from psframe.placement import DEFAULT_MAX_SHARD_BYTES
+from psframe.proto import psframe_pb2 as pb
+
+from benchmarks.common import (
+    BenchmarkError,
+    Children,
+    Deadline,
+    KiB,
+    Settings,
+    gb_per_second,
+    measure_rate,
+    single_thread,
+)
+
+MAX_TENSORS = 256
+SMALL_TENSOR_BYTES = 4 * KiB
+RPC_TIMEOUT_S = 120.0
+# Ps processes of several payload sizes run at once (idle but for the one timed).
+MAX_PROCESSES_AT_ONCE = 12
+MAX_BYTES_AT_ONCE = 8 * 1024 * 1024
+Tensors = list[tuple[str, torch.Tensor]]
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------- ps processes
+
+
+class PsCluster:
+    """``num_ps`` ps tasks (``python -m psframe.cli server``) and one worker (us).
+
+    Args:
+        children: where the ps processes are started (and killed at the end).
+        num_ps: how many ps tasks.
+        name: prefix of the children's names.
+        timeout: the ps tasks give up (exit 1) after this many seconds.
+    """
+
+    def __init__(self, children: Children, num_ps: int, name: str, timeout: float) -> None:
+        ports = pick_free_ports(num_ps + 1)
+        self.cluster = psframe.ClusterSpec({
+            "ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
+            "worker": [f"127.0.0.1:{ports[-1]}"],
+        })
+        self.children = children
+        self.names = [f"{name}-ps{i}" for i in range(num_ps)]
+        self.procs = [
+            children.start(task, [sys.executable, "-m", "psframe.cli", "server",
+                                  f"--cluster_spec={self.cluster.to_string()}", "--job_name=ps",
+                                  f"--task_index={i}", f"--timeout={timeout:.0f}"])
+            for i, task in enumerate(self.names)
+        ]
+        self.client: PsClient | None = None
+
+    @property
+    def num_ps(self) -> int:
+        return len(self.names)
+
+    def connect(self, deadline: Deadline) -> PsClient:
+        """Worker 0's client, once every ps task answers."""
+        self.client = PsClient(self.cluster, 0, rpc_timeout=min(RPC_TIMEOUT_S, deadline.remaining(1.0)))
+        try:
+            self.client.wait_for_ps(deadline.remaining())
+        except psframe.PsframeError as e:
+            logs = "\n".join(f"--- {n}:\n{self.children.log_tail(n)}" for n in self.names)
+            raise BenchmarkError(f"ps tasks did not come up: {e}\n{logs}") from e
+        return self.client
+
+    def finish(self, timeout: float = 15.0) -> list[int | None]:
+        """Tell the ps tasks the worker is done and wait for them to exit (0 expected).
+
+        Returns:
+            Each ps task's exit code (None: still running; it is killed later).
+        """
+        return finish_clusters([self], timeout)
+
+
+def finish_clusters(clusters: Sequence[PsCluster], timeout: float = 15.0) -> list[int | None]:
+    """Finish the worker of every cluster, then wait (at most ``timeout`` s in
+    all) for every ps task to exit; a code other than 0 is reported on stderr.
+
+    Returns:
+        The exit code of each ps task, cluster by cluster (None: still running).
+    """
+    for cluster in clusters:
+        if cluster.client is not None:
+            cluster.client.finish()
+            cluster.client.close()
+            cluster.client = None
+    deadline = Deadline(timeout, "ps tasks exiting")
+    codes = []
+    for cluster in clusters:
+        for name in cluster.names:
+            code = cluster.children.wait_exit(name, deadline.remaining(0.0))
+            if code != 0:
+                print(f"[bench] warning: {name} ended with {code} (expected 0); log:\n"
+                      f"{cluster.children.log_tail(name, 10)}", file=sys.stderr)
+            codes.append(code)
+    return codes
+
+
+def in_parallel(calls: Sequence[Callable[[], T]], deadline: Deadline) -> list[T]:
+    """Run ``calls`` in threads (e.g. Init of several clusters); their results in order."""
+    if not calls:
+        return []
+    with futures.ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        pending = [pool.submit(call) for call in calls]
+        return [f.result(timeout=deadline.remaining()) for f in pending]
+
+
+def shard_requests(shards: Sequence[Tensors], max_bytes: int = DEFAULT_MAX_SHARD_BYTES
+                   ) -> list[tuple[int, Tensors]]:
+    """Group each ps task's tensors, in order, into requests of at most ``max_bytes``
+    (at least one tensor each), as the trainer does."""
+    requests: list[tuple[int, Tensors]] = []
+    for ps, tensors in enumerate(shards):
+        size = None
+        for name, tensor in tensors:
+            nbytes = tensor.numel() * tensor.element_size()
+            if size is None or size + nbytes > max_bytes:
+                requests.append((ps, []))
+                size = 0
+            requests[-1][1].append((name, tensor))
+            size += nbytes
+    return requests
+
+
+def create_variables(client: PsClient, shards: Sequence[Tensors], optimizer: OptimizerSpec) -> None:
+    """Create ``shards[i]`` on ps task i with ``optimizer`` (one Init request at a time, as the trainer does)."""
+    proto = codec.optimizer_to_proto(optimizer)
+    defs = [
+        [pb.VariableDef(name=n, variable=n, dtype=codec.dtype_name(t.dtype), shape=t.shape,
+                        full_shape=t.shape, num_parts=1) for n, t in tensors]
+        for tensors in shards
+    ]
+    for ps, batch in shard_requests(shards):
+        header = pb.InitHeader(caller=client.caller, variables=defs[ps], optimizer=proto)
+        codec.decode(client.init([(ps, codec.encode(header, batch))])[0], pb.InitReplyHeader)
+    # Every ps task holds its variables once its last Init request is in.
+    client.wait_for_ps(timeout=30.0, ready=True)
+
+
+def push_pull(client: PsClient, requests: Sequence[tuple[int, Tensors]]) -> list[list[torch.Tensor]]:
+    """One worker step: push ``requests`` (ps task, gradients), pull the same
+    variables back; ``end_of_step`` on each ps task's last request."""
+    last = {ps: i for i, (ps, _) in enumerate(requests)}
+    encoded = [
+        (ps, codec.encode(pb.PushPullHeader(caller=client.caller, pull=[n for n, _ in grads],
+                                            end_of_step=last[ps] == i), grads))
+        for i, (ps, grads) in enumerate(requests)
+    ]
+    return [_decoded(reply)[1] for reply in client.push_pull(encoded)]
+
+
+def _decoded(reply: bytes | tuple[pb.PushPullReplyHeader, list[torch.Tensor]]
+             ) -> tuple[pb.PushPullReplyHeader, list[torch.Tensor]]:
+    # PsClient.push_pull has returned either the reply bytes or the decoded
+    # reply, depending on the psframe version; decoding is timed either way.
+    if isinstance(reply, (bytes, bytearray, memoryview)):
+        return codec.decode(reply, pb.PushPullReplyHeader)
+    return reply
+
+
+def push_pull_rpc_kind() -> str:
+    """"stream" if PushPull is a bidirectional streaming RPC in psframe.proto, else "unary"."""
+    method = pb.DESCRIPTOR.services_by_name["ParameterServer"].methods_by_name["PushPull"]
+    return "stream" if method.client_streaming and method.server_streaming else "unary"
+
+
+# ------------------------------------------------------------------- the cases
+
+
+@dataclass(frozen=True)
+class Case:
+    """One transport measurement: ``payload_bytes`` each way over ``num_ps`` ps tasks."""
+
+    num_ps: int
+    layout: str  # "one" or "many"
+    payload_bytes: int
+
+    def tensor_bytes(self) -> list[list[int]]:
+        """The byte size of each tensor, per ps task."""
+        if self.layout == "one":
+            return [[self.payload_bytes // self.num_ps] for _ in range(self.num_ps)]
+        piece = max(SMALL_TENSOR_BYTES, self.payload_bytes // MAX_TENSORS)
+        count = self.payload_bytes // piece
+        per_ps = count // self.num_ps
+        return [[piece] * per_ps for _ in range(self.num_ps)]
+
+    @property
+    def runnable(self) -> bool:
+        """"many" with fewer than two tensors per ps task is "one": not run."""
+        return self.layout == "one" or min(len(t) for t in self.tensor_bytes()) >= 2
+
+    def shards(self) -> list[Tensors]:
+        """Float32 tensors of the case, per ps task (named ``t<ps>_<i>``)."""
+        return [[(f"t{ps}_{i}", torch.full((nbytes // 4,), 0.5)) for i, nbytes in enumerate(sizes)]
+                for ps, sizes in enumerate(self.tensor_bytes())]
+
+    @property
+    def num_tensors(self) -> int:
+        return sum(len(t) for t in self.tensor_bytes())
+
+    @property
+    def name(self) -> str:
+        return f"{self.num_ps}ps-{self.layout}-{self.payload_bytes}"
+
+
+def cases_for(sizes: Sequence[int], ps_counts: Sequence[int] = (1, 2)) -> list[Case]:
+    return [case for nbytes in sizes for num_ps in ps_counts for layout in ("one", "many")
+            if (case := Case(num_ps, layout, nbytes)).runnable]
+
+
+def prepare_case(cluster: PsCluster, case: Case) -> list[tuple[int, Tensors]]:
+    """Create the case's variables on its (connected) cluster, with SGD(lr=0).
+
+    Returns:
+        The gradient requests of one step (ps task, tensors).
+    """
+    values = case.shards()
+    create_variables(cluster.client, values, optim.SGD(lr=0.0))
+    return shard_requests([[(n, torch.full_like(t, 1e-3)) for n, t in tensors] for tensors in values])
+
+
+def measure_case(cluster: PsCluster, case: Case, requests: list[tuple[int, Tensors]],
+                 settings: Settings, deadline: Deadline) -> dict:
+    """Time push+pull of ``requests`` on the case's prepared cluster."""
+    client = cluster.client
+    expected = [[t.shape for _, t in batch] for _, batch in requests]
+
+    def round_trip() -> None:
+        pulled = push_pull(client, requests)
+        if [[t.shape for t in batch] for batch in pulled] != expected:
+            raise BenchmarkError(f"{case.name}: the pulled tensors do not match the pushed ones")
+
+    rate = measure_rate(round_trip, settings, deadline, f"psframe {case.name}")
+    if not all(torch.isfinite(t).all() for batch in push_pull(client, requests) for t in batch):
+        raise BenchmarkError(f"{case.name}: the ps returned non-finite values")
+    return {
+        "system": "psframe",
+        "rpc": push_pull_rpc_kind(),
+        "num_ps": case.num_ps,
+        "layout": case.layout,
+        "num_tensors": case.num_tensors,
+        "payload_bytes": case.payload_bytes,
+        "round_trips_per_sec": rate.per_second,
+        "gb_per_sec_each_way": gb_per_second(case.payload_bytes, rate.per_second),
+        "spread": rate.spread,
+        "calls_per_repeat": rate.calls_per_repeat,
+        "repeats": len(rate.samples),
+    }
+
+
+def size_groups(sizes: Sequence[int], ps_counts: Sequence[int] = (1, 2)) -> list[list[int]]:
+    """Payload sizes whose ps processes run at the same time: consecutive sizes
+    while at most :data:`MAX_PROCESSES_AT_ONCE` processes and
+    :data:`MAX_BYTES_AT_ONCE` bytes of payload per configuration."""
+    groups: list[list[int]] = []
+    procs = 0
+    for nbytes in sizes:
+        need = sum(c.num_ps for c in cases_for([nbytes], ps_counts))
+        if (not groups or procs + need > MAX_PROCESSES_AT_ONCE
+                or sum(groups[-1]) + nbytes > MAX_BYTES_AT_ONCE):
+            groups.append([])
+            procs = 0
+        groups[-1].append(nbytes)
+        procs += need
+    return groups
+
+
+def run_transport_benchmarks(settings: Settings, timeout: float = 1200.0,
+                             ps_counts: Sequence[int] = (1, 2)) -> list[dict]:
+    """Measure every case at every size of ``settings``.
+
+    For each group of sizes (:func:`size_groups`), every case's ps processes
+    are started, connected and given their variables while nothing is timed;
+    then each case is timed alone; then all of them are finished.
+
+    Returns:
+        One row per case: ``system`` ("psframe"), ``rpc`` (the kind of RPC
+        PushPull is), ``num_ps``, ``layout``, ``num_tensors``,
+        ``payload_bytes``, ``round_trips_per_sec``, ``gb_per_sec_each_way``,
+        ``spread``, ``calls_per_repeat``, ``repeats``. :func:`add_ratios` adds
+        the comparison with the raw ceiling.
+    """
+    single_thread()
+    torch.set_num_threads(1)
+    deadline = Deadline(timeout, "psframe transport benchmark")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="psframe-bench-transport-") as logs:
+        for sizes in size_groups(settings.sizes, ps_counts):
+            cases = cases_for(sizes, ps_counts)
+            with Children(logs) as children:
+                clusters = [PsCluster(children, c.num_ps, c.name, deadline.remaining() + 60) for c in cases]
+                for cluster in clusters:  # all up (done importing torch) before anything is timed
+                    cluster.connect(deadline)
+                requests = in_parallel([functools.partial(prepare_case, cl, c) for cl, c in zip(clusters, cases)],
+                                       deadline)
+                for case, cluster, reqs in zip(cases, clusters, requests):
+                    rows.append(measure_case(cluster, case, reqs, settings, deadline))
+                finish_clusters(clusters)
+    return rows
+
+
+def add_ratios(rows: list[dict], raw_rows: Sequence[dict]) -> list[dict]:
+    """Add ``vs_raw_unary`` and ``vs_raw_stream``: round trips/s over the raw
+    ceiling's at the same payload (None where the raw rows lack that size),
+    and ``vs_raw_same``: the one of the two in the mode of psframe's PushPull."""
+    raw = {(r["mode"], r["payload_bytes"]): r["round_trips_per_sec"] for r in raw_rows}
+    for row in rows:
+        for mode in ("unary", "stream"):
+            ceiling = raw.get((mode, row["payload_bytes"]))
+            row[f"vs_raw_{mode}"] = row["round_trips_per_sec"] / ceiling if ceiling else None
+        row["vs_raw_same"] = row[f"vs_raw_{row['rpc']}"]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    args = parser.parse_args(argv)
+    from benchmarks import report
+
+    print(report.transport_table(run_transport_benchmarks(Settings.for_mode(args.quick))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
