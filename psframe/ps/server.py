@@ -17,8 +17,6 @@ from psframe.ps.service import ParameterServerService, TaskService
 
 log = logging.getLogger(__name__)
 
-
-
 class Server:
     """The server of one task of the cluster.
 

@@ -9,6 +9,7 @@ written once into the reply; the small methods use the generated classes.
 from __future__ import annotations
 
 import collections
+import ctypes
 import contextlib
 import functools
 import logging
@@ -153,6 +154,7 @@ class ParameterServerService(TaskService):
         self._sync_def: pb.SyncDef | None = None
         self.aggregator: SyncAggregator | None = None
         self._peers: dict[tuple[int, str], Callable] = {}  # calls to the other ps tasks
+        self._memory = _MemoryReturner()
         # When each worker was last heard from, and how many of its calls are running.
         self._seen_lock = threading.Lock()
         self._last_seen = {w: time.monotonic() for w in range(cluster.num_workers)}
@@ -383,6 +385,7 @@ class ParameterServerService(TaskService):
                                                           error_message=f"{type(e).__name__}: {e}"), ())
 
     def _handle_push_pull(self, data: bytes) -> bytes:
+        self._memory.handled(len(data))
         header, tensors = codec.decode(data, pb.PushPullHeader)
         self._check_caller(header.caller)
         with self._worker_call(header.caller.task_index):
@@ -499,6 +502,36 @@ class ParameterServerService(TaskService):
             ),
         )
         return handlers
+
+
+class _MemoryReturner:
+    """Gives freed message buffers back to the OS every so many bytes handled.
+
+    Requests and replies of a few MiB are allocated and freed on many gRPC
+    threads; glibc's malloc keeps the freed pages of each thread's arena, and
+    a ps task's resident memory would grow well past what it holds (see
+    benchmarks/memory.py). ``malloc_trim`` returns them. A no-op without glibc.
+    """
+
+    EVERY_BYTES = 64 << 20
+
+    def __init__(self) -> None:
+        try:
+            self._trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            self._trim = None
+        self._lock = threading.Lock()
+        self._since = 0
+
+    def handled(self, nbytes: int) -> None:
+        if self._trim is None:
+            return
+        with self._lock:
+            self._since += nbytes
+            if self._since < self.EVERY_BYTES:
+                return
+            self._since = 0
+        self._trim(0)
 
 
 def _describe_sync(sync: pb.SyncDef | None) -> str:
