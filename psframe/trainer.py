@@ -249,16 +249,13 @@ class Trainer:
         for slot in self._slots:
             defs[slot.shard.ps_task].append(_variable_def(slot.shard, slot.param))
         optimizer = codec.optimizer_to_proto(self.optimizer)
-        requests = []
-        for ps_task, batch in self._batches:
+        created = 0
+        for ps_task, batch in self._batches:  # one at a time: nobody buffers the whole model
             header = pb.InitHeader(caller=self._client.caller, variables=defs[ps_task], optimizer=optimizer,
                                    sync=self._sync_def(), checkpoint_dir=self.checkpoint_dir or "")
             values = [(s.shard.name, self._staging.to_host(s.rows(s.param.detach()))) for s in batch]
-            requests.append((ps_task, codec.encode(header, values)))
-        created = 0
-        for request in requests:  # one at a time: a ps never buffers more than one part
-            reply, _ = codec.decode(self._client.init([request])[0], pb.InitReplyHeader)
-            created += reply.created
+            data = self._client.init([(ps_task, codec.encode(header, values))])[0]
+            created += codec.decode(data, pb.InitReplyHeader)[0].created
         log.info("chief %s the model on %d ps tasks", "created" if created else "found (or restored)",
                  self.cluster.num_ps)
 
