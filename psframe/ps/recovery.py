@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from psframe import checkpoint_io, codec
+from psframe import checkpoint_io
 from psframe.optim import OptimizerSpec
 from psframe.proto import psframe_pb2 as pb
 from psframe.ps.store import VariableStore
