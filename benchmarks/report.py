@@ -309,7 +309,8 @@ def plot(results: dict, path: Path) -> None:
         right.bar_label(bars, [format_number(v) if v else "" for v in values], fontsize=6, rotation=90,
                         padding=2)
     right.set_xticks(range(len(models)), models)
-    right.set_ylabel("global steps/s")
+    right.set_yscale("log")  # the two models differ by two orders of magnitude
+    right.set_ylabel("global steps/s (log)")
     right.set_title("Training")
     if series:
         right.legend(fontsize=8)
