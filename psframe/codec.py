@@ -253,7 +253,7 @@ def _tensor_at(view: memoryview, start: int, length: int, meta: pb.TensorMeta) -
         if dim < 0:
             raise WireFormatError(f"tensor {meta.name!r} has a negative dimension in shape {shape}")
         numel *= dim
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     if numel * itemsize != meta.nbytes:
         raise WireFormatError(
             f"tensor {meta.name!r}: shape {shape} of {meta.dtype} needs {numel * itemsize} bytes, "

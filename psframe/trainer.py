@@ -211,6 +211,7 @@ class Trainer:
             for batch in _split(mine, max_shard_bytes):
                 self._batches.append((ps_task, batch))
         self._staging = _HostStaging(self.device)
+        self._plan = self._step_plan()
 
     # ---- lifecycle
 
@@ -341,7 +342,7 @@ class Trainer:
         for hook in self.hooks:
             hook.before_push(self, loss)
         requests, pulled = [], []
-        for ps_task, push, pull, end_of_step in self._step_plan():
+        for ps_task, push, pull, end_of_step in self._plan:
             grads = [(s.shard.name, s.rows(s.param.grad)) for s in push if s.param.grad is not None]
             if self.sync is not None and len(grads) < len(push):
                 # A synchronous step averages a gradient for every variable:
