@@ -28,6 +28,7 @@ LAYER_OF = {
     "psframe.ps.service": "ps",
     "psframe.ps.server": "ps",
     "psframe.ps.recovery": "ps",
+    "psframe.ps.roster": "ps",
     "psframe.client": "worker",
     "psframe.trainer": "worker",
     "psframe.hooks": "worker",

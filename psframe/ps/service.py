@@ -8,14 +8,11 @@ written once into the reply; the small methods use the generated classes.
 
 from __future__ import annotations
 
-import collections
 import ctypes
-import contextlib
 import functools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 
 import grpc
@@ -37,6 +34,7 @@ from psframe.errors import (
 from psframe.optim import OptimizerSpec
 from psframe.proto import psframe_pb2 as pb
 from psframe.ps import recovery
+from psframe.ps.roster import WorkerRoster
 from psframe.ps.store import VariableStore
 from psframe.ps.sync import SyncAggregator
 
@@ -150,16 +148,11 @@ class ParameterServerService(TaskService):
         self._init_lock = threading.Lock()
         self._pending_defs: list[pb.VariableDef] = []
         self._pending_values: dict[str, torch.Tensor] = {}
-        self._finished: set[int] = set()
+        self.roster = WorkerRoster(cluster.num_workers, worker_timeout)
         self._sync_def: pb.SyncDef | None = None
         self.aggregator: SyncAggregator | None = None
         self._peers: dict[tuple[int, str], Callable] = {}  # calls to the other ps tasks
         self._memory = _MemoryReturner()
-        # When each worker was last heard from, and how many of its calls are running.
-        self._seen_lock = threading.Lock()
-        self._last_seen = {w: time.monotonic() for w in range(cluster.num_workers)}
-        self._ever_seen: set[int] = set()
-        self._in_flight: collections.Counter[int] = collections.Counter()
         if checkpoint_dir:
             restored = recovery.restore_own_shard(checkpoint_dir, task_index, cluster.num_ps)
             if restored is not None:
@@ -180,37 +173,17 @@ class ParameterServerService(TaskService):
                 f"{self.cluster.num_tasks(job_name) - 1}, not /job:{caller.job_name}/task:{caller.task_index}"
             )
 
-    @contextlib.contextmanager
-    def _worker_call(self, worker: int):
-        """Mark a worker as alive for as long as one of its calls runs."""
-        with self._seen_lock:
-            self._in_flight[worker] += 1
-            self._last_seen[worker] = time.monotonic()
-            self._ever_seen.add(worker)
-        try:
-            yield
-        finally:
-            with self._seen_lock:
-                self._in_flight[worker] -= 1
-                self._last_seen[worker] = time.monotonic()
-
     def check_training_over(self) -> bool:
         """True once every worker finished, or once some finished and the
         others have been silent for ``worker_timeout`` seconds (presumed dead:
         a worker killed for good must not keep the ps alive forever)."""
         if self.all_finished.is_set():
             return True
-        now = time.monotonic()
-        with self._seen_lock:
-            if not self._finished:
-                return False
-            unfinished = [w for w in range(self.cluster.num_workers) if w not in self._finished]
-            silent = [w for w in unfinished
-                      if not self._in_flight[w] and now - self._last_seen[w] > self.worker_timeout]
-        if silent != unfinished:
+        dead = self.roster.presumed_dead()
+        if dead is None:
             return False
         log.warning("%s: workers %s finished; %s silent for over %gs, presumed dead; training is over",
-                    self.task_name, sorted(self._finished), silent, self.worker_timeout)
+                    self.task_name, self.roster.finished, dead, self.worker_timeout)
         self.all_finished.set()
         return True
 
@@ -218,7 +191,7 @@ class ParameterServerService(TaskService):
     def get_info(self, request: pb.InfoRequest, context) -> pb.TaskInfo:
         caller = request.caller
         if caller.job_name == "worker" and caller.cluster_fingerprint == self.cluster.fingerprint:
-            with self._worker_call(caller.task_index):  # a worker waiting for us is alive
+            with self.roster.call(caller.task_index):  # a worker waiting for us is alive
                 pass
         return self.info()
 
@@ -237,18 +210,14 @@ class ParameterServerService(TaskService):
                 info.optimizer.CopyFrom(codec.optimizer_to_proto(store.optimizer_spec))
             info.pushes = store.pushes
             info.rejected_pushes = store.rejected_pushes
-            info.finished_workers.extend(sorted(self._finished))
+            info.finished_workers.extend(self.roster.finished)
             if self._sync_def is not None:
                 info.sync.CopyFrom(self._sync_def)
                 info.dropped_gradients = self.aggregator.dropped_gradients
             info.restored_step = self.restored_step
             info.checkpoint_dir = self.checkpoint_dir or ""
-        now = time.monotonic()
-        with self._seen_lock:
-            for w in range(self.cluster.num_workers):
-                ago = 0.0 if self._in_flight[w] else now - self._last_seen[w]
-                info.workers.add(task_index=w, seconds_ago=ago if w in self._ever_seen else -1.0,
-                                 finished=w in self._finished)
+        for worker, seconds_ago, finished in self.roster.seen():
+            info.workers.add(task_index=worker, seconds_ago=seconds_ago, finished=finished)
         return info
 
     # ---- Init
@@ -257,7 +226,7 @@ class ParameterServerService(TaskService):
     def init(self, data: bytes, context) -> bytes:
         header, tensors = codec.decode(data, pb.InitHeader)
         self._check_caller(header.caller)
-        with self._worker_call(header.caller.task_index):
+        with self.roster.call(header.caller.task_index):
             return self._init(header, tensors)
 
     def _init(self, header: pb.InitHeader, tensors: list[torch.Tensor]) -> bytes:
@@ -388,7 +357,7 @@ class ParameterServerService(TaskService):
         self._memory.handled(len(data))
         header, tensors = codec.decode(data, pb.PushPullHeader)
         self._check_caller(header.caller)
-        with self._worker_call(header.caller.task_index):
+        with self.roster.call(header.caller.task_index):
             return self._push_pull(header, tensors)
 
     def _push_pull(self, header: pb.PushPullHeader, tensors: list[torch.Tensor]) -> bytes:
@@ -422,7 +391,7 @@ class ParameterServerService(TaskService):
             timeout=sync.timeout_seconds,
             decide=decide,
         )
-        for worker in self._finished:
+        for worker in self.roster.finished:
             self.aggregator.worker_finished(worker)
         self._sync_def = sync
         log.info("%s: synchronous training, %s", self.task_name, _describe_sync(sync))
@@ -468,15 +437,14 @@ class ParameterServerService(TaskService):
     @_translate_errors
     def finish(self, request: pb.FinishRequest, context) -> pb.FinishResponse:
         self._check_caller(request.caller)
-        with self.store.lock:
-            if request.caller.task_index not in self._finished:
-                self._finished.add(request.caller.task_index)
-                log.info("%s: worker %d finished (%d of %d)", self.task_name, request.caller.task_index,
-                         len(self._finished), self.cluster.num_workers)
-            done = len(self._finished)
+        worker = request.caller.task_index
+        if self.roster.finish(worker):
+            log.info("%s: worker %d finished (%d of %d)", self.task_name, worker,
+                     len(self.roster.finished), self.cluster.num_workers)
+        done = len(self.roster.finished)
         if self.aggregator is not None:
-            self.aggregator.worker_finished(request.caller.task_index)
-        if done == self.cluster.num_workers:
+            self.aggregator.worker_finished(worker)
+        if self.roster.all_finished:
             self.all_finished.set()
         return pb.FinishResponse(finished_workers=done, num_workers=self.cluster.num_workers)
 

@@ -1,0 +1,49 @@
+"""WorkerRoster: who finished, who is alive (no network)."""
+
+from __future__ import annotations
+
+import time
+
+from psframe.ps.roster import WorkerRoster
+
+
+def test_nobody_is_presumed_dead_before_someone_finished():
+    roster = WorkerRoster(2, worker_timeout=0.0)
+    assert roster.presumed_dead() is None
+    assert roster.finished == [] and not roster.all_finished
+
+
+def test_silent_workers_are_presumed_dead_once_another_finished():
+    roster = WorkerRoster(3, worker_timeout=0.0)
+    assert roster.finish(0) is True
+    assert roster.finish(0) is False  # counted once
+    time.sleep(0.01)
+    assert roster.presumed_dead() == [1, 2]
+    roster.finish(1)
+    roster.finish(2)
+    assert roster.all_finished and roster.finished == [0, 1, 2]
+
+
+def test_a_worker_in_a_call_or_heard_from_recently_is_alive():
+    roster = WorkerRoster(2, worker_timeout=60.0)
+    roster.finish(0)
+    with roster.call(1):
+        assert roster.presumed_dead() is None
+    assert roster.presumed_dead() is None  # heard from just now, timeout 60 s
+    fast = WorkerRoster(2, worker_timeout=0.0)
+    fast.finish(0)
+    with fast.call(1):
+        time.sleep(0.01)
+        assert fast.presumed_dead() is None  # busy: never presumed dead mid-call
+    time.sleep(0.01)
+    assert fast.presumed_dead() == [1]
+
+
+def test_seen_reports_never_busy_and_finished():
+    roster = WorkerRoster(3, worker_timeout=60.0)
+    with roster.call(1):
+        seen = {w: (ago, done) for w, ago, done in roster.seen()}
+        assert seen[0] == (-1.0, False)  # never heard from
+        assert seen[1] == (0.0, False)  # in a call right now
+    roster.finish(2)
+    assert {w: done for w, _, done in roster.seen()} == {0: False, 1: False, 2: True}
