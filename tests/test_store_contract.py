@@ -271,7 +271,11 @@ def test_pull_only_changes_nothing(backend):
         step, pulled = _pull_all(backend, names)
         assert step == 1
         _assert_exact(pulled, reference.values())
-    # The optimizer state did not move either: the next update is the reference's.
+    _assert_next_update_matches(backend, reference, values, names)
+
+
+def _assert_next_update_matches(backend, reference, values, names) -> None:
+    """The optimizer state did not move: the next update (step 2) is the reference's."""
     step, pulled = backend.push_pull(_grads(values, 2), names)
     reference.step(_grads(values, 2))
     assert step == 2
@@ -315,11 +319,7 @@ def test_bad_push_is_refused_and_changes_nothing(backend, case):
     step, pulled = _pull_all(backend, names)
     assert step == 1
     _assert_exact(pulled, reference.values())
-    # Nothing half-applied in the optimizer state either.
-    step, pulled = backend.push_pull(_grads(values, 2), names)
-    reference.step(_grads(values, 2))
-    assert step == 2
-    _assert_exact(pulled, reference.values())
+    _assert_next_update_matches(backend, reference, values, names)
 
 
 def test_pull_of_unknown_variable_is_refused_and_changes_nothing(backend):
