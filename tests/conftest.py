@@ -75,6 +75,12 @@ class ProcessGroup:
         argv = [sys.executable, str(script), *cluster_flags(cluster, job_name, task_index), *args]
         return self.start(name, argv)
 
+    def start_cluster(self, cluster: psframe.ClusterSpec, *args: str, script: Path = CLUSTER_JOB) -> None:
+        """Start every ps task, then every worker, each with the same extra flags."""
+        for job in ("ps", "worker"):
+            for i in range(cluster.num_tasks(job)):
+                self.start_task(cluster, job, i, *args, script=script)
+
     def wait_for_output(self, name: str, text: str, timeout: float = 60.0) -> None:
         """Wait until a child printed ``text`` (or fail, showing its output)."""
         self.wait_until(name, lambda output: text in output, f"print {text!r}", timeout)

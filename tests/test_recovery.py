@@ -49,10 +49,7 @@ def test_a_killed_ps_restarted_restores_its_shard_and_training_finishes(processe
              "--train_steps=250", "--step_delay=0.01", "--optimizer=Adam", "--lr=0.01"]
     if mode == "sync":
         flags += ["--sync_replicas", "--sync_timeout=60"]
-    for i in range(2):
-        processes.start_task(cluster, "ps", i, *flags)
-    for i in range(2):
-        processes.start_task(cluster, "worker", i, *flags)
+    processes.start_cluster(cluster, *flags)
     killed_at, restarted = kill_and_restart(processes, cluster, "ps1", flags, at_step)
     procs = processes.wait(timeout=240)
     assert all(p.returncode == 0 for p in procs.values()), f"seed {seed}"
@@ -72,18 +69,14 @@ def test_the_whole_job_killed_and_run_again_resumes_from_the_checkpoint(processe
     cluster = free_cluster(1, 2)
     flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--save_checkpoint_steps={SAVE_EVERY}",
              "--train_steps=300", "--step_delay=0.01"]
-    processes.start_task(cluster, "ps", 0, *flags)
-    for i in range(2):
-        processes.start_task(cluster, "worker", i, *flags)
+    processes.start_cluster(cluster, *flags)
     at_step = random.randint(100, 200)
     wait_for_step(processes, at_step)
     killed_at = max(global_steps_seen(processes.procs["worker0"].output))
     processes.kill_all()
     processes.procs.clear()
     cluster = free_cluster(1, 2)  # new ports: the old ones may linger
-    processes.start_task(cluster, "ps", 0, *flags)
-    for i in range(2):
-        processes.start_task(cluster, "worker", i, *flags)
+    processes.start_cluster(cluster, *flags)
     procs = processes.wait(timeout=240)
     chief = procs["worker0"].output
     resumed_at = int(re.search(r"connected to 1 ps tasks at global step (\d+)", chief).group(1))
@@ -101,9 +94,7 @@ def test_a_killed_worker_restarted_rejoins_async(processes, tmp_path, victim):
     cluster = free_cluster(1, 2)
     flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--save_checkpoint_steps={SAVE_EVERY}",
              "--train_steps=300", "--step_delay=0.01"]
-    processes.start_task(cluster, "ps", 0, *flags)
-    for i in range(2):
-        processes.start_task(cluster, "worker", i, *flags)
+    processes.start_cluster(cluster, *flags)
     at_step = random.randint(60, 160)
     wait_for_step(processes, at_step)
     proc = processes.procs.pop(victim)
@@ -124,9 +115,7 @@ def test_mnist_example_survives_a_ps_kill_and_reaches_97_percent(processes, tmp_
     example = ROOT / "examples" / "mlp_mnist_dist.py"
     flags = [f"--data_dir={data_dir}", f"--checkpoint_dir={tmp_path / 'ckpt'}", "--save_checkpoint_steps=500",
              "--log_every=100"]
-    processes.start_task(cluster, "ps", 0, *flags, script=example)
-    for i in range(2):
-        processes.start_task(cluster, "worker", i, *flags, script=example)
+    processes.start_cluster(cluster, *flags, script=example)
     at_local_step = random.randint(6, 20) * 100
     processes.wait_for_output("worker0", f"local step {at_local_step},", timeout=300)
     proc = processes.procs.pop("ps0")
