@@ -8,6 +8,7 @@ written once into the reply; the small methods use the generated classes.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import functools
 import logging
@@ -39,6 +40,9 @@ from psframe.ps.store import VariableStore
 from psframe.ps.sync import SyncAggregator
 
 log = logging.getLogger(__name__)
+
+# PushPull requests up to this size are answered on the event loop itself.
+INLINE_REQUEST_BYTES = 1 << 20
 
 
 _STATUS_OF = (
@@ -340,18 +344,33 @@ class ParameterServerService(TaskService):
 
     # ---- PushPull
 
-    def push_pull(self, requests, context):
-        """PushPull on a long-lived stream: a refused request is answered with
-        the error's name in the reply header, and the stream goes on."""
-        for data in requests:
-            try:
-                yield self._handle_push_pull(data)
-            except PsframeError as e:
-                yield codec.encode(pb.PushPullReplyHeader(error_class=type(e).__name__, error_message=str(e)), ())
-            except Exception as e:  # a bug, not bad input: say so, keep serving
-                log.exception("PushPull failed")
-                yield codec.encode(pb.PushPullReplyHeader(error_class="RemoteError",
-                                                          error_message=f"{type(e).__name__}: {e}"), ())
+    async def push_pull(self, requests, context):
+        """PushPull on a long-lived stream (runs on the server's event loop).
+
+        Requests of one stream are answered in order. A small asynchronous
+        update is answered right here on the event loop: a hand-off to a
+        thread costs more than the update. A large one, or one that may wait
+        for other workers (sync), runs on the loop's thread pool, so the loop
+        goes on moving other streams' bytes meanwhile.
+        """
+        loop = asyncio.get_running_loop()
+        async for data in requests:
+            if self.aggregator is None and len(data) <= INLINE_REQUEST_BYTES:
+                yield self._answer_push_pull(data)
+            else:
+                yield await loop.run_in_executor(None, self._answer_push_pull, data)
+
+    def _answer_push_pull(self, data: bytes) -> bytes:
+        """The reply to one PushPull request; a refused request is answered
+        with the error's name in the reply header, and the stream goes on."""
+        try:
+            return self._handle_push_pull(data)
+        except PsframeError as e:
+            return codec.encode(pb.PushPullReplyHeader(error_class=type(e).__name__, error_message=str(e)), ())
+        except Exception as e:  # a bug, not bad input: say so, keep serving
+            log.exception("PushPull failed")
+            return codec.encode(pb.PushPullReplyHeader(error_class="RemoteError",
+                                                       error_message=f"{type(e).__name__}: {e}"), ())
 
     def _handle_push_pull(self, data: bytes) -> bytes:
         self._memory.handled(len(data))
