@@ -28,7 +28,7 @@ COPIES_PLACEHOLDER = (
     "the numbers above suggest removing first."
 )
 
-TRAINING_SYSTEMS = ("psframe", "torch_rpc_ps", "ddp_gloo", "single_process")
+TRAINING_SYSTEMS = ("psframe", "psframe_bf16", "torch_rpc_ps", "ddp_gloo", "single_process")
 
 TITLES = {
     "raw": "Raw gRPC ceiling",
@@ -192,9 +192,9 @@ _INTROS = {
         "same mode and with ddp_gloo on the same model; `-` where there is nothing to compare with."
     ),
     "memory": (
-        "One ps process per row: float32 variables in 16 MiB tensors, an optimizer with state, a "
-        "few push+pull steps of every variable (requests of at most 64 MiB, in parallel, as the "
-        "trainer sends them). *bytes held* is the ps's own count of variables plus optimizer state "
+        "One ps process per row: float32 variables in parts of 4 MiB (the trainer's), an optimizer "
+        "with state, a few push+pull steps of every variable (requests of at most 4 MiB on one "
+        "stream, as the trainer sends them). *bytes held* is the ps's own count of variables plus optimizer state "
         "(`TaskInfo.bytes_held`); *peak RSS* the process's high-water mark (VmHWM) at the end; *peak "
         "after init* the same mark once the variables exist, before the first step; *baseline* its "
         "RSS once serving, before any variable. MB = 10^6 bytes."

@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds a synchronous step may wait for the other workers")
     parser.add_argument("--max_shard_bytes", type=int, default=None,
                         help="largest stored part (one message); default: psframe's")
+    parser.add_argument("--wire_dtype", default=None, choices=["bfloat16", "float16"],
+                        help="compress gradients and parameters on the wire (default: as stored)")
     parser.add_argument("--log_level", default="WARNING", help="logging level (INFO shows psframe's progress)")
     return parser.parse_args(argv)
 
@@ -79,6 +81,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         sync=psframe.SyncReplicas(timeout=min(args.sync_timeout, args.timeout)) if args.sync else None,
         hooks=[StopAtStepHook(last_step=last_step)],
         connect_timeout=args.timeout,
+        wire_dtype=args.wire_dtype,
         **({"max_shard_bytes": args.max_shard_bytes} if args.max_shard_bytes else {}),
     )
     times: list[float] = []

@@ -11,6 +11,9 @@ psframe            async  1 ps + 2 workers (:mod:`benchmarks.train_psframe`); a
                           one gRPC call; the ps applies each push at once.
 psframe            sync   the same with ``SyncReplicas()`` (R = N = 2): one update
                           averages both workers' gradients.
+psframe_bf16       async  psframe async with ``wire_dtype="bfloat16"``: gradients
+                          and parameters travel in bfloat16 (half the bytes; the
+                          ps keeps float32). Optional, off by default in psframe.
 torch_rpc_ps       async  1 ps + 2 trainers (:mod:`benchmarks.baseline_rpc_ps`), the
                           RPC parameter-server tutorial's design: one ``rpc_sync``
                           per step sends the gradients and returns the parameters;
@@ -75,6 +78,7 @@ QUICK_STEPS = {"mnist_mlp": (20, 5), "large_mlp": (3, 1)}
 SYSTEMS = (
     ("psframe", "async"),
     ("psframe", "sync"),
+    ("psframe_bf16", "async"),
     ("torch_rpc_ps", "async"),
     ("torch_rpc_ps", "sync"),
     ("ddp_gloo", "-"),
@@ -431,6 +435,8 @@ def run_system(system: str, model: str, mode: str, steps: int, warmup: int, dead
     busy_before, mine_before = _busy_cpu_seconds(), _children_cpu_seconds()
     if system == "psframe":
         measured = _run_psframe(model, mode == "sync", steps, warmup, deadline)
+    elif system == "psframe_bf16":
+        measured = _run_psframe(model, mode == "sync", steps, warmup, deadline, ["--wire_dtype=bfloat16"])
     elif system == "torch_rpc_ps":
         measured = _run_rpc(model, mode == "sync", steps, warmup, deadline)
     elif system == "ddp_gloo":

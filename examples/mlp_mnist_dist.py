@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="save checkpoints here (any fsspec URL); run again after a crash to resume")
     parser.add_argument("--save_checkpoint_steps", type=int, default=1000,
                         help="with --checkpoint_dir, save every N global steps")
+    parser.add_argument("--wire_dtype", default=None, choices=["bfloat16", "float16"],
+                        help="send gradients and receive parameters in this dtype (half the bytes); "
+                             "default: exactly as stored (float32)")
     parser.add_argument("--progress", action="store_true", help="show a progress bar on the chief")
     parser.add_argument("--worker_timeout", type=float, default=60.0,
                         help="ps: once some workers finished, seconds of silence after which a worker "
@@ -123,6 +126,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         checkpoint_dir=args.checkpoint_dir,
         save_checkpoint_steps=args.save_checkpoint_steps,
         connect_timeout=args.connect_timeout,
+        wire_dtype=args.wire_dtype,
     )
     progress = None
     with trainer:

@@ -174,8 +174,9 @@ class ClusterSpec:
         (2, 'ps|h0:2222,worker|h1:2224;h1:2225')
     """
 
-    __slots__ = ("_tasks",)
+    __slots__ = ("_tasks", "_fingerprint")
     _tasks: dict[str, tuple[str, ...]]
+    _fingerprint: str
 
     def __init__(self, cluster: Mapping[str, Sequence[str] | Mapping[int, str]] | ClusterSpec) -> None:
         if isinstance(cluster, ClusterSpec):
@@ -205,6 +206,9 @@ class ClusterSpec:
                     )
                 owner[key] = name
         object.__setattr__(self, "_tasks", {job: tuple(given[job]) for job in JOBS})
+        # Computed once: every request a ps task answers checks it.
+        object.__setattr__(self, "_fingerprint",
+                           hashlib.sha256(self.to_string().encode("utf-8")).hexdigest()[:16])
 
     @classmethod
     def from_hosts(cls, ps_hosts: str | Sequence[str], worker_hosts: str | Sequence[str]) -> ClusterSpec:
@@ -355,7 +359,7 @@ class ClusterSpec:
     @property
     def fingerprint(self) -> str:
         """A short hash of the cluster (16 hex chars); tasks compare it to detect a mismatched cluster."""
-        return hashlib.sha256(self.to_string().encode("utf-8")).hexdigest()[:16]
+        return self._fingerprint
 
     @staticmethod
     def task_name(job_name: str, task_index: int) -> str:

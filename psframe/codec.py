@@ -274,6 +274,36 @@ def _tensor_at(view: memoryview, start: int, length: int, meta: pb.TensorMeta) -
     return flat.view(dtype).view(shape)
 
 
+# Dtypes a worker may ask tensors to travel in (PushPullHeader.wire_dtype):
+# half the bytes of float32, at the cost of precision.
+WIRE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def wire_dtype_from_name(name: str) -> torch.dtype | None:
+    """The compression dtype a header names; None for "" (no compression).
+
+    Raises:
+        WireFormatError: ``name`` is not one of :data:`WIRE_DTYPES`.
+    """
+    if not name:
+        return None
+    try:
+        return WIRE_DTYPES[name]
+    except KeyError:
+        raise WireFormatError(
+            f"wire_dtype {name!r} is not supported; expected one of {sorted(WIRE_DTYPES)} or none"
+        ) from None
+
+
+def to_wire(tensor: torch.Tensor, wire_dtype: torch.dtype | None) -> torch.Tensor:
+    """``tensor`` as it travels with ``wire_dtype``: floating-point tensors
+    wider than it are converted (rounded to nearest), anything else as is."""
+    if (wire_dtype is None or not tensor.is_floating_point() or tensor.dtype == wire_dtype
+            or tensor.element_size() <= wire_dtype.itemsize):
+        return tensor
+    return tensor.to(wire_dtype)
+
+
 def optimizer_to_proto(spec: OptimizerSpec) -> pb.OptimizerDef:
     """The wire form of an optimizer spec."""
     message = pb.OptimizerDef(name=spec.name)

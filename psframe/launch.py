@@ -127,6 +127,8 @@ def launch(script: str, num_ps: int, num_workers: int, script_args: Sequence[str
         host: loopback address the tasks listen on.
         timeout: seconds before every task is stopped; None waits for ever.
         env: variables added to this process's environment for the children.
+            Without ``OMP_NUM_THREADS`` there, each task gets an equal share
+            of this machine's cores as its number of compute threads.
         out: where the children's lines go; defaults to ``sys.stdout``.
         kill_grace: seconds between SIGTERM and SIGKILL when stopping.
 
@@ -156,6 +158,13 @@ def launch(script: str, num_ps: int, num_workers: int, script_args: Sequence[str
                "worker": [addr.format(p) for p in ports[num_ps:]]}
     flags = [f"--{job}_hosts={','.join(cluster[job])}" for job in ("ps", "worker")]
     base_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    if "OMP_NUM_THREADS" not in base_env:
+        # Every task's torch would otherwise start a compute thread per core:
+        # N tasks on one machine then fight over the cores (as torchrun, share them).
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        base_env["OMP_NUM_THREADS"] = str(max(1, cores // (num_ps + num_workers)))
+        log(f"OMP_NUM_THREADS is not set: each of the {num_ps + num_workers} tasks gets "
+            f"{base_env['OMP_NUM_THREADS']} compute thread(s) of the {cores} cores; set it to choose")
     deadline = None if timeout is None else time.monotonic() + timeout
     tasks: list[_Task] = []
     try:

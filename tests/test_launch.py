@@ -103,6 +103,21 @@ def test_child_flags_tf_config_and_env(tmp_path: Path) -> None:
         assert envs[name] == ["1", "y"]
 
 
+def test_compute_threads_are_shared_out_unless_set(tmp_path: Path, monkeypatch) -> None:
+    script = _script(tmp_path, 'print("OMP", os.environ.get("OMP_NUM_THREADS"))\n')
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    out = io.StringIO()
+    assert launch(script, 1, 2, timeout=TIMEOUT, out=out) == 0
+    share = str(max(1, len(os.sched_getaffinity(0)) // 3))
+    assert _tagged(out, "OMP ") == {"ps0": share, "worker0": share, "worker1": share}
+    assert "each of the 3 tasks gets" in out.getvalue()
+
+    out = io.StringIO()
+    assert launch(script, 1, 2, timeout=TIMEOUT, out=out, env={"OMP_NUM_THREADS": "3"}) == 0
+    assert set(_tagged(out, "OMP ").values()) == {"3"}
+    assert "OMP_NUM_THREADS is not set" not in out.getvalue()
+
+
 def test_script_args_are_passed_through_verbatim(tmp_path: Path) -> None:
     script = _script(tmp_path, 'print("REST", json.dumps(sys.argv[5:]))\n')
     args = ["--train_steps", "5", "--sync_replicas", "--", "two words", "--job_name=evil"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -77,25 +76,22 @@ class Server:
         else:
             self.service = TaskService(self.cluster, job_name, task_index)
         threads = max_threads or max(16, 4 * self.cluster.num_workers + 8)
+        self._grpc = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{job_name}{task_index}"),
+            handlers=(self.service.rpc_handler(),),
+            # Two tasks must never share a port: gRPC would otherwise allow it.
+            options=GRPC_OPTIONS + (("grpc.so_reuseport", 0),),
+        )
         bind = bind_address or self.address
         parse_address(bind)
-        # gRPC's asyncio server on an event loop of its own thread: every
-        # stream is served there without a thread hand-off per message. Calls
-        # that block (the small methods, large or waiting PushPull requests)
-        # run on the loop's thread pool.
-        self._pool = futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{job_name}{task_index}")
-        self._loop = asyncio.new_event_loop()
-        self._loop.set_default_executor(self._pool)
-        self._io_thread = threading.Thread(target=self._loop.run_forever, name=f"{job_name}{task_index}-io",
-                                           daemon=True)
-        self._io_thread.start()
         try:
-            self._grpc, port, cause = self._on_loop(self._bind(bind), timeout=30.0)
-        except BaseException:
-            self._close_loop()
-            raise
+            port = self._grpc.add_insecure_port(bind)
+        except RuntimeError as e:
+            port = 0
+            cause: Exception | None = e
+        else:
+            cause = None
         if port == 0:
-            self._close_loop()
             raise PortInUseError(
                 f"{self.task_name} cannot listen on {bind}: the port is in use by another process "
                 f"or the host is not an address of this machine"
@@ -110,40 +106,10 @@ class Server:
         """The address to reach this task, as ``grpc://host:port``."""
         return f"grpc://{self.address}"
 
-    async def _bind(self, bind: str) -> tuple[grpc.aio.Server, int, Exception | None]:
-        server = grpc.aio.server(
-            migration_thread_pool=self._pool,
-            handlers=(self.service.rpc_handler(),),
-            # Two tasks must never share a port: gRPC would otherwise allow it.
-            options=GRPC_OPTIONS + (("grpc.so_reuseport", 0),),
-        )
-        try:
-            return server, server.add_insecure_port(bind), None
-        except RuntimeError as e:
-            return server, 0, e
-
-    def _on_loop(self, coroutine, timeout: float):
-        """Run a coroutine on the server's event loop and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
-
-    def _close_loop(self) -> None:
-        """Stop the event loop and its thread, once what still runs on it is cancelled."""
-        if self._loop.is_running():
-            try:
-                self._on_loop(_cancel_remaining_tasks(), timeout=5.0)
-            except (TimeoutError, futures.TimeoutError):
-                log.warning("%s: tasks still running on the event loop at stop", self.task_name)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        self._io_thread.join(timeout=5.0)
-        if not self._io_thread.is_alive():
-            self._loop.close()
-        # Threads still waiting (a sync barrier) end on their own deadline.
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
     def start(self) -> None:
         """Start serving (idempotent)."""
         if not self._started:
-            self._on_loop(self._grpc.start(), timeout=30.0)
+            self._grpc.start()
             self._started = True
             log.info("%s serving at %s", self.task_name, self.address)
 
@@ -174,11 +140,7 @@ class Server:
         """Stop serving; calls in flight get ``grace`` seconds to finish."""
         if not self._stopped.is_set():
             self._stopped.set()
-            try:
-                self._on_loop(self._grpc.stop(grace), timeout=grace + 5.0)
-            except (TimeoutError, futures.TimeoutError):
-                log.warning("%s: calls still in flight %gs after stop; closing anyway", self.task_name, grace)
-            self._close_loop()
+            self._grpc.stop(grace).wait(grace + 1.0)
 
     def __enter__(self) -> Server:
         return self
@@ -188,12 +150,3 @@ class Server:
 
     def __repr__(self) -> str:
         return f"Server({self.task_name} at {self.address})"
-
-
-async def _cancel_remaining_tasks() -> None:
-    """Cancel every other task of the running loop (calls gRPC left behind) and let them end."""
-    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        await asyncio.wait(tasks, timeout=2.0)

@@ -8,7 +8,6 @@ written once into the reply; the small methods use the generated classes.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import functools
 import logging
@@ -40,9 +39,6 @@ from psframe.ps.store import VariableStore
 from psframe.ps.sync import SyncAggregator
 
 log = logging.getLogger(__name__)
-
-# PushPull requests up to this size are answered on the event loop itself.
-INLINE_REQUEST_BYTES = 1 << 20
 
 
 _STATUS_OF = (
@@ -344,25 +340,14 @@ class ParameterServerService(TaskService):
 
     # ---- PushPull
 
-    async def push_pull(self, requests, context):
-        """PushPull on a long-lived stream (runs on the server's event loop).
-
-        Requests of one stream are answered in order. A small asynchronous
-        update is answered right here on the event loop: a hand-off to a
-        thread costs more than the update. A large one, or one that may wait
-        for other workers (sync), runs on the loop's thread pool, so the loop
-        goes on moving other streams' bytes meanwhile.
-        """
-        loop = asyncio.get_running_loop()
-        async for data in requests:
-            if self.aggregator is None and len(data) <= INLINE_REQUEST_BYTES:
-                yield self._answer_push_pull(data)
-            else:
-                yield await loop.run_in_executor(None, self._answer_push_pull, data)
+    def push_pull(self, requests, context):
+        """PushPull on a long-lived stream: requests are answered in order, and
+        a refused one gets the error's name in its reply; the stream goes on."""
+        for data in requests:
+            yield self._answer_push_pull(data)
 
     def _answer_push_pull(self, data: bytes) -> bytes:
-        """The reply to one PushPull request; a refused request is answered
-        with the error's name in the reply header, and the stream goes on."""
+        """The reply to one PushPull request (a refused one names the error)."""
         try:
             return self._handle_push_pull(data)
         except PsframeError as e:
@@ -383,13 +368,16 @@ class ParameterServerService(TaskService):
         grads = {meta.name: tensor for meta, tensor in zip(header.tensors, tensors)}
         if len(grads) != len(tensors):
             raise WireFormatError("a push names the same variable twice")
+        wire_dtype = codec.wire_dtype_from_name(header.wire_dtype)
+        if wire_dtype is not None:
+            grads = self.store.widen(grads, wire_dtype)
         pull = list(header.pull)
         if self.aggregator is None or not grads:
             with self.store.lock:
                 step, values = self.store.push_pull(grads, pull, header.end_of_step and bool(grads))
                 # Encode under the lock: the reply is one consistent version, and
                 # the only copy of the variables is the one into the reply.
-                return codec.encode(pb.PushPullReplyHeader(global_step=step), zip(pull, values))
+                return codec.encode(pb.PushPullReplyHeader(global_step=step), _outgoing(pull, values, wire_dtype))
         self.store.check_names(pull)
         # A push that pulls nothing is one of several messages of a worker's
         # step: it is recorded and answered at once (see Trainer._step_plan).
@@ -397,7 +385,7 @@ class ParameterServerService(TaskService):
                                        count_drop=header.end_of_step, wait=bool(pull))
         with self.store.lock:
             reply = pb.PushPullReplyHeader(global_step=self.store.global_step, dropped=dropped)
-            return codec.encode(reply, zip(pull, self.store.read(pull)))
+            return codec.encode(reply, _outgoing(pull, self.store.read(pull), wire_dtype))
 
     # ---- sync
 
@@ -519,6 +507,12 @@ class _MemoryReturner:
                 return
             self._since = 0
         self._trim(0)
+
+
+def _outgoing(names: list[str], values: list[torch.Tensor], wire_dtype: torch.dtype | None
+              ) -> list[tuple[str, torch.Tensor]]:
+    """The pulled variables as they travel: compressed when the worker asked."""
+    return [(name, codec.to_wire(value, wire_dtype)) for name, value in zip(names, values)]
 
 
 def _describe_sync(sync: pb.SyncDef | None) -> str:

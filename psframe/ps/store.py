@@ -153,6 +153,23 @@ class VariableStore:
                     f"{self.owner} has shape {tuple(variable.shape)}; nothing was applied"
                 )
 
+    def widen(self, grads: Mapping[str, torch.Tensor], wire_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """Gradients that travelled compressed, converted back to their variable's dtype.
+
+        A gradient in ``wire_dtype`` for a wider floating-point variable is
+        converted (a new tensor); any other gradient is returned as given, so
+        that :meth:`apply` refuses what does not fit, naming it.
+        """
+        with self.lock:
+            widened = {}
+            for name, grad in grads.items():
+                variable = self._variables.get(name)
+                if (variable is not None and grad.dtype == wire_dtype and variable.is_floating_point()
+                        and variable.element_size() > grad.element_size()):
+                    grad = grad.to(variable.dtype)
+                widened[name] = grad
+            return widened
+
     def apply(self, grads: Mapping[str, torch.Tensor]) -> None:
         """Apply one optimizer step with these gradients.
 
