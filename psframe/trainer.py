@@ -223,6 +223,9 @@ class Trainer:
                 self._batches.append((ps_task, batch))
         self._staging = _HostStaging(self.device)
         self._plan = self._step_plan()
+        self._headers: list[pb.PushPullHeader] = []  # one per request of _plan, made in connect()
+        # Whose gradients are cleared after every step (the trainable ones, once each).
+        self._params = list({id(s.param): s.param for s in slots}.values())
 
     # ---- lifecycle
 
@@ -236,6 +239,12 @@ class Trainer:
         if self.state is not TrainerState.NEW:
             raise PsframeError(f"the trainer is {self.state.value}; connect() is called once")
         self._client = PsClient(self.cluster, self.task_index, rpc_timeout=self.rpc_timeout)
+        # Every step sends the same headers but for the step number: build them once.
+        self._headers = [
+            pb.PushPullHeader(caller=self._client.caller, pull=[s.shard.name for s in pull],
+                              end_of_step=end_of_step, wire_dtype=self._wire_name)
+            for _, _, pull, end_of_step in self._plan
+        ]
         self.state = TrainerState.RUNNING
         try:
             self._client.wait_for_ps(self.connect_timeout)
@@ -353,7 +362,7 @@ class Trainer:
         for hook in self.hooks:
             hook.before_push(self, loss)
         requests, pulled = [], []
-        for ps_task, push, pull, end_of_step in self._plan:
+        for (ps_task, push, pull, _), header in zip(self._plan, self._headers):
             grads = [(s.shard.name, s.rows(s.param.grad)) for s in push if s.param.grad is not None]
             if self.sync is not None and len(grads) < len(push):
                 # A synchronous step averages a gradient for every variable:
@@ -361,9 +370,7 @@ class Trainer:
                 grads = [(s.shard.name, s.rows(_grad_or_zeros(s.param))) for s in push]
             if self.wire_dtype is not None:
                 grads = [(name, codec.to_wire(grad, self.wire_dtype)) for name, grad in grads]
-            header = pb.PushPullHeader(caller=self._client.caller, step=self.global_step,
-                                       pull=[s.shard.name for s in pull], end_of_step=end_of_step,
-                                       wire_dtype=self._wire_name)
+            header.step = self.global_step
             requests.append((ps_task, codec.encode(header, self._staging.grads_to_host(grads))))
             pulled.append(pull)
         try:
@@ -435,8 +442,8 @@ class Trainer:
                         slot.param.data = tensor if tensor.dtype == slot.param.dtype else tensor.to(slot.param.dtype)
                 if ps_task == 0 or self.sync is not None:
                     steps.append(reply.global_step)
-            for slot_param in self.model.parameters():
-                slot_param.grad = None
+            for param in self._params:
+                param.grad = None
         self._staging.synchronize()
         self.dropped_steps += dropped
         # Async: global_step lives on /job:ps/task:0, as in TF. Sync: every ps
