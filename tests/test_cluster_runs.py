@@ -101,11 +101,13 @@ def test_psframe_server_serves_a_bare_ps_task_until_the_workers_finish(processes
 
 
 @pytest.mark.mnist
-def test_mnist_example_async_reaches_97_percent(processes, mnist_dir):
+@pytest.mark.parametrize("flags", [[], ["--wire_dtype=bfloat16"]], ids=["float32", "bfloat16_wire"])
+def test_mnist_example_async_reaches_97_percent(processes, mnist_dir, flags):
     data_dir = mnist_dir
     processes.start("launch", [sys.executable, "-m", "psframe.cli", "launch", "--num_ps", "1",
                                "--num_workers", "2", "--timeout", "400",
-                               str(ROOT / "examples" / "mlp_mnist_dist.py"), "--", f"--data_dir={data_dir}"])
+                               str(ROOT / "examples" / "mlp_mnist_dist.py"), "--", f"--data_dir={data_dir}",
+                               *flags])
     procs = processes.wait(timeout=420)
     chief = [line.removeprefix("[worker0] ") for line in procs["launch"].output.splitlines()
              if line.startswith("[worker0] ")]
