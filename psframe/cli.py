@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from psframe.version import __version__
-from psframe.cluster import resolve_cluster
+from psframe.tf_config import resolve_cluster
 from psframe.errors import PsframeError
 
 log = logging.getLogger("psframe")
@@ -68,7 +68,8 @@ def _ping(args: argparse.Namespace) -> int:
 
 def _cluster_only(args: argparse.Namespace):
     """The cluster named by the flags or TF_CONFIG (no task needed)."""
-    from psframe.cluster import ClusterSpec, cluster_from_tf_config
+    from psframe.cluster import ClusterSpec
+    from psframe.tf_config import cluster_from_tf_config
 
     if args.ps_hosts or args.worker_hosts:
         return ClusterSpec.from_hosts(args.ps_hosts or "", args.worker_hosts or "")

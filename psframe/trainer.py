@@ -44,6 +44,7 @@ from psframe.placement import (
     place,
 )
 from psframe.proto import psframe_pb2 as pb
+from psframe.staging import HostStaging, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ class Trainer:
             )
         self.wire_dtype = _resolve_wire_dtype(wire_dtype)
         self._wire_name = codec.dtype_name(self.wire_dtype) if self.wire_dtype is not None else ""
-        self.device = _resolve_device(model, device, gpu_memory_fraction)
+        self.device = resolve_device(model, device, gpu_memory_fraction)
         self.model = model.to(self.device)
         self.hooks = list(hooks)
         self.checkpoint_dir = checkpoint_dir
@@ -221,7 +222,7 @@ class Trainer:
             mine = [s for s in slots if s.shard.ps_task == ps_task]
             for batch in _split(mine, max_shard_bytes):
                 self._batches.append((ps_task, batch))
-        self._staging = _HostStaging(self.device)
+        self._staging = HostStaging(self.device)
         self._plan = self._step_plan()
         self._headers: list[pb.PushPullHeader] = []  # one per request of _plan, made in connect()
         # Whose gradients are cleared after every step (the trainable ones, once each).
@@ -544,68 +545,3 @@ def _resolve_wire_dtype(wire_dtype: str | torch.dtype | None) -> torch.dtype | N
         f"wire_dtype must be None (send as stored), {sorted(codec.WIRE_DTYPES)} or the matching "
         f"torch dtype, got {wire_dtype!r}"
     )
-
-
-def _resolve_device(model: torch.nn.Module, device, gpu_memory_fraction: float | None) -> torch.device:
-    if device is None:
-        first = next(model.parameters(), None)
-        resolved = first.device if first is not None else torch.device("cpu")
-    else:
-        resolved = torch.device(device)
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {resolved} asked for, but CUDA is not available on this host")
-        if resolved.index is None:
-            resolved = torch.device("cuda", torch.cuda.current_device())
-        if gpu_memory_fraction is not None:
-            if not 0.0 < gpu_memory_fraction <= 1.0:
-                raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {gpu_memory_fraction}")
-            torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction, resolved)
-    elif resolved.type != "cpu":
-        raise ValueError(f"device must be cpu or cuda, got {resolved}")
-    return resolved
-
-
-class _HostStaging:
-    """Moves tensors between a CUDA replica and the wire through pinned host buffers.
-
-    On a CPU replica every method is a pass-through. Pinned buffers are
-    allocated once per shape and reused every step.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self._buffers: dict[tuple, torch.Tensor] = {}
-
-    def _buffer(self, key: tuple, like: torch.Tensor) -> torch.Tensor:
-        buf = self._buffers.get(key)
-        if buf is None:
-            buf = torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
-            self._buffers[key] = buf
-        return buf
-
-    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.cpu() if self.cuda else tensor
-
-    def grads_to_host(self, grads: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-        if not self.cuda:
-            return grads
-        staged = []
-        for name, grad in grads:
-            buf = self._buffer(("grad", name), grad)
-            buf.copy_(grad, non_blocking=True)
-            staged.append((name, buf))
-        torch.cuda.current_stream().synchronize()
-        return staged
-
-    def to_device(self, target: torch.Tensor, value: torch.Tensor) -> None:
-        if self.cuda:
-            buf = self._buffer(("param", target.data_ptr()), value)
-            buf.copy_(value)
-            target.copy_(buf, non_blocking=True)
-        else:
-            target.copy_(value)
-
-    def synchronize(self) -> None:
-        if self.cuda:
-            torch.cuda.current_stream().synchronize()

@@ -11,14 +11,15 @@ import re
 import pytest
 
 from psframe import cluster as cluster_mod
+from psframe import device_spec as device_spec_mod
+from psframe import tf_config as tf_config_mod
 from psframe.cluster import (
     JOBS,
     ClusterSpec,
-    DeviceSpec,
-    cluster_from_tf_config,
     parse_address,
-    resolve_cluster,
 )
+from psframe.device_spec import DeviceSpec
+from psframe.tf_config import cluster_from_tf_config, resolve_cluster
 from psframe.errors import ClusterSpecError, PsframeError
 
 PS = ["h0:2222", "h0:2223"]
@@ -42,8 +43,9 @@ def test_errors_are_psframe_and_value_errors():
         parse_address("h0")
 
 
-def test_docstring_examples():
-    result = doctest.testmod(cluster_mod)
+@pytest.mark.parametrize("module", [cluster_mod, tf_config_mod, device_spec_mod], ids=lambda m: m.__name__)
+def test_docstring_examples(module):
+    result = doctest.testmod(module)
     assert result.attempted > 0
     assert result.failed == 0
 

@@ -230,14 +230,18 @@ class SyncAggregator:
             return
         if not all(w in round_.completed for w in round_.members):
             return
-        names = self.store.names
+        members = round_.members
         mean = {}
-        for name in names:
+        for name in self.store.names:
             # Sum in task-index order: the result does not depend on arrival order.
-            total = round_.contributions[round_.members[0]][name].clone()
-            for worker in round_.members[1:]:
-                total.add_(round_.contributions[worker][name])
-            mean[name] = total.div_(len(round_.members))
+            grads = [round_.contributions[worker][name] for worker in members]
+            if len(grads) == 1:
+                mean[name] = grads[0]  # the optimizer only reads it, as an async push
+                continue
+            total = grads[0] + grads[1]  # one pass over both, into a new tensor
+            for grad in grads[2:]:
+                total.add_(grad)
+            mean[name] = total.div_(len(grads))
         self.store.apply(mean)
         new_step = self.store.advance_step()
         late = (set(round_.contributions) | round_.late) - set(round_.members)
