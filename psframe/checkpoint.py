@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from psframe import checkpoint_io
+from psframe.checkpoint_slices import assemble
 from psframe.client import PsClient
 from psframe.errors import CheckpointError
 
@@ -43,7 +44,7 @@ def load(checkpoint_dir: str, step: int | None = None) -> dict[str, torch.Tensor
             raise CheckpointError(f"no committed checkpoint of step {step} in {checkpoint_dir}")
         manifest = found[0]
     shards = [checkpoint_io.read_shard(manifest, k) for k in range(manifest.num_shards)]
-    return checkpoint_io.assemble(shards)
+    return assemble(shards)
 
 
 def save(client: PsClient, checkpoint_dir: str, step: int, keep: int) -> checkpoint_io.Manifest:

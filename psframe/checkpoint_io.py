@@ -27,8 +27,8 @@ A shard is a dict saved with ``torch.save`` and loaded with
 
 ``state`` is the variable's ``torch.optim`` per-parameter state: a tensor shaped
 like ``value`` is element-wise state, anything else is per-parameter scalar
-state. :func:`assemble` and :func:`slice_rows` rebuild variables from the parts,
-also onto a different number of ps tasks.
+state. :mod:`psframe.checkpoint_slices` rebuilds variables from the parts, also
+onto a different number of ps tasks.
 
 Every path goes through fsspec, so local paths, ``file://``, ``memory://``,
 ``s3://`` and ``hdfs://`` all work where their fsspec backend is installed.
@@ -366,101 +366,6 @@ def prune(url: str, keep: int) -> list[int]:
     return sorted(deleted)
 
 
-# ---- rebuilding variables
-
-
-def assemble(shards: Sequence[dict]) -> dict[str, torch.Tensor]:
-    """The full variables held by ``shards``, by model-parameter name.
-
-    Parts are concatenated along dim 0 in ``row_start`` order.
-
-    Raises:
-        CheckpointError: parts of a variable disagree on its shape or dtype,
-            overlap, or leave rows uncovered.
-    """
-    result = {}
-    for variable, parts in _parts_by_variable(shards).items():
-        full_shape = parts[0]["full_shape"]
-        if not full_shape:
-            result[variable] = _single(variable, parts)["value"]
-            continue
-        _check_cover(variable, parts, 0, full_shape[0])
-        result[variable] = torch.cat([p["value"] for p in parts])
-    return result
-
-
-def slice_rows(shards: Sequence[dict], variable: str, row_start: int,
-               row_end: int) -> tuple[torch.Tensor, dict]:
-    """Rows ``[row_start, row_end)`` of ``variable`` and their optimizer state.
-
-    For restoring onto a different partitioning: the rows are taken from
-    whichever parts hold them. Element-wise state is sliced and concatenated
-    like the value; scalar state (e.g. Adam's ``step``) is taken from the
-    first part that overlaps the rows. A 0-d variable has the one row
-    ``[0, 1)``. The results are new tensors.
-
-    Raises:
-        CheckpointError: the variable is unknown, the range is out of bounds,
-            or some rows are held by no part.
-    """
-    parts = _parts_by_variable(shards).get(variable)
-    if parts is None:
-        raise CheckpointError(f"the checkpoint holds no variable {variable!r}")
-    full_shape = parts[0]["full_shape"]
-    rows = full_shape[0] if full_shape else 1
-    if not 0 <= row_start < row_end <= rows:
-        raise CheckpointError(
-            f"rows [{row_start}, {row_end}) of {variable!r} are out of range; "
-            f"it has {rows} rows"
-        )
-    if not full_shape:
-        part = _single(variable, parts)
-        return part["value"].clone(), _copy_state(part["state"])
-    pieces = []
-    cursor = row_start
-    for part in parts:
-        start, end = part["row_start"], part["row_start"] + part["shape"][0]
-        if end <= row_start or start >= row_end:
-            continue
-        if start > cursor:
-            raise CheckpointError(f"rows [{cursor}, {start}) of {variable!r} are in no part")
-        if pieces and start < cursor:
-            raise CheckpointError(
-                f"parts of {variable!r} overlap on rows [{start}, {cursor}): "
-                f"{pieces[-1][0]['name']!r} and {part['name']!r}"
-            )
-        lo, hi = max(start, row_start) - start, min(end, row_end) - start
-        pieces.append((part, lo, hi))
-        cursor = min(end, row_end)
-    if cursor < row_end:
-        raise CheckpointError(f"rows [{cursor}, {row_end}) of {variable!r} are in no part")
-
-    value = torch.cat([p["value"][lo:hi] for p, lo, hi in pieces])
-    first = pieces[0][0]
-    state = {}
-    for key, x in first["state"].items():
-        if not _elementwise(x, first):
-            state[key] = x.clone() if isinstance(x, torch.Tensor) else x
-            continue
-        chunks = []
-        for part, lo, hi in pieces:
-            y = part["state"].get(key)
-            if not _elementwise(y, part):
-                raise CheckpointError(
-                    f"parts of {variable!r} disagree on optimizer state {key!r}: "
-                    f"{first['name']!r} holds it element-wise, {part['name']!r} does not"
-                )
-            chunks.append(y[lo:hi])
-        state[key] = torch.cat(chunks)
-    for part, _, _ in pieces[1:]:
-        if set(part["state"]) != set(first["state"]):
-            raise CheckpointError(
-                f"parts of {variable!r} disagree on optimizer state: {first['name']!r} "
-                f"has {sorted(first['state'])}, {part['name']!r} has {sorted(part['state'])}"
-            )
-    return value, state
-
-
 # ---- helpers
 
 
@@ -687,57 +592,6 @@ def _portable(t: torch.Tensor) -> torch.Tensor:
     if not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size():
         t = t.clone(memory_format=torch.contiguous_format)
     return t
-
-
-def _parts_by_variable(shards: Sequence[dict]) -> dict[str, list[dict]]:
-    """Parts of every variable, sorted by row_start, checked to agree on shape and dtype."""
-    parts: dict[str, list[dict]] = {}
-    for shard in shards:
-        for var in shard["variables"]:
-            parts.setdefault(var["variable"], []).append(var)
-    for variable, group in parts.items():
-        group.sort(key=lambda p: (p["row_start"], p["part_index"]))
-        first = group[0]
-        for part in group[1:]:
-            if (list(part["full_shape"]) != list(first["full_shape"])
-                    or part["dtype"] != first["dtype"]):
-                raise CheckpointError(
-                    f"parts of {variable!r} disagree: {first['name']!r} is {first['dtype']} "
-                    f"{list(first['full_shape'])}, {part['name']!r} is {part['dtype']} "
-                    f"{list(part['full_shape'])}"
-                )
-    return parts
-
-
-def _check_cover(variable: str, parts: list[dict], start: int, end: int) -> None:
-    """Parts (sorted by row_start) cover rows [start, end) exactly once."""
-    cursor = start
-    for part in parts:
-        if part["row_start"] > cursor:
-            raise CheckpointError(
-                f"rows [{cursor}, {part['row_start']}) of {variable!r} are in no part")
-        if part["row_start"] < cursor:
-            raise CheckpointError(
-                f"parts of {variable!r} overlap on rows [{part['row_start']}, {cursor}) "
-                f"({part['name']!r} starts inside an earlier part)")
-        cursor = part["row_start"] + part["shape"][0]
-    if cursor != end:
-        raise CheckpointError(f"rows [{cursor}, {end}) of {variable!r} are in no part")
-
-
-def _single(variable: str, parts: list[dict]) -> dict:
-    if len(parts) != 1:
-        raise CheckpointError(f"0-d variable {variable!r} is stored {len(parts)} times; "
-                              f"expected once")
-    return parts[0]
-
-
-def _elementwise(x: Any, part: dict) -> bool:
-    return isinstance(x, torch.Tensor) and list(x.shape) == list(part["value"].shape)
-
-
-def _copy_state(state: Mapping) -> dict:
-    return {k: x.clone() if isinstance(x, torch.Tensor) else x for k, x in state.items()}
 
 
 def _shape(shape: Any, label: str) -> list[int]:

@@ -13,6 +13,7 @@ import torch
 
 from psframe import checkpoint_io as cio
 from psframe.checkpoint_io import CheckpointCorruptError, CheckpointError
+from psframe.checkpoint_slices import assemble, slice_rows
 
 
 @pytest.fixture
@@ -312,7 +313,7 @@ def test_assemble_rebuilds_a_partitioned_variable_bit_exactly(url):
     records = [cio.write_shard(url, 1, 0, 2, shard(shard0)),
                cio.write_shard(url, 1, 1, 2, shard(shard1))]
     m = cio.write_manifest(url, 1, records)
-    full = cio.assemble([cio.read_shard(m, 1), cio.read_shard(m, 0)])
+    full = assemble([cio.read_shard(m, 1), cio.read_shard(m, 0)])
     assert set(full) == {"emb.weight", "fc.bias"}
     assert torch.equal(full["emb.weight"], emb) and torch.equal(full["fc.bias"], bias)
 
@@ -320,14 +321,14 @@ def test_assemble_rebuilds_a_partitioned_variable_bit_exactly(url):
 def test_assemble_refuses_missing_or_overlapping_rows():
     emb, _, (p0, p2), (p1, b) = three_parts()
     with pytest.raises(CheckpointError, match=r"rows \[4, 7\) of 'emb.weight' are in no part"):
-        cio.assemble([shard([p0, p2])])
+        assemble([shard([p0, p2])])
     with pytest.raises(CheckpointError, match=r"rows \[7, 10\)"):
-        cio.assemble([shard([p0, p1])])
+        assemble([shard([p0, p1])])
     overlapping = dict(p1, row_start=3)
     with pytest.raises(CheckpointError, match="overlap"):
-        cio.assemble([shard([p0, p2]), shard([overlapping])])
+        assemble([shard([p0, p2]), shard([overlapping])])
     with pytest.raises(CheckpointError, match="overlap"):  # the same part twice
-        cio.assemble([shard([p0, p2]), shard([p1]), shard([p1])])
+        assemble([shard([p0, p2]), shard([p1]), shard([p1])])
 
 
 def test_slice_rows_repartitions_value_and_state(url):
@@ -345,7 +346,7 @@ def test_slice_rows_repartitions_value_and_state(url):
     shards = [cio.read_shard(m, 0), cio.read_shard(m, 1)]
 
     for lo, hi, step in ((0, 4, 7.0), (4, 7, 7.0), (7, 10, 8.0)):
-        value, state = cio.slice_rows(shards, "emb.weight", lo, hi)
+        value, state = slice_rows(shards, "emb.weight", lo, hi)
         assert torch.equal(value, emb[lo:hi]) and value.is_contiguous()
         assert set(state) == {"step", "exp_avg", "exp_avg_sq"}
         assert torch.equal(state["exp_avg"], exp_avg[lo:hi])
@@ -353,11 +354,11 @@ def test_slice_rows_repartitions_value_and_state(url):
         assert state["step"].dim() == 0 and state["step"].item() == step
 
     with pytest.raises(CheckpointError, match=r"rows \[5, 7\)"):
-        cio.slice_rows(shards[:1], "emb.weight", 4, 7)
+        slice_rows(shards[:1], "emb.weight", 4, 7)
     with pytest.raises(CheckpointError, match="out of range"):
-        cio.slice_rows(shards, "emb.weight", 8, 11)
+        slice_rows(shards, "emb.weight", 8, 11)
     with pytest.raises(CheckpointError, match="no variable"):
-        cio.slice_rows(shards, "nope", 0, 1)
+        slice_rows(shards, "nope", 0, 1)
 
 
 # ---- refusals

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from psframe import checkpoint_io
+from psframe.checkpoint_slices import slice_rows
 from psframe.optim import OptimizerSpec
 from psframe.proto import psframe_pb2 as pb
 from psframe.ps.store import VariableStore
@@ -101,7 +102,7 @@ def restore_onto(url: str, defs: Sequence[pb.VariableDef], optimizer: OptimizerS
                     manifest.folder, shards[0]["optimizer"]["name"], optimizer.name)
     values, states = {}, {}
     for d in defs:
-        value, state = checkpoint_io.slice_rows(shards, d.variable, d.row_start, d.row_start + d.shape[0])
+        value, state = slice_rows(shards, d.variable, d.row_start, d.row_start + d.shape[0])
         values[d.name] = value.reshape(tuple(d.shape))
         states[d.name] = state if same_optimizer else {}
     return Restored(
