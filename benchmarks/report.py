@@ -107,12 +107,15 @@ def training_table(rows: Sequence[dict]) -> str:
     """Markdown table of ``benchmarks.training.run_training_benchmarks`` rows, with ratios."""
     rows = training_ratios(rows)
     extra = [k for k in ("note", "error") if any(k in r for r in rows)]
+    runs = any(len(r.get("run_rates", ())) > 1 for r in rows)
     return markdown_table(
         ["system", "model", "mode", "global steps/s", "samples/s", "steps", "seconds",
-         "samples/s vs torch_rpc_ps", "samples/s vs ddp_gloo", *extra],
+         "samples/s vs torch_rpc_ps", "samples/s vs ddp_gloo", *(["every run (global steps/s)"] if runs else []),
+         *extra],
         [[r["system"], r["model"], r["mode"], format_number(r["global_steps_per_sec"]),
           format_number(r["samples_per_sec"]), r["steps"], format_number(r["seconds"]),
           format_ratio(r["vs_torch_rpc_ps"]), format_ratio(r["vs_ddp_gloo"]),
+          *([" / ".join(format_number(v) for v in r.get("run_rates", ()))] if runs else []),
           *(str(r.get(k, "")) for k in extra)] for r in rows],
     )
 
@@ -188,8 +191,11 @@ _INTROS = {
         "psframe's PushPull (column *PushPull rpc*), is in bold."
     ),
     "training": (
-        "From `benchmarks.training` (same run). Ratios compare samples/s with torch_rpc_ps in the "
-        "same mode and with ddp_gloo on the same model; `-` where there is nothing to compare with."
+        "From `benchmarks.training` (same run). Every system ran several times, interleaved (each "
+        "system once, then each again...), so that other load on the machine weighs on all alike; a "
+        "row is the run with the median rate (every run's rate in the last column), itself the median "
+        "of 5 windows after warm-up. Ratios compare samples/s with torch_rpc_ps in the same mode and "
+        "with ddp_gloo on the same model; `-` where there is nothing to compare with."
     ),
     "memory": (
         "One ps process per row: float32 variables in parts of 4 MiB (the trainer's), an optimizer "

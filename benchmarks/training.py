@@ -482,12 +482,18 @@ def _other_load(busy_before: float | None, mine_before: float, seconds: float) -
 
 
 def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), quick: bool = False,
-                            timeout: float = 600, *, system_timeout: float | None = None) -> list[dict]:
+                            timeout: float = 600, *, system_timeout: float | None = None,
+                            repeats: int = 1) -> list[dict]:
     """Measure training throughput of every system on every model.
 
     Args:
         models: names from :data:`MODELS`.
         quick: a few steps per system (a smoke test of every system end to end).
+        repeats: runs of every system per model, interleaved (all systems
+            once, then all again...), so that load from outside the benchmark
+            that comes and goes weighs on every system alike; each row
+            reports the run with the median rate, and every run's rate in
+            ``run_rates``.
         timeout: seconds for the whole run; systems not finished by then are
             killed and reported with an ``error``.
         system_timeout: seconds one system (one set of processes) may take
@@ -511,25 +517,42 @@ def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), 
         raise ValueError(f"unknown model(s) {unknown}; expected names from {sorted(MODELS)}")
     deadline = time.monotonic() + timeout
     if system_timeout is None:
-        system_timeout = 60.0 if quick else max(60.0, 2 * timeout / max(1, len(models) * len(SYSTEMS)))
+        system_timeout = 60.0 if quick else max(60.0, 2 * timeout / max(1, len(models) * len(SYSTEMS) * repeats))
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     counts = QUICK_STEPS if quick else FULL_STEPS
     rows = []
     for model in models:
         steps, warmup = counts[model]
-        for system, mode in SYSTEMS:
-            if time.monotonic() >= deadline:
-                error = f"not run: the timeout of {timeout:g}s was spent"
-            else:
-                try:
-                    system_deadline = min(deadline, time.monotonic() + system_timeout)
-                    rows.append(run_system(system, model, mode, steps, warmup, system_deadline))
-                    continue
-                except Exception as e:  # noqa: BLE001 - one broken system must not cost the others' rows
-                    error = f"{type(e).__name__}: {e}"
-            print(f"[training] {system} {mode} {model} failed: {error}", file=sys.stderr, flush=True)
-            rows.append({"system": system, "model": model, "mode": mode, "global_steps_per_sec": math.nan,
-                         "samples_per_sec": math.nan, "steps": 0, "seconds": math.nan, "error": error})
+        runs: dict[tuple[str, str], list[dict]] = {key: [] for key in SYSTEMS}
+        for _ in range(repeats):
+            for system, mode in SYSTEMS:
+                runs[system, mode].append(_run_or_error(system, model, mode, steps, warmup, deadline,
+                                                        timeout, system_timeout))
+        rows += [_median_run(runs[key]) for key in SYSTEMS]
     return rows
+
+
+def _run_or_error(system: str, model: str, mode: str, steps: int, warmup: int, deadline: float,
+                  timeout: float, system_timeout: float) -> dict:
+    if time.monotonic() >= deadline:
+        error = f"not run: the timeout of {timeout:g}s was spent"
+    else:
+        try:
+            return run_system(system, model, mode, steps, warmup, min(deadline, time.monotonic() + system_timeout))
+        except Exception as e:  # noqa: BLE001 - one broken system must not cost the others' rows
+            error = f"{type(e).__name__}: {e}"
+    print(f"[training] {system} {mode} {model} failed: {error}", file=sys.stderr, flush=True)
+    return {"system": system, "model": model, "mode": mode, "global_steps_per_sec": math.nan,
+            "samples_per_sec": math.nan, "steps": 0, "seconds": math.nan, "error": error}
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run of median rate among those that worked (an error row if none did), with every run's rate."""
+    good = sorted((r for r in runs if "error" not in r), key=lambda r: r["global_steps_per_sec"])
+    if not good:
+        return runs[-1]
+    return {**good[(len(good) - 1) // 2], "run_rates": [r["global_steps_per_sec"] for r in runs]}
 
 
 def format_table(rows: Sequence[dict]) -> str:
@@ -564,12 +587,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few steps per system (smoke test)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(MODELS))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of every system, interleaved; rows report the median run")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     # `timeout`/`kill` send SIGTERM: unwind, so that every child is stopped on the way out.
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     started = time.monotonic()
-    rows = run_training_benchmarks(args.models, quick=args.quick, timeout=args.timeout)
+    rows = run_training_benchmarks(args.models, quick=args.quick, timeout=args.timeout, repeats=args.repeats)
     print(format_table(rows))
     print(f"\n({time.monotonic() - started:.0f}s in all; rates are medians of {NUM_WINDOWS} windows "
           f"after warm-up; batch {BATCH_SIZE} per worker; 1 thread per process; other load: cores "

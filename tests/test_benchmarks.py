@@ -55,3 +55,29 @@ def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
         assert f"## {title}" in report
     assert COPIES_MARKER in report
     assert "`OMP_NUM_THREADS=1 python -m benchmarks.run --quick" in report
+
+
+def test_training_rows_report_the_median_of_interleaved_runs(monkeypatch):
+    from benchmarks import report, training
+
+    order = []
+    rates = iter([5.0, 1.0, 3.0, 9.0, 7.0, 8.0])  # per call, systems interleaved
+
+    def fake_run_system(system, model, mode, steps, warmup, deadline):
+        order.append(system)
+        if system == "ddp_gloo" and len(order) > 4:
+            raise RuntimeError("rank 1 died")
+        return {"system": system, "model": model, "mode": mode, "global_steps_per_sec": next(rates),
+                "samples_per_sec": 1.0, "steps": steps, "seconds": 1.0}
+
+    monkeypatch.setattr(training, "SYSTEMS", (("psframe", "async"), ("ddp_gloo", "-")))
+    monkeypatch.setattr(training, "run_system", fake_run_system)
+    rows = training.run_training_benchmarks(["mnist_mlp"], quick=True, timeout=60, repeats=3)
+    assert order == ["psframe", "ddp_gloo"] * 3
+    psframe_row, ddp_row = rows
+    assert psframe_row["global_steps_per_sec"] == 5.0 and psframe_row["run_rates"] == [5.0, 3.0, 7.0]
+    # A failed run is left out of the median, and its rate shows as nan.
+    assert ddp_row["global_steps_per_sec"] == 1.0 and ddp_row["run_rates"][:2] == [1.0, 9.0]
+    assert "5 / 3 / 7" in report.training_table(rows).replace(".00", "")
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        training.run_training_benchmarks(["mnist_mlp"], quick=True, repeats=0)
