@@ -29,6 +29,8 @@ LAYER_OF = {
     "psframe.ps.store": "ps",
     "psframe.ps.sync": "ps",
     "psframe.ps.service": "ps",
+    "psframe.ps.task_service": "ps",
+    "psframe.ps.memory": "ps",
     "psframe.ps.server": "ps",
     "psframe.ps.recovery": "ps",
     "psframe.ps.roster": "ps",

@@ -13,7 +13,8 @@ import grpc
 from psframe.codec import GRPC_OPTIONS
 from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import PortInUseError
-from psframe.ps.service import ParameterServerService, TaskService
+from psframe.ps.service import ParameterServerService
+from psframe.ps.task_service import TaskService
 
 log = logging.getLogger(__name__)
 

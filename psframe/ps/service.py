@@ -1,5 +1,6 @@
 """The ParameterServer gRPC servicer: decodes requests, calls the store,
-encodes replies. The only place where psframe errors become status codes.
+encodes replies. Its errors become status codes through
+:func:`psframe.ps.task_service.translate_errors`.
 
 Tensor-carrying methods (Init, PushPull) take and return raw bytes and use
 :mod:`psframe.codec`, so tensors are read in place from the request and
@@ -8,10 +9,7 @@ written once into the reply; the small methods use the generated classes.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
-import os
 import threading
 from collections.abc import Callable
 
@@ -19,119 +17,24 @@ import grpc
 import torch
 
 from psframe import codec, errors
-from psframe.codec import ERROR_METADATA_KEY, GRPC_OPTIONS, SERVICE_NAME
-from psframe.version import __version__
+from psframe.codec import GRPC_OPTIONS, SERVICE_NAME
 from psframe.cluster import ClusterSpec
 from psframe.errors import (
-    BarrierTimeoutError,
     ClusterMismatchError,
-    InvalidGradientError,
     NotReadyError,
-    OptimizerConfigError,
     PsframeError,
     WireFormatError,
 )
 from psframe.optim import OptimizerSpec
 from psframe.proto import psframe_pb2 as pb
 from psframe.ps import recovery
+from psframe.ps.memory import MemoryReturner
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.store import VariableStore
 from psframe.ps.sync import SyncAggregator
+from psframe.ps.task_service import TaskService, translate_errors
 
 log = logging.getLogger(__name__)
-
-
-_STATUS_OF = (
-    (InvalidGradientError, grpc.StatusCode.INVALID_ARGUMENT),
-    (WireFormatError, grpc.StatusCode.INVALID_ARGUMENT),
-    (OptimizerConfigError, grpc.StatusCode.INVALID_ARGUMENT),
-    (ClusterMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
-    (NotReadyError, grpc.StatusCode.FAILED_PRECONDITION),
-    (BarrierTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (errors.CheckpointError, grpc.StatusCode.FAILED_PRECONDITION),
-)
-
-
-def _translate_errors(method: Callable) -> Callable:
-    """Turn a PsframeError into a status code plus the error's class name."""
-
-    @functools.wraps(method)
-    def wrapper(self, request, context: grpc.ServicerContext):
-        try:
-            return method(self, request, context)
-        except PsframeError as e:
-            code = next((c for cls, c in _STATUS_OF if isinstance(e, cls)), grpc.StatusCode.UNKNOWN)
-            context.set_trailing_metadata(((ERROR_METADATA_KEY, type(e).__name__),))
-            context.abort(code, str(e))
-        except Exception as e:  # a bug, not bad input: say so, keep serving
-            log.exception("%s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
-
-    return wrapper
-
-
-class TaskService:
-    """What every task answers: who it is (GetInfo). Worker tasks serve only this."""
-
-    def __init__(self, cluster: ClusterSpec, job_name: str, task_index: int) -> None:
-        self.cluster = cluster
-        self.job_name = job_name
-        self.task_index = task_index
-        self.task_name = ClusterSpec.task_name(job_name, task_index)
-        self.all_finished = threading.Event()
-
-    def info(self) -> pb.TaskInfo:
-        return pb.TaskInfo(
-            job_name=self.job_name,
-            task_index=self.task_index,
-            address=self.cluster.task_address(self.job_name, self.task_index),
-            cluster_spec=self.cluster.to_string(),
-            cluster_fingerprint=self.cluster.fingerprint,
-            state=pb.TaskInfo.READY,
-            version=__version__,
-            pid=os.getpid(),
-        )
-
-    @_translate_errors
-    def get_info(self, request: pb.InfoRequest, context) -> pb.TaskInfo:
-        return self.info()
-
-    def check_training_over(self) -> bool:
-        """Whether the task's work is done (a ps: every worker finished)."""
-        return self.all_finished.is_set()
-
-    def _check_tool_or_worker(self, caller: pb.Caller) -> None:
-        if caller.cluster_fingerprint != self.cluster.fingerprint or caller.job_name not in ("tool", "worker"):
-            raise ClusterMismatchError(
-                f"{self.task_name} takes this call only from a worker or tool of cluster "
-                f"{self.cluster.to_string()!r} (fingerprint {self.cluster.fingerprint}); the caller has "
-                f"job {caller.job_name!r} and fingerprint {caller.cluster_fingerprint or 'none'}"
-            )
-
-    @_translate_errors
-    def shutdown(self, request: pb.ShutdownRequest, context) -> pb.ShutdownReply:
-        self._check_tool_or_worker(request.caller)
-        log.info("%s: shutdown asked by /job:%s/task:%d", self.task_name,
-                 request.caller.job_name, request.caller.task_index)
-        self.all_finished.set()
-        return pb.ShutdownReply()
-
-    def _method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        return {
-            "GetInfo": grpc.unary_unary_rpc_method_handler(
-                self.get_info,
-                request_deserializer=pb.InfoRequest.FromString,
-                response_serializer=pb.TaskInfo.SerializeToString,
-            ),
-            "Shutdown": grpc.unary_unary_rpc_method_handler(
-                self.shutdown,
-                request_deserializer=pb.ShutdownRequest.FromString,
-                response_serializer=pb.ShutdownReply.SerializeToString,
-            ),
-        }
-
-    def rpc_handler(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(SERVICE_NAME, self._method_handlers())
 
 
 class ParameterServerService(TaskService):
@@ -152,7 +55,7 @@ class ParameterServerService(TaskService):
         self._sync_def: pb.SyncDef | None = None
         self.aggregator: SyncAggregator | None = None
         self._peers: dict[tuple[int, str], Callable] = {}  # calls to the other ps tasks
-        self._memory = _MemoryReturner()
+        self._memory = MemoryReturner()
         if checkpoint_dir:
             restored = recovery.restore_own_shard(checkpoint_dir, task_index, cluster.num_ps)
             if restored is not None:
@@ -187,7 +90,7 @@ class ParameterServerService(TaskService):
         self.all_finished.set()
         return True
 
-    @_translate_errors
+    @translate_errors
     def get_info(self, request: pb.InfoRequest, context) -> pb.TaskInfo:
         caller = request.caller
         if caller.job_name == "worker" and caller.cluster_fingerprint == self.cluster.fingerprint:
@@ -222,7 +125,7 @@ class ParameterServerService(TaskService):
 
     # ---- Init
 
-    @_translate_errors
+    @translate_errors
     def init(self, data: bytes, context) -> bytes:
         header, tensors = codec.decode(data, pb.InitHeader)
         self._check_caller(header.caller)
@@ -319,7 +222,7 @@ class ParameterServerService(TaskService):
                 steps.append(info.global_step)
         return steps
 
-    @_translate_errors
+    @translate_errors
     def save(self, request: pb.SaveRequest, context) -> pb.SaveReply:
         self._check_tool_or_worker(request.caller)
         url = request.checkpoint_dir or self.checkpoint_dir
@@ -431,7 +334,7 @@ class ParameterServerService(TaskService):
                                      timeout) from e
         return tuple(reply.workers)
 
-    @_translate_errors
+    @translate_errors
     def step_members(self, request: pb.StepMembersRequest, context) -> pb.StepMembersReply:
         self._check_caller(request.caller, job_name="ps")
         if self.aggregator is None:
@@ -441,7 +344,7 @@ class ParameterServerService(TaskService):
 
     # ---- Finish
 
-    @_translate_errors
+    @translate_errors
     def finish(self, request: pb.FinishRequest, context) -> pb.FinishResponse:
         self._check_caller(request.caller)
         worker = request.caller.task_index
@@ -477,36 +380,6 @@ class ParameterServerService(TaskService):
             ),
         )
         return handlers
-
-
-class _MemoryReturner:
-    """Gives freed message buffers back to the OS every so many bytes handled.
-
-    Requests and replies of a few MiB are allocated and freed on many gRPC
-    threads; glibc's malloc keeps the freed pages of each thread's arena, and
-    a ps task's resident memory would grow well past what it holds (see
-    benchmarks/memory.py). ``malloc_trim`` returns them. A no-op without glibc.
-    """
-
-    EVERY_BYTES = 64 << 20
-
-    def __init__(self) -> None:
-        try:
-            self._trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            self._trim = None
-        self._lock = threading.Lock()
-        self._since = 0
-
-    def handled(self, nbytes: int) -> None:
-        if self._trim is None:
-            return
-        with self._lock:
-            self._since += nbytes
-            if self._since < self.EVERY_BYTES:
-                return
-            self._since = 0
-        self._trim(0)
 
 
 def _outgoing(names: list[str], values: list[torch.Tensor], wire_dtype: torch.dtype | None
