@@ -298,8 +298,7 @@ def wire_dtype_from_name(name: str) -> torch.dtype | None:
 def to_wire(tensor: torch.Tensor, wire_dtype: torch.dtype | None) -> torch.Tensor:
     """``tensor`` as it travels with ``wire_dtype``: floating-point tensors
     wider than it are converted (rounded to nearest), anything else as is."""
-    if (wire_dtype is None or not tensor.is_floating_point() or tensor.dtype == wire_dtype
-            or tensor.element_size() <= wire_dtype.itemsize):
+    if wire_dtype is None or not tensor.is_floating_point() or tensor.element_size() <= wire_dtype.itemsize:
         return tensor
     return tensor.to(wire_dtype)
 
