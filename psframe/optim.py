@@ -22,6 +22,13 @@ import torch
 
 from psframe.errors import OptimizerConfigError
 
+# Variables up to this size share multi-tensor optimizer kernels, in groups
+# of at most this many bytes (see OptimizerSpec.build).
+FOREACH_GROUP_BYTES = 4 << 20
+# The optimizers whose multi-tensor kernels give the same bits as their
+# per-parameter ones (tests/test_optim.py checks it); RAdam's and ASGD's do not.
+FOREACH_SAME_RESULTS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adadelta", "Adamax", "NAdam", "Rprop"})
+
 # torch.optim optimizers a ps can run: every one whose step() needs no
 # closure. LBFGS re-evaluates the loss, which only a worker can do.
 SUPPORTED = (
@@ -74,19 +81,51 @@ class OptimizerSpec:
     def build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
         """Create the torch optimizer over ``params`` (done on the ps).
 
-        Unless told otherwise, it runs the per-parameter ("for-loop") kernels:
-        the multi-tensor ones allocate temporaries as large as every variable
-        of the ps together, which would double a ps task's memory.
+        Unless told otherwise (``foreach=``), and for the optimizers of
+        :data:`FOREACH_SAME_RESULTS`, variables of up to
+        :data:`FOREACH_GROUP_BYTES` are packed, in order, into parameter
+        groups of at most that many bytes that run torch's multi-tensor
+        ("foreach") kernels: one call per group instead of a Python loop over
+        many small variables. Larger variables run the per-parameter kernels:
+        the multi-tensor ones allocate temporaries as large as all the
+        variables of their group, which for large ones would double a ps
+        task's memory. Both compute the same values, bit for bit.
         """
         cls = getattr(torch.optim, self.name)
         kwargs = dict(self.kwargs)
-        if "foreach" in inspect.signature(cls.__init__).parameters:
-            kwargs.setdefault("foreach", False)
-        return cls(params, **kwargs)
+        if "foreach" not in inspect.signature(cls.__init__).parameters or "foreach" in kwargs:
+            return cls(params, **kwargs)
+        if self.name not in FOREACH_SAME_RESULTS:
+            return cls(params, foreach=False, **kwargs)
+        return cls(_foreach_groups(params), **kwargs)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
         return f"psframe.optim.{self.name}({args})"
+
+
+def _foreach_groups(params: list[torch.Tensor]) -> list[dict]:
+    """Parameter groups for :meth:`OptimizerSpec.build`: small variables in
+    multi-tensor groups of bounded size, the rest in one per-parameter group."""
+    groups: list[dict] = []
+    large: list[torch.Tensor] = []
+    current: list[torch.Tensor] = []
+    current_bytes = 0
+    for param in params:
+        nbytes = param.numel() * param.element_size()
+        if nbytes > FOREACH_GROUP_BYTES:
+            large.append(param)
+            continue
+        if current and current_bytes + nbytes > FOREACH_GROUP_BYTES:
+            groups.append({"params": current, "foreach": True})
+            current, current_bytes = [], 0
+        current.append(param)
+        current_bytes += nbytes
+    if current:
+        groups.append({"params": current, "foreach": True})
+    if large:
+        groups.append({"params": large, "foreach": False})
+    return groups
 
 
 @functools.lru_cache(maxsize=64)

@@ -155,3 +155,36 @@ def test_refusal_is_not_cached_as_acceptance():
         with pytest.raises(OptimizerConfigError):
             optim.SGD(lr=-0.3)
     assert optim.SGD(lr=0.3).kwargs == {"lr": 0.3}
+
+
+@pytest.mark.parametrize("name", [n for n in SUPPORTED if n != "SparseAdam"])  # SparseAdam: sparse grads only
+def test_build_groups_small_variables_for_multi_tensor_kernels_with_the_same_results(name, monkeypatch):
+    monkeypatch.setattr(optim, "FOREACH_GROUP_BYTES", 64)  # 16 float32 values
+    torch.manual_seed(0)
+    shapes = [(3,), (4, 2), (5,), (40,), (2,), (6, 2), (100,)]  # the 40- and 100-value ones are large
+    mine = [torch.randn(s, requires_grad=True) for s in shapes]
+    reference = [p.detach().clone().requires_grad_() for p in mine]
+    kwargs = {"lr": 0.01} if name != "SGD" else {"lr": 0.1, "momentum": 0.9}
+    built = OptimizerSpec(name, kwargs).build(mine)
+    groups = [([tuple(p.shape) for p in g["params"]], g["foreach"]) for g in built.param_groups]
+    if name in optim.FOREACH_SAME_RESULTS:
+        # In order, up to 64 bytes a group: 12 + 32 + 20 bytes, then 8 + 48; 160 and 400 bytes apart.
+        assert groups == [([(3,), (4, 2), (5,)], True), ([(2,), (6, 2)], True), ([(40,), (100,)], False)]
+    else:
+        assert groups == [(shapes, False)]
+    local = getattr(torch.optim, name)(reference, **kwargs)  # torch's default kernels on CPU
+    for _ in range(5):
+        grads = [torch.randn(s) for s in shapes]
+        for p, q, g in zip(mine, reference, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        built.step()
+        local.step()
+    for p, q in zip(mine, reference):
+        assert torch.equal(p, q), f"{name}: {tuple(p.shape)} differs"
+
+
+def test_build_keeps_an_explicit_foreach(monkeypatch):
+    monkeypatch.setattr(optim, "FOREACH_GROUP_BYTES", 64)
+    params = [torch.zeros(3, requires_grad=True), torch.zeros(100, requires_grad=True)]
+    built = optim.Adam(lr=0.1, foreach=True).build(params)
+    assert len(built.param_groups) == 1 and built.param_groups[0]["foreach"] is True
