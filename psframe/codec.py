@@ -121,14 +121,15 @@ def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
 
 def _raw_bytes(tensor: torch.Tensor) -> memoryview:
     """The little-endian bytes of a contiguous CPU tensor, without a copy."""
-    flat = tensor.reshape(-1)
-    if flat.numel() == 0:
+    if tensor.numel() == 0:
         return memoryview(b"")
-    if flat.element_size() > 1 and sys.byteorder != "little":
+    if tensor.element_size() > 1 and sys.byteorder != "little":
         # Big-endian host: reverse each element's bytes (a copy, rare).
-        size = flat.element_size()
-        flat = flat.view(torch.uint8).view(-1, size).flip(-1).contiguous()
-    return memoryview(flat.view(torch.uint8).numpy())
+        size = tensor.element_size()
+        return memoryview(tensor.reshape(-1).view(torch.uint8).view(-1, size).flip(-1).contiguous().numpy())
+    if tensor.dim() == 0:
+        tensor = tensor.reshape(1)  # a dtype view needs a dimension to stretch
+    return memoryview(tensor.view(torch.uint8).numpy())
 
 
 def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]]) -> bytes:
@@ -241,11 +242,16 @@ def decode(data: bytes, header_type: type[H]) -> tuple[H, list[torch.Tensor]]:
         pos += length
     if header is None:
         header = header_type()
-    tensors = [_tensor_at(view, payload_start, payload_len, meta) for meta in header.tensors]
+    if not header.tensors:
+        return header, []
+    # Where the payload lies in memory, to tell an aligned tensor from one that is not.
+    address = torch.frombuffer(view, dtype=torch.uint8, count=1, offset=payload_start).data_ptr() \
+        if payload_len else 0
+    tensors = [_tensor_at(view, payload_start, payload_len, address, meta) for meta in header.tensors]
     return header, tensors
 
 
-def _tensor_at(view: memoryview, start: int, length: int, meta: pb.TensorMeta) -> torch.Tensor:
+def _tensor_at(view: memoryview, start: int, length: int, address: int, meta: pb.TensorMeta) -> torch.Tensor:
     dtype = dtype_from_name(meta.dtype)
     shape = tuple(meta.shape)
     numel = 1
@@ -266,9 +272,12 @@ def _tensor_at(view: memoryview, start: int, length: int, meta: pb.TensorMeta) -
         )
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(view, dtype=torch.uint8, count=meta.nbytes, offset=start + meta.offset)
-    if flat.data_ptr() % min(itemsize, ALIGNMENT):
-        flat = flat.clone()  # misaligned buffer (not one of ours): copy rather than fault
+    offset = start + meta.offset
+    if (address + meta.offset) % min(itemsize, ALIGNMENT) == 0 and (itemsize == 1 or sys.byteorder == "little"):
+        tensor = torch.frombuffer(view, dtype=dtype, count=numel, offset=offset)  # a view: no copy
+        return tensor if len(shape) == 1 else tensor.view(shape)
+    flat = torch.frombuffer(view, dtype=torch.uint8, count=meta.nbytes, offset=offset)
+    flat = flat.clone()  # misaligned buffer (not one of ours), or big-endian: copy rather than fault
     if itemsize > 1 and sys.byteorder != "little":
         flat = flat.view(-1, itemsize).flip(-1).contiguous().view(-1)
     return flat.view(dtype).view(shape)
