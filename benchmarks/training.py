@@ -349,19 +349,10 @@ def _run_psframe(model: str, sync: bool, steps: int, warmup: int, deadline: floa
                                                 f"--task_index={i}")) for i in range(NUM_WORKERS)]
         results = run_processes(tasks, deadline)
     chief = results["worker0"]
-    rate = chief["global_steps_per_sec"]
-    return {
-        "global_steps_per_sec": rate,
-        "samples_per_sec": rate * BATCH_SIZE * (NUM_WORKERS if sync else 1),
-        "steps": chief["timed_global_steps"],
-        "seconds": chief["seconds"],
-        "per_worker_steps_per_sec": [results[f"worker{i}"]["local_steps_per_sec"] for i in range(NUM_WORKERS)],
-        "window_rates": chief["window_rates"],
-        "overall_steps_per_sec": chief["overall_steps_per_sec"],
-        "dropped_steps": sum(results[f"worker{i}"]["dropped_steps"] for i in range(NUM_WORKERS)),
-        "final_loss": chief["final_loss"],
-        "processes": 1 + NUM_WORKERS,
-    }
+    workers = [results[f"worker{i}"] for i in range(NUM_WORKERS)]
+    return _row(chief, workers, chief["global_steps_per_sec"], chief["timed_global_steps"],
+                samples_per_step=BATCH_SIZE * (NUM_WORKERS if sync else 1), processes=1 + NUM_WORKERS,
+                dropped_steps=sum(w["dropped_steps"] for w in workers))
 
 
 def _run_rpc(model: str, sync: bool, steps: int, warmup: int, deadline: float) -> dict:
@@ -374,18 +365,9 @@ def _run_rpc(model: str, sync: bool, steps: int, warmup: int, deadline: float) -
              for rank in range(1 + NUM_WORKERS)]
     results = run_processes(tasks, deadline)
     ps = results["ps"]
-    rate = ps["global_steps_per_sec"]
-    return {
-        "global_steps_per_sec": rate,
-        "samples_per_sec": rate * BATCH_SIZE * (NUM_WORKERS if sync else 1),
-        "steps": ps["timed_global_steps"],
-        "seconds": ps["seconds"],
-        "per_worker_steps_per_sec": [results[f"trainer{i}"]["local_steps_per_sec"] for i in range(NUM_WORKERS)],
-        "window_rates": ps["window_rates"],
-        "overall_steps_per_sec": ps["overall_steps_per_sec"],
-        "final_loss": results["trainer0"]["final_loss"],
-        "processes": 1 + NUM_WORKERS,
-    }
+    return _row(ps, [results[f"trainer{i}"] for i in range(NUM_WORKERS)], ps["global_steps_per_sec"],
+                ps["timed_global_steps"], samples_per_step=BATCH_SIZE * (NUM_WORKERS if sync else 1),
+                processes=1 + NUM_WORKERS)
 
 
 def _run_ddp(model: str, steps: int, warmup: int, deadline: float) -> dict:
@@ -397,35 +379,33 @@ def _run_ddp(model: str, steps: int, warmup: int, deadline: float) -> dict:
              for r in range(NUM_WORKERS)]
     results = run_processes(tasks, deadline)
     rank0 = results["rank0"]
-    rate = rank0["local_steps_per_sec"]
-    return {
-        "global_steps_per_sec": rate,
-        "samples_per_sec": rate * BATCH_SIZE * NUM_WORKERS,
-        "steps": rank0["timed_steps"],
-        "seconds": rank0["seconds"],
-        "per_worker_steps_per_sec": [results[f"rank{r}"]["local_steps_per_sec"] for r in range(NUM_WORKERS)],
-        "window_rates": rank0["window_rates"],
-        "overall_steps_per_sec": rank0["overall_steps_per_sec"],
-        "final_loss": rank0["final_loss"],
-        "processes": NUM_WORKERS,
-    }
+    return _row(rank0, [results[f"rank{r}"] for r in range(NUM_WORKERS)], rank0["local_steps_per_sec"],
+                rank0["timed_steps"], samples_per_step=BATCH_SIZE * NUM_WORKERS, processes=NUM_WORKERS)
 
 
 def _run_single(model: str, steps: int, warmup: int, deadline: float) -> dict:
     tasks = [("single", _python_module("benchmarks.baseline_ddp", "--single",
                                        *_common_flags(model, steps, warmup)))]
     result = run_processes(tasks, deadline)["single"]
-    rate = result["local_steps_per_sec"]
+    return _row(result, [result], result["local_steps_per_sec"], result["timed_steps"],
+                samples_per_step=BATCH_SIZE, processes=1)
+
+
+def _row(timer: dict, workers: list[dict], rate: float, steps: int, *, samples_per_step: int,
+         processes: int, **extra) -> dict:
+    """One system's measurements: ``timer`` is the process that timed the updates
+    (its ``rate`` over ``steps``), ``workers`` every trainer, the first one's loss reported."""
     return {
         "global_steps_per_sec": rate,
-        "samples_per_sec": rate * BATCH_SIZE,
-        "steps": result["timed_steps"],
-        "seconds": result["seconds"],
-        "per_worker_steps_per_sec": [rate],
-        "window_rates": result["window_rates"],
-        "overall_steps_per_sec": result["overall_steps_per_sec"],
-        "final_loss": result["final_loss"],
-        "processes": 1,
+        "samples_per_sec": rate * samples_per_step,
+        "steps": steps,
+        "seconds": timer["seconds"],
+        "per_worker_steps_per_sec": [w["local_steps_per_sec"] for w in workers],
+        "window_rates": timer["window_rates"],
+        "overall_steps_per_sec": timer["overall_steps_per_sec"],
+        "final_loss": workers[0]["final_loss"],
+        "processes": processes,
+        **extra,
     }
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 import psframe
 from psframe.launch import pick_free_ports
@@ -151,6 +152,18 @@ def local_cluster():
     yield make
     for server in servers:
         server.stop(grace=0.1)
+
+
+def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the model's parameters, by name."""
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def assert_params_equal(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """Same names, and every tensor equal bit for bit."""
+    assert sorted(actual) == sorted(expected)
+    for name in expected:
+        assert torch.equal(actual[name], expected[name]), f"{name} differs"
 
 
 @pytest.fixture(scope="session")

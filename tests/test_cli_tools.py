@@ -15,7 +15,7 @@ import psframe
 from psframe import checkpoint, checkpoint_io, cli
 from psframe.client import PsClient
 from psframe.proto import psframe_pb2 as pb
-from tests.conftest import free_cluster
+from tests.conftest import assert_params_equal, free_cluster, params
 
 TIMEOUTS = {"connect_timeout": 20.0, "rpc_timeout": 30.0}
 
@@ -29,16 +29,6 @@ def loss_of(model: torch.nn.Module, step: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(500 + step)
     x, y = torch.randn(16, 6, generator=generator), torch.randint(0, 3, (16,), generator=generator)
     return torch.nn.functional.cross_entropy(model(x), y)
-
-
-def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def assert_params_equal(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    assert sorted(actual) == sorted(expected)
-    for name in expected:
-        assert torch.equal(actual[name], expected[name]), f"{name} differs"
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str]:

@@ -21,6 +21,7 @@ from psframe.client import PsClient
 from psframe.errors import CheckpointError, NanLossError
 from psframe.hooks import Hook, LoggingHook, NanGuardHook, StopAtStepHook, TensorBoardHook
 from psframe.trainer import TrainerState
+from tests.conftest import assert_params_equal, params
 
 TIMEOUTS = {"connect_timeout": 20.0, "rpc_timeout": 30.0}
 
@@ -42,16 +43,6 @@ def loss_of(model: torch.nn.Module, step: int) -> torch.Tensor:
 
 def trainer(model, cluster, task_index=0, **kwargs) -> psframe.Trainer:
     return psframe.Trainer(model, cluster, task_index=task_index, **{**TIMEOUTS, **kwargs})
-
-
-def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def assert_params_equal(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    assert sorted(actual) == sorted(expected)
-    for name in expected:
-        assert torch.equal(actual[name], expected[name]), f"{name} differs"
 
 
 class Recorder(Hook):
