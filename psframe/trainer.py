@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from psframe import checkpoint, checkpoint_io, codec
+from psframe import allocator, checkpoint, checkpoint_io, codec
 from psframe.client import PsClient
 from psframe.cluster import ClusterSpec
 from psframe.errors import (
@@ -154,6 +154,7 @@ class Trainer:
     ) -> None:
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self.cluster.validate_task("worker", task_index)
+        allocator.tune_malloc()  # gradients and replies of every step reuse freed buffers
         self.task_index = task_index
         self.is_chief = task_index == 0
         if isinstance(optimizer, SyncReplicasOptimizer):

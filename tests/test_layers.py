@@ -20,6 +20,7 @@ LAYER_OF = {
     "psframe.device_spec": "core",
     "psframe.placement": "core",
     "psframe.optim": "core",
+    "psframe.allocator": "core",
     "psframe.proto": "wire",
     "psframe.proto.psframe_pb2": "wire",
     "psframe.codec": "wire",

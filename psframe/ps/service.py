@@ -16,7 +16,7 @@ from collections.abc import Callable
 import grpc
 import torch
 
-from psframe import codec, errors
+from psframe import allocator, codec, errors
 from psframe.codec import GRPC_OPTIONS, SERVICE_NAME
 from psframe.cluster import ClusterSpec
 from psframe.errors import (
@@ -55,7 +55,8 @@ class ParameterServerService(TaskService):
         self._sync_def: pb.SyncDef | None = None
         self.aggregator: SyncAggregator | None = None
         self._peers: dict[tuple[int, str], Callable] = {}  # calls to the other ps tasks
-        self._memory = MemoryReturner()
+        # Where psframe may not tune malloc, freed message buffers are trimmed instead.
+        self._memory = MemoryReturner(enabled=not allocator.tune_malloc())
         if checkpoint_dir:
             restored = recovery.restore_own_shard(checkpoint_dir, task_index, cluster.num_ps)
             if restored is not None:
