@@ -128,11 +128,22 @@ def _foreach_groups(params: list[torch.Tensor]) -> list[dict]:
     return groups
 
 
+# torch.optim.Optimizer.add_param_group without its torch._disable_dynamo
+# wrapper, which imports torch._dynamo on first use: a second and some 70 MB
+# that a worker, which checks optimizer arguments but never steps an
+# optimizer, need not pay.
+_ADD_PARAM_GROUP = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__",
+                           torch.optim.Optimizer.add_param_group)
+
+
 @functools.lru_cache(maxsize=64)
 def _check(name: str, items: tuple[tuple[str, Any], ...]) -> None:
+    """Raise OptimizerConfigError unless ``torch.optim.<name>(**items)`` accepts the arguments."""
+    cls = getattr(torch.optim, name)
+    checked = type(f"_Checked{name}", (cls,), {"add_param_group": _ADD_PARAM_GROUP})
     dummy = torch.zeros(1, requires_grad=True)
     try:
-        getattr(torch.optim, name)([dummy], **dict(items))
+        checked([dummy], **dict(items))
     except (TypeError, ValueError) as e:
         raise OptimizerConfigError(f"torch.optim.{name} refused {dict(items)}: {e}") from e
 
