@@ -75,8 +75,11 @@ def user_choice(environ: Mapping[str, str]) -> str | None:
 def tune_malloc(environ: Mapping[str, str] | None = None) -> bool:
     """Keep large freed buffers in this process for reuse (see the module's doc).
 
-    Called by :class:`psframe.Server` (ps tasks) and :class:`psframe.Trainer`
-    before they start any gRPC thread; later calls return the first's answer.
+    Called when a ps task's service (inside :class:`psframe.Server`) or a
+    :class:`psframe.Trainer` is created, before either starts a gRPC thread
+    (an arena limit applies to threads that have none yet); later calls
+    return the first's answer. Where glibc refuses a setting, the ones before
+    it stay and the answer is False, so the ps keeps trimming.
 
     Args:
         environ: the environment to read the user's choices from; default
