@@ -20,12 +20,14 @@ measures the ps's peak against what it holds).
 It changes nothing where the user chose the allocator: ``MALLOC_*`` or
 ``GLIBC_TUNABLES=glibc.malloc...`` in the environment, another malloc
 preloaded through ``LD_PRELOAD`` (tcmalloc, jemalloc), a C library other than
-glibc, or ``PSFRAME_TUNE_MALLOC=0``.
+glibc, or ``PSFRAME_TUNE_MALLOC=0``. A ps task there trims freed buffers
+every so many bytes instead (:class:`MemoryReturner`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import threading
@@ -93,12 +95,12 @@ def tune_malloc(environ: Mapping[str, str] | None = None) -> bool:
         if _result is not None:
             return _result
         reason = user_choice(os.environ if environ is None else environ)
-        mallopt = _glibc_mallopt() if reason is None else None
-        if reason is None and mallopt is None:
+        libc = _glibc() if reason is None else None
+        if reason is None and libc is None:
             reason = "the C library is not glibc"
-        if mallopt is not None:
+        if libc is not None:
             applied = all(
-                mallopt(param, value) == 1
+                libc.mallopt(param, value) == 1
                 for param, value in (
                     (_M_ARENA_MAX, ARENA_MAX),
                     (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
@@ -115,14 +117,47 @@ def tune_malloc(environ: Mapping[str, str] | None = None) -> bool:
         return _result
 
 
-def _glibc_mallopt():
-    """glibc's ``mallopt``, or None elsewhere (musl, macOS, Windows)."""
+@functools.lru_cache(maxsize=1)
+def _glibc() -> ctypes.CDLL | None:
+    """The C library if it is glibc, else None (musl, macOS, Windows)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
         libc.gnu_get_libc_version  # only glibc has it
+        libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+        libc.mallopt.restype = ctypes.c_int
     except (OSError, AttributeError):
         return None
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return mallopt
+    return libc
+
+
+class MemoryReturner:
+    """Gives freed message buffers back to the OS every so many bytes handled.
+
+    The fallback of a ps task where :func:`tune_malloc` left glibc's defaults:
+    requests and replies of a few MiB are allocated and freed on many gRPC
+    threads, each thread's arena keeps the freed pages, and the task's
+    resident memory would grow well past what it holds (see
+    benchmarks/memory.py); ``malloc_trim`` returns them. A no-op without
+    glibc, or when not ``enabled`` (where :func:`tune_malloc` applied, freed
+    buffers stay in one arena for the next step, and trimming them would only
+    make it fault them back in).
+    """
+
+    EVERY_BYTES = 64 << 20
+
+    def __init__(self, enabled: bool = True) -> None:
+        libc = _glibc() if enabled else None
+        self._trim = libc.malloc_trim if libc is not None else None
+        self._lock = threading.Lock()
+        self._since = 0
+
+    def handled(self, nbytes: int) -> None:
+        """Count ``nbytes`` of messages handled; trim when enough have been."""
+        if self._trim is None:
+            return
+        with self._lock:
+            self._since += nbytes
+            if self._since < self.EVERY_BYTES:
+                return
+            self._since = 0
+        self._trim(0)

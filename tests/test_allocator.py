@@ -47,7 +47,7 @@ def test_docstring_examples():
     assert result.failed == 0
 
 
-@pytest.mark.skipif(allocator._glibc_mallopt() is None, reason="needs glibc")
+@pytest.mark.skipif(allocator._glibc() is None, reason="needs glibc")
 def test_tuned_process_reuses_large_buffers_without_faulting_them_in_again():
     tuned = _probe()
     assert tuned["tuned"] is True
@@ -55,7 +55,7 @@ def test_tuned_process_reuses_large_buffers_without_faulting_them_in_again():
     assert tuned["faults"] < PAGES_PER_BUFFER // 8, tuned
 
 
-@pytest.mark.skipif(allocator._glibc_mallopt() is None, reason="needs glibc")
+@pytest.mark.skipif(allocator._glibc() is None, reason="needs glibc")
 def test_opting_out_keeps_glibcs_defaults():
     untuned = _probe(PSFRAME_TUNE_MALLOC="0")
     assert untuned["tuned"] is False
@@ -85,3 +85,15 @@ def test_first_decision_holds_for_the_process(monkeypatch):
     assert allocator.tune_malloc({"PSFRAME_TUNE_MALLOC": "0"}) is False
     # A later call (another Server or Trainer in the same process) changes nothing.
     assert allocator.tune_malloc({}) is False
+
+
+def test_memory_returner_trims_every_so_many_bytes_only_when_enabled():
+    trims = []
+    returner = allocator.MemoryReturner(enabled=True)
+    returner._trim = trims.append  # count the calls instead of trimming
+    for _ in range(5):
+        returner.handled(allocator.MemoryReturner.EVERY_BYTES // 2)
+    assert trims == [0, 0]  # after the 2nd and the 4th message
+    off = allocator.MemoryReturner(enabled=False)
+    off.handled(10 * allocator.MemoryReturner.EVERY_BYTES)
+    assert off._trim is None

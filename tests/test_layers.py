@@ -31,7 +31,6 @@ LAYER_OF = {
     "psframe.ps.sync": "ps",
     "psframe.ps.service": "ps",
     "psframe.ps.task_service": "ps",
-    "psframe.ps.memory": "ps",
     "psframe.ps.server": "ps",
     "psframe.ps.recovery": "ps",
     "psframe.ps.roster": "ps",

@@ -28,7 +28,6 @@ from psframe.errors import (
 from psframe.optim import OptimizerSpec
 from psframe.proto import psframe_pb2 as pb
 from psframe.ps import recovery
-from psframe.ps.memory import MemoryReturner
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.store import VariableStore
 from psframe.ps.sync import SyncAggregator
@@ -56,7 +55,7 @@ class ParameterServerService(TaskService):
         self.aggregator: SyncAggregator | None = None
         self._peers: dict[tuple[int, str], Callable] = {}  # calls to the other ps tasks
         # Where psframe may not tune malloc, freed message buffers are trimmed instead.
-        self._memory = MemoryReturner(enabled=not allocator.tune_malloc())
+        self._memory = allocator.MemoryReturner(enabled=not allocator.tune_malloc())
         if checkpoint_dir:
             restored = recovery.restore_own_shard(checkpoint_dir, task_index, cluster.num_ps)
             if restored is not None:
