@@ -167,6 +167,7 @@ def run_ps(args: argparse.Namespace, options: rpc.TensorPipeRpcBackendOptions) -
         "overall_steps_per_sec": timed["overall_steps_per_sec"],
         "timed_global_steps": timed["steps"],
         "seconds": timed["seconds"],
+        "window": timed["window"],
     }
 
 

@@ -12,6 +12,7 @@ report is written again.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import re
@@ -87,20 +88,30 @@ def memory_table(rows: Sequence[dict]) -> str:
 
 def training_ratios(rows: Sequence[dict]) -> list[dict]:
     """Each training row with ``vs_torch_rpc_ps`` (samples/s over torch_rpc_ps's,
-    same model and mode) and ``vs_ddp_gloo`` (over ddp_gloo's, same model);
-    None where there is no such row. Computed from the rows of one run only."""
-    rpc = {(r["model"], r["mode"]): r["samples_per_sec"] for r in rows if r["system"] == "torch_rpc_ps"}
+    same model and mode), ``vs_ddp_gloo`` (over ddp_gloo's, same model) and
+    ``cpu_vs_torch_rpc_ps`` (CPU time per sample over torch_rpc_ps's, same model
+    and mode: below 1 is less work); None where there is no such row or number.
+    Computed from the rows of one run only."""
+    by_rpc = {(r["model"], r["mode"]): r for r in rows if r["system"] == "torch_rpc_ps"}
     ddp = {r["model"]: r["samples_per_sec"] for r in rows if r["system"] == "ddp_gloo"}
     out = []
     for row in rows:
-        base_rpc = rpc.get((row["model"], row["mode"]))
+        rpc = by_rpc.get((row["model"], row["mode"]), {})
         base_ddp = ddp.get(row["model"])
         out.append({
             **row,
-            "vs_torch_rpc_ps": row["samples_per_sec"] / base_rpc if base_rpc else None,
-            "vs_ddp_gloo": row["samples_per_sec"] / base_ddp if base_ddp else None,
+            "vs_torch_rpc_ps": _ratio(row.get("samples_per_sec"), rpc.get("samples_per_sec")),
+            "vs_ddp_gloo": _ratio(row.get("samples_per_sec"), base_ddp),
+            "cpu_vs_torch_rpc_ps": _ratio(row.get("cpu_us_per_sample"), rpc.get("cpu_us_per_sample")),
         })
     return out
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    """value / base, or None where either is missing or not a number, or base is 0."""
+    if value is None or not base or math.isnan(value) or math.isnan(base):
+        return None
+    return value / base
 
 
 def training_table(rows: Sequence[dict]) -> str:
@@ -110,11 +121,12 @@ def training_table(rows: Sequence[dict]) -> str:
     runs = any(len(r.get("run_rates", ())) > 1 for r in rows)
     return markdown_table(
         ["system", "model", "mode", "global steps/s", "samples/s", "steps", "seconds",
-         "samples/s vs torch_rpc_ps", "samples/s vs ddp_gloo", *(["every run (global steps/s)"] if runs else []),
-         *extra],
+         "samples/s vs torch_rpc_ps", "samples/s vs ddp_gloo", "CPU ms/step", "CPU/sample vs torch_rpc_ps",
+         *(["every run (global steps/s)"] if runs else []), *extra],
         [[r["system"], r["model"], r["mode"], format_number(r["global_steps_per_sec"]),
           format_number(r["samples_per_sec"]), r["steps"], format_number(r["seconds"]),
           format_ratio(r["vs_torch_rpc_ps"]), format_ratio(r["vs_ddp_gloo"]),
+          format_number(r.get("cpu_ms_per_step")), format_ratio(r["cpu_vs_torch_rpc_ps"]),
           *([" / ".join(format_number(v) for v in r.get("run_rates", ()))] if runs else []),
           *(str(r.get(k, "")) for k in extra)] for r in rows],
     )
@@ -195,7 +207,10 @@ _INTROS = {
         "system once, then each again...), so that other load on the machine weighs on all alike; a "
         "row is the run with the median rate (every run's rate in the last column), itself the median "
         "of 5 windows after warm-up. Ratios compare samples/s with torch_rpc_ps in the same mode and "
-        "with ddp_gloo on the same model; `-` where there is nothing to compare with."
+        "with ddp_gloo on the same model; `-` where there is nothing to compare with. *CPU ms/step* is "
+        "the CPU time (user + system, all threads) of all the system's processes inside the timed "
+        "window, per global step, sampled every 50 ms; *CPU/sample vs torch_rpc_ps* divides CPU time "
+        "per sample by torch_rpc_ps's (below 1: less work per sample)."
     ),
     "memory": (
         "One ps process per row: float32 variables in parts of 4 MiB (the trainer's), an optimizer "

@@ -116,7 +116,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         timed = timed_windows(times, global_steps, warmup_step, args.windows)
         result.update(global_steps_per_sec=timed["steps_per_sec"], window_rates=timed["window_rates"],
                       overall_steps_per_sec=timed["overall_steps_per_sec"],
-                      timed_global_steps=timed["steps"], seconds=timed["seconds"])
+                      timed_global_steps=timed["steps"], seconds=timed["seconds"], window=timed["window"])
     return result
 
 

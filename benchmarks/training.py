@@ -37,6 +37,13 @@ RPC ps, per DDP rank, per step of the single process) and
 100 for async updates and the single process, x 100 x 2 for synchronous ones
 and DDP.
 
+``cpu_ms_per_step`` is the CPU time (user + system, every thread) that all
+processes of a system spent inside the timed window, per global step: the
+parent samples each child's CPU time while it runs and interpolates it at
+the window's ends (the parent's and the children's ``perf_counter`` are the
+same system-wide monotonic clock); ``cpu_seconds`` has each process's share.
+It says where a system's work is done, and how much of it there is per step.
+
 Run it::
 
     python -m benchmarks.training [--quick] [--models mnist_mlp large_mlp]
@@ -45,6 +52,7 @@ Run it::
 from __future__ import annotations
 
 import argparse
+import bisect
 import faulthandler
 import json
 import math
@@ -58,6 +66,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Layer sizes of each model; every one is Linear-ReLU-...-Linear.
@@ -166,7 +176,8 @@ def timed_windows(times: Sequence[float], counts: Sequence[int], start_count: in
 
     Returns:
         ``steps_per_sec`` (the median piece's rate), ``window_rates``,
-        ``overall_steps_per_sec``, ``steps`` and ``seconds`` of the whole window.
+        ``overall_steps_per_sec``, ``steps`` and ``seconds`` of the whole window,
+        and ``window``: its first and last ``time.perf_counter()``.
 
     Raises:
         ValueError: fewer than two records after warm-up.
@@ -186,6 +197,7 @@ def timed_windows(times: Sequence[float], counts: Sequence[int], start_count: in
         "overall_steps_per_sec": (c[-1] - c[0]) / seconds if seconds > 0 else math.nan,
         "steps": c[-1] - c[0],
         "seconds": seconds,
+        "window": [t[0], t[-1]],
     }
 
 
@@ -246,7 +258,9 @@ def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float) -> di
     still running gets SIGTERM, then SIGKILL, by PID.
 
     Returns:
-        The last JSON object each child printed, by name.
+        The last JSON object each child printed, by name, with ``cpu_trace``
+        added: ``[time.perf_counter(), CPU seconds]`` samples of the child,
+        taken every :data:`_POLL_S` while it ran (see :func:`cpu_in_window`).
 
     Raises:
         ChildError: a child exited non-zero, printed no JSON, or the deadline passed.
@@ -254,6 +268,7 @@ def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float) -> di
     env = {**os.environ, **CHILD_ENV}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     children: list[_Child] = []
+    traces: dict[str, list[list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="psframe-bench-") as tmp:
         try:
             for name, argv in tasks:
@@ -270,6 +285,8 @@ def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float) -> di
                 running = [c.name for c in children if c.proc.poll() is None]
                 if not running:
                     break
+                for child in children:
+                    _sample_cpu(child, traces.setdefault(child.name, []))
                 if time.monotonic() >= deadline:
                     _dump_stacks(children)
                     raise ChildError(f"deadline passed with {', '.join(running)} still running "
@@ -281,10 +298,41 @@ def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float) -> di
                 result = _last_json(child.stdout.read_text(errors="replace"))
                 if result is None:
                     raise ChildError(f"{child.name} exited 0 but printed no JSON result:\n{child.tail()}")
-                results[child.name] = result
+                results[child.name] = {**result, "cpu_trace": traces.get(child.name, [])}
             return results
         finally:
             _stop(children)
+
+
+def _sample_cpu(child: _Child, trace: list[list[float]]) -> None:
+    """Append ``[now, CPU seconds so far]`` of a running child (nothing once it is gone)."""
+    try:
+        times = psutil.Process(child.proc.pid).cpu_times()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return
+    trace.append([time.perf_counter(), times.user + times.system])
+
+
+def cpu_in_window(trace: Sequence[Sequence[float]], window: Sequence[float]) -> float | None:
+    """CPU seconds a process spent between ``window``'s two ``perf_counter`` times.
+
+    ``trace`` holds ``[time, CPU seconds]`` samples in time order; the CPU
+    time at each end of the window is interpolated linearly between the
+    samples around it (an end past the last sample takes the last one: the
+    process was ending). None when no sample falls inside the window or after
+    it, or the window starts before the first one: nothing to measure from.
+    """
+    if not trace or window[0] < trace[0][0] or window[0] >= trace[-1][0]:
+        return None
+
+    def at(t: float) -> float:
+        if t >= trace[-1][0]:
+            return trace[-1][1]
+        i = bisect.bisect_right([sample[0] for sample in trace], t)
+        (t0, c0), (t1, c1) = trace[i - 1], trace[i]
+        return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
+
+    return max(0.0, at(window[1]) - at(window[0]))
 
 
 def _dump_stacks(children: list[_Child]) -> None:
@@ -350,7 +398,7 @@ def _run_psframe(model: str, sync: bool, steps: int, warmup: int, deadline: floa
         results = run_processes(tasks, deadline)
     chief = results["worker0"]
     workers = [results[f"worker{i}"] for i in range(NUM_WORKERS)]
-    return _row(chief, workers, chief["global_steps_per_sec"], chief["timed_global_steps"],
+    return _row(chief, workers, chief["global_steps_per_sec"], chief["timed_global_steps"], results,
                 samples_per_step=BATCH_SIZE * (NUM_WORKERS if sync else 1), processes=1 + NUM_WORKERS,
                 dropped_steps=sum(w["dropped_steps"] for w in workers))
 
@@ -366,7 +414,7 @@ def _run_rpc(model: str, sync: bool, steps: int, warmup: int, deadline: float) -
     results = run_processes(tasks, deadline)
     ps = results["ps"]
     return _row(ps, [results[f"trainer{i}"] for i in range(NUM_WORKERS)], ps["global_steps_per_sec"],
-                ps["timed_global_steps"], samples_per_step=BATCH_SIZE * (NUM_WORKERS if sync else 1),
+                ps["timed_global_steps"], results, samples_per_step=BATCH_SIZE * (NUM_WORKERS if sync else 1),
                 processes=1 + NUM_WORKERS)
 
 
@@ -380,21 +428,25 @@ def _run_ddp(model: str, steps: int, warmup: int, deadline: float) -> dict:
     results = run_processes(tasks, deadline)
     rank0 = results["rank0"]
     return _row(rank0, [results[f"rank{r}"] for r in range(NUM_WORKERS)], rank0["local_steps_per_sec"],
-                rank0["timed_steps"], samples_per_step=BATCH_SIZE * NUM_WORKERS, processes=NUM_WORKERS)
+                rank0["timed_steps"], results, samples_per_step=BATCH_SIZE * NUM_WORKERS, processes=NUM_WORKERS)
 
 
 def _run_single(model: str, steps: int, warmup: int, deadline: float) -> dict:
     tasks = [("single", _python_module("benchmarks.baseline_ddp", "--single",
                                        *_common_flags(model, steps, warmup)))]
-    result = run_processes(tasks, deadline)["single"]
-    return _row(result, [result], result["local_steps_per_sec"], result["timed_steps"],
+    results = run_processes(tasks, deadline)
+    result = results["single"]
+    return _row(result, [result], result["local_steps_per_sec"], result["timed_steps"], results,
                 samples_per_step=BATCH_SIZE, processes=1)
 
 
-def _row(timer: dict, workers: list[dict], rate: float, steps: int, *, samples_per_step: int,
-         processes: int, **extra) -> dict:
+def _row(timer: dict, workers: list[dict], rate: float, steps: int, results: dict[str, dict], *,
+         samples_per_step: int, processes: int, **extra) -> dict:
     """One system's measurements: ``timer`` is the process that timed the updates
-    (its ``rate`` over ``steps``), ``workers`` every trainer, the first one's loss reported."""
+    (its ``rate`` over ``steps``), ``workers`` every trainer, the first one's loss
+    reported; ``results`` every process's, for the CPU they spent in the timer's window."""
+    cpu = {name: cpu_in_window(r.get("cpu_trace", ()), timer["window"]) for name, r in results.items()}
+    cpu_total = None if None in cpu.values() or not steps else sum(cpu.values())
     return {
         "global_steps_per_sec": rate,
         "samples_per_sec": rate * samples_per_step,
@@ -405,6 +457,9 @@ def _row(timer: dict, workers: list[dict], rate: float, steps: int, *, samples_p
         "overall_steps_per_sec": timer["overall_steps_per_sec"],
         "final_loss": workers[0]["final_loss"],
         "processes": processes,
+        "cpu_seconds": cpu,
+        "cpu_ms_per_step": math.nan if cpu_total is None else 1e3 * cpu_total / steps,
+        "cpu_us_per_sample": math.nan if cpu_total is None else 1e6 * cpu_total / (steps * samples_per_step),
         **extra,
     }
 
@@ -538,13 +593,13 @@ def _median_run(runs: list[dict]) -> dict:
 def format_table(rows: Sequence[dict]) -> str:
     """The rows as a fixed-width text table."""
     header = ("system", "model", "mode", "global steps/s", "samples/s", "per-worker steps/s",
-              "timed steps", "seconds", "other load")
+              "timed steps", "seconds", "CPU ms/step", "other load")
     lines = [header]
     for r in rows:
         per_worker = "/".join(f"{v:.0f}" if v >= 10 else f"{v:.2f}" for v in r.get("per_worker_steps_per_sec", []))
         lines.append((r["system"], r["model"], r["mode"], _num(r["global_steps_per_sec"]),
                       _num(r["samples_per_sec"]), per_worker or "-", str(r["steps"]),
-                      _num(r["seconds"]) if "error" not in r else "ERROR",
+                      _num(r["seconds"]) if "error" not in r else "ERROR", _num(r.get("cpu_ms_per_step")),
                       "-" if r.get("other_cpu_load") is None else f"{r['other_cpu_load']:.2f}"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]

@@ -47,6 +47,9 @@ def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
 
     training = table_rows(stdout, TITLES["training"])
     assert {r[0] for r in training} >= set(TRAINING_SYSTEMS), stdout
+    # The CPU psframe's processes spent per step was measured (column 10: "CPU ms/step"; its ps
+    # outlives the timed window, so samples bracket it even in these short runs).
+    assert all(float(r[9].replace(",", "")) > 0 for r in training if r[0] == "psframe"), stdout
 
     assert out.is_file() and out.with_suffix(".png").is_file()
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -81,3 +84,34 @@ def test_training_rows_report_the_median_of_interleaved_runs(monkeypatch):
     assert "5 / 3 / 7" in report.training_table(rows).replace(".00", "")
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         training.run_training_benchmarks(["mnist_mlp"], quick=True, repeats=0)
+
+
+def test_cpu_in_window_interpolates_between_samples():
+    from benchmarks.training import cpu_in_window
+
+    trace = [[10.0, 1.0], [11.0, 1.5], [12.0, 2.5], [13.0, 2.5]]  # [perf_counter, CPU seconds]
+    assert cpu_in_window(trace, [10.5, 12.0]) == pytest.approx(2.5 - 1.25)
+    assert cpu_in_window(trace, [11.0, 11.5]) == pytest.approx(0.5)
+    # A window ending after the last sample: the process was ending, its CPU stopped growing.
+    assert cpu_in_window(trace, [12.5, 20.0]) == pytest.approx(0.0)
+    assert cpu_in_window(trace, [10.0, 20.0]) == pytest.approx(1.5)
+    # Nothing to measure from: a window opening before the first sample or after the last, or no samples.
+    assert cpu_in_window(trace, [9.0, 12.0]) is None
+    assert cpu_in_window(trace, [13.0, 14.0]) is None
+    assert cpu_in_window([], [10.0, 11.0]) is None
+
+
+def test_training_rows_compare_cpu_per_sample_with_the_rpc_ps():
+    from benchmarks import report
+
+    def row(system, mode, cpu_us, samples=100.0):
+        return {"system": system, "model": "mnist_mlp", "mode": mode, "global_steps_per_sec": 1.0,
+                "samples_per_sec": samples, "steps": 10, "seconds": 1.0, "cpu_ms_per_step": cpu_us / 10,
+                "cpu_us_per_sample": cpu_us}
+
+    rows = report.training_ratios([row("psframe", "async", 20.0), row("psframe", "sync", float("nan")),
+                                   row("torch_rpc_ps", "async", 25.0), row("torch_rpc_ps", "sync", 30.0)])
+    assert rows[0]["cpu_vs_torch_rpc_ps"] == pytest.approx(0.8)
+    assert rows[1]["cpu_vs_torch_rpc_ps"] is None  # not measured: no ratio rather than nan
+    assert rows[2]["cpu_vs_torch_rpc_ps"] == pytest.approx(1.0)
+    assert "0.80x" in report.training_table(rows)
