@@ -16,6 +16,7 @@ import math
 import os
 import platform
 import re
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -87,24 +88,47 @@ def memory_table(rows: Sequence[dict]) -> str:
 
 
 def training_ratios(rows: Sequence[dict]) -> list[dict]:
-    """Each training row with ``vs_torch_rpc_ps`` (samples/s over torch_rpc_ps's,
+    """Each training row with ``vs_torch_rpc_ps`` (its samples/s over torch_rpc_ps's,
     same model and mode), ``vs_ddp_gloo`` (over ddp_gloo's, same model) and
     ``cpu_vs_torch_rpc_ps`` (CPU time per sample over torch_rpc_ps's, same model
     and mode: below 1 is less work); None where there is no such row or number.
-    Computed from the rows of one run only."""
+    Computed from the rows of one run only.
+
+    Where the rows hold every repeat's rate (``run_rates``), a throughput ratio
+    is the median of the ratios between the runs of the same repeat, which ran
+    close together in time (see :func:`paired_ratio`).
+    """
     by_rpc = {(r["model"], r["mode"]): r for r in rows if r["system"] == "torch_rpc_ps"}
-    ddp = {r["model"]: r["samples_per_sec"] for r in rows if r["system"] == "ddp_gloo"}
+    by_ddp = {r["model"]: r for r in rows if r["system"] == "ddp_gloo"}
     out = []
     for row in rows:
         rpc = by_rpc.get((row["model"], row["mode"]), {})
-        base_ddp = ddp.get(row["model"])
         out.append({
             **row,
-            "vs_torch_rpc_ps": _ratio(row.get("samples_per_sec"), rpc.get("samples_per_sec")),
-            "vs_ddp_gloo": _ratio(row.get("samples_per_sec"), base_ddp),
+            "vs_torch_rpc_ps": paired_ratio(row, rpc),
+            "vs_ddp_gloo": paired_ratio(row, by_ddp.get(row["model"], {})),
             "cpu_vs_torch_rpc_ps": _ratio(row.get("cpu_us_per_sample"), rpc.get("cpu_us_per_sample")),
         })
     return out
+
+
+def paired_ratio(row: dict, base: dict) -> float | None:
+    """``row``'s samples/s over ``base``'s, repeat by repeat.
+
+    The systems run interleaved, so the i-th runs of two systems lie close
+    together in time: their ratio is little moved by load on the machine that
+    comes and goes over minutes, which moves the medians of the two rows
+    independently. Returns the median of those ratios over the repeats both
+    completed; the ratio of the rows' samples/s where repeats are not known.
+    """
+    per_step = _ratio(row.get("samples_per_sec"), row.get("global_steps_per_sec"))
+    base_per_step = _ratio(base.get("samples_per_sec"), base.get("global_steps_per_sec"))
+    runs, base_runs = row.get("run_rates", ()), base.get("run_rates", ())
+    if per_step is None or base_per_step is None or len(runs) != len(base_runs) or len(runs) < 2:
+        return _ratio(row.get("samples_per_sec"), base.get("samples_per_sec"))
+    ratios = [r for r in (_ratio(a * per_step, b * base_per_step) for a, b in zip(runs, base_runs))
+              if r is not None]
+    return statistics.median(ratios) if ratios else None
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:
@@ -207,7 +231,10 @@ _INTROS = {
         "system once, then each again...), so that other load on the machine weighs on all alike; a "
         "row is the run with the median rate (every run's rate in the last column), itself the median "
         "of 5 windows after warm-up. Ratios compare samples/s with torch_rpc_ps in the same mode and "
-        "with ddp_gloo on the same model; `-` where there is nothing to compare with. *CPU ms/step* is "
+        "with ddp_gloo on the same model, repeat by repeat: each is the median over the repeats of the "
+        "ratio between the two systems' runs of one repeat, which ran minutes apart at most (a psframe "
+        "row runs right before its torch_rpc_ps row); `-` where there is nothing to compare with. "
+        "*CPU ms/step* is "
         "the CPU time (user + system, all threads) of all the system's processes inside the timed "
         "window, per global step, sampled every 50 ms; *CPU/sample vs torch_rpc_ps* divides CPU time "
         "per sample by torch_rpc_ps's (below 1: less work per sample)."

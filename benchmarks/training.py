@@ -85,12 +85,14 @@ NUM_WINDOWS = 5
 # (timed steps, warm-up steps) per worker
 FULL_STEPS = {"mnist_mlp": (2000, 200), "large_mlp": (30, 5)}
 QUICK_STEPS = {"mnist_mlp": (20, 5), "large_mlp": (3, 1)}
+# In the order they run in each repeat: every psframe row right before the
+# baseline it is compared with, so that the two meet the same load.
 SYSTEMS = (
     ("psframe", "async"),
-    ("psframe", "sync"),
-    ("psframe_bf16", "async"),
     ("torch_rpc_ps", "async"),
+    ("psframe", "sync"),
     ("torch_rpc_ps", "sync"),
+    ("psframe_bf16", "async"),
     ("ddp_gloo", "-"),
     ("single_process", "-"),
 )

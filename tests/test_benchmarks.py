@@ -115,3 +115,23 @@ def test_training_rows_compare_cpu_per_sample_with_the_rpc_ps():
     assert rows[1]["cpu_vs_torch_rpc_ps"] is None  # not measured: no ratio rather than nan
     assert rows[2]["cpu_vs_torch_rpc_ps"] == pytest.approx(1.0)
     assert "0.80x" in report.training_table(rows)
+
+
+def test_throughput_ratios_pair_the_runs_of_each_repeat():
+    from benchmarks.report import paired_ratio
+
+    def row(rates, samples_per_step):  # as training._median_run makes them: the median good run
+        good = sorted(r for r in rates if r == r)
+        median = good[(len(good) - 1) // 2]
+        return {"global_steps_per_sec": median, "samples_per_sec": median * samples_per_step, "run_rates": rates}
+
+    psframe, rpc = row([10.0, 20.0, 30.0], 100), row([20.0, 5.0, 25.0], 100)
+    # Repeat by repeat 0.5, 4 and 1.2: the median is 1.2, where the medians' ratio (20/20) says 1.0.
+    assert paired_ratio(psframe, rpc) == pytest.approx(1.2)
+    # Samples per step count: a DDP step of 2 ranks is 200 samples.
+    assert paired_ratio(psframe, row([20.0, 5.0, 25.0], 200)) == pytest.approx(0.6)
+    # A failed repeat (nan) is left out; without repeats, the rows' samples/s are compared.
+    assert paired_ratio(row([10.0, float("nan"), 30.0], 100), rpc) == pytest.approx((0.5 + 1.2) / 2)
+    assert paired_ratio({"global_steps_per_sec": 3.0, "samples_per_sec": 300.0},
+                        {"global_steps_per_sec": 2.0, "samples_per_sec": 200.0}) == pytest.approx(1.5)
+    assert paired_ratio(psframe, {}) is None
