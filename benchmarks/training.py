@@ -288,7 +288,8 @@ def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float) -> di
                 if not running:
                     break
                 for child in children:
-                    _sample_cpu(child, traces.setdefault(child.name, []))
+                    if child.proc.returncode is None:  # never a reaped child's PID: it may be reused
+                        _sample_cpu(child, traces.setdefault(child.name, []))
                 if time.monotonic() >= deadline:
                     _dump_stacks(children)
                     raise ChildError(f"deadline passed with {', '.join(running)} still running "

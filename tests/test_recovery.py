@@ -72,8 +72,9 @@ def test_the_whole_job_killed_and_run_again_resumes_from_the_checkpoint(processe
     processes.start_cluster(cluster, *flags)
     at_step = random.randint(100, 200)
     wait_for_step(processes, at_step)
-    killed_at = max(global_steps_seen(processes.procs["worker0"].output))
     processes.kill_all()
+    # Read after the kill: the job trains on until SIGKILL lands.
+    killed_at = max(global_steps_seen(processes.procs["worker0"].output))
     processes.procs.clear()
     cluster = free_cluster(1, 2)  # new ports: the old ones may linger
     processes.start_cluster(cluster, *flags)
