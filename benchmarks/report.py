@@ -107,7 +107,7 @@ def training_ratios(rows: Sequence[dict]) -> list[dict]:
             **row,
             "vs_torch_rpc_ps": paired_ratio(row, rpc),
             "vs_ddp_gloo": paired_ratio(row, by_ddp.get(row["model"], {})),
-            "cpu_vs_torch_rpc_ps": _ratio(row.get("cpu_us_per_sample"), rpc.get("cpu_us_per_sample")),
+            "cpu_vs_torch_rpc_ps": _ratio(_cpu_per_sample(row), _cpu_per_sample(rpc)),
         })
     return out
 
@@ -121,14 +121,22 @@ def paired_ratio(row: dict, base: dict) -> float | None:
     independently. Returns the median of those ratios over the repeats both
     completed; the ratio of the rows' samples/s where repeats are not known.
     """
-    per_step = _ratio(row.get("samples_per_sec"), row.get("global_steps_per_sec"))
-    base_per_step = _ratio(base.get("samples_per_sec"), base.get("global_steps_per_sec"))
+    per_step, base_per_step = _samples_per_step(row), _samples_per_step(base)
     runs, base_runs = row.get("run_rates", ()), base.get("run_rates", ())
     if per_step is None or base_per_step is None or len(runs) != len(base_runs) or len(runs) < 2:
         return _ratio(row.get("samples_per_sec"), base.get("samples_per_sec"))
     ratios = [r for r in (_ratio(a * per_step, b * base_per_step) for a, b in zip(runs, base_runs))
               if r is not None]
     return statistics.median(ratios) if ratios else None
+
+
+def _samples_per_step(row: dict) -> float | None:
+    """Examples one global step of the row's system consumes (100 async, 200 sync and DDP)."""
+    return _ratio(row.get("samples_per_sec"), row.get("global_steps_per_sec"))
+
+
+def _cpu_per_sample(row: dict) -> float | None:
+    return _ratio(row.get("cpu_ms_per_step"), _samples_per_step(row))
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:

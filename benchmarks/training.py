@@ -462,7 +462,6 @@ def _row(timer: dict, workers: list[dict], rate: float, steps: int, results: dic
         "processes": processes,
         "cpu_seconds": cpu,
         "cpu_ms_per_step": math.nan if cpu_total is None else 1e3 * cpu_total / steps,
-        "cpu_us_per_sample": math.nan if cpu_total is None else 1e6 * cpu_total / (steps * samples_per_step),
         **extra,
     }
 

@@ -104,13 +104,15 @@ def test_cpu_in_window_interpolates_between_samples():
 def test_training_rows_compare_cpu_per_sample_with_the_rpc_ps():
     from benchmarks import report
 
-    def row(system, mode, cpu_us, samples=100.0):
-        return {"system": system, "model": "mnist_mlp", "mode": mode, "global_steps_per_sec": 1.0,
-                "samples_per_sec": samples, "steps": 10, "seconds": 1.0, "cpu_ms_per_step": cpu_us / 10,
-                "cpu_us_per_sample": cpu_us}
+    def row(system, mode, cpu_ms_per_step, samples_per_step=100):
+        return {"system": system, "model": "mnist_mlp", "mode": mode, "global_steps_per_sec": 2.0,
+                "samples_per_sec": 2.0 * samples_per_step, "steps": 10, "seconds": 1.0,
+                "cpu_ms_per_step": cpu_ms_per_step}
 
-    rows = report.training_ratios([row("psframe", "async", 20.0), row("psframe", "sync", float("nan")),
-                                   row("torch_rpc_ps", "async", 25.0), row("torch_rpc_ps", "sync", 30.0)])
+    rows = report.training_ratios([row("psframe", "async", 2.0), row("psframe", "sync", float("nan")),
+                                   row("torch_rpc_ps", "async", 5.0, samples_per_step=200),
+                                   row("torch_rpc_ps", "sync", 3.0)])
+    # Per sample: 2 ms / 100 against 5 ms / 200.
     assert rows[0]["cpu_vs_torch_rpc_ps"] == pytest.approx(0.8)
     assert rows[1]["cpu_vs_torch_rpc_ps"] is None  # not measured: no ratio rather than nan
     assert rows[2]["cpu_vs_torch_rpc_ps"] == pytest.approx(1.0)
