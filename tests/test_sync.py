@@ -336,3 +336,52 @@ def test_a_killed_worker_restarted_mid_run_rejoins_at_the_current_step(processes
     assert result["global_step"] == 40
     assert result["local_steps"] == 40 - first_step
     assert last_json(procs[f"worker{1 - victim}"].output)["global_step"] == 40
+
+
+# ----------------------------------------- the replies of a round (ps service, no network)
+
+
+def _sync_service():
+    from psframe import codec
+    from psframe.cluster import ClusterSpec
+    from psframe.proto import psframe_pb2 as pb
+    from psframe.ps.service import ParameterServerService
+
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]})
+    service = ParameterServerService(cluster, 0)
+    service.store.create({"w": torch.zeros(3), "b": torch.zeros(2)}, psframe.optim.SGD(lr=1.0))
+    service._start_sync(pb.SyncDef(replicas_to_aggregate=2, total_num_replicas=2, timeout_seconds=THREAD_DEADLINE))
+
+    def push(worker: int, step: int, value: float) -> bytes:
+        header = pb.PushPullHeader(
+            caller=pb.Caller(job_name="worker", task_index=worker, cluster_fingerprint=cluster.fingerprint),
+            step=step, pull=["w", "b"], end_of_step=True,
+        )
+        return service._handle_push_pull(codec.encode(header, [("w", torch.full((3,), value)),
+                                                               ("b", torch.full((2,), value))]))
+
+    def decoded(reply: bytes) -> tuple[pb.PushPullReplyHeader, list[torch.Tensor]]:
+        return codec.decode(reply, pb.PushPullReplyHeader)
+
+    return service, push, decoded
+
+
+def test_the_members_of_a_round_get_one_reply_encoded_once():
+    service, push, decoded = _sync_service()
+    replies = run_workers({0: lambda: push(0, 0, 1.0), 1: lambda: push(1, 0, 3.0)})
+    assert replies[0] is replies[1]  # the second member sent the bytes the first encoded
+    header, (w, b) = decoded(replies[0])
+    assert (header.global_step, header.dropped) == (1, False)
+    torch.testing.assert_close(w, torch.full((3,), -2.0), rtol=0, atol=0)  # 0 - 1.0 * mean(1, 3)
+    torch.testing.assert_close(b, torch.full((2,), -2.0), rtol=0, atol=0)
+
+
+def test_a_reply_after_a_restore_at_the_same_step_carries_the_restored_values():
+    service, push, decoded = _sync_service()
+    run_workers({0: lambda: push(0, 0, 1.0), 1: lambda: push(1, 0, 1.0)})
+    stale = decoded(push(0, 0, 5.0))  # step 0 is over: dropped, answered with the current values
+    assert stale[0].dropped and stale[1][0].tolist() == [-1.0] * 3
+    service.store.restore({"w": torch.full((3,), 7.0), "b": torch.full((2,), 7.0)}, {}, global_step=1)
+    header, (w, b) = decoded(push(0, 0, 5.0))  # the same step, pull and answer: new values
+    assert (header.global_step, header.dropped) == (1, True)
+    assert w.tolist() == [7.0] * 3 and b.tolist() == [7.0] * 2

@@ -53,6 +53,8 @@ class ParameterServerService(TaskService):
         self.roster = WorkerRoster(cluster.num_workers, worker_timeout)
         self._sync_def: pb.SyncDef | None = None
         self.aggregator: SyncAggregator | None = None
+        # Replies to pushes the sync barrier released, for the version they read.
+        self._released: tuple[tuple, dict[tuple, bytes]] = ((), {})
         self._peers: dict[tuple[int, str], Callable] = {}  # calls to the other ps tasks
         # Where psframe may not tune malloc, freed message buffers are trimmed instead.
         self._memory = allocator.MemoryReturner(enabled=not allocator.tune_malloc())
@@ -287,8 +289,29 @@ class ParameterServerService(TaskService):
         dropped = self.aggregator.push(header.caller.task_index, header.step, grads,
                                        count_drop=header.end_of_step, wait=bool(pull))
         with self.store.lock:
+            return self._released_reply(pull, wire_dtype, dropped)
+
+    def _released_reply(self, pull: list[str], wire_dtype: torch.dtype | None, dropped: bool) -> bytes:
+        """The reply to a push that the sync barrier released (the caller holds the store's lock).
+
+        Every member of a round is released at once, to read the same
+        variables at the same version: the first to answer encodes the reply
+        and the others send the same bytes. The step goes on when the last
+        worker has its reply, so this takes one encode (and a wait for the
+        lock) out of every step's critical path, not just CPU. Only replies
+        of the current version are kept: those of the last round.
+        """
+        version = (self.store.version, self.store.global_step)
+        kept_version, replies = self._released
+        if kept_version != version:
+            replies = {}
+            self._released = (version, replies)
+        key = (tuple(pull), wire_dtype, dropped)
+        data = replies.get(key)
+        if data is None:
             reply = pb.PushPullReplyHeader(global_step=self.store.global_step, dropped=dropped)
-            return codec.encode(reply, _outgoing(pull, self.store.read(pull), wire_dtype))
+            data = replies[key] = codec.encode(reply, _outgoing(pull, self.store.read(pull), wire_dtype))
+        return data
 
     # ---- sync
 

@@ -45,6 +45,9 @@ class VariableStore:
         self._optimizer: torch.optim.Optimizer | None = None
         self._optimizer_spec: OptimizerSpec | None = None
         self.global_step = 0
+        # Bumped whenever a variable's value changes: two reads under the lock
+        # that see the same version read the same values.
+        self.version = 0
         self.pushes = 0
         self.rejected_pushes = 0
 
@@ -86,6 +89,7 @@ class VariableStore:
             self._optimizer = optimizer.build(list(variables.values()))
             self._optimizer_spec = optimizer
             self._variables = variables
+            self.version += 1
             return True
 
     def _check_same_model(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec) -> None:
@@ -190,6 +194,7 @@ class VariableStore:
             try:
                 self._optimizer.step()
             finally:
+                self.version += 1  # even a step that failed halfway may have changed some
                 for name in grads:
                     self._variables[name].grad = None
             self.pushes += 1
@@ -258,6 +263,7 @@ class VariableStore:
         """
         with self.lock:
             self._check_gradients(values)  # same rules: known name, same shape and dtype
+            self.version += 1
             for name, value in values.items():
                 with torch.no_grad():
                     self._variables[name].copy_(value)
