@@ -63,7 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -520,17 +520,17 @@ def _other_load(busy_before: float | None, mine_before: float, seconds: float) -
 
 def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), quick: bool = False,
                             timeout: float = 600, *, system_timeout: float | None = None,
-                            repeats: int = 1) -> list[dict]:
+                            repeats: int | Mapping[str, int] = 1) -> list[dict]:
     """Measure training throughput of every system on every model.
 
     Args:
         models: names from :data:`MODELS`.
         quick: a few steps per system (a smoke test of every system end to end).
-        repeats: runs of every system per model, interleaved (all systems
-            once, then all again...), so that load from outside the benchmark
-            that comes and goes weighs on every system alike; each row
-            reports the run with the median rate, and every run's rate in
-            ``run_rates``.
+        repeats: runs of every system per model (one number for every
+            model, or one per model name), interleaved (all systems once,
+            then all again...), so that load from outside the benchmark that
+            comes and goes weighs on every system alike; each row reports the
+            run with the median rate, and every run's rate in ``run_rates``.
         timeout: seconds for the whole run; systems not finished by then are
             killed and reported with an ``error``.
         system_timeout: seconds one system (one set of processes) may take
@@ -552,17 +552,20 @@ def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), 
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise ValueError(f"unknown model(s) {unknown}; expected names from {sorted(MODELS)}")
+    if isinstance(repeats, Mapping) and not set(models) <= set(repeats):
+        raise ValueError(f"repeats {dict(repeats)} has no count for {sorted(set(models) - set(repeats))}")
+    per_model = {m: repeats[m] if isinstance(repeats, Mapping) else repeats for m in models}
+    if any(n < 1 for n in per_model.values()):
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     deadline = time.monotonic() + timeout
     if system_timeout is None:
-        system_timeout = 60.0 if quick else max(60.0, 2 * timeout / max(1, len(models) * len(SYSTEMS) * repeats))
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        system_timeout = 60.0 if quick else max(60.0, 2 * timeout / max(1, len(SYSTEMS) * sum(per_model.values())))
     counts = QUICK_STEPS if quick else FULL_STEPS
     rows = []
     for model in models:
         steps, warmup = counts[model]
         runs: dict[tuple[str, str], list[dict]] = {key: [] for key in SYSTEMS}
-        for _ in range(repeats):
+        for _ in range(per_model[model]):
             for system, mode in SYSTEMS:
                 runs[system, mode].append(_run_or_error(system, model, mode, steps, warmup, deadline,
                                                         timeout, system_timeout))

@@ -86,6 +86,27 @@ def test_training_rows_report_the_median_of_interleaved_runs(monkeypatch):
         training.run_training_benchmarks(["mnist_mlp"], quick=True, repeats=0)
 
 
+def test_training_repeats_may_differ_per_model(monkeypatch):
+    from benchmarks import training
+
+    calls = []
+
+    def fake_run_system(system, model, mode, steps, warmup, deadline):
+        calls.append(model)
+        return {"system": system, "model": model, "mode": mode, "global_steps_per_sec": 1.0,
+                "samples_per_sec": 1.0, "steps": steps, "seconds": 1.0}
+
+    monkeypatch.setattr(training, "SYSTEMS", (("psframe", "async"), ("ddp_gloo", "-")))
+    monkeypatch.setattr(training, "run_system", fake_run_system)
+    rows = training.run_training_benchmarks(["mnist_mlp", "large_mlp"], quick=True, timeout=60,
+                                            repeats={"mnist_mlp": 3, "large_mlp": 1})
+    assert calls == ["mnist_mlp"] * 6 + ["large_mlp"] * 2
+    assert [len(r["run_rates"]) for r in rows] == [3, 3, 1, 1]
+    with pytest.raises(ValueError, match="no count for \\['large_mlp'\\]"):
+        training.run_training_benchmarks(["mnist_mlp", "large_mlp"], quick=True, repeats={"mnist_mlp": 3})
+    assert calls == ["mnist_mlp"] * 6 + ["large_mlp"] * 2  # refused before running anything
+
+
 def test_cpu_in_window_interpolates_between_samples():
     from benchmarks.training import cpu_in_window
 
