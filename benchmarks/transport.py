@@ -74,10 +74,18 @@ class PsCluster:
         num_ps: how many ps tasks.
         name: prefix of the children's names.
         timeout: the ps tasks give up (exit 1) after this many seconds.
+        ports: the ``num_ps + 1`` ports to use (ps tasks, then the worker);
+            default: picked now. Clusters started together take theirs from
+            one :func:`pick_free_ports` call: ports picked apart are each free
+            when picked, and the OS may hand one out twice before any process
+            binds it.
     """
 
-    def __init__(self, children: Children, num_ps: int, name: str, timeout: float) -> None:
-        ports = pick_free_ports(num_ps + 1)
+    def __init__(self, children: Children, num_ps: int, name: str, timeout: float,
+                 ports: Sequence[int] | None = None) -> None:
+        ports = pick_free_ports(num_ps + 1) if ports is None else list(ports)
+        if len(ports) != num_ps + 1:
+            raise ValueError(f"a cluster of {num_ps} ps tasks needs {num_ps + 1} ports, got {len(ports)}")
         self.cluster = psframe.ClusterSpec({
             "ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
             "worker": [f"127.0.0.1:{ports[-1]}"],
@@ -331,7 +339,9 @@ def run_transport_benchmarks(settings: Settings, timeout: float = 1200.0,
         for sizes in size_groups(settings.sizes, ps_counts):
             cases = cases_for(sizes, ps_counts)
             with Children(logs) as children:
-                clusters = [PsCluster(children, c.num_ps, c.name, deadline.remaining() + 60) for c in cases]
+                ports = iter(pick_free_ports(sum(c.num_ps + 1 for c in cases)))  # all distinct
+                clusters = [PsCluster(children, c.num_ps, c.name, deadline.remaining() + 60,
+                                      [next(ports) for _ in range(c.num_ps + 1)]) for c in cases]
                 for cluster in clusters:  # all up (done importing torch) before anything is timed
                     cluster.connect(deadline)
                 requests = in_parallel([functools.partial(prepare_case, cl, c) for cl, c in zip(clusters, cases)],
