@@ -327,11 +327,12 @@ def cpu_in_window(trace: Sequence[Sequence[float]], window: Sequence[float]) -> 
     """
     if not trace or window[0] < trace[0][0] or window[0] >= trace[-1][0]:
         return None
+    times = [sample[0] for sample in trace]
 
     def at(t: float) -> float:
-        if t >= trace[-1][0]:
+        if t >= times[-1]:
             return trace[-1][1]
-        i = bisect.bisect_right([sample[0] for sample in trace], t)
+        i = bisect.bisect_right(times, t)
         (t0, c0), (t1, c1) = trace[i - 1], trace[i]
         return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
 
