@@ -55,6 +55,14 @@ DTYPES: dict[str, torch.dtype] = {
     if hasattr(torch, name)
 }
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+# Dtypes numpy has too: their tensors' bytes are read through ``Tensor.numpy()``.
+_NUMPY_DTYPES = frozenset(
+    getattr(torch, name) for name in (
+        "float64", "float32", "float16", "complex128", "complex64",
+        "int64", "int32", "int16", "int8", "uint8", "bool",
+    )
+)
+_PADS = [bytes(n) for n in range(ALIGNMENT)]  # the zero bytes before an aligned tensor
 
 H = TypeVar("H", bound=Message)
 
@@ -119,17 +127,20 @@ def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
     raise WireFormatError("truncated or malformed length prefix in a psframe message")
 
 
-def _raw_bytes(tensor: torch.Tensor) -> memoryview:
-    """The little-endian bytes of a contiguous CPU tensor, without a copy."""
-    if tensor.numel() == 0:
-        return memoryview(b"")
+def _raw_bytes(tensor: torch.Tensor):
+    """The little-endian bytes of a contiguous CPU tensor, without a copy
+    (an object with the buffer protocol: numpy's view of the tensor)."""
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     if tensor.element_size() > 1 and sys.byteorder != "little":
         # Big-endian host: reverse each element's bytes (a copy, rare).
         size = tensor.element_size()
-        return memoryview(tensor.reshape(-1).view(torch.uint8).view(-1, size).flip(-1).contiguous().numpy())
+        return tensor.reshape(-1).view(torch.uint8).view(-1, size).flip(-1).contiguous().numpy()
+    if tensor.dtype in _NUMPY_DTYPES:
+        return tensor.numpy()
     if tensor.dim() == 0:
         tensor = tensor.reshape(1)  # a dtype view needs a dimension to stretch
-    return memoryview(tensor.view(torch.uint8).numpy())
+    return tensor.view(torch.uint8).numpy()  # bfloat16, float8...: numpy has no such dtype
 
 
 def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]]) -> bytes:
@@ -146,33 +157,33 @@ def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]]) -> bytes:
         The bytes of the envelope, a valid protobuf message of the envelope type.
     """
     del header.tensors[:]
-    chunks: list[memoryview] = []
-    metas = []
+    metas = header.tensors
+    # The payload's tag, length and lead pad are known only at the end.
+    chunks: list = [_PAYLOAD_TAG, b"", b""]
     offset = 0
-    for name, tensor in tensors:
-        if tensor.device.type != "cpu":
-            raise WireFormatError(f"tensor {name!r} is on {tensor.device}; encode() needs CPU tensors")
-        if tensor.layout != torch.strided:
-            raise WireFormatError(f"tensor {name!r} is {tensor.layout}; encode() sends dense tensors")
-        tensor = tensor.resolve_conj().resolve_neg()
-        if not tensor.is_contiguous():
-            tensor = tensor.contiguous()
-        data = _raw_bytes(tensor)
-        pad = -offset % ALIGNMENT
-        if pad:
-            chunks.append(memoryview(bytes(pad)))
-            offset += pad
-        metas.append(
-            pb.TensorMeta(
-                name=name,
-                dtype=dtype_name(tensor.dtype),
-                shape=tensor.shape,
-                offset=offset,
-                nbytes=data.nbytes,
-            )
-        )
-        chunks.append(data)
-        offset += data.nbytes
+    try:
+        for name, tensor in tensors:
+            if not tensor.is_cpu:
+                raise WireFormatError(f"tensor {name!r} is on {tensor.device}; encode() needs CPU tensors")
+            if tensor.layout != torch.strided:
+                raise WireFormatError(f"tensor {name!r} is {tensor.layout}; encode() sends dense tensors")
+            if tensor.is_conj() or tensor.is_neg():
+                tensor = tensor.resolve_conj().resolve_neg()
+            if not tensor.is_contiguous():
+                tensor = tensor.contiguous()
+            wire_name = dtype_name(tensor.dtype)
+            pad = -offset % ALIGNMENT
+            if pad:
+                chunks.append(_PADS[pad])
+                offset += pad
+            nbytes = tensor.nbytes
+            metas.add(name=name, dtype=wire_name, shape=tensor.shape, offset=offset, nbytes=nbytes)
+            if nbytes:
+                chunks.append(_raw_bytes(tensor))
+            offset += nbytes
+    except BaseException:
+        del header.tensors[:]  # leave no half-made header behind
+        raise
     # The payload starts right after its tag and length; pad its front so
     # that it starts on an aligned offset of the message. Offsets in the
     # header are relative to the payload start, so they include the lead pad.
@@ -182,21 +193,14 @@ def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]]) -> bytes:
         if len(_varint(offset + lead)) == prefix:
             break
         prefix = len(_varint(offset + lead))
-    for meta in metas:
-        meta.offset += lead
-    header.tensors.extend(metas)
+    if lead:
+        for meta in metas:
+            meta.offset += lead
     header_bytes = header.SerializeToString()
-    return b"".join(
-        [
-            _PAYLOAD_TAG,
-            _varint(offset + lead),
-            bytes(lead),
-            *chunks,
-            _HEADER_TAG,
-            _varint(len(header_bytes)),
-            header_bytes,
-        ]
-    )
+    chunks[1] = _varint(offset + lead)
+    chunks[2] = _PADS[lead]
+    chunks += (_HEADER_TAG, _varint(len(header_bytes)), header_bytes)
+    return b"".join(chunks)
 
 
 def decode(data: bytes, header_type: type[H]) -> tuple[H, list[torch.Tensor]]:

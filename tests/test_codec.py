@@ -425,6 +425,15 @@ def test_unsendable_dtype_is_refused():
         codec.encode(pb.PushPullHeader(), [("q", q)])
 
 
+@pytest.mark.filterwarnings("ignore:.*quantize.*deprecated")
+def test_refused_tensor_leaves_no_metadata_in_the_header():
+    header = pb.PushPullHeader(step=4)
+    q = torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)
+    with pytest.raises(WireFormatError, match="qint8"):
+        codec.encode(header, [("a", torch.ones(3)), ("b", torch.ones(2, 2)), ("q", q)])
+    assert len(header.tensors) == 0 and header.step == 4
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_tensor_is_refused():
     with pytest.raises(WireFormatError, match="'g'.*cuda"):
@@ -444,6 +453,13 @@ def test_conjugate_view_is_sent_as_its_values():
     assert conj.is_conj() and conj.is_contiguous()
     _, _, (out,) = _roundtrip([("z", conj)])
     assert _same(out, conj.resolve_conj())
+
+
+def test_negative_view_is_sent_as_its_values():
+    imag = _random_tensor(torch.complex64, (4,), seed=3).conj().imag
+    assert imag.is_neg()
+    _, _, (out,) = _roundtrip([("i", imag)])
+    assert _same(out, imag.resolve_neg())
 
 
 # ------------------------------------------------------------------------ optimizers
