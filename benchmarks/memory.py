@@ -35,7 +35,7 @@ import torch
 
 from psframe import optim
 from psframe.optim import OptimizerSpec
-from psframe.placement import DEFAULT_MAX_SHARD_BYTES
+from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES
 
 from benchmarks.common import MB, Children, Deadline, MiB, format_bytes, single_thread
 from benchmarks.transport import PsCluster, create_variables, push_pull, shard_requests

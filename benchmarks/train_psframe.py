@@ -41,7 +41,7 @@ from benchmarks.training import (  # noqa: E402
     timed_windows,
 )
 from psframe.cli import add_cluster_flags  # noqa: E402
-from psframe.tf_config import resolve_cluster  # noqa: E402
+from psframe.cluster.tf_config import resolve_cluster  # noqa: E402
 from psframe.hooks import StopAtStepHook  # noqa: E402
 
 

@@ -35,12 +35,13 @@ from typing import TypeVar
 import torch
 
 import psframe
-from psframe import codec, optim
-from psframe.client import PsClient
+from psframe import optim
+from psframe.wire import codec
+from psframe.worker.client import PsClient
 from psframe.launch import pick_free_ports
 from psframe.optim import OptimizerSpec
-from psframe.placement import DEFAULT_MAX_SHARD_BYTES
-from psframe.proto import psframe_pb2 as pb
+from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES
+from psframe.wire import psframe_pb2 as pb
 
 from benchmarks.common import (
     BenchmarkError,

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psframe  # noqa: E402
 from mnist_data import load_mnist  # noqa: E402
 from psframe.cli import add_cluster_flags  # noqa: E402
-from psframe.tf_config import resolve_cluster  # noqa: E402
+from psframe.cluster.tf_config import resolve_cluster  # noqa: E402
 from psframe.hooks import NanGuardHook, StopAtStepHook  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 

@@ -1,23 +1,37 @@
 """psframe: parameter-server training for PyTorch over gRPC.
 
 The front door: the names most programs need. Everything else is imported
-from its module (``psframe.placement``, ``psframe.hooks``, ``psframe.codec``...).
+from its module (``psframe.hooks``, ``psframe.checkpoint``, ``psframe.cluster.placement``...).
+
+The tree shows the layers (imports point down only): ``psframe.cluster``,
+``psframe.errors`` and ``psframe.optim`` (core); ``psframe.wire`` (the
+``.proto``, the codec, gRPC); ``psframe.checkpoint`` (the format on disk);
+``psframe.ps`` (the ps side) and ``psframe.worker`` (the worker side), which
+never import each other; ``psframe.cli`` and ``psframe.launch`` (the edges).
+
+``Server`` is loaded on first use, so that ``import psframe`` in a worker
+process loads nothing of the ps side.
 """
 
-from psframe.version import __version__  # noqa: E402,F401
+from __future__ import annotations
 
-from psframe import optim  # noqa: E402
-from psframe.cluster import ClusterSpec  # noqa: E402
-from psframe.errors import (  # noqa: E402
+from typing import TYPE_CHECKING, Any
+
+from psframe import optim
+from psframe.cluster import ClusterSpec
+from psframe.errors import (
     BarrierTimeoutError,
     ClusterSpecError,
     ConnectTimeoutError,
     PsframeError,
     ShapeMismatchError,
 )
-from psframe.optim import SyncReplicas  # noqa: E402
-from psframe.ps.server import Server  # noqa: E402
-from psframe.trainer import Trainer  # noqa: E402
+from psframe.optim import SyncReplicas
+from psframe.version import __version__
+from psframe.worker.trainer import Trainer
+
+if TYPE_CHECKING:
+    from psframe.ps.server import Server
 
 __all__ = [
     "ClusterSpec",
@@ -30,4 +44,13 @@ __all__ = [
     "ConnectTimeoutError",
     "BarrierTimeoutError",
     "ShapeMismatchError",
+    "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Server":
+        from psframe.ps.server import Server
+
+        return Server
+    raise AttributeError(f"module 'psframe' has no attribute {name!r}")

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from psframe.version import __version__
-from psframe.tf_config import resolve_cluster
+from psframe.cluster.tf_config import resolve_cluster
 from psframe.errors import PsframeError
 
 log = logging.getLogger("psframe")
@@ -53,8 +53,8 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def _ping(args: argparse.Namespace) -> int:
-    from psframe.client import ping
-    from psframe.proto import psframe_pb2 as pb
+    from psframe.worker.client import ping
+    from psframe.wire import psframe_pb2 as pb
 
     info = ping(args.target, timeout=args.timeout)
     state = pb.TaskInfo.State.Name(info.state).lower()
@@ -69,7 +69,7 @@ def _ping(args: argparse.Namespace) -> int:
 def _cluster_only(args: argparse.Namespace):
     """The cluster named by the flags or TF_CONFIG (no task needed)."""
     from psframe.cluster import ClusterSpec
-    from psframe.tf_config import cluster_from_tf_config
+    from psframe.cluster.tf_config import cluster_from_tf_config
 
     if args.ps_hosts or args.worker_hosts:
         return ClusterSpec.from_hosts(args.ps_hosts or "", args.worker_hosts or "")
@@ -79,8 +79,8 @@ def _cluster_only(args: argparse.Namespace):
 
 
 def _status(args: argparse.Namespace) -> int:
-    from psframe.client import PsClient
-    from psframe.proto import psframe_pb2 as pb
+    from psframe.worker.client import PsClient
+    from psframe.wire import psframe_pb2 as pb
 
     cluster = _cluster_only(args)
     rows = [("task", "address", "role", "state", "global_step", "variables", "bytes_held",
@@ -123,8 +123,8 @@ def _status(args: argparse.Namespace) -> int:
 
 def _shutdown(args: argparse.Namespace) -> int:
     from psframe import checkpoint
-    from psframe.client import PsClient
-    from psframe.proto import psframe_pb2 as pb
+    from psframe.worker.client import PsClient
+    from psframe.wire import psframe_pb2 as pb
 
     cluster = _cluster_only(args)
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout)

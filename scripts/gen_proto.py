@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates psframe/proto/psframe_pb2.py(i) from psframe/proto/psframe.proto.
+"""Regenerates psframe/wire/psframe_pb2.py(i) from psframe/wire/psframe.proto.
 
 Usage: python scripts/gen_proto.py [--out DIR]
 
@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-PROTO_DIR = Path(__file__).resolve().parent.parent / "psframe" / "proto"
+PROTO_DIR = Path(__file__).resolve().parent.parent / "psframe" / "wire"
 
 
 def generate(out_dir: Path) -> None:

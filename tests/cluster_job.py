@@ -23,7 +23,7 @@ import torch
 
 import psframe
 from psframe.cli import add_cluster_flags
-from psframe.tf_config import resolve_cluster
+from psframe.cluster.tf_config import resolve_cluster
 from psframe.hooks import StopAtStepHook
 
 BIG_GRAD = 16.0  # with the default lr (2**-4) each step subtracts exactly 1.0

@@ -11,9 +11,9 @@ import fsspec
 import pytest
 import torch
 
-from psframe import checkpoint_io as cio
-from psframe.checkpoint_io import CheckpointCorruptError, CheckpointError
-from psframe.checkpoint_slices import assemble, slice_rows
+from psframe.checkpoint import files as cio
+from psframe.checkpoint.files import CheckpointCorruptError, CheckpointError
+from psframe.checkpoint.slices import assemble, slice_rows
 
 
 @pytest.fixture
@@ -178,7 +178,7 @@ def test_unreadable_manifest_is_skipped_with_a_warning(url, caplog):
     save(url, 2)
     fs, path = fsspec.core.url_to_fs(f"{url}/ckpt-000000000002/MANIFEST.json")
     fs.pipe_file(path, b"{not json")
-    with caplog.at_level(logging.WARNING, logger="psframe.checkpoint_io"):
+    with caplog.at_level(logging.WARNING, logger="psframe.checkpoint.files"):
         assert [m.step for m in cio.list_checkpoints(url)] == [1]
     assert "ckpt-000000000002" in caplog.text
 
@@ -222,7 +222,7 @@ def test_damaged_shard_is_detected_and_latest_valid_falls_back(url, caplog, dama
     newest = save(url, 20)
     damage(newest, 1)
 
-    with caplog.at_level(logging.WARNING, logger="psframe.checkpoint_io"):
+    with caplog.at_level(logging.WARNING, logger="psframe.checkpoint.files"):
         latest = cio.latest_valid(url)
     assert latest is not None and latest.step == 10
     assert "ckpt-000000000020" in caplog.text and why in caplog.text

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import psframe
-from psframe import checkpoint, checkpoint_io, cli
-from psframe.client import PsClient
-from psframe.proto import psframe_pb2 as pb
+from psframe import checkpoint, cli
+from psframe.checkpoint import files as checkpoint_io
+from psframe.worker.client import PsClient
+from psframe.wire import psframe_pb2 as pb
 from tests.conftest import assert_params_equal, free_cluster, params
 
 TIMEOUTS = {"connect_timeout": 20.0, "rpc_timeout": 30.0}

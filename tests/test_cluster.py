@@ -10,16 +10,16 @@ import re
 
 import pytest
 
-from psframe import cluster as cluster_mod
-from psframe import device_spec as device_spec_mod
-from psframe import tf_config as tf_config_mod
+from psframe.cluster import spec as cluster_mod
+from psframe.cluster import device_spec as device_spec_mod
+from psframe.cluster import tf_config as tf_config_mod
 from psframe.cluster import (
     JOBS,
     ClusterSpec,
     parse_address,
 )
-from psframe.device_spec import DeviceSpec
-from psframe.tf_config import cluster_from_tf_config, resolve_cluster
+from psframe.cluster.device_spec import DeviceSpec
+from psframe.cluster.tf_config import cluster_from_tf_config, resolve_cluster
 from psframe.errors import ClusterSpecError, PsframeError
 
 PS = ["h0:2222", "h0:2223"]

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from psframe.placement import DEFAULT_MAX_SHARD_BYTES
+from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES
 from tests.conftest import CLUSTER_JOB, ROOT, free_cluster
 
 pytestmark = pytest.mark.cluster

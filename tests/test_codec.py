@@ -1,4 +1,4 @@
-"""Unit tests for psframe.codec: tensors <-> envelope bytes, and optimizer specs <-> OptimizerDef.
+"""Unit tests for psframe.wire.codec: tensors <-> envelope bytes, and optimizer specs <-> OptimizerDef.
 
 Oracles: bitwise equality with the tensors sent, the generated protobuf classes
 as an independent parser, and addresses inside the received bytes object.
@@ -12,9 +12,10 @@ import random
 import pytest
 import torch
 
-from psframe import codec, optim
+from psframe import optim
+from psframe.wire import codec
 from psframe.errors import OptimizerConfigError, PsframeError, WireFormatError
-from psframe.proto import psframe_pb2 as pb
+from psframe.wire import psframe_pb2 as pb
 
 ALL_DTYPES = sorted(codec.DTYPES)
 

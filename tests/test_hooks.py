@@ -16,11 +16,12 @@ import pytest
 import torch
 
 import psframe
-from psframe import checkpoint, checkpoint_io
-from psframe.client import PsClient
+from psframe import checkpoint
+from psframe.checkpoint import files as checkpoint_io
+from psframe.worker.client import PsClient
 from psframe.errors import CheckpointError, NanLossError
 from psframe.hooks import Hook, LoggingHook, NanGuardHook, StopAtStepHook, TensorBoardHook
-from psframe.trainer import TrainerState
+from psframe.worker.trainer import TrainerState
 from tests.conftest import assert_params_equal, params
 
 TIMEOUTS = {"connect_timeout": 20.0, "rpc_timeout": 30.0}

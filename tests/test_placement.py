@@ -1,4 +1,4 @@
-"""Unit tests for psframe.placement: exact oracles, no network, no torch."""
+"""Unit tests for psframe.cluster.placement: exact oracles, no network, no torch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from psframe.errors import ClusterSpecError, PlacementError
-from psframe.placement import (
+from psframe.cluster.placement import (
     DEFAULT_MAX_SHARD_BYTES,
     HARD_MAX_SHARD_BYTES,
     MiB,
@@ -158,7 +158,7 @@ def test_explicit_device_that_names_no_ps_task_errors(device, problem):
 
 
 def test_soft_placement_falls_back_with_a_warning(caplog):
-    caplog.set_level(logging.WARNING, logger="psframe.placement")
+    caplog.set_level(logging.WARNING, logger="psframe.cluster.placement")
     with pytest.warns(UserWarning, match=r"'w'.*/job:ps/task:5.*0\.\.1"):
         p = place([v("a", 100), v("w", 10, "/job:ps/task:5")], 2, soft_placement=True)
     assert tasks(p) == {"a": 0, "w": 1}  # placed greedily like any other

@@ -19,12 +19,12 @@ def test_generated_code_is_up_to_date(tmp_path):
     assert gen_proto.main(["--out", str(tmp_path)]) == 0
     for name in GENERATED:
         fresh = (tmp_path / name).read_text()
-        committed = (ROOT / "psframe" / "proto" / name).read_text()
-        assert fresh == committed, f"psframe/proto/{name} is stale: run python scripts/gen_proto.py"
+        committed = (ROOT / "psframe" / "wire" / name).read_text()
+        assert fresh == committed, f"psframe/wire/{name} is stale: run python scripts/gen_proto.py"
 
 
 def test_every_tensor_carrying_message_is_a_header_payload_envelope():
-    from psframe.proto import psframe_pb2 as pb
+    from psframe.wire import psframe_pb2 as pb
 
     envelopes = [m for m in pb.DESCRIPTOR.message_types_by_name.values() if "payload" in m.fields_by_name]
     assert {m.name for m in envelopes} == {"InitRequest", "InitResponse", "PushPullRequest", "PushPullResponse"}

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 import psframe
-from psframe import codec, optim
-from psframe.client import PsClient
+from psframe import optim
+from psframe.wire import codec
+from psframe.worker.client import PsClient
 from psframe.errors import (
     ClusterMismatchError,
     DtypeMismatchError,
@@ -27,7 +28,7 @@ from psframe.errors import (
 )
 from psframe.launch import pick_free_ports
 from psframe.optim import OptimizerSpec
-from psframe.proto import psframe_pb2 as pb
+from psframe.wire import psframe_pb2 as pb
 from psframe.ps.store import VariableStore
 
 DEADLINE_S = 30.0  # a wait that never ends is a failure, not a hang

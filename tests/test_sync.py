@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import psframe
-from psframe.client import PsClient
+from psframe.worker.client import PsClient
 from psframe.errors import BarrierTimeoutError, ClusterMismatchError
 from tests.conftest import ROOT, free_cluster
 
@@ -342,9 +342,9 @@ def test_a_killed_worker_restarted_mid_run_rejoins_at_the_current_step(processes
 
 
 def _sync_service():
-    from psframe import codec
+    from psframe.wire import codec
     from psframe.cluster import ClusterSpec
-    from psframe.proto import psframe_pb2 as pb
+    from psframe.wire import psframe_pb2 as pb
     from psframe.ps.service import ParameterServerService
 
     cluster = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]})

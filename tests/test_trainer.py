@@ -10,7 +10,7 @@ import torch
 
 import psframe
 from psframe import cli
-from psframe.client import PsClient
+from psframe.worker.client import PsClient
 from psframe.errors import (
     ClusterMismatchError,
     ConnectTimeoutError,

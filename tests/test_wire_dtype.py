@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import psframe
-from psframe import codec
+from psframe.wire import codec
 from psframe.errors import DtypeMismatchError, WireFormatError
-from psframe.proto import psframe_pb2 as pb
+from psframe.wire import psframe_pb2 as pb
 from psframe.ps.store import VariableStore
 from tests.test_store_contract import GrpcBackend
 from tests.test_trainer import loss_of, make_model

@@ -1,6 +1,6 @@
 """A ps task's part in checkpoints: writing its shard, and restoring from one.
 
-The format itself (files, manifest, checksums) is :mod:`psframe.checkpoint_io`;
+The format itself (files, manifest, checksums) is :mod:`psframe.checkpoint.files`;
 this module turns a :class:`VariableStore` into a shard and back, including
 onto a different partitioning when the number of ps tasks changed.
 """
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from psframe import checkpoint_io
-from psframe.checkpoint_slices import slice_rows
+from psframe.checkpoint import files as checkpoint_io
+from psframe.checkpoint.slices import slice_rows
 from psframe.optim import OptimizerSpec
-from psframe.proto import psframe_pb2 as pb
+from psframe.wire import psframe_pb2 as pb
 from psframe.ps.store import VariableStore
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from concurrent import futures
 
 import grpc
 
-from psframe.codec import GRPC_OPTIONS
+from psframe.wire.codec import GRPC_OPTIONS
 from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import PortInUseError
 from psframe.ps.service import ParameterServerService

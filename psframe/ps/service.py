@@ -3,7 +3,7 @@ encodes replies. Its errors become status codes through
 :func:`psframe.ps.task_service.translate_errors`.
 
 Tensor-carrying methods (Init, PushPull) take and return raw bytes and use
-:mod:`psframe.codec`, so tensors are read in place from the request and
+:mod:`psframe.wire.codec`, so tensors are read in place from the request and
 written once into the reply; the small methods use the generated classes.
 """
 
@@ -16,8 +16,9 @@ from collections.abc import Callable
 import grpc
 import torch
 
-from psframe import allocator, codec, errors
-from psframe.codec import GRPC_OPTIONS, SERVICE_NAME
+from psframe import allocator, errors
+from psframe.wire import codec
+from psframe.wire.codec import GRPC_OPTIONS, SERVICE_NAME
 from psframe.cluster import ClusterSpec
 from psframe.errors import (
     ClusterMismatchError,
@@ -26,7 +27,7 @@ from psframe.errors import (
     WireFormatError,
 )
 from psframe.optim import OptimizerSpec
-from psframe.proto import psframe_pb2 as pb
+from psframe.wire import psframe_pb2 as pb
 from psframe.ps import recovery
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.store import VariableStore

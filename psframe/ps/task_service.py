@@ -14,7 +14,7 @@ from collections.abc import Callable
 import grpc
 
 from psframe import errors
-from psframe.codec import ERROR_METADATA_KEY, SERVICE_NAME
+from psframe.wire.codec import ERROR_METADATA_KEY, SERVICE_NAME
 from psframe.version import __version__
 from psframe.cluster import ClusterSpec
 from psframe.errors import (
@@ -26,7 +26,7 @@ from psframe.errors import (
     PsframeError,
     WireFormatError,
 )
-from psframe.proto import psframe_pb2 as pb
+from psframe.wire import psframe_pb2 as pb
 
 log = logging.getLogger(__name__)
 

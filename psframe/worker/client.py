@@ -17,11 +17,13 @@ from collections.abc import Callable, Sequence
 import grpc
 import torch
 
-from psframe import codec, errors
+from psframe import errors
+from psframe.wire import codec
+from psframe.checkpoint.files import ShardRecord
 from psframe.cluster import ClusterSpec, parse_address
-from psframe.codec import GRPC_OPTIONS, SERVICE_NAME, remote_error
+from psframe.wire.codec import GRPC_OPTIONS, SERVICE_NAME, remote_error
 from psframe.errors import ClusterMismatchError, ConnectTimeoutError, PsframeError
-from psframe.proto import psframe_pb2 as pb
+from psframe.wire import psframe_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ class PsClient:
         self._finish = method("Finish", pb.FinishRequest.SerializeToString, pb.FinishResponse.FromString)
         self._save = method("Save", pb.SaveRequest.SerializeToString, pb.SaveReply.FromString)
         self._shutdown = method("Shutdown", pb.ShutdownRequest.SerializeToString, pb.ShutdownReply.FromString)
-        # Tensor-carrying methods send and receive bytes made by psframe.codec.
+        # Tensor-carrying methods send and receive bytes made by psframe.wire.codec.
         self._init = method("Init")
         self._push_pull = [ch.stream_stream(f"/{SERVICE_NAME}/PushPull") for ch in self._channels]
         self._streams: dict[int, _Stream] = {}
@@ -226,10 +228,12 @@ class PsClient:
             stream = self._streams[ps_task] = _Stream(self._push_pull[ps_task], self._watchdog)
         return stream
 
-    def save(self, checkpoint_dir: str, step: int) -> list[pb.SaveReply]:
+    def save(self, checkpoint_dir: str, step: int) -> list[ShardRecord]:
         """Ask every ps task to write its shard of checkpoint ``step``, in parallel."""
         request = pb.SaveRequest(caller=self.caller, checkpoint_dir=checkpoint_dir, step=step)
-        return self._call(self._save, [(i, request) for i in range(self.num_ps)])
+        replies = self._call(self._save, [(i, request) for i in range(self.num_ps)])
+        return [ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes, global_step=r.global_step)
+                for k, r in enumerate(replies)]
 
     def shutdown(self, ps_task: int) -> None:
         """Ask a ps task to stop serving (it exits 0)."""

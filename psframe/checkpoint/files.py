@@ -27,7 +27,7 @@ A shard is a dict saved with ``torch.save`` and loaded with
 
 ``state`` is the variable's ``torch.optim`` per-parameter state: a tensor shaped
 like ``value`` is element-wise state, anything else is per-parameter scalar
-state. :mod:`psframe.checkpoint_slices` rebuilds variables from the parts, also
+state. :mod:`psframe.checkpoint.slices` rebuilds variables from the parts, also
 onto a different number of ps tasks.
 
 Every path goes through fsspec, so local paths, ``file://``, ``memory://``,

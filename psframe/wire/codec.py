@@ -25,14 +25,14 @@ from google.protobuf.message import DecodeError, Message
 from psframe import errors
 from psframe.errors import PsframeError, WireFormatError
 from psframe.optim import KwargValue, OptimizerSpec
-from psframe.proto import psframe_pb2 as pb
+from psframe.wire import psframe_pb2 as pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 # A failing call carries the psframe error's class name in this trailing
 # metadata key, so the caller can raise the same class.
 ERROR_METADATA_KEY = "psframe-error"
 # No gRPC message limit of its own (its default is 4 MiB): large variables are
-# split into parts that each fit a message (see psframe.placement).
+# split into parts that each fit a message (see psframe.cluster.placement).
 GRPC_OPTIONS = (
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),

@@ -4,8 +4,8 @@ A cluster maps each job name (``"ps"``, ``"worker"``) to the ordered addresses
 of its tasks, as TensorFlow's ``tf.train.ClusterSpec`` does. This module builds
 a cluster from a dict, the ``--ps_hosts``/``--worker_hosts`` flags or the
 ``grpc_tensorflow_server`` string ``'ps|h0:2222;h0:2223,worker|h1:2224'``, and
-holds the checks shared by :mod:`psframe.tf_config` (the cluster from flags or
-``TF_CONFIG``) and :mod:`psframe.device_spec` (TF device strings).
+holds the checks shared by :mod:`psframe.cluster.tf_config` (the cluster from flags or
+``TF_CONFIG``) and :mod:`psframe.cluster.device_spec` (TF device strings).
 
 Every bad input raises :class:`~psframe.errors.ClusterSpecError` with a message
 that says what was expected and what was found.

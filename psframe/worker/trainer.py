@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from psframe import allocator, checkpoint, checkpoint_io, codec
-from psframe.client import PsClient
+from psframe import allocator, checkpoint
+from psframe.checkpoint import files as checkpoint_io
+from psframe.wire import codec
+from psframe.worker.client import PsClient
 from psframe.cluster import ClusterSpec
 from psframe.errors import (
     CheckpointError,
@@ -32,10 +34,10 @@ from psframe.errors import (
     RpcTimeoutError,
     TaskUnavailableError,
 )
-from psframe.hooks import CheckpointSaverHook, Hook
+from psframe.worker.hooks import CheckpointSaverHook, Hook
 from psframe.optim import SGD as _SGD
 from psframe.optim import OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
-from psframe.placement import (
+from psframe.cluster.placement import (
     DEFAULT_MAX_SHARD_BYTES,
     DEFAULT_MIN_PARTITION_BYTES,
     Placement,
@@ -43,8 +45,8 @@ from psframe.placement import (
     VariableInfo,
     place,
 )
-from psframe.proto import psframe_pb2 as pb
-from psframe.staging import HostStaging, resolve_device
+from psframe.wire import psframe_pb2 as pb
+from psframe.worker.staging import HostStaging, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,7 @@ class Trainer:
             dim 0 across the ps tasks; None never partitions for balance.
         max_shard_bytes: no stored part is larger than this (one message).
         log_placement: log where each parameter went and the bytes per ps task.
-        hooks: :class:`psframe.hooks.Hook` instances.
+        hooks: :class:`psframe.worker.hooks.Hook` instances.
         checkpoint_dir: where checkpoints go (a folder or any fsspec URL:
             ``memory://``, ``s3://``, ``hdfs://`` where installed). The chief
             saves every ``save_checkpoint_steps`` global steps or

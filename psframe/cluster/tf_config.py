@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from psframe.cluster import JOBS, ClusterSpec, _describe, _known_jobs
+from psframe.cluster.spec import JOBS, ClusterSpec, _describe, _known_jobs
 from psframe.errors import ClusterSpecError
 
 

@@ -1,7 +1,7 @@
 """Re-partitioning a checkpoint: whole variables, or the rows a ps task now holds.
 
 Rebuilds variables from the shards of a checkpoint (the format is
-:mod:`psframe.checkpoint_io`), for reading one with no cluster running or for
+:mod:`psframe.checkpoint.files`), for reading one with no cluster running or for
 restoring onto a different number of ps tasks than saved it. :func:`assemble`
 returns the full variables; :func:`slice_rows` returns any range of rows of
 one variable together with its optimizer state, taken from whichever parts

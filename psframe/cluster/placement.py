@@ -263,7 +263,7 @@ def _explicit_task(var: VariableInfo, num_ps: int, soft_placement: bool) -> int 
     """The ps task named by ``var.device``, or None to place it automatically."""
     if var.device is None:
         return None
-    from psframe.device_spec import DeviceSpec  # lazy: device_spec is a sibling core module
+    from psframe.cluster.device_spec import DeviceSpec  # lazy: device_spec is a sibling core module
     from psframe.errors import ClusterSpecError
 
     try:

@@ -2,7 +2,7 @@
 
 Each ps task writes its own shard (variables, optimizer state, global step);
 the chief commits the checkpoint by writing its manifest last (see
-:mod:`psframe.checkpoint_io` for the format). :func:`load` reads the latest
+:mod:`psframe.checkpoint.files` for the format). :func:`load` reads the latest
 valid checkpoint back as a plain ``state_dict``, with no cluster running::
 
     model.load_state_dict(psframe.checkpoint.load("ckpt/"), strict=False)
@@ -10,12 +10,23 @@ valid checkpoint back as a plain ``state_dict``, with no cluster running::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 import torch
 
-from psframe import checkpoint_io
-from psframe.checkpoint_slices import assemble
-from psframe.client import PsClient
+from psframe.checkpoint import files as checkpoint_io
+from psframe.checkpoint.files import Manifest, ShardRecord
+from psframe.checkpoint.slices import assemble
 from psframe.errors import CheckpointError
+
+__all__ = ["load", "save", "Manifest", "ShardRecord"]
+
+
+class ShardWriter(Protocol):
+    """What :func:`save` needs of a client: every ps task writes its shard (``PsClient.save``)."""
+
+    def save(self, checkpoint_dir: str, step: int) -> Sequence[ShardRecord]: ...
 
 
 def load(checkpoint_dir: str, step: int | None = None) -> dict[str, torch.Tensor]:
@@ -47,7 +58,7 @@ def load(checkpoint_dir: str, step: int | None = None) -> dict[str, torch.Tensor
     return assemble(shards)
 
 
-def save(client: PsClient, checkpoint_dir: str, step: int, keep: int) -> checkpoint_io.Manifest:
+def save(client: ShardWriter, checkpoint_dir: str, step: int, keep: int) -> Manifest:
     """Have every ps task write its shard of checkpoint ``step``, then commit it
     by writing the manifest and drop checkpoints beyond the newest ``keep``.
 
@@ -59,12 +70,6 @@ def save(client: PsClient, checkpoint_dir: str, step: int, keep: int) -> checkpo
     for manifest in checkpoint_io.list_checkpoints(checkpoint_dir):
         if manifest.step == step:
             return manifest
-    replies = client.save(checkpoint_dir, step)
-    records = [
-        checkpoint_io.ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes,
-                                  global_step=r.global_step)
-        for k, r in enumerate(replies)
-    ]
-    manifest = checkpoint_io.write_manifest(checkpoint_dir, step, records)
+    manifest = checkpoint_io.write_manifest(checkpoint_dir, step, client.save(checkpoint_dir, step))
     checkpoint_io.prune(checkpoint_dir, keep)
     return manifest

@@ -1,0 +1,11 @@
+"""Who the tasks are and where things live (core: standard library only).
+
+- :mod:`psframe.cluster.spec`: :class:`ClusterSpec`, task names and addresses;
+- :mod:`psframe.cluster.tf_config`: the cluster from flags, ``--cluster_spec`` or ``TF_CONFIG``;
+- :mod:`psframe.cluster.device_spec`: TF device strings (``/job:ps/task:1``);
+- :mod:`psframe.cluster.placement`: which ps task holds which variable, and its partitions.
+"""
+
+from psframe.cluster.spec import JOBS, ClusterSpec, parse_address
+
+__all__ = ["JOBS", "ClusterSpec", "parse_address"]

@@ -1,0 +1,12 @@
+"""The worker side: a replica of the model that trains against the ps tasks.
+
+- :mod:`psframe.worker.trainer`: :class:`~psframe.worker.trainer.Trainer`, the training loop's API;
+- :mod:`psframe.worker.replica`: the local model bound to the shards the ps tasks hold;
+- :mod:`psframe.worker.slicer`: which message carries which shard, in which order;
+- :mod:`psframe.worker.startup`: the chief's initialisation, and joining the model;
+- :mod:`psframe.worker.client`: tensors to and from every ps task;
+- :mod:`psframe.worker.staging`: CPU or CUDA replicas and their host buffers;
+- :mod:`psframe.worker.hooks`: hooks (public as :mod:`psframe.hooks`).
+
+Nothing here imports the ps side (:mod:`psframe.ps`).
+"""
