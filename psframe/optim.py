@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,12 +23,26 @@ import torch
 
 from psframe.errors import OptimizerConfigError
 
+log = logging.getLogger(__name__)
+
 # Variables up to this size share multi-tensor optimizer kernels, in groups
 # of at most this many bytes (see OptimizerSpec.build).
 FOREACH_GROUP_BYTES = 4 << 20
-# The optimizers whose multi-tensor kernels give the same bits as their
-# per-parameter ones (tests/test_optim.py checks it); RAdam's and ASGD's do not.
-FOREACH_SAME_RESULTS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adadelta", "Adamax", "NAdam", "Rprop"})
+
+# Whether an optimizer's multi-tensor ("foreach") kernels give the same bits
+# as its per-parameter ones depends on the torch release, the optimizer, its
+# arguments and the dtype. On torch 2.13, NAdam's differ on most float32
+# tensors of more than a few values (tensors of a dozen values may agree),
+# RAdam's and ASGD's differ, and in float16 or bfloat16 most optimizers' do
+# (their multi-tensor kernels round intermediate results differently); on
+# torch 2.11, NAdam's differ even on a dozen values. So no list is kept: the
+# first build of each optimizer, arguments and dtypes in a process steps both
+# kernels on these shapes and compares the bits (see foreach_same_results).
+# The 33,153 values of the last shape catch differences as rare as about one
+# value in 10^4 (Adadelta's in bfloat16); rarer ones could pass unseen, the
+# shapes being a sample.
+_CHECK_SHAPES = ((3,), (5, 7), (67,), (129, 257))
+_CHECK_STEPS = 5
 
 # torch.optim optimizers a ps can run: every one whose step() needs no
 # closure. LBFGS re-evaluates the loss, which only a worker can do.
@@ -81,27 +96,110 @@ class OptimizerSpec:
     def build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
         """Create the torch optimizer over ``params`` (done on the ps).
 
-        Unless told otherwise (``foreach=``), and for the optimizers of
-        :data:`FOREACH_SAME_RESULTS`, variables of up to
+        Unless told otherwise (``foreach=``), and where the installed torch's
+        multi-tensor ("foreach") kernels of this optimizer give the same bits
+        as its per-parameter ones for these arguments and dtypes (see
+        :func:`foreach_same_results`), variables of up to
         :data:`FOREACH_GROUP_BYTES` are packed, in order, into parameter
-        groups of at most that many bytes that run torch's multi-tensor
-        ("foreach") kernels: one call per group instead of a Python loop over
-        many small variables. Larger variables run the per-parameter kernels:
-        the multi-tensor ones allocate temporaries as large as all the
-        variables of their group, which for large ones would double a ps
-        task's memory. Both compute the same values, bit for bit.
+        groups of at most that many bytes that run the multi-tensor kernels:
+        one call per group instead of a Python loop over many small
+        variables. Larger variables run the per-parameter kernels: the
+        multi-tensor ones allocate temporaries as large as all the variables
+        of their group, which for large ones would double a ps task's memory.
+        Where the kernels differ, every variable runs the per-parameter ones,
+        so the values are torch's per-parameter results either way.
         """
         cls = getattr(torch.optim, self.name)
         kwargs = dict(self.kwargs)
         if "foreach" not in inspect.signature(cls.__init__).parameters or "foreach" in kwargs:
             return cls(params, **kwargs)
-        if self.name not in FOREACH_SAME_RESULTS:
+        if not foreach_same_results(cls, kwargs, _trained_dtypes(params)):
             return cls(params, foreach=False, **kwargs)
         return cls(_foreach_groups(params), **kwargs)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
         return f"psframe.optim.{self.name}({args})"
+
+
+def foreach_same_results(cls: type[torch.optim.Optimizer], kwargs: Mapping[str, Any] | None = None,
+                         dtypes: Iterable[torch.dtype] = (torch.float32,)) -> bool:
+    """Whether ``cls``'s multi-tensor kernels give the same bits as its
+    per-parameter ones on the installed torch, for these arguments and dtypes.
+
+    Decided once per process for each optimizer class, arguments and set of
+    dtypes, by running a few steps of both kernels from the same values and
+    gradients (random, from a private generator: the global random state is
+    left alone) on tensors of a few shapes, and comparing the results bit
+    for bit; a few milliseconds per dtype (the first optimizer step in a
+    process also pays torch's one-off imports, which the ps's first step
+    would pay otherwise). The answer and its reason are logged (debug when
+    they agree, info when they do not).
+
+    Args:
+        cls: a ``torch.optim.Optimizer`` subclass taking a ``foreach`` argument.
+        kwargs: its keyword arguments, other than ``foreach``.
+        dtypes: the dtypes of the variables it will update.
+
+    Returns:
+        True where every result agrees; False where one differs, or where
+        the check itself fails (an argument or dtype the multi-tensor kernels
+        refuse), so that a False only ever costs speed.
+    """
+    items = tuple(sorted((kwargs or {}).items()))
+    return _decide_foreach(cls, items, tuple(sorted(set(dtypes), key=str)))
+
+
+@functools.lru_cache(maxsize=64)
+def _decide_foreach(cls: type[torch.optim.Optimizer], items: tuple[tuple[str, Any], ...],
+                    dtypes: tuple[torch.dtype, ...]) -> bool:
+    """:func:`foreach_same_results`, memoised, with the choice logged."""
+    what = f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in items)}) on {', '.join(map(str, dtypes))}"
+    try:
+        difference = _foreach_difference(cls, dict(items), dtypes)
+    except Exception as e:  # any failure leaves them not shown equal: the safe answer
+        difference = f"could not be compared ({type(e).__name__}: {e})"
+    if difference is None:
+        log.debug("%s: multi-tensor kernels give the same bits as per-parameter ones on torch %s; "
+                  "small variables share them", what, torch.__version__)
+        return True
+    log.info("%s: no multi-tensor groups: on torch %s its multi-tensor kernels %s",
+             what, torch.__version__, difference)
+    return False
+
+
+def _foreach_difference(cls: type[torch.optim.Optimizer], kwargs: dict[str, Any],
+                        dtypes: tuple[torch.dtype, ...]) -> str | None:
+    """None if both kernels of ``cls`` end on the same bits; else what differs."""
+    generator = torch.Generator().manual_seed(0)
+    start = [torch.randn(shape, dtype=dtype, generator=generator)
+             for dtype in dtypes for shape in _CHECK_SHAPES]
+    multi = [t.clone().requires_grad_() for t in start]
+    single = [t.clone().requires_grad_() for t in start]
+    multi_opt = cls(multi, foreach=True, **kwargs)
+    single_opt = cls(single, foreach=False, **kwargs)
+    for _ in range(_CHECK_STEPS):
+        for p, q in zip(multi, single):
+            grad = torch.randn(p.shape, dtype=p.dtype, generator=generator)
+            p.grad, q.grad = grad, grad.clone()
+        multi_opt.step()
+        single_opt.step()
+    for p, q in zip(multi, single):
+        if not _same_bits(p, q):
+            count = int((p.detach() != q.detach()).sum())
+            return (f"differ after {_CHECK_STEPS} steps: {count} of the {p.numel()} values of a "
+                    f"{tuple(p.shape)} {p.dtype} tensor")
+    return None
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (unlike ``==``, a NaN equals the same NaN)."""
+    return torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
+
+
+def _trained_dtypes(params: list[torch.Tensor]) -> set[torch.dtype]:
+    """The dtypes of the variables an optimizer can update (floating or complex)."""
+    return {p.dtype for p in params if p.is_floating_point() or p.is_complex()} or {torch.float32}
 
 
 def _foreach_groups(params: list[torch.Tensor]) -> list[dict]:

@@ -1,7 +1,8 @@
 # Sourced by the other scripts: creates (once) and activates the project's
 # virtual environment in .venv, installing psframe and the extras named in
-# PSFRAME_EXTRAS. A second run reuses it; it reinstalls only when setup.cfg
-# or the extras change.
+# PSFRAME_EXTRAS, at the exact versions of constraints.txt (setup.cfg only
+# declares ranges). A second run reuses it; it reinstalls only when
+# setup.cfg, constraints.txt or the extras change.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,12 +16,13 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 stamp="$VENV/.psframe-installed"
-want="$(cat "$ROOT/setup.cfg" | sha256sum | cut -c1-16)-$EXTRAS"
+want="$(cd "$ROOT" && sha256sum setup.cfg constraints.txt | sha256sum | cut -c1-16)-$EXTRAS"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     echo "[env] installing psframe[$EXTRAS] into $VENV" >&2
-    # torch is pinned in setup.cfg to the CPU build; refuse anything that
-    # would drag CUDA wheels in.
-    if ! "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$ROOT[$EXTRAS]" \
+    # constraints.txt pins the tested set, torch to the CPU build's version;
+    # refuse anything that would drag CUDA wheels in all the same.
+    if ! "$VENV/bin/pip" install --quiet --disable-pip-version-check \
+            -c "$ROOT/constraints.txt" -e "$ROOT[$EXTRAS]" \
             > "$VENV/pip-install.log" 2>&1; then
         cat "$VENV/pip-install.log" >&2
         echo "[env] pip install failed (log above)" >&2

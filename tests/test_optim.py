@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import subprocess
 import sys
 
@@ -177,6 +179,14 @@ def test_refusal_is_not_cached_as_acceptance():
     assert optim.SGD(lr=0.3).kwargs == {"lr": 0.3}
 
 
+@pytest.fixture
+def fresh_foreach_decisions():
+    """Forget the per-process foreach decisions before and after the test."""
+    optim._decide_foreach.cache_clear()
+    yield
+    optim._decide_foreach.cache_clear()
+
+
 @pytest.mark.parametrize("name", [n for n in SUPPORTED if n != "SparseAdam"])  # SparseAdam: sparse grads only
 def test_build_groups_small_variables_for_multi_tensor_kernels_with_the_same_results(name, monkeypatch):
     monkeypatch.setattr(optim, "FOREACH_GROUP_BYTES", 64)  # 16 float32 values
@@ -187,7 +197,9 @@ def test_build_groups_small_variables_for_multi_tensor_kernels_with_the_same_res
     kwargs = {"lr": 0.01} if name != "SGD" else {"lr": 0.1, "momentum": 0.9}
     built = OptimizerSpec(name, kwargs).build(mine)
     groups = [([tuple(p.shape) for p in g["params"]], g["foreach"]) for g in built.param_groups]
-    if name in optim.FOREACH_SAME_RESULTS:
+    # Whatever the installed torch makes of this optimizer, the groups follow
+    # the decision and the values are the per-parameter kernels' exactly.
+    if optim.foreach_same_results(getattr(torch.optim, name), kwargs, [torch.float32]):
         # In order, up to 64 bytes a group: 12 + 32 + 20 bytes, then 8 + 48; 160 and 400 bytes apart.
         assert groups == [([(3,), (4, 2), (5,)], True), ([(2,), (6, 2)], True), ([(40,), (100,)], False)]
     else:
@@ -201,6 +213,95 @@ def test_build_groups_small_variables_for_multi_tensor_kernels_with_the_same_res
         local.step()
     for p, q in zip(mine, reference):
         assert torch.equal(p, q), f"{name}: {tuple(p.shape)} differs"
+
+
+class _OneUlpOff(torch.optim.SGD):
+    """SGD whose multi-tensor groups end one float32 step (ulp) away from its per-parameter ones."""
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        with torch.no_grad():
+            for group in self.param_groups:
+                if group["foreach"]:
+                    for p in group["params"]:
+                        p.copy_(torch.nextafter(p, torch.full_like(p, math.inf)))
+        return loss
+
+
+class _NoMultiTensorKernels(torch.optim.SGD):
+    """SGD whose multi-tensor path fails, as for arguments or dtypes it does not support."""
+
+    def step(self, closure=None):
+        if any(group["foreach"] for group in self.param_groups):
+            raise RuntimeError("no multi-tensor kernel for this")
+        return super().step(closure)
+
+
+def test_foreach_decision_holds_where_the_kernels_agree(fresh_foreach_decisions, caplog):
+    # Plain SGD's multi-tensor step is the same single add as its per-parameter one.
+    with caplog.at_level(logging.DEBUG, logger="psframe.optim"):
+        assert optim.foreach_same_results(torch.optim.SGD, {"lr": 0.1}) is True
+    assert "SGD(lr=0.1) on torch.float32: multi-tensor kernels give the same bits" in caplog.text
+    assert torch.__version__ in caplog.text
+
+
+def test_foreach_decision_fails_on_one_ulp(fresh_foreach_decisions, caplog):
+    with caplog.at_level(logging.INFO, logger="psframe.optim"):
+        assert optim.foreach_same_results(_OneUlpOff, {"lr": 0.1}) is False
+    assert "_OneUlpOff(lr=0.1) on torch.float32: no multi-tensor groups" in caplog.text
+    assert "differ after" in caplog.text and "torch.float32 tensor" in caplog.text
+
+
+def test_foreach_decision_fails_when_the_check_cannot_run(fresh_foreach_decisions, caplog):
+    with caplog.at_level(logging.INFO, logger="psframe.optim"):
+        assert optim.foreach_same_results(_NoMultiTensorKernels, {"lr": 0.1}) is False
+    assert "could not be compared (RuntimeError: no multi-tensor kernel for this)" in caplog.text
+
+
+def test_build_falls_back_to_per_parameter_groups_when_the_check_fails(fresh_foreach_decisions, monkeypatch):
+    monkeypatch.setattr(optim, "FOREACH_GROUP_BYTES", 64)
+    monkeypatch.setattr(optim, "_same_bits", lambda a, b: False)
+    params = [torch.zeros(3, requires_grad=True), torch.zeros(100, requires_grad=True)]
+    built = optim.SGD(lr=0.1).build(params)
+    assert [(len(g["params"]), g["foreach"]) for g in built.param_groups] == [(2, False)]
+
+
+def test_build_groups_when_the_check_passes(fresh_foreach_decisions, monkeypatch):
+    monkeypatch.setattr(optim, "FOREACH_GROUP_BYTES", 64)
+    monkeypatch.setattr(optim, "_same_bits", lambda a, b: True)
+    params = [torch.zeros(3, requires_grad=True), torch.zeros(100, requires_grad=True)]
+    built = optim.NAdam(lr=0.1).build(params)
+    assert [(len(g["params"]), g["foreach"]) for g in built.param_groups] == [(1, True), (1, False)]
+
+
+def test_foreach_decision_is_made_once_per_optimizer_arguments_and_dtypes(fresh_foreach_decisions, monkeypatch):
+    calls = []
+    check = optim._foreach_difference
+    monkeypatch.setattr(optim, "_foreach_difference", lambda *args: calls.append(args) or check(*args))
+    for _ in range(3):
+        optim.foreach_same_results(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})
+        optim.foreach_same_results(torch.optim.SGD, {"momentum": 0.9, "lr": 0.1}, [torch.float32, torch.float32])
+    assert len(calls) == 1
+    optim.foreach_same_results(torch.optim.SGD, {"lr": 0.2, "momentum": 0.9})
+    optim.foreach_same_results(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, [torch.float64])
+    assert len(calls) == 3
+
+
+def test_foreach_decision_checks_the_variables_dtypes(fresh_foreach_decisions, monkeypatch):
+    seen = []
+    monkeypatch.setattr(optim, "_foreach_difference", lambda cls, kwargs, dtypes: seen.append(dtypes))
+    params = [torch.zeros(3, requires_grad=True), torch.zeros(2, dtype=torch.float64, requires_grad=True),
+              torch.zeros(4, dtype=torch.int64)]  # an int variable is never updated
+    optim.Adam(lr=0.1).build(params)
+    assert seen == [(torch.float32, torch.float64)]
+
+
+def test_foreach_decision_leaves_the_global_random_state_alone(fresh_foreach_decisions):
+    torch.manual_seed(7)
+    expected = torch.rand(4)
+    torch.manual_seed(7)
+    optim.foreach_same_results(torch.optim.Adam, {"lr": 0.1})
+    assert torch.equal(torch.rand(4), expected)
 
 
 def test_build_keeps_an_explicit_foreach(monkeypatch):
