@@ -226,8 +226,8 @@ _INTROS = {
     ),
     "transport": (
         "One worker (this process) and 1 or 2 `psframe server` ps processes per configuration. A "
-        "round trip is `codec.encode` of a `PushPullHeader` plus the gradients, `PsClient.push_pull` "
-        "to every ps task in parallel (SGD with lr 0 is applied) and `codec.decode` of the replies, "
+        "round trip is the trainer's planned requests through `PsClient.push_pull`: encoded, sent "
+        "to every ps task in parallel (SGD with lr 0 is applied), and the replies decoded, "
         "which carry the same tensors back. **one**: one float32 tensor per ps task (the payload "
         "halved with 2 ps); **many**: tensors of max(4 KiB, payload/256), half on each ps with 2 ps "
         "(at 4 KiB this is the same as one, so it is not run). Ratios are round trips/s over the raw "

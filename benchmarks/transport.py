@@ -1,10 +1,11 @@
 """psframe push+pull round trips through real ps processes.
 
 The same payloads as the raw ceiling (:mod:`benchmarks.raw_grpc`), sent the
-way a worker sends them: ``codec.encode`` of a ``PushPullHeader`` plus the
-gradients, ``PsClient.push_pull`` to every ps task in parallel (the ps applies
-SGD with lr 0, so values stay put but the update runs), and ``codec.decode``
-of the replies, which carry the same bytes back. PushPull is whatever kind
+way a worker sends them: the trainer's plan of requests
+(:class:`psframe.worker.slicer.StepPlan`) through ``PsClient.push_pull``,
+which encodes them, sends them to every ps task in parallel (the ps applies
+SGD with lr 0, so values stay put but the update runs) and decodes the
+replies, which carry the same bytes back. PushPull is whatever kind
 of RPC ``psframe.proto`` declares (unary, or one long-lived bidirectional
 stream per ps task); each row says which, and its ratio to the raw ceiling of
 the same kind is the like-for-like one. Each layout of the payload:
@@ -36,12 +37,12 @@ import torch
 
 import psframe
 from psframe import optim
-from psframe.wire import codec
-from psframe.worker.client import PsClient
+from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, Shard
 from psframe.launch import pick_free_ports
 from psframe.optim import OptimizerSpec
-from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES
-from psframe.wire import psframe_pb2 as pb
+from psframe.wire import transport
+from psframe.worker.client import PsClient
+from psframe.worker.slicer import Request, Slot, StepPlan, batches
 
 from benchmarks.common import (
     BenchmarkError,
@@ -61,6 +62,7 @@ RPC_TIMEOUT_S = 120.0
 MAX_PROCESSES_AT_ONCE = 12
 MAX_BYTES_AT_ONCE = 8 * 1024 * 1024
 Tensors = list[tuple[str, torch.Tensor]]
+Step = list[tuple[Request, Tensors]]  # a step's planned requests, each with its gradients
 T = TypeVar("T")
 
 
@@ -157,63 +159,41 @@ def in_parallel(calls: Sequence[Callable[[], T]], deadline: Deadline) -> list[T]
         return [f.result(timeout=deadline.remaining()) for f in pending]
 
 
-def shard_requests(shards: Sequence[Tensors], max_bytes: int = DEFAULT_MAX_SHARD_BYTES
-                   ) -> list[tuple[int, Tensors]]:
-    """Group each ps task's tensors, in order, into requests of at most ``max_bytes``
-    (at least one tensor each), as the trainer does."""
-    requests: list[tuple[int, Tensors]] = []
-    for ps, tensors in enumerate(shards):
-        size = None
-        for name, tensor in tensors:
-            nbytes = tensor.numel() * tensor.element_size()
-            if size is None or size + nbytes > max_bytes:
-                requests.append((ps, []))
-                size = 0
-            requests[-1][1].append((name, tensor))
-            size += nbytes
-    return requests
+def _slots(shards: Sequence[Tensors]) -> list[Slot]:
+    """``shards[i]``'s tensors as whole variables held by ps task i."""
+    return [
+        Slot(Shard(name, name, ps, 0, tensor.shape[0] if tensor.dim() else 1, tuple(tensor.shape), tensor.nbytes),
+             tensor)
+        for ps, tensors in enumerate(shards) for name, tensor in tensors
+    ]
+
+
+def shard_requests(shards: Sequence[Tensors], max_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Step:
+    """The requests of one asynchronous worker step, as the trainer plans them
+    (:class:`psframe.worker.slicer.StepPlan`), each with its gradients: ``shards[i]``."""
+    by_name = {name: tensor for tensors in shards for name, tensor in tensors}
+    plan = StepPlan.make(_slots(shards), len(shards), max_bytes, sync=False)
+    return [(request, [(s.name, by_name[s.name]) for s in request.push]) for request in plan.step]
 
 
 def create_variables(client: PsClient, shards: Sequence[Tensors], optimizer: OptimizerSpec) -> None:
     """Create ``shards[i]`` on ps task i with ``optimizer`` (one Init request at a time, as the trainer does)."""
-    proto = codec.optimizer_to_proto(optimizer)
-    defs = [
-        [pb.VariableDef(name=n, variable=n, dtype=codec.dtype_name(t.dtype), shape=t.shape,
-                        full_shape=t.shape, num_parts=1) for n, t in tensors]
-        for tensors in shards
-    ]
-    for ps, batch in shard_requests(shards):
-        header = pb.InitHeader(caller=client.caller, variables=defs[ps], optimizer=proto)
-        codec.decode(client.init([(ps, codec.encode(header, batch))])[0], pb.InitReplyHeader)
+    slots = _slots(shards)
+    for ps, batch in batches(slots, len(shards), DEFAULT_MAX_SHARD_BYTES):
+        client.create(ps, [s for s in slots if s.shard.ps_task == ps], [(s.name, s.param) for s in batch],
+                      optimizer, sync=None, checkpoint_dir=None)
     # Every ps task holds its variables once its last Init request is in.
     client.wait_for_ps(timeout=30.0, ready=True)
 
 
-def push_pull(client: PsClient, requests: Sequence[tuple[int, Tensors]]) -> list[list[torch.Tensor]]:
-    """One worker step: push ``requests`` (ps task, gradients), pull the same
-    variables back; ``end_of_step`` on each ps task's last request."""
-    last = {ps: i for i, (ps, _) in enumerate(requests)}
-    encoded = [
-        (ps, codec.encode(pb.PushPullHeader(caller=client.caller, pull=[n for n, _ in grads],
-                                            end_of_step=last[ps] == i), grads))
-        for i, (ps, grads) in enumerate(requests)
-    ]
-    return [_decoded(reply)[1] for reply in client.push_pull(encoded)]
-
-
-def _decoded(reply: bytes | tuple[pb.PushPullReplyHeader, list[torch.Tensor]]
-             ) -> tuple[pb.PushPullReplyHeader, list[torch.Tensor]]:
-    # PsClient.push_pull has returned either the reply bytes or the decoded
-    # reply, depending on the psframe version; decoding is timed either way.
-    if isinstance(reply, (bytes, bytearray, memoryview)):
-        return codec.decode(reply, pb.PushPullReplyHeader)
-    return reply
+def push_pull(client: PsClient, requests: Step) -> list[list[torch.Tensor]]:
+    """One worker step: push the gradients of ``requests``, pull the same variables back."""
+    return [reply.values for reply in client.push_pull(requests, step=0)]
 
 
 def push_pull_rpc_kind() -> str:
     """"stream" if PushPull is a bidirectional streaming RPC in psframe.proto, else "unary"."""
-    method = pb.DESCRIPTOR.services_by_name["ParameterServer"].methods_by_name["PushPull"]
-    return "stream" if method.client_streaming and method.server_streaming else "unary"
+    return "stream" if transport.METHODS["PushPull"].streaming else "unary"
 
 
 # ------------------------------------------------------------------- the cases
@@ -260,7 +240,7 @@ def cases_for(sizes: Sequence[int], ps_counts: Sequence[int] = (1, 2)) -> list[C
             if (case := Case(num_ps, layout, nbytes)).runnable]
 
 
-def prepare_case(cluster: PsCluster, case: Case) -> list[tuple[int, Tensors]]:
+def prepare_case(cluster: PsCluster, case: Case) -> Step:
     """Create the case's variables on its (connected) cluster, with SGD(lr=0).
 
     Returns:
@@ -271,7 +251,7 @@ def prepare_case(cluster: PsCluster, case: Case) -> list[tuple[int, Tensors]]:
     return shard_requests([[(n, torch.full_like(t, 1e-3)) for n, t in tensors] for tensors in values])
 
 
-def measure_case(cluster: PsCluster, case: Case, requests: list[tuple[int, Tensors]],
+def measure_case(cluster: PsCluster, case: Case, requests: Step,
                  settings: Settings, deadline: Deadline) -> dict:
     """Time push+pull of ``requests`` on the case's prepared cluster."""
     client = cluster.client

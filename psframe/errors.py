@@ -94,6 +94,17 @@ class RemoteError(PsframeError):
     """A peer failed in a way that has no more specific psframe error."""
 
 
+def error_from_name(class_name: str, message: str) -> PsframeError:
+    """The psframe error a peer reported by class name (``RemoteError`` for a name psframe does not know).
+
+    Peers name the error they raised, so the caller raises the same class.
+    """
+    cls = globals().get(class_name)
+    if not (isinstance(cls, type) and issubclass(cls, PsframeError)):
+        cls = RemoteError
+    return cls(message)
+
+
 __all__ = [
     "PsframeError",
     "ClusterSpecError",

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from psframe import optim
-from psframe.wire import codec
+from psframe.wire import codec, messages
 from psframe.errors import OptimizerConfigError, PsframeError, WireFormatError
 from psframe.wire import psframe_pb2 as pb
 
@@ -476,11 +476,11 @@ def test_negative_view_is_sent_as_its_values():
     (optim.Adagrad(), {}),
 ])
 def test_optimizer_proto_roundtrip(spec, kinds):
-    message = codec.optimizer_to_proto(spec)
+    message = messages.optimizer_to_proto(spec)
     assert message.name == spec.name
     assert {k: v.WhichOneof("kind") for k, v in message.kwargs.items()} == kinds
     # Through bytes, as it travels.
-    back = codec.optimizer_from_proto(pb.OptimizerDef.FromString(message.SerializeToString()))
+    back = messages.optimizer_from_proto(pb.OptimizerDef.FromString(message.SerializeToString()))
     assert back == spec
     assert back.name == spec.name
     assert set(back.kwargs) == set(spec.kwargs)
@@ -491,7 +491,7 @@ def test_optimizer_proto_roundtrip(spec, kinds):
 
 
 def test_optimizer_proto_values():
-    message = codec.optimizer_to_proto(optim.Adam(betas=(0.8, 0.99), amsgrad=True, lr=2))
+    message = messages.optimizer_to_proto(optim.Adam(betas=(0.8, 0.99), amsgrad=True, lr=2))
     assert list(message.kwargs["betas"].numbers.values) == [0.8, 0.99]
     assert message.kwargs["amsgrad"].flag is True
     assert message.kwargs["lr"].integer == 2
@@ -499,12 +499,12 @@ def test_optimizer_proto_values():
 
 def test_optimizer_from_proto_validates_again():
     with pytest.raises(OptimizerConfigError, match="'Nope'"):
-        codec.optimizer_from_proto(pb.OptimizerDef(name="Nope"))
+        messages.optimizer_from_proto(pb.OptimizerDef(name="Nope"))
     bad = pb.OptimizerDef(name="SGD")
     bad.kwargs["lr"].number = -1.0
     with pytest.raises(OptimizerConfigError, match="lr"):
-        codec.optimizer_from_proto(bad)
+        messages.optimizer_from_proto(bad)
     typo = pb.OptimizerDef(name="SGD")
     typo.kwargs["momentun"].number = 0.9
     with pytest.raises(OptimizerConfigError, match="momentun"):
-        codec.optimizer_from_proto(typo)
+        messages.optimizer_from_proto(typo)

@@ -99,3 +99,22 @@ def _stdlib() -> set[str]:
     import sys
 
     return set(sys.stdlib_module_names) | {"__future__"}
+
+
+def test_a_worker_process_loads_nothing_of_the_ps_side():
+    import subprocess
+    import sys
+
+    code = ("import sys, psframe, psframe.hooks, psframe.checkpoint; psframe.Trainer; "
+            "print(sorted(m for m in sys.modules if m.startswith('psframe.ps')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_trainer_speaks_tensors_and_names_only():
+    for path in (PACKAGE / "worker").glob("*.py"):
+        if path.stem in ("client", "replica"):  # the client (and the replica's on-GPU compression) speak wire
+            continue
+        wire = {name for name in imports_of(path) if name.startswith("psframe.wire")}
+        assert not wire, f"{module_name(path)} imports {sorted(wire)}"

@@ -2,7 +2,7 @@
 
 ``memory`` drives a :class:`VariableStore` directly, the way
 ``ParameterServerService.push_pull`` does; ``grpc`` goes through a real
-``psframe.Server`` on a free loopback port with ``PsClient`` and the codec.
+``psframe.Server`` on a free loopback port with the worker's ``PsClient``.
 The oracle for every update is a local ``torch.optim`` optimizer run on copies
 of the same tensors with the same gradients: results must be bitwise equal.
 """
@@ -16,8 +16,10 @@ import torch
 
 import psframe
 from psframe import optim
-from psframe.wire import codec
+from psframe.cluster.placement import Shard
+from psframe.wire import codec, messages, transport
 from psframe.worker.client import PsClient
+from psframe.worker.slicer import Request, Slot
 from psframe.errors import (
     ClusterMismatchError,
     DtypeMismatchError,
@@ -35,6 +37,14 @@ DEADLINE_S = 30.0  # a wait that never ends is a failure, not a hang
 
 
 # --------------------------------------------------------------------- the backends
+
+
+def _slot(name: str, like: torch.Tensor | None = None) -> Slot:
+    """A whole, unpartitioned variable ``name`` on ps task 0, shaped like ``like``."""
+    like = like if like is not None else torch.zeros(())
+    shard = Shard(name=name, variable=name, ps_task=0, row_start=0, row_end=like.shape[0] if like.dim() else 1,
+                  shape=tuple(like.shape), nbytes=like.nbytes)
+    return Slot(shard, like.detach())
 
 
 class MemoryBackend:
@@ -62,7 +72,7 @@ class MemoryBackend:
 
 
 class GrpcBackend:
-    """A real ps task on loopback, reached through PsClient and the codec."""
+    """A real ps task on loopback, reached through the worker's PsClient."""
 
     def __init__(self) -> None:
         ps_port, *worker_ports = pick_free_ports(3)
@@ -89,26 +99,18 @@ class GrpcBackend:
     def create(self, values: dict[str, torch.Tensor], optimizer_spec: OptimizerSpec,
                client: PsClient | None = None) -> bool:
         client = client or self.client
-        defs = [
-            pb.VariableDef(name=name, variable=name, dtype=codec.dtype_name(v.dtype), shape=v.shape,
-                           full_shape=v.shape, num_parts=1)
-            for name, v in values.items()
-        ]
-        header = pb.InitHeader(caller=client.caller, variables=defs,
-                               optimizer=codec.optimizer_to_proto(optimizer_spec))
-        (reply,) = client.init([(0, codec.encode(header, list(values.items())))])
-        reply_header, tensors = codec.decode(reply, pb.InitReplyHeader)
-        assert tensors == []
-        assert reply_header.state == pb.TaskInfo.READY
-        return reply_header.created
+        slots = [_slot(name, value) for name, value in values.items()]
+        created = client.create(0, slots, list(values.items()), optimizer_spec, sync=None, checkpoint_dir=None)
+        assert client.get_info(0).state == pb.TaskInfo.READY
+        return created
 
     def push_pull(self, grads: dict[str, torch.Tensor], pull: list[str], end_of_step: bool = True,
                   client: PsClient | None = None) -> tuple[int, dict[str, torch.Tensor]]:
         client = client or self.client
-        header = pb.PushPullHeader(caller=client.caller, pull=pull, end_of_step=end_of_step)
-        ((reply_header, tensors),) = client.push_pull([(0, codec.encode(header, list(grads.items())))])
-        assert [m.name for m in reply_header.tensors] == pull
-        return reply_header.global_step, {name: t.clone() for name, t in zip(pull, tensors)}
+        request = Request(0, tuple(_slot(n, g) for n, g in grads.items()), tuple(_slot(n) for n in pull), end_of_step)
+        (reply,) = client.push_pull([(request, list(grads.items()))], step=0)
+        assert len(reply.values) == len(pull)
+        return reply.global_step, {name: t.clone() for name, t in zip(pull, reply.values)}
 
     def nbytes(self) -> int:
         return self.client.get_info(0).bytes_held
@@ -465,13 +467,19 @@ def test_grpc_wrong_cluster_is_refused(grpc_backend):
 def test_grpc_caller_that_is_not_a_worker_is_refused(grpc_backend):
     values = _initial()
     grpc_backend.create(values, optim.SGD(lr=0.1))
-    for caller in (pb.Caller(job_name="ps", task_index=0, cluster_fingerprint=grpc_backend.cluster.fingerprint),
-                   pb.Caller(job_name="worker", task_index=5, cluster_fingerprint=grpc_backend.cluster.fingerprint),
-                   pb.Caller()):
-        data = codec.encode(pb.PushPullHeader(caller=caller, pull=["scale"], end_of_step=True),
-                            [("scale", torch.ones(()))])
-        with pytest.raises(ClusterMismatchError):
-            grpc_backend.client.push_pull([(0, data)])
+    watchdog = transport.Watchdog()
+    with transport.Connection(grpc_backend.cluster.task_address("ps", 0)) as connection:
+        for caller in (pb.Caller(job_name="ps", task_index=0, cluster_fingerprint=grpc_backend.cluster.fingerprint),
+                       pb.Caller(job_name="worker", task_index=5, cluster_fingerprint=grpc_backend.cluster.fingerprint),
+                       pb.Caller()):
+            data = codec.encode(pb.PushPullHeader(caller=caller, pull=["scale"], end_of_step=True),
+                                [("scale", torch.ones(()))])
+            stream = connection.open_stream("PushPull", watchdog)
+            stream.send(data, DEADLINE_S)
+            reply, tensors = codec.decode(stream.receive(), pb.PushPullReplyHeader)
+            stream.close()
+            assert (reply.error_class, tensors) == ("ClusterMismatchError", [])
+    watchdog.stop()
     step, pulled = _pull_all(grpc_backend, list(values))
     assert step == 0
     _assert_exact(pulled, values)
@@ -511,7 +519,7 @@ def test_grpc_info_reports_the_store(grpc_backend):
     assert [(v.name, v.dtype, list(v.shape)) for v in info.variables] == [
         (n, "float32", list(v.shape)) for n, v in values.items()
     ]
-    assert codec.optimizer_from_proto(info.optimizer) == spec
+    assert messages.optimizer_from_proto(info.optimizer) == spec
 
 
 def test_errors_are_psframe_errors(backend):

@@ -14,6 +14,7 @@ import torch
 import psframe
 from psframe.worker.client import PsClient
 from psframe.errors import BarrierTimeoutError, ClusterMismatchError
+from psframe.hooks import NanGuardHook
 from tests.conftest import ROOT, free_cluster
 
 THREAD_DEADLINE = 60.0
@@ -149,7 +150,7 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
                                    max_shard_bytes=max_shard_bytes)
                 for i in range(num_workers)}
     if max_shard_bytes == 64:
-        assert len(trainers[0]._batches) > 2 * cluster.num_ps  # several messages per ps task
+        assert len(trainers[0]._replica.plan.pull) > 2 * cluster.num_ps  # several messages per ps task
     run_workers({0: trainers[0].connect})
     run_workers({i: trainers[i].connect for i in range(1, num_workers)})
 
@@ -176,6 +177,52 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
     for p, q in zip(models[0].parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
     run_workers({i: trainers[i].close for i in range(num_workers)})
+
+
+def test_a_step_skipped_by_the_nan_guard_is_no_member_of_the_round(local_cluster):
+    """Worker 2's loss turns NaN at step 1: NanGuardHook(fail_on_nan=False) drops its
+    gradients and stops it. Its skipped step contributes nothing (it used to send zeros,
+    averaged in as a member): step 1's update is the mean of workers 0 and 1 alone."""
+    num_workers, steps, per_worker = 3, 3, 8
+    cluster = local_cluster(num_ps=2, num_workers=num_workers)
+    x_all, y_all = data(7, num_workers * per_worker * steps)
+    models = {i: linear_model(seed=0) for i in range(num_workers)}
+    optimizer = psframe.optim.SGD(lr=0.2)
+    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=optimizer,
+                                   sync=psframe.SyncReplicas(timeout=30), min_partition_bytes=32,
+                                   hooks=[NanGuardHook(fail_on_nan=False)] if i == 2 else [])
+                for i in range(num_workers)}
+    run_workers({0: trainers[0].connect})
+    run_workers({i: trainers[i].connect for i in range(1, num_workers)})
+
+    def shard(step, worker):
+        start = (step * num_workers + worker) * per_worker
+        return x_all[start : start + per_worker], y_all[start : start + per_worker]
+
+    def train(i):
+        for step in range(steps):
+            x, y = shard(step, i)
+            loss = torch.nn.functional.cross_entropy(models[i](x), y)
+            trainers[i].step(loss * float("nan") if (i, step) == (2, 1) else loss)
+            if trainers[i].should_stop():
+                break
+        trainers[i].close()
+        return trainers[i].global_step, trainers[i].skipped_steps
+
+    results = run_workers({i: (lambda i=i: train(i)) for i in range(num_workers)})
+    assert results[0] == results[1] == (steps, 0)
+    assert results[2] == (1, 1)  # one update applied, then a skipped step that only pulled
+    reference = linear_model(seed=0)
+    local_opt = torch.optim.SGD(reference.parameters(), lr=0.2)
+    for step in range(steps):
+        members = range(num_workers) if step == 0 else range(2)
+        x = torch.cat([shard(step, i)[0] for i in members])
+        y = torch.cat([shard(step, i)[1] for i in members])
+        local_opt.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        local_opt.step()
+    for p, q in zip(models[0].parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
 
 
 def test_workers_with_different_numbers_of_steps_all_finish(local_cluster):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import psframe
-from psframe.wire import codec
+from psframe.wire import codec, transport
 from psframe.errors import DtypeMismatchError, WireFormatError
 from psframe.wire import psframe_pb2 as pb
 from psframe.ps.store import VariableStore
@@ -62,11 +62,17 @@ def backend():
 
 
 def _push_pull(backend: GrpcBackend, grads: dict[str, torch.Tensor], pull: list[str], wire_dtype: str):
-    client = backend.client
-    header = pb.PushPullHeader(caller=client.caller, pull=pull, end_of_step=True, wire_dtype=wire_dtype)
-    ((reply, tensors),) = client.push_pull([(0, codec.encode(header, list(grads.items())))])
+    """One PushPull request as it travels, with any wire_dtype name (valid or not)."""
+    header = pb.PushPullHeader(caller=backend.client.caller, pull=pull, end_of_step=True, wire_dtype=wire_dtype)
+    watchdog = transport.Watchdog()
+    with transport.Connection(backend.cluster.task_address("ps", 0)) as connection:
+        stream = connection.open_stream("PushPull", watchdog)
+        stream.send(codec.encode(header, list(grads.items())), 30.0)
+        reply, tensors = codec.decode(stream.receive(), pb.PushPullReplyHeader)
+        stream.close()
+    watchdog.stop()
     if reply.error_class:
-        raise getattr(psframe.errors, reply.error_class)(reply.error_message)
+        raise psframe.errors.error_from_name(reply.error_class, reply.error_message)
     return dict(zip(pull, (t.clone() for t in tensors)))
 
 

@@ -369,6 +369,12 @@ class ClusterSpec:
             raise ClusterSpecError(f"task_index must be >= 0, got {index}")
         return f"/job:{_check_job_name(job_name)}/task:{index}"
 
+    @staticmethod
+    def caller_name(job_name: str, task_index: int) -> str:
+        """TF's name for a task as a caller states it, unchecked (it came off the wire;
+        ``psframe status`` calls itself ``/job:tool/task:0``)."""
+        return f"/job:{job_name or '?'}/task:{task_index}"
+
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"ClusterSpec is immutable; cannot set {name!r}")
 

@@ -6,15 +6,11 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent import futures
 
-import grpc
-
-from psframe.wire.codec import GRPC_OPTIONS
 from psframe.cluster import ClusterSpec, parse_address
-from psframe.errors import PortInUseError
 from psframe.ps.service import ParameterServerService
 from psframe.ps.task_service import TaskService
+from psframe.wire.transport import RpcServer
 
 log = logging.getLogger(__name__)
 
@@ -77,26 +73,10 @@ class Server:
         else:
             self.service = TaskService(self.cluster, job_name, task_index)
         threads = max_threads or max(16, 4 * self.cluster.num_workers + 8)
-        self._grpc = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{job_name}{task_index}"),
-            handlers=(self.service.rpc_handler(),),
-            # Two tasks must never share a port: gRPC would otherwise allow it.
-            options=GRPC_OPTIONS + (("grpc.so_reuseport", 0),),
-        )
+        self._rpc = RpcServer(self.service.handlers(), name=self.task_name, max_threads=threads)
         bind = bind_address or self.address
         parse_address(bind)
-        try:
-            port = self._grpc.add_insecure_port(bind)
-        except RuntimeError as e:
-            port = 0
-            cause: Exception | None = e
-        else:
-            cause = None
-        if port == 0:
-            raise PortInUseError(
-                f"{self.task_name} cannot listen on {bind}: the port is in use by another process "
-                f"or the host is not an address of this machine"
-            ) from cause
+        self._rpc.bind(bind)
         self._stopped = threading.Event()
         self._started = False
         if start:
@@ -110,7 +90,7 @@ class Server:
     def start(self) -> None:
         """Start serving (idempotent)."""
         if not self._started:
-            self._grpc.start()
+            self._rpc.start()
             self._started = True
             log.info("%s serving at %s", self.task_name, self.address)
 
@@ -141,7 +121,8 @@ class Server:
         """Stop serving; calls in flight get ``grace`` seconds to finish."""
         if not self._stopped.is_set():
             self._stopped.set()
-            self._grpc.stop(grace).wait(grace + 1.0)
+            self._rpc.stop(grace)
+            self.service.close()
 
     def __enter__(self) -> Server:
         return self

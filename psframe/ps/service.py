@@ -1,7 +1,7 @@
-"""The ParameterServer gRPC servicer: decodes requests, calls the store,
-encodes replies. Its errors become status codes through
-:func:`psframe.ps.task_service.translate_errors`.
+"""The ps task's service: decodes requests, calls the store, encodes replies.
 
+Handlers take a request and return a reply; :mod:`psframe.wire.transport`
+serves them, and turns the psframe errors they raise into status codes.
 Tensor-carrying methods (Init, PushPull) take and return raw bytes and use
 :mod:`psframe.wire.codec`, so tensors are read in place from the request and
 written once into the reply; the small methods use the generated classes.
@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-import grpc
 import torch
 
 from psframe import allocator, errors
-from psframe.wire import codec
-from psframe.wire.codec import GRPC_OPTIONS, SERVICE_NAME
 from psframe.cluster import ClusterSpec
 from psframe.errors import (
     ClusterMismatchError,
@@ -27,12 +24,13 @@ from psframe.errors import (
     WireFormatError,
 )
 from psframe.optim import OptimizerSpec
+from psframe.wire import codec, messages, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.ps import recovery
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.store import VariableStore
 from psframe.ps.sync import SyncAggregator
-from psframe.ps.task_service import TaskService, translate_errors
+from psframe.ps.task_service import TaskService
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +54,7 @@ class ParameterServerService(TaskService):
         self.aggregator: SyncAggregator | None = None
         # Replies to pushes the sync barrier released, for the version they read.
         self._released: tuple[tuple, dict[tuple, bytes]] = ((), {})
-        self._peers: dict[tuple[int, str], Callable] = {}  # calls to the other ps tasks
+        self._peers: dict[int, transport.Connection] = {}  # to the other ps tasks, made on first use
         # Where psframe may not tune malloc, freed message buffers are trimmed instead.
         self._memory = allocator.MemoryReturner(enabled=not allocator.tune_malloc())
         if checkpoint_dir:
@@ -69,14 +67,14 @@ class ParameterServerService(TaskService):
     def _check_caller(self, caller: pb.Caller, job_name: str = "worker") -> None:
         if caller.cluster_fingerprint != self.cluster.fingerprint:
             raise ClusterMismatchError(
-                f"/job:{caller.job_name or '?'}/task:{caller.task_index} was started with a different "
+                f"{ClusterSpec.caller_name(caller.job_name, caller.task_index)} was started with a different "
                 f"cluster (fingerprint {caller.cluster_fingerprint or 'none'}) than {self.task_name}, "
                 f"whose cluster is {self.cluster.to_string()!r} (fingerprint {self.cluster.fingerprint})"
             )
         if caller.job_name != job_name or not 0 <= caller.task_index < self.cluster.num_tasks(job_name):
             raise ClusterMismatchError(
                 f"{self.task_name} expects this call from /job:{job_name}/task:0.."
-                f"{self.cluster.num_tasks(job_name) - 1}, not /job:{caller.job_name}/task:{caller.task_index}"
+                f"{self.cluster.num_tasks(job_name) - 1}, not {ClusterSpec.caller_name(caller.job_name, caller.task_index)}"
             )
 
     def check_training_over(self) -> bool:
@@ -93,8 +91,7 @@ class ParameterServerService(TaskService):
         self.all_finished.set()
         return True
 
-    @translate_errors
-    def get_info(self, request: pb.InfoRequest, context) -> pb.TaskInfo:
+    def get_info(self, request: pb.InfoRequest) -> pb.TaskInfo:
         caller = request.caller
         if caller.job_name == "worker" and caller.cluster_fingerprint == self.cluster.fingerprint:
             with self.roster.call(caller.task_index):  # a worker waiting for us is alive
@@ -113,7 +110,7 @@ class ParameterServerService(TaskService):
             info.variables.extend(self._variable_defs)
             info.bytes_held = store.nbytes()
             if store.optimizer_spec is not None:
-                info.optimizer.CopyFrom(codec.optimizer_to_proto(store.optimizer_spec))
+                info.optimizer.CopyFrom(messages.optimizer_to_proto(store.optimizer_spec))
             info.pushes = store.pushes
             info.rejected_pushes = store.rejected_pushes
             info.finished_workers.extend(self.roster.finished)
@@ -128,8 +125,7 @@ class ParameterServerService(TaskService):
 
     # ---- Init
 
-    @translate_errors
-    def init(self, data: bytes, context) -> bytes:
+    def init(self, data: bytes) -> bytes:
         header, tensors = codec.decode(data, pb.InitHeader)
         self._check_caller(header.caller)
         with self.roster.call(header.caller.task_index):
@@ -141,19 +137,16 @@ class ParameterServerService(TaskService):
                 f"only the chief (/job:worker/task:0) creates variables, "
                 f"not /job:worker/task:{header.caller.task_index}"
             )
-        optimizer = codec.optimizer_from_proto(header.optimizer)
+        optimizer = messages.optimizer_from_proto(header.optimizer)
         defs = list(header.variables)
         sync = header.sync if header.HasField("sync") else None
         with self._init_lock:
             created = False
             if self.store.ready:
-                _check_same_defs(self.task_name, self._variable_defs, defs)
+                where = f"the chief's model does not match what {self.task_name} holds"
+                messages.check_same_variables(where, defs, self._variable_defs)
                 self.store.create(self._values_like(defs), optimizer)  # checks the optimizer
-                if sync != self._sync_def:
-                    raise ClusterMismatchError(
-                        f"{self.task_name} trains with {_describe_sync(self._sync_def)}, "
-                        f"the chief asks for {_describe_sync(sync)}"
-                    )
+                messages.check_same_sync(where, sync, self._sync_def)
             elif self._restore_for_chief(header.checkpoint_dir or self.checkpoint_dir, defs, optimizer, sync):
                 pass
             else:
@@ -218,15 +211,14 @@ class ParameterServerService(TaskService):
             if k == self.task_index:
                 continue
             try:
-                info = self._peer(k, "GetInfo", pb.InfoRequest, pb.TaskInfo)(request, timeout=2.0)
-            except grpc.RpcError:
+                info = self._peer(k).call("GetInfo", request, timeout=2.0)
+            except PsframeError:
                 continue
             if info.state == pb.TaskInfo.READY:
                 steps.append(info.global_step)
         return steps
 
-    @translate_errors
-    def save(self, request: pb.SaveRequest, context) -> pb.SaveReply:
+    def save(self, request: pb.SaveRequest) -> pb.SaveReply:
         self._check_tool_or_worker(request.caller)
         url = request.checkpoint_dir or self.checkpoint_dir
         if not url:
@@ -246,22 +238,21 @@ class ParameterServerService(TaskService):
 
     # ---- PushPull
 
-    def push_pull(self, requests, context):
+    def push_pull(self, requests: Iterator[bytes]) -> Iterator[bytes]:
         """PushPull on a long-lived stream: requests are answered in order, and
         a refused one gets the error's name in its reply; the stream goes on."""
         for data in requests:
             yield self._answer_push_pull(data)
 
     def _answer_push_pull(self, data: bytes) -> bytes:
-        """The reply to one PushPull request (a refused one names the error)."""
+        """The reply to one PushPull request: a refused one names the error, and the stream goes on.
+
+        Anything else (a bug) ends the stream, with the status the transport gives it.
+        """
         try:
             return self._handle_push_pull(data)
         except PsframeError as e:
             return codec.encode(pb.PushPullReplyHeader(error_class=type(e).__name__, error_message=str(e)), ())
-        except Exception as e:  # a bug, not bad input: say so, keep serving
-            log.exception("PushPull failed")
-            return codec.encode(pb.PushPullReplyHeader(error_class="RemoteError",
-                                                       error_message=f"{type(e).__name__}: {e}"), ())
 
     def _handle_push_pull(self, data: bytes) -> bytes:
         self._memory.handled(len(data))
@@ -328,38 +319,25 @@ class ParameterServerService(TaskService):
         for worker in self.roster.finished:
             self.aggregator.worker_finished(worker)
         self._sync_def = sync
-        log.info("%s: synchronous training, %s", self.task_name, _describe_sync(sync))
+        log.info("%s: synchronous training, %s", self.task_name, messages.describe_sync(sync))
 
-    def _peer(self, ps_task: int, method: str, request_type, reply_type) -> Callable:
-        """A unary call to another ps task (channels made once)."""
-        key = (ps_task, method)
-        if key not in self._peers:
-            channel = self._peers.get((ps_task, ""))
-            if channel is None:
-                channel = self._peers[(ps_task, "")] = grpc.insecure_channel(
-                    self.cluster.task_address("ps", ps_task), options=GRPC_OPTIONS
-                )
-            self._peers[key] = channel.unary_unary(
-                f"/{SERVICE_NAME}/{method}",
-                request_serializer=request_type.SerializeToString,
-                response_deserializer=reply_type.FromString,
-            )
-        return self._peers[key]
+    def _peer(self, ps_task: int) -> transport.Connection:
+        """The connection to another ps task (made once)."""
+        peer = self._peers.get(ps_task)
+        if peer is None:
+            address = self.cluster.task_address("ps", ps_task)
+            peer = self._peers[ps_task] = transport.Connection(
+                address, f"{ClusterSpec.task_name('ps', ps_task)} at {address}")
+        return peer
 
     def _ask_ps0(self, step: int, timeout: float) -> tuple[int, ...]:
-        ask = self._peer(0, "StepMembers", pb.StepMembersRequest, pb.StepMembersReply)
         caller = pb.Caller(job_name="ps", task_index=self.task_index,
                            cluster_fingerprint=self.cluster.fingerprint)
-        try:
-            reply = ask(pb.StepMembersRequest(caller=caller, step=step), timeout=timeout + 5.0,
-                        wait_for_ready=True)
-        except grpc.RpcError as e:
-            raise codec.remote_error(e, f"/job:ps/task:0 at {self.cluster.task_address('ps', 0)}",
-                                     timeout) from e
+        reply = self._peer(0).call("StepMembers", pb.StepMembersRequest(caller=caller, step=step),
+                                   timeout=timeout + 5.0, wait_for_ready=True)
         return tuple(reply.workers)
 
-    @translate_errors
-    def step_members(self, request: pb.StepMembersRequest, context) -> pb.StepMembersReply:
+    def step_members(self, request: pb.StepMembersRequest) -> pb.StepMembersReply:
         self._check_caller(request.caller, job_name="ps")
         if self.aggregator is None:
             raise NotReadyError(f"{self.task_name} is not training synchronously (yet)")
@@ -368,8 +346,7 @@ class ParameterServerService(TaskService):
 
     # ---- Finish
 
-    @translate_errors
-    def finish(self, request: pb.FinishRequest, context) -> pb.FinishResponse:
+    def finish(self, request: pb.FinishRequest) -> pb.FinishResponse:
         self._check_caller(request.caller)
         worker = request.caller.task_index
         if self.roster.finish(worker):
@@ -382,54 +359,22 @@ class ParameterServerService(TaskService):
             self.all_finished.set()
         return pb.FinishResponse(finished_workers=done, num_workers=self.cluster.num_workers)
 
-    def _method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        handlers = super()._method_handlers()
-        handlers.update(
-            Init=grpc.unary_unary_rpc_method_handler(self.init),
-            PushPull=grpc.stream_stream_rpc_method_handler(self.push_pull),
-            Finish=grpc.unary_unary_rpc_method_handler(
-                self.finish,
-                request_deserializer=pb.FinishRequest.FromString,
-                response_serializer=pb.FinishResponse.SerializeToString,
-            ),
-            Save=grpc.unary_unary_rpc_method_handler(
-                self.save,
-                request_deserializer=pb.SaveRequest.FromString,
-                response_serializer=pb.SaveReply.SerializeToString,
-            ),
-            StepMembers=grpc.unary_unary_rpc_method_handler(
-                self.step_members,
-                request_deserializer=pb.StepMembersRequest.FromString,
-                response_serializer=pb.StepMembersReply.SerializeToString,
-            ),
-        )
-        return handlers
+    def handlers(self) -> dict[str, Callable]:
+        """The methods of the service this task answers, by name: all of them."""
+        return {**super().handlers(), "Init": self.init, "PushPull": self.push_pull, "Finish": self.finish,
+                "Save": self.save, "StepMembers": self.step_members}
+
+    def close(self) -> None:
+        """Close the connections to the other ps tasks."""
+        for peer in self._peers.values():
+            peer.close()
+        self._peers.clear()
 
 
 def _outgoing(names: list[str], values: list[torch.Tensor], wire_dtype: torch.dtype | None
               ) -> list[tuple[str, torch.Tensor]]:
     """The pulled variables as they travel: compressed when the worker asked."""
     return [(name, codec.to_wire(value, wire_dtype)) for name, value in zip(names, values)]
-
-
-def _describe_sync(sync: pb.SyncDef | None) -> str:
-    if sync is None:
-        return "asynchronous updates"
-    return (f"SyncReplicas(replicas_to_aggregate={sync.replicas_to_aggregate}, "
-            f"total_num_replicas={sync.total_num_replicas}, timeout={sync.timeout_seconds:g}s)")
-
-
-def _def_key(d: pb.VariableDef) -> tuple:
-    return (d.name, d.dtype, tuple(d.shape))
-
-
-def _check_same_defs(owner: str, mine: list[pb.VariableDef], theirs: list[pb.VariableDef]) -> None:
-    if [_def_key(d) for d in mine] != [_def_key(d) for d in theirs]:
-        diff = sorted(set(map(_def_key, mine)) ^ set(map(_def_key, theirs)))[:4]
-        raise ClusterMismatchError(
-            f"{owner} already holds a different model: {len(mine)} variables here, "
-            f"{len(theirs)} in the request; differences (name, dtype, shape): {diff}"
-        )
 
 
 def _check_value(owner: str, definition: pb.VariableDef | None, name: str, value: torch.Tensor) -> None:

@@ -1,63 +1,22 @@
-"""The gRPC servicer every task has (GetInfo, Shutdown), and the one place
-where psframe errors become gRPC status codes, with the error's class name in
-the trailing metadata.
+"""What every task answers (GetInfo, Shutdown); the ps task's service builds on it.
+
+Handlers take a request message and return a reply; :mod:`psframe.wire.transport`
+serves them and turns the psframe errors they raise into status codes.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
 from collections.abc import Callable
 
-import grpc
-
-from psframe import errors
-from psframe.wire.codec import ERROR_METADATA_KEY, SERVICE_NAME
-from psframe.version import __version__
 from psframe.cluster import ClusterSpec
-from psframe.errors import (
-    BarrierTimeoutError,
-    ClusterMismatchError,
-    InvalidGradientError,
-    NotReadyError,
-    OptimizerConfigError,
-    PsframeError,
-    WireFormatError,
-)
+from psframe.errors import ClusterMismatchError
+from psframe.version import __version__
 from psframe.wire import psframe_pb2 as pb
 
 log = logging.getLogger(__name__)
-
-
-_STATUS_OF = (
-    (InvalidGradientError, grpc.StatusCode.INVALID_ARGUMENT),
-    (WireFormatError, grpc.StatusCode.INVALID_ARGUMENT),
-    (OptimizerConfigError, grpc.StatusCode.INVALID_ARGUMENT),
-    (ClusterMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
-    (NotReadyError, grpc.StatusCode.FAILED_PRECONDITION),
-    (BarrierTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (errors.CheckpointError, grpc.StatusCode.FAILED_PRECONDITION),
-)
-
-
-def translate_errors(method: Callable) -> Callable:
-    """Turn a PsframeError into a status code plus the error's class name."""
-
-    @functools.wraps(method)
-    def wrapper(self, request, context: grpc.ServicerContext):
-        try:
-            return method(self, request, context)
-        except PsframeError as e:
-            code = next((c for cls, c in _STATUS_OF if isinstance(e, cls)), grpc.StatusCode.UNKNOWN)
-            context.set_trailing_metadata(((ERROR_METADATA_KEY, type(e).__name__),))
-            context.abort(code, str(e))
-        except Exception as e:  # a bug, not bad input: say so, keep serving
-            log.exception("%s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
-
-    return wrapper
 
 
 class TaskService:
@@ -82,8 +41,7 @@ class TaskService:
             pid=os.getpid(),
         )
 
-    @translate_errors
-    def get_info(self, request: pb.InfoRequest, context) -> pb.TaskInfo:
+    def get_info(self, request: pb.InfoRequest) -> pb.TaskInfo:
         return self.info()
 
     def check_training_over(self) -> bool:
@@ -98,27 +56,16 @@ class TaskService:
                 f"job {caller.job_name!r} and fingerprint {caller.cluster_fingerprint or 'none'}"
             )
 
-    @translate_errors
-    def shutdown(self, request: pb.ShutdownRequest, context) -> pb.ShutdownReply:
+    def shutdown(self, request: pb.ShutdownRequest) -> pb.ShutdownReply:
         self._check_tool_or_worker(request.caller)
-        log.info("%s: shutdown asked by /job:%s/task:%d", self.task_name,
-                 request.caller.job_name, request.caller.task_index)
+        log.info("%s: shutdown asked by %s", self.task_name,
+                 ClusterSpec.caller_name(request.caller.job_name, request.caller.task_index))
         self.all_finished.set()
         return pb.ShutdownReply()
 
-    def _method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        return {
-            "GetInfo": grpc.unary_unary_rpc_method_handler(
-                self.get_info,
-                request_deserializer=pb.InfoRequest.FromString,
-                response_serializer=pb.TaskInfo.SerializeToString,
-            ),
-            "Shutdown": grpc.unary_unary_rpc_method_handler(
-                self.shutdown,
-                request_deserializer=pb.ShutdownRequest.FromString,
-                response_serializer=pb.ShutdownReply.SerializeToString,
-            ),
-        }
+    def close(self) -> None:
+        """Release what the service holds once the server stopped (nothing, for a bare task)."""
 
-    def rpc_handler(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(SERVICE_NAME, self._method_handlers())
+    def handlers(self) -> dict[str, Callable]:
+        """The methods of the service this task answers, by name."""
+        return {"GetInfo": self.get_info, "Shutdown": self.shutdown}

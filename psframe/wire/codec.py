@@ -18,25 +18,11 @@ import warnings
 from collections.abc import Sequence
 from typing import TypeVar
 
-import grpc
 import torch
 from google.protobuf.message import DecodeError, Message
 
-from psframe import errors
-from psframe.errors import PsframeError, WireFormatError
-from psframe.optim import KwargValue, OptimizerSpec
+from psframe.errors import WireFormatError
 from psframe.wire import psframe_pb2 as pb
-
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
-# A failing call carries the psframe error's class name in this trailing
-# metadata key, so the caller can raise the same class.
-ERROR_METADATA_KEY = "psframe-error"
-# No gRPC message limit of its own (its default is 4 MiB): large variables are
-# split into parts that each fit a message (see psframe.cluster.placement).
-GRPC_OPTIONS = (
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
-)
 
 ALIGNMENT = 8
 _HEADER_TAG = b"\x0a"  # field 1, length-delimited
@@ -314,55 +300,3 @@ def to_wire(tensor: torch.Tensor, wire_dtype: torch.dtype | None) -> torch.Tenso
     if wire_dtype is None or not tensor.is_floating_point() or tensor.element_size() <= wire_dtype.itemsize:
         return tensor
     return tensor.to(wire_dtype)
-
-
-def optimizer_to_proto(spec: OptimizerSpec) -> pb.OptimizerDef:
-    """The wire form of an optimizer spec."""
-    message = pb.OptimizerDef(name=spec.name)
-    for key, value in spec.kwargs.items():
-        slot = message.kwargs[key]
-        if isinstance(value, bool):
-            slot.flag = value
-        elif isinstance(value, int):
-            slot.integer = value
-        elif isinstance(value, float):
-            slot.number = value
-        elif isinstance(value, str):
-            slot.text = value
-        else:
-            slot.numbers.values.extend(float(v) for v in value)
-    return message
-
-
-def optimizer_from_proto(message: pb.OptimizerDef) -> OptimizerSpec:
-    """The optimizer spec of a wire message (validated again on arrival).
-
-    Raises:
-        OptimizerConfigError: the name or arguments are not acceptable.
-    """
-    kwargs: dict[str, KwargValue] = {}
-    for key, value in message.kwargs.items():
-        kind = value.WhichOneof("kind")
-        if kind == "numbers":
-            kwargs[key] = tuple(value.numbers.values)
-        elif kind is not None:
-            kwargs[key] = getattr(value, kind)
-    return OptimizerSpec(message.name, kwargs)
-
-
-def remote_error(error: grpc.RpcError, task: str, timeout: float | None = None) -> PsframeError:
-    """The psframe error for a failed call to ``task``.
-
-    The ps sends the class name of the error it raised in trailing metadata,
-    so the caller raises the same class; transport failures get named ones.
-    """
-    metadata = dict(error.trailing_metadata() or ())
-    cls = getattr(errors, str(metadata.get(ERROR_METADATA_KEY, "")), None)
-    if isinstance(cls, type) and issubclass(cls, PsframeError):
-        return cls(error.details())
-    code = error.code()
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return errors.TaskUnavailableError(f"{task} is unavailable: {error.details()}")
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return errors.RpcTimeoutError(f"{task} did not answer within {timeout}s")
-    return errors.RemoteError(f"{task} failed with {code.name}: {error.details()}")

@@ -1,55 +1,63 @@
-"""A worker's channels to every ps task: connect, init, push/pull, finish.
+"""A worker's view of the ps tasks: named tensors in, named tensors out.
 
-Requests go to all ps tasks in parallel (gRPC futures), and a failed call is
-raised as the psframe error the ps raised, or as a named transport error.
-Every wait has a deadline.
+:class:`PsClient` is the worker side's only door to the ps tasks, in the
+spirit of ps-lite's ``KVWorker`` (push, pull, wait): it takes shards and
+tensors, and gives back tensors and global steps. Messages, the codec and
+gRPC stay behind it (:mod:`psframe.wire`). Requests go to every ps task in
+parallel; a failed call is raised as the psframe error the ps raised, or as
+a named transport error. Every wait has a deadline.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-import grpc
 import torch
 
 from psframe import errors
-from psframe.wire import codec
 from psframe.checkpoint.files import ShardRecord
 from psframe.cluster import ClusterSpec, parse_address
-from psframe.wire.codec import GRPC_OPTIONS, SERVICE_NAME, remote_error
-from psframe.errors import ClusterMismatchError, ConnectTimeoutError, PsframeError
+from psframe.errors import ConnectTimeoutError, PsframeError
+from psframe.optim import OptimizerSpec, SyncReplicas
+from psframe.wire import codec, messages, transport
 from psframe.wire import psframe_pb2 as pb
+from psframe.worker.slicer import Request, Slot
 
 log = logging.getLogger(__name__)
 
-# Reconnect quickly to a ps that comes up late or restarts; gRPC's default
-# backoff grows to two minutes.
-CLIENT_OPTIONS = GRPC_OPTIONS + (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 250),
-)
 LOG_EVERY_SECONDS = 5.0
 # PushPull requests in flight on one stream (see PsClient.push_pull).
 WINDOW = 4
 
 
+@dataclass
+class Reply:
+    """A ps task's answer to one request: its global step and the values pulled."""
+
+    global_step: int
+    dropped: bool  # sync: the gradients were stale or late, and not applied
+    values: list[torch.Tensor]  # in the order of the request's ``pull``; read-only views of the reply
+
+
 class PsClient:
-    """Channels from one worker to every ps task of the cluster.
+    """Channels from one worker (or a tool such as ``psframe status``) to every ps task.
 
     Args:
         cluster: the cluster.
         task_index: the worker's index.
         rpc_timeout: deadline in seconds of each call once connected.
+        job_name: ``"worker"``, or ``"tool"`` for a command that only asks
+            and stops (``psframe status``, ``psframe shutdown``).
+        wire_dtype: compress floating-point tensors to this dtype on the
+            wire (``torch.bfloat16`` or ``torch.float16``); None sends them as they are.
     """
 
     def __init__(self, cluster: ClusterSpec, task_index: int, *, rpc_timeout: float = 300.0,
-                 job_name: str = "worker") -> None:
+                 job_name: str = "worker", wire_dtype: torch.dtype | None = None) -> None:
         if job_name == "worker":
             cluster.validate_task("worker", task_index)
         elif job_name != "tool":
@@ -57,37 +65,26 @@ class PsClient:
                              f"got {job_name!r}")
         self.cluster = cluster
         self.task_index = task_index
+        self.name = ClusterSpec.caller_name(job_name, task_index)
         self.rpc_timeout = rpc_timeout
-        self.caller = pb.Caller(
-            job_name=job_name, task_index=task_index, cluster_fingerprint=cluster.fingerprint
-        )
-        self.addresses = cluster.job_tasks("ps")
-        self.names = [ClusterSpec.task_name("ps", i) for i in range(len(self.addresses))]
-        self._channels = [grpc.insecure_channel(a, options=CLIENT_OPTIONS) for a in self.addresses]
-
-        def method(name: str, serializer=None, deserializer=None) -> list[grpc.UnaryUnaryMultiCallable]:
-            return [
-                ch.unary_unary(f"/{SERVICE_NAME}/{name}", request_serializer=serializer,
-                               response_deserializer=deserializer)
-                for ch in self._channels
-            ]
-
-        self._get_info = method("GetInfo", pb.InfoRequest.SerializeToString, pb.TaskInfo.FromString)
-        self._finish = method("Finish", pb.FinishRequest.SerializeToString, pb.FinishResponse.FromString)
-        self._save = method("Save", pb.SaveRequest.SerializeToString, pb.SaveReply.FromString)
-        self._shutdown = method("Shutdown", pb.ShutdownRequest.SerializeToString, pb.ShutdownReply.FromString)
-        # Tensor-carrying methods send and receive bytes made by psframe.wire.codec.
-        self._init = method("Init")
-        self._push_pull = [ch.stream_stream(f"/{SERVICE_NAME}/PushPull") for ch in self._channels]
-        self._streams: dict[int, _Stream] = {}
-        self._watchdog = _Watchdog()
+        self.wire_dtype = wire_dtype
+        self._wire_name = codec.dtype_name(wire_dtype) if wire_dtype is not None else ""
+        self.caller = pb.Caller(job_name=job_name, task_index=task_index, cluster_fingerprint=cluster.fingerprint)
+        self._ps = [
+            transport.Connection(address, f"{ClusterSpec.task_name('ps', k)} at {address}")
+            for k, address in enumerate(cluster.job_tasks("ps"))
+        ]
+        self._streams: dict[int, transport.Stream] = {}
+        self._watchdog = transport.Watchdog()
+        self._headers: dict[tuple[Request, bool], pb.PushPullHeader] = {}  # made once per planned request
 
     @property
     def num_ps(self) -> int:
-        return len(self.addresses)
+        return len(self._ps)
 
     def describe(self, ps_task: int) -> str:
-        return f"{self.names[ps_task]} at {self.addresses[ps_task]}"
+        """``"/job:ps/task:K at host:port"``."""
+        return self._ps[ps_task].peer
 
     # ---- waiting for peers
 
@@ -102,6 +99,7 @@ class PsClient:
         Raises:
             ConnectTimeoutError: naming the tasks still missing after ``timeout``.
             ClusterMismatchError: a ps task was started with another cluster.
+            TrainingFinishedError: a ps task has seen every worker finish.
         """
         start = time.monotonic()
         deadline = start + timeout
@@ -110,67 +108,90 @@ class PsClient:
         pending = list(range(self.num_ps))
         request = pb.InfoRequest(caller=self.caller)
         while True:
-            for i in list(pending):
+            for k in list(pending):
                 try:
-                    info = self._get_info[i](request, timeout=max(0.1, min(2.0, deadline - time.monotonic())))
-                except grpc.RpcError as e:
-                    if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                        raise remote_error(e, self.describe(i)) from e
+                    info = self._ps[k].call("GetInfo", request,
+                                            timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+                except (errors.TaskUnavailableError, errors.RpcTimeoutError):
                     continue
-                self._check_identity(i, info)
+                messages.check_identity(info, self.cluster, "ps", k, self._ps[k].address)
                 if info.state == pb.TaskInfo.FINISHED:
                     raise errors.TrainingFinishedError(
-                        f"{self.describe(i)} has seen every worker finish; training is over"
+                        f"{self.describe(k)} has seen every worker finish; training is over"
                     )
                 if ready and info.state != pb.TaskInfo.READY:
                     continue
-                infos[i] = info
-                pending.remove(i)
+                infos[k] = info
+                pending.remove(k)
             if not pending:
-                return [infos[i] for i in range(self.num_ps)]
+                return [infos[k] for k in range(self.num_ps)]
             now = time.monotonic()
             what = "hold the model (the chief creates it)" if ready else "come up"
-            missing = ", ".join(self.describe(i) for i in pending)
+            missing = ", ".join(self.describe(k) for k in pending)
             if now >= deadline:
-                raise ConnectTimeoutError(
-                    f"/job:worker/task:{self.task_index} waited {now - start:.1f}s for {missing} "
-                    f"to {what}; giving up"
-                )
+                raise ConnectTimeoutError(f"{self.name} waited {now - start:.1f}s for {missing} to {what}; giving up")
             if now >= next_log:
-                log.info("worker %d waiting for %s to %s (%.0fs of %.0fs)",
-                         self.task_index, missing, what, now - start, timeout)
+                log.info("%s waiting for %s to %s (%.0fs of %.0fs)", self.name, missing, what, now - start, timeout)
                 next_log = now + LOG_EVERY_SECONDS
             time.sleep(min(0.1, max(0.0, deadline - now)))
 
-    def _check_identity(self, ps_task: int, info: pb.TaskInfo) -> None:
-        if (info.job_name, info.task_index) != ("ps", ps_task) or info.cluster_spec != self.cluster.to_string():
-            raise ClusterMismatchError(
-                f"{self.addresses[ps_task]} should be {self.names[ps_task]} of cluster "
-                f"{self.cluster.to_string()!r}, but it is /job:{info.job_name}/task:{info.task_index} "
-                f"of cluster {info.cluster_spec!r}"
-            )
-
-    # ---- calls
-
     def get_info(self, ps_task: int) -> pb.TaskInfo:
-        """One ps task's :class:`TaskInfo`."""
-        return self._call(self._get_info, [(ps_task, pb.InfoRequest(caller=self.caller))])[0]
+        """One ps task's :class:`TaskInfo` (who it is, what it holds, its counters)."""
+        return self._ps[ps_task].call("GetInfo", pb.InfoRequest(caller=self.caller), timeout=self.rpc_timeout)
 
-    def init(self, requests: Sequence[tuple[int, bytes]]) -> list[bytes]:
-        """Send Init requests (encoded by the codec) to their ps tasks, in parallel."""
-        return self._call(self._init, requests)
+    # ---- the model
 
-    def push_pull(self, requests: Sequence[tuple[int, bytes]], timeout: float | None = None
-                  ) -> list[tuple[pb.PushPullReplyHeader, list[torch.Tensor]]]:
-        """Send PushPull requests (encoded by the codec) to their ps tasks, in parallel.
+    def create(self, ps_task: int, slots: Sequence[Slot], values: Sequence[tuple[str, torch.Tensor]],
+               optimizer: OptimizerSpec, sync: SyncReplicas | None, checkpoint_dir: str | None) -> bool:
+        """Ask a ps task to create its variables (chief only), with some of their initial values.
+
+        ``slots`` are every variable the ps task holds; ``values`` (CPU
+        tensors, by shard name) may be a part of them: the ps creates the
+        variables once it has them all, so a large model travels in several
+        calls. A ps task that holds the model already (or restores it from
+        ``checkpoint_dir``) keeps what it has.
+
+        Returns:
+            True if this call created the variables.
+        """
+        header = pb.InitHeader(caller=self.caller, variables=messages.variable_defs(slots),
+                               optimizer=messages.optimizer_to_proto(optimizer), sync=messages.sync_def(sync),
+                               checkpoint_dir=checkpoint_dir or "")
+        data = self._ps[ps_task].call("Init", codec.encode(header, values), timeout=self.rpc_timeout)
+        return codec.decode(data, pb.InitReplyHeader)[0].created
+
+    def check_model(self, infos: Sequence[pb.TaskInfo], slots: Sequence[Slot], sync: SyncReplicas | None) -> None:
+        """Check that every ps task holds exactly these variables, trained with these sync settings.
+
+        Raises:
+            ClusterMismatchError: naming the ps task and the first differences.
+        """
+        for ps_task, info in enumerate(infos):
+            where = f"the model of {self.name} does not match {self.describe(ps_task)}"
+            messages.check_same_sync(where, messages.sync_def(sync), info.sync if info.HasField("sync") else None)
+            mine = messages.variable_defs(s for s in slots if s.shard.ps_task == ps_task)
+            messages.check_same_variables(where, mine, info.variables)
+
+    # ---- a step
+
+    def push_pull(self, requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
+                  *, compress: bool = True, timeout: float | None = None) -> list[Reply]:
+        """Send planned requests, each with its gradients, and wait for every reply.
 
         Each ps task is reached over one long-lived stream (opened on first
         use, reopened after a failure). At most :data:`WINDOW` requests are in
         flight on a stream: enough to keep sending while the ps works, few
         enough that neither side buffers a whole large model.
 
+        Args:
+            requests: ``(request, gradients)`` pairs; gradients are CPU
+                tensors by shard name (compressed here when ``wire_dtype`` is set).
+            step: the global step the gradients were computed at.
+            compress: let tensors travel in ``wire_dtype`` (when set); False
+                moves them exactly as stored (a full pull of the ps's values).
+
         Returns:
-            The decoded replies, in the order of ``requests``.
+            The replies, in the order of ``requests``.
 
         Raises:
             PsframeError: the error a ps task raised, or a transport error
@@ -178,8 +199,8 @@ class PsClient:
         """
         timeout = timeout or self.rpc_timeout
         unsent: dict[int, collections.deque[int]] = {}
-        for i, (ps_task, _) in enumerate(requests):
-            unsent.setdefault(ps_task, collections.deque()).append(i)
+        for i, (request, _) in enumerate(requests):
+            unsent.setdefault(request.ps_task, collections.deque()).append(i)
         in_flight = {ps_task: collections.deque() for ps_task in unsent}
         replies: list = [None] * len(requests)
         failure: PsframeError | None = None
@@ -187,7 +208,7 @@ class PsClient:
         def send_more(ps_task: int) -> None:
             while unsent[ps_task] and len(in_flight[ps_task]) < WINDOW:
                 i = unsent[ps_task].popleft()
-                self._stream(ps_task).send(requests[i][1], timeout)
+                self._stream(ps_task).send(self._encode(*requests[i], step, compress), timeout)
                 in_flight[ps_task].append(i)
 
         for ps_task in unsent:
@@ -197,48 +218,41 @@ class PsClient:
                 if not waiting:
                     continue
                 i = waiting.popleft()
-                stream = self._streams[ps_task]
                 try:
-                    data = stream.receive()
-                except grpc.RpcError as e:
-                    self._streams.pop(ps_task, None)
-                    stream.close()
-                    failure = failure or (
-                        errors.RpcTimeoutError(f"{self.describe(ps_task)} did not answer within {timeout}s")
-                        if stream.expired else remote_error(e, self.describe(ps_task), timeout)
-                    )
+                    data = self._streams[ps_task].receive()
+                except PsframeError as e:
+                    self._streams.pop(ps_task).close()
+                    failure = failure or e
                     waiting.clear()
                     unsent[ps_task].clear()
                     continue
                 header, tensors = codec.decode(data, pb.PushPullReplyHeader)
                 if header.error_class:
-                    cls = getattr(errors, header.error_class, None)
-                    if not (isinstance(cls, type) and issubclass(cls, PsframeError)):
-                        cls = errors.RemoteError
-                    failure = failure or cls(header.error_message)
-                replies[i] = (header, tensors)
+                    failure = failure or errors.error_from_name(header.error_class, header.error_message)
+                replies[i] = Reply(header.global_step, header.dropped, tensors)
                 send_more(ps_task)
         if failure is not None:
             raise failure
         return replies
 
-    def _stream(self, ps_task: int) -> _Stream:
+    def _encode(self, request: Request, grads: Sequence[tuple[str, torch.Tensor]], step: int,
+                compress: bool) -> bytes:
+        compress = compress and self.wire_dtype is not None
+        header = self._headers.get((request, compress))
+        if header is None:  # every step sends the same header but for the step number
+            header = self._headers[(request, compress)] = pb.PushPullHeader(
+                caller=self.caller, pull=[s.name for s in request.pull], end_of_step=request.end_of_step,
+                wire_dtype=self._wire_name if compress else "")
+        header.step = step
+        if compress:
+            grads = [(name, codec.to_wire(grad, self.wire_dtype)) for name, grad in grads]
+        return codec.encode(header, grads)
+
+    def _stream(self, ps_task: int) -> transport.Stream:
         stream = self._streams.get(ps_task)
         if stream is None:
-            stream = self._streams[ps_task] = _Stream(self._push_pull[ps_task], self._watchdog)
+            stream = self._streams[ps_task] = self._ps[ps_task].open_stream("PushPull", self._watchdog)
         return stream
-
-    def save(self, checkpoint_dir: str, step: int) -> list[ShardRecord]:
-        """Ask every ps task to write its shard of checkpoint ``step``, in parallel."""
-        request = pb.SaveRequest(caller=self.caller, checkpoint_dir=checkpoint_dir, step=step)
-        replies = self._call(self._save, [(i, request) for i in range(self.num_ps)])
-        return [ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes, global_step=r.global_step)
-                for k, r in enumerate(replies)]
-
-    def shutdown(self, ps_task: int) -> None:
-        """Ask a ps task to stop serving (it exits 0)."""
-        self._call(self._shutdown, [(ps_task, pb.ShutdownRequest(caller=self.caller))],
-                   timeout=min(self.rpc_timeout, 30.0))
 
     def reset_streams(self) -> None:
         """Forget the PushPull streams (after a ps task went away); new ones open on next use."""
@@ -246,113 +260,44 @@ class PsClient:
             stream.close()
         self._streams.clear()
 
+    # ---- checkpoints and the end
+
+    def save(self, checkpoint_dir: str, step: int) -> list[ShardRecord]:
+        """Ask every ps task to write its shard of checkpoint ``step``, in parallel.
+
+        Returns:
+            What each ps task wrote, by task index.
+        """
+        request = pb.SaveRequest(caller=self.caller, checkpoint_dir=checkpoint_dir, step=step)
+        replies = transport.call_all([(ps, "Save", request) for ps in self._ps], self.rpc_timeout)
+        return [ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes, global_step=r.global_step)
+                for k, r in enumerate(replies)]
+
+    def shutdown(self, ps_task: int) -> None:
+        """Ask a ps task to stop serving (it exits 0)."""
+        self._ps[ps_task].call("Shutdown", pb.ShutdownRequest(caller=self.caller),
+                               timeout=min(self.rpc_timeout, 30.0))
+
     def finish(self) -> None:
         """Tell every ps task this worker is done; a ps that is gone is only logged."""
         request = pb.FinishRequest(caller=self.caller)
-        for i in range(self.num_ps):
+        for ps in self._ps:
             try:
-                self._call(self._finish, [(i, request)], timeout=min(self.rpc_timeout, 30.0))
+                ps.call("Finish", request, timeout=min(self.rpc_timeout, 30.0))
             except (errors.TaskUnavailableError, errors.RpcTimeoutError) as e:
-                log.warning("worker %d could not report that it finished: %s", self.task_index, e)
-
-    def _call(self, methods: list[Callable], requests: Sequence[tuple[int, object]],
-              timeout: float | None = None) -> list:
-        timeout = timeout or self.rpc_timeout
-        if len(requests) == 1:  # a blocking call costs less than a future
-            (i, request), = requests
-            try:
-                return [methods[i](request, timeout=timeout)]
-            except grpc.RpcError as e:
-                raise remote_error(e, self.describe(i), timeout) from e
-        pending = [(i, methods[i].future(request, timeout=timeout)) for i, request in requests]
-        replies, failure = [], None
-        for i, future in pending:
-            try:
-                replies.append(future.result())
-            except grpc.RpcError as e:
-                failure = failure or remote_error(e, self.describe(i), timeout)
-        if failure is not None:
-            raise failure
-        return replies
+                log.warning("%s could not report that it finished: %s", self.name, e)
 
     def close(self) -> None:
         self.reset_streams()
         self._watchdog.stop()
-        for channel in self._channels:
-            channel.close()
+        for ps in self._ps:
+            ps.close()
 
     def __enter__(self) -> PsClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _Stream:
-    """One long-lived PushPull call: send a request, then receive its reply."""
-
-    _CLOSE = object()
-
-    def __init__(self, method: Callable, watchdog: _Watchdog) -> None:
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._call = method(iter(self._requests.get, self._CLOSE))
-        self._watchdog = watchdog
-        self.expired = False
-
-    def send(self, data: bytes, timeout: float) -> None:
-        self._watchdog.arm(self, time.monotonic() + timeout)
-        self._requests.put(data)
-
-    def receive(self) -> bytes:
-        try:
-            return next(self._call)
-        finally:
-            self._watchdog.disarm(self)
-
-    def expire(self) -> None:
-        self.expired = True
-        self._call.cancel()
-
-    def close(self) -> None:
-        self._requests.put(self._CLOSE)
-        self._call.cancel()
-
-
-class _Watchdog:
-    """Cancels a stream whose reply is overdue: a stream has no per-message deadline.
-
-    One thread per client, started on first use, checking a few times a second.
-    """
-
-    def __init__(self) -> None:
-        self._deadlines: dict[_Stream, float] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def arm(self, stream: _Stream, deadline: float) -> None:
-        with self._lock:
-            self._deadlines[stream] = deadline
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="psframe-deadlines", daemon=True)
-                self._thread.start()
-
-    def disarm(self, stream: _Stream) -> None:
-        with self._lock:
-            self._deadlines.pop(stream, None)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            now = time.monotonic()
-            with self._lock:
-                overdue = [s for s, deadline in self._deadlines.items() if deadline <= now]
-                for stream in overdue:
-                    del self._deadlines[stream]
-            for stream in overdue:
-                stream.expire()
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 def ping(target: str, timeout: float = 5.0) -> pb.TaskInfo:
@@ -364,15 +309,26 @@ def ping(target: str, timeout: float = 5.0) -> pb.TaskInfo:
     """
     address = target.removeprefix("grpc://")
     parse_address(address)
-    with grpc.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
-        get_info = channel.unary_unary(
-            f"/{SERVICE_NAME}/GetInfo",
-            request_serializer=pb.InfoRequest.SerializeToString,
-            response_deserializer=pb.TaskInfo.FromString,
-        )
+    with transport.Connection(address) as connection:
         try:
-            return get_info(pb.InfoRequest(), timeout=timeout, wait_for_ready=True)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise ConnectTimeoutError(f"no psframe task answered at {address} within {timeout}s") from e
-            raise remote_error(e, address, timeout) from e
+            return connection.call("GetInfo", pb.InfoRequest(), timeout=timeout, wait_for_ready=True)
+        except errors.RpcTimeoutError as e:
+            raise ConnectTimeoutError(f"no psframe task answered at {address} within {timeout}s") from e
+
+
+def resolve_wire_dtype(wire_dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """The compression dtype asked for (``Trainer(wire_dtype=...)``), or None; a clear error for anything else.
+
+    Raises:
+        ValueError: not None, float32, or one of :data:`psframe.wire.codec.WIRE_DTYPES`.
+    """
+    if wire_dtype is None or wire_dtype in ("float32", torch.float32):
+        return None
+    if isinstance(wire_dtype, torch.dtype) and wire_dtype in codec.WIRE_DTYPES.values():
+        return wire_dtype
+    if isinstance(wire_dtype, str) and wire_dtype in codec.WIRE_DTYPES:
+        return codec.WIRE_DTYPES[wire_dtype]
+    raise ValueError(
+        f"wire_dtype must be None (send as stored), {sorted(codec.WIRE_DTYPES)} or the matching "
+        f"torch dtype, got {wire_dtype!r}"
+    )

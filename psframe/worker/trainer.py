@@ -10,6 +10,13 @@ Lifecycle (``with trainer:`` or :meth:`Trainer.connect` / :meth:`Trainer.close`)
 Each :meth:`Trainer.step` runs backward, sends every ps task the gradients of
 the variables it holds and receives their updated values in the same call,
 to all ps tasks in parallel.
+
+The parts, each readable alone: :mod:`psframe.worker.replica` (the local
+model bound to its shards), :mod:`psframe.worker.slicer` (which message
+carries which shard), :mod:`psframe.worker.startup` (the chief's
+initialisation, and joining the model after a lost ps task),
+:mod:`psframe.worker.client` (tensors to and from the ps tasks) and
+:mod:`psframe.checkpoint` (saving).
 """
 
 from __future__ import annotations
@@ -17,35 +24,20 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from psframe import allocator, checkpoint
-from psframe.checkpoint import files as checkpoint_io
-from psframe.wire import codec
-from psframe.worker.client import PsClient
 from psframe.cluster import ClusterSpec
-from psframe.errors import (
-    CheckpointError,
-    ClusterMismatchError,
-    NotReadyError,
-    PsframeError,
-    RpcTimeoutError,
-    TaskUnavailableError,
-)
-from psframe.worker.hooks import CheckpointSaverHook, Hook
+from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, DEFAULT_MIN_PARTITION_BYTES
+from psframe.errors import CheckpointError, NotReadyError, PsframeError, RpcTimeoutError, TaskUnavailableError
 from psframe.optim import SGD as _SGD
 from psframe.optim import OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
-from psframe.cluster.placement import (
-    DEFAULT_MAX_SHARD_BYTES,
-    DEFAULT_MIN_PARTITION_BYTES,
-    Placement,
-    Shard,
-    VariableInfo,
-    place,
-)
-from psframe.wire import psframe_pb2 as pb
+from psframe.worker import startup
+from psframe.worker.client import PsClient, Reply, resolve_wire_dtype
+from psframe.worker.hooks import CheckpointSaverHook, Hook
+from psframe.worker.replica import Replica
+from psframe.worker.slicer import Request
 from psframe.worker.staging import HostStaging, resolve_device
 
 log = logging.getLogger(__name__)
@@ -55,19 +47,6 @@ class TrainerState(enum.Enum):
     NEW = "new"
     RUNNING = "running"
     CLOSED = "closed"
-
-
-@dataclass
-class _Slot:
-    """One stored variable as seen from the worker: the part of a local parameter it mirrors."""
-
-    shard: Shard
-    param: torch.nn.Parameter
-
-    def rows(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not self.shard.partitioned:
-            return tensor
-        return tensor[self.shard.row_start : self.shard.row_end]
 
 
 class Trainer:
@@ -96,7 +75,7 @@ class Trainer:
             dim 0 across the ps tasks; None never partitions for balance.
         max_shard_bytes: no stored part is larger than this (one message).
         log_placement: log where each parameter went and the bytes per ps task.
-        hooks: :class:`psframe.worker.hooks.Hook` instances.
+        hooks: :class:`psframe.hooks.Hook` instances.
         checkpoint_dir: where checkpoints go (a folder or any fsspec URL:
             ``memory://``, ``s3://``, ``hdfs://`` where installed). The chief
             saves every ``save_checkpoint_steps`` global steps or
@@ -117,7 +96,7 @@ class Trainer:
 
     Raises:
         ClusterSpecError: the cluster or task index is invalid.
-        ValueError: the model has no trainable parameter.
+        ValueError: the model has no trainable parameter, or an argument is out of range.
 
     Example::
 
@@ -159,22 +138,11 @@ class Trainer:
         allocator.tune_malloc()  # gradients and replies of every step reuse freed buffers
         self.task_index = task_index
         self.is_chief = task_index == 0
-        if isinstance(optimizer, SyncReplicasOptimizer):
-            if sync is not None:
-                raise ValueError("give either a SyncReplicasOptimizer or sync=SyncReplicas(...), not both")
-            optimizer, sync = optimizer.optimizer, optimizer.sync
-        self.optimizer = optimizer if optimizer is not None else _SGD(lr=0.01)
-        self.sync = sync.resolve(self.cluster.num_workers) if sync is not None else None
+        self.optimizer, self.sync = _resolve_optimizer(optimizer, sync, self.cluster.num_workers)
         if self.sync is not None:
             # A call may wait at the barrier for as long as the sync timeout.
             rpc_timeout = max(rpc_timeout, self.sync.timeout + 30.0)
-        if not isinstance(self.optimizer, OptimizerSpec):
-            raise TypeError(
-                f"optimizer must be a psframe.optim spec such as psframe.optim.SGD(lr=0.1), "
-                f"got {type(self.optimizer).__name__}; the ps tasks run the torch.optim optimizer"
-            )
-        self.wire_dtype = _resolve_wire_dtype(wire_dtype)
-        self._wire_name = codec.dtype_name(self.wire_dtype) if self.wire_dtype is not None else ""
+        self.wire_dtype = resolve_wire_dtype(wire_dtype)
         self.device = resolve_device(model, device, gpu_memory_fraction)
         self.model = model.to(self.device)
         self.hooks = list(hooks)
@@ -192,44 +160,19 @@ class Trainer:
         self.global_step = 0
         self.local_step = 0
         self.dropped_steps = 0  # sync: steps whose gradients came too late and were dropped
+        self.skipped_steps = 0  # steps that pushed no gradient (e.g. NanGuardHook dropped them)
         self.state = TrainerState.NEW
         self._stop_requested = False
         self._client: PsClient | None = None
-
-        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        if not params:
-            raise ValueError("the model has no trainable parameter: nothing to place on the ps tasks")
-        variable_devices = dict(variable_devices or {})
-        unknown = sorted(set(variable_devices) - {n for n, _ in params})
-        if unknown:
-            raise ValueError(
-                f"variable_devices names {unknown}, which are not trainable parameters of the model; "
-                f"expected names from model.named_parameters()"
-            )
-        self.placement: Placement = place(
-            [VariableInfo(n, tuple(p.shape), p.element_size(), variable_devices.get(n)) for n, p in params],
-            self.cluster.num_ps,
-            strategy=placement,
-            min_partition_bytes=min_partition_bytes,
-            soft_placement=soft_placement,
-            max_shard_bytes=max_shard_bytes,
+        self._replica = Replica(
+            self.model, self.cluster.num_ps, HostStaging(self.device), sync=self.sync is not None,
+            variable_devices=dict(variable_devices or {}), strategy=placement,
+            min_partition_bytes=min_partition_bytes, soft_placement=soft_placement,
+            max_shard_bytes=max_shard_bytes, wire_dtype=self.wire_dtype,
         )
+        self.placement = self._replica.placement
         if log_placement:
             log.info("placement of worker %d:\n%s", task_index, self.placement.describe())
-        by_name = dict(params)
-        slots = [_Slot(shard, by_name[shard.variable]) for shard in self.placement.shards]
-        self._slots = slots
-        # Requests to each ps task, as groups of slots that fit one message.
-        self._batches: list[tuple[int, list[_Slot]]] = []
-        for ps_task in range(self.cluster.num_ps):
-            mine = [s for s in slots if s.shard.ps_task == ps_task]
-            for batch in _split(mine, max_shard_bytes):
-                self._batches.append((ps_task, batch))
-        self._staging = HostStaging(self.device)
-        self._plan = self._step_plan()
-        self._headers: list[pb.PushPullHeader] = []  # one per request of _plan, made in connect()
-        # Whose gradients are cleared after every step (the trainable ones, once each).
-        self._params = list({id(s.param): s.param for s in slots}.values())
 
     # ---- lifecycle
 
@@ -242,20 +185,11 @@ class Trainer:
         """
         if self.state is not TrainerState.NEW:
             raise PsframeError(f"the trainer is {self.state.value}; connect() is called once")
-        self._client = PsClient(self.cluster, self.task_index, rpc_timeout=self.rpc_timeout)
-        # Every step sends the same headers but for the step number: build them once.
-        self._headers = [
-            pb.PushPullHeader(caller=self._client.caller, pull=[s.shard.name for s in pull],
-                              end_of_step=end_of_step, wire_dtype=self._wire_name)
-            for _, _, pull, end_of_step in self._plan
-        ]
+        self._client = PsClient(self.cluster, self.task_index, rpc_timeout=self.rpc_timeout,
+                                wire_dtype=self.wire_dtype)
         self.state = TrainerState.RUNNING
         try:
-            self._client.wait_for_ps(self.connect_timeout)
-            if self.is_chief:
-                self._create_variables()
-            infos = self._client.wait_for_ps(self.connect_timeout, ready=True)
-            self._check_model(infos)
+            self._join()
             self.pull()
             log.info("worker %d connected to %d ps tasks at global step %d",
                      self.task_index, self.cluster.num_ps, self.global_step)
@@ -268,53 +202,9 @@ class Trainer:
             raise
         return self
 
-    def _create_variables(self) -> None:
-        defs = {ps: [] for ps in range(self.cluster.num_ps)}
-        for slot in self._slots:
-            defs[slot.shard.ps_task].append(_variable_def(slot.shard, slot.param))
-        optimizer = codec.optimizer_to_proto(self.optimizer)
-        created = 0
-        for ps_task, batch in self._batches:  # one at a time: nobody buffers the whole model
-            header = pb.InitHeader(caller=self._client.caller, variables=defs[ps_task], optimizer=optimizer,
-                                   sync=self._sync_def(), checkpoint_dir=self.checkpoint_dir or "")
-            values = [(s.shard.name, self._staging.to_host(s.rows(s.param.detach()))) for s in batch]
-            data = self._client.init([(ps_task, codec.encode(header, values))])[0]
-            created += codec.decode(data, pb.InitReplyHeader)[0].created
-        log.info("chief %s the model on %d ps tasks", "created" if created else "found (or restored)",
-                 self.cluster.num_ps)
-
-    def _sync_def(self) -> pb.SyncDef | None:
-        if self.sync is None:
-            return None
-        return pb.SyncDef(replicas_to_aggregate=self.sync.replicas_to_aggregate,
-                          total_num_replicas=self.sync.total_num_replicas,
-                          timeout_seconds=self.sync.timeout)
-
-    def _check_model(self, infos: list[pb.TaskInfo]) -> None:
-        mine_sync = self._sync_def()
-        for ps_task, info in enumerate(infos):
-            theirs_sync = info.sync if info.HasField("sync") else None
-            if theirs_sync != mine_sync:
-                raise ClusterMismatchError(
-                    f"worker {self.task_index} is set up for "
-                    f"{'asynchronous updates' if mine_sync is None else str(self.sync)}, but "
-                    f"{self._client.describe(ps_task)} trains "
-                    f"{'asynchronously' if theirs_sync is None else 'with ' + str(theirs_sync).strip()}"
-                    f" (every worker must pass the same sync settings)"
-                )
-            theirs = {(d.name, d.dtype, tuple(d.shape)) for d in info.variables}
-            mine = {
-                (s.shard.name, codec.dtype_name(s.param.dtype), s.shard.shape)
-                for s in self._slots
-                if s.shard.ps_task == ps_task
-            }
-            if mine != theirs:
-                raise ClusterMismatchError(
-                    f"worker {self.task_index}'s model does not match the variables on "
-                    f"{self._client.describe(ps_task)}: expected {sorted(mine)[:4]}..., "
-                    f"found {sorted(theirs)[:4]}... (every worker must build the same model "
-                    f"with the same placement options)"
-                )
+    def _join(self) -> None:
+        startup.join(self._client, self._replica, is_chief=self.is_chief, optimizer=self.optimizer,
+                     sync=self.sync, checkpoint_dir=self.checkpoint_dir, timeout=self.connect_timeout)
 
     def close(self) -> None:
         """Tell the ps tasks this worker is done and release the channels (idempotent)."""
@@ -348,6 +238,11 @@ class Trainer:
     def step(self, loss: torch.Tensor | None = None) -> int:
         """One training step: backward, push gradients, pull parameters.
 
+        A step that ends with no gradient at all (a hook such as
+        ``NanGuardHook(fail_on_nan=False)`` dropped them) pushes nothing: it
+        only pulls the current values, and in synchronous training it is no
+        member of the round.
+
         Args:
             loss: a scalar loss to call ``backward()`` on; None if the caller
                 already computed the gradients.
@@ -365,95 +260,47 @@ class Trainer:
             loss.backward()
         for hook in self.hooks:
             hook.before_push(self, loss)
-        requests, pulled = [], []
-        for (ps_task, push, pull, _), header in zip(self._plan, self._headers):
-            grads = [(s.shard.name, s.rows(s.param.grad)) for s in push if s.param.grad is not None]
-            if self.sync is not None and len(grads) < len(push):
-                # A synchronous step averages a gradient for every variable:
-                # a parameter this replica did not use contributes zeros.
-                grads = [(s.shard.name, s.rows(_grad_or_zeros(s.param))) for s in push]
-            if self.wire_dtype is not None:
-                grads = [(name, codec.to_wire(grad, self.wire_dtype)) for name, grad in grads]
-            header.step = self.global_step
-            requests.append((ps_task, codec.encode(header, self._staging.grads_to_host(grads))))
-            pulled.append(pull)
+        if self._replica.has_gradients():
+            requests = self._replica.plan.step
+            pushes = [(r, self._replica.gradients(r)) for r in requests]
+        else:
+            self.skipped_steps += 1
+            requests = self._replica.plan.pull
+            pushes = [(r, ()) for r in requests]
         try:
-            replies = self._client.push_pull(requests)
+            replies = self._client.push_pull(pushes, self.global_step)
         except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
             self._recover(e)  # this step's gradients are lost; the parameters are fresh
         else:
-            self._receive(pulled, replies)
+            self._receive(requests, replies)
         self.local_step += 1
         for hook in self.hooks:
             hook.after_step(self, self.global_step, loss)
         return self.global_step
 
-    def _step_plan(self) -> list[tuple[int, list[_Slot], list[_Slot], bool]]:
-        """The requests of one step: (ps task, slots to push, slots to pull, end of step).
-
-        Async, and sync when a ps task's variables fit one message: each
-        request pushes a batch and pulls it back. Sync with several messages
-        to a ps task: the ps must have all of them before the step can
-        complete, so all but the last only push (the ps answers at once),
-        the last pushes and waits for the update, and then the rest are
-        pulled; a stream never waits on a message queued behind it.
-        """
-        plan = []
-        by_ps: dict[int, list[list[_Slot]]] = {}
-        for ps_task, batch in self._batches:
-            by_ps.setdefault(ps_task, []).append(batch)
-        for ps_task, batches in by_ps.items():
-            if self.sync is None or len(batches) == 1:
-                plan += [(ps_task, b, b, i == len(batches) - 1) for i, b in enumerate(batches)]
-            else:
-                *first, last = batches
-                plan += [(ps_task, b, [], False) for b in first]
-                plan.append((ps_task, last, last, True))
-                plan += [(ps_task, [], b, False) for b in first]
-        return plan
-
     def pull(self) -> int:
-        """Copy the current values of every variable into the local model.
+        """Copy the current values of every variable into the local model, exactly
+        (uncompressed, whatever the ``wire_dtype``).
 
         Returns:
             The global step of the values received.
         """
         self._require_running()
-        requests = [
-            (ps_task, codec.encode(pb.PushPullHeader(caller=self._client.caller, step=self.global_step,
-                                                     pull=[s.shard.name for s in batch]), ()))
-            for ps_task, batch in self._batches
-        ]
-        self._receive([batch for _, batch in self._batches], self._client.push_pull(requests))
+        requests = self._replica.plan.pull
+        replies = self._client.push_pull([(r, ()) for r in requests], self.global_step, compress=False)
+        self._receive(requests, replies)
         return self.global_step
 
-    def _receive(self, pulled: list[list[_Slot]],
-                 replies: list[tuple[pb.PushPullReplyHeader, list[torch.Tensor]]]) -> None:
-        steps, dropped = [], False
-        with torch.no_grad():
-            for batch, (reply, tensors) in zip(pulled, replies):
-                dropped |= reply.dropped
-                if not batch:
-                    continue  # a push-only request's answer: no values, and the step before the update
-                ps_task = batch[0].shard.ps_task
-                for slot, tensor in zip(batch, tensors):
-                    if self._staging.cuda or slot.shard.partitioned:
-                        self._staging.to_device(slot.rows(slot.param.data), tensor)
-                    else:
-                        # A whole CPU parameter takes the received bytes as its
-                        # storage: the reply is not copied again (unless it
-                        # travelled compressed: then widening is the copy).
-                        slot.param.data = tensor if tensor.dtype == slot.param.dtype else tensor.to(slot.param.dtype)
-                if ps_task == 0 or self.sync is not None:
-                    steps.append(reply.global_step)
-            for param in self._params:
-                param.grad = None
-        self._staging.synchronize()
-        self.dropped_steps += dropped
+    def _receive(self, requests: Sequence[Request], replies: Sequence[Reply]) -> None:
+        self._replica.assign(requests, replies)
+        self.dropped_steps += any(reply.dropped for reply in replies)
         # Async: global_step lives on /job:ps/task:0, as in TF. Sync: every ps
         # advances in lockstep, but a reply may have been read just before a
         # shard caught up; tagging the next push with the lowest step makes a
         # gradient computed on mixed versions stale everywhere, never applied.
+        # A push-only request's answer carries the step before the update: skipped.
+        steps = [reply.global_step for request, reply in zip(requests, replies)
+                 if request.pull and (request.ps_task == 0 or self.sync is not None)]
         if steps:
             self.global_step = max(steps) if self.sync is None else min(steps)
 
@@ -461,21 +308,17 @@ class Trainer:
         """Wait for lost ps tasks to come back (restored from a checkpoint), then pull."""
         log.warning("worker %d: %s; waiting up to %.0fs for the ps tasks to come back",
                     self.task_index, error, self.connect_timeout)
-        for param in self.model.parameters():
-            param.grad = None
+        self._replica.clear_gradients()
         self._client.reset_streams()
-        self._client.wait_for_ps(self.connect_timeout)
-        if self.is_chief:
-            # A restarted ps restores its shard from the checkpoint (or, with
-            # none, takes the chief's current values); the others ignore this.
-            self._create_variables()
-        self._check_model(self._client.wait_for_ps(self.connect_timeout, ready=True))
+        # A restarted ps restores its shard from the checkpoint (or, with
+        # none, takes the chief's current values); the others ignore the chief.
+        self._join()
         self.pull()
         self.recoveries += 1
         log.info("worker %d: the ps tasks are back; going on at global step %d",
                  self.task_index, self.global_step)
 
-    def save_checkpoint(self) -> checkpoint_io.Manifest:
+    def save_checkpoint(self) -> checkpoint.Manifest:
         """Have every ps task save its shard, then commit the checkpoint (chief).
 
         Returns:
@@ -506,45 +349,17 @@ class Trainer:
             )
 
 
-def _grad_or_zeros(param: torch.Tensor) -> torch.Tensor:
-    return param.grad if param.grad is not None else torch.zeros_like(param)
-
-
-def _split(slots: list[_Slot], max_bytes: int) -> list[list[_Slot]]:
-    """Group slots, in order, into batches of at most ``max_bytes`` (at least one slot each)."""
-    batches: list[list[_Slot]] = []
-    size = 0
-    for slot in slots:
-        if not batches or size + slot.shard.nbytes > max_bytes:
-            batches.append([])
-            size = 0
-        batches[-1].append(slot)
-        size += slot.shard.nbytes
-    return batches
-
-
-def _variable_def(shard: Shard, param: torch.Tensor) -> pb.VariableDef:
-    return pb.VariableDef(
-        name=shard.name,
-        variable=shard.variable,
-        dtype=codec.dtype_name(param.dtype),
-        shape=shard.shape,
-        full_shape=tuple(param.shape),
-        row_start=shard.row_start,
-        part_index=shard.part_index,
-        num_parts=shard.num_parts,
-    )
-
-
-def _resolve_wire_dtype(wire_dtype: str | torch.dtype | None) -> torch.dtype | None:
-    """The compression dtype asked for, or None; a clear error for anything else."""
-    if wire_dtype is None or wire_dtype in ("float32", torch.float32):
-        return None
-    if isinstance(wire_dtype, torch.dtype) and wire_dtype in codec.WIRE_DTYPES.values():
-        return wire_dtype
-    if isinstance(wire_dtype, str) and wire_dtype in codec.WIRE_DTYPES:
-        return codec.WIRE_DTYPES[wire_dtype]
-    raise ValueError(
-        f"wire_dtype must be None (send as stored), {sorted(codec.WIRE_DTYPES)} or the matching "
-        f"torch dtype, got {wire_dtype!r}"
-    )
+def _resolve_optimizer(optimizer: OptimizerSpec | SyncReplicasOptimizer | None, sync: SyncReplicas | None,
+                       num_workers: int) -> tuple[OptimizerSpec, SyncReplicas | None]:
+    """The server-side optimizer and the resolved sync settings, from either way of giving them."""
+    if isinstance(optimizer, SyncReplicasOptimizer):
+        if sync is not None:
+            raise ValueError("give either a SyncReplicasOptimizer or sync=SyncReplicas(...), not both")
+        optimizer, sync = optimizer.optimizer, optimizer.sync
+    optimizer = optimizer if optimizer is not None else _SGD(lr=0.01)
+    if not isinstance(optimizer, OptimizerSpec):
+        raise TypeError(
+            f"optimizer must be a psframe.optim spec such as psframe.optim.SGD(lr=0.1), "
+            f"got {type(optimizer).__name__}; the ps tasks run the torch.optim optimizer"
+        )
+    return optimizer, sync.resolve(num_workers) if sync is not None else None

@@ -1,0 +1,136 @@
+"""psframe's settings as wire messages, and the checks that two tasks agree on them.
+
+The optimizer, the sync settings and the variables' definitions travel in
+``InitHeader`` and come back in ``TaskInfo``; this module converts them, and
+holds the one check that a worker's model (or a chief's request) matches
+what a ps task holds, used by both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from psframe.cluster import ClusterSpec
+from psframe.cluster.placement import Shard
+from psframe.errors import ClusterMismatchError
+from psframe.optim import KwargValue, OptimizerSpec, SyncReplicas
+from psframe.wire import psframe_pb2 as pb
+from psframe.wire.codec import dtype_name
+
+
+def optimizer_to_proto(spec: OptimizerSpec) -> pb.OptimizerDef:
+    """The wire form of an optimizer spec."""
+    message = pb.OptimizerDef(name=spec.name)
+    for key, value in spec.kwargs.items():
+        slot = message.kwargs[key]
+        if isinstance(value, bool):
+            slot.flag = value
+        elif isinstance(value, int):
+            slot.integer = value
+        elif isinstance(value, float):
+            slot.number = value
+        elif isinstance(value, str):
+            slot.text = value
+        else:
+            slot.numbers.values.extend(float(v) for v in value)
+    return message
+
+
+def optimizer_from_proto(message: pb.OptimizerDef) -> OptimizerSpec:
+    """The optimizer spec of a wire message (validated again on arrival).
+
+    Raises:
+        OptimizerConfigError: the name or arguments are not acceptable.
+    """
+    kwargs: dict[str, KwargValue] = {}
+    for key, value in message.kwargs.items():
+        kind = value.WhichOneof("kind")
+        if kind == "numbers":
+            kwargs[key] = tuple(value.numbers.values)
+        elif kind is not None:
+            kwargs[key] = getattr(value, kind)
+    return OptimizerSpec(message.name, kwargs)
+
+
+def sync_def(sync: SyncReplicas | None) -> pb.SyncDef | None:
+    """The wire form of (resolved) sync settings; None for asynchronous training."""
+    if sync is None:
+        return None
+    return pb.SyncDef(replicas_to_aggregate=sync.replicas_to_aggregate,
+                      total_num_replicas=sync.total_num_replicas, timeout_seconds=sync.timeout)
+
+
+def describe_sync(sync: pb.SyncDef | None) -> str:
+    if sync is None:
+        return "asynchronous updates"
+    return (f"SyncReplicas(replicas_to_aggregate={sync.replicas_to_aggregate}, "
+            f"total_num_replicas={sync.total_num_replicas}, timeout={sync.timeout_seconds:g}s)")
+
+
+def variable_def(shard: Shard, dtype: torch.dtype, full_shape: Sequence[int]) -> pb.VariableDef:
+    """The definition of a stored shard of a parameter of ``dtype`` and ``full_shape``."""
+    return pb.VariableDef(
+        name=shard.name,
+        variable=shard.variable,
+        dtype=dtype_name(dtype),
+        shape=shard.shape,
+        full_shape=tuple(full_shape),
+        row_start=shard.row_start,
+        part_index=shard.part_index,
+        num_parts=shard.num_parts,
+    )
+
+
+def variable_defs(slots: Iterable[Any]) -> list[pb.VariableDef]:
+    """The definitions of shards bound to local parameters (anything with ``.shard`` and ``.param``)."""
+    return [variable_def(s.shard, s.param.dtype, s.param.shape) for s in slots]
+
+
+def _key(d: pb.VariableDef) -> tuple:
+    return (d.name, d.dtype, tuple(d.shape))
+
+
+def check_same_variables(where: str, expected: Sequence[pb.VariableDef], found: Sequence[pb.VariableDef]) -> None:
+    """Check two lists of variables agree in name, dtype and shape, in order.
+
+    Raises:
+        ClusterMismatchError: ``where`` (e.g. "A does not match B") and the first differences.
+    """
+    if [_key(d) for d in expected] == [_key(d) for d in found]:
+        return
+    diff = sorted(set(map(_key, expected)) ^ set(map(_key, found)))[:4]
+    raise ClusterMismatchError(
+        f"{where}: {len(expected)} variables expected, {len(found)} found; "
+        f"differences (name, dtype, shape): {diff} (every worker must build the same model "
+        f"with the same placement options)"
+    )
+
+
+def check_same_sync(where: str, expected: pb.SyncDef | None, found: pb.SyncDef | None) -> None:
+    """Check two tasks train with the same sync settings.
+
+    Raises:
+        ClusterMismatchError: naming both settings.
+    """
+    if expected != found:
+        raise ClusterMismatchError(
+            f"{where}: {describe_sync(expected)} expected, {describe_sync(found)} found "
+            f"(every worker must pass the same sync settings)"
+        )
+
+
+def check_identity(info: pb.TaskInfo, cluster: ClusterSpec, job_name: str, task_index: int, address: str) -> None:
+    """Check that the task answering at ``address`` is the one ``cluster`` puts there.
+
+    Raises:
+        ClusterMismatchError: it is another task, or of another cluster.
+    """
+    if (info.job_name, info.task_index) != (job_name, task_index) or info.cluster_spec != cluster.to_string():
+        raise ClusterMismatchError(
+            f"{address} should be {ClusterSpec.task_name(job_name, task_index)} of cluster "
+            f"{cluster.to_string()!r}, but it is {ClusterSpec.task_name(info.job_name, info.task_index)} "
+            f"of cluster {info.cluster_spec!r}"
+        )

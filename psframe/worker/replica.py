@@ -1,0 +1,110 @@
+"""A worker's replica of the model, bound to the shards the ps tasks hold.
+
+:class:`Replica` knows which part of which local parameter each stored
+shard mirrors (:class:`~psframe.worker.slicer.Slot`), hands out the
+gradients a request pushes (on the host, ready for the wire) and writes the
+values a reply carries back into the parameters. It never talks to a ps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from psframe.cluster.placement import Placement, VariableInfo, place
+from psframe.wire import codec
+from psframe.worker.client import Reply
+from psframe.worker.slicer import Request, Slot, StepPlan
+from psframe.worker.staging import HostStaging
+
+
+class Replica:
+    """The trainable parameters of ``model`` as variables placed on ``num_ps`` ps tasks.
+
+    Args:
+        model: the local model (already on its device).
+        num_ps: the number of ps tasks.
+        staging: how tensors travel between the model's device and the host.
+        sync: True for synchronous training (see :meth:`gradients`).
+        wire_dtype: the dtype gradients travel in, if compressed: a CUDA
+            replica converts them on the GPU, so half the bytes cross to the host.
+        placement_options: keyword arguments of :func:`psframe.cluster.placement.place`
+            (``strategy``, ``min_partition_bytes``, ``soft_placement``, ``max_shard_bytes``).
+        variable_devices: explicit TF device strings for some parameters.
+
+    Raises:
+        ValueError: the model has no trainable parameter, or ``variable_devices``
+            names a parameter it does not have.
+    """
+
+    def __init__(self, model: torch.nn.Module, num_ps: int, staging: HostStaging, *, sync: bool,
+                 variable_devices: Mapping[str, str], max_shard_bytes: int,
+                 wire_dtype: torch.dtype | None = None, **placement_options) -> None:
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no trainable parameter: nothing to place on the ps tasks")
+        unknown = sorted(set(variable_devices) - {n for n, _ in params})
+        if unknown:
+            raise ValueError(
+                f"variable_devices names {unknown}, which are not trainable parameters of the model; "
+                f"expected names from model.named_parameters()"
+            )
+        self.placement: Placement = place(
+            [VariableInfo(n, tuple(p.shape), p.element_size(), variable_devices.get(n)) for n, p in params],
+            num_ps, max_shard_bytes=max_shard_bytes, **placement_options,
+        )
+        by_name = dict(params)
+        self.slots = tuple(Slot(shard, by_name[shard.variable]) for shard in self.placement.shards)
+        self.plan = StepPlan.make(self.slots, num_ps, max_shard_bytes, sync)
+        self.sync = sync
+        self.staging = staging
+        self._device_wire_dtype = wire_dtype if staging.cuda else None
+        # Whose gradients are cleared after every step (the trainable ones, once each).
+        self._params = [p for _, p in params]
+
+    def values(self, slots: Sequence[Slot]) -> list[tuple[str, torch.Tensor]]:
+        """The current values of ``slots`` on the host, by shard name (the chief's initial values)."""
+        return [(s.name, self.staging.to_host(s.rows(s.param.detach()))) for s in slots]
+
+    def has_gradients(self) -> bool:
+        """Whether backward left a gradient on any trainable parameter."""
+        return any(p.grad is not None for p in self._params)
+
+    def gradients(self, request: Request) -> list[tuple[str, torch.Tensor]]:
+        """The gradients ``request`` pushes, on the host, by shard name.
+
+        Async: parameters without a gradient are left out. Sync: an update
+        averages a gradient of every variable, so a parameter this replica
+        did not use contributes zeros.
+        """
+        push = request.push
+        grads = [(s.name, s.rows(s.param.grad)) for s in push if s.param.grad is not None]
+        if self.sync and len(grads) < len(push):
+            grads = [(s.name, s.rows(_grad_or_zeros(s.param))) for s in push]
+        if self._device_wire_dtype is not None:
+            grads = [(name, codec.to_wire(grad, self._device_wire_dtype)) for name, grad in grads]
+        return self.staging.grads_to_host(grads)
+
+    def assign(self, requests: Sequence[Request], replies: Sequence[Reply]) -> None:
+        """Write the values the replies carry into the parameters, and clear the gradients."""
+        with torch.no_grad():
+            for request, reply in zip(requests, replies):
+                for slot, tensor in zip(request.pull, reply.values):
+                    if self.staging.cuda or slot.shard.partitioned:
+                        self.staging.to_device(slot.rows(slot.param.data), tensor)
+                    else:
+                        # A whole CPU parameter takes the received bytes as its
+                        # storage: the reply is not copied again (unless it
+                        # travelled compressed: then widening is the copy).
+                        slot.param.data = tensor if tensor.dtype == slot.param.dtype else tensor.to(slot.param.dtype)
+            self.clear_gradients()
+        self.staging.synchronize()
+
+    def clear_gradients(self) -> None:
+        for param in self._params:
+            param.grad = None
+
+
+def _grad_or_zeros(param: torch.Tensor) -> torch.Tensor:
+    return param.grad if param.grad is not None else torch.zeros_like(param)

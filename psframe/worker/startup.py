@@ -1,0 +1,48 @@
+"""How a worker joins the model on the ps tasks: at start-up, and again after a ps task was lost.
+
+The chief (worker 0) creates the variables, or has the ps tasks restore
+them from the latest checkpoint; every other worker waits until the ps
+tasks hold the model. Both then check that the model on the ps tasks is
+the one they built, with the same sync settings.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from psframe.optim import OptimizerSpec, SyncReplicas
+from psframe.worker.client import PsClient
+from psframe.worker.replica import Replica
+
+log = logging.getLogger(__name__)
+
+
+def join(client: PsClient, replica: Replica, *, is_chief: bool, optimizer: OptimizerSpec,
+         sync: SyncReplicas | None, checkpoint_dir: str | None, timeout: float) -> None:
+    """Wait for the ps tasks; the chief creates (or restores) the variables; all check the model.
+
+    Raises:
+        ConnectTimeoutError: a ps task (or the model) did not come up within ``timeout``.
+        ClusterMismatchError: a ps task holds another model, cluster or sync setting.
+    """
+    client.wait_for_ps(timeout)
+    if is_chief:
+        create_variables(client, replica, optimizer, sync, checkpoint_dir)
+    infos = client.wait_for_ps(timeout, ready=True)
+    client.check_model(infos, replica.slots, sync)
+
+
+def create_variables(client: PsClient, replica: Replica, optimizer: OptimizerSpec,
+                     sync: SyncReplicas | None, checkpoint_dir: str | None) -> None:
+    """The chief's part: send every ps task its variables' definitions and initial values.
+
+    One message at a time, so that nobody buffers the whole model. A ps
+    task that holds the model already, or restores it from a checkpoint
+    (a restarted ps, or a job run again), keeps what it has.
+    """
+    created = False
+    for request in replica.plan.pull:
+        mine = [s for s in replica.slots if s.shard.ps_task == request.ps_task]
+        created |= client.create(request.ps_task, mine, replica.values(request.pull), optimizer, sync,
+                                 checkpoint_dir)
+    log.info("chief %s the model on %d ps tasks", "created" if created else "found (or restored)", client.num_ps)
