@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from psframe.version import __version__
+from psframe.cluster import ClusterSpec
 from psframe.cluster.tf_config import resolve_cluster
 from psframe.errors import PsframeError
 
@@ -58,7 +59,7 @@ def _ping(args: argparse.Namespace) -> int:
 
     info = ping(args.target, timeout=args.timeout)
     state = pb.TaskInfo.State.Name(info.state).lower()
-    line = f"{info.address} is /job:{info.job_name}/task:{info.task_index} ({state}"
+    line = f"{info.address} is {ClusterSpec.caller_name(info.job_name, info.task_index)} ({state}"
     if info.job_name == "ps":
         line += (f", global step {info.global_step}, {len(info.variables)} variables, "
                  f"{info.bytes_held} bytes")
@@ -68,7 +69,6 @@ def _ping(args: argparse.Namespace) -> int:
 
 def _cluster_only(args: argparse.Namespace):
     """The cluster named by the flags or TF_CONFIG (no task needed)."""
-    from psframe.cluster import ClusterSpec
     from psframe.cluster.tf_config import cluster_from_tf_config
 
     if args.ps_hosts or args.worker_hosts:
@@ -92,12 +92,12 @@ def _status(args: argparse.Namespace) -> int:
             try:
                 info = client.get_info(k)
             except PsframeError:
-                rows.append((f"/job:ps/task:{k}", address, "ps", "down", "", "", "", "", "", ""))
+                rows.append((ClusterSpec.task_name("ps", k), address, "ps", "down", "", "", "", "", "", ""))
                 continue
             for worker in info.workers:  # the freshest word from any ps task
                 if worker.task_index not in seen or 0 <= worker.seconds_ago < seen[worker.task_index].seconds_ago:
                     seen[worker.task_index] = worker
-            rows.append((f"/job:ps/task:{k}", address, "ps", pb.TaskInfo.State.Name(info.state).lower(),
+            rows.append((ClusterSpec.task_name("ps", k), address, "ps", pb.TaskInfo.State.Name(info.state).lower(),
                          str(info.global_step), str(len(info.variables)), _bytes(info.bytes_held),
                          str(info.pushes), str(info.dropped_gradients), "-"))
     finally:
@@ -113,7 +113,7 @@ def _status(args: argparse.Namespace) -> int:
         else:
             state = "training" if worker.seconds_ago < 10 else "silent"
             last = f"{worker.seconds_ago:.1f}s ago"
-        rows.append((f"/job:worker/task:{w}", address, "chief" if w == 0 else "worker", state,
+        rows.append((ClusterSpec.task_name("worker", w), address, "chief" if w == 0 else "worker", state,
                      "", "", "", "", "", last))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -136,7 +136,7 @@ def _shutdown(args: argparse.Namespace) -> int:
             print(f"saved checkpoint of global step {manifest.step} in {manifest.folder}")
         for k in range(cluster.num_ps):
             client.shutdown(k)
-            print(f"/job:ps/task:{k} at {cluster.task_address('ps', k)} is shutting down")
+            print(f"{ClusterSpec.task_name('ps', k)} at {cluster.task_address('ps', k)} is shutting down")
     finally:
         client.close()
     return 0

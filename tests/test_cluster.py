@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from psframe.cluster import address as address_mod
 from psframe.cluster import spec as cluster_mod
 from psframe.cluster import device_spec as device_spec_mod
 from psframe.cluster import tf_config as tf_config_mod
@@ -43,7 +44,7 @@ def test_errors_are_psframe_and_value_errors():
         parse_address("h0")
 
 
-@pytest.mark.parametrize("module", [cluster_mod, tf_config_mod, device_spec_mod], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [cluster_mod, address_mod, tf_config_mod, device_spec_mod], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0

@@ -1,11 +1,13 @@
 """Who the tasks are and where things live (core: standard library only).
 
-- :mod:`psframe.cluster.spec`: :class:`ClusterSpec`, task names and addresses;
+- :mod:`psframe.cluster.spec`: :class:`ClusterSpec` and task names;
+- :mod:`psframe.cluster.address`: ``host:port`` task addresses;
 - :mod:`psframe.cluster.tf_config`: the cluster from flags, ``--cluster_spec`` or ``TF_CONFIG``;
 - :mod:`psframe.cluster.device_spec`: TF device strings (``/job:ps/task:1``);
 - :mod:`psframe.cluster.placement`: which ps task holds which variable, and its partitions.
 """
 
-from psframe.cluster.spec import JOBS, ClusterSpec, parse_address
+from psframe.cluster.address import parse_address
+from psframe.cluster.spec import JOBS, ClusterSpec
 
 __all__ = ["JOBS", "ClusterSpec", "parse_address"]

@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from psframe.cluster.spec import ClusterSpec
 from psframe.errors import PlacementError
 
 MiB = 1 << 20
@@ -44,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 
 def _ps_device(task: int) -> str:
-    return f"/job:ps/task:{task}"
+    return ClusterSpec.task_name("ps", task)
 
 
 @dataclass(frozen=True)

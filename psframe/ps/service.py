@@ -134,8 +134,8 @@ class ParameterServerService(TaskService):
     def _init(self, header: pb.InitHeader, tensors: list[torch.Tensor]) -> bytes:
         if header.caller.task_index != 0:
             raise ClusterMismatchError(
-                f"only the chief (/job:worker/task:0) creates variables, "
-                f"not /job:worker/task:{header.caller.task_index}"
+                f"only the chief ({ClusterSpec.task_name('worker', 0)}) creates variables, "
+                f"not {ClusterSpec.caller_name('worker', header.caller.task_index)}"
             )
         optimizer = messages.optimizer_from_proto(header.optimizer)
         defs = list(header.variables)
@@ -143,10 +143,10 @@ class ParameterServerService(TaskService):
         with self._init_lock:
             created = False
             if self.store.ready:
-                where = f"the chief's model does not match what {self.task_name} holds"
-                messages.check_same_variables(where, defs, self._variable_defs)
-                self.store.create(self._values_like(defs), optimizer)  # checks the optimizer
-                messages.check_same_sync(where, sync, self._sync_def)
+                # The store checks the variables and the optimizer are those it holds.
+                self.store.create(self._values_like(defs), optimizer)
+                messages.check_same_sync(f"the chief's model does not match what {self.task_name} holds",
+                                         sync, self._sync_def)
             elif self._restore_for_chief(header.checkpoint_dir or self.checkpoint_dir, defs, optimizer, sync):
                 pass
             else:

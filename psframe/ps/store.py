@@ -26,6 +26,7 @@ from psframe.errors import (
     UnknownVariableError,
 )
 from psframe.optim import OptimizerSpec
+from psframe.wire import messages
 
 
 class VariableStore:
@@ -93,14 +94,8 @@ class VariableStore:
             return True
 
     def _check_same_model(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec) -> None:
-        mine = {name: (tuple(v.shape), v.dtype) for name, v in self._variables.items()}
-        theirs = {name: (tuple(v.shape), v.dtype) for name, v in values.items()}
-        if mine != theirs:
-            diff = sorted(set(mine.items()) ^ set(theirs.items()), key=str)[:4]
-            raise ClusterMismatchError(
-                f"{self.owner} already holds a different model ({len(mine)} variables); "
-                f"differences (name, (shape, dtype)): {diff}"
-            )
+        messages.check_same_variables(f"{self.owner} already holds a different model",
+                                      messages.keys_of_tensors(values), messages.keys_of_tensors(self._variables))
         if optimizer != self._optimizer_spec:
             raise ClusterMismatchError(
                 f"{self.owner} already runs {self._optimizer_spec!r}, not {optimizer!r}"

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from psframe.cluster import ClusterSpec
 from psframe.errors import BarrierTimeoutError, PsframeError, RemoteError
 from psframe.ps.store import VariableStore
 
@@ -279,4 +280,4 @@ class SyncAggregator:
 
 
 def _workers(indices: list[int]) -> str:
-    return ", ".join(f"/job:worker/task:{i}" for i in indices) or "none"
+    return ", ".join(ClusterSpec.task_name("worker", i) for i in indices) or "none"

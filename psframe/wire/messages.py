@@ -8,7 +8,7 @@ what a ps task holds, used by both sides.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -89,19 +89,29 @@ def variable_defs(slots: Iterable[Any]) -> list[pb.VariableDef]:
     return [variable_def(s.shard, s.param.dtype, s.param.shape) for s in slots]
 
 
-def _key(d: pb.VariableDef) -> tuple:
-    return (d.name, d.dtype, tuple(d.shape))
+VariableKey = tuple[str, str, tuple[int, ...]]  # name, dtype name, shape
 
 
-def check_same_variables(where: str, expected: Sequence[pb.VariableDef], found: Sequence[pb.VariableDef]) -> None:
-    """Check two lists of variables agree in name, dtype and shape, in order.
+def keys_of_defs(defs: Iterable[pb.VariableDef]) -> list[VariableKey]:
+    return [(d.name, d.dtype, tuple(d.shape)) for d in defs]
+
+
+def keys_of_tensors(values: Mapping[str, torch.Tensor]) -> list[VariableKey]:
+    return [(name, dtype_name(v.dtype), tuple(v.shape)) for name, v in values.items()]
+
+
+def check_same_variables(where: str, expected: Sequence[VariableKey], found: Sequence[VariableKey]) -> None:
+    """The one check that two tasks hold the same model: the same variables, by name, dtype and shape.
+
+    Used by a worker against each ps task (:meth:`PsClient.check_model`) and by
+    a ps task against a chief's request to create what it holds already.
 
     Raises:
         ClusterMismatchError: ``where`` (e.g. "A does not match B") and the first differences.
     """
-    if [_key(d) for d in expected] == [_key(d) for d in found]:
+    if sorted(expected) == sorted(found):
         return
-    diff = sorted(set(map(_key, expected)) ^ set(map(_key, found)))[:4]
+    diff = sorted(set(expected) ^ set(found))[:4]
     raise ClusterMismatchError(
         f"{where}: {len(expected)} variables expected, {len(found)} found; "
         f"differences (name, dtype, shape): {diff} (every worker must build the same model "

@@ -170,7 +170,7 @@ class PsClient:
             where = f"the model of {self.name} does not match {self.describe(ps_task)}"
             messages.check_same_sync(where, messages.sync_def(sync), info.sync if info.HasField("sync") else None)
             mine = messages.variable_defs(s for s in slots if s.shard.ps_task == ps_task)
-            messages.check_same_variables(where, mine, info.variables)
+            messages.check_same_variables(where, messages.keys_of_defs(mine), messages.keys_of_defs(info.variables))
 
     # ---- a step
 
