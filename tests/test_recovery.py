@@ -1,4 +1,5 @@
-"""Recovery from lost tasks: real SIGKILLs at a random step, restarts with the same command."""
+"""Recovery from lost tasks: a ps task's shard saved and restored (in process), then
+real SIGKILLs at a random step and restarts with the same command (cluster)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,102 @@ import json
 import random
 import re
 import signal
+import uuid
 
+import fsspec
 import pytest
+import torch
 
+from psframe.checkpoint import files as checkpoint_io
+from psframe.optim import OptimizerSpec
+from psframe.ps import recovery
+from psframe.ps.store import VariableStore
+from psframe.wire import psframe_pb2 as pb
 from tests.conftest import ROOT, free_cluster
 
-pytestmark = pytest.mark.cluster
-
 SAVE_EVERY = 40
+ADAM = OptimizerSpec("Adam", {"lr": 0.01})
+
+
+# ---- save_shard and restoring, in process
+
+
+@pytest.fixture
+def url():
+    """A fresh folder on the in-memory filesystem."""
+    base = f"memory://recovery-tests/{uuid.uuid4().hex}"
+    yield base
+    fs, path = fsspec.core.url_to_fs(base)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def row_defs(bounds: list[int], full_shape=(10, 3)) -> list[pb.VariableDef]:
+    """emb.weight cut into parts at ``bounds`` (one part per ps task), as the chief places it."""
+    return [pb.VariableDef(name=f"emb.weight/part_{i}", variable="emb.weight", dtype="float32",
+                           shape=[hi - lo, *full_shape[1:]], full_shape=full_shape, row_start=lo,
+                           part_index=i, num_parts=len(bounds) - 1)
+            for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
+
+
+def trained_stores(emb: torch.Tensor, defs: list[pb.VariableDef], steps: int = 3):
+    """One store per part, each stepped by Adam a few times."""
+    stores = []
+    for d in defs:
+        store = VariableStore()
+        store.create({d.name: emb[d.row_start:d.row_start + d.shape[0]]}, ADAM)
+        for i in range(steps):
+            store.apply({d.name: torch.full(tuple(d.shape), float(i + 1))})
+            store.advance_step()
+        stores.append(store)
+    return stores
+
+
+def save_all(url, stores, defs, sync, step=100):
+    records = [recovery.save_shard(store, [d], sync, url, step, k, len(stores))
+               for k, (store, d) in enumerate(zip(stores, defs))]
+    return checkpoint_io.write_manifest(url, step, records)
+
+
+def test_a_ps_task_restores_its_own_shard_as_it_saved_it(url):
+    defs = row_defs([0, 6, 10])
+    stores = trained_stores(torch.randn(10, 3), defs)
+    sync = pb.SyncDef(replicas_to_aggregate=2, total_num_replicas=3, timeout_seconds=12.5)
+    save_all(url, stores, defs, sync)
+
+    for k, (store, d) in enumerate(zip(stores, defs)):
+        restored = recovery.restore_own_shard(url, k, 2)
+        global_step, values, states = store.snapshot()
+        assert (restored.step, restored.global_step) == (100, global_step) == (100, 3)
+        assert restored.defs == [d] and restored.sync == sync and restored.optimizer == ADAM
+        assert torch.equal(restored.values[d.name], values[d.name])
+        assert set(restored.states[d.name]) == set(states[d.name]) == {"step", "exp_avg",
+                                                                       "exp_avg_sq"}
+        for key, x in states[d.name].items():
+            assert torch.equal(restored.states[d.name][key], x), key
+    assert recovery.restore_own_shard(url, 0, 3) is None  # shard boundaries moved
+    assert recovery.restore_own_shard(f"{url}/nothing", 0, 2) is None
+
+
+def test_restore_onto_another_partitioning_takes_rows_from_every_shard(url):
+    emb = torch.randn(10, 3)
+    saved = row_defs([0, 6, 10])
+    stores = trained_stores(emb, saved)
+    save_all(url, stores, saved, None)
+    exp_avg = torch.cat([s.snapshot()[2][d.name]["exp_avg"] for s, d in zip(stores, saved)])
+    values = torch.cat([s.snapshot()[1][d.name] for s, d in zip(stores, saved)])
+
+    wanted = row_defs([0, 4, 7, 10])
+    restored = recovery.restore_onto(url, wanted[1:2], ADAM)
+    assert restored.defs == wanted[1:2] and restored.sync is None and restored.global_step == 3
+    assert torch.equal(restored.values["emb.weight/part_1"], values[4:7])
+    assert torch.equal(restored.states["emb.weight/part_1"]["exp_avg"], exp_avg[4:7])
+
+    other = recovery.restore_onto(url, wanted[1:2], OptimizerSpec("SGD", {"lr": 0.1}))
+    assert other.states == {"emb.weight/part_1": {}}  # another optimizer's state is dropped
+
+
+# ---- real processes
 
 
 def last_json(output: str) -> dict:
@@ -40,6 +129,7 @@ def kill_and_restart(processes, cluster, name: str, flags: list[str], at_step: i
     return killed_at, processes.start_task(cluster, job, index, *flags)
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_a_killed_ps_restarted_restores_its_shard_and_training_finishes(processes, tmp_path, mode):
     seed = random.randrange(10**6)
@@ -65,6 +155,7 @@ def test_a_killed_ps_restarted_restores_its_shard_and_training_finishes(processe
         assert result["final_loss"] < result["initial_loss"] / 20, result
 
 
+@pytest.mark.cluster
 def test_the_whole_job_killed_and_run_again_resumes_from_the_checkpoint(processes, tmp_path):
     cluster = free_cluster(1, 2)
     flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--save_checkpoint_steps={SAVE_EVERY}",
@@ -90,6 +181,7 @@ def test_the_whole_job_killed_and_run_again_resumes_from_the_checkpoint(processe
     assert result["local_steps"] < 300 - resumed_at + 20  # it did not start over
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("victim", ["worker0", "worker1"])
 def test_a_killed_worker_restarted_rejoins_async(processes, tmp_path, victim):
     cluster = free_cluster(1, 2)
@@ -109,6 +201,7 @@ def test_a_killed_worker_restarted_rejoins_async(processes, tmp_path, victim):
     assert last_json(restarted.output)["global_step"] >= 300
 
 
+@pytest.mark.cluster
 @pytest.mark.mnist
 def test_mnist_example_survives_a_ps_kill_and_reaches_97_percent(processes, tmp_path, mnist_dir):
     data_dir = mnist_dir

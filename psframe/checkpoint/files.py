@@ -13,22 +13,11 @@ size and sha256; readers verify them before loading anything, and
 :func:`latest_valid` skips (and logs) a damaged checkpoint in favour of the one
 before it.
 
-A shard is a dict saved with ``torch.save`` and loaded with
-``weights_only=True``::
-
-    {"format_version": 1, "global_step": int, "ps_task": int, "num_shards": int,
-     "optimizer": {"name": "Adam", "kwargs": {"lr": 0.001}},
-     "sync": None or {"replicas_to_aggregate": int, "total_num_replicas": int,
-                      "timeout": float},
-     "variables": [{"name": "emb.weight/part_1", "variable": "emb.weight",
-                    "dtype": "float32", "shape": [r, c], "full_shape": [R, c],
-                    "row_start": int, "part_index": int, "num_parts": int,
-                    "value": Tensor, "state": {"step": Tensor, "exp_avg": Tensor}}]}
-
-``state`` is the variable's ``torch.optim`` per-parameter state: a tensor shaped
-like ``value`` is element-wise state, anything else is per-parameter scalar
-state. :mod:`psframe.checkpoint.slices` rebuilds variables from the parts, also
-onto a different number of ps tasks.
+A shard is a :class:`~psframe.checkpoint.shard.ShardData` record, saved with
+``torch.save`` as a plain dict and loaded with ``weights_only=True``; its
+layout and its checks are :mod:`psframe.checkpoint.shard`.
+:mod:`psframe.checkpoint.slices` rebuilds variables from the parts, also onto a
+different number of ps tasks.
 
 Every path goes through fsspec, so local paths, ``file://``, ``memory://``,
 ``s3://`` and ``hdfs://`` all work where their fsspec backend is installed.
@@ -45,26 +34,21 @@ import posixpath
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import fsspec
 import torch
 
+from psframe.checkpoint.shard import FORMAT_VERSION, READABLE_FORMATS, ShardData
 from psframe.errors import CheckpointCorruptError, CheckpointError
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
 MANIFEST_NAME = "MANIFEST.json"
 _CHUNK = 8 << 20
 _FOLDER_RE = re.compile(r"ckpt-(\d{12,})")
-
-_SHARD_KEYS = ("global_step", "optimizer", "sync", "variables")
-_VARIABLE_KEYS = ("name", "variable", "dtype", "shape", "full_shape", "row_start",
-                  "part_index", "num_parts", "value", "state")
-_SYNC_KEYS = ("replicas_to_aggregate", "total_num_replicas", "timeout")
 
 
 @dataclass(frozen=True)
@@ -118,32 +102,33 @@ class Manifest:
 # ---- writing
 
 
-def write_shard(url: str, step: int, ps_task: int, num_shards: int, shard: dict) -> ShardRecord:
+def write_shard(url: str, step: int, shard: ShardData) -> ShardRecord:
     """Write one ps task's shard of the checkpoint at ``step`` under ``url``.
 
-    The dict is checked up front; tensors are saved detached, on the CPU and
-    compact (a view saves its rows, not its whole storage). The file is
+    The record is checked up front; tensors are saved detached, on the CPU
+    and compact (a view saves its rows, not its whole storage). The file is
     written under a temporary name, hashed as it is written, then moved into
     place; it counts for nothing until :func:`write_manifest` commits it.
 
     Args:
         url: the checkpoint directory ``DIR``.
         step: the checkpoint's step (names the ``ckpt-*`` folder).
-        ps_task: this ps task's index.
-        num_shards: the number of ps tasks saving this checkpoint.
-        shard: the shard dict described in the module docstring;
-            ``format_version``, ``ps_task`` and ``num_shards`` may be left
-            out and are filled in.
+        shard: what this ps task saves; its ``ps_task`` and ``num_shards``
+            name the file.
 
     Returns:
         The record to hand to the chief for :func:`write_manifest`.
 
     Raises:
-        CheckpointError: the dict is malformed, or that checkpoint is already
+        CheckpointError: the record is malformed (see
+            :meth:`ShardData.to_dict`), or that checkpoint is already
             committed (a committed checkpoint is never rewritten).
     """
-    _check_index(step, ps_task, num_shards)
-    content = _clean_shard(shard, step, ps_task, num_shards)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"step ({step!r}) must be an int >= 0")
+    if not isinstance(shard, ShardData):
+        raise CheckpointError(f"a shard must be a ShardData, got {type(shard).__name__}")
+    content = shard.to_dict()
     url = _norm(url)
     fs, folder = fsspec.core.url_to_fs(_join(url, _folder_name(step)))
     if fs.exists(_join(folder, MANIFEST_NAME)):
@@ -152,20 +137,10 @@ def write_shard(url: str, step: int, ps_task: int, num_shards: int, shard: dict)
             f"a committed checkpoint is never rewritten: save under a new step"
         )
     fs.makedirs(folder, exist_ok=True)
-    name = _shard_name(ps_task, num_shards)
-    final = _join(folder, name)
-    tmp = f"{final}.tmp-{uuid.uuid4().hex}"
-    try:
-        with fs.open(tmp, "wb") as f:
-            writer = _HashingWriter(f)
-            torch.save(content, writer)
-            _fsync(f)
-        fs.mv(tmp, final)
-    except BaseException:
-        _remove_quietly(fs, tmp)
-        raise
-    return ShardRecord(ps_task=ps_task, file=name, sha256=writer.hexdigest(),
-                       nbytes=writer.nbytes, global_step=content["global_step"])
+    name = _shard_name(shard.ps_task, shard.num_shards)
+    writer = _atomic_write(fs, _join(folder, name), lambda f: torch.save(content, f))
+    return ShardRecord(ps_task=shard.ps_task, file=name, sha256=writer.hexdigest(),
+                       nbytes=writer.nbytes, global_step=shard.global_step)
 
 
 def write_manifest(url: str, step: int, records: Sequence[ShardRecord]) -> Manifest:
@@ -217,19 +192,9 @@ def write_manifest(url: str, step: int, records: Sequence[ShardRecord]) -> Manif
     final = _join(folder, MANIFEST_NAME)
     if fs.exists(final):
         raise CheckpointError(f"checkpoint {manifest.folder} is already committed")
-    tmp = f"{final}.tmp-{uuid.uuid4().hex}"
     text = json.dumps(_manifest_to_json(manifest), indent=2, sort_keys=True)
-    try:
-        with fs.open(tmp, "wb") as f:
-            f.write(text.encode())
-            _fsync(f)
-        # The commit point. A local rename is atomic; on object stores mv is a
-        # copy then a delete, and that single write of the final object is the
-        # commit: readers either see the whole manifest or none.
-        fs.mv(tmp, final)
-    except BaseException:
-        _remove_quietly(fs, tmp)
-        raise
+    # The commit point: readers either see the whole manifest or none.
+    _atomic_write(fs, final, lambda f: f.write(text.encode()))
     return manifest
 
 
@@ -264,42 +229,41 @@ def list_checkpoints(url: str) -> list[Manifest]:
     return manifests
 
 
-def read_shard(manifest: Manifest, ps_task: int) -> dict:
+def read_shard(manifest: Manifest, ps_task: int) -> ShardData:
     """Load ``ps_task``'s shard of a committed checkpoint, after verifying it.
 
     The file is hashed in one streaming pass and loaded in a second, so its
-    bytes are never held twice; committed files are never rewritten.
+    bytes are never held twice; committed files are never rewritten. Shards
+    of every format in :data:`READABLE_FORMATS` are read.
+
+    Returns:
+        The shard, checked as :meth:`ShardData.from_dict` checks it.
 
     Raises:
         CheckpointCorruptError: the file is missing, has the wrong size or
             fails its sha256 (the message names the file and both hashes).
         CheckpointError: the file verifies but is not a shard this version of
-            psframe can load.
+            psframe can load, or is another ps task's than the manifest says.
     """
     record = manifest.shard(ps_task)
     fs, path = _check_file(manifest, record)
+    where = _join(manifest.folder, record.file)
     try:
         with fs.open(path, "rb") as f:
             content = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:
         raise CheckpointError(
-            f"{_join(manifest.folder, record.file)} matches its sha256 but cannot be "
-            f"loaded as a shard: {e}"
-        ) from e
-    where = _join(manifest.folder, record.file)
-    if not isinstance(content, dict) or "format_version" not in content:
-        raise CheckpointError(f"{where} does not hold a shard dict")
-    if content["format_version"] != FORMAT_VERSION:
+            f"{where} matches its sha256 but cannot be loaded as a shard: {e}") from e
+    try:
+        shard = ShardData.from_dict(content)
+    except CheckpointError as e:
+        raise CheckpointError(f"{where} is not a shard this psframe can read: {e}") from e
+    if shard.ps_task != ps_task or shard.num_shards != manifest.num_shards:
         raise CheckpointError(
-            f"{where} is in checkpoint format {content['format_version']}; "
-            f"this psframe reads format {FORMAT_VERSION}"
-        )
-    if content.get("ps_task") != ps_task or content.get("num_shards") != manifest.num_shards:
-        raise CheckpointError(
-            f"{where} holds ps task {content.get('ps_task')} of {content.get('num_shards')}; "
+            f"{where} holds ps task {shard.ps_task} of {shard.num_shards}; "
             f"the manifest expects ps task {ps_task} of {manifest.num_shards}"
         )
-    return content
+    return shard
 
 
 def verify(manifest: Manifest) -> None:
@@ -391,6 +355,28 @@ class _HashingWriter:
         return self._sha.hexdigest()
 
 
+def _atomic_write(fs: Any, final: str, write: Callable[[Any], Any]) -> _HashingWriter:
+    """Write ``final`` whole or not at all: ``write`` fills a temporary file,
+    which is made durable, then moved into place.
+
+    Returns:
+        The hash and size of what was written.
+    """
+    tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+    try:
+        with fs.open(tmp, "wb") as f:
+            writer = _HashingWriter(f)
+            write(writer)
+            _fsync(f)
+        # A local rename is atomic; on object stores mv is a copy then a
+        # delete, and that single write of the final object is what counts.
+        fs.mv(tmp, final)
+    except BaseException:
+        _remove_quietly(fs, tmp)
+        raise
+    return writer
+
+
 def _check_file(manifest: Manifest, record: ShardRecord) -> tuple[Any, str]:
     """Size and sha256 check of one shard; returns its (fs, path)."""
     where = _join(manifest.folder, record.file)
@@ -443,19 +429,16 @@ def _manifest_to_json(manifest: Manifest) -> dict:
         "step": manifest.step,
         "num_shards": manifest.num_shards,
         "created": manifest.created,
-        "shards": [
-            {"ps_task": r.ps_task, "file": r.file, "sha256": r.sha256,
-             "nbytes": r.nbytes, "global_step": r.global_step}
-            for r in manifest.shards
-        ],
+        "shards": [asdict(r) for r in manifest.shards],
     }
 
 
 def _manifest_from_json(url: str, step: int, data: bytes) -> Manifest:
     """Parse and check a manifest; ValueError/KeyError/TypeError if it is not one."""
     obj = json.loads(data)
-    if obj["format_version"] != FORMAT_VERSION:
-        raise ValueError(f"format {obj['format_version']}, this psframe reads {FORMAT_VERSION}")
+    version = obj["format_version"]
+    if version not in READABLE_FORMATS:
+        raise ValueError(f"format {version}, this psframe reads formats {list(READABLE_FORMATS)}")
     if obj["step"] != step:
         raise ValueError(f"it records step {obj['step']}, its folder is step {step}")
     num_shards = obj["num_shards"]
@@ -470,152 +453,7 @@ def _manifest_from_json(url: str, step: int, data: bytes) -> Manifest:
         if r.file != _shard_name(r.ps_task, num_shards):
             raise ValueError(f"unexpected shard file name {r.file!r}")
     return Manifest(url=url, step=step, num_shards=num_shards, shards=records,
-                    created=float(obj["created"]), format_version=FORMAT_VERSION)
-
-
-def _clean_shard(shard: Any, step: int, ps_task: int, num_shards: int) -> dict:
-    """A checked copy of a shard dict, with portable tensors; raises CheckpointError."""
-    if not isinstance(shard, Mapping):
-        raise CheckpointError(f"a shard must be a dict, got {type(shard).__name__}")
-    missing = [k for k in _SHARD_KEYS if k not in shard]
-    if missing:
-        raise CheckpointError(f"shard dict of ps task {ps_task} lacks keys {missing}; "
-                              f"it needs {list(_SHARD_KEYS)}")
-    for key, want in (("format_version", FORMAT_VERSION), ("ps_task", ps_task),
-                      ("num_shards", num_shards)):
-        if key in shard and shard[key] != want:
-            raise CheckpointError(f"shard dict says {key}={shard[key]!r}, expected {want!r}")
-    unknown = sorted(set(shard) - set(_SHARD_KEYS) - {"format_version", "ps_task", "num_shards"})
-    if unknown:
-        raise CheckpointError(f"shard dict of ps task {ps_task} has unknown keys {unknown}")
-    if not _is_int(shard["global_step"]):
-        raise CheckpointError(f"global_step must be an int, got {shard['global_step']!r}")
-
-    optimizer = shard["optimizer"]
-    if (not isinstance(optimizer, Mapping) or not isinstance(optimizer.get("name"), str)
-            or not isinstance(optimizer.get("kwargs"), Mapping)):
-        raise CheckpointError(
-            f"optimizer must be {{'name': str, 'kwargs': dict}}, got {optimizer!r}")
-    _check_plain(dict(optimizer["kwargs"]), "optimizer kwargs")
-
-    sync = shard["sync"]
-    if sync is not None:
-        if not isinstance(sync, Mapping) or set(sync) != set(_SYNC_KEYS):
-            raise CheckpointError(f"sync must be None or a dict with keys {list(_SYNC_KEYS)}, "
-                                  f"got {sync!r}")
-        _check_plain(dict(sync), "sync")
-
-    if not isinstance(shard["variables"], Sequence):
-        raise CheckpointError("variables must be a list of dicts")
-    variables = [_clean_variable(v, i) for i, v in enumerate(shard["variables"])]
-    names = [v["name"] for v in variables]
-    if len(set(names)) != len(names):
-        raise CheckpointError(f"shard of ps task {ps_task} names a variable twice: {names}")
-    return {
-        "format_version": FORMAT_VERSION,
-        "global_step": int(shard["global_step"]),
-        "ps_task": ps_task,
-        "num_shards": num_shards,
-        "optimizer": {"name": optimizer["name"], "kwargs": dict(optimizer["kwargs"])},
-        "sync": None if sync is None else dict(sync),
-        "variables": variables,
-    }
-
-
-def _clean_variable(var: Any, index: int) -> dict:
-    if not isinstance(var, Mapping):
-        raise CheckpointError(f"variables[{index}] must be a dict, got {type(var).__name__}")
-    label = f"variables[{index}] ({var.get('name', '?')!r})"
-    missing = [k for k in _VARIABLE_KEYS if k not in var]
-    if missing:
-        raise CheckpointError(f"{label} lacks keys {missing}; it needs {list(_VARIABLE_KEYS)}")
-    value = var["value"]
-    if not isinstance(value, torch.Tensor):
-        raise CheckpointError(f"{label}: value must be a tensor, got {type(value).__name__}")
-    for key in ("name", "variable", "dtype"):
-        if not isinstance(var[key], str):
-            raise CheckpointError(f"{label}: {key} must be a str, got {var[key]!r}")
-    for key in ("row_start", "part_index", "num_parts"):
-        if not _is_int(var[key]):
-            raise CheckpointError(f"{label}: {key} must be an int, got {var[key]!r}")
-    shape, full_shape = _shape(var["shape"], label), _shape(var["full_shape"], label)
-    if shape != list(value.shape):
-        raise CheckpointError(f"{label}: shape {shape} but value has shape {list(value.shape)}")
-    if var["dtype"] != _dtype_name(value.dtype):
-        raise CheckpointError(f"{label}: dtype {var['dtype']!r} but value is "
-                              f"{_dtype_name(value.dtype)!r}")
-    rows_ok = (shape == full_shape == [] and var["row_start"] == 0) or (
-        len(shape) == len(full_shape) >= 1 and shape[1:] == full_shape[1:]
-        and 0 <= var["row_start"] and var["row_start"] + shape[0] <= full_shape[0])
-    if not rows_ok:
-        raise CheckpointError(f"{label}: shape {shape} at row_start {var['row_start']} "
-                              f"does not fit in full_shape {full_shape}")
-    if not isinstance(var["state"], Mapping):
-        raise CheckpointError(f"{label}: state must be a dict, got {type(var['state']).__name__}")
-    state = {}
-    for key, x in var["state"].items():
-        if not isinstance(key, str):
-            raise CheckpointError(f"{label}: state keys must be str, got {key!r}")
-        if isinstance(x, torch.Tensor):
-            state[key] = _portable(x)
-        else:
-            _check_plain(x, f"{label} state {key!r}")
-            state[key] = x
-    out = {k: var[k] for k in ("name", "variable", "dtype", "row_start", "part_index", "num_parts")}
-    out.update(shape=shape, full_shape=full_shape, value=_portable(value), state=state)
-    return out
-
-
-def _check_plain(obj: Any, where: str) -> None:
-    """Refuse anything ``torch.load(weights_only=True)`` would not load back."""
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return
-    if isinstance(obj, (list, tuple)):
-        for x in obj:
-            _check_plain(x, where)
-        return
-    if isinstance(obj, dict):
-        for k, x in obj.items():
-            _check_plain(k, where)
-            _check_plain(x, where)
-        return
-    raise CheckpointError(f"{where}: {type(obj).__name__} values cannot be checkpointed; "
-                          f"use tensors, numbers, strings, lists, tuples or dicts")
-
-
-def _portable(t: torch.Tensor) -> torch.Tensor:
-    """Detached, on the CPU, and owning exactly its own bytes (torch.save writes
-    a view's whole storage otherwise)."""
-    t = t.detach().cpu()
-    if t.layout != torch.strided:
-        return t
-    if not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size():
-        t = t.clone(memory_format=torch.contiguous_format)
-    return t
-
-
-def _shape(shape: Any, label: str) -> list[int]:
-    if not isinstance(shape, (list, tuple, torch.Size)) or not all(
-            _is_int(n) and n >= 0 for n in shape):
-        raise CheckpointError(f"{label}: shapes must be lists of ints >= 0, got {shape!r}")
-    return [int(n) for n in shape]
-
-
-def _check_index(step: int, ps_task: int, num_shards: int) -> None:
-    if not (_is_int(step) and step >= 0):
-        raise CheckpointError(f"step ({step!r}) must be an int >= 0")
-    if not (_is_int(num_shards) and num_shards >= 1):
-        raise CheckpointError(f"num_shards ({num_shards!r}) must be an int >= 1")
-    if not (_is_int(ps_task) and 0 <= ps_task < num_shards):
-        raise CheckpointError(f"ps_task ({ps_task!r}) must be in 0..{num_shards - 1}")
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+                    created=float(obj["created"]), format_version=int(version))
 
 
 def _folder_name(step: int) -> str:

@@ -1,11 +1,11 @@
 """Re-partitioning a checkpoint: whole variables, or the rows a ps task now holds.
 
-Rebuilds variables from the shards of a checkpoint (the format is
-:mod:`psframe.checkpoint.files`), for reading one with no cluster running or for
-restoring onto a different number of ps tasks than saved it. :func:`assemble`
-returns the full variables; :func:`slice_rows` returns any range of rows of
-one variable together with its optimizer state, taken from whichever parts
-hold them.
+Rebuilds variables from the shards of a checkpoint (the :class:`ShardData`
+records :func:`psframe.checkpoint.files.read_shard` returns), for reading one
+with no cluster running or for restoring onto a different number of ps tasks
+than saved it. :func:`assemble` returns the full variables; :func:`slice_rows`
+returns any range of rows of one variable together with its optimizer state,
+taken from whichever parts hold them.
 """
 
 from __future__ import annotations
@@ -15,13 +15,21 @@ from typing import Any
 
 import torch
 
+from psframe.checkpoint.shard import ShardData, VariableData
 from psframe.errors import CheckpointError
 
 
-def assemble(shards: Sequence[dict]) -> dict[str, torch.Tensor]:
+def assemble(shards: Sequence[ShardData]) -> dict[str, torch.Tensor]:
     """The full variables held by ``shards``, by model-parameter name.
 
     Parts are concatenated along dim 0 in ``row_start`` order.
+
+    Args:
+        shards: shards of one checkpoint, in any order (all of them, for
+            every variable to be whole).
+
+    Returns:
+        Every variable of the shards, by its ``variable`` name.
 
     Raises:
         CheckpointError: parts of a variable disagree on its shape or dtype,
@@ -29,16 +37,16 @@ def assemble(shards: Sequence[dict]) -> dict[str, torch.Tensor]:
     """
     result = {}
     for variable, parts in _parts_by_variable(shards).items():
-        full_shape = parts[0]["full_shape"]
+        full_shape = parts[0].full_shape
         if not full_shape:
-            result[variable] = _single(variable, parts)["value"]
+            result[variable] = _single(variable, parts).value
             continue
         _check_cover(variable, parts, 0, full_shape[0])
-        result[variable] = torch.cat([p["value"] for p in parts])
+        result[variable] = torch.cat([p.value for p in parts])
     return result
 
 
-def slice_rows(shards: Sequence[dict], variable: str, row_start: int,
+def slice_rows(shards: Sequence[ShardData], variable: str, row_start: int,
                row_end: int) -> tuple[torch.Tensor, dict]:
     """Rows ``[row_start, row_end)`` of ``variable`` and their optimizer state.
 
@@ -48,6 +56,15 @@ def slice_rows(shards: Sequence[dict], variable: str, row_start: int,
     first part that overlaps the rows. A 0-d variable has the one row
     ``[0, 1)``. The results are new tensors.
 
+    Args:
+        shards: the shards of one checkpoint, in any order.
+        variable: the model parameter's name.
+        row_start: the first row wanted.
+        row_end: one past the last row wanted.
+
+    Returns:
+        The rows, and their optimizer state by key.
+
     Raises:
         CheckpointError: the variable is unknown, the range is out of bounds,
             or some rows are held by no part.
@@ -55,7 +72,7 @@ def slice_rows(shards: Sequence[dict], variable: str, row_start: int,
     parts = _parts_by_variable(shards).get(variable)
     if parts is None:
         raise CheckpointError(f"the checkpoint holds no variable {variable!r}")
-    full_shape = parts[0]["full_shape"]
+    full_shape = parts[0].full_shape
     rows = full_shape[0] if full_shape else 1
     if not 0 <= row_start < row_end <= rows:
         raise CheckpointError(
@@ -64,11 +81,11 @@ def slice_rows(shards: Sequence[dict], variable: str, row_start: int,
         )
     if not full_shape:
         part = _single(variable, parts)
-        return part["value"].clone(), _copy_state(part["state"])
+        return part.value.clone(), _copy_state(part.state)
     pieces = []
     cursor = row_start
     for part in parts:
-        start, end = part["row_start"], part["row_start"] + part["shape"][0]
+        start, end = part.row_start, part.row_start + part.shape[0]
         if end <= row_start or start >= row_end:
             continue
         if start > cursor:
@@ -76,7 +93,7 @@ def slice_rows(shards: Sequence[dict], variable: str, row_start: int,
         if pieces and start < cursor:
             raise CheckpointError(
                 f"parts of {variable!r} overlap on rows [{start}, {cursor}): "
-                f"{pieces[-1][0]['name']!r} and {part['name']!r}"
+                f"{pieces[-1][0].name!r} and {part.name!r}"
             )
         lo, hi = max(start, row_start) - start, min(end, row_end) - start
         pieces.append((part, lo, hi))
@@ -84,28 +101,28 @@ def slice_rows(shards: Sequence[dict], variable: str, row_start: int,
     if cursor < row_end:
         raise CheckpointError(f"rows [{cursor}, {row_end}) of {variable!r} are in no part")
 
-    value = torch.cat([p["value"][lo:hi] for p, lo, hi in pieces])
+    value = torch.cat([p.value[lo:hi] for p, lo, hi in pieces])
     first = pieces[0][0]
     state = {}
-    for key, x in first["state"].items():
+    for key, x in first.state.items():
         if not _elementwise(x, first):
             state[key] = x.clone() if isinstance(x, torch.Tensor) else x
             continue
         chunks = []
         for part, lo, hi in pieces:
-            y = part["state"].get(key)
+            y = part.state.get(key)
             if not _elementwise(y, part):
                 raise CheckpointError(
                     f"parts of {variable!r} disagree on optimizer state {key!r}: "
-                    f"{first['name']!r} holds it element-wise, {part['name']!r} does not"
+                    f"{first.name!r} holds it element-wise, {part.name!r} does not"
                 )
             chunks.append(y[lo:hi])
         state[key] = torch.cat(chunks)
     for part, _, _ in pieces[1:]:
-        if set(part["state"]) != set(first["state"]):
+        if set(part.state) != set(first.state):
             raise CheckpointError(
-                f"parts of {variable!r} disagree on optimizer state: {first['name']!r} "
-                f"has {sorted(first['state'])}, {part['name']!r} has {sorted(part['state'])}"
+                f"parts of {variable!r} disagree on optimizer state: {first.name!r} "
+                f"has {sorted(first.state)}, {part.name!r} has {sorted(part.state)}"
             )
     return value, state
 
@@ -113,51 +130,50 @@ def slice_rows(shards: Sequence[dict], variable: str, row_start: int,
 # ---- helpers
 
 
-def _parts_by_variable(shards: Sequence[dict]) -> dict[str, list[dict]]:
+def _parts_by_variable(shards: Sequence[ShardData]) -> dict[str, list[VariableData]]:
     """Parts of every variable, sorted by row_start, checked to agree on shape and dtype."""
-    parts: dict[str, list[dict]] = {}
+    parts: dict[str, list[VariableData]] = {}
     for shard in shards:
-        for var in shard["variables"]:
-            parts.setdefault(var["variable"], []).append(var)
+        for var in shard.variables:
+            parts.setdefault(var.variable, []).append(var)
     for variable, group in parts.items():
-        group.sort(key=lambda p: (p["row_start"], p["part_index"]))
+        group.sort(key=lambda p: (p.row_start, p.part_index))
         first = group[0]
         for part in group[1:]:
-            if (list(part["full_shape"]) != list(first["full_shape"])
-                    or part["dtype"] != first["dtype"]):
+            if list(part.full_shape) != list(first.full_shape) or part.dtype != first.dtype:
                 raise CheckpointError(
-                    f"parts of {variable!r} disagree: {first['name']!r} is {first['dtype']} "
-                    f"{list(first['full_shape'])}, {part['name']!r} is {part['dtype']} "
-                    f"{list(part['full_shape'])}"
+                    f"parts of {variable!r} disagree: {first.name!r} is {first.dtype} "
+                    f"{list(first.full_shape)}, {part.name!r} is {part.dtype} "
+                    f"{list(part.full_shape)}"
                 )
     return parts
 
 
-def _check_cover(variable: str, parts: list[dict], start: int, end: int) -> None:
+def _check_cover(variable: str, parts: list[VariableData], start: int, end: int) -> None:
     """Parts (sorted by row_start) cover rows [start, end) exactly once."""
     cursor = start
     for part in parts:
-        if part["row_start"] > cursor:
+        if part.row_start > cursor:
             raise CheckpointError(
-                f"rows [{cursor}, {part['row_start']}) of {variable!r} are in no part")
-        if part["row_start"] < cursor:
+                f"rows [{cursor}, {part.row_start}) of {variable!r} are in no part")
+        if part.row_start < cursor:
             raise CheckpointError(
-                f"parts of {variable!r} overlap on rows [{part['row_start']}, {cursor}) "
-                f"({part['name']!r} starts inside an earlier part)")
-        cursor = part["row_start"] + part["shape"][0]
+                f"parts of {variable!r} overlap on rows [{part.row_start}, {cursor}) "
+                f"({part.name!r} starts inside an earlier part)")
+        cursor = part.row_start + part.shape[0]
     if cursor != end:
         raise CheckpointError(f"rows [{cursor}, {end}) of {variable!r} are in no part")
 
 
-def _single(variable: str, parts: list[dict]) -> dict:
+def _single(variable: str, parts: list[VariableData]) -> VariableData:
     if len(parts) != 1:
         raise CheckpointError(f"0-d variable {variable!r} is stored {len(parts)} times; "
                               f"expected once")
     return parts[0]
 
 
-def _elementwise(x: Any, part: dict) -> bool:
-    return isinstance(x, torch.Tensor) and list(x.shape) == list(part["value"].shape)
+def _elementwise(x: Any, part: VariableData) -> bool:
+    return isinstance(x, torch.Tensor) and x.shape == part.value.shape
 
 
 def _copy_state(state: Mapping) -> dict:

@@ -1,8 +1,11 @@
 """A ps task's part in checkpoints: writing its shard, and restoring from one.
 
-The format itself (files, manifest, checksums) is :mod:`psframe.checkpoint.files`;
-this module turns a :class:`VariableStore` into a shard and back, including
-onto a different partitioning when the number of ps tasks changed.
+The format itself (files, manifest, checksums) is :mod:`psframe.checkpoint.files`
+and the shard record :mod:`psframe.checkpoint.shard`; this module turns a
+:class:`VariableStore` into a shard and back, including onto a different
+partitioning when the number of ps tasks changed. It is also where records
+meet wire messages: :class:`VariableData` and :class:`SyncData` share their
+field names with ``pb.VariableDef`` and ``pb.SyncDef``.
 """
 
 from __future__ import annotations
@@ -10,18 +13,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from psframe.checkpoint import files as checkpoint_io
+from psframe.checkpoint.shard import OptimizerData, ShardData, SyncData, VariableData
 from psframe.checkpoint.slices import slice_rows
 from psframe.optim import OptimizerSpec
 from psframe.wire import psframe_pb2 as pb
 from psframe.ps.store import VariableStore
 
 log = logging.getLogger(__name__)
-
-_DEF_FIELDS = ("name", "variable", "dtype", "shape", "full_shape", "row_start", "part_index", "num_parts")
 
 
 @dataclass
@@ -39,25 +42,36 @@ class Restored:
 
 def save_shard(store: VariableStore, defs: Sequence[pb.VariableDef], sync: pb.SyncDef | None,
                url: str, step: int, ps_task: int, num_shards: int) -> checkpoint_io.ShardRecord:
-    """Write the store's variables, optimizer state and global step as one shard."""
-    global_step, values, states = store.snapshot()  # copies, so pushes go on while it writes
+    """Write the store's variables, optimizer state and global step as one shard.
+
+    Args:
+        store: this ps task's variables (copied first, so pushes go on while
+            the shard is written).
+        defs: the variables the store holds, as the chief placed them.
+        sync: the synchronous-training settings, or None when asynchronous.
+        url: the checkpoint directory.
+        step: the checkpoint's step.
+        ps_task: this ps task's index.
+        num_shards: the number of ps tasks.
+
+    Returns:
+        The record the chief commits in the manifest.
+
+    Raises:
+        CheckpointError: the shard cannot be written.
+    """
+    global_step, values, states = store.snapshot()
     spec = store.optimizer_spec
-    shard = {
-        "format_version": checkpoint_io.FORMAT_VERSION,
-        "global_step": global_step,
-        "ps_task": ps_task,
-        "num_shards": num_shards,
-        "optimizer": {"name": spec.name, "kwargs": dict(spec.kwargs)},
-        "sync": None if sync is None else {
-            "replicas_to_aggregate": sync.replicas_to_aggregate,
-            "total_num_replicas": sync.total_num_replicas,
-            "timeout": sync.timeout_seconds,
-        },
-        "variables": [
-            {**_def_to_dict(d), "value": values[d.name], "state": states[d.name]} for d in defs
-        ],
-    }
-    return checkpoint_io.write_shard(url, step, ps_task, num_shards, shard)
+    shard = ShardData(
+        global_step=global_step,
+        ps_task=ps_task,
+        num_shards=num_shards,
+        optimizer=OptimizerData(spec.name, dict(spec.kwargs)),
+        sync=None if sync is None else _record(SyncData, sync),
+        variables=[_record(VariableData, d, value=values[d.name], state=states[d.name])
+                   for d in defs],
+    )
+    return checkpoint_io.write_shard(url, step, shard)
 
 
 def restore_own_shard(url: str, ps_task: int, num_ps: int) -> Restored | None:
@@ -65,24 +79,25 @@ def restore_own_shard(url: str, ps_task: int, num_ps: int) -> Restored | None:
 
     With another number of ps tasks the shard boundaries moved, and only the
     chief knows the new ones: :func:`restore_onto` does that once it says.
+
+    Returns:
+        What to restore, or None when there is no such checkpoint.
+
+    Raises:
+        CheckpointError: the checkpoint's shard cannot be read.
     """
     manifest = checkpoint_io.latest_valid(url)
     if manifest is None or manifest.num_shards != num_ps:
         return None
     shard = checkpoint_io.read_shard(manifest, ps_task)
-    sync = shard["sync"]
     return Restored(
         step=manifest.step,
-        global_step=shard["global_step"],
-        defs=[_def_from_dict(v) for v in shard["variables"]],
-        optimizer=OptimizerSpec(shard["optimizer"]["name"], shard["optimizer"]["kwargs"]),
-        sync=None if sync is None else pb.SyncDef(
-            replicas_to_aggregate=sync["replicas_to_aggregate"],
-            total_num_replicas=sync["total_num_replicas"],
-            timeout_seconds=sync["timeout"],
-        ),
-        values={v["name"]: v["value"] for v in shard["variables"]},
-        states={v["name"]: v["state"] for v in shard["variables"]},
+        global_step=shard.global_step,
+        defs=[_message(pb.VariableDef, v) for v in shard.variables],
+        optimizer=OptimizerSpec(shard.optimizer.name, shard.optimizer.kwargs),
+        sync=None if shard.sync is None else _message(pb.SyncDef, shard.sync),
+        values={v.name: v.value for v in shard.variables},
+        states={v.name: v.state for v in shard.variables},
     )
 
 
@@ -91,15 +106,22 @@ def restore_onto(url: str, defs: Sequence[pb.VariableDef], optimizer: OptimizerS
     """The rows of the latest valid checkpoint that ``defs`` ask for, from whichever shards hold them.
 
     Optimizer state is kept only if the checkpoint ran the same optimizer.
+
+    Returns:
+        What to restore, or None when there is no checkpoint.
+
+    Raises:
+        CheckpointError: a shard cannot be read, or does not hold the rows.
     """
     manifest = checkpoint_io.latest_valid(url)
     if manifest is None:
         return None
     shards = [checkpoint_io.read_shard(manifest, k) for k in range(manifest.num_shards)]
-    same_optimizer = shards[0]["optimizer"]["name"] == optimizer.name
+    saved_with = shards[0].optimizer.name
+    same_optimizer = saved_with == optimizer.name
     if not same_optimizer:
         log.warning("checkpoint %s ran %s, now %s: its optimizer state is not restored",
-                    manifest.folder, shards[0]["optimizer"]["name"], optimizer.name)
+                    manifest.folder, saved_with, optimizer.name)
     values, states = {}, {}
     for d in defs:
         value, state = slice_rows(shards, d.variable, d.row_start, d.row_start + d.shape[0])
@@ -107,7 +129,7 @@ def restore_onto(url: str, defs: Sequence[pb.VariableDef], optimizer: OptimizerS
         states[d.name] = state if same_optimizer else {}
     return Restored(
         step=manifest.step,
-        global_step=min(s["global_step"] for s in shards),
+        global_step=min(s.global_step for s in shards),
         defs=list(defs),
         optimizer=optimizer,
         sync=None,
@@ -116,10 +138,19 @@ def restore_onto(url: str, defs: Sequence[pb.VariableDef], optimizer: OptimizerS
     )
 
 
-def _def_to_dict(d: pb.VariableDef) -> dict:
-    return {f: list(getattr(d, f)) if f in ("shape", "full_shape") else getattr(d, f) for f in _DEF_FIELDS}
+# ---- records <-> wire messages: fields pair up by name, so neither side lists them
 
 
-def _def_from_dict(v: dict) -> pb.VariableDef:
-    return pb.VariableDef(**{f: v[f] for f in _DEF_FIELDS})
+def _record(cls: type, message: Any, **rest: Any) -> Any:
+    """A ``cls`` record from a wire message with the same field names, plus
+    the fields the message does not carry (``rest``); repeated fields become
+    tuples."""
+    shared = {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields}
+    shared = {k: x if isinstance(x, (bool, int, float, str)) else tuple(x)
+              for k, x in shared.items()}
+    return cls(**shared, **rest)
 
+
+def _message(cls: type, record: Any) -> Any:
+    """A ``cls`` wire message with its fields taken from ``record`` by name."""
+    return cls(**{f.name: getattr(record, f.name) for f in cls.DESCRIPTOR.fields})

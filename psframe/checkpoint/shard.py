@@ -1,0 +1,338 @@
+"""The shard record: what one ps task saves of a checkpoint, as typed dataclasses.
+
+A :class:`ShardData` holds a ps task's global step, optimizer, sync settings
+and the parts of variables it holds (:class:`VariableData`). On disk it is a
+plain dict of builtins and tensors, so ``torch.load(weights_only=True)`` reads
+it back without unpickling any code. Its keys are the dataclasses' field
+names, nested the same way, plus ``format_version``::
+
+    {"format_version": 2, "global_step": int, "ps_task": int, "num_shards": int,
+     "optimizer": {"name": "Adam", "kwargs": {"lr": 0.001}},
+     "sync": None or {"replicas_to_aggregate": int, "total_num_replicas": int,
+                      "timeout_seconds": float},
+     "variables": [{"name": "emb.weight/part_1", "variable": "emb.weight",
+                    "dtype": "float32", "shape": [r, c], "full_shape": [R, c],
+                    "row_start": int, "part_index": int, "num_parts": int,
+                    "value": Tensor, "state": {"step": Tensor, "exp_avg": Tensor}}]}
+
+``state`` is the variable's ``torch.optim`` per-parameter state: a tensor shaped
+like ``value`` is element-wise state, anything else is per-parameter scalar
+state. Format 1 differs only in naming the sync deadline ``timeout``; it is
+still read. :mod:`psframe.checkpoint.files` stores shards;
+:mod:`psframe.checkpoint.slices` rebuilds variables from their parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from psframe.errors import CheckpointError
+
+FORMAT_VERSION = 2
+# Every format this version reads; each step up is converted on reading.
+READABLE_FORMATS = (1, 2)
+# Format 1 named these fields otherwise (old key -> field), in the sync dict.
+_FORMAT_1_SYNC_KEYS = {"timeout": "timeout_seconds"}
+
+
+@dataclass(frozen=True)
+class OptimizerData:
+    """The ``torch.optim`` optimizer a shard was trained with: class name and kwargs."""
+
+    name: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SyncData:
+    """Synchronous-training settings of the ps task (absent when training is asynchronous)."""
+
+    replicas_to_aggregate: int
+    total_num_replicas: int
+    timeout_seconds: float
+
+
+@dataclass(frozen=True, eq=False)
+class VariableData:
+    """One stored part of a model parameter: rows ``[row_start, row_start + shape[0])``.
+
+    ``dtype`` is the tensor's dtype by name (``"float32"``, ``"bfloat16"``), as
+    on the wire; a 0-d variable has ``shape == full_shape == ()``. Shapes given
+    as lists or ``torch.Size`` are kept as tuples.
+    """
+
+    name: str
+    variable: str
+    dtype: str
+    shape: tuple[int, ...]
+    full_shape: tuple[int, ...]
+    row_start: int
+    part_index: int
+    num_parts: int
+    value: torch.Tensor
+    state: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("shape", "full_shape"):
+            _as_tuple(self, name)
+
+
+@dataclass(frozen=True, eq=False)
+class ShardData:
+    """What ps task ``ps_task`` of ``num_shards`` saves of one checkpoint.
+
+    Build one and hand it to :func:`psframe.checkpoint.files.write_shard`;
+    :func:`~psframe.checkpoint.files.read_shard` gives one back. A list of
+    variables is kept as a tuple.
+    """
+
+    global_step: int
+    ps_task: int
+    num_shards: int
+    optimizer: OptimizerData
+    sync: SyncData | None
+    variables: tuple[VariableData, ...]
+
+    def __post_init__(self) -> None:
+        _as_tuple(self, "variables")
+
+    def to_dict(self) -> dict:
+        """The plain dict ``torch.save`` writes for this shard.
+
+        Tensors come out detached, on the CPU and compact (a view keeps its
+        rows, not its whole storage); the record itself is left as it is.
+
+        Returns:
+            The dict of the module docstring, in the current format.
+
+        Raises:
+            CheckpointError: a field has the wrong type, a shape disagrees
+                with its tensor, rows do not fit, a variable is named twice,
+                or a value would not load back with ``weights_only=True``.
+        """
+        _check_shard(self)
+        return {
+            "format_version": FORMAT_VERSION,
+            **_fields_of(self),
+            "optimizer": {**_fields_of(self.optimizer), "kwargs": dict(self.optimizer.kwargs)},
+            "sync": None if self.sync is None else _fields_of(self.sync),
+            "variables": [_variable_to_dict(v) for v in self.variables],
+        }
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> ShardData:
+        """The shard a loaded dict holds, checked as :meth:`to_dict` checks it.
+
+        Tensors are taken as they are, not copied. Format 1 is read too.
+
+        Raises:
+            CheckpointError: the dict is in a format this psframe does not
+                read, lacks keys or has unknown ones, or fails a check of
+                :meth:`to_dict`.
+        """
+        raw = _raw_fields(cls, _in_current_format(obj), "shard")
+        sync, variables = raw["sync"], raw["variables"]
+        if not isinstance(variables, (list, tuple)):
+            raise CheckpointError(f"variables must be a list of dicts, "
+                                  f"got {type(variables).__name__}")
+        shard = cls(**{
+            **raw,
+            "optimizer": OptimizerData(**_raw_fields(OptimizerData, raw["optimizer"], "optimizer")),
+            "sync": None if sync is None else SyncData(**_raw_fields(SyncData, sync, "sync")),
+            "variables": [VariableData(**_raw_fields(VariableData, v, _label(i, v)))
+                          for i, v in enumerate(variables)],
+        })
+        _check_shard(shard)
+        return shard
+
+
+# ---- checks
+
+
+def _check_shard(shard: ShardData) -> None:
+    """Check every field of ``shard``, as :meth:`ShardData.to_dict` does.
+
+    Raises:
+        CheckpointError: naming the field, what it should be and what it is.
+    """
+    if not isinstance(shard, ShardData):
+        raise CheckpointError(f"a shard must be a ShardData, got {type(shard).__name__}")
+    if not _is_int(shard.global_step):
+        raise CheckpointError(f"global_step must be an int, got {shard.global_step!r}")
+    if not (_is_int(shard.num_shards) and shard.num_shards >= 1):
+        raise CheckpointError(f"num_shards ({shard.num_shards!r}) must be an int >= 1")
+    if not (_is_int(shard.ps_task) and 0 <= shard.ps_task < shard.num_shards):
+        raise CheckpointError(f"ps_task ({shard.ps_task!r}) must be in 0..{shard.num_shards - 1}")
+    _check_optimizer(shard.optimizer)
+    _check_sync(shard.sync)
+    if not isinstance(shard.variables, tuple):
+        raise CheckpointError(f"variables must be a list of VariableData, "
+                              f"got {type(shard.variables).__name__}")
+    for i, var in enumerate(shard.variables):
+        _check_variable(var, i)
+    names = [v.name for v in shard.variables]
+    if len(set(names)) != len(names):
+        raise CheckpointError(f"shard of ps task {shard.ps_task} names a variable twice: {names}")
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    if (not isinstance(optimizer, OptimizerData) or not isinstance(optimizer.name, str)
+            or not isinstance(optimizer.kwargs, Mapping)):
+        raise CheckpointError(
+            f"optimizer must be {{'name': str, 'kwargs': dict}}, got {optimizer!r}")
+    _check_plain(dict(optimizer.kwargs), "optimizer kwargs")
+
+
+def _check_sync(sync: Any) -> None:
+    if sync is None:
+        return
+    if not isinstance(sync, SyncData):
+        raise CheckpointError(f"sync must be None or a SyncData, got {sync!r}")
+    timeout = sync.timeout_seconds
+    if not (_is_int(sync.replicas_to_aggregate) and _is_int(sync.total_num_replicas)
+            and (_is_int(timeout) or isinstance(timeout, float))):
+        raise CheckpointError(f"sync must hold two int replica counts and a number of "
+                              f"timeout seconds, got {sync!r}")
+
+
+def _check_variable(var: Any, index: int) -> None:
+    if not isinstance(var, VariableData):
+        raise CheckpointError(f"variables[{index}] must be a VariableData, "
+                              f"got {type(var).__name__}")
+    label = _label(index, var)
+    if not isinstance(var.value, torch.Tensor):
+        raise CheckpointError(f"{label}: value must be a tensor, got {type(var.value).__name__}")
+    for key in ("name", "variable", "dtype"):
+        if not isinstance(getattr(var, key), str):
+            raise CheckpointError(f"{label}: {key} must be a str, got {getattr(var, key)!r}")
+    for key in ("row_start", "part_index", "num_parts"):
+        if not _is_int(getattr(var, key)):
+            raise CheckpointError(f"{label}: {key} must be an int, got {getattr(var, key)!r}")
+    shape, full_shape = _shape(var.shape, label), _shape(var.full_shape, label)
+    if shape != list(var.value.shape):
+        raise CheckpointError(f"{label}: shape {shape} but value has shape "
+                              f"{list(var.value.shape)}")
+    if var.dtype != _dtype_name(var.value.dtype):
+        raise CheckpointError(f"{label}: dtype {var.dtype!r} but value is "
+                              f"{_dtype_name(var.value.dtype)!r}")
+    rows_ok = (shape == full_shape == [] and var.row_start == 0) or (
+        len(shape) == len(full_shape) >= 1 and shape[1:] == full_shape[1:]
+        and 0 <= var.row_start and var.row_start + shape[0] <= full_shape[0])
+    if not rows_ok:
+        raise CheckpointError(f"{label}: shape {shape} at row_start {var.row_start} "
+                              f"does not fit in full_shape {full_shape}")
+    if not isinstance(var.state, Mapping):
+        raise CheckpointError(f"{label}: state must be a dict, got {type(var.state).__name__}")
+    for key, x in var.state.items():
+        if not isinstance(key, str):
+            raise CheckpointError(f"{label}: state keys must be str, got {key!r}")
+        if not isinstance(x, torch.Tensor):
+            _check_plain(x, f"{label} state {key!r}")
+
+
+def _check_plain(obj: Any, where: str) -> None:
+    """Refuse anything ``torch.load(weights_only=True)`` would not load back."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return
+    if isinstance(obj, (list, tuple)):
+        for x in obj:
+            _check_plain(x, where)
+        return
+    if isinstance(obj, dict):
+        for k, x in obj.items():
+            _check_plain(k, where)
+            _check_plain(x, where)
+        return
+    raise CheckpointError(f"{where}: {type(obj).__name__} values cannot be checkpointed; "
+                          f"use tensors, numbers, strings, lists, tuples or dicts")
+
+
+def _shape(shape: Any, label: str) -> list[int]:
+    if not isinstance(shape, (list, tuple, torch.Size)) or not all(
+            _is_int(n) and n >= 0 for n in shape):
+        raise CheckpointError(f"{label}: shapes must be lists of ints >= 0, got {shape!r}")
+    return [int(n) for n in shape]
+
+
+# ---- conversions
+
+
+def _in_current_format(obj: Any) -> dict[str, Any]:
+    """A loaded shard dict's entries as the current format names them, less
+    its format_version."""
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"a shard must be a dict, got {type(obj).__name__}")
+    if "format_version" not in obj:
+        raise CheckpointError(f"a shard dict needs a format_version; this one has "
+                              f"keys {list(obj)}")
+    version = obj["format_version"]
+    if version not in READABLE_FORMATS:
+        raise CheckpointError(f"it is in checkpoint format {version!r}; this psframe reads "
+                              f"formats {list(READABLE_FORMATS)}")
+    body = {k: x for k, x in obj.items() if k != "format_version"}
+    if version == 1 and isinstance(body.get("sync"), Mapping):
+        body["sync"] = {_FORMAT_1_SYNC_KEYS.get(k, k): x for k, x in body["sync"].items()}
+    return body
+
+
+def _raw_fields(cls: type, obj: Any, label: str) -> dict[str, Any]:
+    """The values of ``cls``'s fields in ``obj``, a dict with exactly those keys."""
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"{label} must be a dict, got {type(obj).__name__}")
+    names = [f.name for f in fields(cls)]
+    missing = [n for n in names if n not in obj]
+    if missing:
+        raise CheckpointError(f"{label} lacks keys {missing}; it needs {names}")
+    unknown = [k for k in obj if k not in names]
+    if unknown:
+        raise CheckpointError(f"{label} has unknown keys {unknown}; it takes {names}")
+    return {n: obj[n] for n in names}
+
+
+def _fields_of(record: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, shallow (``dataclasses.asdict`` would
+    deep-copy every tensor)."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
+def _variable_to_dict(var: VariableData) -> dict:
+    state = {k: _portable(x) if isinstance(x, torch.Tensor) else x for k, x in var.state.items()}
+    return {**_fields_of(var), "shape": list(var.shape), "full_shape": list(var.full_shape),
+            "value": _portable(var.value), "state": state}
+
+
+def _portable(t: torch.Tensor) -> torch.Tensor:
+    """Detached, on the CPU, and owning exactly its own bytes (torch.save writes
+    a view's whole storage otherwise)."""
+    t = t.detach().cpu()
+    if t.layout != torch.strided:
+        return t
+    if not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def _as_tuple(record: Any, name: str) -> None:
+    """Store a list (or torch.Size) field of a frozen record as a tuple; other
+    values are left for the checks to report."""
+    value = getattr(record, name)
+    if isinstance(value, list) or type(value) is torch.Size:
+        object.__setattr__(record, name, tuple(value))
+
+
+def _label(index: int, var: Any) -> str:
+    """How messages name ``variables[index]``, with its name where it has one."""
+    name = var.get("name", "?") if isinstance(var, Mapping) else getattr(var, "name", "?")
+    return f"variables[{index}] ({name!r})"
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
