@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 
 from psframe.checkpoint import files as checkpoint_io
-from psframe.checkpoint.files import Manifest, ShardRecord
+from psframe.checkpoint.manifest import Manifest, ShardRecord
 from psframe.checkpoint.slices import assemble
 from psframe.errors import CheckpointError
 

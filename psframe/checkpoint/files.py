@@ -26,77 +26,34 @@ Every path goes through fsspec, so local paths, ``file://``, ``memory://``,
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
-import os
 import posixpath
 import re
 import time
-import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import fsspec
 import torch
 
-from psframe.checkpoint.shard import FORMAT_VERSION, READABLE_FORMATS, ShardData
+from psframe.checkpoint.atomic import atomic_write, join, norm
+from psframe.checkpoint.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardRecord,
+    folder_name,
+    manifest_from_json,
+    manifest_to_json,
+    shard_name,
+)
+from psframe.checkpoint.shard import FORMAT_VERSION, ShardData
 from psframe.errors import CheckpointCorruptError, CheckpointError
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_NAME = "MANIFEST.json"
 _CHUNK = 8 << 20
 _FOLDER_RE = re.compile(r"ckpt-(\d{12,})")
-
-
-@dataclass(frozen=True)
-class ShardRecord:
-    """One shard as the manifest records it.
-
-    ``file`` is relative to the checkpoint folder.
-    """
-
-    ps_task: int
-    file: str
-    sha256: str
-    nbytes: int
-    global_step: int
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """A committed checkpoint: where it lives and what its shards must be.
-
-    ``url`` is the checkpoint directory (``DIR``), not the ``ckpt-*`` folder.
-    """
-
-    url: str
-    step: int
-    num_shards: int
-    shards: tuple[ShardRecord, ...]
-    created: float
-    format_version: int
-
-    @property
-    def folder(self) -> str:
-        """The URL of this checkpoint's folder, ``DIR/ckpt-<step>``."""
-        return _join(self.url, _folder_name(self.step))
-
-    def shard(self, ps_task: int) -> ShardRecord:
-        """The record of ``ps_task``'s shard.
-
-        Raises:
-            CheckpointError: the checkpoint has no shard for that ps task.
-        """
-        for record in self.shards:
-            if record.ps_task == ps_task:
-                return record
-        raise CheckpointError(
-            f"checkpoint {self.folder} has no shard for ps task {ps_task}; "
-            f"it holds ps tasks 0..{self.num_shards - 1}"
-        )
 
 
 # ---- writing
@@ -129,16 +86,16 @@ def write_shard(url: str, step: int, shard: ShardData) -> ShardRecord:
     if not isinstance(shard, ShardData):
         raise CheckpointError(f"a shard must be a ShardData, got {type(shard).__name__}")
     content = shard.to_dict()
-    url = _norm(url)
-    fs, folder = fsspec.core.url_to_fs(_join(url, _folder_name(step)))
-    if fs.exists(_join(folder, MANIFEST_NAME)):
+    url = norm(url)
+    fs, folder = fsspec.core.url_to_fs(join(url, folder_name(step)))
+    if fs.exists(join(folder, MANIFEST_NAME)):
         raise CheckpointError(
-            f"checkpoint {_join(url, _folder_name(step))} is already committed; "
+            f"checkpoint {join(url, folder_name(step))} is already committed; "
             f"a committed checkpoint is never rewritten: save under a new step"
         )
     fs.makedirs(folder, exist_ok=True)
-    name = _shard_name(shard.ps_task, shard.num_shards)
-    writer = _atomic_write(fs, _join(folder, name), lambda f: torch.save(content, f))
+    name = shard_name(shard.ps_task, shard.num_shards)
+    writer = atomic_write(fs, join(folder, name), lambda f: torch.save(content, f))
     return ShardRecord(ps_task=shard.ps_task, file=name, sha256=writer.hexdigest(),
                        nbytes=writer.nbytes, global_step=shard.global_step)
 
@@ -159,7 +116,7 @@ def write_manifest(url: str, step: int, records: Sequence[ShardRecord]) -> Manif
             once, a shard file is missing or has another size than recorded,
             or the checkpoint is already committed.
     """
-    url = _norm(url)
+    url = norm(url)
     records = tuple(sorted(records, key=lambda r: r.ps_task))
     num_shards = len(records)
     tasks = [r.ps_task for r in records]
@@ -172,13 +129,13 @@ def write_manifest(url: str, step: int, records: Sequence[ShardRecord]) -> Manif
                         created=time.time(), format_version=FORMAT_VERSION)
     fs, folder = fsspec.core.url_to_fs(manifest.folder)
     for record in records:
-        expected = _shard_name(record.ps_task, num_shards)
+        expected = shard_name(record.ps_task, num_shards)
         if record.file != expected:
             raise CheckpointError(
                 f"shard record of ps task {record.ps_task} names {record.file!r}; "
                 f"a checkpoint of {num_shards} shards expects {expected!r}"
             )
-        path = _join(folder, record.file)
+        path = join(folder, record.file)
         try:
             size = fs.size(path)
         except FileNotFoundError:
@@ -189,12 +146,12 @@ def write_manifest(url: str, step: int, records: Sequence[ShardRecord]) -> Manif
                 f"cannot commit {manifest.folder}: shard {record.file} should hold "
                 f"{record.nbytes} bytes, found {found}"
             )
-    final = _join(folder, MANIFEST_NAME)
+    final = join(folder, MANIFEST_NAME)
     if fs.exists(final):
         raise CheckpointError(f"checkpoint {manifest.folder} is already committed")
-    text = json.dumps(_manifest_to_json(manifest), indent=2, sort_keys=True)
+    text = json.dumps(manifest_to_json(manifest), indent=2, sort_keys=True)
     # The commit point: readers either see the whole manifest or none.
-    _atomic_write(fs, final, lambda f: f.write(text.encode()))
+    atomic_write(fs, final, lambda f: f.write(text.encode()))
     return manifest
 
 
@@ -208,24 +165,24 @@ def list_checkpoints(url: str) -> list[Manifest]:
     silently; a manifest that cannot be read or parsed is left out with a
     logged warning. A missing directory has no checkpoints.
     """
-    url = _norm(url)
+    url = norm(url)
     fs, _ = fsspec.core.url_to_fs(url)
     manifests = []
     for step, folder in _scan(url):
         try:
-            with fs.open(_join(folder, MANIFEST_NAME), "rb") as f:
+            with fs.open(join(folder, MANIFEST_NAME), "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             continue  # never committed
         except OSError as e:
             logger.warning("skipping checkpoint %s: its manifest cannot be read (%s)",
-                           _join(url, _folder_name(step)), e)
+                           join(url, folder_name(step)), e)
             continue
         try:
-            manifests.append(_manifest_from_json(url, step, data))
+            manifests.append(manifest_from_json(url, step, data))
         except (ValueError, KeyError, TypeError) as e:
             logger.warning("skipping checkpoint %s: its manifest is unreadable (%s)",
-                           _join(url, _folder_name(step)), e)
+                           join(url, folder_name(step)), e)
     return manifests
 
 
@@ -247,7 +204,7 @@ def read_shard(manifest: Manifest, ps_task: int) -> ShardData:
     """
     record = manifest.shard(ps_task)
     fs, path = _check_file(manifest, record)
-    where = _join(manifest.folder, record.file)
+    where = join(manifest.folder, record.file)
     try:
         with fs.open(path, "rb") as f:
             content = torch.load(f, map_location="cpu", weights_only=True)
@@ -311,7 +268,7 @@ def prune(url: str, keep: int) -> list[int]:
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise CheckpointError(f"keep ({keep!r}) must be an int >= 1")
-    url = _norm(url)
+    url = norm(url)
     fs, _ = fsspec.core.url_to_fs(url)
     committed = [m.step for m in list_checkpoints(url)]
     if not committed:
@@ -320,7 +277,7 @@ def prune(url: str, keep: int) -> list[int]:
     doomed = set(committed[:-keep])
     deleted = []
     for step, folder in _scan(url):
-        manifest = _join(folder, MANIFEST_NAME)
+        manifest = join(folder, MANIFEST_NAME)
         if step in doomed:
             fs.rm(manifest)
         elif step >= newest or fs.exists(manifest):
@@ -333,53 +290,9 @@ def prune(url: str, keep: int) -> list[int]:
 # ---- helpers
 
 
-class _HashingWriter:
-    """A write-only file object that hashes and counts what passes through."""
-
-    def __init__(self, f: Any) -> None:
-        self._f = f
-        self._sha = hashlib.sha256()
-        self.nbytes = 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self._sha.update(view)
-        self._f.write(view)
-        self.nbytes += view.nbytes
-        return view.nbytes
-
-    def flush(self) -> None:
-        self._f.flush()
-
-    def hexdigest(self) -> str:
-        return self._sha.hexdigest()
-
-
-def _atomic_write(fs: Any, final: str, write: Callable[[Any], Any]) -> _HashingWriter:
-    """Write ``final`` whole or not at all: ``write`` fills a temporary file,
-    which is made durable, then moved into place.
-
-    Returns:
-        The hash and size of what was written.
-    """
-    tmp = f"{final}.tmp-{uuid.uuid4().hex}"
-    try:
-        with fs.open(tmp, "wb") as f:
-            writer = _HashingWriter(f)
-            write(writer)
-            _fsync(f)
-        # A local rename is atomic; on object stores mv is a copy then a
-        # delete, and that single write of the final object is what counts.
-        fs.mv(tmp, final)
-    except BaseException:
-        _remove_quietly(fs, tmp)
-        raise
-    return writer
-
-
 def _check_file(manifest: Manifest, record: ShardRecord) -> tuple[Any, str]:
     """Size and sha256 check of one shard; returns its (fs, path)."""
-    where = _join(manifest.folder, record.file)
+    where = join(manifest.folder, record.file)
     fs, path = fsspec.core.url_to_fs(where)
     try:
         size = fs.size(path)
@@ -419,72 +332,5 @@ def _scan(url: str) -> list[tuple[int, str]]:
         name = posixpath.basename(entry["name"].rstrip("/"))
         match = _FOLDER_RE.fullmatch(name)
         if match and entry.get("type") == "directory":
-            found.append((int(match.group(1)), _join(root, name)))
+            found.append((int(match.group(1)), join(root, name)))
     return sorted(found)
-
-
-def _manifest_to_json(manifest: Manifest) -> dict:
-    return {
-        "format_version": manifest.format_version,
-        "step": manifest.step,
-        "num_shards": manifest.num_shards,
-        "created": manifest.created,
-        "shards": [asdict(r) for r in manifest.shards],
-    }
-
-
-def _manifest_from_json(url: str, step: int, data: bytes) -> Manifest:
-    """Parse and check a manifest; ValueError/KeyError/TypeError if it is not one."""
-    obj = json.loads(data)
-    version = obj["format_version"]
-    if version not in READABLE_FORMATS:
-        raise ValueError(f"format {version}, this psframe reads formats {list(READABLE_FORMATS)}")
-    if obj["step"] != step:
-        raise ValueError(f"it records step {obj['step']}, its folder is step {step}")
-    num_shards = obj["num_shards"]
-    records = tuple(
-        ShardRecord(ps_task=int(s["ps_task"]), file=str(s["file"]), sha256=str(s["sha256"]),
-                    nbytes=int(s["nbytes"]), global_step=int(s["global_step"]))
-        for s in obj["shards"]
-    )
-    if [r.ps_task for r in records] != list(range(num_shards)):
-        raise ValueError(f"its shards do not cover ps tasks 0..{num_shards - 1} once")
-    for r in records:  # names are fixed by the layout, never paths to elsewhere
-        if r.file != _shard_name(r.ps_task, num_shards):
-            raise ValueError(f"unexpected shard file name {r.file!r}")
-    return Manifest(url=url, step=step, num_shards=num_shards, shards=records,
-                    created=float(obj["created"]), format_version=int(version))
-
-
-def _folder_name(step: int) -> str:
-    return f"ckpt-{step:012d}"
-
-
-def _shard_name(ps_task: int, num_shards: int) -> str:
-    return f"shard-{ps_task:05d}-of-{num_shards:05d}.pt"
-
-
-def _norm(url: str) -> str:
-    stripped = url.rstrip("/")
-    return url if not stripped or stripped.endswith(":") else stripped
-
-
-def _join(base: str, name: str) -> str:
-    return f"{base.rstrip('/')}/{name}"
-
-
-def _fsync(f: Any) -> None:
-    # On a local disk the bytes must be durable before the rename publishes
-    # them; other stores have no fileno and make the object durable on close.
-    try:
-        f.flush()
-        os.fsync(f.fileno())
-    except (AttributeError, OSError, io.UnsupportedOperation):
-        pass
-
-
-def _remove_quietly(fs: Any, path: str) -> None:
-    try:
-        fs.rm(path)
-    except Exception:  # best effort: the save already failed for a better reason
-        pass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from psframe import errors
-from psframe.checkpoint.files import ShardRecord
+from psframe.checkpoint.manifest import ShardRecord
 from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import ConnectTimeoutError, PsframeError
 from psframe.optim import OptimizerSpec, SyncReplicas
