@@ -7,9 +7,11 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import fsspec
 import pytest
 import torch
 
@@ -164,6 +166,16 @@ def assert_params_equal(actual: dict[str, torch.Tensor], expected: dict[str, tor
     assert sorted(actual) == sorted(expected)
     for name in expected:
         assert torch.equal(actual[name], expected[name]), f"{name} differs"
+
+
+@pytest.fixture
+def url():
+    """A fresh checkpoint folder on fsspec's in-memory filesystem, removed at the end."""
+    base = f"memory://psframe-tests/{uuid.uuid4().hex}"
+    yield base
+    fs, path = fsspec.core.url_to_fs(base)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
 
 
 @pytest.fixture(scope="session")

@@ -23,16 +23,6 @@ ADAM = OptimizerData("Adam", {"lr": 0.001, "betas": (0.9, 0.999)})
 SYNC = SyncData(replicas_to_aggregate=2, total_num_replicas=3, timeout_seconds=30.0)
 
 
-@pytest.fixture
-def url():
-    """A fresh folder on the in-memory filesystem."""
-    base = f"memory://ckpt-tests/{uuid.uuid4().hex}"
-    yield base
-    fs, path = fsspec.core.url_to_fs(base)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
-
-
 def adam_state(value: torch.Tensor, steps: int = 3, seed: int = 0) -> dict:
     """Real torch.optim.Adam per-parameter state after a few steps on ``value``."""
     g = torch.Generator().manual_seed(seed)

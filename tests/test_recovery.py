@@ -7,9 +7,7 @@ import json
 import random
 import re
 import signal
-import uuid
 
-import fsspec
 import pytest
 import torch
 
@@ -25,16 +23,6 @@ ADAM = OptimizerSpec("Adam", {"lr": 0.01})
 
 
 # ---- save_shard and restoring, in process
-
-
-@pytest.fixture
-def url():
-    """A fresh folder on the in-memory filesystem."""
-    base = f"memory://recovery-tests/{uuid.uuid4().hex}"
-    yield base
-    fs, path = fsspec.core.url_to_fs(base)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
 
 
 def row_defs(bounds: list[int], full_shape=(10, 3)) -> list[pb.VariableDef]:

@@ -52,6 +52,23 @@ def data(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 5, generator=generator), torch.randint(0, 3, (n,), generator=generator)
 
 
+def batches_for(num_workers: int, per_worker: int, steps: int, seed: int):
+    """Worker i's batch at each step, all cut from one data set: ``shard(step, i)``."""
+    x_all, y_all = data(seed, num_workers * per_worker * steps)
+
+    def shard(step, worker):
+        start = (step * num_workers + worker) * per_worker
+        return x_all[start : start + per_worker], y_all[start : start + per_worker]
+
+    return shard
+
+
+def connect_all(trainers: dict[int, psframe.Trainer]) -> None:
+    """The chief first (it creates the variables), then the others together."""
+    run_workers({0: trainers[0].connect})
+    run_workers({i: trainers[i].connect for i in trainers if i != 0})
+
+
 def grads_of(model: torch.nn.Module, x, y) -> list[torch.Tensor]:
     copy = linear_model()
     copy.load_state_dict(model.state_dict())
@@ -68,8 +85,7 @@ def test_two_workers_two_ps_one_update_is_v_minus_lr_mean_exactly(local_cluster)
     initial = [p.detach().clone() for p in linear_model(seed=0).parameters()]  # the chief's
     trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=lr),
                                    sync=sync, min_partition_bytes=64) for i in range(2)}
-    run_workers({0: trainers[0].connect})
-    run_workers({1: trainers[1].connect})
+    connect_all(trainers)
     expected_grads = [grads_of(models[i], *batches[i]) for i in range(2)]
 
     def step(i):
@@ -95,8 +111,7 @@ def test_backup_worker_a_slow_gradient_is_dropped_and_counted(local_cluster):
     models = {i: linear_model(seed=0) for i in range(3)}
     trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=lr),
                                    sync=sync) for i in range(3)}
-    run_workers({0: trainers[0].connect})
-    run_workers({i: trainers[i].connect for i in (1, 2)})
+    connect_all(trainers)
     batches = {i: data(20 + i, 16) for i in range(3)}
     initial = [p.detach().clone() for p in models[0].parameters()]
     expected_grads = {i: grads_of(models[i], *batches[i]) for i in range(3)}
@@ -141,7 +156,7 @@ def test_backup_worker_a_slow_gradient_is_dropped_and_counted(local_cluster):
 def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, optimizer, max_shard_bytes):
     num_workers, steps, per_worker = 3, 20, 8
     cluster = local_cluster(num_ps=2, num_workers=num_workers)
-    x_all, y_all = data(99, num_workers * per_worker * steps)
+    shard = batches_for(num_workers, per_worker, steps, seed=99)
     models = {i: linear_model(seed=0) for i in range(num_workers)}
     reference = linear_model(seed=0)
     local_opt = getattr(torch.optim, optimizer.name)(reference.parameters(), **optimizer.kwargs)
@@ -151,12 +166,7 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
                 for i in range(num_workers)}
     if max_shard_bytes == 64:
         assert len(trainers[0]._replica.plan.pull) > 2 * cluster.num_ps  # several messages per ps task
-    run_workers({0: trainers[0].connect})
-    run_workers({i: trainers[i].connect for i in range(1, num_workers)})
-
-    def shard(step, worker):
-        start = (step * num_workers + worker) * per_worker
-        return x_all[start : start + per_worker], y_all[start : start + per_worker]
+    connect_all(trainers)
 
     def train(i):
         for step in range(steps):
@@ -185,19 +195,14 @@ def test_a_step_skipped_by_the_nan_guard_is_no_member_of_the_round(local_cluster
     averaged in as a member): step 1's update is the mean of workers 0 and 1 alone."""
     num_workers, steps, per_worker = 3, 3, 8
     cluster = local_cluster(num_ps=2, num_workers=num_workers)
-    x_all, y_all = data(7, num_workers * per_worker * steps)
+    shard = batches_for(num_workers, per_worker, steps, seed=7)
     models = {i: linear_model(seed=0) for i in range(num_workers)}
     optimizer = psframe.optim.SGD(lr=0.2)
     trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=optimizer,
                                    sync=psframe.SyncReplicas(timeout=30), min_partition_bytes=32,
                                    hooks=[NanGuardHook(fail_on_nan=False)] if i == 2 else [])
                 for i in range(num_workers)}
-    run_workers({0: trainers[0].connect})
-    run_workers({i: trainers[i].connect for i in range(1, num_workers)})
-
-    def shard(step, worker):
-        start = (step * num_workers + worker) * per_worker
-        return x_all[start : start + per_worker], y_all[start : start + per_worker]
+    connect_all(trainers)
 
     def train(i):
         for step in range(steps):
@@ -230,8 +235,7 @@ def test_workers_with_different_numbers_of_steps_all_finish(local_cluster):
     models = {i: linear_model(seed=0) for i in range(3)}
     trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, sync=psframe.SyncReplicas(timeout=30))
                 for i in range(3)}
-    run_workers({0: trainers[0].connect})
-    run_workers({i: trainers[i].connect for i in (1, 2)})
+    connect_all(trainers)
     local_steps = {0: 5, 1: 12, 2: 20}
 
     def train_then_leave(i):
