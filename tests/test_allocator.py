@@ -13,9 +13,7 @@ import pytest
 from psframe import allocator
 
 # Allocates, fills and frees a 64 MiB tensor (a large MLP's 4096 x 4096 gradient)
-# a few times, and counts the page faults once the heap has settled (the first
-# few times, a small allocation may land after a freed buffer and the heap
-# grows by one more, which is then reused too).
+# a few times, and counts the page faults once the heap has settled.
 _PROBE = r"""
 import json, resource, torch
 from psframe import allocator
@@ -29,14 +27,32 @@ for _ in range(5):
     x = torch.empty(16 << 20); x.fill_(1.0); del x
 print(json.dumps({"tuned": tuned, "faults": faults() - before}))
 """
-PAGES_PER_BUFFER = (64 << 20) // 4096
+# Where a 64 MiB buffer lives, from glibc's own accounting (mallinfo2): in a
+# mapping of its own (hblkhd) or in the heap, and whether the heap keeps it
+# once it is freed (fordblks: free bytes held for reuse).
+_HEAP_PROBE = r"""
+import ctypes, json, torch
+from psframe import allocator
+tuned = allocator.tune_malloc()
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+x = torch.empty(16 << 20); x.fill_(1.0)
+mapped = libc.mallinfo2().hblkhd
+del x
+print(json.dumps({"tuned": tuned, "mapped": mapped, "kept": libc.mallinfo2().fordblks}))
+"""
+BUFFER_BYTES = 64 << 20
+PAGES_PER_BUFFER = BUFFER_BYTES // 4096
 
 
-def _probe(**env_changes: str) -> dict:
+def _probe(code: str = _PROBE, **env_changes: str) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD", allocator.OPT_OUT_VARIABLE)}
     env.update(env_changes)
-    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -48,11 +64,13 @@ def test_docstring_examples():
 
 
 @pytest.mark.skipif(allocator._glibc() is None, reason="needs glibc")
-def test_tuned_process_reuses_large_buffers_without_faulting_them_in_again():
-    tuned = _probe()
+def test_tuned_process_keeps_large_buffers_in_the_heap_for_reuse():
+    tuned = _probe(_HEAP_PROBE)
     assert tuned["tuned"] is True
-    # Reused from the heap: no page is mapped again (a few for the interpreter's own work).
-    assert tuned["faults"] < PAGES_PER_BUFFER // 8, tuned
+    # Not a mapping of its own (unmapped on free), but heap memory the next one reuses.
+    assert tuned["mapped"] < BUFFER_BYTES and tuned["kept"] >= BUFFER_BYTES, tuned
+    untuned = _probe(_HEAP_PROBE, PSFRAME_TUNE_MALLOC="0")
+    assert untuned["mapped"] >= BUFFER_BYTES, untuned
 
 
 @pytest.mark.skipif(allocator._glibc() is None, reason="needs glibc")
