@@ -34,7 +34,7 @@ LOG_EVERY_SECONDS = 5.0
 WINDOW = 4
 
 
-@dataclass
+@dataclass(slots=True)
 class Reply:
     """A ps task's answer to one request: its global step and the values pulled."""
 

@@ -69,7 +69,10 @@ class Replica:
 
     def has_gradients(self) -> bool:
         """Whether backward left a gradient on any trainable parameter."""
-        return any(p.grad is not None for p in self._params)
+        for param in self._params:
+            if param.grad is not None:
+                return True
+        return False
 
     def gradients(self, request: Request) -> list[tuple[str, torch.Tensor]]:
         """The gradients ``request`` pushes, on the host, by shard name.

@@ -22,7 +22,7 @@ import torch
 from psframe.cluster.placement import Shard
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Slot:
     """One stored variable as seen from the worker: the part of a local parameter it mirrors."""
 
@@ -40,7 +40,7 @@ class Slot:
         return tensor[self.shard.row_start : self.shard.row_end]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class Request:
     """One message of a step to one ps task.
 
