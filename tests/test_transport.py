@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import logging
 import threading
 
 import pytest
@@ -145,6 +146,28 @@ def test_a_stream_reply_past_its_deadline_is_an_rpc_timeout(serve):
         release.set()
         stream.close()
         watchdog.stop()
+
+
+def test_a_stream_the_caller_closes_ends_quietly(serve, caplog):
+    ended = threading.Event()
+
+    def push_pull(requests):
+        try:
+            for data in requests:
+                yield data
+        finally:
+            ended.set()
+
+    served = serve({"PushPull": push_pull})
+    watchdog = transport.Watchdog()
+    stream = served.connection.open_stream("PushPull", watchdog)
+    stream.send(b"x", DEADLINE_S)
+    assert stream.receive() == b"x"
+    stream.close()  # what a worker does when it finishes or resets its streams
+    watchdog.stop()
+    assert ended.wait(DEADLINE_S)
+    served.server.stop(1.0)  # every call is over: anything logged is in by now
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_nothing_listening_is_task_unavailable():

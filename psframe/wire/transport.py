@@ -161,6 +161,8 @@ def _stream_handler(method: Method, handler: Callable[[Iterator], Iterator]) -> 
     def serve(requests: Iterator, context: grpc.ServicerContext) -> Iterator:
         try:
             yield from handler(requests)
+        except grpc.RpcError:
+            return  # the caller closed or cancelled the stream: the call is over, nothing to answer
         except Exception as e:  # noqa: BLE001 - every failure becomes a status
             _abort(context, e, method.name)
 
