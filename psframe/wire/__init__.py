@@ -6,5 +6,5 @@
 - :mod:`psframe.wire.codec`: tensors to and from message bytes;
 - :mod:`psframe.wire.messages`: settings (optimizer, sync, variables) as
   messages, and the checks that two tasks agree on them;
-- :mod:`psframe.wire.transport`: gRPC, the only module that imports it.
+- :mod:`psframe.wire.transport`: gRPC, the only package that imports it.
 """

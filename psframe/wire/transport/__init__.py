@@ -1,0 +1,33 @@
+"""The one place psframe meets gRPC: nothing outside this package imports ``grpc``.
+
+- :mod:`~psframe.wire.transport.methods`: the method table read from the
+  ``.proto``'s service, the channel and server options, and errors both ways
+  (a handler's :class:`~psframe.errors.PsframeError` becomes a status code
+  with its class name; a failed call becomes that class again, or a named
+  transport error);
+- :mod:`~psframe.wire.transport.server`: :class:`RpcServer`, a task's server
+  (handlers take a request and return a reply, or a stream of requests and
+  yield replies; methods it does not handle may be forwarded, as bytes, to
+  another task);
+- :mod:`~psframe.wire.transport.client`: :class:`Connection` (calls and
+  streams to one task), :func:`call_all`, and :class:`Watchdog`, which gives
+  each reply on a stream a deadline.
+"""
+
+from psframe.wire.transport.client import Connection, PendingCall, Stream, Watchdog, call_all
+from psframe.wire.transport.methods import (
+    CHANNEL_OPTIONS,
+    ERROR_METADATA_KEY,
+    METHODS,
+    SERVER_OPTIONS,
+    SERVICE,
+    Method,
+    error_from_rpc,
+    status_code,
+)
+from psframe.wire.transport.server import RpcServer
+
+__all__ = [
+    "CHANNEL_OPTIONS", "ERROR_METADATA_KEY", "METHODS", "SERVER_OPTIONS", "SERVICE", "Connection", "Method",
+    "PendingCall", "RpcServer", "Stream", "Watchdog", "call_all", "error_from_rpc", "status_code",
+]

@@ -1,0 +1,190 @@
+"""Calls to a task: unary calls (blocking or in parallel) and long-lived streams, each with a deadline."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from psframe import errors
+from psframe.errors import PsframeError
+from psframe.wire.transport.methods import CHANNEL_OPTIONS, METHODS, error_from_rpc
+
+
+class Connection:
+    """Calls to one task, over one channel made on construction.
+
+    Args:
+        address: ``host:port`` of the task.
+        peer: how errors name the task, e.g. ``"/job:ps/task:1 at h0:2223"``.
+    """
+
+    def __init__(self, address: str, peer: str | None = None) -> None:
+        self.address = address
+        self.peer = peer or address
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._callables: dict[str, Any] = {}
+
+    def _callable(self, name: str) -> Any:
+        found = self._callables.get(name)
+        if found is None:
+            method = METHODS[name]
+            make = self._channel.stream_stream if method.streaming else self._channel.unary_unary
+            found = self._callables[name] = make(method.path, **method.serializers("client"))
+        return found
+
+    def call(self, method: str, request: Any, *, timeout: float, wait_for_ready: bool = False) -> Any:
+        """One unary call; its reply.
+
+        Raises:
+            PsframeError: the error the task raised, or a transport error naming it
+                (:class:`TaskUnavailableError`, :class:`RpcTimeoutError` after ``timeout``).
+        """
+        try:
+            return self._callable(method)(request, timeout=timeout, wait_for_ready=wait_for_ready)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e, self.peer, timeout) from e
+
+    def start_call(self, method: str, request: Any, *, timeout: float) -> PendingCall:
+        """Start a unary call and return at once; :meth:`PendingCall.result` waits for it."""
+        return PendingCall(self._callable(method).future(request, timeout=timeout), self.peer, timeout)
+
+    def open_stream(self, method: str, watchdog: Watchdog) -> Stream:
+        """A long-lived two-way stream of ``method``; ``watchdog`` enforces each reply's deadline."""
+        return Stream(self._callable(method), self.peer, watchdog)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PendingCall:
+    """A unary call in flight (see :meth:`Connection.start_call`)."""
+
+    def __init__(self, future: Any, peer: str, timeout: float) -> None:
+        self._future, self._peer, self._timeout = future, peer, timeout
+
+    def result(self) -> Any:
+        """The reply, once it came (the call's own deadline bounds the wait)."""
+        try:
+            return self._future.result()
+        except grpc.RpcError as e:
+            raise error_from_rpc(e, self._peer, self._timeout) from e
+
+
+def call_all(calls: Sequence[tuple[Connection, str, Any]], timeout: float) -> list[Any]:
+    """Make unary calls to several tasks in parallel; their replies, in order.
+
+    Every call is waited for; then the first failure, if any, is raised.
+    """
+    if len(calls) == 1:  # a blocking call costs less than a future
+        (connection, method, request), = calls
+        return [connection.call(method, request, timeout=timeout)]
+    pending = [connection.start_call(method, request, timeout=timeout) for connection, method, request in calls]
+    replies, failure = [], None
+    for call in pending:
+        try:
+            replies.append(call.result())
+        except PsframeError as e:
+            failure = failure or e
+            replies.append(None)
+    if failure is not None:
+        raise failure
+    return replies
+
+
+class Stream:
+    """One long-lived two-way call: send a request, then receive its reply, in order.
+
+    Replies are matched to requests by order; at most as many requests are
+    in flight as the caller chooses. Each sent request arms a deadline in
+    the :class:`Watchdog` (a stream has no per-message deadline of its own).
+    """
+
+    _CLOSE = object()
+
+    def __init__(self, method: Any, peer: str, watchdog: Watchdog) -> None:
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = method(iter(self._requests.get, self._CLOSE))
+        self._peer = peer
+        self._watchdog = watchdog
+        self._timeout = 0.0
+        self._expired = False
+
+    def send(self, data: Any, timeout: float) -> None:
+        """Queue a request; its reply must come within ``timeout`` seconds."""
+        self._timeout = timeout
+        self._watchdog.arm(self, time.monotonic() + timeout)
+        self._requests.put(data)
+
+    def receive(self) -> Any:
+        """The reply to the oldest request not yet answered.
+
+        Raises:
+            RpcTimeoutError: the reply was overdue (the stream is then cancelled).
+            PsframeError: the stream failed (the task went away, or a bug there).
+        """
+        try:
+            return next(self._call)
+        except grpc.RpcError as e:
+            if self._expired:
+                raise errors.RpcTimeoutError(f"{self._peer} did not answer within {self._timeout}s") from e
+            raise error_from_rpc(e, self._peer, self._timeout) from e
+        except StopIteration:
+            raise errors.RemoteError(f"{self._peer} ended the stream") from None
+        finally:
+            self._watchdog.disarm(self)
+
+    def expire(self) -> None:
+        self._expired = True
+        self._call.cancel()
+
+    def close(self) -> None:
+        self._requests.put(self._CLOSE)
+        self._call.cancel()
+
+
+class Watchdog:
+    """Cancels a stream whose reply is overdue.
+
+    One thread per owner, started on first use, checking a few times a second.
+    """
+
+    def __init__(self) -> None:
+        self._deadlines: dict[Stream, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, stream: Stream, deadline: float) -> None:
+        with self._lock:
+            self._deadlines[stream] = deadline
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="psframe-deadlines", daemon=True)
+                self._thread.start()
+
+    def disarm(self, stream: Stream) -> None:
+        with self._lock:
+            self._deadlines.pop(stream, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            now = time.monotonic()
+            with self._lock:
+                overdue = [s for s, deadline in self._deadlines.items() if deadline <= now]
+                for stream in overdue:
+                    del self._deadlines[stream]
+            for stream in overdue:
+                stream.expire()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,135 @@
+"""The service's methods, options and errors as gRPC sees them.
+
+- :data:`METHODS`: the methods of the ``ParameterServer`` service of
+  ``psframe.proto`` (names, message types, streaming), read from its
+  descriptor, so nothing else spells out a method path or a serializer.
+  Methods whose request carries tensors (a ``header`` + ``payload``
+  envelope) travel as the bytes :mod:`psframe.wire.codec` made, untouched;
+  the others as their generated message classes.
+- the channel and server options (no 4 MiB message cap, quick reconnects);
+- errors both ways: a :class:`PsframeError` raised by a handler becomes a
+  status code plus the error's class name in trailing metadata, and a failed
+  call becomes that same error class (or a named transport error) again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from psframe import errors
+from psframe.errors import PsframeError
+from psframe.wire import psframe_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"]
+# A failing call carries the psframe error's class name in this trailing
+# metadata key, so the caller can raise the same class.
+ERROR_METADATA_KEY = "psframe-error"
+# No gRPC message limit of its own (its default is 4 MiB): large variables are
+# split into parts that each fit a message (see psframe.cluster.placement).
+MESSAGE_OPTIONS = (
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+)
+# Reconnect quickly to a task that comes up late or restarts; gRPC's default
+# backoff grows to two minutes.
+CHANNEL_OPTIONS = MESSAGE_OPTIONS + (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 250),
+)
+# Two tasks must never share a port: gRPC would otherwise allow it.
+SERVER_OPTIONS = MESSAGE_OPTIONS + (("grpc.so_reuseport", 0),)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method of the service, read from its descriptor."""
+
+    name: str
+    path: str  # "/psframe.ParameterServer/PushPull"
+    request_type: type[Message]
+    reply_type: type[Message]
+    streaming: bool  # a long-lived stream each way (PushPull); else one request, one reply
+
+    @property
+    def carries_tensors(self) -> bool:
+        """Its messages are codec envelopes: they travel as bytes, serialized by the codec."""
+        return "payload" in self.request_type.DESCRIPTOR.fields_by_name
+
+    def serializers(self, side: str) -> dict[str, Callable | None]:
+        """The keyword arguments gRPC takes for this method's (de)serializers on ``side``."""
+        if self.carries_tensors:
+            return {}
+        if side == "server":
+            return {"request_deserializer": self.request_type.FromString,
+                    "response_serializer": self.reply_type.SerializeToString}
+        return {"request_serializer": self.request_type.SerializeToString,
+                "response_deserializer": self.reply_type.FromString}
+
+
+def _method(descriptor: Any) -> Method:
+    if descriptor.client_streaming != descriptor.server_streaming:
+        raise TypeError(f"{descriptor.full_name}: psframe serves unary calls and two-way streams only")
+    return Method(
+        name=descriptor.name,
+        path=f"/{SERVICE.full_name}/{descriptor.name}",
+        request_type=getattr(pb, descriptor.input_type.name),
+        reply_type=getattr(pb, descriptor.output_type.name),
+        streaming=descriptor.client_streaming,
+    )
+
+
+METHODS: dict[str, Method] = {d.name: _method(d) for d in SERVICE.methods}
+
+# ---- errors, both ways
+
+_STATUS_OF = (
+    (errors.InvalidGradientError, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.WireFormatError, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.OptimizerConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.ClusterMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.NotReadyError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.CheckpointError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.BarrierTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+)
+
+
+def status_code(error: PsframeError) -> grpc.StatusCode:
+    """The gRPC status code a psframe error is answered with."""
+    return next((code for cls, code in _STATUS_OF if isinstance(error, cls)), grpc.StatusCode.UNKNOWN)
+
+
+def error_from_rpc(error: grpc.RpcError, peer: str, timeout: float | None = None) -> PsframeError:
+    """The psframe error for a failed call to ``peer``.
+
+    A handler's psframe error comes back as the same class (its name travels
+    in trailing metadata); transport failures get named ones.
+    """
+    metadata = dict(error.trailing_metadata() or ())
+    name = metadata.get(ERROR_METADATA_KEY)
+    if name:
+        return errors.error_from_name(str(name), error.details())
+    code = error.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return errors.TaskUnavailableError(f"{peer} is unavailable: {error.details()}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.RpcTimeoutError(f"{peer} did not answer within {timeout}s")
+    return errors.RemoteError(f"{peer} failed with {code.name}: {error.details()}")
+
+
+def abort(context: grpc.ServicerContext, error: BaseException, method: str) -> None:
+    """End a call with the status of ``error`` (raises, as ``context.abort`` does)."""
+    if isinstance(error, PsframeError):
+        context.set_trailing_metadata(((ERROR_METADATA_KEY, type(error).__name__),))
+        context.abort(status_code(error), str(error))
+    # A bug, not bad input: say so, keep serving.
+    log.error("%s failed", method, exc_info=error)
+    context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
