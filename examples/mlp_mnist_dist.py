@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--worker_timeout", type=float, default=60.0,
                         help="ps: once some workers finished, seconds of silence after which a worker "
                              "is presumed dead and not waited for")
+    parser.add_argument("--serving_processes", type=int, default=1,
+                        help="ps: processes listening on the task's port (this one holds the variables)")
     parser.add_argument("--connect_timeout", type=float, default=120.0,
                         help="seconds to wait for the other tasks before failing")
     return parser.parse_args(argv)
@@ -89,7 +91,7 @@ def build_model(hidden_units: int) -> torch.nn.Module:
 
 def run_ps(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: int) -> int:
     server = psframe.Server(cluster, "ps", task_index, worker_timeout=args.worker_timeout,
-                            checkpoint_dir=args.checkpoint_dir)
+                            checkpoint_dir=args.checkpoint_dir, serving_processes=args.serving_processes)
     server.join()  # returns once every worker has finished
     return 0
 

@@ -39,7 +39,8 @@ def _server(args: argparse.Namespace) -> int:
         args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
     )
     server = Server(cluster, job_name, task_index, bind_address=args.bind_address,
-                    worker_timeout=args.worker_timeout, checkpoint_dir=args.checkpoint_dir)
+                    worker_timeout=args.worker_timeout, checkpoint_dir=args.checkpoint_dir,
+                    serving_processes=args.serving_processes)
     print(f"psframe {__version__}: {server.task_name} serving at {server.address}", flush=True)
     try:
         finished = server.join(timeout=args.timeout)
@@ -173,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="(ps) checkpoints live here; on a restart the ps restores its shard")
     server.add_argument("--worker_timeout", type=float, default=60.0,
                         help="(ps) once some workers finished, stop waiting for workers silent this long")
+    server.add_argument("--serving_processes", type=int, default=1,
+                        help="(ps) processes listening on the task's port; this one holds the variables")
     server.add_argument("--timeout", type=float, default=None,
                         help="give up (exit 1) after this many seconds if the workers have not all finished")
     server.set_defaults(run=_server)

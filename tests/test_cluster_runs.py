@@ -90,10 +90,11 @@ def test_psframe_launch_runs_a_whole_cluster(processes):
     assert '[ps1] {"task": "ps1", "exit": "clean"}' in output
 
 
-def test_psframe_server_serves_a_bare_ps_task_until_the_workers_finish(processes):
+@pytest.mark.parametrize("serving", [[], ["--serving_processes=3"]], ids=["one_process", "three_processes"])
+def test_psframe_server_serves_a_bare_ps_task_until_the_workers_finish(processes, serving):
     cluster = free_cluster(1, 1)
     processes.start("ps0", [sys.executable, "-m", "psframe.cli", "server",
-                            f"--cluster_spec={cluster.to_string()}", "--job_name=ps", "--task_index=0"])
+                            f"--cluster_spec={cluster.to_string()}", "--job_name=ps", "--task_index=0", *serving])
     processes.start_task(cluster, "worker", 0, "--train_steps=50")
     procs = processes.wait(timeout=120)
     assert "/job:ps/task:0 serving at" in procs["ps0"].output
@@ -101,7 +102,8 @@ def test_psframe_server_serves_a_bare_ps_task_until_the_workers_finish(processes
 
 
 @pytest.mark.mnist
-@pytest.mark.parametrize("flags", [[], ["--wire_dtype=bfloat16"]], ids=["float32", "bfloat16_wire"])
+@pytest.mark.parametrize("flags", [[], ["--wire_dtype=bfloat16"], ["--serving_processes=2"]],
+                         ids=["float32", "bfloat16_wire", "two_serving_processes"])
 def test_mnist_example_async_reaches_97_percent(processes, mnist_dir, flags):
     data_dir = mnist_dir
     processes.start("launch", [sys.executable, "-m", "psframe.cli", "launch", "--num_ps", "1",

@@ -195,3 +195,47 @@ def test_the_server_refuses_unknown_methods_and_a_port_in_use(serve):
     other = transport.RpcServer({}, name="/job:ps/task:1", max_threads=1)
     with pytest.raises(errors.PortInUseError, match=f"/job:ps/task:1 cannot listen on 127.0.0.1:{served.port}"):
         other.bind(f"127.0.0.1:{served.port}")
+
+
+def test_a_forwarding_server_relays_replies_errors_and_streams(serve):
+    release = threading.Event()
+
+    def get_info(request):
+        if request.caller.task_index == 1:
+            raise errors.ShapeMismatchError("gradient for 'w' has shape (2,)")
+        if request.caller.task_index == 2:
+            release.wait(DEADLINE_S)
+        return pb.TaskInfo(task_index=request.caller.task_index, job_name="ps")
+
+    def push_pull(requests):
+        for data in requests:
+            yield data[::-1]
+
+    owner = serve({"GetInfo": get_info, "PushPull": push_pull})
+    forwarder = transport.RpcServer({}, name="/job:ps/task:0-serving1", max_threads=4,
+                                    forward_to=f"127.0.0.1:{owner.port}")
+    port = forwarder.bind("127.0.0.1:0")
+    forwarder.start()
+    watchdog = transport.Watchdog()
+    try:
+        with transport.Connection(f"127.0.0.1:{port}", "/job:ps/task:0") as connection:
+            reply = connection.call("GetInfo", pb.InfoRequest(caller=pb.Caller(task_index=5)), timeout=DEADLINE_S)
+            assert (reply.job_name, reply.task_index) == ("ps", 5)
+            with pytest.raises(errors.ShapeMismatchError, match=r"has shape \(2,\)") as info:
+                connection.call("GetInfo", pb.InfoRequest(caller=pb.Caller(task_index=1)), timeout=DEADLINE_S)
+            assert info.type is errors.ShapeMismatchError
+            # The caller's deadline travels with the forwarded call.
+            with pytest.raises(errors.RpcTimeoutError):
+                connection.call("GetInfo", pb.InfoRequest(caller=pb.Caller(task_index=2)), timeout=0.3)
+            stream = connection.open_stream("PushPull", watchdog)
+            for data in (b"abc", b"xyz"):
+                stream.send(data, DEADLINE_S)
+                assert stream.receive() == data[::-1]
+            stream.close()
+            # Methods neither side handles are UNIMPLEMENTED, relayed as they came.
+            with pytest.raises(errors.RemoteError, match="UNIMPLEMENTED"):
+                connection.call("Finish", pb.FinishRequest(), timeout=DEADLINE_S)
+    finally:
+        release.set()
+        watchdog.stop()
+        forwarder.stop(0.1)

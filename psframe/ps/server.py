@@ -8,7 +8,9 @@ import time
 from collections.abc import Mapping, Sequence
 
 from psframe.cluster import ClusterSpec, parse_address
+from psframe.errors import PsframeError
 from psframe.ps.service import ParameterServerService
+from psframe.ps.serving import ServingProcesses
 from psframe.ps.task_service import TaskService
 from psframe.wire.transport import RpcServer
 
@@ -37,6 +39,10 @@ class Server:
         checkpoint_dir: (ps) where checkpoints are kept (any fsspec URL). A ps
             started again after a crash restores its shard from the latest
             valid checkpoint there on its own.
+        serving_processes: (ps) how many processes listen on the task's port
+            (see :mod:`psframe.ps.serving`); this process holds the variables
+            and the others forward to it. 1, the default, serves from this
+            process alone.
 
     Raises:
         ClusterSpecError: the cluster, job or index is invalid.
@@ -59,6 +65,7 @@ class Server:
         max_threads: int | None = None,
         worker_timeout: float = 60.0,
         checkpoint_dir: str | None = None,
+        serving_processes: int = 1,
     ) -> None:
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self.cluster.validate_task(job_name, task_index)
@@ -72,11 +79,22 @@ class Server:
             )
         else:
             self.service = TaskService(self.cluster, job_name, task_index)
+        if not isinstance(serving_processes, int) or serving_processes < 1:
+            raise ValueError(f"serving_processes must be an int >= 1, got {serving_processes!r}")
+        if serving_processes > 1 and job_name != "ps":
+            raise ValueError(f"serving_processes applies to ps tasks; {self.task_name} is a worker task")
         threads = max_threads or max(16, 4 * self.cluster.num_workers + 8)
-        self._rpc = RpcServer(self.service.handlers(), name=self.task_name, max_threads=threads)
+        self._rpc = RpcServer(self.service.handlers(), name=self.task_name, max_threads=threads,
+                              share_port=serving_processes > 1)
         bind = bind_address or self.address
         parse_address(bind)
         self._rpc.bind(bind)
+        self._serving: ServingProcesses | None = None
+        if serving_processes > 1:
+            # The other serving processes reach this one on a private loopback port.
+            owner = f"127.0.0.1:{self._rpc.bind('127.0.0.1:0')}"
+            self._serving = ServingProcesses(serving_processes - 1, task_name=self.task_name, bind=bind,
+                                             owner=owner, max_threads=threads)
         self._stopped = threading.Event()
         self._started = False
         if start:
@@ -92,6 +110,12 @@ class Server:
         if not self._started:
             self._rpc.start()
             self._started = True
+            if self._serving is not None:
+                try:
+                    self._serving.start()
+                except BaseException:
+                    self.stop(grace=0.0)
+                    raise
             log.info("%s serving at %s", self.task_name, self.address)
 
     def join(self, timeout: float | None = None) -> bool:
@@ -102,9 +126,18 @@ class Server:
 
         Returns:
             True if the server is done and stopped, False if ``timeout`` ran out.
+
+        Raises:
+            PsframeError: one of the task's serving processes died (the task stops).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._stopped.wait(0.1):
+            if self._serving is not None:
+                try:
+                    self._serving.check()
+                except PsframeError:
+                    self.stop(grace=0.5)
+                    raise
             if self.service.check_training_over():
                 info = self.service.info()
                 if self.job_name == "ps":
@@ -121,6 +154,8 @@ class Server:
         """Stop serving; calls in flight get ``grace`` seconds to finish."""
         if not self._stopped.is_set():
             self._stopped.set()
+            if self._serving is not None:  # first, so that nothing is forwarded to a stopped owner
+                self._serving.stop()
             self._rpc.stop(grace)
             self.service.close()
 

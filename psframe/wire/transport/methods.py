@@ -39,11 +39,14 @@ MESSAGE_OPTIONS = (
     ("grpc.max_receive_message_length", -1),
 )
 # Reconnect quickly to a task that comes up late or restarts; gRPC's default
-# backoff grows to two minutes.
+# backoff grows to two minutes. Every channel has a connection of its own
+# (gRPC shares one among the channels of a process to the same address):
+# a ps task served from several processes spreads connections, not channels.
 CHANNEL_OPTIONS = MESSAGE_OPTIONS + (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 250),
+    ("grpc.use_local_subchannel_pool", 1),
 )
 # Two tasks must never share a port: gRPC would otherwise allow it.
 SERVER_OPTIONS = MESSAGE_OPTIONS + (("grpc.so_reuseport", 0),)

@@ -1,4 +1,10 @@
-"""A task's gRPC server: handlers by method name, errors turned into status codes."""
+"""A task's gRPC server: handlers by method name, errors turned into status codes.
+
+A server may forward the methods it does not handle to another task, as
+the bytes it received and with the caller's deadline: the reply, or the
+error with its status code and class name, comes back unchanged. A ps task
+served from several processes does this (see :mod:`psframe.ps.serving`).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,13 @@ from typing import Any
 import grpc
 
 from psframe import errors
-from psframe.wire.transport.methods import METHODS, SERVER_OPTIONS, SERVICE, Method, abort
+from psframe.wire.transport.methods import CHANNEL_OPTIONS, MESSAGE_OPTIONS, METHODS, SERVER_OPTIONS, SERVICE, Method, abort
+
+# The longest a forwarded unary call may wait when its caller set no deadline.
+# A stream keeps its caller's (none, for PushPull: its replies are timed by
+# the caller's watchdog, and cancelling it cancels the forwarded one).
+FORWARD_TIMEOUT_S = 3600.0
+_NO_DEADLINE_S = 1e12  # gRPC reports ~9.2e18 s left for a call without a deadline
 
 
 def _unary_handler(method: Method, handler: Callable[[Any], Any]) -> grpc.RpcMethodHandler:
@@ -34,6 +46,63 @@ def _stream_handler(method: Method, handler: Callable[[Iterator], Iterator]) -> 
     return grpc.stream_stream_rpc_method_handler(serve, **method.serializers("server"))
 
 
+class _Forwarder:
+    """Passes calls on to another task as raw bytes, and its answers (or errors) back."""
+
+    def __init__(self, address: str) -> None:
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+    def handler(self, method: Method) -> grpc.RpcMethodHandler:
+        if method.streaming:
+            call = self._channel.stream_stream(method.path)
+            return grpc.stream_stream_rpc_method_handler(lambda requests, context: self._stream(call, requests, context))
+        call = self._channel.unary_unary(method.path)
+        return grpc.unary_unary_rpc_method_handler(lambda request, context: self._unary(call, request, context))
+
+    @staticmethod
+    def _unary(call: Any, request: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            return call(request, timeout=_timeout_of(context))
+        except grpc.RpcError as e:
+            _relay(e, context)
+
+    @staticmethod
+    def _stream(call: Any, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        forwarded = call(_until_closed(requests), timeout=_timeout_of(context, streaming=True))
+        context.add_callback(forwarded.cancel)  # the caller went away: so does the forwarded stream
+        try:
+            yield from forwarded
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                _relay(e, context)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _timeout_of(context: grpc.ServicerContext, streaming: bool = False) -> float | None:
+    """The deadline of a forwarded call: the caller's time left; with none, no deadline
+    for a stream and :data:`FORWARD_TIMEOUT_S` for a unary call."""
+    remaining = context.time_remaining()
+    if remaining < _NO_DEADLINE_S:
+        return remaining
+    return None if streaming else FORWARD_TIMEOUT_S
+
+
+def _until_closed(requests: Iterator[bytes]) -> Iterator[bytes]:
+    """The caller's requests, ending quietly when the caller closes or cancels its stream."""
+    try:
+        yield from requests
+    except grpc.RpcError:
+        return
+
+
+def _relay(error: grpc.RpcError, context: grpc.ServicerContext) -> None:
+    """End a forwarded call as the task it was forwarded to ended it (raises)."""
+    context.set_trailing_metadata(error.trailing_metadata() or ())
+    context.abort(error.code(), error.details())
+
+
 class RpcServer:
     """A task's gRPC server, answering the methods in ``handlers``.
 
@@ -44,12 +113,18 @@ class RpcServer:
             with the error's status code (a :class:`PsframeError` keeps its class).
         name: the task, for thread names and errors.
         max_threads: calls served at once.
+        forward_to: ``host:port`` of a task to forward every other method to;
+            None answers them UNIMPLEMENTED.
+        share_port: let other processes of this task listen on the same port
+            (``SO_REUSEPORT``: the kernel spreads connections among them).
+            Off, as for every task with one process: two tasks must never share a port.
 
     Raises:
         ValueError: a handler names no method of the service.
     """
 
-    def __init__(self, handlers: Mapping[str, Callable], *, name: str, max_threads: int) -> None:
+    def __init__(self, handlers: Mapping[str, Callable], *, name: str, max_threads: int,
+                 forward_to: str | None = None, share_port: bool = False) -> None:
         unknown = sorted(set(handlers) - set(METHODS))
         if unknown:
             raise ValueError(f"{unknown} are not methods of {SERVICE.full_name}; expected some of {sorted(METHODS)}")
@@ -57,11 +132,14 @@ class RpcServer:
             name_: (_stream_handler if METHODS[name_].streaming else _unary_handler)(METHODS[name_], handler)
             for name_, handler in handlers.items()
         }
+        self._forwarder = _Forwarder(forward_to) if forward_to else None
+        if self._forwarder is not None:
+            table.update({name_: self._forwarder.handler(m) for name_, m in METHODS.items() if name_ not in table})
         self.name = name
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix=name.strip("/").replace("/", "-")),
             handlers=(grpc.method_handlers_generic_handler(SERVICE.full_name, table),),
-            options=SERVER_OPTIONS,
+            options=MESSAGE_OPTIONS + (("grpc.so_reuseport", 1),) if share_port else SERVER_OPTIONS,
         )
 
     def bind(self, address: str) -> int:
@@ -92,3 +170,5 @@ class RpcServer:
     def stop(self, grace: float) -> None:
         """Stop serving; calls in flight get ``grace`` seconds to finish (waited for)."""
         self._server.stop(grace).wait(grace + 1.0)
+        if self._forwarder is not None:
+            self._forwarder.close()

@@ -1,0 +1,189 @@
+"""A ps task served from several processes on its one port.
+
+``psframe.Server(..., serving_processes=K)`` listens on the task's port with
+``SO_REUSEPORT`` and starts K - 1 serving processes that listen on the same
+port: the kernel spreads the workers' connections among the K processes
+(gRPC's multiprocessing pattern). The task's own process (the owner) holds
+the variables and answers everything; a serving process forwards the calls
+it receives to the owner over loopback, as the bytes it received and with
+their deadlines, and relays the answers and errors unchanged. So the task
+behaves as one task however its connections are spread: one global step,
+exact sync rounds, one checkpoint, one ``status``.
+
+Lifecycle: the owner starts the serving processes once it listens and waits
+(with a deadline) until each one listens too; it stops them (SIGTERM, then
+SIGKILL) when it stops; a serving process that dies is reported by
+:meth:`ServingProcesses.check`, and one whose owner dies exits on its own.
+
+    python -m psframe.ps.serving --task_name=/job:ps/task:0 --bind=h0:2222 \\
+        --owner=127.0.0.1:41234 --index=1     # started by the owner, not by hand
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from psframe.errors import PsframeError
+from psframe.wire.transport import RpcServer
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 60.0  # a fresh interpreter imports torch and gRPC before it listens
+STOP_GRACE_S = 2.0
+_READY = "psframe serving process listening"
+
+
+class ServingProcesses:
+    """The serving processes of one ps task (all but its owner).
+
+    Args:
+        count: how many to start.
+        task_name: the task, for logs and errors (``/job:ps/task:0``).
+        bind: the address they listen on: the task's own.
+        owner: ``host:port`` where the owner answers them (loopback).
+        max_threads: calls each one serves at once.
+    """
+
+    def __init__(self, count: int, *, task_name: str, bind: str, owner: str, max_threads: int) -> None:
+        self.task_name = task_name
+        self._argv = [
+            [sys.executable, "-m", "psframe.ps.serving", f"--task_name={task_name}", f"--bind={bind}",
+             f"--owner={owner}", f"--index={i}", f"--max_threads={max_threads}", f"--parent_pid={os.getpid()}"]
+            for i in range(1, count + 1)
+        ]
+        self._procs: list[subprocess.Popen] = []
+        self._stopping = False
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Start every serving process and wait until each one listens.
+
+        Raises:
+            PsframeError: one did not listen within ``timeout`` (or exited),
+                with its last words; every one started is stopped.
+        """
+        # The same psframe as this process's, wherever it was imported from.
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+        for argv in self._argv:
+            self._procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                env=env, text=True, bufsize=1))
+        deadline = time.monotonic() + timeout
+        try:
+            for index, proc in enumerate(self._procs, start=1):
+                self._wait_listening(index, proc, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("%s: serving from %d processes (pids %s and this one, %d)", self.task_name,
+                 len(self._procs) + 1, ", ".join(str(p.pid) for p in self._procs), os.getpid())
+
+    def _wait_listening(self, index: int, proc: subprocess.Popen, deadline: float) -> None:
+        lines: list[str] = []
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, min(0.5, deadline - time.monotonic())))
+            if ready:
+                line = proc.stdout.readline()
+                if line.startswith(_READY):
+                    threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
+                    return
+                if line:
+                    lines.append(line.rstrip())
+                    continue
+            if proc.poll() is not None:
+                raise PsframeError(
+                    f"serving process {index} of {self.task_name} exited with code {proc.returncode} before it "
+                    f"listened: {' | '.join(lines[-5:]) or 'no output'}"
+                )
+        raise PsframeError(f"serving process {index} of {self.task_name} did not listen within "
+                           f"{START_TIMEOUT_S:g}s: {' | '.join(lines[-5:]) or 'no output'}")
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def check(self) -> None:
+        """Raise if a serving process exited while the task serves.
+
+        Raises:
+            PsframeError: naming the process and its exit code.
+        """
+        if self._stopping:
+            return
+        for index, proc in enumerate(self._procs, start=1):
+            if proc.poll() is not None:
+                raise PsframeError(f"serving process {index} (pid {proc.pid}) of {self.task_name} exited "
+                                   f"with code {proc.returncode}; its connections are lost")
+
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """Stop every serving process (SIGTERM; SIGKILL after ``grace`` seconds). Idempotent."""
+        self._stopping = True
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + grace + 1.0
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def _drain(stream) -> None:
+    """Read (and drop) what a serving process prints once it listens, so it never blocks on a full pipe."""
+    for _ in stream:
+        pass
+
+
+# ---- the serving process itself
+
+
+def serve(task_name: str, bind: str, owner: str, index: int, max_threads: int, parent_pid: int) -> int:
+    """Listen on ``bind`` beside the owner and forward every call to it, until told to stop.
+
+    Returns:
+        The exit code: 0 when stopped (SIGTERM) or once the owner is gone.
+    """
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    server = RpcServer({}, name=f"{task_name}-serving{index}", max_threads=max_threads, forward_to=owner,
+                       share_port=True)
+    server.bind(bind)
+    server.start()
+    print(f"{_READY} at {bind} (pid {os.getpid()})", flush=True)
+    # Never outlive the owner: a serving process without one only fails calls.
+    while not stopped.wait(0.5) and os.getppid() == parent_pid:
+        pass
+    server.stop(grace=STOP_GRACE_S)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="One serving process of a ps task (started by the task).")
+    parser.add_argument("--task_name", required=True)
+    parser.add_argument("--bind", required=True)
+    parser.add_argument("--owner", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--max_threads", type=int, default=16)
+    parser.add_argument("--parent_pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return serve(args.task_name, args.bind, args.owner, args.index, args.max_threads, args.parent_pid)
+    except PsframeError as e:
+        print(f"error: {e}", flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""A ps task served from several processes on its one port (psframe.ps.serving).
+
+Whichever process a worker's connection lands on, the task behaves as one:
+exact arithmetic over every push, one global step, exact sync rounds, one
+status; its serving processes stop with it, and one that dies stops it.
+Real processes on loopback ports the OS picks; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+import torch
+
+import psframe
+from psframe.cluster.placement import Shard
+from psframe.errors import PsframeError
+from psframe.worker.client import PsClient
+from psframe.worker.slicer import Request, Slot
+from tests.conftest import free_cluster
+from tests.test_sync import connect_all, data, grads_of, linear_model, run_workers
+
+pytestmark = pytest.mark.cluster
+
+DEADLINE_S = 60.0
+LR = 0.5  # a power of two: with integer gradients every update is exact, in any order
+
+
+@pytest.fixture
+def multi_ps():
+    """Factory: a cluster whose ps task 0 serves from ``processes`` processes; stopped at the end."""
+    servers: list[psframe.Server] = []
+
+    def make(num_workers: int, processes: int = 3) -> tuple[psframe.ClusterSpec, psframe.Server]:
+        cluster = free_cluster(1, num_workers)
+        servers.append(psframe.Server(cluster, "ps", 0, serving_processes=processes))
+        return cluster, servers[-1]
+
+    yield make
+    for server in servers:
+        server.stop(grace=0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_gone(pids: list[int], timeout: float = DEADLINE_S) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def _connections_by_process(server: psframe.Server) -> dict[int, int]:
+    """Established TCP connections on the task's port, by serving process (owner included)."""
+    port = int(server.address.rsplit(":", 1)[1])
+    counts = {}
+    for pid in (os.getpid(), *server._serving.pids):
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+        counts[pid] = sum(1 for c in connections if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port)
+    return counts
+
+
+def test_every_push_through_any_serving_process_is_applied_exactly_once(multi_ps):
+    # 12 workers' connections spread over 3 processes: that none reaches a
+    # serving process has odds of 3**-12.
+    num_workers, pushes = 12, 20
+    cluster, server = multi_ps(num_workers)
+    value = torch.zeros(64)
+    slot = Slot(Shard("w", "w", 0, 0, 64, (64,), value.nbytes), value)
+    request = Request(0, (slot,), (slot,), True)
+    clients = {i: PsClient(cluster, i, rpc_timeout=DEADLINE_S) for i in range(num_workers)}
+    try:
+        for client in clients.values():
+            client.wait_for_ps(DEADLINE_S)
+        by_process = _connections_by_process(server)
+        assert sum(by_process.values()) == num_workers
+        assert sum(by_process[pid] for pid in server._serving.pids) > 0, by_process
+        assert clients[0].create(0, [slot], [("w", value)], psframe.optim.SGD(lr=LR), None, None)
+
+        def push(i):
+            grad = torch.full((64,), float(i + 1))
+            for _ in range(pushes):
+                clients[i].push_pull([(request, [("w", grad)])], step=0)
+
+        run_workers({i: (lambda i=i: push(i)) for i in range(num_workers)})
+        infos = [clients[i].get_info(0) for i in range(num_workers)]  # over each worker's own connection
+        (reply,) = clients[0].push_pull([(Request(0, (), (slot,), False), [])], step=0, compress=False)
+    finally:
+        for client in clients.values():
+            client.close()
+    total = pushes * sum(range(1, num_workers + 1))
+    assert torch.equal(reply.values[0], torch.full((64,), -LR * total))
+    assert {(info.global_step, info.pushes) for info in infos} == {(num_workers * pushes, num_workers * pushes)}
+
+
+def test_sync_rounds_stay_exact_with_serving_processes(multi_ps):
+    cluster, _ = multi_ps(2, processes=2)
+    sync = psframe.SyncReplicas(replicas_to_aggregate=2, total_num_replicas=2, timeout=30)
+    batches = {i: data(10 + i, 16) for i in range(2)}
+    models = {i: linear_model(seed=i) for i in range(2)}
+    initial = [p.detach().clone() for p in linear_model(seed=0).parameters()]
+    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=LR),
+                                   sync=sync) for i in range(2)}
+    connect_all(trainers)
+    expected = [grads_of(models[i], *batches[i]) for i in range(2)]
+    steps = run_workers({i: (lambda i=i: trainers[i].step(
+        torch.nn.functional.cross_entropy(models[i](batches[i][0]), batches[i][1]))) for i in range(2)})
+    assert steps == {0: 1, 1: 1}
+    for p, v, g0, g1 in zip(models[0].parameters(), initial, *expected):
+        reference = v.clone().requires_grad_(True)
+        reference.grad = (g0 + g1) / 2
+        torch.optim.SGD([reference], lr=LR).step()
+        assert torch.equal(p.detach(), reference.detach())
+    run_workers({i: trainers[i].close for i in range(2)})
+
+
+def test_the_serving_processes_stop_with_the_task(multi_ps):
+    cluster, server = multi_ps(1)
+    pids = server._serving.pids
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    with PsClient(cluster, 0, rpc_timeout=DEADLINE_S) as client:
+        client.wait_for_ps(DEADLINE_S)
+        client.finish()  # the only worker is done: the task's join returns
+    assert server.join(timeout=DEADLINE_S) is True
+    assert _wait_gone(pids) == []
+
+
+def test_a_serving_process_that_dies_stops_the_task_naming_it(multi_ps):
+    _, server = multi_ps(1)
+    victim = server._serving.pids[0]
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(PsframeError, match=rf"serving process 1 \(pid {victim}\) of /job:ps/task:0 exited"):
+        server.join(timeout=DEADLINE_S)
+    assert _wait_gone(server._serving.pids) == []
+
+
+def test_serving_processes_are_checked():
+    cluster = free_cluster(1, 1)
+    with pytest.raises(ValueError, match="serving_processes must be an int >= 1, got 0"):
+        psframe.Server(cluster, "ps", 0, serving_processes=0, start=False)
+    with pytest.raises(ValueError, match="applies to ps tasks"):
+        psframe.Server(cluster, "worker", 0, serving_processes=2, start=False)
