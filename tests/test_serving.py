@@ -103,6 +103,83 @@ def test_every_push_through_any_serving_process_is_applied_exactly_once(multi_ps
     assert {(info.global_step, info.pushes) for info in infos} == {(num_workers * pushes, num_workers * pushes)}
 
 
+@pytest.mark.parametrize("optimizer", [psframe.optim.SGD(lr=0.1, momentum=0.9), psframe.optim.Adam(lr=0.01)],
+                         ids=["momentum", "adam"])
+def test_optimizer_state_is_one_across_the_serving_processes(multi_ps, optimizer):
+    """Every push carries the same gradient, so N updates in any order, by any process,
+    must equal N steps of one local optimizer: only if they all update one state."""
+    num_workers, pushes = 12, 10
+    cluster, server = multi_ps(num_workers)
+    torch.manual_seed(3)
+    start, grad = torch.randn(32), torch.randn(32)
+    slot = Slot(Shard("w", "w", 0, 0, 32, (32,), start.nbytes), start)
+    request = Request(0, (slot,), (slot,), True)
+    clients = {i: PsClient(cluster, i, rpc_timeout=DEADLINE_S) for i in range(num_workers)}
+    try:
+        for client in clients.values():
+            client.wait_for_ps(DEADLINE_S)
+        assert sum(_connections_by_process(server)[pid] for pid in server._serving.pids) > 0
+        clients[0].create(0, [slot], [("w", start)], optimizer, None, None)
+
+        def push(i):
+            for _ in range(pushes):
+                clients[i].push_pull([(request, [("w", grad)])], step=0)
+
+        run_workers({i: (lambda i=i: push(i)) for i in range(num_workers)})
+        (reply,) = clients[0].push_pull([(Request(0, (), (slot,), False), [])], step=0, compress=False)
+    finally:
+        for client in clients.values():
+            client.close()
+    reference = start.clone().requires_grad_(True)
+    local = optimizer.build([reference])
+    for _ in range(num_workers * pushes):
+        reference.grad = grad.clone()
+        local.step()
+    assert torch.equal(reply.values[0], reference.detach())
+
+
+def test_a_restarted_task_restores_and_shares_its_optimizer_state(tmp_path):
+    """Adam through 3 processes, a checkpoint, the task stopped and started again from
+    it: N + M updates with one gradient equal N + M local steps (state restored, then shared)."""
+    num_workers, pushes = 6, 5
+    cluster = free_cluster(1, num_workers)
+    torch.manual_seed(4)
+    start, grad = torch.randn(16), torch.randn(16)
+    slot = Slot(Shard("w", "w", 0, 0, 16, (16,), start.nbytes), start)
+    request = Request(0, (slot,), (slot,), True)
+    optimizer = psframe.optim.Adam(lr=0.01)
+    url = str(tmp_path / "ckpt")
+
+    def run_pushes(create: bool) -> torch.Tensor:
+        server = psframe.Server(cluster, "ps", 0, serving_processes=3, checkpoint_dir=url)
+        clients = {i: PsClient(cluster, i, rpc_timeout=DEADLINE_S) for i in range(num_workers)}
+        try:
+            for client in clients.values():
+                client.wait_for_ps(DEADLINE_S)
+            if create:
+                clients[0].create(0, [slot], [("w", start)], optimizer, None, url)
+            run_workers({i: (lambda i=i: [clients[i].push_pull([(request, [("w", grad)])], step=0)
+                                          for _ in range(pushes)]) for i in range(num_workers)})
+            psframe.checkpoint.save(clients[0], url, clients[0].get_info(0).global_step, keep=2)
+            (reply,) = clients[0].push_pull([(Request(0, (), (slot,), False), [])], step=0, compress=False)
+            return reply.values[0].clone()
+        finally:
+            for client in clients.values():
+                client.close()
+            server.stop(grace=0.1)
+
+    first = run_pushes(create=True)
+    second = run_pushes(create=False)  # restores from the checkpoint on its own
+    reference = start.clone().requires_grad_(True)
+    local = optimizer.build([reference])
+    for n in range(2 * num_workers * pushes):
+        reference.grad = grad.clone()
+        local.step()
+        if n == num_workers * pushes - 1:
+            assert torch.equal(first, reference.detach())
+    assert torch.equal(second, reference.detach())
+
+
 def test_sync_rounds_stay_exact_with_serving_processes(multi_ps):
     cluster, _ = multi_ps(2, processes=2)
     sync = psframe.SyncReplicas(replicas_to_aggregate=2, total_num_replicas=2, timeout=30)

@@ -11,6 +11,8 @@ import collections
 import contextlib
 import threading
 import time
+
+import numpy
 from collections.abc import Iterator
 
 
@@ -21,15 +23,19 @@ class WorkerRoster:
         num_workers: the workers of the cluster.
         worker_timeout: once some workers finished, seconds of silence after
             which an unfinished one is presumed dead.
+        last_seen: when each worker was last heard from (``time.monotonic()``,
+            one float64 per worker), shared with the task's other serving
+            processes (:mod:`psframe.ps.shared`); this roster's own by default.
     """
 
-    def __init__(self, num_workers: int, worker_timeout: float) -> None:
+    def __init__(self, num_workers: int, worker_timeout: float, last_seen: numpy.ndarray | None = None) -> None:
         self.num_workers = num_workers
         self.worker_timeout = worker_timeout
         self._lock = threading.Lock()
-        started = time.monotonic()
-        self._last_seen = {w: started for w in range(num_workers)}
-        self._ever_seen: set[int] = set()
+        self._started = time.monotonic()
+        if last_seen is None:  # shared ones start at their creator's start
+            last_seen = numpy.full(num_workers, self._started)
+        self._last_seen = last_seen
         self._in_flight: collections.Counter[int] = collections.Counter()
         self._finished: set[int] = set()
 
@@ -39,7 +45,6 @@ class WorkerRoster:
         with self._lock:
             self._in_flight[worker] += 1
             self._last_seen[worker] = time.monotonic()
-            self._ever_seen.add(worker)
         try:
             yield
         finally:
@@ -81,7 +86,8 @@ class WorkerRoster:
         now = time.monotonic()
         with self._lock:
             return [
-                (w, (0.0 if self._in_flight[w] else now - self._last_seen[w]) if w in self._ever_seen else -1.0,
+                (w, (0.0 if self._in_flight[w] else now - self._last_seen[w]) if self._last_seen[w] > self._started
+                 else -1.0,
                  w in self._finished)
                 for w in range(self.num_workers)
             ]

@@ -11,6 +11,7 @@ from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import PsframeError
 from psframe.ps.service import ParameterServerService
 from psframe.ps.serving import ServingProcesses
+from psframe.ps.shared import SharedMemory
 from psframe.ps.task_service import TaskService
 from psframe.wire.transport import RpcServer
 
@@ -73,16 +74,19 @@ class Server:
         self.task_index = task_index
         self.task_name = ClusterSpec.task_name(job_name, task_index)
         self.address = self.cluster.task_address(job_name, task_index)
-        if job_name == "ps":
-            self.service: TaskService = ParameterServerService(
-                self.cluster, task_index, worker_timeout=worker_timeout, checkpoint_dir=checkpoint_dir
-            )
-        else:
-            self.service = TaskService(self.cluster, job_name, task_index)
         if not isinstance(serving_processes, int) or serving_processes < 1:
             raise ValueError(f"serving_processes must be an int >= 1, got {serving_processes!r}")
         if serving_processes > 1 and job_name != "ps":
             raise ValueError(f"serving_processes applies to ps tasks; {self.task_name} is a worker task")
+        # Several serving processes share the variables, in shared memory.
+        self._shared = SharedMemory.create(self.cluster.num_workers) if serving_processes > 1 else None
+        if job_name == "ps":
+            self.service: TaskService = ParameterServerService(
+                self.cluster, task_index, worker_timeout=worker_timeout, checkpoint_dir=checkpoint_dir,
+                shared=self._shared,
+            )
+        else:
+            self.service = TaskService(self.cluster, job_name, task_index)
         threads = max_threads or max(16, 4 * self.cluster.num_workers + 8)
         self._rpc = RpcServer(self.service.handlers(), name=self.task_name, max_threads=threads,
                               share_port=serving_processes > 1)
@@ -93,8 +97,9 @@ class Server:
         if serving_processes > 1:
             # The other serving processes reach this one on a private loopback port.
             owner = f"127.0.0.1:{self._rpc.bind('127.0.0.1:0')}"
-            self._serving = ServingProcesses(serving_processes - 1, task_name=self.task_name, bind=bind,
-                                             owner=owner, max_threads=threads)
+            self._serving = ServingProcesses(serving_processes - 1, cluster=self.cluster, task_index=task_index,
+                                             bind=bind, owner=owner, shared_folder=self._shared.folder,
+                                             max_threads=threads)
         self._stopped = threading.Event()
         self._started = False
         if start:
@@ -158,6 +163,8 @@ class Server:
                 self._serving.stop()
             self._rpc.stop(grace)
             self.service.close()
+            if self._shared is not None:
+                self._shared.close()
 
     def __enter__(self) -> Server:
         return self

@@ -28,6 +28,7 @@ from psframe.wire import codec, messages, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.ps import recovery
 from psframe.ps.roster import WorkerRoster
+from psframe.ps.shared import SharedMemory, publish_store
 from psframe.ps.store import VariableStore
 from psframe.ps.sync import SyncAggregator
 from psframe.ps.task_service import TaskService
@@ -39,17 +40,24 @@ class ParameterServerService(TaskService):
     """The servicer of a ps task over its :class:`VariableStore`."""
 
     def __init__(self, cluster: ClusterSpec, task_index: int, store: VariableStore | None = None,
-                 *, worker_timeout: float = 60.0, checkpoint_dir: str | None = None) -> None:
+                 *, worker_timeout: float = 60.0, checkpoint_dir: str | None = None,
+                 shared: SharedMemory | None = None) -> None:
         super().__init__(cluster, "ps", task_index)
         self.worker_timeout = worker_timeout
         self.checkpoint_dir = checkpoint_dir
         self.restored_step = -1
-        self.store = store or VariableStore(self.task_name)
+        # With serving processes (psframe.ps.serving), the model lives in `shared`:
+        # the owner publishes it once it can be shared, and they apply updates too.
+        self._shared = shared
+        self._publishing = shared is not None and shared.owner
+        self.store = store or (VariableStore(self.task_name) if shared is None else VariableStore(
+            self.task_name, lock=shared.lock, counters=shared.counters, allocate=shared.allocate))
         self._variable_defs: list[pb.VariableDef] = []
         self._init_lock = threading.Lock()
         self._pending_defs: list[pb.VariableDef] = []
         self._pending_values: dict[str, torch.Tensor] = {}
-        self.roster = WorkerRoster(cluster.num_workers, worker_timeout)
+        self.roster = WorkerRoster(cluster.num_workers, worker_timeout,
+                                   last_seen=None if shared is None else shared.last_seen)
         self._sync_def: pb.SyncDef | None = None
         self.aggregator: SyncAggregator | None = None
         # Replies to pushes the sync barrier released, for the version they read.
@@ -154,7 +162,7 @@ class ParameterServerService(TaskService):
                     self._pending_defs, self._pending_values = defs, {}
                 by_name = {d.name: d for d in defs}
                 for meta, tensor in zip(header.tensors, tensors):
-                    _check_value(self.task_name, by_name.get(meta.name), meta.name, tensor)
+                    messages.check_initial_value(self.task_name, by_name.get(meta.name), meta.name, tensor)
                     # A copy now lets the request's buffer go; create() then adopts it.
                     self._pending_values[meta.name] = tensor.clone()
                 if len(self._pending_values) == len(defs):
@@ -199,6 +207,9 @@ class ParameterServerService(TaskService):
         self.restored_step = restored.step
         if restored.sync is not None:
             self._start_sync(restored.sync)
+        elif self._shared is not None and self._shared.owner:  # the restored state replaced what was shared
+            self._publishing = True
+            self._publish()
         log.info("%s: restored %d variables from checkpoint step %d (its global step %d); "
                  "going on at global step %d", self.task_name, len(restored.defs), restored.step,
                  restored.global_step, global_step)
@@ -242,9 +253,9 @@ class ParameterServerService(TaskService):
         """PushPull on a long-lived stream: requests are answered in order, and
         a refused one gets the error's name in its reply; the stream goes on."""
         for data in requests:
-            yield self._answer_push_pull(data)
+            yield self.answer_push_pull(data)
 
-    def _answer_push_pull(self, data: bytes) -> bytes:
+    def answer_push_pull(self, data: bytes) -> bytes:
         """The reply to one PushPull request: a refused one names the error, and the stream goes on.
 
         Anything else (a bug) ends the stream, with the status the transport gives it.
@@ -272,6 +283,8 @@ class ParameterServerService(TaskService):
         if self.aggregator is None or not grads:
             with self.store.lock:
                 step, values = self.store.push_pull(grads, pull, header.end_of_step and bool(grads))
+                if self._publishing and grads:
+                    self._publish()
                 # Encode under the lock: the reply is one consistent version, and
                 # the only copy of the variables is the one into the reply.
                 return codec.encode(pb.PushPullReplyHeader(global_step=step), _outgoing(pull, values, wire_dtype))
@@ -306,6 +319,12 @@ class ParameterServerService(TaskService):
         return data
 
     # ---- sync
+
+    def _publish(self) -> None:
+        """Share the model with the serving processes once it can be (asynchronous training
+        only: a sync round lives in this process, and every sync push is forwarded here)."""
+        if self.aggregator is not None or publish_store(self._shared, self.store, self.task_name) is not None:
+            self._publishing = False
 
     def _start_sync(self, sync: pb.SyncDef) -> None:
         decide = None if self.task_index == 0 else self._ask_ps0
@@ -375,13 +394,3 @@ def _outgoing(names: list[str], values: list[torch.Tensor], wire_dtype: torch.dt
               ) -> list[tuple[str, torch.Tensor]]:
     """The pulled variables as they travel: compressed when the worker asked."""
     return [(name, codec.to_wire(value, wire_dtype)) for name, value in zip(names, values)]
-
-
-def _check_value(owner: str, definition: pb.VariableDef | None, name: str, value: torch.Tensor) -> None:
-    if definition is None:
-        raise WireFormatError(f"initial value for {name!r} sent to {owner}, which was not told of that variable")
-    if codec.dtype_name(value.dtype) != definition.dtype or tuple(value.shape) != tuple(definition.shape):
-        raise WireFormatError(
-            f"initial value for {name!r} is {codec.dtype_name(value.dtype)}{tuple(value.shape)}, "
-            f"expected {definition.dtype}{tuple(definition.shape)}"
-        )

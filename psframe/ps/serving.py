@@ -3,20 +3,23 @@
 ``psframe.Server(..., serving_processes=K)`` listens on the task's port with
 ``SO_REUSEPORT`` and starts K - 1 serving processes that listen on the same
 port: the kernel spreads the workers' connections among the K processes
-(gRPC's multiprocessing pattern). The task's own process (the owner) holds
-the variables and answers everything; a serving process forwards the calls
-it receives to the owner over loopback, as the bytes it received and with
-their deadlines, and relays the answers and errors unchanged. So the task
-behaves as one task however its connections are spread: one global step,
-exact sync rounds, one checkpoint, one ``status``.
+(gRPC's multiprocessing pattern). The task's own process (the owner) creates
+the variables in shared memory (:mod:`psframe.ps.shared`). A serving process
+answers asynchronous PushPull requests itself, over the same variables and
+optimizer state under one lock, once the owner published them; every other
+call (and every push before that, and every synchronous push) it forwards
+to the owner over loopback, as the bytes it received and with their
+deadlines, relaying the answers and errors unchanged. So the task behaves
+as one task however its connections are spread: one global step, exact
+sync rounds, one checkpoint, one ``status``.
 
 Lifecycle: the owner starts the serving processes once it listens and waits
 (with a deadline) until each one listens too; it stops them (SIGTERM, then
 SIGKILL) when it stops; a serving process that dies is reported by
 :meth:`ServingProcesses.check`, and one whose owner dies exits on its own.
 
-    python -m psframe.ps.serving --task_name=/job:ps/task:0 --bind=h0:2222 \\
-        --owner=127.0.0.1:41234 --index=1     # started by the owner, not by hand
+    python -m psframe.ps.serving --cluster_spec=... --task_index=0 --bind=h0:2222 \\
+        --owner=127.0.0.1:41234 --shared=/dev/shm/psframe-ps-... --index=1   # started by the owner
 """
 
 from __future__ import annotations
@@ -30,13 +33,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+from psframe.cluster import ClusterSpec
 from psframe.errors import PsframeError
-from psframe.wire.transport import RpcServer
+from psframe.ps.service import ParameterServerService
+from psframe.ps.shared import SharedMemory
+from psframe.ps.store import VariableStore
+from psframe.wire.transport import Connection, RpcServer, Watchdog
 
 log = logging.getLogger(__name__)
 
+FORWARD_REPLY_TIMEOUT_S = 3600.0  # a forwarded sync push may wait for its round as long as the sync timeout
 START_TIMEOUT_S = 60.0  # a fresh interpreter imports torch and gRPC before it listens
 STOP_GRACE_S = 2.0
 _READY = "psframe serving process listening"
@@ -53,11 +61,13 @@ class ServingProcesses:
         max_threads: calls each one serves at once.
     """
 
-    def __init__(self, count: int, *, task_name: str, bind: str, owner: str, max_threads: int) -> None:
-        self.task_name = task_name
+    def __init__(self, count: int, *, cluster: ClusterSpec, task_index: int, bind: str, owner: str,
+                 shared_folder: str, max_threads: int) -> None:
+        self.task_name = ClusterSpec.task_name("ps", task_index)
         self._argv = [
-            [sys.executable, "-m", "psframe.ps.serving", f"--task_name={task_name}", f"--bind={bind}",
-             f"--owner={owner}", f"--index={i}", f"--max_threads={max_threads}", f"--parent_pid={os.getpid()}"]
+            [sys.executable, "-m", "psframe.ps.serving", f"--cluster_spec={cluster.to_string()}",
+             f"--task_index={task_index}", f"--bind={bind}", f"--owner={owner}", f"--shared={shared_folder}",
+             f"--index={i}", f"--max_threads={max_threads}", f"--parent_pid={os.getpid()}"]
             for i in range(1, count + 1)
         ]
         self._procs: list[subprocess.Popen] = []
@@ -148,16 +158,71 @@ def _drain(stream) -> None:
 # ---- the serving process itself
 
 
-def serve(task_name: str, bind: str, owner: str, index: int, max_threads: int, parent_pid: int) -> int:
-    """Listen on ``bind`` beside the owner and forward every call to it, until told to stop.
+class SharedPushPull:
+    """A serving process's PushPull: answered here over the shared model once the owner
+    published it, forwarded to the owner before that (and for every sync push)."""
+
+    def __init__(self, cluster: ClusterSpec, task_index: int, shared: SharedMemory, owner: str) -> None:
+        self._cluster, self._task_index, self._shared = cluster, task_index, shared
+        self._owner = Connection(owner, f"{ClusterSpec.task_name('ps', task_index)} (owner)")
+        self._watchdog = Watchdog()
+        self._service: ParameterServerService | None = None
+        self._version = 0
+        self._lock = threading.Lock()
+
+    def _local(self) -> ParameterServerService | None:
+        """The service over the model published last (None before the first publication)."""
+        version = self._shared.version
+        if version != self._version:
+            with self._lock, self._shared.lock:
+                if self._shared.version != self._version:
+                    variables, states, optimizer = self._shared.load()
+                    store = VariableStore(self._service_name(), lock=self._shared.lock,
+                                          counters=self._shared.counters)
+                    store.adopt(variables, states, optimizer)
+                    self._service = ParameterServerService(self._cluster, self._task_index, store=store,
+                                                           shared=self._shared)
+                    self._version = self._shared.version
+        return self._service
+
+    def _service_name(self) -> str:
+        return ClusterSpec.task_name("ps", self._task_index)
+
+    def push_pull(self, requests: Iterator[bytes]) -> Iterator[bytes]:
+        forwarded = None
+        try:
+            for data in requests:
+                service = self._local()
+                if service is not None:
+                    yield service.answer_push_pull(data)
+                    continue
+                forwarded = forwarded or self._owner.open_stream("PushPull", self._watchdog)
+                forwarded.send(data, FORWARD_REPLY_TIMEOUT_S)
+                yield forwarded.receive()
+        finally:
+            if forwarded is not None:
+                forwarded.close()
+
+    def close(self) -> None:
+        self._watchdog.stop()
+        self._owner.close()
+
+
+def serve(cluster: ClusterSpec, task_index: int, bind: str, owner: str, shared_folder: str, index: int,
+          max_threads: int, parent_pid: int) -> int:
+    """Listen on ``bind`` beside the owner, answer pushes over the shared model and forward
+    the rest to the owner, until told to stop.
 
     Returns:
         The exit code: 0 when stopped (SIGTERM) or once the owner is gone.
     """
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-    server = RpcServer({}, name=f"{task_name}-serving{index}", max_threads=max_threads, forward_to=owner,
-                       share_port=True)
+    task_name = ClusterSpec.task_name("ps", task_index)
+    shared = SharedMemory.attach(shared_folder, cluster.num_workers)
+    push_pull = SharedPushPull(cluster, task_index, shared, owner)
+    server = RpcServer({"PushPull": push_pull.push_pull}, name=f"{task_name}-serving{index}",
+                       max_threads=max_threads, forward_to=owner, share_port=True)
     server.bind(bind)
     server.start()
     print(f"{_READY} at {bind} (pid {os.getpid()})", flush=True)
@@ -165,21 +230,26 @@ def serve(task_name: str, bind: str, owner: str, index: int, max_threads: int, p
     while not stopped.wait(0.5) and os.getppid() == parent_pid:
         pass
     server.stop(grace=STOP_GRACE_S)
+    push_pull.close()
+    shared.close()
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="One serving process of a ps task (started by the task).")
-    parser.add_argument("--task_name", required=True)
+    parser.add_argument("--cluster_spec", required=True)
+    parser.add_argument("--task_index", type=int, required=True)
     parser.add_argument("--bind", required=True)
     parser.add_argument("--owner", required=True)
+    parser.add_argument("--shared", required=True, help="the task's shared-memory folder")
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--max_threads", type=int, default=16)
     parser.add_argument("--parent_pid", type=int, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return serve(args.task_name, args.bind, args.owner, args.index, args.max_threads, args.parent_pid)
+        return serve(ClusterSpec.from_string(args.cluster_spec), args.task_index, args.bind, args.owner,
+                     args.shared, args.index, args.max_threads, args.parent_pid)
     except PsframeError as e:
         print(f"error: {e}", flush=True)
         return 1

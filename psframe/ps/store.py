@@ -13,7 +13,10 @@ was.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy
 
 import torch
 
@@ -35,22 +38,38 @@ class VariableStore:
     Callers that read variables while others may push hold :attr:`lock`
     around both, so that what they read is one consistent version.
 
+    A ps task served from several processes gives every process's store the
+    same lock, counters and memory (:mod:`psframe.ps.shared`): their variables
+    and optimizer state are then one, in shared memory.
+
     Args:
         owner: the task name used in error messages, e.g. ``/job:ps/task:0``.
+        lock: a reentrant lock; one of this process's by default.
+        counters: global step, applied pushes and refused pushes, as an int64
+            array of 3; this process's own by default.
+        allocate: ``allocate(dtype, shape)`` makes the memory of a variable
+            (and, in :meth:`share_state`, of optimizer state); torch's by default.
     """
 
-    def __init__(self, owner: str = "this ps task") -> None:
+    def __init__(self, owner: str = "this ps task", *, lock: Any = None, counters: numpy.ndarray | None = None,
+                 allocate: Callable[[torch.dtype, tuple[int, ...]], torch.Tensor] | None = None) -> None:
         self.owner = owner
-        self.lock = threading.RLock()
+        self.lock = lock if lock is not None else threading.RLock()
+        self._counters = counters if counters is not None else numpy.zeros(3, dtype=numpy.int64)
+        self._allocate = allocate
         self._variables: dict[str, torch.Tensor] = {}
         self._optimizer: torch.optim.Optimizer | None = None
         self._optimizer_spec: OptimizerSpec | None = None
-        self.global_step = 0
         # Bumped whenever a variable's value changes: two reads under the lock
         # that see the same version read the same values.
         self.version = 0
-        self.pushes = 0
-        self.rejected_pushes = 0
+
+    # Counted in an array that several processes may share (see `counters`).
+    global_step = property(lambda self: int(self._counters[0]),
+                           lambda self, value: self._counters.__setitem__(0, value))
+    pushes = property(lambda self: int(self._counters[1]), lambda self, value: self._counters.__setitem__(1, value))
+    rejected_pushes = property(lambda self: int(self._counters[2]),
+                               lambda self, value: self._counters.__setitem__(2, value))
 
     # ---- creation
 
@@ -84,7 +103,10 @@ class VariableStore:
                 return False
             variables = {}
             for name, value in values.items():
-                variable = value.detach().to("cpu", copy=copy).contiguous()
+                if self._allocate is not None:  # shared memory: every process maps the same bytes
+                    variable = self._allocate(value.dtype, tuple(value.shape)).copy_(value.detach())
+                else:
+                    variable = value.detach().to("cpu", copy=copy).contiguous()
                 variable.requires_grad_(variable.is_floating_point() or variable.is_complex())
                 variables[name] = variable
             self._optimizer = optimizer.build(list(variables.values()))
@@ -100,6 +122,44 @@ class VariableStore:
             raise ClusterMismatchError(
                 f"{self.owner} already runs {self._optimizer_spec!r}, not {optimizer!r}"
             )
+
+    def optimizer_state(self) -> dict[str, dict[str, Any]] | None:
+        """Each variable's live optimizer state (empty for a stateless optimizer such as
+        plain SGD); None while some variable has none yet, before its first update."""
+        with self.lock:
+            self._require_ready()
+            state = {name: self._optimizer.state.get(v) for name, v in self._variables.items()}
+            if any(state.values()) and not all(state.values()):
+                return None
+            return {name: dict(s or {}) for name, s in state.items()}
+
+    def share_state(self) -> None:
+        """Move the optimizer's state into memory made by ``allocate`` (shared memory),
+        in place: the optimizer goes on with the same values, now where other processes map them."""
+        with self.lock:
+            for variable in self._variables.values():
+                state = self._optimizer.state.get(variable, {})
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor):
+                        state[key] = self._allocate(value.dtype, tuple(value.shape)).copy_(value)
+
+    def adopt(self, values: Mapping[str, torch.Tensor], states: Mapping[str, Mapping[str, Any]],
+              optimizer: OptimizerSpec) -> None:
+        """Take variables and optimizer state that live elsewhere (shared memory) as this store's own.
+
+        The tensors are used as they are, not copied: updates through this
+        store and through every other store over them are one.
+        """
+        with self.lock:
+            variables = {name: value.requires_grad_(value.is_floating_point() or value.is_complex())
+                         for name, value in values.items()}
+            self._optimizer = optimizer.build(list(variables.values()))
+            self._optimizer_spec = optimizer
+            self._variables = variables
+            for name, state in states.items():
+                if state:
+                    self._optimizer.state[variables[name]] = dict(state)
+            self.version += 1
 
     # ---- the hot path
 

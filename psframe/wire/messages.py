@@ -15,7 +15,7 @@ import torch
 
 from psframe.cluster import ClusterSpec
 from psframe.cluster.placement import Shard
-from psframe.errors import ClusterMismatchError
+from psframe.errors import ClusterMismatchError, WireFormatError
 from psframe.optim import KwargValue, OptimizerSpec, SyncReplicas
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.codec import dtype_name
@@ -143,4 +143,19 @@ def check_identity(info: pb.TaskInfo, cluster: ClusterSpec, job_name: str, task_
             f"{address} should be {ClusterSpec.task_name(job_name, task_index)} of cluster "
             f"{cluster.to_string()!r}, but it is {ClusterSpec.task_name(info.job_name, info.task_index)} "
             f"of cluster {info.cluster_spec!r}"
+        )
+
+
+def check_initial_value(owner: str, definition: pb.VariableDef | None, name: str, value: torch.Tensor) -> None:
+    """Check an initial value the chief sent against the variable's definition.
+
+    Raises:
+        WireFormatError: no such variable was defined, or the value's dtype or shape differs.
+    """
+    if definition is None:
+        raise WireFormatError(f"initial value for {name!r} sent to {owner}, which was not told of that variable")
+    if dtype_name(value.dtype) != definition.dtype or tuple(value.shape) != tuple(definition.shape):
+        raise WireFormatError(
+            f"initial value for {name!r} is {dtype_name(value.dtype)}{tuple(value.shape)}, "
+            f"expected {definition.dtype}{tuple(definition.shape)}"
         )

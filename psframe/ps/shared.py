@@ -1,0 +1,221 @@
+"""The memory a ps task's serving processes share: variables, optimizer state, counters, one lock.
+
+A ps task served from several processes (:mod:`psframe.ps.serving`) keeps
+its variables and their optimizer state in files of a folder in shared
+memory (``/dev/shm``), which every one of its processes maps
+(``torch.from_file(..., shared=True)``): an update applied by any process is
+applied to the one copy. Beside them:
+
+- ``header``: int64 counters: the model's version (bumped at each
+  publication), the global step, applied and refused pushes;
+- ``last_seen``: when each worker was last heard from, for the roster;
+- ``lock``: one lock for all: ``flock`` between processes, a reentrant
+  lock between the threads of each;
+- ``model.json``: which file holds which variable and which optimizer state,
+  written by the owner once every variable has its optimizer state (torch.optim
+  makes it at a variable's first update, in whichever process applies it: so
+  the owner applies every update until then, and the others forward to it).
+
+Only the owner allocates and publishes; the others map what it published.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy
+import torch
+
+from psframe.optim import OptimizerSpec
+from psframe.wire.codec import dtype_from_name, dtype_name
+
+log = logging.getLogger(__name__)
+
+_HEADER_SLOTS = 8  # model version, global step, pushes, refused pushes, and room to grow
+_MODEL = "model.json"
+
+
+class SharedLock:
+    """A reentrant lock held across the threads of this process and the processes of the task."""
+
+    def __init__(self, path: str) -> None:
+        self._threads = threading.RLock()
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._depth = 0  # guarded by self._threads
+
+    def acquire(self, blocking: bool = True) -> bool:
+        if not self._threads.acquire(blocking):
+            return False
+        if self._depth == 0:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._threads.release()
+                return False
+        self._depth += 1
+        return True
+
+    def release(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._threads.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # What threading.Condition needs of a reentrant lock (the sync barrier waits on one
+    # over this lock): release every level while waiting, take them all back after.
+
+    def _is_owned(self) -> bool:
+        return self._threads._is_owned()
+
+    def _release_save(self) -> tuple[int, Any]:
+        depth, self._depth = self._depth, 0
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return depth, self._threads._release_save()
+
+    def _acquire_restore(self, saved: tuple[int, Any]) -> None:
+        depth, state = saved
+        self._threads._acquire_restore(state)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._depth = depth
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class SharedMemory:
+    """One ps task's shared folder, as its owner (``create``) or a serving process (:meth:`attach`) sees it.
+
+    Args:
+        folder: the folder.
+        num_workers: the workers of the cluster (one ``last_seen`` each).
+        owner: True in the process that made the folder (it allocates, publishes and removes it).
+    """
+
+    def __init__(self, folder: str, num_workers: int, *, owner: bool) -> None:
+        self.folder = folder
+        self.owner = owner
+        self._header = self._map("header", torch.int64, _HEADER_SLOTS).numpy()
+        self.counters = self._header[1:4]  # global step, pushes, refused pushes: see VariableStore
+        self.last_seen = self._map("last_seen", torch.float64, num_workers).numpy()
+        if owner:
+            self.last_seen[:] = time.monotonic()
+        self.lock = SharedLock(os.path.join(folder, "lock"))
+        self._files: dict[int, str] = {}  # data_ptr -> file, of what the owner allocated
+        self._next = 0
+
+    @classmethod
+    def create(cls, num_workers: int) -> SharedMemory:
+        """A new folder, in ``/dev/shm`` where there is one, for the owner."""
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        return cls(tempfile.mkdtemp(prefix="psframe-ps-", dir=base), num_workers, owner=True)
+
+    @classmethod
+    def attach(cls, folder: str, num_workers: int) -> SharedMemory:
+        return cls(folder, num_workers, owner=False)
+
+    def _map(self, name: str, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        return torch.from_file(os.path.join(self.folder, name), shared=True, size=numel, dtype=dtype)
+
+    @property
+    def version(self) -> int:
+        """The version of the model published last (0: none yet)."""
+        return int(self._header[0])
+
+    def allocate(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """Memory for a variable or optimizer state, in a new file of the folder (owner only)."""
+        name = f"t{self._next}"
+        self._next += 1
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        tensor = self._map(name, dtype, max(numel, 1))[:numel].view(shape)
+        self._files[tensor.data_ptr()] = name
+        return tensor
+
+    def publish(self, variables: Mapping[str, torch.Tensor], states: Mapping[str, Mapping[str, Any]],
+                optimizer: OptimizerSpec) -> bool:
+        """Say where the model is, for the serving processes to map (owner, under :attr:`lock`).
+
+        Returns:
+            False, publishing nothing, if some of it is not in the folder (state that is
+            not a tensor: it could not be shared, so the owner keeps applying every update).
+        """
+        try:
+            model = {
+                "optimizer": {"name": optimizer.name, "kwargs": dict(optimizer.kwargs)},
+                "variables": {name: self._describe(value) for name, value in variables.items()},
+                "states": {name: {key: self._describe(value) for key, value in state.items()}
+                           for name, state in states.items()},
+            }
+        except (KeyError, TypeError):
+            return False
+        tmp = os.path.join(self.folder, f"{_MODEL}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(model, f)
+        os.replace(tmp, os.path.join(self.folder, _MODEL))
+        self._header[0] += 1
+        return True
+
+    def _describe(self, tensor: Any) -> dict:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{type(tensor).__name__} cannot be shared")
+        return {"file": self._files[tensor.data_ptr()], "dtype": dtype_name(tensor.dtype),
+                "shape": list(tensor.shape)}
+
+    def load(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], OptimizerSpec]:
+        """The published model, mapped: variables, optimizer state, optimizer (serving processes)."""
+        with open(os.path.join(self.folder, _MODEL)) as f:
+            model = json.load(f)
+
+        def mapped(entry: dict) -> torch.Tensor:
+            shape = tuple(entry["shape"])
+            numel = int(numpy.prod(shape)) if shape else 1
+            return self._map(entry["file"], dtype_from_name(entry["dtype"]), max(numel, 1))[:numel].view(shape)
+
+        variables = {name: mapped(entry) for name, entry in model["variables"].items()}
+        states = {name: {key: mapped(entry) for key, entry in state.items()}
+                  for name, state in model["states"].items()}
+        spec = model["optimizer"]
+        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["kwargs"].items()}
+        return variables, states, OptimizerSpec(spec["name"], kwargs)
+
+    def close(self) -> None:
+        """Release the lock's file; the owner also removes the folder (mapped memory stays valid)."""
+        self.lock.close()
+        if self.owner:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def publish_store(memory: SharedMemory, store: Any, task_name: str) -> bool | None:
+    """Publish a store's model once every variable has its optimizer state (owner, under the store's lock).
+
+    Returns:
+        True once published; None while some variable has no optimizer state
+        yet (try again after the next update); False if it cannot be shared
+        (optimizer state that is not a tensor): the owner then keeps applying every update.
+    """
+    with store.lock:
+        if store.optimizer_state() is None:
+            return None
+        store.share_state()
+        names = store.names
+        published = memory.publish(dict(zip(names, store.read(names))), store.optimizer_state(), store.optimizer_spec)
+    if published:
+        log.info("%s: the model is shared with the serving processes (version %d)", task_name, memory.version)
+    else:
+        log.info("%s: the optimizer's state cannot be shared; this process applies every update", task_name)
+    return published
