@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="largest stored part (one message); default: psframe's")
     parser.add_argument("--wire_dtype", default=None, choices=["bfloat16", "float16"],
                         help="compress gradients and parameters on the wire (default: as stored)")
+    parser.add_argument("--serving_processes", type=int, default=1,
+                        help="ps: processes serving the task's port (psframe.ps.serving)")
     parser.add_argument("--log_level", default="WARNING", help="logging level (INFO shows psframe's progress)")
     return parser.parse_args(argv)
 
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
     )
     if job_name == "ps":
-        server = psframe.Server(cluster, "ps", task_index)
+        server = psframe.Server(cluster, "ps", task_index, serving_processes=args.serving_processes)
         if not server.join(timeout=args.timeout):
             server.stop(grace=0.5)
             print(f"ps{task_index}: the workers did not finish within {args.timeout:g}s", file=sys.stderr)
