@@ -40,6 +40,7 @@ from psframe.wire.codec import dtype_from_name, dtype_name
 
 log = logging.getLogger(__name__)
 
+_PREFIX = "psframe-ps-"
 _HEADER_SLOTS = 8  # model version, global step, pushes, refused pushes, and room to grow
 _MODEL = "model.json"
 
@@ -119,9 +120,14 @@ class SharedMemory:
 
     @classmethod
     def create(cls, num_workers: int) -> SharedMemory:
-        """A new folder, in ``/dev/shm`` where there is one, for the owner."""
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        return cls(tempfile.mkdtemp(prefix="psframe-ps-", dir=base), num_workers, owner=True)
+        """A new folder, in ``/dev/shm`` where there is one, for the owner.
+
+        Folders left by owners that died without stopping (SIGKILL) are removed
+        first: their names carry their owner's pid.
+        """
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        _remove_orphans(base)
+        return cls(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base), num_workers, owner=True)
 
     @classmethod
     def attach(cls, folder: str, num_workers: int) -> SharedMemory:
@@ -198,6 +204,25 @@ class SharedMemory:
         self.lock.close()
         if self.owner:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _remove_orphans(base: str) -> None:
+    for name in os.listdir(base):
+        if not name.startswith(_PREFIX):
+            continue
+        pid = name[len(_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def publish_store(memory: SharedMemory, store: Any, task_name: str) -> bool | None:

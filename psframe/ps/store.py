@@ -63,6 +63,7 @@ class VariableStore:
         # Bumped whenever a variable's value changes: two reads under the lock
         # that see the same version read the same values.
         self.version = 0
+        self._stepped = False  # an optimizer step went through in this store
 
     # Counted in an array that several processes may share (see `counters`).
     global_step = property(lambda self: int(self._counters[0]),
@@ -129,7 +130,8 @@ class VariableStore:
         with self.lock:
             self._require_ready()
             state = {name: self._optimizer.state.get(v) for name, v in self._variables.items()}
-            if any(state.values()) and not all(state.values()):
+            # No state at all is stateless only once an update went through without making any.
+            if not all(state.values()) and (any(state.values()) or not self._stepped):
                 return None
             return {name: dict(s or {}) for name, s in state.items()}
 
@@ -248,6 +250,7 @@ class VariableStore:
                 self._variables[name].grad = grad
             try:
                 self._optimizer.step()
+                self._stepped = True
             finally:
                 self.version += 1  # even a step that failed halfway may have changed some
                 for name in grads:

@@ -1,0 +1,92 @@
+"""psframe.ps.shared: one model, one lock and one set of counters for a ps task's processes. No network."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+import psframe
+from psframe.ps.shared import SharedMemory, publish_store
+from psframe.ps.store import VariableStore
+
+
+@pytest.fixture
+def memory():
+    shared = SharedMemory.create(num_workers=2)
+    yield shared
+    shared.close()
+
+
+def _store(shared: SharedMemory) -> VariableStore:
+    return VariableStore("/job:ps/task:0", lock=shared.lock, counters=shared.counters, allocate=shared.allocate)
+
+
+def test_a_published_model_is_the_same_memory_in_every_view(memory):
+    owner = _store(memory)
+    owner.create({"w": torch.arange(4.0), "b": torch.zeros(())}, psframe.optim.Adam(lr=0.5))
+    assert publish_store(memory, owner, "/job:ps/task:0") is None  # no optimizer state before an update
+    owner.apply({"w": torch.ones(4), "b": torch.ones(())})
+    assert publish_store(memory, owner, "/job:ps/task:0") is True and memory.version == 1
+    other = VariableStore("/job:ps/task:0", lock=memory.lock, counters=memory.counters)
+    other.adopt(*SharedMemory.attach(memory.folder, 2).load())
+    other.apply({"w": torch.ones(4), "b": torch.ones(())})  # the second Adam step, through the other view
+    reference = [torch.arange(4.0).requires_grad_(True), torch.zeros(()).requires_grad_(True)]
+    local = torch.optim.Adam(reference, lr=0.5)
+    for _ in range(2):
+        for r in reference:
+            r.grad = torch.ones_like(r)
+        local.step()
+    assert torch.equal(owner.read(["w"])[0], reference[0].detach())
+    assert owner.pushes == other.pushes == 2
+
+
+def test_the_lock_is_reentrant_and_waitable_and_excludes_other_processes(memory):
+    condition = threading.Condition(memory.lock)
+    with memory.lock, memory.lock:  # reentrant
+        probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+                 "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('took it')\n"
+                 "except BlockingIOError:\n    print('held')")
+        out = subprocess.run([sys.executable, "-c", probe, os.path.join(memory.folder, "lock")],
+                             capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        assert out == "held"
+        woke = threading.Event()
+
+        def notify():
+            with memory.lock:  # only possible while the waiter released every level
+                condition.notify_all()
+                woke.set()
+
+        threading.Thread(target=notify, daemon=True).start()
+        assert condition.wait(timeout=10) and woke.is_set()
+    out = subprocess.run([sys.executable, "-c", probe, os.path.join(memory.folder, "lock")],
+                         capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert out == "took it"
+
+
+def test_state_that_is_not_a_tensor_is_never_published(memory):
+    store = _store(memory)
+    store.create({"w": torch.zeros(3)}, psframe.optim.SGD(lr=0.1, momentum=0.9))
+    store.apply({"w": torch.ones(3)})
+    with store.lock:
+        store._optimizer.state[store._variables["w"]]["calls"] = 1  # as an optimizer with a Python counter would
+    assert publish_store(memory, store, "/job:ps/task:0") is False and memory.version == 0
+
+
+def test_folders_of_owners_that_died_are_removed(memory):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, timeout=60, check=True).stdout.strip()
+    base = os.path.dirname(memory.folder)
+    orphan = os.path.join(base, f"psframe-ps-{dead}-test")
+    os.makedirs(orphan)
+    other = SharedMemory.create(num_workers=1)
+    try:
+        assert not os.path.exists(orphan)
+        assert os.path.exists(memory.folder)  # this process is alive: its folder stays
+    finally:
+        other.close()
+    assert not os.path.exists(other.folder)
