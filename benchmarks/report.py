@@ -3,7 +3,8 @@
 Every table printed by :mod:`benchmarks.run` comes from here, so stdout and
 the report show the same numbers. :func:`write_report` writes the report and
 a PNG beside it (same name, ``.png``): throughput against payload size on the
-left, training global steps/s per system on the right.
+left, training global steps/s per system on the right; and, when the scaling
+section ran, a second PNG (``<name>-scaling.png``): throughput against workers.
 
 The section "Copies on the hot path" is written by hand: whatever stands
 between its two marker comments in an existing report is kept when the
@@ -36,8 +37,11 @@ TITLES = {
     "raw": "Raw gRPC ceiling",
     "transport": "psframe transport (push+pull)",
     "training": "Training",
+    "scaling": "Scaling with workers",
     "memory": "ps memory",
 }
+# The order of the sections in the report.
+REPORT_SECTIONS = ("raw", "transport", "training", "scaling", "memory")
 
 
 # ----------------------------------------------------------------------- tables
@@ -164,7 +168,39 @@ def training_table(rows: Sequence[dict]) -> str:
     )
 
 
-TABLES = {"raw": raw_table, "transport": transport_table, "training": training_table, "memory": memory_table}
+def scaling_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`benchmarks.scaling.run_scaling_benchmarks` rows, with ratios."""
+    from benchmarks.scaling import add_ratios
+
+    rows = add_ratios(rows)
+    errors = any("error" in r for r in rows)
+    return markdown_table(
+        ["model", "system", "ps tasks", "workers", "global steps/s (echo: trips/s)", "vs torch_rpc_ps",
+         "per-worker steps/s: median (min-max)", "requests/step", "request size", "server CPU ms/request",
+         "CPU/request vs raw_echo", "other load", *(["error"] if errors else [])],
+        [[r["model"], r["system"], r["ps_tasks"], r["workers"], format_number(r["global_steps_per_sec"]),
+          format_ratio(r.get("vs_torch_rpc_ps")), _spread_of(r.get("per_worker_steps_per_sec", ())),
+          r.get("requests_per_step", "-"),
+          format_bytes(r["request_bytes"]) if r.get("request_bytes") else "-",
+          format_number(r.get("server_cpu_ms_per_request")), format_ratio(r.get("cpu_vs_raw_echo")),
+          "-" if r.get("other_cpu_load") is None else f"{r['other_cpu_load']:.2f}",
+          *([r.get("error", "")] if errors else [])] for r in rows],
+    )
+
+
+def _spread_of(values: Sequence[float]) -> str:
+    """``median (min-max)`` of the workers' rates; the one rate of a single worker."""
+    values = [v for v in values if v == v]  # NaN: a worker with too few timed steps
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return format_number(values[0])
+    return (f"{format_number(statistics.median(values))} "
+            f"({format_number(min(values))}-{format_number(max(values))})")
+
+
+TABLES = {"raw": raw_table, "transport": transport_table, "training": training_table,
+          "scaling": scaling_table, "memory": memory_table}
 
 
 def section_text(section: str, rows: Sequence[dict]) -> str:
@@ -247,6 +283,32 @@ _INTROS = {
         "window, per global step, sampled every 50 ms; *CPU/sample vs torch_rpc_ps* divides CPU time "
         "per sample by torch_rpc_ps's (below 1: less work per sample)."
     ),
+    "scaling": (
+        "From `benchmarks.scaling` (same run). Each model, at each worker count N, with every system "
+        "run once, async, back to back: **psframe** with 1 and 2 ps tasks and N workers; "
+        "**torch_rpc_ps**, the RPC parameter server of the training section, with N trainers; "
+        "**raw_echo**, the raw gRPC echo server with N client processes, each one stream with one "
+        "request in flight (as a worker's PushPull stream), at the payload of psframe's mean request "
+        "on that model with 1 ps task. *global steps/s* is model updates per second (raw_echo: round "
+        "trips per second of all clients together, the sum of their rates); *vs torch_rpc_ps* divides "
+        "it by torch_rpc_ps's at the same model and N. *server CPU ms/request* is the CPU time (user + "
+        "system, all threads) of the serving processes only (psframe: its ps task(s); torch_rpc_ps: "
+        "its ps; raw_echo: its server), sampled every 50 ms, inside the timed window, per request "
+        "answered in it. A psframe request is one PushPull message to one ps task: a step sends each "
+        "ps task its variables in messages of at most 4 MiB (psframe's `max_shard_bytes`), counted by "
+        "psframe's own step plan (*requests/step*; the messages are listed below the table), so "
+        "requests = timed global steps x requests/step. A torch_rpc_ps request is one `rpc_sync`, "
+        "the whole model each way; a raw_echo request is one round trip, counted in the window all "
+        "clients timed together. *CPU/request vs raw_echo* divides the CPU per request by the echo "
+        "server's CPU per round trip at the same model and N, both per byte of their mean request "
+        "(*request size*): where the sizes are equal (psframe with 1 ps task; torch_rpc_ps on the "
+        "MNIST MLP) this is the CPU per request over the CPU per round trip at the same payload and "
+        "client count; where they differ (2 ps tasks share a step's bytes; torch_rpc_ps sends the large "
+        "MLP as one 80 MB request) the echo's CPU is scaled to the request's bytes: for psframe with 2 "
+        "ps tasks it is the CPU both ps tasks spent per step over the echo's per round trip carrying "
+        "the same bytes, so each message's fixed cost counts against it. *other load*: "
+        "cores kept busy by work outside the benchmark while the row ran."
+    ),
     "memory": (
         "One ps process per row: float32 variables in parts of 4 MiB (the trainer's), an optimizer "
         "with state, a few push+pull steps of every variable (requests of at most 4 MiB on one "
@@ -269,6 +331,46 @@ def _copies_section(previous: str | None) -> str:
         if inner:
             kept = inner
     return f"## Copies on the hot path\n\n{COPIES_MARKER}\n{kept}\n{COPIES_END}\n"
+
+
+def scaling_png_name(png_name: str) -> str:
+    """The scaling plot's file name, beside the report's plot ``png_name``."""
+    path = Path(png_name)
+    return str(path.with_name(f"{path.stem}-scaling{path.suffix}"))
+
+
+def _scaling_machine(rows: Sequence[dict]) -> str:
+    cores = next((r["cores"] for r in rows if r.get("cores")), None)
+    counts = ", ".join(str(n) for n in dict.fromkeys(r["workers"] for r in rows))
+    where = f"this machine had {cores} usable cores" if cores else "the machine's cores were not recorded"
+    return (f"Worker counts: {counts} ({where}; the counts go 1, 2, 4, 8... up to the usable cores "
+            f"less 2, left to the ps tasks, so 1 and 2 on 2 cores and up to 14 on 16). With more "
+            f"processes than cores, they share the cores: rates then say how the systems degrade, not "
+            f"how they scale.")
+
+
+def _psframe_messages(rows: Sequence[dict]) -> str:
+    """The bytes of each message of a psframe step, per model and ps count in ``rows``."""
+    from benchmarks.scaling import request_plan
+
+    cases = dict.fromkeys((r["model"], r["ps_tasks"]) for r in rows if r["system"] == "psframe")
+    lines = []
+    for model, ps_tasks in cases:
+        plan = request_plan(model, ps_tasks)
+        sizes = ", ".join(f"{count} x {n:,}" for n, count in _runs(plan))
+        lines.append(f"- {model}, {ps_tasks} ps: {len(plan)} message(s) per step, bytes each way: {sizes}")
+    return "psframe's messages per async step (from its step plan):\n\n" + "\n".join(lines) if lines else ""
+
+
+def _runs(values: Sequence[int]) -> list[tuple[int, int]]:
+    """``(value, count)`` of each run of equal neighbours, in order."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return [(v, n) for v, n in runs]
 
 
 def render_markdown(results: dict, png_name: str, previous: str | None = None) -> str:
@@ -298,12 +400,18 @@ def render_markdown(results: dict, png_name: str, previous: str | None = None) -
         "- versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
         "",
     ]
-    for section in ("raw", "transport", "training", "memory"):
+    for section in REPORT_SECTIONS:
         rows = results.get(section)
         parts.append(f"## {TITLES[section]}\n")
         if section in results.get("errors", {}):
             parts.append(f"**Failed:** {results['errors'][section]}\n")
-        if rows:
+        if rows and section == "scaling":
+            parts += [_INTROS[section], "", _scaling_machine(rows), "", TABLES[section](rows), "",
+                      _psframe_messages(rows), "",
+                      f"![throughput against workers]({scaling_png_name(png_name)})\n",
+                      "Global steps/s (raw_echo: round trips/s) against workers, one line per system "
+                      "and ps count, one panel per model (both axes logarithmic).\n"]
+        elif rows:
             parts += [_INTROS[section], "", TABLES[section](rows), ""]
         elif section in results.get("skipped", ()):
             parts.append("Skipped (`--skip`).\n")
@@ -378,17 +486,55 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_scaling(rows: Sequence[dict], path: Path) -> None:
+    """Write the scaling PNG: global steps/s (echo: round trips/s) against workers,
+    one line per system and ps count, one panel per model (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows)) or ["(not run)"]
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        mine = [r for r in rows if r["model"] == model and r["global_steps_per_sec"] == r["global_steps_per_sec"]]
+        for system, ps_tasks in dict.fromkeys((r["system"], r["ps_tasks"]) for r in mine):
+            points = sorted((r["workers"], r["global_steps_per_sec"]) for r in mine
+                            if (r["system"], r["ps_tasks"]) == (system, ps_tasks))
+            label = f"{system} (trips/s)" if system == "raw_echo" else f"{system}, {ps_tasks} ps"
+            ax.plot([p[0] for p in points], [p[1] for p in points], "--" if system == "raw_echo" else "-",
+                    marker="o", label=label)
+        counts = sorted({r["workers"] for r in mine})
+        if counts:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(counts, [str(n) for n in counts])
+            ax.set_yscale("log")  # the echo's trips/s and a large model's steps/s differ by 100x
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel("workers (echo: clients)")
+        ax.set_ylabel("global steps/s (echo: round trips/s)")
+        ax.set_title(model)
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_report(results: dict, out: Path) -> tuple[Path, Path]:
-    """Write the markdown report to ``out`` and its plot beside it.
+    """Write the markdown report to ``out`` and its plot beside it, and the
+    scaling plot (:func:`scaling_png_name`) when the scaling section has rows.
 
     Returns:
-        The paths of the report and of the PNG.
+        The paths of the report and of the (first) PNG.
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     png = out.with_suffix(".png")
     previous = out.read_text() if out.exists() else None
     plot(results, png)
+    if results.get("scaling"):
+        plot_scaling(results["scaling"], out.parent / scaling_png_name(png.name))
     out.write_text(render_markdown(results, png.name, previous))
     return out, png
 

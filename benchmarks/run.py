@@ -4,11 +4,13 @@
 
 Sections, in the order they run: ``raw`` (the raw gRPC ceiling), ``transport``
 (psframe push+pull), ``memory`` (ps memory), ``training`` (psframe against
-torch.distributed.rpc, DDP and one process; from :mod:`benchmarks.training`).
+torch.distributed.rpc, DDP and one process; from :mod:`benchmarks.training`),
+``scaling`` (throughput and the servers' CPU per request against the number of
+workers; from :mod:`benchmarks.scaling`).
 A section that fails is reported (in the report and on stderr) and the others
 still run; the exit code is then 1. ``--quick`` is a smoke test: 4 KiB and
-320 KiB only, few repeats, one small memory case, training's quick mode on
-``mnist_mlp`` only.
+320 KiB only, few repeats, one small memory case, training's and scaling's
+quick modes on ``mnist_mlp`` only (scaling with 1 and 2 workers).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path  # noqa: E402
 
 from benchmarks.common import ROOT, Settings, single_thread  # noqa: E402
 
-SECTIONS = ("raw", "transport", "memory", "training")
+SECTIONS = ("raw", "transport", "memory", "training", "scaling")
 TRAINING_MODELS = ("mnist_mlp", "large_mlp")
 # Training runs every system this many times per model, interleaved (the
 # median run is reported): other work on the machine that comes and goes then
@@ -62,12 +64,25 @@ def run_training(quick: bool, timeout: float) -> list[dict]:
                                         repeats=1 if quick else TRAINING_REPEATS))
 
 
+def run_scaling(quick: bool, timeout: float) -> list[dict]:
+    """``benchmarks.scaling.run_scaling_benchmarks`` (imported only when run)."""
+    try:
+        from benchmarks.scaling import MODEL_NAMES, run_scaling_benchmarks
+    except ModuleNotFoundError as e:
+        if e.name not in ("benchmarks.scaling", "benchmarks"):
+            raise
+        raise SectionUnavailable(
+            "benchmarks.scaling is not available (no module benchmarks.scaling); run with --skip scaling"
+        ) from e
+    return run_scaling_benchmarks(MODEL_NAMES[:1] if quick else MODEL_NAMES, quick=quick, timeout=timeout)
+
+
 def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
     """Run the sections not in ``skip``; print each table as soon as it is done.
 
     Returns:
         The results for :func:`benchmarks.report.write_report`: ``raw``,
-        ``transport``, ``memory``, ``training`` (row lists, None if not run),
+        ``transport``, ``memory``, ``training``, ``scaling`` (row lists, None if not run),
         ``errors`` (section -> message), ``skipped``, ``command``, ``date``,
         ``seconds``, ``quick``, ``settings``, ``load_before``, ``load_after``
         (the 1/5/15-minute load averages: other work on the machine skews the numbers).
@@ -110,7 +125,11 @@ def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
     def training() -> list[dict]:
         return run_training(quick, timeout)
 
-    for section, run in (("raw", raw), ("transport", transport), ("memory", memory), ("training", training)):
+    def scaling() -> list[dict]:
+        return run_scaling(quick, timeout)
+
+    for section, run in (("raw", raw), ("transport", transport), ("memory", memory), ("training", training),
+                         ("scaling", scaling)):
         if section in skip:
             continue
         t = time.monotonic()
@@ -154,11 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks; 0 if every section that ran succeeded, else 1."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="smoke test: small sizes, few repeats, training quick mode on mnist_mlp")
+                        help="smoke test: small sizes, few repeats, training and scaling quick modes on mnist_mlp")
     parser.add_argument("--skip", type=parse_skip, default=set(),
                         help=f"comma-separated sections not to run: {','.join(SECTIONS)}")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md",
-                        help="the report to write (the plot goes beside it, as .png)")
+                        help="the report to write (the plots go beside it: .png and -scaling.png)")
     parser.add_argument("--timeout", type=float, default=1200.0,
                         help="deadline of each section in seconds (training's timeout too)")
     args = parser.parse_args(argv)
@@ -170,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks import report
 
     md, png = report.write_report(results, args.out)
-    print(f"[bench] wrote {md} and {png} in {results['seconds']:.0f} s", file=sys.stderr)
+    scaling_png = f" and {md.parent / report.scaling_png_name(png.name)}" if results.get("scaling") else ""
+    print(f"[bench] wrote {md}, {png}{scaling_png} in {results['seconds']:.0f} s", file=sys.stderr)
     if results["errors"]:
         print(f"[bench] failed sections: {', '.join(results['errors'])}", file=sys.stderr)
         return 1

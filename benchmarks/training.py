@@ -387,39 +387,45 @@ def _common_flags(model: str, steps: int, warmup: int) -> list[str]:
     return [f"--model={model}", f"--steps={steps}", f"--warmup={warmup}"]
 
 
-def _run_psframe(model: str, sync: bool, steps: int, warmup: int, deadline: float,
-                 extra_flags: Sequence[str] = ()) -> dict:
-    ports = _free_ports(1 + NUM_WORKERS)
+def run_psframe_processes(model: str, sync: bool, steps: int, warmup: int, deadline: float,
+                 extra_flags: Sequence[str] = (), *, num_workers: int = NUM_WORKERS, num_ps: int = 1) -> dict:
+    """``num_ps`` ps tasks and ``num_workers`` workers of :mod:`benchmarks.train_psframe`
+    (children ``ps0``..., ``worker0``...); the chief times the global steps."""
+    ports = _free_ports(num_ps + num_workers)
     hosts = [f"127.0.0.1:{p}" for p in ports]
     timeout = max(10.0, deadline - time.monotonic())
     with tempfile.TemporaryDirectory(prefix="psframe-barrier-") as barrier:
-        flags = [f"--ps_hosts={hosts[0]}", f"--worker_hosts={','.join(hosts[1:])}",
+        flags = [f"--ps_hosts={','.join(hosts[:num_ps])}", f"--worker_hosts={','.join(hosts[num_ps:])}",
                  *_common_flags(model, steps, warmup), f"--barrier_dir={barrier}",
                  f"--timeout={timeout:.0f}", "--log_level=INFO", *(["--sync"] if sync else []), *extra_flags]
-        tasks = [("ps0", _python_module("benchmarks.train_psframe", *flags, "--job_name=ps", "--task_index=0"))]
+        tasks = [(f"ps{i}", _python_module("benchmarks.train_psframe", *flags, "--job_name=ps",
+                                           f"--task_index={i}")) for i in range(num_ps)]
         tasks += [(f"worker{i}", _python_module("benchmarks.train_psframe", *flags, "--job_name=worker",
-                                                f"--task_index={i}")) for i in range(NUM_WORKERS)]
+                                                f"--task_index={i}")) for i in range(num_workers)]
         results = run_processes(tasks, deadline)
     chief = results["worker0"]
-    workers = [results[f"worker{i}"] for i in range(NUM_WORKERS)]
+    workers = [results[f"worker{i}"] for i in range(num_workers)]
     return _row(chief, workers, chief["global_steps_per_sec"], chief["timed_global_steps"], results,
-                samples_per_step=BATCH_SIZE * (NUM_WORKERS if sync else 1), processes=1 + NUM_WORKERS,
+                samples_per_step=BATCH_SIZE * (num_workers if sync else 1), processes=num_ps + num_workers,
                 dropped_steps=sum(w["dropped_steps"] for w in workers))
 
 
-def _run_rpc(model: str, sync: bool, steps: int, warmup: int, deadline: float) -> dict:
+def run_rpc_processes(model: str, sync: bool, steps: int, warmup: int, deadline: float, *,
+             num_workers: int = NUM_WORKERS) -> dict:
+    """The RPC ps (child ``ps``) and ``num_workers`` trainers of :mod:`benchmarks.baseline_rpc_ps`;
+    the ps times its updates."""
     (port,) = _free_ports(1)
     timeout = max(10.0, deadline - time.monotonic())
-    flags = [f"--port={port}", f"--num_trainers={NUM_WORKERS}", *_common_flags(model, steps, warmup),
+    flags = [f"--port={port}", f"--num_trainers={num_workers}", *_common_flags(model, steps, warmup),
              f"--timeout={timeout:.0f}", *(["--sync"] if sync else [])]
     tasks = [(("ps" if rank == 0 else f"trainer{rank - 1}"),
               _python_module("benchmarks.baseline_rpc_ps", *flags, f"--rank={rank}"))
-             for rank in range(1 + NUM_WORKERS)]
+             for rank in range(1 + num_workers)]
     results = run_processes(tasks, deadline)
     ps = results["ps"]
-    return _row(ps, [results[f"trainer{i}"] for i in range(NUM_WORKERS)], ps["global_steps_per_sec"],
-                ps["timed_global_steps"], results, samples_per_step=BATCH_SIZE * (NUM_WORKERS if sync else 1),
-                processes=1 + NUM_WORKERS)
+    return _row(ps, [results[f"trainer{i}"] for i in range(num_workers)], ps["global_steps_per_sec"],
+                ps["timed_global_steps"], results, samples_per_step=BATCH_SIZE * (num_workers if sync else 1),
+                processes=1 + num_workers)
 
 
 def _run_ddp(model: str, steps: int, warmup: int, deadline: float) -> dict:
@@ -472,11 +478,12 @@ def run_system(system: str, model: str, mode: str, steps: int, warmup: int, dead
     started = time.monotonic()
     busy_before, mine_before = _busy_cpu_seconds(), _children_cpu_seconds()
     if system == "psframe":
-        measured = _run_psframe(model, mode == "sync", steps, warmup, deadline)
+        measured = run_psframe_processes(model, mode == "sync", steps, warmup, deadline)
     elif system == "psframe_bf16":
-        measured = _run_psframe(model, mode == "sync", steps, warmup, deadline, ["--wire_dtype=bfloat16"])
+        measured = run_psframe_processes(model, mode == "sync", steps, warmup, deadline,
+                                         ["--wire_dtype=bfloat16"])
     elif system == "torch_rpc_ps":
-        measured = _run_rpc(model, mode == "sync", steps, warmup, deadline)
+        measured = run_rpc_processes(model, mode == "sync", steps, warmup, deadline)
     elif system == "ddp_gloo":
         measured = _run_ddp(model, steps, warmup, deadline)
     elif system == "single_process":
@@ -517,6 +524,19 @@ def _other_load(busy_before: float | None, mine_before: float, seconds: float) -
         return None
     mine = _children_cpu_seconds() - mine_before
     return round(max(0.0, (busy_after - busy_before - mine) / seconds), 2)
+
+
+def load_mark() -> tuple[float | None, float, float]:
+    """Where the machine's busy CPU time and this process's reaped children's stand now,
+    and when: pass it to :func:`other_load_since` once the work is done."""
+    return _busy_cpu_seconds(), _children_cpu_seconds(), time.monotonic()
+
+
+def other_load_since(mark: tuple[float | None, float, float]) -> float | None:
+    """Cores kept busy by work other than this process's children since ``mark``
+    (:func:`load_mark`), on average; None where it cannot be told."""
+    busy_before, mine_before, started = mark
+    return _other_load(busy_before, mine_before, time.monotonic() - started)
 
 
 def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), quick: bool = False,

@@ -1,5 +1,6 @@
 """Smoke test of the benchmark suite: ``python -m benchmarks.run --quick`` runs
-end to end, prints every table and writes the report and its plot.
+end to end, prints every table and writes the report and its plots (the
+scaling section in a test of its own).
 
 No timing is asserted: speed goals live in benchmarks/, never in tests.
 """
@@ -20,18 +21,23 @@ TIMEOUT_S = 300
 SECTION_TIMEOUT_S = 120  # each section's own deadline, well inside TIMEOUT_S
 
 
+def _run_quick(out: Path, *flags: str) -> subprocess.CompletedProcess:
+    """``python -m benchmarks.run --quick`` writing ``out``; fails the test on a timeout."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        return subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out),
+                               "--timeout", str(SECTION_TIMEOUT_S), *flags],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:  # subprocess.run kills the child (by PID) first
+        pytest.fail(f"benchmarks.run --quick took over {TIMEOUT_S}s; stderr:\n{e.stderr}")
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(TIMEOUT_S + 30)
 def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
     out = tmp_path / "benchmarks.md"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    try:
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out),
-                               "--timeout", str(SECTION_TIMEOUT_S)],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:  # subprocess.run kills the child (by PID) first
-        pytest.fail(f"benchmarks.run --quick took over {TIMEOUT_S}s; stderr:\n{e.stderr}")
+    proc = _run_quick(out, "--skip", "scaling")  # scaling: its own test below
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
     stdout = proc.stdout
 
@@ -158,3 +164,121 @@ def test_throughput_ratios_pair_the_runs_of_each_repeat():
     assert paired_ratio({"global_steps_per_sec": 3.0, "samples_per_sec": 300.0},
                         {"global_steps_per_sec": 2.0, "samples_per_sec": 200.0}) == pytest.approx(1.5)
     assert paired_ratio(psframe, {}) is None
+
+
+# ---------------------------------------------------------------- scaling
+
+
+def _cell(text: str) -> float:
+    return float(text.replace(",", "").rstrip("x"))
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(TIMEOUT_S + 30)
+def test_quick_scaling_section_runs_every_system_and_computes_the_ratios(tmp_path):
+    out = tmp_path / "benchmarks.md"
+    proc = _run_quick(out, "--skip", "raw,transport,memory,training")
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
+    rows = table_rows(proc.stdout, TITLES["scaling"])
+    # model, system, ps tasks, workers, steps/s, vs rpc, per worker, requests/step, size, CPU ms, vs echo, load
+    assert {(r[1], r[2], r[3]) for r in rows} == {
+        (system, ps, n) for n in ("1", "2")
+        for system, ps in (("psframe", "1"), ("psframe", "2"), ("torch_rpc_ps", "1"), ("raw_echo", "1"))
+    }, proc.stdout
+    for r in rows:
+        assert r[0] == "mnist_mlp" and _cell(r[4]) > 0, r
+        assert _cell(r[9]) > 0, r  # the server's CPU in the window was measured
+        if r[1] == "psframe":
+            assert r[5].endswith("x") and r[10].endswith("x"), r  # both ratios computed
+            assert r[7] == r[2], r  # the MNIST MLP: one message per ps task per step
+        elif r[1] == "torch_rpc_ps":
+            assert r[5] == "-" and r[10].endswith("x"), r
+        else:
+            assert r[5] == "-" and r[10] == "-", r
+    report = out.read_text()
+    assert f"## {TITLES['scaling']}" in report
+    assert "(benchmarks-scaling.png)" in report and "usable cores" in report
+    png = out.with_name("benchmarks-scaling.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_worker_counts_double_up_to_the_cores_left_beside_the_ps():
+    from benchmarks.scaling import worker_counts
+
+    assert worker_counts(1) == [1, 2]
+    assert worker_counts(2) == [1, 2]
+    assert worker_counts(4) == [1, 2]
+    assert worker_counts(8) == [1, 2, 4, 6]
+    assert worker_counts(10) == [1, 2, 4, 8]
+    assert worker_counts(16) == [1, 2, 4, 8, 14]
+
+
+def test_request_plan_sends_every_byte_in_messages_of_at_most_4_mib():
+    from benchmarks.scaling import echo_payload, model_bytes, request_plan
+
+    assert model_bytes("mnist_mlp") == 318_040
+    assert request_plan("mnist_mlp", 1) == [318_040]
+    assert len(request_plan("mnist_mlp", 2)) == 2  # one message per ps task
+    for num_ps in (1, 2):
+        plan = request_plan("large_mlp", num_ps)
+        assert sum(plan) == model_bytes("large_mlp") and max(plan) <= 4 * 2**20, plan
+        assert len(plan) >= -(-model_bytes("large_mlp") // (4 * 2**20))
+    assert echo_payload("mnist_mlp") == 318_040
+    assert echo_payload("large_mlp") == round(model_bytes("large_mlp") / len(request_plan("large_mlp", 1)))
+
+
+def test_scaling_ratios_compare_with_the_rpc_ps_and_the_echo_per_byte():
+    from benchmarks import report
+    from benchmarks.scaling import add_ratios
+
+    def row(system, ps_tasks, rate, cpu_ms, request_bytes, workers=1):
+        return {"model": "mnist_mlp", "system": system, "ps_tasks": ps_tasks, "workers": workers,
+                "global_steps_per_sec": rate, "server_cpu_ms_per_request": cpu_ms,
+                "request_bytes": request_bytes, "requests_per_step": 1, "per_worker_steps_per_sec": [rate]}
+
+    rows = add_ratios([row("psframe", 1, 300.0, 0.6, 1000), row("psframe", 2, 200.0, 0.3, 500),
+                       row("torch_rpc_ps", 1, 150.0, float("nan"), 1000), row("raw_echo", 1, 900.0, 0.5, 1000),
+                       row("psframe", 1, 100.0, 1.0, 1000, workers=2)])
+    one_ps, two_ps, rpc, echo, other_n = rows
+    assert one_ps["vs_torch_rpc_ps"] == pytest.approx(2.0) and one_ps["cpu_vs_raw_echo"] == pytest.approx(1.2)
+    # Half the bytes per request: the echo's CPU per trip is halved too.
+    assert two_ps["cpu_vs_raw_echo"] == pytest.approx(1.2)
+    assert rpc["vs_torch_rpc_ps"] is None and rpc["cpu_vs_raw_echo"] is None  # not measured: no ratio
+    assert echo["vs_torch_rpc_ps"] is None and echo["cpu_vs_raw_echo"] is None
+    assert other_n["vs_torch_rpc_ps"] is None and other_n["cpu_vs_raw_echo"] is None  # nothing at N = 2
+    table = report.scaling_table(rows)
+    assert "1.20x" in table and "2.00x" in table
+
+
+def test_a_system_is_one_entry_and_a_failed_run_costs_only_its_row():
+    from benchmarks import scaling
+
+    calls = []
+
+    def fake_run(case, deadline):
+        calls.append((case.workers, case.ps_tasks))
+        if case.ps_tasks == 3:
+            raise RuntimeError("ps2 died")
+        return {"global_steps_per_sec": 10.0 * case.workers, "per_worker_steps_per_sec": [10.0] * case.workers,
+                "steps": 20, "seconds": 1.0, "window_rates": [], "requests_per_step": case.ps_tasks,
+                "request_bytes": 100.0, "requests": 20 * case.ps_tasks, "server_cpu_seconds": 0.02 * case.ps_tasks,
+                "processes": case.workers + case.ps_tasks}
+
+    systems = (scaling.System("new_ps", (1, 3), fake_run),)
+    rows = scaling.run_scaling_benchmarks(["mnist_mlp"], quick=True, timeout=60, workers=[1, 4], systems=systems)
+    assert calls == [(1, 1), (1, 3), (4, 1), (4, 3)]
+    assert [(r["system"], r["workers"], r["ps_tasks"]) for r in rows] == [
+        ("new_ps", 1, 1), ("new_ps", 1, 3), ("new_ps", 4, 1), ("new_ps", 4, 3)]
+    assert rows[0]["server_cpu_ms_per_request"] == pytest.approx(1.0)
+    assert "ps2 died" in rows[1]["error"] and "error" not in rows[2]
+    with pytest.raises(ValueError, match="worker counts"):
+        scaling.run_scaling_benchmarks(["mnist_mlp"], workers=[0], systems=systems)
+
+
+def test_echo_trips_are_counted_in_the_window_all_clients_timed():
+    from benchmarks.scaling import common_window, trips_in_window
+
+    window = common_window([[1.0, 5.0], [2.0, 6.0]])
+    assert window == [2.0, 5.0]
+    assert trips_in_window([1.5, 2.0, 2.5, 4.0, 5.0, 5.5], window) == 3
+    assert common_window([[1.0, 2.0], [3.0, 4.0]]) is None
