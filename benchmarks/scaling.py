@@ -10,6 +10,9 @@ system          ps tasks  what runs
 psframe         1 and 2   N workers of :mod:`benchmarks.train_psframe`; a worker
                           pushes its gradients and pulls the parameters on one
                           PushPull stream per ps task.
+psframe_kK      1         the same, with the ps task served from K processes
+                          (:mod:`psframe.ps.serving`; K = a quarter of the
+                          cores, 2 to 4): its server CPU counts them all.
 torch_rpc_ps    1         N trainers of :mod:`benchmarks.baseline_rpc_ps`: one
                           ``rpc_sync`` per step carries the whole model each way.
 raw_echo        1         N clients of the raw gRPC echo server
@@ -43,6 +46,7 @@ the same model and N (:func:`add_ratios`). A system is one entry of
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -69,6 +73,9 @@ ECHO_SECONDS = 2.0
 QUICK_ECHO_SECONDS = 0.5
 # Cores left to the ps tasks when choosing the largest worker count.
 CORES_FOR_PS = 2
+# The psframe_kN rows serve one ps task from this many processes: a quarter of the cores, 2 to 4.
+SERVING_PROCESSES = max(2, min(4, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                   else os.cpu_count() or 1) // 4))
 BASELINE = "torch_rpc_ps"  # throughput is compared with this system's
 CEILING = "raw_echo"  # CPU per request is compared with this system's
 
@@ -234,6 +241,9 @@ def trips_in_window(times: Sequence[float], window: Sequence[float]) -> int:
 # that the rows compared meet the same load. Another system is one more entry.
 SYSTEMS: tuple[System, ...] = (
     System("psframe", (1, 2), run_psframe),
+    # One ps task served from SERVING_PROCESSES processes (psframe.ps.serving).
+    System(f"psframe_k{SERVING_PROCESSES}", (1,),
+           functools.partial(run_psframe, extra_flags=[f"--serving_processes={SERVING_PROCESSES}"])),
     System("torch_rpc_ps", (1,), run_rpc),
     System("raw_echo", (1,), run_echo),
 )

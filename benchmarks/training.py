@@ -308,12 +308,24 @@ def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float) -> di
 
 
 def _sample_cpu(child: _Child, trace: list[list[float]]) -> None:
-    """Append ``[now, CPU seconds so far]`` of a running child (nothing once it is gone)."""
+    """Append ``[now, CPU seconds so far]`` of a running child and the processes it started
+    (a ps task's serving processes), nothing once it is gone."""
     try:
-        times = psutil.Process(child.proc.pid).cpu_times()
+        process = psutil.Process(child.proc.pid)
+        total = _cpu_seconds(process)
+        for descendant in process.children(recursive=True):
+            try:
+                total += _cpu_seconds(descendant)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                continue  # ended between the listing and the reading
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return
-    trace.append([time.perf_counter(), times.user + times.system])
+    trace.append([time.perf_counter(), total])
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def cpu_in_window(trace: Sequence[Sequence[float]], window: Sequence[float]) -> float | None:
