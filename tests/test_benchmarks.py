@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.report import COPIES_MARKER, TITLES, TRAINING_SYSTEMS, table_rows
+from benchmarks.scaling import SERVING_PROCESSES
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300
@@ -181,14 +182,16 @@ def test_quick_scaling_section_runs_every_system_and_computes_the_ratios(tmp_pat
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
     rows = table_rows(proc.stdout, TITLES["scaling"])
     # model, system, ps tasks, workers, steps/s, vs rpc, per worker, requests/step, size, CPU ms, vs echo, load
+    serving = f"psframe_k{SERVING_PROCESSES}"
     assert {(r[1], r[2], r[3]) for r in rows} == {
         (system, ps, n) for n in ("1", "2")
-        for system, ps in (("psframe", "1"), ("psframe", "2"), ("torch_rpc_ps", "1"), ("raw_echo", "1"))
+        for system, ps in (("psframe", "1"), ("psframe", "2"), (serving, "1"), ("torch_rpc_ps", "1"),
+                           ("raw_echo", "1"))
     }, proc.stdout
     for r in rows:
         assert r[0] == "mnist_mlp" and _cell(r[4]) > 0, r
         assert _cell(r[9]) > 0, r  # the server's CPU in the window was measured
-        if r[1] == "psframe":
+        if r[1] in ("psframe", serving):
             assert r[5].endswith("x") and r[10].endswith("x"), r  # both ratios computed
             assert r[7] == r[2], r  # the MNIST MLP: one message per ps task per step
         elif r[1] == "torch_rpc_ps":
