@@ -227,3 +227,16 @@ def test_serving_processes_are_checked():
         psframe.Server(cluster, "ps", 0, serving_processes=0, start=False)
     with pytest.raises(ValueError, match="applies to ps tasks"):
         psframe.Server(cluster, "worker", 0, serving_processes=2, start=False)
+
+
+def test_a_port_in_use_leaves_no_shared_memory_behind(multi_ps):
+    cluster, server = multi_ps(1, processes=2)
+    base = os.path.dirname(server._shared.folder)
+
+    def mine() -> set[str]:  # the shared folders of this process's tasks
+        return {name for name in os.listdir(base) if name.startswith(f"psframe-ps-{os.getpid()}-")}
+
+    before = mine()
+    with pytest.raises(psframe.errors.PortInUseError, match="another ps task served from several processes"):
+        psframe.Server(cluster, "ps", 0, serving_processes=2)  # the task of multi_ps holds the port
+    assert mine() == before

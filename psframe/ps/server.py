@@ -11,7 +11,7 @@ from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import PsframeError
 from psframe.ps.service import ParameterServerService
 from psframe.ps.serving import ServingProcesses
-from psframe.ps.shared import SharedMemory
+from psframe.ps.shared import PortLock, SharedMemory
 from psframe.ps.task_service import TaskService
 from psframe.wire.transport import RpcServer
 
@@ -91,8 +91,19 @@ class Server:
         self._rpc = RpcServer(self.service.handlers(), name=self.task_name, max_threads=threads,
                               share_port=serving_processes > 1)
         bind = bind_address or self.address
-        parse_address(bind)
-        self._rpc.bind(bind)
+        self._port_lock: PortLock | None = None
+        try:
+            _, port = parse_address(bind)
+            if serving_processes > 1:
+                # SO_REUSEPORT lets any process of this user listen beside us: take the port first.
+                self._port_lock = PortLock(port, self.task_name)
+            self._rpc.bind(bind)
+        except BaseException:
+            if self._shared is not None:
+                self._shared.close()  # nothing else holds the folder yet
+            if self._port_lock is not None:
+                self._port_lock.release()
+            raise
         self._serving: ServingProcesses | None = None
         if serving_processes > 1:
             # The other serving processes reach this one on a private loopback port.
@@ -165,6 +176,8 @@ class Server:
             self.service.close()
             if self._shared is not None:
                 self._shared.close()
+            if self._port_lock is not None:
+                self._port_lock.release()
 
     def __enter__(self) -> Server:
         return self

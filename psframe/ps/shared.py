@@ -35,6 +35,7 @@ from typing import Any
 import numpy
 import torch
 
+from psframe.errors import PortInUseError
 from psframe.optim import OptimizerSpec
 from psframe.wire.codec import dtype_from_name, dtype_name
 
@@ -94,6 +95,31 @@ class SharedLock:
         self._depth = depth
 
     def close(self) -> None:
+        os.close(self._fd)
+
+
+class PortLock:
+    """A port this process's task serves from several processes, held against other such tasks.
+
+    Tasks that listen with ``SO_REUSEPORT`` could otherwise share a port
+    unnoticed; a task of one process cannot (its socket refuses to share).
+    The lock is a ``flock`` on a file named after the port: it ends with the process.
+
+    Raises:
+        PortInUseError: another task of several processes on this host holds the port.
+    """
+
+    def __init__(self, port: int, task_name: str) -> None:
+        self._fd = os.open(os.path.join(tempfile.gettempdir(), f"psframe-port-{port}.lock"), os.O_RDWR | os.O_CREAT,
+                           0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise PortInUseError(f"{task_name} cannot listen on port {port}: another ps task served from "
+                                 f"several processes on this host holds it") from None
+
+    def release(self) -> None:
         os.close(self._fd)
 
 
