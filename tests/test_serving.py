@@ -70,36 +70,61 @@ def _connections_by_process(server: psframe.Server) -> dict[int, int]:
     return counts
 
 
+class Workers:
+    """``num_workers`` workers' clients, each on a connection of its own, pushing to one variable ``w``."""
+
+    def __init__(self, cluster: psframe.ClusterSpec, start: torch.Tensor) -> None:
+        self.start = start
+        self.slot = Slot(Shard("w", "w", 0, 0, start.numel(), tuple(start.shape), start.nbytes), start)
+        self.clients = {i: PsClient(cluster, i, rpc_timeout=DEADLINE_S) for i in range(cluster.num_workers)}
+        for client in self.clients.values():
+            client.wait_for_ps(DEADLINE_S)
+
+    def create(self, optimizer, checkpoint_dir: str | None = None) -> bool:
+        return self.clients[0].create(0, [self.slot], [("w", self.start)], optimizer, None, checkpoint_dir)
+
+    def push(self, grad_of, pushes: int) -> None:
+        """Every worker pushes ``grad_of(worker)`` ``pushes`` times, all at once."""
+        request = Request(0, (self.slot,), (self.slot,), True)
+        run_workers({i: (lambda i=i, client=client: [client.push_pull([(request, [("w", grad_of(i))])], step=0)
+                                                     for _ in range(pushes)]) for i, client in self.clients.items()})
+
+    def value(self) -> torch.Tensor:
+        (reply,) = self.clients[0].push_pull([(Request(0, (), (self.slot,), False), [])], step=0, compress=False)
+        return reply.values[0].clone()
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+
+
+def local_steps(optimizer, start: torch.Tensor, grad: torch.Tensor, steps: int) -> torch.Tensor:
+    reference = start.clone().requires_grad_(True)
+    local = optimizer.build([reference])
+    for _ in range(steps):
+        reference.grad = grad.clone()
+        local.step()
+    return reference.detach()
+
+
 def test_every_push_through_any_serving_process_is_applied_exactly_once(multi_ps):
     # 12 workers' connections spread over 3 processes: that none reaches a
     # serving process has odds of 3**-12.
     num_workers, pushes = 12, 20
     cluster, server = multi_ps(num_workers)
-    value = torch.zeros(64)
-    slot = Slot(Shard("w", "w", 0, 0, 64, (64,), value.nbytes), value)
-    request = Request(0, (slot,), (slot,), True)
-    clients = {i: PsClient(cluster, i, rpc_timeout=DEADLINE_S) for i in range(num_workers)}
+    workers = Workers(cluster, torch.zeros(64))
     try:
-        for client in clients.values():
-            client.wait_for_ps(DEADLINE_S)
         by_process = _connections_by_process(server)
         assert sum(by_process.values()) == num_workers
         assert sum(by_process[pid] for pid in server._serving.pids) > 0, by_process
-        assert clients[0].create(0, [slot], [("w", value)], psframe.optim.SGD(lr=LR), None, None)
-
-        def push(i):
-            grad = torch.full((64,), float(i + 1))
-            for _ in range(pushes):
-                clients[i].push_pull([(request, [("w", grad)])], step=0)
-
-        run_workers({i: (lambda i=i: push(i)) for i in range(num_workers)})
-        infos = [clients[i].get_info(0) for i in range(num_workers)]  # over each worker's own connection
-        (reply,) = clients[0].push_pull([(Request(0, (), (slot,), False), [])], step=0, compress=False)
+        assert workers.create(psframe.optim.SGD(lr=LR))
+        workers.push(lambda i: torch.full((64,), float(i + 1)), pushes)
+        infos = [client.get_info(0) for client in workers.clients.values()]  # over each worker's connection
+        value = workers.value()
     finally:
-        for client in clients.values():
-            client.close()
+        workers.close()
     total = pushes * sum(range(1, num_workers + 1))
-    assert torch.equal(reply.values[0], torch.full((64,), -LR * total))
+    assert torch.equal(value, torch.full((64,), -LR * total))
     assert {(info.global_step, info.pushes) for info in infos} == {(num_workers * pushes, num_workers * pushes)}
 
 
@@ -112,30 +137,15 @@ def test_optimizer_state_is_one_across_the_serving_processes(multi_ps, optimizer
     cluster, server = multi_ps(num_workers)
     torch.manual_seed(3)
     start, grad = torch.randn(32), torch.randn(32)
-    slot = Slot(Shard("w", "w", 0, 0, 32, (32,), start.nbytes), start)
-    request = Request(0, (slot,), (slot,), True)
-    clients = {i: PsClient(cluster, i, rpc_timeout=DEADLINE_S) for i in range(num_workers)}
+    workers = Workers(cluster, start)
     try:
-        for client in clients.values():
-            client.wait_for_ps(DEADLINE_S)
         assert sum(_connections_by_process(server)[pid] for pid in server._serving.pids) > 0
-        clients[0].create(0, [slot], [("w", start)], optimizer, None, None)
-
-        def push(i):
-            for _ in range(pushes):
-                clients[i].push_pull([(request, [("w", grad)])], step=0)
-
-        run_workers({i: (lambda i=i: push(i)) for i in range(num_workers)})
-        (reply,) = clients[0].push_pull([(Request(0, (), (slot,), False), [])], step=0, compress=False)
+        workers.create(optimizer)
+        workers.push(lambda i: grad, pushes)
+        value = workers.value()
     finally:
-        for client in clients.values():
-            client.close()
-    reference = start.clone().requires_grad_(True)
-    local = optimizer.build([reference])
-    for _ in range(num_workers * pushes):
-        reference.grad = grad.clone()
-        local.step()
-    assert torch.equal(reply.values[0], reference.detach())
+        workers.close()
+    assert torch.equal(value, local_steps(optimizer, start, grad, num_workers * pushes))
 
 
 def test_a_restarted_task_restores_and_shares_its_optimizer_state(tmp_path):
@@ -145,39 +155,26 @@ def test_a_restarted_task_restores_and_shares_its_optimizer_state(tmp_path):
     cluster = free_cluster(1, num_workers)
     torch.manual_seed(4)
     start, grad = torch.randn(16), torch.randn(16)
-    slot = Slot(Shard("w", "w", 0, 0, 16, (16,), start.nbytes), start)
-    request = Request(0, (slot,), (slot,), True)
     optimizer = psframe.optim.Adam(lr=0.01)
     url = str(tmp_path / "ckpt")
 
     def run_pushes(create: bool) -> torch.Tensor:
         server = psframe.Server(cluster, "ps", 0, serving_processes=3, checkpoint_dir=url)
-        clients = {i: PsClient(cluster, i, rpc_timeout=DEADLINE_S) for i in range(num_workers)}
+        workers = Workers(cluster, start)
         try:
-            for client in clients.values():
-                client.wait_for_ps(DEADLINE_S)
             if create:
-                clients[0].create(0, [slot], [("w", start)], optimizer, None, url)
-            run_workers({i: (lambda i=i: [clients[i].push_pull([(request, [("w", grad)])], step=0)
-                                          for _ in range(pushes)]) for i in range(num_workers)})
-            psframe.checkpoint.save(clients[0], url, clients[0].get_info(0).global_step, keep=2)
-            (reply,) = clients[0].push_pull([(Request(0, (), (slot,), False), [])], step=0, compress=False)
-            return reply.values[0].clone()
+                workers.create(optimizer, url)
+            workers.push(lambda i: grad, pushes)
+            psframe.checkpoint.save(workers.clients[0], url, workers.clients[0].get_info(0).global_step, keep=2)
+            return workers.value()
         finally:
-            for client in clients.values():
-                client.close()
+            workers.close()
             server.stop(grace=0.1)
 
     first = run_pushes(create=True)
     second = run_pushes(create=False)  # restores from the checkpoint on its own
-    reference = start.clone().requires_grad_(True)
-    local = optimizer.build([reference])
-    for n in range(2 * num_workers * pushes):
-        reference.grad = grad.clone()
-        local.step()
-        if n == num_workers * pushes - 1:
-            assert torch.equal(first, reference.detach())
-    assert torch.equal(second, reference.detach())
+    assert torch.equal(first, local_steps(optimizer, start, grad, num_workers * pushes))
+    assert torch.equal(second, local_steps(optimizer, start, grad, 2 * num_workers * pushes))
 
 
 def test_sync_rounds_stay_exact_with_serving_processes(multi_ps):
