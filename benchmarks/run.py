@@ -24,6 +24,7 @@ os.environ["MKL_NUM_THREADS"] = "1"
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import faulthandler  # noqa: E402
+import importlib  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -48,33 +49,34 @@ class SectionUnavailable(RuntimeError):
     """A section's module is not there (yet)."""
 
 
-def run_training(quick: bool, timeout: float) -> list[dict]:
-    """``benchmarks.training.run_training_benchmarks`` (imported only when run)."""
+def _section_module(name: str):
+    """``benchmarks.<name>``, imported only when its section runs.
+
+    Raises:
+        SectionUnavailable: the module is not there (the message says how to skip it).
+    """
     try:
-        from benchmarks.training import run_training_benchmarks
+        return importlib.import_module(f"benchmarks.{name}")
     except ModuleNotFoundError as e:
-        if e.name not in ("benchmarks.training", "benchmarks"):
+        if e.name not in (f"benchmarks.{name}", "benchmarks"):
             raise
         raise SectionUnavailable(
-            "benchmarks.training is not available (no module benchmarks.training); "
-            "run with --skip training"
+            f"benchmarks.{name} is not available (no module benchmarks.{name}); run with --skip {name}"
         ) from e
+
+
+def run_training(quick: bool, timeout: float) -> list[dict]:
+    """``benchmarks.training.run_training_benchmarks``: every model, or the first in quick mode."""
     models = TRAINING_MODELS[:1] if quick else TRAINING_MODELS
-    return list(run_training_benchmarks(models=models, quick=quick, timeout=timeout,
-                                        repeats=1 if quick else TRAINING_REPEATS))
+    return list(_section_module("training").run_training_benchmarks(
+        models=models, quick=quick, timeout=timeout, repeats=1 if quick else TRAINING_REPEATS))
 
 
 def run_scaling(quick: bool, timeout: float) -> list[dict]:
-    """``benchmarks.scaling.run_scaling_benchmarks`` (imported only when run)."""
-    try:
-        from benchmarks.scaling import MODEL_NAMES, run_scaling_benchmarks
-    except ModuleNotFoundError as e:
-        if e.name not in ("benchmarks.scaling", "benchmarks"):
-            raise
-        raise SectionUnavailable(
-            "benchmarks.scaling is not available (no module benchmarks.scaling); run with --skip scaling"
-        ) from e
-    return run_scaling_benchmarks(MODEL_NAMES[:1] if quick else MODEL_NAMES, quick=quick, timeout=timeout)
+    """``benchmarks.scaling.run_scaling_benchmarks``: every model, or the first in quick mode."""
+    scaling = _section_module("scaling")
+    models = scaling.MODEL_NAMES[:1] if quick else scaling.MODEL_NAMES
+    return scaling.run_scaling_benchmarks(models, quick=quick, timeout=timeout)
 
 
 def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:

@@ -90,14 +90,14 @@ class ServingProcesses:
         deadline = time.monotonic() + timeout
         try:
             for index, proc in enumerate(self._procs, start=1):
-                self._wait_listening(index, proc, deadline)
+                self._wait_listening(index, proc, deadline, timeout)
         except BaseException:
             self.stop()
             raise
         log.info("%s: serving from %d processes (pids %s and this one, %d)", self.task_name,
                  len(self._procs) + 1, ", ".join(str(p.pid) for p in self._procs), os.getpid())
 
-    def _wait_listening(self, index: int, proc: subprocess.Popen, deadline: float) -> None:
+    def _wait_listening(self, index: int, proc: subprocess.Popen, deadline: float, timeout: float) -> None:
         lines: list[str] = []
         while time.monotonic() < deadline:
             ready, _, _ = select.select([proc.stdout], [], [], max(0.0, min(0.5, deadline - time.monotonic())))
@@ -115,7 +115,7 @@ class ServingProcesses:
                     f"listened: {' | '.join(lines[-5:]) or 'no output'}"
                 )
         raise PsframeError(f"serving process {index} of {self.task_name} did not listen within "
-                           f"{START_TIMEOUT_S:g}s: {' | '.join(lines[-5:]) or 'no output'}")
+                           f"{timeout:g}s: {' | '.join(lines[-5:]) or 'no output'}")
 
     @property
     def pids(self) -> list[int]:
