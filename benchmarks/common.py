@@ -1,7 +1,9 @@
 """Shared helpers of the benchmark suite: timing, child processes, tables, units.
 
 Only the standard library is imported here, so the raw gRPC echo server
-(:mod:`benchmarks.raw_grpc`) runs in a process without torch or psframe.
+(:mod:`benchmarks.raw_grpc`) runs in a process without torch or psframe, and
+the TensorFlow baseline (:mod:`benchmarks.baseline_tf_ps`) in an environment
+that has neither.
 
 Conventions used by every benchmark:
 
@@ -15,9 +17,11 @@ Conventions used by every benchmark:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -184,6 +188,72 @@ def single_thread() -> None:
     os.environ["MKL_NUM_THREADS"] = "1"
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
+
+
+# ------------------------------------------------- shared by the training children
+
+NUM_WINDOWS = 5  # pieces of a training run's timed window; the median piece's rate is reported
+
+
+def timed_windows(times: Sequence[float], counts: Sequence[int], start_count: int,
+                  num_windows: int = NUM_WINDOWS) -> dict:
+    """Rates over the records from the first one whose count reached ``start_count``.
+
+    Args:
+        times: ``time.perf_counter()`` after each step, in order.
+        counts: the step counter (global or local) at those times.
+        start_count: the count at which warm-up is over.
+        num_windows: how many pieces the timed records are cut into.
+
+    Returns:
+        ``steps_per_sec`` (the median piece's rate), ``window_rates``,
+        ``overall_steps_per_sec``, ``steps`` and ``seconds`` of the whole window,
+        and ``window``: its first and last ``time.perf_counter()``.
+
+    Raises:
+        ValueError: fewer than two records after warm-up.
+    """
+    first = next((i for i, c in enumerate(counts) if c >= start_count), len(counts))
+    t, c = list(times[first:]), list(counts[first:])
+    if len(t) < 2:
+        raise ValueError(f"only {len(t)} step(s) recorded after warm-up (count {start_count}); "
+                         f"{len(counts)} in all: run more steps")
+    pieces = min(num_windows, len(t) - 1)
+    bounds = [round(j * (len(t) - 1) / pieces) for j in range(pieces + 1)]
+    rates = [(c[b] - c[a]) / (t[b] - t[a]) for a, b in zip(bounds, bounds[1:]) if t[b] > t[a]]
+    seconds = t[-1] - t[0]
+    return {
+        "steps_per_sec": statistics.median(rates) if rates else math.nan,
+        "window_rates": [round(r, 2) for r in rates],
+        "overall_steps_per_sec": (c[-1] - c[0]) / seconds if seconds > 0 else math.nan,
+        "steps": c[-1] - c[0],
+        "seconds": seconds,
+        "window": [t[0], t[-1]],
+    }
+
+
+def file_barrier(directory: str, name: str, count: int, timeout: float) -> None:
+    """Wait until ``count`` processes called this with the same ``directory``.
+
+    Raises:
+        TimeoutError: after ``timeout`` seconds, naming who arrived.
+    """
+    path = Path(directory)
+    (path / f"ready-{name}").touch()
+    deadline = time.monotonic() + timeout
+    while True:
+        arrived = sorted(p.name[len("ready-"):] for p in path.glob("ready-*"))
+        if len(arrived) >= count:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"start barrier: {len(arrived)} of {count} processes arrived "
+                               f"({', '.join(arrived)}) after {timeout:g}s")
+        time.sleep(0.01)
+
+
+def emit(result: dict) -> None:
+    """Print the one JSON line the parent reads."""
+    print(json.dumps(result), flush=True)
 
 
 # -------------------------------------------------------------- child processes

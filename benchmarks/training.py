@@ -1,6 +1,6 @@
-"""Training throughput: psframe against torch.distributed baselines, on loopback.
+"""Training throughput: psframe against torch.distributed and TensorFlow baselines, on loopback.
 
-Five systems train the same models on the same fixed synthetic data with
+Six systems train the same models on the same fixed synthetic data with
 plain SGD (lr 0.01), batch 100 per worker, one compute thread per process:
 
 =================  =====  ==========================================================
@@ -18,6 +18,13 @@ torch_rpc_ps       async  1 ps + 2 trainers (:mod:`benchmarks.baseline_rpc_ps`),
                           RPC parameter-server tutorial's design: one ``rpc_sync``
                           per step sends the gradients and returns the parameters;
                           the ps applies them under a lock with ``torch.optim.SGD``.
+tf_ps              async  1 ps + 2 workers of TensorFlow 1.x-style between-graph
+                          replication (:mod:`benchmarks.baseline_tf_ps`,
+                          ``replica_device_setter``, ``GradientDescentOptimizer``):
+                          one ``session.run`` per step reads the variables from
+                          the ps and has the ps apply the gradients. Runs in its
+                          own environment (:mod:`benchmarks.tf_env`); where that
+                          is missing its rows say "unavailable".
 torch_rpc_ps       sync   the batch-RPC tutorial's design: the ps waits for both
                           trainers' gradients, averages, steps once and answers both.
 ddp_gloo           -      2 ranks of ``DistributedDataParallel`` over gloo
@@ -31,7 +38,7 @@ measured, and is killed (by PID) if anything fails or the deadline passes.
 
 Rates are measured after the warm-up steps: the timed window is cut into
 :data:`NUM_WINDOWS` pieces and the median piece's rate is reported.
-``global_steps_per_sec`` counts model updates (at the psframe chief, at the
+``global_steps_per_sec`` counts model updates (at the psframe and TF chiefs, at the
 RPC ps, per DDP rank, per step of the single process) and
 ``samples_per_sec`` is the examples those updates consumed: global steps/s x
 100 for async updates and the single process, x 100 x 2 for synchronous ones
@@ -46,7 +53,7 @@ It says where a system's work is done, and how much of it there is per step.
 
 Run it::
 
-    python -m benchmarks.training [--quick] [--models mnist_mlp large_mlp]
+    python -m benchmarks.training [--quick] [--models mnist_mlp large_mlp] [--systems psframe tf_ps]
 """
 
 from __future__ import annotations
@@ -58,7 +65,6 @@ import json
 import math
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,6 +74,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+# Shared with the children, which import them from here (the TF baseline, from common).
+from benchmarks.common import NUM_WINDOWS, emit, file_barrier, timed_windows  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Layer sizes of each model; every one is Linear-ReLU-...-Linear.
@@ -81,15 +90,15 @@ NUM_EXAMPLES = 10_000
 DATA_SEED = 1234
 MODEL_SEED = 0
 NUM_WORKERS = 2  # psframe workers, RPC trainers and DDP ranks
-NUM_WINDOWS = 5
 # (timed steps, warm-up steps) per worker
 FULL_STEPS = {"mnist_mlp": (2000, 200), "large_mlp": (30, 5)}
 QUICK_STEPS = {"mnist_mlp": (20, 5), "large_mlp": (3, 1)}
 # In the order they run in each repeat: every psframe row right before the
-# baseline it is compared with, so that the two meet the same load.
+# baselines it is compared with, so that they meet the same load.
 SYSTEMS = (
     ("psframe", "async"),
     ("torch_rpc_ps", "async"),
+    ("tf_ps", "async"),
     ("psframe", "sync"),
     ("torch_rpc_ps", "sync"),
     ("psframe_bf16", "async"),
@@ -166,72 +175,16 @@ def batches(num_examples: int, batch_size: int, seed: int) -> Iterator:
             yield order[start : start + batch_size]
 
 
-def timed_windows(times: Sequence[float], counts: Sequence[int], start_count: int,
-                  num_windows: int = NUM_WINDOWS) -> dict:
-    """Rates over the records from the first one whose count reached ``start_count``.
-
-    Args:
-        times: ``time.perf_counter()`` after each step, in order.
-        counts: the step counter (global or local) at those times.
-        start_count: the count at which warm-up is over.
-        num_windows: how many pieces the timed records are cut into.
-
-    Returns:
-        ``steps_per_sec`` (the median piece's rate), ``window_rates``,
-        ``overall_steps_per_sec``, ``steps`` and ``seconds`` of the whole window,
-        and ``window``: its first and last ``time.perf_counter()``.
-
-    Raises:
-        ValueError: fewer than two records after warm-up.
-    """
-    first = next((i for i, c in enumerate(counts) if c >= start_count), len(counts))
-    t, c = list(times[first:]), list(counts[first:])
-    if len(t) < 2:
-        raise ValueError(f"only {len(t)} step(s) recorded after warm-up (count {start_count}); "
-                         f"{len(counts)} in all: run more steps")
-    pieces = min(num_windows, len(t) - 1)
-    bounds = [round(j * (len(t) - 1) / pieces) for j in range(pieces + 1)]
-    rates = [(c[b] - c[a]) / (t[b] - t[a]) for a, b in zip(bounds, bounds[1:]) if t[b] > t[a]]
-    seconds = t[-1] - t[0]
-    return {
-        "steps_per_sec": statistics.median(rates) if rates else math.nan,
-        "window_rates": [round(r, 2) for r in rates],
-        "overall_steps_per_sec": (c[-1] - c[0]) / seconds if seconds > 0 else math.nan,
-        "steps": c[-1] - c[0],
-        "seconds": seconds,
-        "window": [t[0], t[-1]],
-    }
-
-
-def file_barrier(directory: str, name: str, count: int, timeout: float) -> None:
-    """Wait until ``count`` processes called this with the same ``directory``.
-
-    Raises:
-        TimeoutError: after ``timeout`` seconds, naming who arrived.
-    """
-    path = Path(directory)
-    (path / f"ready-{name}").touch()
-    deadline = time.monotonic() + timeout
-    while True:
-        arrived = sorted(p.name[len("ready-"):] for p in path.glob("ready-*"))
-        if len(arrived) >= count:
-            return
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"start barrier: {len(arrived)} of {count} processes arrived "
-                               f"({', '.join(arrived)}) after {timeout:g}s")
-        time.sleep(0.01)
-
-
-def emit(result: dict) -> None:
-    """Print the one JSON line the parent reads."""
-    print(json.dumps(result), flush=True)
-
-
 # ---------------------------------------------------------------- running children
 
 
 class ChildError(RuntimeError):
     """A benchmark process failed, printed no result, or ran past the deadline."""
+
+
+class SystemUnavailable(RuntimeError):
+    """A system cannot run on this machine (its environment is missing): its rows say
+    why, and it is not counted as a failure."""
 
 
 @dataclass
@@ -440,6 +393,39 @@ def run_rpc_processes(model: str, sync: bool, steps: int, warmup: int, deadline:
                 processes=1 + num_workers)
 
 
+def run_tf_processes(model: str, steps: int, warmup: int, deadline: float, *,
+                     num_workers: int = NUM_WORKERS) -> dict:
+    """The TF ps (child ``ps``) and ``num_workers`` workers of :mod:`benchmarks.baseline_tf_ps`,
+    async, run by the TensorFlow environment's python; the chief times the global steps.
+
+    Raises:
+        SystemUnavailable: no TensorFlow environment here (:func:`benchmarks.tf_env.unavailable_reason`).
+    """
+    from benchmarks import tf_env
+
+    reason = tf_env.unavailable_reason()
+    if reason:
+        raise SystemUnavailable(reason)
+    python = tf_env.tf_python()
+    ports = _free_ports(1 + num_workers)
+    hosts = [f"127.0.0.1:{p}" for p in ports]
+    with tempfile.TemporaryDirectory(prefix="psframe-tf-") as tmp:
+        inputs = tf_env.write_inputs(model, Path(tmp, "inputs.npz"))
+        barrier = Path(tmp, "barrier")
+        barrier.mkdir()
+        timeout = max(10.0, deadline - time.monotonic())
+        flags = [f"--ps_hosts={hosts[0]}", f"--worker_hosts={','.join(hosts[1:])}", f"--inputs={inputs}",
+                 *_common_flags(model, steps, warmup), f"--batch_size={BATCH_SIZE}",
+                 f"--learning_rate={LEARNING_RATE}", f"--barrier_dir={barrier}", f"--timeout={timeout:.0f}"]
+        argv = [python, "-m", "benchmarks.baseline_tf_ps", *flags]
+        tasks = [("ps", [*argv, "--job_name=ps", "--task_index=0"])]
+        tasks += [(f"worker{i}", [*argv, "--job_name=worker", f"--task_index={i}"]) for i in range(num_workers)]
+        results = run_processes(tasks, deadline)
+    chief = results["worker0"]
+    return _row(chief, [results[f"worker{i}"] for i in range(num_workers)], chief["global_steps_per_sec"],
+                chief["timed_global_steps"], results, samples_per_step=BATCH_SIZE, processes=1 + num_workers)
+
+
 def _run_ddp(model: str, steps: int, warmup: int, deadline: float) -> dict:
     (port,) = _free_ports(1)
     timeout = max(10.0, deadline - time.monotonic())
@@ -496,6 +482,10 @@ def run_system(system: str, model: str, mode: str, steps: int, warmup: int, dead
                                          ["--wire_dtype=bfloat16"])
     elif system == "torch_rpc_ps":
         measured = run_rpc_processes(model, mode == "sync", steps, warmup, deadline)
+    elif system == "tf_ps":
+        if mode != "async":
+            raise ValueError(f"tf_ps runs async only, not {mode!r}")
+        measured = run_tf_processes(model, steps, warmup, deadline)
     elif system == "ddp_gloo":
         measured = _run_ddp(model, steps, warmup, deadline)
     elif system == "single_process":
@@ -553,7 +543,8 @@ def other_load_since(mark: tuple[float | None, float, float]) -> float | None:
 
 def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), quick: bool = False,
                             timeout: float = 600, *, system_timeout: float | None = None,
-                            repeats: int | Mapping[str, int] = 1) -> list[dict]:
+                            repeats: int | Mapping[str, int] = 1,
+                            systems: Sequence[str] | None = None) -> list[dict]:
     """Measure training throughput of every system on every model.
 
     Args:
@@ -569,6 +560,8 @@ def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), 
         system_timeout: seconds one system (one set of processes) may take
             before it is killed and reported with an ``error``; by default
             60 when ``quick``, else twice its share of ``timeout`` (at least 60).
+        systems: names of the systems to run (every mode of each), in
+            :data:`SYSTEMS`'s order; by default all.
 
     Returns:
         One row per (system, model, mode) with ``system``, ``model``, ``mode``
@@ -576,10 +569,12 @@ def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), 
         ``samples_per_sec``, ``steps`` (timed global steps; per rank for DDP),
         ``seconds`` (of the timed window), ``per_worker_steps_per_sec``,
         ``window_rates``, ``processes``... A system that failed has
-        ``error`` (the message) and NaN rates; the others still run.
+        ``error`` (the message) and NaN rates; one that cannot run here
+        (tf_ps without its environment) has ``unavailable`` (why) and NaN
+        rates; the others still run.
 
     Raises:
-        ValueError: an unknown model name.
+        ValueError: an unknown model or system name.
     """
     models = (models,) if isinstance(models, str) else tuple(models)
     unknown = [m for m in models if m not in MODELS]
@@ -590,19 +585,24 @@ def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), 
     per_model = {m: repeats[m] if isinstance(repeats, Mapping) else repeats for m in models}
     if any(n < 1 for n in per_model.values()):
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    names = [s for s, _ in SYSTEMS]
+    if systems is not None and not set(systems) <= set(names):
+        raise ValueError(f"unknown system(s) {sorted(set(systems) - set(names))}; expected names from "
+                         f"{sorted(set(names))}")
+    selected = [key for key in SYSTEMS if systems is None or key[0] in systems]
     deadline = time.monotonic() + timeout
     if system_timeout is None:
-        system_timeout = 60.0 if quick else max(60.0, 2 * timeout / max(1, len(SYSTEMS) * sum(per_model.values())))
+        system_timeout = 60.0 if quick else max(60.0, 2 * timeout / max(1, len(selected) * sum(per_model.values())))
     counts = QUICK_STEPS if quick else FULL_STEPS
     rows = []
     for model in models:
         steps, warmup = counts[model]
-        runs: dict[tuple[str, str], list[dict]] = {key: [] for key in SYSTEMS}
+        runs: dict[tuple[str, str], list[dict]] = {key: [] for key in selected}
         for _ in range(per_model[model]):
-            for system, mode in SYSTEMS:
+            for system, mode in selected:
                 runs[system, mode].append(_run_or_error(system, model, mode, steps, warmup, deadline,
                                                         timeout, system_timeout))
-        rows += [_median_run(runs[key]) for key in SYSTEMS]
+        rows += [_median_run(runs[key]) for key in selected]
     return rows
 
 
@@ -613,16 +613,24 @@ def _run_or_error(system: str, model: str, mode: str, steps: int, warmup: int, d
     else:
         try:
             return run_system(system, model, mode, steps, warmup, min(deadline, time.monotonic() + system_timeout))
+        except SystemUnavailable as e:
+            print(f"[training] {system} {mode} {model} unavailable: {e}", file=sys.stderr, flush=True)
+            return {**_empty_row(system, model, mode), "unavailable": str(e)}
         except Exception as e:  # noqa: BLE001 - one broken system must not cost the others' rows
             error = f"{type(e).__name__}: {e}"
     print(f"[training] {system} {mode} {model} failed: {error}", file=sys.stderr, flush=True)
+    return {**_empty_row(system, model, mode), "error": error}
+
+
+def _empty_row(system: str, model: str, mode: str) -> dict:
     return {"system": system, "model": model, "mode": mode, "global_steps_per_sec": math.nan,
-            "samples_per_sec": math.nan, "steps": 0, "seconds": math.nan, "error": error}
+            "samples_per_sec": math.nan, "steps": 0, "seconds": math.nan}
 
 
 def _median_run(runs: list[dict]) -> dict:
     """The run of median rate among those that worked (an error row if none did), with every run's rate."""
-    good = sorted((r for r in runs if "error" not in r), key=lambda r: r["global_steps_per_sec"])
+    good = sorted((r for r in runs if "error" not in r and "unavailable" not in r),
+                  key=lambda r: r["global_steps_per_sec"])
     if not good:
         return runs[-1]
     return {**good[(len(good) - 1) // 2], "run_rates": [r["global_steps_per_sec"] for r in runs]}
@@ -637,7 +645,8 @@ def format_table(rows: Sequence[dict]) -> str:
         per_worker = "/".join(f"{v:.0f}" if v >= 10 else f"{v:.2f}" for v in r.get("per_worker_steps_per_sec", []))
         lines.append((r["system"], r["model"], r["mode"], _num(r["global_steps_per_sec"]),
                       _num(r["samples_per_sec"]), per_worker or "-", str(r["steps"]),
-                      _num(r["seconds"]) if "error" not in r else "ERROR", _num(r.get("cpu_ms_per_step")),
+                      "ERROR" if "error" in r else "n/a" if "unavailable" in r else _num(r["seconds"]),
+                      _num(r.get("cpu_ms_per_step")),
                       "-" if r.get("other_cpu_load") is None else f"{r['other_cpu_load']:.2f}"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
@@ -659,6 +668,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few steps per system (smoke test)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(MODELS))
+    parser.add_argument("--systems", nargs="+", default=None, choices=sorted({s for s, _ in SYSTEMS}),
+                        help="run only these systems (default: all)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of every system, interleaved; rows report the median run")
@@ -667,14 +678,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `timeout`/`kill` send SIGTERM: unwind, so that every child is stopped on the way out.
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     started = time.monotonic()
-    rows = run_training_benchmarks(args.models, quick=args.quick, timeout=args.timeout, repeats=args.repeats)
+    rows = run_training_benchmarks(args.models, quick=args.quick, timeout=args.timeout, repeats=args.repeats,
+                                   systems=args.systems)
     print(format_table(rows))
     print(f"\n({time.monotonic() - started:.0f}s in all; rates are medians of {NUM_WINDOWS} windows "
           f"after warm-up; batch {BATCH_SIZE} per worker; 1 thread per process; other load: cores "
           f"busy with work outside the benchmark while the system ran)")
     for r in rows:
-        if "error" in r:
-            print(f"\n{r['system']} {r['mode']} {r['model']}: {r['error']}")
+        if "error" in r or "unavailable" in r:
+            what = r["error"] if "error" in r else f"unavailable: {r['unavailable']}"
+            print(f"\n{r['system']} {r['mode']} {r['model']}: {what}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 1 if any("error" in r for r in rows) else 0
