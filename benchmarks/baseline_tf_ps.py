@@ -50,7 +50,9 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
+from typing import NoReturn
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -221,7 +223,7 @@ def _wait_until_initialized(sess: v1.Session, uninitialized: tf.Tensor, timeout:
         time.sleep(POLL_S)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     args = parse_args(argv)
     # The parent sends SIGUSR1 before killing a task that ran past its deadline: the
     # stacks go to stderr. And no task outlives its own deadline, whatever it waits on.
@@ -232,16 +234,20 @@ def main(argv: list[str] | None = None) -> int:
     if len(ps_hosts) != 1:
         raise SystemExit(f"--ps_hosts: this baseline runs one ps task, got {len(ps_hosts)}")
     cluster = tf.train.ClusterSpec({"ps": ps_hosts, "worker": worker_hosts})
-    if args.job_name == "ps":
-        result = run_ps(args, cluster, len(worker_hosts))
-    else:
-        result = run_worker(args, cluster, len(worker_hosts))
-    emit(result)
-    # A TF server cannot be stopped and its threads would hold the interpreter
-    # (or crash it on the way out): the result is printed, leave now.
-    sys.stderr.flush()
-    os._exit(0)
+    code = 1
+    try:
+        run = run_ps if args.job_name == "ps" else run_worker
+        emit(run(args, cluster, len(worker_hosts)))
+        code = 0
+    except BaseException:  # noqa: BLE001 - reported here: the exit below skips Python's own report
+        traceback.print_exc()
+    finally:
+        # A TF server cannot be stopped, and its threads would hold the interpreter
+        # on the way out (or crash it): leave now, with the result printed or the error.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -31,7 +31,7 @@ COPIES_PLACEHOLDER = (
     "the numbers above suggest removing first."
 )
 
-TRAINING_SYSTEMS = ("psframe", "psframe_bf16", "torch_rpc_ps", "ddp_gloo", "single_process")
+TRAINING_SYSTEMS = ("psframe", "psframe_bf16", "torch_rpc_ps", "tf_ps", "ddp_gloo", "single_process")
 
 TITLES = {
     "raw": "Raw gRPC ceiling",
@@ -93,9 +93,11 @@ def memory_table(rows: Sequence[dict]) -> str:
 
 def training_ratios(rows: Sequence[dict]) -> list[dict]:
     """Each training row with ``vs_torch_rpc_ps`` (its samples/s over torch_rpc_ps's,
-    same model and mode), ``vs_ddp_gloo`` (over ddp_gloo's, same model) and
+    same model and mode), ``vs_ddp_gloo`` (over ddp_gloo's, same model),
     ``cpu_vs_torch_rpc_ps`` (CPU time per sample over torch_rpc_ps's, same model
-    and mode: below 1 is less work); None where there is no such row or number.
+    and mode: below 1 is less work) and ``vs_tf_ps`` (samples/s over TensorFlow's
+    parameter server's, same model and mode: async only); None where there is no
+    such row or number.
     Computed from the rows of one run only.
 
     Where the rows hold every repeat's rate (``run_rates``), a throughput ratio
@@ -104,6 +106,7 @@ def training_ratios(rows: Sequence[dict]) -> list[dict]:
     """
     by_rpc = {(r["model"], r["mode"]): r for r in rows if r["system"] == "torch_rpc_ps"}
     by_ddp = {r["model"]: r for r in rows if r["system"] == "ddp_gloo"}
+    by_tf = {(r["model"], r["mode"]): r for r in rows if r["system"] == "tf_ps"}
     out = []
     for row in rows:
         rpc = by_rpc.get((row["model"], row["mode"]), {})
@@ -112,6 +115,7 @@ def training_ratios(rows: Sequence[dict]) -> list[dict]:
             "vs_torch_rpc_ps": paired_ratio(row, rpc),
             "vs_ddp_gloo": paired_ratio(row, by_ddp.get(row["model"], {})),
             "cpu_vs_torch_rpc_ps": _ratio(_cpu_per_sample(row), _cpu_per_sample(rpc)),
+            "vs_tf_ps": paired_ratio(row, by_tf.get((row["model"], row["mode"]), {})),
         })
     return out
 
@@ -153,16 +157,17 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 def training_table(rows: Sequence[dict]) -> str:
     """Markdown table of ``benchmarks.training.run_training_benchmarks`` rows, with ratios."""
     rows = training_ratios(rows)
-    extra = [k for k in ("note", "error") if any(k in r for r in rows)]
+    extra = [k for k in ("note", "unavailable", "error") if any(k in r for r in rows)]
     runs = any(len(r.get("run_rates", ())) > 1 for r in rows)
     return markdown_table(
         ["system", "model", "mode", "global steps/s", "samples/s", "steps", "seconds",
          "samples/s vs torch_rpc_ps", "samples/s vs ddp_gloo", "CPU ms/step", "CPU/sample vs torch_rpc_ps",
-         *(["every run (global steps/s)"] if runs else []), *extra],
+         "samples/s vs tf_ps", *(["every run (global steps/s)"] if runs else []), *extra],
         [[r["system"], r["model"], r["mode"], format_number(r["global_steps_per_sec"]),
           format_number(r["samples_per_sec"]), r["steps"], format_number(r["seconds"]),
           format_ratio(r["vs_torch_rpc_ps"]), format_ratio(r["vs_ddp_gloo"]),
           format_number(r.get("cpu_ms_per_step")), format_ratio(r["cpu_vs_torch_rpc_ps"]),
+          format_ratio(r["vs_tf_ps"]),
           *([" / ".join(format_number(v) for v in r.get("run_rates", ()))] if runs else []),
           *(str(r.get(k, "")) for k in extra)] for r in rows],
     )
@@ -173,19 +178,24 @@ def scaling_table(rows: Sequence[dict]) -> str:
     from benchmarks.scaling import add_ratios
 
     rows = add_ratios(rows)
-    errors = any("error" in r for r in rows)
+    notes = any("error" in r or "unavailable" in r for r in rows)
+    last = "error" if any("error" in r for r in rows) else "note"
     return markdown_table(
         ["model", "system", "ps tasks", "workers", "global steps/s (echo: trips/s)", "vs torch_rpc_ps",
          "per-worker steps/s: median (min-max)", "requests/step", "request size", "server CPU ms/request",
-         "CPU/request vs raw_echo", "other load", *(["error"] if errors else [])],
+         "CPU/request vs raw_echo", "other load", *([last] if notes else [])],
         [[r["model"], r["system"], r["ps_tasks"], r["workers"], format_number(r["global_steps_per_sec"]),
           format_ratio(r.get("vs_torch_rpc_ps")), _spread_of(r.get("per_worker_steps_per_sec", ())),
           r.get("requests_per_step", "-"),
           format_bytes(r["request_bytes"]) if r.get("request_bytes") else "-",
           format_number(r.get("server_cpu_ms_per_request")), format_ratio(r.get("cpu_vs_raw_echo")),
           "-" if r.get("other_cpu_load") is None else f"{r['other_cpu_load']:.2f}",
-          *([r.get("error", "")] if errors else [])] for r in rows],
+          *([r.get("error") or _unavailable(r)] if notes else [])] for r in rows],
     )
+
+
+def _unavailable(row: dict) -> str:
+    return f"unavailable: {row['unavailable']}" if "unavailable" in row else ""
 
 
 def _spread_of(values: Sequence[float]) -> str:
@@ -240,6 +250,7 @@ def versions() -> dict[str, str]:
     import torch
 
     import psframe
+    from benchmarks import tf_env
 
     return {
         "python": platform.python_version(),
@@ -247,6 +258,7 @@ def versions() -> dict[str, str]:
         "grpcio": grpc.__version__,
         "protobuf": google.protobuf.__version__,
         "psframe": psframe.__version__,
+        **({"tensorflow-cpu (tf_ps)": tf} if (tf := tf_env.tf_version()) else {}),
     }
 
 
@@ -281,24 +293,33 @@ _INTROS = {
         "*CPU ms/step* is "
         "the CPU time (user + system, all threads) of all the system's processes inside the timed "
         "window, per global step, sampled every 50 ms; *CPU/sample vs torch_rpc_ps* divides CPU time "
-        "per sample by torch_rpc_ps's (below 1: less work per sample)."
+        "per sample by torch_rpc_ps's (below 1: less work per sample). **tf_ps** is TensorFlow's "
+        "parameter server as TF 1.x users ran it (`tf.compat.v1.train.Server`, "
+        "`replica_device_setter`, `GradientDescentOptimizer`, one `session.run` per step; "
+        "1 ps + 2 workers, async, oneDNN kernels on) on the same model, initial values and data, "
+        "in its own environment (`scripts/env_tf.sh`); *samples/s vs tf_ps* divides samples/s by "
+        "its, same model and mode, repeat by repeat. Where its environment is missing its rows say "
+        "*unavailable*."
     ),
     "scaling": (
         "From `benchmarks.scaling` (same run). Each model, at each worker count N, with every system "
         "run once, async, back to back: **psframe** with 1 and 2 ps tasks and N workers; "
         "**torch_rpc_ps**, the RPC parameter server of the training section, with N trainers; "
+        "**tf_ps**, TensorFlow's parameter server of the training section, with N workers; "
         "**raw_echo**, the raw gRPC echo server with N client processes, each one stream with one "
         "request in flight (as a worker's PushPull stream), at the payload of psframe's mean request "
         "on that model with 1 ps task. *global steps/s* is model updates per second (raw_echo: round "
         "trips per second of all clients together, the sum of their rates); *vs torch_rpc_ps* divides "
         "it by torch_rpc_ps's at the same model and N. *server CPU ms/request* is the CPU time (user + "
-        "system, all threads) of the serving processes only (psframe: its ps task(s); torch_rpc_ps: "
-        "its ps; raw_echo: its server), sampled every 50 ms, inside the timed window, per request "
+        "system, all threads) of the serving processes only (psframe: its ps task(s); torch_rpc_ps "
+        "and tf_ps: their ps; raw_echo: its server), sampled every 50 ms, inside the timed window, per request "
         "answered in it. A psframe request is one PushPull message to one ps task: a step sends each "
         "ps task its variables in messages of at most 4 MiB (psframe's `max_shard_bytes`), counted by "
         "psframe's own step plan (*requests/step*; the messages are listed below the table), so "
         "requests = timed global steps x requests/step. A torch_rpc_ps request is one `rpc_sync`, "
-        "the whole model each way; a raw_echo request is one round trip, counted in the window all "
+        "the whole model each way; a tf_ps request is one worker step, the whole model each way, "
+        "which TF sends as one `RunGraph` call to the ps and a `RecvTensor` transfer per variable "
+        "and per gradient (the ps's CPU for all of them counts); a raw_echo request is one round trip, counted in the window all "
         "clients timed together. *CPU/request vs raw_echo* divides the CPU per request by the echo "
         "server's CPU per round trip at the same model and N, both per byte of their mean request "
         "(*request size*): where the sizes are equal (psframe with 1 ps task; torch_rpc_ps on the "
@@ -458,7 +479,7 @@ def plot(results: dict, path: Path) -> None:
     else:
         left.text(0.5, 0.5, "not run", ha="center", va="center", transform=left.transAxes)
 
-    training = results.get("training") or []
+    training = [r for r in results.get("training") or [] if "unavailable" not in r]
     models = list(dict.fromkeys(r["model"] for r in training))
     series = list(dict.fromkeys(
         (r["system"], r["mode"]) for s in TRAINING_SYSTEMS for r in training if r["system"] == s

@@ -4,7 +4,8 @@
 
 Sections, in the order they run: ``raw`` (the raw gRPC ceiling), ``transport``
 (psframe push+pull), ``memory`` (ps memory), ``training`` (psframe against
-torch.distributed.rpc, DDP and one process; from :mod:`benchmarks.training`),
+torch.distributed.rpc, TensorFlow's parameter server, DDP and one process; from
+:mod:`benchmarks.training`),
 ``scaling`` (throughput and the servers' CPU per request against the number of
 workers; from :mod:`benchmarks.scaling`).
 A section that fails is reported (in the report and on stderr) and the others

@@ -15,6 +15,12 @@ psframe_kK      1         the same, with the ps task served from K processes
                           cores, 2 to 4): its server CPU counts them all.
 torch_rpc_ps    1         N trainers of :mod:`benchmarks.baseline_rpc_ps`: one
                           ``rpc_sync`` per step carries the whole model each way.
+tf_ps           1         N workers of TensorFlow's between-graph replication
+                          (:mod:`benchmarks.baseline_tf_ps`): one ``session.run``
+                          per step reads every variable from the ps and has it
+                          apply every gradient. In its own environment
+                          (:mod:`benchmarks.tf_env`); "unavailable" rows where
+                          that is missing.
 raw_echo        1         N clients of the raw gRPC echo server
                           (:mod:`benchmarks.raw_grpc`), each one stream with one
                           request in flight, at the payload of psframe's
@@ -23,7 +29,7 @@ raw_echo        1         N clients of the raw gRPC echo server
 
 Every row reports the global steps/s (raw_echo: round trips/s of all
 clients together), and the CPU time its server processes (psframe's ps
-tasks, the RPC ps, the echo server) spent in the timed window per request
+tasks, the RPC ps, the TF ps, the echo server) spent in the timed window per request
 they answered:
 
 - psframe: one request is one PushPull message to one ps task. A step sends
@@ -33,6 +39,11 @@ they answered:
   task and 22 with 2 (11 each). :func:`request_plan` asks psframe's own
   placement and step plan, so requests = timed global steps x messages per step.
 - torch_rpc_ps: one request per global step (the whole model each way).
+- tf_ps: one request per global step, that is per worker step, the whole
+  model each way. On the wire TF makes it several calls to the ps: one
+  ``RunGraph`` (the update subgraph) and a ``RecvTensor`` transfer per tensor
+  that crosses (each variable to the worker, each gradient to the ps); the ps
+  process's CPU for all of them counts against the one request.
 - raw_echo: one request per round trip, counted in the window all clients
   were timing together.
 
@@ -40,7 +51,8 @@ The CPU per request is compared with the echo server's CPU per round trip at
 the same model and N (:func:`add_ratios`). A system is one entry of
 :data:`SYSTEMS`: a name, its ps counts, and a function that runs it.
 
-    python -m benchmarks.scaling [--quick] [--models mnist_mlp] [--workers 1 2] [--plot scaling.png]
+    python -m benchmarks.scaling [--quick] [--models mnist_mlp] [--workers 1 2] [--systems tf_ps raw_echo]
+                                 [--plot scaling.png]
 """
 
 from __future__ import annotations
@@ -190,6 +202,16 @@ def run_rpc(case: Case, deadline: float) -> dict:
     return _from_training_row(row, ["ps"], 1, model_bytes(case.model))
 
 
+def run_tf(case: Case, deadline: float) -> dict:
+    """TensorFlow's parameter server, async, with ``case.workers`` workers (one request per step).
+
+    Raises:
+        training.SystemUnavailable: no TensorFlow environment here.
+    """
+    row = training.run_tf_processes(case.model, case.steps, case.warmup, deadline, num_workers=case.workers)
+    return _from_training_row(row, ["ps"], 1, model_bytes(case.model))
+
+
 def run_echo(case: Case, deadline: float) -> dict:
     """The raw gRPC echo server and ``case.workers`` clients, one stream each."""
     from psframe.launch import pick_free_ports
@@ -245,6 +267,7 @@ SYSTEMS: tuple[System, ...] = (
     System(f"psframe_k{SERVING_PROCESSES}", (1,),
            functools.partial(run_psframe, extra_flags=[f"--serving_processes={SERVING_PROCESSES}"])),
     System("torch_rpc_ps", (1,), run_rpc),
+    System("tf_ps", (1,), run_tf),
     System("raw_echo", (1,), run_echo),
 )
 
@@ -293,13 +316,20 @@ def _run_or_error(system: System, case: Case, deadline: float, timeout: float) -
     else:
         try:
             return run_case(system, case, deadline)
+        except training.SystemUnavailable as e:
+            print(f"[scaling] {system.name} {case.model} unavailable: {e}", file=sys.stderr, flush=True)
+            return {**_empty_row(system, case), "unavailable": str(e)}
         except Exception as e:  # noqa: BLE001 - one broken run must not cost the others' rows
             error = f"{type(e).__name__}: {e}"
     print(f"[scaling] {system.name} {case.ps_tasks} ps, {case.workers} workers, {case.model} failed: {error}",
           file=sys.stderr, flush=True)
+    return {**_empty_row(system, case), "error": error.splitlines()[0]}
+
+
+def _empty_row(system: System, case: Case) -> dict:
     return {"model": case.model, "system": system.name, "ps_tasks": case.ps_tasks, "workers": case.workers,
             "global_steps_per_sec": math.nan, "per_worker_steps_per_sec": [], "steps": 0,
-            "server_cpu_ms_per_request": math.nan, "cores": usable_cores(), "error": error.splitlines()[0]}
+            "server_cpu_ms_per_request": math.nan, "cores": usable_cores()}
 
 
 def run_scaling_benchmarks(models: Sequence[str] = MODEL_NAMES, quick: bool = False, timeout: float = 1200.0,
@@ -323,7 +353,9 @@ def run_scaling_benchmarks(models: Sequence[str] = MODEL_NAMES, quick: bool = Fa
         ``per_worker_steps_per_sec``, ``requests_per_step``, ``request_bytes``,
         ``requests``, ``server_cpu_seconds``, ``server_cpu_ms_per_request``,
         ``cores``, ``other_cpu_load``..., and the ratios of :func:`add_ratios`.
-        A run that failed has ``error`` and NaN numbers; the others still run.
+        A run that failed has ``error`` and NaN numbers, one of a system that
+        cannot run here (tf_ps without its environment) ``unavailable``; the
+        others still run.
 
     Raises:
         ValueError: an unknown model, or a worker count below 1.
@@ -405,6 +437,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="default: both (mnist_mlp only with --quick)")
     parser.add_argument("--workers", nargs="+", type=int, default=None,
                         help="worker counts (default: 1, 2, 4... up to the usable cores less 2)")
+    parser.add_argument("--systems", nargs="+", default=None, choices=[s.name for s in SYSTEMS],
+                        help="run only these systems (default: all)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole run")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--plot", type=Path, default=None, help="also write the plot (PNG) to this file")
@@ -413,7 +447,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     models = args.models or (MODEL_NAMES[:1] if args.quick else MODEL_NAMES)
     started = time.monotonic()
-    rows = run_scaling_benchmarks(models, quick=args.quick, timeout=args.timeout, workers=args.workers)
+    systems = None if args.systems is None else [s for s in SYSTEMS if s.name in args.systems]
+    rows = run_scaling_benchmarks(models, quick=args.quick, timeout=args.timeout, workers=args.workers,
+                                  systems=systems)
     from benchmarks import report
 
     print(report.scaling_table(rows))

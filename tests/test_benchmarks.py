@@ -23,8 +23,13 @@ SECTION_TIMEOUT_S = 120  # each section's own deadline, well inside TIMEOUT_S
 
 
 def _run_quick(out: Path, *flags: str) -> subprocess.CompletedProcess:
-    """``python -m benchmarks.run --quick`` writing ``out``; fails the test on a timeout."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+    """``python -m benchmarks.run --quick`` writing ``out``; fails the test on a timeout.
+
+    The TensorFlow baseline is turned off (``PSFRAME_TF_PYTHON`` empty): the test
+    environment has no TensorFlow, and a developer's ``.venv-tf`` must not make
+    the run slower or its rows different. Its rows then say it is unavailable.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PSFRAME_TF_PYTHON": "",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
         return subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out),
@@ -54,6 +59,9 @@ def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
 
     training = table_rows(stdout, TITLES["training"])
     assert {r[0] for r in training} >= set(TRAINING_SYSTEMS), stdout
+    # tf_ps: turned off by _run_quick, and its row says so (in the table's "unavailable" column).
+    tf_rows = [r for r in training if r[0] == "tf_ps"]
+    assert tf_rows and all("turned off (PSFRAME_TF_PYTHON" in " ".join(r) for r in tf_rows), stdout
     # The CPU psframe's processes spent per step was measured (column 10: "CPU ms/step"; its ps
     # outlives the timed window, so samples bracket it even in these short runs).
     assert all(float(r[9].replace(",", "")) > 0 for r in training if r[0] == "psframe"), stdout
@@ -186,9 +194,12 @@ def test_quick_scaling_section_runs_every_system_and_computes_the_ratios(tmp_pat
     assert {(r[1], r[2], r[3]) for r in rows} == {
         (system, ps, n) for n in ("1", "2")
         for system, ps in (("psframe", "1"), ("psframe", "2"), (serving, "1"), ("torch_rpc_ps", "1"),
-                           ("raw_echo", "1"))
+                           ("tf_ps", "1"), ("raw_echo", "1"))
     }, proc.stdout
     for r in rows:
+        if r[1] == "tf_ps":  # turned off by _run_quick: said so, not measured
+            assert r[4] == "-" and r[-1].startswith("unavailable:"), r
+            continue
         assert r[0] == "mnist_mlp" and _cell(r[4]) > 0, r
         assert _cell(r[9]) > 0, r  # the server's CPU in the window was measured
         if r[1] in ("psframe", serving):
