@@ -309,3 +309,41 @@ def test_build_keeps_an_explicit_foreach(monkeypatch):
     params = [torch.zeros(3, requires_grad=True), torch.zeros(100, requires_grad=True)]
     built = optim.Adam(lr=0.1, foreach=True).build(params)
     assert len(built.param_groups) == 1 and built.param_groups[0]["foreach"] is True
+
+
+# ------------------------------------------------------------ optim.step
+
+
+def _stepped_twice(step_function, hook=None) -> tuple[list[torch.Tensor], list[str]]:
+    torch.manual_seed(0)
+    params = [torch.randn(5, 3, requires_grad=True), torch.randn(3, requires_grad=True)]
+    optimizer = torch.optim.Adam(params, lr=0.1)
+    calls: list[str] = []
+    if hook:
+        optimizer.register_step_pre_hook(lambda opt, args, kwargs: calls.append("pre"))
+        optimizer.register_step_post_hook(lambda opt, args, kwargs: calls.append("post"))
+    for i in range(2):
+        for p in params:
+            p.grad = torch.full_like(p, 0.5 + i)
+        step_function(optimizer)
+    return [p.detach().clone() for p in params], calls
+
+
+def test_step_gives_the_bits_optimizer_step_gives():
+    ours, _ = _stepped_twice(optim.step)
+    theirs, _ = _stepped_twice(lambda o: o.step())
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_step_runs_the_hooks_registered_on_an_optimizer():
+    _, calls = _stepped_twice(optim.step, hook=True)
+    assert calls == ["pre", "post"] * 2
+
+
+def test_step_opens_the_profiler_range_when_a_profiler_runs():
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _stepped_twice(optim.step)
+    names = {event.name for event in prof.events()}
+    assert "Optimizer.step#Adam.step" in names

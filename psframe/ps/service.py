@@ -27,6 +27,7 @@ from psframe.optim import OptimizerSpec
 from psframe.wire import codec, messages, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.ps import recovery
+from psframe.ps.plans import RequestPlan, StreamPlans
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.shared import SharedMemory, publish_store
 from psframe.ps.store import VariableStore
@@ -252,27 +253,53 @@ class ParameterServerService(TaskService):
     def push_pull(self, requests: Iterator[bytes]) -> Iterator[bytes]:
         """PushPull on a long-lived stream: requests are answered in order, and
         a refused one gets the error's name in its reply; the stream goes on."""
+        plans = StreamPlans()
         for data in requests:
-            yield self.answer_push_pull(data)
+            yield self.answer_push_pull(data, plans)
 
-    def answer_push_pull(self, data: bytes) -> bytes:
+    def answer_push_pull(self, data: bytes, plans: StreamPlans | None = None) -> bytes:
         """The reply to one PushPull request: a refused one names the error, and the stream goes on.
 
+        ``plans`` are those of the request's stream: an asynchronous request
+        of a kind seen before on it takes the fast path (see :mod:`psframe.ps.plans`).
         Anything else (a bug) ends the stream, with the status the transport gives it.
         """
         try:
-            return self._handle_push_pull(data)
+            return self._handle_push_pull(data, plans)
         except PsframeError as e:
             return codec.encode(pb.PushPullReplyHeader(error_class=type(e).__name__, error_message=str(e)), ())
 
-    def _handle_push_pull(self, data: bytes) -> bytes:
+    def _handle_push_pull(self, data: bytes, plans: StreamPlans | None = None) -> bytes:
         self._memory.handled(len(data))
-        header, tensors = codec.decode(data, pb.PushPullHeader)
-        self._check_caller(header.caller)
+        envelope = codec.parse(data, pb.PushPullHeader)
+        header = envelope.header
+        plan = plans.find(header) if plans is not None and self.aggregator is None else None
+        if plan is None:
+            self._check_caller(header.caller)
         with self.roster.call(header.caller.task_index):
-            return self._push_pull(header, tensors)
+            if plan is not None:
+                reply = self._push_pull_planned(plan, header, envelope)
+                if reply is not None:
+                    return reply
+                plans.drop(plan)
+            return self._push_pull(header, codec.tensors_of(envelope), plans)
 
-    def _push_pull(self, header: pb.PushPullHeader, tensors: list[torch.Tensor]) -> bytes:
+    def _push_pull_planned(self, plan: RequestPlan, header: pb.PushPullHeader,
+                           envelope: codec.Envelope) -> bytes | None:
+        """The reply to an asynchronous request of a planned kind; None if the plan no longer holds."""
+        grads = plan.request.tensors(envelope)
+        store = self.store
+        with store.lock:
+            if plan.generation != store.generation or self.aggregator is not None:
+                return None
+            step = store.update(plan.variables, grads, header.end_of_step)
+            if self._publishing and grads:
+                self._publish()
+            # Encode under the lock, as below: one consistent version, one copy.
+            return plan.reply.encode(pb.PushPullReplyHeader(global_step=step), plan.reply_buffers)
+
+    def _push_pull(self, header: pb.PushPullHeader, tensors: list[torch.Tensor],
+                   plans: StreamPlans | None = None) -> bytes:
         grads = {meta.name: tensor for meta, tensor in zip(header.tensors, tensors)}
         if len(grads) != len(tensors):
             raise WireFormatError("a push names the same variable twice")
@@ -285,6 +312,8 @@ class ParameterServerService(TaskService):
                 step, values = self.store.push_pull(grads, pull, header.end_of_step and bool(grads))
                 if self._publishing and grads:
                     self._publish()
+                if plans is not None and wire_dtype is None and self.aggregator is None:
+                    self._plan(plans, header, list(grads), values)
                 # Encode under the lock: the reply is one consistent version, and
                 # the only copy of the variables is the one into the reply.
                 return codec.encode(pb.PushPullReplyHeader(global_step=step), _outgoing(pull, values, wire_dtype))
@@ -295,6 +324,16 @@ class ParameterServerService(TaskService):
                                        count_drop=header.end_of_step, wait=bool(pull))
         with self.store.lock:
             return self._released_reply(pull, wire_dtype, dropped)
+
+    def _plan(self, plans: StreamPlans, header: pb.PushPullHeader, pushed: list[str],
+              pulled: list[torch.Tensor]) -> None:
+        """Let requests of this kind take the fast way from now on (the caller holds the store's lock)."""
+        try:
+            plan = RequestPlan.make(header, self.store.variables(pushed), pulled, self.store.generation)
+        except PsframeError as e:  # a request psframe's workers do not make: it stays on the general path
+            log.debug("%s: no plan for a request: %s", self.task_name, e)
+        else:
+            plans.add(plan)
 
     def _released_reply(self, pull: list[str], wire_dtype: torch.dtype | None, dropped: bool) -> bytes:
         """The reply to a push that the sync barrier released (the caller holds the store's lock).

@@ -37,6 +37,7 @@ from collections.abc import Iterator, Sequence
 
 from psframe.cluster import ClusterSpec
 from psframe.errors import PsframeError
+from psframe.ps.plans import StreamPlans
 from psframe.ps.service import ParameterServerService
 from psframe.ps.shared import SharedMemory
 from psframe.ps.store import VariableStore
@@ -190,11 +191,12 @@ class SharedPushPull:
 
     def push_pull(self, requests: Iterator[bytes]) -> Iterator[bytes]:
         forwarded = None
+        plans = StreamPlans()
         try:
             for data in requests:
                 service = self._local()
                 if service is not None:
-                    yield service.answer_push_pull(data)
+                    yield service.answer_push_pull(data, plans)
                     continue
                 forwarded = forwarded or self._owner.open_stream("PushPull", self._watchdog)
                 forwarded.send(data, FORWARD_REPLY_TIMEOUT_S)

@@ -12,6 +12,7 @@ was.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -28,8 +29,12 @@ from psframe.errors import (
     ShapeMismatchError,
     UnknownVariableError,
 )
+from psframe import optim
 from psframe.optim import OptimizerSpec
 from psframe.wire import messages
+
+# Generations of variables, unique in the process (see VariableStore.generation).
+_GENERATIONS = itertools.count(1)
 
 
 class VariableStore:
@@ -63,6 +68,10 @@ class VariableStore:
         # Bumped whenever a variable's value changes: two reads under the lock
         # that see the same version read the same values.
         self.version = 0
+        # Changes whenever the variables are made anew (create, adopt): what was
+        # checked against one generation's variables (a request plan, views of
+        # them) holds until it changes. Unique among the stores of a process.
+        self.generation = 0
         self._stepped = False  # an optimizer step went through in this store
 
     # Counted in an array that several processes may share (see `counters`).
@@ -114,6 +123,7 @@ class VariableStore:
             self._optimizer_spec = optimizer
             self._variables = variables
             self.version += 1
+            self.generation = next(_GENERATIONS)
             return True
 
     def _check_same_model(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec) -> None:
@@ -162,6 +172,7 @@ class VariableStore:
                 if state:
                     self._optimizer.state[variables[name]] = dict(state)
             self.version += 1
+            self.generation = next(_GENERATIONS)
 
     # ---- the hot path
 
@@ -246,16 +257,39 @@ class VariableStore:
             self.check_gradients(grads)
             if not grads:
                 return
-            for name, grad in grads.items():
-                self._variables[name].grad = grad
-            try:
-                self._optimizer.step()
-                self._stepped = True
-            finally:
-                self.version += 1  # even a step that failed halfway may have changed some
-                for name in grads:
-                    self._variables[name].grad = None
-            self.pushes += 1
+            self._step([self._variables[name] for name in grads], list(grads.values()))
+
+    def _step(self, variables: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+        for variable, grad in zip(variables, grads):
+            variable.grad = grad
+        try:
+            optim.step(self._optimizer)
+            self._stepped = True
+        finally:
+            self.version += 1  # even a step that failed halfway may have changed some
+            for variable in variables:
+                variable.grad = None
+        self.pushes += 1
+
+    def variables(self, names: Sequence[str]) -> list[torch.Tensor]:
+        """The live variables named (those :meth:`update` takes); hold :attr:`lock` while using them."""
+        with self.lock:
+            self._require_ready()
+            return [self._variable(name) for name in names]
+
+    def update(self, variables: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], end_of_step: bool) -> int:
+        """:meth:`push_pull` without its checks, for gradients already checked
+        against these variables of the current :attr:`generation` (a request
+        plan's); the caller holds :attr:`lock`.
+
+        Returns:
+            The global step after the request.
+        """
+        if grads:
+            self._step(variables, grads)
+            if end_of_step:
+                return self.advance_step()
+        return self.global_step
 
     def push_pull(self, grads: Mapping[str, torch.Tensor], pull: Sequence[str],
                   end_of_step: bool) -> tuple[int, list[torch.Tensor]]:

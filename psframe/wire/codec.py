@@ -16,8 +16,9 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
+import numpy
 import torch
 from google.protobuf.message import DecodeError, Message
 
@@ -25,8 +26,8 @@ from psframe.errors import WireFormatError
 from psframe.wire import psframe_pb2 as pb
 
 ALIGNMENT = 8
-_HEADER_TAG = b"\x0a"  # field 1, length-delimited
-_PAYLOAD_TAG = b"\x12"  # field 2, length-delimited
+HEADER_TAG = b"\x0a"  # field 1, length-delimited
+PAYLOAD_TAG = b"\x12"  # field 2, length-delimited
 
 # Every torch dtype with a fixed element size that can cross the wire.
 DTYPES: dict[str, torch.dtype] = {
@@ -42,21 +43,23 @@ DTYPES: dict[str, torch.dtype] = {
 }
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 # Dtypes numpy has too: their tensors' bytes are read through ``Tensor.numpy()``.
-_NUMPY_DTYPES = frozenset(
+NUMPY_DTYPES = frozenset(
     getattr(torch, name) for name in (
         "float64", "float32", "float16", "complex128", "complex64",
         "int64", "int32", "int16", "int8", "uint8", "bool",
     )
 )
-_PADS = [bytes(n) for n in range(ALIGNMENT)]  # the zero bytes before an aligned tensor
+PADS = [bytes(n) for n in range(ALIGNMENT)]  # the zero bytes before an aligned tensor
 
 H = TypeVar("H", bound=Message)
 
-# torch.frombuffer warns (once per process) that a bytes object is not
-# writable. Received buffers are only ever read, so say it once here, quietly.
+# torch.frombuffer and torch.from_numpy warn (once per process each) that a
+# bytes object is not writable. Received buffers are only ever read, so say
+# it once here, quietly.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     torch.frombuffer(b"\0" * 8, dtype=torch.uint8)
+    torch.from_numpy(numpy.frombuffer(b"\0" * 8, dtype=numpy.uint8))
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -87,7 +90,8 @@ def dtype_from_name(name: str) -> torch.dtype:
         ) from None
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """The protobuf varint encoding of a non-negative integer."""
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -113,7 +117,7 @@ def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
     raise WireFormatError("truncated or malformed length prefix in a psframe message")
 
 
-def _raw_bytes(tensor: torch.Tensor):
+def raw_bytes(tensor: torch.Tensor):
     """The little-endian bytes of a contiguous CPU tensor, without a copy
     (an object with the buffer protocol: numpy's view of the tensor)."""
     if tensor.requires_grad:
@@ -122,11 +126,42 @@ def _raw_bytes(tensor: torch.Tensor):
         # Big-endian host: reverse each element's bytes (a copy, rare).
         size = tensor.element_size()
         return tensor.reshape(-1).view(torch.uint8).view(-1, size).flip(-1).contiguous().numpy()
-    if tensor.dtype in _NUMPY_DTYPES:
+    if tensor.dtype in NUMPY_DTYPES:
         return tensor.numpy()
     if tensor.dim() == 0:
         tensor = tensor.reshape(1)  # a dtype view needs a dimension to stretch
     return tensor.view(torch.uint8).numpy()  # bfloat16, float8...: numpy has no such dtype
+
+
+def place(sizes: Sequence[int]) -> tuple[list[int], list[int], int, int]:
+    """Where tensors of ``sizes`` bytes lie in an envelope's payload.
+
+    Every tensor starts on an :data:`ALIGNMENT`-byte boundary of the
+    message: it is padded after the one before it, and the payload's front
+    is padded (the *lead*) so that it starts on an aligned offset of the
+    message, right after its tag and length.
+
+    Returns:
+        ``(pads, offsets, payload_length, lead)``: the zero bytes before each
+        tensor, each tensor's offset in the payload (lead included), the
+        payload's length (lead included) and the lead.
+    """
+    pads, offsets = [], []
+    end = 0
+    for nbytes in sizes:
+        pad = -end % ALIGNMENT
+        pads.append(pad)
+        offsets.append(end + pad)
+        end += pad + nbytes
+    # The payload's tag and length come first: its lead pad depends on the
+    # length prefix, which depends on the lead pad.
+    prefix = len(varint(end))
+    while True:
+        lead = -(1 + prefix) % ALIGNMENT
+        if len(varint(end + lead)) == prefix:
+            break
+        prefix = len(varint(end + lead))
+    return pads, [offset + lead for offset in offsets], end + lead, lead
 
 
 def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]]) -> bytes:
@@ -134,6 +169,8 @@ def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]]) -> bytes:
 
     ``header.tensors`` is replaced by the metadata of ``tensors``. Tensors
     must be on the CPU; non-contiguous ones are made contiguous (a copy).
+    Messages that carry the same tensors again and again are encoded with
+    less work per message by a :class:`psframe.wire.layout.Layout`.
 
     Args:
         header: the envelope's header message (e.g. ``PushPullHeader``).
@@ -143,50 +180,100 @@ def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]]) -> bytes:
         The bytes of the envelope, a valid protobuf message of the envelope type.
     """
     del header.tensors[:]
+    tensors = [(name, sendable(name, tensor)) for name, tensor in tensors]
+    pads, offsets, length, lead = place([tensor.nbytes for _, tensor in tensors])
+    chunks: list = [PAYLOAD_TAG, varint(length), PADS[lead]]
     metas = header.tensors
-    # The payload's tag, length and lead pad are known only at the end.
-    chunks: list = [_PAYLOAD_TAG, b"", b""]
-    offset = 0
     try:
-        for name, tensor in tensors:
-            if not tensor.is_cpu:
-                raise WireFormatError(f"tensor {name!r} is on {tensor.device}; encode() needs CPU tensors")
-            if tensor.layout != torch.strided:
-                raise WireFormatError(f"tensor {name!r} is {tensor.layout}; encode() sends dense tensors")
-            if tensor.is_conj() or tensor.is_neg():
-                tensor = tensor.resolve_conj().resolve_neg()
-            if not tensor.is_contiguous():
-                tensor = tensor.contiguous()
-            wire_name = dtype_name(tensor.dtype)
-            pad = -offset % ALIGNMENT
+        for (name, tensor), pad, offset in zip(tensors, pads, offsets):
+            metas.add(name=name, dtype=dtype_name(tensor.dtype), shape=tensor.shape, offset=offset,
+                      nbytes=tensor.nbytes)
             if pad:
-                chunks.append(_PADS[pad])
-                offset += pad
-            nbytes = tensor.nbytes
-            metas.add(name=name, dtype=wire_name, shape=tensor.shape, offset=offset, nbytes=nbytes)
-            if nbytes:
-                chunks.append(_raw_bytes(tensor))
-            offset += nbytes
+                chunks.append(PADS[pad])
+            if tensor.nbytes:
+                chunks.append(raw_bytes(tensor))
+        header_bytes = header.SerializeToString()
     except BaseException:
         del header.tensors[:]  # leave no half-made header behind
         raise
-    # The payload starts right after its tag and length; pad its front so
-    # that it starts on an aligned offset of the message. Offsets in the
-    # header are relative to the payload start, so they include the lead pad.
-    prefix = len(_varint(offset))
-    while True:
-        lead = -(1 + prefix) % ALIGNMENT
-        if len(_varint(offset + lead)) == prefix:
-            break
-        prefix = len(_varint(offset + lead))
-    if lead:
-        for meta in metas:
-            meta.offset += lead
-    header_bytes = header.SerializeToString()
-    chunks[1] = _varint(offset + lead)
-    chunks[2] = _PADS[lead]
-    chunks += (_HEADER_TAG, _varint(len(header_bytes)), header_bytes)
+    chunks += (HEADER_TAG, varint(len(header_bytes)), header_bytes)
     return b"".join(chunks)
+
+
+def sendable(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as :func:`encode` sends it: dense, contiguous, conjugation and negation resolved.
+
+    Raises:
+        WireFormatError: it is not on the CPU, or not a dense tensor.
+    """
+    if not tensor.is_cpu:
+        raise WireFormatError(f"tensor {name!r} is on {tensor.device}; encode() needs CPU tensors")
+    if tensor.layout != torch.strided:
+        raise WireFormatError(f"tensor {name!r} is {tensor.layout}; encode() sends dense tensors")
+    if tensor.is_conj() or tensor.is_neg():
+        tensor = tensor.resolve_conj().resolve_neg()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return tensor
+
+
+class Envelope(NamedTuple):
+    """A received envelope, its header parsed: where its payload lies in ``data``."""
+
+    header: Message
+    data: memoryview
+    payload_start: int
+    payload_length: int
+
+
+def parse(data: bytes, header_type: type[H]) -> Envelope:
+    """Find an envelope's two fields and parse its header; the tensors are left in place.
+
+    Raises:
+        WireFormatError: the bytes are not a well-formed envelope.
+    """
+    view = memoryview(data)
+    header = None
+    payload_start, payload_length = 0, 0
+    pos = 0
+    while pos < len(view):
+        tag = view[pos]
+        pos += 1
+        if tag not in (HEADER_TAG[0], PAYLOAD_TAG[0]):
+            raise WireFormatError(f"unexpected protobuf tag {tag:#x} in a psframe envelope")
+        length, pos = _read_varint(view, pos)
+        if pos + length > len(view):
+            raise WireFormatError(
+                f"psframe message truncated: a field of {length} bytes at offset {pos} "
+                f"overruns the {len(view)}-byte message"
+            )
+        if tag == HEADER_TAG[0]:
+            try:
+                header = header_type.FromString(view[pos : pos + length])
+            except DecodeError as e:
+                raise WireFormatError(f"malformed {header_type.__name__}: {e}") from e
+        else:
+            payload_start, payload_length = pos, length
+        pos += length
+    return Envelope(header if header is not None else header_type(), view, payload_start, payload_length)
+
+
+def tensors_of(envelope: Envelope) -> list[torch.Tensor]:
+    """The tensors an envelope's header lists, each checked against the payload.
+
+    They share memory with the received bytes (read-only views) when these
+    are suitably aligned, which is the case for messages made by
+    :func:`encode`; otherwise they are copied.
+
+    Raises:
+        WireFormatError: a tensor's metadata does not fit the payload.
+    """
+    header, view, start, length = envelope
+    if not header.tensors:
+        return []
+    # Where the payload lies in memory, to tell an aligned tensor from one that is not.
+    address = torch.frombuffer(view, dtype=torch.uint8, count=1, offset=start).data_ptr() if length else 0
+    return [_tensor_at(view, start, length, address, meta) for meta in header.tensors]
 
 
 def decode(data: bytes, header_type: type[H]) -> tuple[H, list[torch.Tensor]]:
@@ -207,38 +294,8 @@ def decode(data: bytes, header_type: type[H]) -> tuple[H, list[torch.Tensor]]:
     Raises:
         WireFormatError: the bytes are not a well-formed envelope.
     """
-    view = memoryview(data)
-    header = None
-    payload_start, payload_len = 0, 0
-    pos = 0
-    while pos < len(view):
-        tag = view[pos]
-        pos += 1
-        if tag not in (_HEADER_TAG[0], _PAYLOAD_TAG[0]):
-            raise WireFormatError(f"unexpected protobuf tag {tag:#x} in a psframe envelope")
-        length, pos = _read_varint(view, pos)
-        if pos + length > len(view):
-            raise WireFormatError(
-                f"psframe message truncated: a field of {length} bytes at offset {pos} "
-                f"overruns the {len(view)}-byte message"
-            )
-        if tag == _HEADER_TAG[0]:
-            try:
-                header = header_type.FromString(view[pos : pos + length])
-            except DecodeError as e:
-                raise WireFormatError(f"malformed {header_type.__name__}: {e}") from e
-        else:
-            payload_start, payload_len = pos, length
-        pos += length
-    if header is None:
-        header = header_type()
-    if not header.tensors:
-        return header, []
-    # Where the payload lies in memory, to tell an aligned tensor from one that is not.
-    address = torch.frombuffer(view, dtype=torch.uint8, count=1, offset=payload_start).data_ptr() \
-        if payload_len else 0
-    tensors = [_tensor_at(view, payload_start, payload_len, address, meta) for meta in header.tensors]
-    return header, tensors
+    envelope = parse(data, header_type)
+    return envelope.header, tensors_of(envelope)
 
 
 def _tensor_at(view: memoryview, start: int, length: int, address: int, meta: pb.TensorMeta) -> torch.Tensor:

@@ -21,10 +21,11 @@ import torch
 from psframe import errors
 from psframe.checkpoint.manifest import ShardRecord
 from psframe.cluster import ClusterSpec, parse_address
-from psframe.errors import ConnectTimeoutError, PsframeError
+from psframe.errors import ConnectTimeoutError, PsframeError, WireFormatError
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.wire import codec, messages, transport
 from psframe.wire import psframe_pb2 as pb
+from psframe.wire.layout import Layout
 from psframe.worker.slicer import Request, Slot
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,8 @@ class PsClient:
         ]
         self._streams: dict[int, transport.Stream] = {}
         self._watchdog = transport.Watchdog()
-        self._headers: dict[tuple[Request, bool], pb.PushPullHeader] = {}  # made once per planned request
+        # Made once per planned request (and compression): see _Prepared.
+        self._prepared: dict[tuple[Request, bool], _Prepared] = {}
 
     @property
     def num_ps(self) -> int:
@@ -198,6 +200,7 @@ class PsClient:
                 naming the task; RpcTimeoutError after ``timeout`` seconds.
         """
         timeout = timeout or self.rpc_timeout
+        compress_of = [compress and self.wire_dtype is not None] * len(requests)
         unsent: dict[int, collections.deque[int]] = {}
         for i, (request, _) in enumerate(requests):
             unsent.setdefault(request.ps_task, collections.deque()).append(i)
@@ -226,7 +229,7 @@ class PsClient:
                     waiting.clear()
                     unsent[ps_task].clear()
                     continue
-                header, tensors = codec.decode(data, pb.PushPullReplyHeader)
+                header, tensors = self._prepared[(requests[i][0], compress_of[i])].decode(data)
                 if header.error_class:
                     failure = failure or errors.error_from_name(header.error_class, header.error_message)
                 replies[i] = Reply(header.global_step, header.dropped, tensors)
@@ -238,15 +241,14 @@ class PsClient:
     def _encode(self, request: Request, grads: Sequence[tuple[str, torch.Tensor]], step: int,
                 compress: bool) -> bytes:
         compress = compress and self.wire_dtype is not None
-        header = self._headers.get((request, compress))
-        if header is None:  # every step sends the same header but for the step number
-            header = self._headers[(request, compress)] = pb.PushPullHeader(
+        prepared = self._prepared.get((request, compress))
+        if prepared is None:  # every step sends the same header but for the step number
+            prepared = self._prepared[(request, compress)] = _Prepared(pb.PushPullHeader(
                 caller=self.caller, pull=[s.name for s in request.pull], end_of_step=request.end_of_step,
-                wire_dtype=self._wire_name if compress else "")
-        header.step = step
+                wire_dtype=self._wire_name if compress else ""))
         if compress:
             grads = [(name, codec.to_wire(grad, self.wire_dtype)) for name, grad in grads]
-        return codec.encode(header, grads)
+        return prepared.encode(step, grads)
 
     def _stream(self, ps_task: int) -> transport.Stream:
         stream = self._streams.get(ps_task)
@@ -298,6 +300,44 @@ class PsClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Prepared:
+    """What one planned request sends and gets back every step, worked out on first use.
+
+    The header is made once (only the step changes); the layouts of the
+    request's gradients and of the reply's values are learnt from the
+    first message of each, and later ones that fit them are encoded and
+    decoded without per-tensor work (:mod:`psframe.wire.layout`); any that
+    do not fit go the general way.
+    """
+
+    def __init__(self, header: pb.PushPullHeader) -> None:
+        self.header = header
+        self._request: Layout | None = None
+        self._reply: Layout | None = None
+
+    def encode(self, step: int, grads: Sequence[tuple[str, torch.Tensor]]) -> bytes:
+        self.header.step = step
+        if self._request is None:
+            self._request = Layout(pb.PushPullHeader, [(name, g.dtype, tuple(g.shape)) for name, g in grads])
+        try:
+            return self._request.encode(self.header, self._request.buffers([g for _, g in grads]))
+        except WireFormatError:  # gradients of another layout, or not contiguous: general
+            header = pb.PushPullHeader()
+            header.CopyFrom(self.header)
+            return codec.encode(header, grads)
+
+    def decode(self, data: bytes) -> tuple[pb.PushPullReplyHeader, list[torch.Tensor]]:
+        envelope = codec.parse(data, pb.PushPullReplyHeader)
+        header = envelope.header
+        if self._reply is not None and self._reply.matches(header):
+            return header, self._reply.tensors(envelope)
+        tensors = codec.tensors_of(envelope)
+        if not header.error_class and self._reply is None:
+            self._reply = Layout(pb.PushPullReplyHeader, [(meta.name, t.dtype, tuple(t.shape))
+                                                          for meta, t in zip(header.tensors, tensors)])
+        return header, tensors
 
 
 def ping(target: str, timeout: float = 5.0) -> pb.TaskInfo:
