@@ -121,7 +121,7 @@ def build_graph(cluster: tf.train.ClusterSpec, task_index: int, sizes: list[int]
         global_step = v1.train.get_or_create_global_step()
         x = v1.placeholder(tf.float32, [None, sizes[0]], name="x")
         y = v1.placeholder(tf.int64, [None], name="y")
-        params, inits, feeds = [], [], []
+        inits, feeds = [], []
         h = x
         for i, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):
             w = v1.get_variable(f"layer{i}/weight", [fan_in, fan_out], tf.float32, v1.zeros_initializer())
@@ -131,7 +131,6 @@ def build_graph(cluster: tf.train.ClusterSpec, task_index: int, sizes: list[int]
                 h = tf.nn.relu(h)
             for var in (w, b):
                 value = v1.placeholder(tf.float32, var.shape)
-                params.append(var)
                 feeds.append(value)
                 inits.append(v1.assign(var, value))
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=h))
