@@ -215,7 +215,20 @@ TABLES = {"raw": raw_table, "transport": transport_table, "training": training_t
 
 def section_text(section: str, rows: Sequence[dict]) -> str:
     """A section's heading and table, as printed and as written in the report."""
-    return f"## {TITLES[section]}\n\n{TABLES[section](rows)}\n"
+    summary = training_summary(rows) if section == "training" else ""
+    return f"## {TITLES[section]}\n\n{TABLES[section](rows)}\n" + (f"\n{summary}\n" if summary else "")
+
+
+def training_summary(rows: Sequence[dict]) -> str:
+    """The line the TF baseline is there for: psframe async against tf_ps on the large
+    MLP (samples/s, repeat by repeat); empty where either row is missing or not measured."""
+    ratios = training_ratios(rows)
+    row = next((r for r in ratios if (r["system"], r["mode"], r["model"]) == ("psframe", "async", "large_mlp")),
+               None)
+    if row is None or row.get("vs_tf_ps") is None:
+        return ""
+    return (f"**Large MLP, async: psframe's samples/s over tf_ps's (TensorFlow's parameter server): "
+            f"{format_ratio(row['vs_tf_ps'])}** (the median of the ratios repeat by repeat).")
 
 
 # ---------------------------------------------------------------- machine info
@@ -434,6 +447,8 @@ def render_markdown(results: dict, png_name: str, previous: str | None = None) -
                       "and ps count, one panel per model (both axes logarithmic).\n"]
         elif rows:
             parts += [_INTROS[section], "", TABLES[section](rows), ""]
+            if section == "training" and training_summary(rows):
+                parts += [training_summary(rows), ""]
         elif section in results.get("skipped", ()):
             parts.append("Skipped (`--skip`).\n")
         elif section not in results.get("errors", {}):

@@ -18,15 +18,16 @@ torch_rpc_ps       async  1 ps + 2 trainers (:mod:`benchmarks.baseline_rpc_ps`),
                           RPC parameter-server tutorial's design: one ``rpc_sync``
                           per step sends the gradients and returns the parameters;
                           the ps applies them under a lock with ``torch.optim.SGD``.
+torch_rpc_ps       sync   the batch-RPC tutorial's design: the ps waits for both
+                          trainers' gradients, averages, steps once and answers both.
 tf_ps              async  1 ps + 2 workers of TensorFlow 1.x-style between-graph
                           replication (:mod:`benchmarks.baseline_tf_ps`,
                           ``replica_device_setter``, ``GradientDescentOptimizer``):
                           one ``session.run`` per step reads the variables from
-                          the ps and has the ps apply the gradients. Runs in its
-                          own environment (:mod:`benchmarks.tf_env`); where that
-                          is missing its rows say "unavailable".
-torch_rpc_ps       sync   the batch-RPC tutorial's design: the ps waits for both
-                          trainers' gradients, averages, steps once and answers both.
+                          the ps and has the ps apply the gradients (no lock, TF's
+                          default). Runs in its own environment
+                          (:mod:`benchmarks.tf_env`); where that is missing its
+                          rows say "unavailable".
 ddp_gloo           -      2 ranks of ``DistributedDataParallel`` over gloo
                           (:mod:`benchmarks.baseline_ddp`): all-reduce, local step.
 single_process     -      the same loop in one process (the upper bound).

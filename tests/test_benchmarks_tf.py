@@ -80,6 +80,9 @@ def test_psframe_rows_are_compared_with_tf_ps_in_the_same_mode():
     assert rows[1]["vs_tf_ps"] == pytest.approx(1.0)
     assert rows[2]["vs_tf_ps"] is None  # TF runs async only
     assert "samples/s vs tf_ps" in report.training_table(rows)
+    assert "psframe's samples/s over tf_ps's (TensorFlow's parameter server): 2.00x" in (
+        report.section_text("training", rows))
+    assert report.training_summary(rows[1:]) == ""  # no psframe async row: nothing to say
 
 
 @pytest.mark.cluster
