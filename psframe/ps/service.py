@@ -24,9 +24,10 @@ from psframe.errors import (
     WireFormatError,
 )
 from psframe.optim import OptimizerSpec
-from psframe.wire import codec, messages, transport
+from psframe.wire import codec, messages
 from psframe.wire import psframe_pb2 as pb
 from psframe.ps import recovery
+from psframe.ps.peers import PsPeers
 from psframe.ps.plans import RequestPlan, StreamPlans
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.shared import SharedMemory, publish_store
@@ -63,7 +64,7 @@ class ParameterServerService(TaskService):
         self.aggregator: SyncAggregator | None = None
         # Replies to pushes the sync barrier released, for the version they read.
         self._released: tuple[tuple, dict[tuple, bytes]] = ((), {})
-        self._peers: dict[int, transport.Connection] = {}  # to the other ps tasks, made on first use
+        self._peers = PsPeers(cluster, task_index)
         # Where psframe may not tune malloc, freed message buffers are trimmed instead.
         self._memory = allocator.MemoryReturner(enabled=not allocator.tune_malloc())
         if checkpoint_dir:
@@ -201,8 +202,7 @@ class ParameterServerService(TaskService):
         rolls back to the checkpoint), so a sync cluster stays in lockstep.
         """
         self.store.create(restored.values, restored.optimizer)
-        peers = self._peer_steps()
-        global_step = max([restored.global_step, *peers])
+        global_step = max([restored.global_step, *self._peers.global_steps()])
         self.store.restore({}, restored.states, global_step)
         self._variable_defs = list(restored.defs)
         self.restored_step = restored.step
@@ -214,21 +214,6 @@ class ParameterServerService(TaskService):
         log.info("%s: restored %d variables from checkpoint step %d (its global step %d); "
                  "going on at global step %d", self.task_name, len(restored.defs), restored.step,
                  restored.global_step, global_step)
-
-    def _peer_steps(self) -> list[int]:
-        """Global steps of the other ps tasks that hold a model (those that answer quickly)."""
-        steps = []
-        request = pb.InfoRequest()
-        for k in range(self.cluster.num_ps):
-            if k == self.task_index:
-                continue
-            try:
-                info = self._peer(k).call("GetInfo", request, timeout=2.0)
-            except PsframeError:
-                continue
-            if info.state == pb.TaskInfo.READY:
-                steps.append(info.global_step)
-        return steps
 
     def save(self, request: pb.SaveRequest) -> pb.SaveReply:
         self._check_tool_or_worker(request.caller)
@@ -366,7 +351,7 @@ class ParameterServerService(TaskService):
             self._publishing = False
 
     def _start_sync(self, sync: pb.SyncDef) -> None:
-        decide = None if self.task_index == 0 else self._ask_ps0
+        decide = None if self.task_index == 0 else self._peers.step_members
         self.aggregator = SyncAggregator(
             self.store,
             num_workers=sync.total_num_replicas,
@@ -378,22 +363,6 @@ class ParameterServerService(TaskService):
             self.aggregator.worker_finished(worker)
         self._sync_def = sync
         log.info("%s: synchronous training, %s", self.task_name, messages.describe_sync(sync))
-
-    def _peer(self, ps_task: int) -> transport.Connection:
-        """The connection to another ps task (made once)."""
-        peer = self._peers.get(ps_task)
-        if peer is None:
-            address = self.cluster.task_address("ps", ps_task)
-            peer = self._peers[ps_task] = transport.Connection(
-                address, f"{ClusterSpec.task_name('ps', ps_task)} at {address}")
-        return peer
-
-    def _ask_ps0(self, step: int, timeout: float) -> tuple[int, ...]:
-        caller = pb.Caller(job_name="ps", task_index=self.task_index,
-                           cluster_fingerprint=self.cluster.fingerprint)
-        reply = self._peer(0).call("StepMembers", pb.StepMembersRequest(caller=caller, step=step),
-                                   timeout=timeout + 5.0, wait_for_ready=True)
-        return tuple(reply.workers)
 
     def step_members(self, request: pb.StepMembersRequest) -> pb.StepMembersReply:
         self._check_caller(request.caller, job_name="ps")
@@ -424,9 +393,7 @@ class ParameterServerService(TaskService):
 
     def close(self) -> None:
         """Close the connections to the other ps tasks."""
-        for peer in self._peers.values():
-            peer.close()
-        self._peers.clear()
+        self._peers.close()
 
 
 def _outgoing(names: list[str], values: list[torch.Tensor], wire_dtype: torch.dtype | None
