@@ -1,7 +1,7 @@
 """What a ps task costs in memory, against what it holds.
 
-One ps process (``psframe server``) per case: the worker (this process)
-creates float32 variables of the given total size, in parts of the size the
+One ps task (``psframe server``) per case: the worker (this process) creates
+float32 variables of the given total size, in parts of the size the
 trainer's placement makes (``DEFAULT_MAX_SHARD_BYTES``), with an optimizer
 that keeps state (SGD with momentum: one buffer per variable; Adam: two),
 then runs a few push+pull steps of every variable, sent as the trainer sends
@@ -9,13 +9,23 @@ them (requests of at most that size, on one stream). Then:
 
 - **bytes held**: variables plus optimizer state, as the ps reports it
   (``TaskInfo.bytes_held``);
-- **peak RSS**: the ps process's high-water mark of resident memory
-  (``VmHWM`` of ``/proc/PID/status``; where that is missing, the largest
-  RSS sampled with psutil every 10 ms);
-- **baseline RSS**: the ps process's RSS once it serves, before any variable;
+- **peak memory**: with one serving process, its high-water mark of resident
+  memory (``VmHWM`` of ``/proc/PID/status``; where that is missing, the
+  largest RSS sampled with psutil every 10 ms). With K serving processes
+  (``--serving_processes``) the variables and optimizer state live in shared
+  memory that every one of them maps, and each one's RSS counts all of it:
+  their memory is the largest sum of their proportional set sizes (PSS:
+  a shared page counts 1/n in each of the n processes that map it) sampled
+  every 10 ms;
+- **baseline**: the same once the task serves, before any variable;
+- **idle ps**: the peak memory of a ps task that holds one 4 KiB variable
+  with the same optimizer and serving processes, after the same steps,
+  measured in the same run: what every ps task costs whatever it holds (a
+  fresh task's baseline leaves out the code torch, gRPC and the optimizer
+  page in on first use, about 80 MB);
 - **peak after init**: the high-water mark once the variables exist, before
   the first step (does the peak come from creating them, or from training?);
-- **within limit**: peak RSS <= 1.3 x bytes held + 300 MB.
+- **within limit**: peak memory <= 1.3 x bytes held + the idle ps's.
 
     python -m benchmarks.memory [--quick]
 """
@@ -37,12 +47,13 @@ from psframe import optim
 from psframe.optim import OptimizerSpec
 from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES
 
-from benchmarks.common import MB, Children, Deadline, MiB, format_bytes, single_thread
+from benchmarks.common import Children, Deadline, MiB, format_bytes, single_thread
 from benchmarks.transport import PsCluster, create_variables, push_pull, shard_requests
 
 TENSOR_BYTES = DEFAULT_MAX_SHARD_BYTES  # the trainer's parts
 LIMIT_FACTOR = 1.3
-LIMIT_OVERHEAD = 300 * MB
+IDLE_BYTES = 4096  # what an idle ps task holds: one variable of 1,024 float32
+SERVING_PROCESSES = 2  # K of the rows of a task served from several processes
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
     "SGD(momentum=0.9)": optim.SGD(lr=1e-3, momentum=0.9),
@@ -52,39 +63,61 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
 
 @dataclass(frozen=True)
 class MemoryCase:
-    """Variables of ``variable_bytes`` in total, updated by ``optimizer``."""
+    """Variables of ``variable_bytes`` in total, updated by ``optimizer``, served by
+    ``serving_processes`` processes."""
 
     variable_bytes: int
     optimizer: str  # a key of OPTIMIZERS
+    serving_processes: int = 1
 
     @property
     def name(self) -> str:
-        return f"mem-{self.variable_bytes // MiB}MiB-{self.optimizer.split('(')[0]}"
+        return f"mem-{self.variable_bytes // MiB}MiB-{self.optimizer.split('(')[0]}-k{self.serving_processes}"
+
+    @property
+    def idle(self) -> MemoryCase:
+        """The idle ps task this case is held against: same optimizer and processes."""
+        return MemoryCase(IDLE_BYTES, self.optimizer, self.serving_processes)
 
 
 def cases_for(quick: bool) -> list[MemoryCase]:
     if quick:
         return [MemoryCase(16 * MiB, "SGD(momentum=0.9)")]
-    return [MemoryCase(size, opt) for size in (80 * MiB, 400 * MiB) for opt in OPTIMIZERS]
+    cases = [MemoryCase(size, opt) for size in (80 * MiB, 400 * MiB) for opt in OPTIMIZERS]
+    return cases + [MemoryCase(size, "SGD(momentum=0.9)", SERVING_PROCESSES) for size in (80 * MiB, 400 * MiB)]
 
 
-class RssSampler:
-    """The largest RSS of a process seen by sampling it every ``interval`` seconds."""
+class MemorySampler:
+    """The largest memory of a process and its children seen by sampling every ``interval`` seconds:
+    the RSS of the process alone, or with ``proportional`` the sum of every one's PSS."""
 
-    def __init__(self, pid: int, interval: float = 0.01) -> None:
+    def __init__(self, pid: int, interval: float = 0.01, proportional: bool = False) -> None:
         self._process = psutil.Process(pid)
         self._interval = interval
+        self._proportional = proportional
         self._stop = threading.Event()
         self.peak = 0
-        self._thread = threading.Thread(target=self._run, name=f"rss-{pid}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"memory-{pid}", daemon=True)
         self._thread.start()
+
+    def sample(self) -> int:
+        """The memory now (0 once the process is gone)."""
+        try:
+            if not self._proportional:
+                return self._process.memory_info().rss
+            total = 0
+            for process in (self._process, *self._process.children(recursive=True)):
+                try:
+                    total += process.memory_full_info().pss
+                except psutil.NoSuchProcess:
+                    pass
+            return total
+        except psutil.Error:
+            return 0
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            try:
-                self.peak = max(self.peak, self._process.memory_info().rss)
-            except psutil.Error:
-                return
+            self.peak = max(self.peak, self.sample())
 
     def stop(self) -> int:
         self._stop.set()
@@ -105,8 +138,9 @@ def vm_hwm(pid: int) -> int | None:
 
 
 def measure_case(children: Children, case: MemoryCase, steps: int, deadline: Deadline) -> dict:
-    """Start one ps, fill it, train it ``steps`` steps, and read its memory."""
-    cluster = PsCluster(children, 1, case.name, deadline.remaining() + 60)
+    """Start one ps task, fill it, train it ``steps`` steps, and read its memory."""
+    flags = [f"--serving_processes={case.serving_processes}"] if case.serving_processes > 1 else []
+    cluster = PsCluster(children, 1, case.name, deadline.remaining() + 60, extra_flags=flags)
     client = cluster.connect(deadline)
     pid = cluster.procs[0].pid
     reported_pid = client.get_info(0).pid
@@ -114,15 +148,17 @@ def measure_case(children: Children, case: MemoryCase, steps: int, deadline: Dea
         print(f"[bench] warning: ps reports pid {reported_pid}, started pid {pid}; measuring the former",
               file=sys.stderr)
         pid = reported_pid
-    baseline = psutil.Process(pid).memory_info().rss
-    sampler = RssSampler(pid)
+    shared = case.serving_processes > 1
+    sampler = MemorySampler(pid, proportional=shared)
+    baseline = sampler.sample()
     try:
-        count = case.variable_bytes // TENSOR_BYTES
-        values = [[(f"w{i}", torch.full((TENSOR_BYTES // 4,), 0.5)) for i in range(count)]]
+        part = min(TENSOR_BYTES, case.variable_bytes) // 4
+        count = case.variable_bytes // (part * 4)
+        values = [[(f"w{i}", torch.full((part,), 0.5)) for i in range(count)]]
         create_variables(client, values, OPTIMIZERS[case.optimizer])
         del values
-        init_peak = vm_hwm(pid)
-        grads = shard_requests([[(f"w{i}", torch.full((TENSOR_BYTES // 4,), 1e-3)) for i in range(count)]])
+        init_peak = None if shared else vm_hwm(pid)
+        grads = shard_requests([[(f"w{i}", torch.full((part,), 1e-3)) for i in range(count)]])
         start = time.perf_counter()
         for _ in range(steps):
             deadline.check(f"stepping {case.name}")
@@ -130,20 +166,21 @@ def measure_case(children: Children, case: MemoryCase, steps: int, deadline: Dea
             del pulled
         seconds_per_step = (time.perf_counter() - start) / steps
         info = client.get_info(0)
-        peak = vm_hwm(pid)
+        peak = None if shared else vm_hwm(pid)
     finally:
         sampled = sampler.stop()
-    source = "VmHWM"
+    source = "sampled PSS" if shared else "VmHWM"
     if peak is None:
-        peak, source = sampled, "sampled"
-        init_peak = None  # not known without VmHWM
+        peak = sampled
+        if not shared:
+            source, init_peak = "sampled RSS", None  # not known without VmHWM
     cluster.finish()
-    limit = LIMIT_FACTOR * info.bytes_held + LIMIT_OVERHEAD
     return {
-        "system": "psframe ps",
+        "system": "psframe ps" if not shared else f"psframe ps, {case.serving_processes} processes",
         "variables": format_bytes(case.variable_bytes),
         "variable_bytes": case.variable_bytes,
         "optimizer": case.optimizer,
+        "serving_processes": case.serving_processes,
         "steps": steps,
         "bytes_held": info.bytes_held,
         "baseline_rss": baseline,
@@ -151,29 +188,35 @@ def measure_case(children: Children, case: MemoryCase, steps: int, deadline: Dea
         "peak_rss_after_init": init_peak,
         "peak_source": source,
         "sampled_peak_rss": sampled,
-        "limit": limit,
-        "within_limit": peak <= limit,
         "seconds_per_step": seconds_per_step,
     }
 
 
 def run_memory_benchmarks(quick: bool = False, timeout: float = 900.0) -> list[dict]:
-    """Measure every memory case (one ps process at a time).
+    """Measure every memory case and its idle ps task (one ps task at a time).
 
     Returns:
         One row per case: ``system``, ``variables``, ``variable_bytes``,
-        ``optimizer``, ``steps``, ``bytes_held``, ``baseline_rss``,
-        ``peak_rss``, ``peak_rss_after_init``, ``peak_source``, ``sampled_peak_rss``, ``limit``,
-        ``within_limit``, ``seconds_per_step``.
+        ``optimizer``, ``serving_processes``, ``steps``, ``bytes_held``,
+        ``baseline_rss``, ``peak_rss``, ``peak_rss_after_init``,
+        ``peak_source``, ``sampled_peak_rss``, ``seconds_per_step``,
+        ``idle_rss`` (the idle ps task's peak), ``limit`` and ``within_limit``.
     """
     single_thread()
     torch.set_num_threads(1)
     deadline = Deadline(timeout, "ps memory benchmark")
     steps = 2 if quick else 5
     rows = []
+    idle: dict[MemoryCase, dict] = {}
     with tempfile.TemporaryDirectory(prefix="psframe-bench-memory-") as logs, Children(logs) as children:
         for case in cases_for(quick):
-            rows.append(measure_case(children, case, steps, deadline))
+            if case.idle not in idle:
+                idle[case.idle] = measure_case(children, case.idle, steps, deadline)
+            row = measure_case(children, case, steps, deadline)
+            row["idle_rss"] = idle[case.idle]["peak_rss"]
+            row["limit"] = LIMIT_FACTOR * row["bytes_held"] + row["idle_rss"]
+            row["within_limit"] = row["peak_rss"] <= row["limit"]
+            rows.append(row)
     return rows
 
 

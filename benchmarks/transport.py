@@ -82,10 +82,12 @@ class PsCluster:
             one :func:`pick_free_ports` call: ports picked apart are each free
             when picked, and the OS may hand one out twice before any process
             binds it.
+        extra_flags: more flags of ``psframe server`` for every ps task
+            (e.g. ``--serving_processes=2``).
     """
 
     def __init__(self, children: Children, num_ps: int, name: str, timeout: float,
-                 ports: Sequence[int] | None = None) -> None:
+                 ports: Sequence[int] | None = None, extra_flags: Sequence[str] = ()) -> None:
         ports = pick_free_ports(num_ps + 1) if ports is None else list(ports)
         if len(ports) != num_ps + 1:
             raise ValueError(f"a cluster of {num_ps} ps tasks needs {num_ps + 1} ports, got {len(ports)}")
@@ -98,7 +100,7 @@ class PsCluster:
         self.procs = [
             children.start(task, [sys.executable, "-m", "psframe.cli", "server",
                                   f"--cluster_spec={self.cluster.to_string()}", "--job_name=ps",
-                                  f"--task_index={i}", f"--timeout={timeout:.0f}"])
+                                  f"--task_index={i}", f"--timeout={timeout:.0f}", *extra_flags])
             for i, task in enumerate(self.names)
         ]
         self.client: PsClient | None = None

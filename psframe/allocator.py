@@ -130,6 +130,18 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
+def trim() -> None:
+    """Give the free memory of the heap back to the OS now (glibc's ``malloc_trim``; a no-op elsewhere).
+
+    For a one-off: once a ps task moved its variables or optimizer state
+    into shared memory, the private copies it freed would otherwise stay
+    resident, kept for reuse (see :func:`tune_malloc`).
+    """
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
 class MemoryReturner:
     """Gives freed message buffers back to the OS every so many bytes handled.
 

@@ -90,3 +90,26 @@ def test_folders_of_owners_that_died_are_removed(memory):
     finally:
         other.close()
     assert not os.path.exists(other.folder)
+
+
+def test_initial_values_are_copied_into_shared_memory_once(memory):
+    store = _store(memory)
+    made = []
+    allocate = store._allocate
+    store._allocate = lambda dtype, shape: made.append(allocate(dtype, shape)) or made[-1]
+    value = store.copy_in(torch.arange(6.0))  # what the service keeps of an Init request
+    store.create({"w": value}, psframe.optim.SGD(lr=0.1), copy=False)
+    assert len(made) == 1 and store.read(["w"])[0].data_ptr() == made[0].data_ptr()
+    assert torch.equal(store.read(["w"])[0], torch.arange(6.0))
+
+
+def test_moving_the_state_to_shared_memory_keeps_its_values(memory):
+    store = _store(memory)
+    store.create({"w": torch.zeros(5)}, psframe.optim.Adam(lr=0.5))
+    store.apply({"w": torch.ones(5)})
+    before = {k: v.clone() for k, v in store.optimizer_state()["w"].items() if isinstance(v, torch.Tensor)}
+    store.share_state()
+    after = store.optimizer_state()["w"]
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    folder_bytes = sum(os.path.getsize(os.path.join(memory.folder, f)) for f in os.listdir(memory.folder))
+    assert folder_bytes >= sum(v.nbytes for v in after.values() if isinstance(v, torch.Tensor) and v.dim())

@@ -165,8 +165,9 @@ class ParameterServerService(TaskService):
                 by_name = {d.name: d for d in defs}
                 for meta, tensor in zip(header.tensors, tensors):
                     messages.check_initial_value(self.task_name, by_name.get(meta.name), meta.name, tensor)
-                    # A copy now lets the request's buffer go; create() then adopts it.
-                    self._pending_values[meta.name] = tensor.clone()
+                    # A copy now (in shared memory, where the model lives there) lets the
+                    # request's buffer go; create() then adopts it.
+                    self._pending_values[meta.name] = self.store.copy_in(tensor)
                 if len(self._pending_values) == len(defs):
                     values = {d.name: self._pending_values[d.name] for d in defs}
                     created = self.store.create(values, optimizer, copy=False)

@@ -29,7 +29,7 @@ from psframe.errors import (
     ShapeMismatchError,
     UnknownVariableError,
 )
-from psframe import optim
+from psframe import allocator, optim
 from psframe.optim import OptimizerSpec
 from psframe.wire import messages
 
@@ -95,7 +95,8 @@ class VariableStore:
     def create(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec, *,
                copy: bool = True) -> bool:
         """Create the variables (copies of ``values``, or ``values`` themselves
-        with ``copy=False``) and the optimizer.
+        with ``copy=False``: tensors from :meth:`copy_in`, where the store has
+        memory of its own) and the optimizer.
 
         Creating again with the same names, shapes, dtypes and optimizer is a
         no-op (the chief restarted, or the store was restored); anything else
@@ -113,8 +114,8 @@ class VariableStore:
                 return False
             variables = {}
             for name, value in values.items():
-                if self._allocate is not None:  # shared memory: every process maps the same bytes
-                    variable = self._allocate(value.dtype, tuple(value.shape)).copy_(value.detach())
+                if self._allocate is not None and copy:  # shared memory: every process maps the same bytes
+                    variable = self.copy_in(value)
                 else:
                     variable = value.detach().to("cpu", copy=copy).contiguous()
                 variable.requires_grad_(variable.is_floating_point() or variable.is_complex())
@@ -125,6 +126,12 @@ class VariableStore:
             self.version += 1
             self.generation = next(_GENERATIONS)
             return True
+
+    def copy_in(self, value: torch.Tensor) -> torch.Tensor:
+        """A copy of ``value`` in the store's memory (shared memory, where it was given ``allocate``)."""
+        if self._allocate is None:
+            return value.detach().clone()
+        return self._allocate(value.dtype, tuple(value.shape)).copy_(value.detach())
 
     def _check_same_model(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec) -> None:
         messages.check_same_variables(f"{self.owner} already holds a different model",
@@ -147,13 +154,20 @@ class VariableStore:
 
     def share_state(self) -> None:
         """Move the optimizer's state into memory made by ``allocate`` (shared memory),
-        in place: the optimizer goes on with the same values, now where other processes map them."""
+        in place: the optimizer goes on with the same values, now where other processes map them.
+
+        The private memory of each state tensor moved is given back to the
+        OS at once (:func:`psframe.allocator.trim`): the heap would keep it
+        resident, and for a moment the task would hold its state twice.
+        """
         with self.lock:
             for variable in self._variables.values():
                 state = self._optimizer.state.get(variable, {})
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor):
                         state[key] = self._allocate(value.dtype, tuple(value.shape)).copy_(value)
+                        del value
+                        allocator.trim()
 
     def adopt(self, values: Mapping[str, torch.Tensor], states: Mapping[str, Mapping[str, Any]],
               optimizer: OptimizerSpec) -> None:
