@@ -33,6 +33,10 @@ for a ps that ends), then exits. One compute thread per process
 (``intra_op``/``inter_op_parallelism_threads`` = 1). Each task prints one JSON
 line, as :mod:`benchmarks.baseline_rpc_ps` does.
 
+Every address in the cluster is 127.0.0.1, so all traffic stays on loopback;
+TF's gRPC server itself offers no bind address and listens on the port on
+every interface (``0.0.0.0``), for as long as the run lasts.
+
 This runs in the TensorFlow environment (``scripts/env_tf.sh``), which has
 neither torch nor psframe: it imports only numpy, tensorflow and
 :mod:`benchmarks.common`.
