@@ -31,7 +31,7 @@ COPIES_PLACEHOLDER = (
     "the numbers above suggest removing first."
 )
 
-TRAINING_SYSTEMS = ("psframe", "psframe_bf16", "torch_rpc_ps", "tf_ps", "ddp_gloo", "single_process")
+TRAINING_SYSTEMS = ("psframe", "psframe_grpc", "psframe_bf16", "torch_rpc_ps", "tf_ps", "ddp_gloo", "single_process")
 
 TITLES = {
     "raw": "Raw gRPC ceiling",
@@ -223,12 +223,15 @@ def training_summary(rows: Sequence[dict]) -> str:
     """The line the TF baseline is there for: psframe async against tf_ps on the large
     MLP (samples/s, repeat by repeat); empty where either row is missing or not measured."""
     ratios = training_ratios(rows)
-    row = next((r for r in ratios if (r["system"], r["mode"], r["model"]) == ("psframe", "async", "large_mlp")),
-               None)
-    if row is None or row.get("vs_tf_ps") is None:
-        return ""
-    return (f"**Large MLP, async: psframe's samples/s over tf_ps's (TensorFlow's parameter server): "
-            f"{format_ratio(row['vs_tf_ps'])}** (the median of the ratios repeat by repeat).")
+    lines = []
+    for system, how in (("psframe", "tensors through shared memory, psframe's default on one host"),
+                        ("psframe_grpc", "every byte through gRPC, as between hosts")):
+        row = next((r for r in ratios if (r["system"], r["mode"], r["model"]) == (system, "async", "large_mlp")),
+                   None)
+        if row is not None and row.get("vs_tf_ps") is not None:
+            lines.append(f"**Large MLP, async: {system}'s samples/s over tf_ps's (TensorFlow's parameter server): "
+                         f"{format_ratio(row['vs_tf_ps'])}** ({how}; the median of the ratios repeat by repeat).")
+    return "\n\n".join(lines)
 
 
 # ---------------------------------------------------------------- machine info

@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="largest stored part (one message); default: psframe's")
     parser.add_argument("--wire_dtype", default=None, choices=["bfloat16", "float16"],
                         help="compress gradients and parameters on the wire (default: as stored)")
+    parser.add_argument("--no_shared_memory", action="store_true",
+                        help="every byte through gRPC, as across hosts (default: shared memory on one host)")
     parser.add_argument("--serving_processes", type=int, default=1,
                         help="ps: processes serving the task's port (psframe.ps.serving)")
     parser.add_argument("--log_level", default="WARNING", help="logging level (INFO shows psframe's progress)")
@@ -84,6 +86,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         hooks=[StopAtStepHook(last_step=last_step)],
         connect_timeout=args.timeout,
         wire_dtype=args.wire_dtype,
+        shared_memory=not args.no_shared_memory,
         **({"max_shard_bytes": args.max_shard_bytes} if args.max_shard_bytes else {}),
     )
     times: list[float] = []

@@ -1,6 +1,6 @@
 """Training throughput: psframe against torch.distributed and TensorFlow baselines, on loopback.
 
-Six systems train the same models on the same fixed synthetic data with
+Seven systems train the same models on the same fixed synthetic data with
 plain SGD (lr 0.01), batch 100 per worker, one compute thread per process:
 
 =================  =====  ==========================================================
@@ -8,7 +8,11 @@ system             mode   processes, and what one step is
 =================  =====  ==========================================================
 psframe            async  1 ps + 2 workers (:mod:`benchmarks.train_psframe`); a
                           worker pushes its gradients and pulls the parameters in
-                          one gRPC call; the ps applies each push at once.
+                          one gRPC call; the ps applies each push at once. On one
+                          host (here) the tensors themselves travel through shared
+                          memory, gRPC carrying the headers (psframe's default).
+psframe_grpc       async  the same with ``shared_memory=False``: every byte
+                          through gRPC, as between hosts.
 psframe            sync   the same with ``SyncReplicas()`` (R = N = 2): one update
                           averages both workers' gradients.
 psframe_bf16       async  psframe async with ``wire_dtype="bfloat16"``: gradients
@@ -98,6 +102,7 @@ QUICK_STEPS = {"mnist_mlp": (20, 5), "large_mlp": (3, 1)}
 # baselines it is compared with, so that they meet the same load.
 SYSTEMS = (
     ("psframe", "async"),
+    ("psframe_grpc", "async"),
     ("torch_rpc_ps", "async"),
     ("tf_ps", "async"),
     ("psframe", "sync"),
@@ -478,6 +483,8 @@ def run_system(system: str, model: str, mode: str, steps: int, warmup: int, dead
     busy_before, mine_before = _busy_cpu_seconds(), _children_cpu_seconds()
     if system == "psframe":
         measured = run_psframe_processes(model, mode == "sync", steps, warmup, deadline)
+    elif system == "psframe_grpc":
+        measured = run_psframe_processes(model, mode == "sync", steps, warmup, deadline, ["--no_shared_memory"])
     elif system == "psframe_bf16":
         measured = run_psframe_processes(model, mode == "sync", steps, warmup, deadline,
                                          ["--wire_dtype=bfloat16"])

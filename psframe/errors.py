@@ -50,6 +50,11 @@ class WireFormatError(PsframeError, ValueError):
     """Bytes received on the wire do not decode as a psframe message."""
 
 
+class SharedRegionError(WireFormatError):
+    """A request names a shared-memory region the ps task cannot use (not on its host,
+    gone, or not as described); the worker sends the tensors in the message instead."""
+
+
 class ConnectTimeoutError(PsframeError, TimeoutError):
     """A peer task did not come up (or become ready) before the deadline."""
 
@@ -116,6 +121,7 @@ __all__ = [
     "DtypeMismatchError",
     "UnknownVariableError",
     "WireFormatError",
+    "SharedRegionError",
     "ConnectTimeoutError",
     "TaskUnavailableError",
     "RpcTimeoutError",

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
+from psframe.errors import SharedRegionError
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.layout import Layout
+from psframe.wire.shared_region import SharedRegion
 
 
 @dataclass(eq=False)
@@ -69,7 +71,8 @@ class RequestPlan:
 
 
 class StreamPlans:
-    """The plans of one PushPull stream, tried from the one after the last used.
+    """The plans of one PushPull stream, tried from the one after the last used,
+    and the shared regions its requests named (:mod:`psframe.wire.shared_region`).
 
     A stream's requests come in the same order every step, so the next
     request is almost always of the kind after the last one.
@@ -80,6 +83,39 @@ class StreamPlans:
     def __init__(self) -> None:
         self._plans: list[RequestPlan] = []
         self._next = 0
+        self._regions: dict[str, SharedRegion] = {}
+
+    def shared(self, envelope: codec.Envelope) -> tuple[codec.Envelope, SharedRegion | None, str]:
+        """Where the tensors of a request that names a shared region lie, the region, and why
+        the region is refused (empty if it is not).
+
+        Raises:
+            SharedRegionError: the tensors are in a region that cannot be used
+                (the worker then sends them in the message).
+        """
+        message = envelope.header.shared
+        try:
+            region = self.region(message)
+        except SharedRegionError as e:
+            if message.in_region:
+                raise
+            return envelope, None, str(e)  # an offer: the tensors came in the message
+        return (region.request_envelope(envelope.header) if message.in_region else envelope), region, ""
+
+    def region(self, message: pb.SharedRegion) -> SharedRegion:
+        """The region ``message`` names, mapped on first use.
+
+        Raises:
+            SharedRegionError: it cannot be mapped here, or is not as named.
+        """
+        region = self._regions.get(message.path)
+        if region is not None and region.matches(message):
+            return region
+        region = SharedRegion.attach(message)
+        if len(self._regions) >= self.MAX_PLANS:  # a worker makes one per kind of request
+            self._regions.clear()
+        self._regions[message.path] = region
+        return region
 
     def find(self, header: pb.PushPullHeader) -> RequestPlan | None:
         """The plan ``header`` matches, or None."""

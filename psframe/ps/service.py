@@ -26,6 +26,7 @@ from psframe.errors import (
 from psframe.optim import OptimizerSpec
 from psframe.wire import codec, messages
 from psframe.wire import psframe_pb2 as pb
+from psframe.wire.shared_region import SharedRegion
 from psframe.ps import recovery
 from psframe.ps.peers import PsPeers
 from psframe.ps.plans import RequestPlan, StreamPlans
@@ -259,20 +260,26 @@ class ParameterServerService(TaskService):
         self._memory.handled(len(data))
         envelope = codec.parse(data, pb.PushPullHeader)
         header = envelope.header
+        region, refused = None, ""
+        if header.HasField("shared"):  # a worker on this host: its tensors may lie in a shared region
+            envelope, region, refused = (plans if plans is not None else StreamPlans()).shared(envelope)
         plan = plans.find(header) if plans is not None and self.aggregator is None else None
         if plan is None:
             self._check_caller(header.caller)
         with self.roster.call(header.caller.task_index):
             if plan is not None:
-                reply = self._push_pull_planned(plan, header, envelope)
+                reply = self._push_pull_planned(plan, header, envelope, region)
                 if reply is not None:
                     return reply
                 plans.drop(plan)
-            return self._push_pull(header, codec.tensors_of(envelope), plans)
+            return self._push_pull(header, codec.tensors_of(envelope), plans, refused)
 
-    def _push_pull_planned(self, plan: RequestPlan, header: pb.PushPullHeader,
-                           envelope: codec.Envelope) -> bytes | None:
-        """The reply to an asynchronous request of a planned kind; None if the plan no longer holds."""
+    def _push_pull_planned(self, plan: RequestPlan, header: pb.PushPullHeader, envelope: codec.Envelope,
+                           region: SharedRegion | None) -> bytes | None:
+        """The reply to an asynchronous request of a planned kind; None if the plan no longer holds.
+
+        With a shared ``region`` (a worker on this host), the reply's tensors go there.
+        """
         grads = plan.request.tensors(envelope)
         store = self.store
         with store.lock:
@@ -282,10 +289,13 @@ class ParameterServerService(TaskService):
             if self._publishing and grads:
                 self._publish()
             # Encode under the lock, as below: one consistent version, one copy.
+            if region is not None and region.fits_reply(plan.reply):
+                region.write_reply(plan.reply, plan.reply_buffers)
+                return plan.reply.encode_header(pb.PushPullReplyHeader(global_step=step, shared=True))
             return plan.reply.encode(pb.PushPullReplyHeader(global_step=step), plan.reply_buffers)
 
     def _push_pull(self, header: pb.PushPullHeader, tensors: list[torch.Tensor],
-                   plans: StreamPlans | None = None) -> bytes:
+                   plans: StreamPlans | None = None, refused: str = "") -> bytes:
         grads = {meta.name: tensor for meta, tensor in zip(header.tensors, tensors)}
         if len(grads) != len(tensors):
             raise WireFormatError("a push names the same variable twice")
@@ -302,7 +312,8 @@ class ParameterServerService(TaskService):
                     self._plan(plans, header, list(grads), values)
                 # Encode under the lock: the reply is one consistent version, and
                 # the only copy of the variables is the one into the reply.
-                return codec.encode(pb.PushPullReplyHeader(global_step=step), _outgoing(pull, values, wire_dtype))
+                return codec.encode(pb.PushPullReplyHeader(global_step=step, shared_refused=refused),
+                                    _outgoing(pull, values, wire_dtype))
         self.store.check_names(pull)
         # A push that pulls nothing is one of several messages of a worker's
         # step: it is recorded and answered at once (see Trainer._step_plan).

@@ -50,7 +50,8 @@ class Layout:
         self.specs: tuple[TensorSpec, ...] = tuple((name, dtype, tuple(shape)) for name, dtype, shape in specs)
         numels = [_numel(shape) for _, _, shape in self.specs]
         sizes = [numel * dtype.itemsize for numel, (_, dtype, _) in zip(numels, self.specs)]
-        pads, offsets, self.payload_length, lead = codec.place(sizes)
+        pads, offsets, self.payload_length, self.lead = codec.place(sizes)
+        lead = self.lead
         metas = header_type()
         for (name, dtype, shape), offset, nbytes in zip(self.specs, offsets, sizes):
             metas.tensors.add(name=name, dtype=codec.dtype_name(dtype), shape=shape, offset=offset, nbytes=nbytes)
@@ -117,6 +118,32 @@ class Layout:
         header_bytes = header.SerializeToString() + self._metas_bytes
         chunks += (codec.HEADER_TAG, codec.varint(len(header_bytes)), header_bytes)
         return b"".join(chunks)
+
+    def encode_header(self, header: Message) -> bytes:
+        """An envelope of ``header`` listing the laid-out tensors, without a payload:
+        the tensors travel elsewhere (a shared region, :mod:`psframe.wire.shared_region`)."""
+        if header.tensors:
+            raise ValueError("the header given to Layout.encode_header lists tensors already; the layout adds them")
+        header_bytes = header.SerializeToString() + self._metas_bytes
+        return codec.HEADER_TAG + codec.varint(len(header_bytes)) + header_bytes
+
+    def targets(self, buffer: Any, start: int) -> list[numpy.ndarray]:
+        """Writable views of where each tensor lies in ``buffer`` when its payload starts at ``start``
+        (for :meth:`write`): numpy arrays shaped as :meth:`buffers` gives them, flattened."""
+        targets = []
+        for numpy_dtype, dtype, numel, offset, _ in self._readers:
+            if numpy_dtype is None:  # bfloat16, float8...: their bytes
+                numpy_dtype, numel = numpy.dtype(numpy.uint8), numel * dtype.itemsize
+            targets.append(numpy.frombuffer(buffer, numpy_dtype, numel, start + offset))
+        return targets
+
+    def write(self, targets: Sequence[numpy.ndarray], buffers: Sequence[Any]) -> None:
+        """Copy the tensors' bytes (``buffers``, from :meth:`buffers`) to ``targets`` (from :meth:`targets`)."""
+        if len(buffers) != len(targets):
+            raise ValueError(f"a layout of {len(targets)} tensors was given {len(buffers)} buffers")
+        for target, buffer in zip(targets, buffers):
+            if buffer is not None:
+                numpy.copyto(target, buffer.reshape(-1), casting="no")
 
     # ---- decoding
 

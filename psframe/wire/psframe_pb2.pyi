@@ -211,20 +211,40 @@ class InitResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[InitReplyHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PushPullHeader(_message.Message):
-    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype")
+    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "shared")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     PULL_FIELD_NUMBER: _ClassVar[int]
     END_OF_STEP_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     pull: _containers.RepeatedScalarFieldContainer[str]
     end_of_step: bool
     wire_dtype: str
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ...) -> None: ...
+    shared: SharedRegion
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., shared: _Optional[_Union[SharedRegion, _Mapping]] = ...) -> None: ...
+
+class SharedRegion(_message.Message):
+    __slots__ = ("path", "key", "size", "request_start", "request_length", "reply_start", "in_region")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_START_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    REPLY_START_FIELD_NUMBER: _ClassVar[int]
+    IN_REGION_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    key: bytes
+    size: int
+    request_start: int
+    request_length: int
+    reply_start: int
+    in_region: bool
+    def __init__(self, path: _Optional[str] = ..., key: _Optional[bytes] = ..., size: _Optional[int] = ..., request_start: _Optional[int] = ..., request_length: _Optional[int] = ..., reply_start: _Optional[int] = ..., in_region: _Optional[bool] = ...) -> None: ...
 
 class PushPullRequest(_message.Message):
     __slots__ = ("header", "payload")
@@ -235,18 +255,22 @@ class PushPullRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[PushPullHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PushPullReplyHeader(_message.Message):
-    __slots__ = ("global_step", "tensors", "dropped", "error_class", "error_message")
+    __slots__ = ("global_step", "tensors", "dropped", "error_class", "error_message", "shared", "shared_refused")
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    SHARED_REFUSED_FIELD_NUMBER: _ClassVar[int]
     global_step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     dropped: bool
     error_class: str
     error_message: str
-    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., dropped: _Optional[bool] = ..., error_class: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+    shared: bool
+    shared_refused: str
+    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., dropped: _Optional[bool] = ..., error_class: _Optional[str] = ..., error_message: _Optional[str] = ..., shared: _Optional[bool] = ..., shared_refused: _Optional[str] = ...) -> None: ...
 
 class PushPullResponse(_message.Message):
     __slots__ = ("header", "payload")

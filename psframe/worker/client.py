@@ -21,11 +21,11 @@ import torch
 from psframe import errors
 from psframe.checkpoint.manifest import ShardRecord
 from psframe.cluster import ClusterSpec, parse_address
-from psframe.errors import ConnectTimeoutError, PsframeError, WireFormatError
+from psframe.errors import ConnectTimeoutError, PsframeError
 from psframe.optim import OptimizerSpec, SyncReplicas
-from psframe.wire import codec, messages, transport
+from psframe.wire import codec, messages, shared_region, transport
 from psframe.wire import psframe_pb2 as pb
-from psframe.wire.layout import Layout
+from psframe.worker.prepared import PreparedRequest
 from psframe.worker.slicer import Request, Slot
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,14 @@ class PsClient:
             and stops (``psframe status``, ``psframe shutdown``).
         wire_dtype: compress floating-point tensors to this dtype on the
             wire (``torch.bfloat16`` or ``torch.float16``); None sends them as they are.
+        shared_memory: move the tensors of asynchronous requests to a ps task
+            on this host through shared memory (:mod:`psframe.wire.shared_region`);
+            gRPC carries the headers. Tasks on other hosts refuse, and get messages.
     """
 
     def __init__(self, cluster: ClusterSpec, task_index: int, *, rpc_timeout: float = 300.0,
-                 job_name: str = "worker", wire_dtype: torch.dtype | None = None) -> None:
+                 job_name: str = "worker", wire_dtype: torch.dtype | None = None,
+                 shared_memory: bool = False) -> None:
         if job_name == "worker":
             cluster.validate_task("worker", task_index)
         elif job_name != "tool":
@@ -77,8 +81,10 @@ class PsClient:
         ]
         self._streams: dict[int, transport.Stream] = {}
         self._watchdog = transport.Watchdog()
-        # Made once per planned request (and compression): see _Prepared.
-        self._prepared: dict[tuple[Request, bool], _Prepared] = {}
+        # Made once per planned request (and compression): see PreparedRequest.
+        self._prepared: dict[tuple[Request, bool], PreparedRequest] = {}
+        # The ps tasks that may take shared regions (none said it cannot map them).
+        self._share_with = set(range(len(self._ps))) if shared_memory and shared_region.available() else set()
 
     @property
     def num_ps(self) -> int:
@@ -229,8 +235,17 @@ class PsClient:
                     waiting.clear()
                     unsent[ps_task].clear()
                     continue
-                header, tensors = self._prepared[(requests[i][0], compress_of[i])].decode(data)
-                if header.error_class:
+                prepared = self._prepared[(requests[i][0], compress_of[i])]
+                header, tensors = prepared.decode(data)
+                if header.shared_refused:
+                    self._share_with.discard(ps_task)
+                if header.error_class == errors.SharedRegionError.__name__ and prepared.in_region:
+                    # The task could not map the region (it was replaced, or another of its
+                    # processes answered): nothing was applied; send the tensors in the message.
+                    log.debug("%s: %s", self.describe(ps_task), header.error_message)
+                    prepared.drop_region()
+                    unsent[ps_task].appendleft(i)
+                elif header.error_class:
                     failure = failure or errors.error_from_name(header.error_class, header.error_message)
                 replies[i] = Reply(header.global_step, header.dropped, tensors)
                 send_more(ps_task)
@@ -243,9 +258,12 @@ class PsClient:
         compress = compress and self.wire_dtype is not None
         prepared = self._prepared.get((request, compress))
         if prepared is None:  # every step sends the same header but for the step number
-            prepared = self._prepared[(request, compress)] = _Prepared(pb.PushPullHeader(
+            prepared = self._prepared[(request, compress)] = PreparedRequest(pb.PushPullHeader(
                 caller=self.caller, pull=[s.name for s in request.pull], end_of_step=request.end_of_step,
-                wire_dtype=self._wire_name if compress else ""))
+                wire_dtype=self._wire_name if compress else ""), share=request.ps_task in self._share_with)
+        elif prepared.share and request.ps_task not in self._share_with:
+            prepared.share = False
+            prepared.drop_region()
         if compress:
             grads = [(name, codec.to_wire(grad, self.wire_dtype)) for name, grad in grads]
         return prepared.encode(step, grads)
@@ -257,10 +275,13 @@ class PsClient:
         return stream
 
     def reset_streams(self) -> None:
-        """Forget the PushPull streams (after a ps task went away); new ones open on next use."""
+        """Forget the PushPull streams (after a ps task went away); new ones open on next use,
+        and shared regions are offered anew."""
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
+        for prepared in self._prepared.values():
+            prepared.drop_region()
 
     # ---- checkpoints and the end
 
@@ -300,44 +321,6 @@ class PsClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _Prepared:
-    """What one planned request sends and gets back every step, worked out on first use.
-
-    The header is made once (only the step changes); the layouts of the
-    request's gradients and of the reply's values are learnt from the
-    first message of each, and later ones that fit them are encoded and
-    decoded without per-tensor work (:mod:`psframe.wire.layout`); any that
-    do not fit go the general way.
-    """
-
-    def __init__(self, header: pb.PushPullHeader) -> None:
-        self.header = header
-        self._request: Layout | None = None
-        self._reply: Layout | None = None
-
-    def encode(self, step: int, grads: Sequence[tuple[str, torch.Tensor]]) -> bytes:
-        self.header.step = step
-        if self._request is None:
-            self._request = Layout(pb.PushPullHeader, [(name, g.dtype, tuple(g.shape)) for name, g in grads])
-        try:
-            return self._request.encode(self.header, self._request.buffers([g for _, g in grads]))
-        except WireFormatError:  # gradients of another layout, or not contiguous: general
-            header = pb.PushPullHeader()
-            header.CopyFrom(self.header)
-            return codec.encode(header, grads)
-
-    def decode(self, data: bytes) -> tuple[pb.PushPullReplyHeader, list[torch.Tensor]]:
-        envelope = codec.parse(data, pb.PushPullReplyHeader)
-        header = envelope.header
-        if self._reply is not None and self._reply.matches(header):
-            return header, self._reply.tensors(envelope)
-        tensors = codec.tensors_of(envelope)
-        if not header.error_class and self._reply is None:
-            self._reply = Layout(pb.PushPullReplyHeader, [(meta.name, t.dtype, tuple(t.shape))
-                                                          for meta, t in zip(header.tensors, tensors)])
-        return header, tensors
 
 
 def ping(target: str, timeout: float = 5.0) -> pb.TaskInfo:

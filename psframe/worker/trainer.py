@@ -93,6 +93,11 @@ class Trainer:
             exchanged are rounded. bfloat16 keeps float32's range; float16
             keeps more mantissa but gradients below ~6e-8 become zero. None
             (the default) sends everything exactly as stored.
+        shared_memory: asynchronous training only: the tensors exchanged with
+            a ps task on this worker's host travel through shared memory
+            (``/dev/shm``) and gRPC carries the headers, one copy each way
+            instead of about five (on by default; ps tasks on other hosts,
+            and hosts without ``/dev/shm``, use messages).
 
     Raises:
         ClusterSpecError: the cluster or task index is invalid.
@@ -132,6 +137,7 @@ class Trainer:
         connect_timeout: float = 120.0,
         rpc_timeout: float = 300.0,
         wire_dtype: str | torch.dtype | None = None,
+        shared_memory: bool = True,
     ) -> None:
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self.cluster.validate_task("worker", task_index)
@@ -143,6 +149,7 @@ class Trainer:
             # A call may wait at the barrier for as long as the sync timeout.
             rpc_timeout = max(rpc_timeout, self.sync.timeout + 30.0)
         self.wire_dtype = resolve_wire_dtype(wire_dtype)
+        self.shared_memory = shared_memory
         self.device = resolve_device(model, device, gpu_memory_fraction)
         self.model = model.to(self.device)
         self.hooks = list(hooks)
@@ -186,7 +193,8 @@ class Trainer:
         if self.state is not TrainerState.NEW:
             raise PsframeError(f"the trainer is {self.state.value}; connect() is called once")
         self._client = PsClient(self.cluster, self.task_index, rpc_timeout=self.rpc_timeout,
-                                wire_dtype=self.wire_dtype)
+                                wire_dtype=self.wire_dtype,
+                                shared_memory=self.shared_memory and self.sync is None)
         self.state = TrainerState.RUNNING
         try:
             self._join()

@@ -1,0 +1,192 @@
+"""Tensor bytes through shared memory, for a worker and a ps task on one host.
+
+Through gRPC, every byte of a request is copied about five times on its way
+from a worker's gradients to the ps task's optimizer (into the message, into
+gRPC's buffers, through the socket twice, into a Python object on the other
+side, twice), and the reply as many times back. On one host -- ``psframe
+launch``, a GPU box with CPU ps tasks beside its workers -- the worker can
+instead write its gradients into a file in ``/dev/shm`` that both processes
+map, and the ps task write its reply there; gRPC then carries the headers
+only. One copy each way.
+
+A worker makes one :class:`SharedRegion` per kind of planned request (the
+same tensors every step), once it has seen the request's and the reply's
+layouts, and *offers* it: the next request names the region but still carries
+its tensors. A ps task that can map the file, finds it begins with the
+request's random key (so the worker made it, on this host) and answers
+asynchronous requests of that kind writes the reply into the region; from
+then on the worker's requests of that kind leave their tensors there. A ps
+task that cannot map it (another host) says so, and the worker stops offering
+one to that task. Synchronous training keeps messages: the barrier holds
+gradients across requests.
+
+The tensors lie in the region as in a message's payload (:mod:`psframe.wire.codec`):
+a region's parts start where each tensor is aligned, so either side reads them
+through :class:`~psframe.wire.codec.Envelope` like a received message.
+"""
+
+from __future__ import annotations
+
+import hmac
+import mmap
+import os
+import secrets
+import stat
+import threading
+import weakref
+from typing import Any
+
+import numpy
+
+from psframe.errors import SharedRegionError
+from psframe.wire import codec
+from psframe.wire import psframe_pb2 as pb
+from psframe.wire.layout import Layout
+
+DIRECTORY = "/dev/shm"  # a tmpfs on Linux: files there are memory
+PREFIX = "psframe-"
+KEY_BYTES = 16
+_LINE = 64  # each part starts on a cache line
+_counter = iter(range(1 << 62))
+_counter_lock = threading.Lock()
+
+
+def available() -> bool:
+    """Whether this host has a shared-memory folder this process may make files in."""
+    return os.path.isdir(DIRECTORY) and os.access(DIRECTORY, os.W_OK | os.X_OK)
+
+
+class SharedRegion:
+    """One mapped region file: a request's tensors, then its reply's.
+
+    Made by a worker with :meth:`create` (which owns the file) or mapped by a
+    ps task with :meth:`attach`. The mapping lives as long as anything refers
+    to it: tensors read from it keep it mapped.
+    """
+
+    def __init__(self, mapping: mmap.mmap, message: pb.SharedRegion, owner: bool) -> None:
+        self.message = message
+        self._mapping = mapping
+        self._view = memoryview(mapping)
+        # The worker's file goes when it is unlinked, dropped, or at exit at the latest.
+        self._remove = weakref.finalize(self, _remove, message.path) if owner else None
+        self._targets: dict[tuple[int, int], list[numpy.ndarray]] = {}
+
+    @classmethod
+    def create(cls, request: Layout, reply: Layout) -> SharedRegion:
+        """A new region for requests of layout ``request`` answered in layout ``reply`` (worker side).
+
+        Raises:
+            OSError: the file could not be made or mapped (no ``/dev/shm``, out of space).
+        """
+        request_start = _aligned(KEY_BYTES, request.lead)
+        reply_start = _aligned(request_start + request.payload_length, reply.lead)
+        size = reply_start + reply.payload_length
+        with _counter_lock:
+            number = next(_counter)
+        path = os.path.join(DIRECTORY, f"{PREFIX}{os.getpid()}-{number}-{secrets.token_hex(4)}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, size)
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        key = secrets.token_bytes(KEY_BYTES)
+        mapping[:KEY_BYTES] = key
+        message = pb.SharedRegion(path=path, key=key, size=size, request_start=request_start,
+                                  request_length=request.payload_length, reply_start=reply_start)
+        return cls(mapping, message, owner=True)
+
+    @classmethod
+    def attach(cls, message: pb.SharedRegion) -> SharedRegion:
+        """Map the region a request names (ps side), after checking that it is what it says.
+
+        Raises:
+            SharedRegionError: not a psframe region file of this host and user,
+                not of the size named, or not beginning with the key named.
+        """
+        path = message.path
+        if os.path.dirname(path) != DIRECTORY or not os.path.basename(path).startswith(PREFIX):
+            raise SharedRegionError(f"a shared region must be a {DIRECTORY}/{PREFIX}* file; got {path!r}")
+        if len(message.key) != KEY_BYTES:
+            raise SharedRegionError(f"a shared region's key has {KEY_BYTES} bytes; got {len(message.key)}")
+        if not (KEY_BYTES <= message.request_start <= message.request_start + message.request_length
+                <= message.reply_start <= message.size):
+            raise SharedRegionError(f"shared region {path}: its parts do not fit its {message.size} bytes")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            raise SharedRegionError(f"shared region {path} cannot be opened here: {e.strerror}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                raise SharedRegionError(f"shared region {path} is not a regular file of this user")
+            if info.st_size != message.size:
+                raise SharedRegionError(f"shared region {path} has {info.st_size} bytes, not {message.size}")
+            mapping = mmap.mmap(fd, message.size)
+        finally:
+            os.close(fd)
+        if not hmac.compare_digest(mapping[:KEY_BYTES], message.key):
+            mapping.close()
+            raise SharedRegionError(f"shared region {path} does not begin with the key named")
+        attached = pb.SharedRegion()
+        attached.CopyFrom(message)
+        attached.in_region = False
+        return cls(mapping, attached, owner=False)
+
+    def matches(self, message: pb.SharedRegion) -> bool:
+        """Whether ``message`` names this region, as it was mapped."""
+        mine = self.message
+        return (message.path == mine.path and message.key == mine.key and message.size == mine.size
+                and message.request_start == mine.request_start
+                and message.request_length == mine.request_length and message.reply_start == mine.reply_start)
+
+    # ---- the two parts
+
+    def request_envelope(self, header: Any) -> codec.Envelope:
+        """The request's tensors as a received envelope: ``header`` places them in the request part."""
+        return codec.Envelope(header, self._view, self.message.request_start, self.message.request_length)
+
+    def reply_envelope(self, header: Any) -> codec.Envelope:
+        """The reply's tensors as a received envelope: ``header`` places them in the reply part."""
+        start = self.message.reply_start
+        return codec.Envelope(header, self._view, start, self.message.size - start)
+
+    def fits_reply(self, layout: Layout) -> bool:
+        """Whether a reply of ``layout`` fits the reply part."""
+        return self.message.reply_start + layout.payload_length <= self.message.size
+
+    def write_request(self, layout: Layout, buffers: list[Any]) -> None:
+        """Copy a request's tensors (``layout.buffers``) into the request part."""
+        layout.write(self._targets_of(layout, self.message.request_start), buffers)
+
+    def write_reply(self, layout: Layout, buffers: list[Any]) -> None:
+        """Copy a reply's tensors (``layout.buffers``) into the reply part (it must :meth:`fits_reply`)."""
+        layout.write(self._targets_of(layout, self.message.reply_start), buffers)
+
+    def _targets_of(self, layout: Layout, start: int) -> list[numpy.ndarray]:
+        key = (id(layout), start)
+        targets = self._targets.get(key)
+        if targets is None:
+            targets = self._targets[key] = layout.targets(self._mapping, start)
+        return targets
+
+    def unlink(self) -> None:
+        """Remove the file (worker side): the mappings stay, and the memory goes with the last one."""
+        if self._remove is not None:
+            self._remove()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _aligned(at_least: int, lead: int) -> int:
+    """The first offset from ``at_least`` where a payload of lead ``lead`` puts its tensors on a cache line."""
+    return -(-(at_least + lead) // _LINE) * _LINE - lead

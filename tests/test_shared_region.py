@@ -1,0 +1,211 @@
+"""Tensors through a same-host shared region (psframe.wire.shared_region), against messages.
+
+Oracles: a worker's requests answered through a region give the replies and
+variables that messages give, bit for bit, and after the offer carry no
+tensors; a region the ps task cannot use is refused with nothing changed,
+and the worker goes back to messages; no region file outlives its worker.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import psframe
+from psframe.errors import SharedRegionError
+from psframe.ps.plans import StreamPlans
+from psframe.ps.service import ParameterServerService
+from psframe.wire import codec, shared_region
+from psframe.wire import psframe_pb2 as pb
+from psframe.wire.layout import Layout
+from psframe.wire.shared_region import SharedRegion
+from psframe.worker.prepared import PreparedRequest
+from tests.conftest import assert_params_equal, params
+from tests.test_plans import CLUSTER, VALUES, _service, _variables
+from tests.test_trainer import loss_of, make_model
+
+pytestmark = pytest.mark.skipif(not shared_region.available(), reason="no writable /dev/shm on this host")
+
+
+def _region_files() -> set[str]:
+    return {name for name in os.listdir(shared_region.DIRECTORY) if name.startswith(f"{shared_region.PREFIX}{os.getpid()}-")}
+
+
+def _layouts():
+    request = Layout(pb.PushPullHeader, [("a", torch.float32, (5,)), ("h", torch.bfloat16, (3, 3))])
+    reply = Layout(pb.PushPullReplyHeader, [("w", torch.float64, (2, 2)), ("c", torch.int8, (3,))])
+    return request, reply
+
+
+def test_a_region_carries_both_parts_aligned_between_a_maker_and_a_mapper():
+    request, reply = _layouts()
+    made = SharedRegion.create(request, reply)
+    try:
+        grads = [torch.arange(5, dtype=torch.float32), torch.randn(3, 3).to(torch.bfloat16)]
+        made.write_request(request, request.buffers(grads))
+        header = pb.PushPullHeader()
+        header.tensors.extend(request._metas)
+        mapped = SharedRegion.attach(made.message)
+        received = request.tensors(mapped.request_envelope(header))
+        assert all(torch.equal(a, b) for a, b in zip(received, grads))
+        assert all(t.data_ptr() % 8 == 0 for t in received)  # views of the region, not copies
+        values = [torch.tensor([[1.5, 2.0], [3.0, 4.0]], dtype=torch.float64), torch.tensor([1, -2, 3], dtype=torch.int8)]
+        assert mapped.fits_reply(reply)
+        mapped.write_reply(reply, reply.buffers(values))
+        reply_header = pb.PushPullReplyHeader()
+        reply_header.tensors.extend(reply._metas)
+        got = codec.tensors_of(made.reply_envelope(reply_header))
+        assert all(torch.equal(a, b) for a, b in zip(got, values))
+    finally:
+        made.unlink()
+    assert not os.path.exists(made.message.path)
+
+
+def _named(region: SharedRegion, **changes) -> pb.SharedRegion:
+    message = pb.SharedRegion()
+    message.CopyFrom(region.message)
+    for field, value in changes.items():
+        setattr(message, field, value)
+    return message
+
+
+def test_a_region_that_is_not_what_the_request_says_is_refused(tmp_path):
+    request, reply = _layouts()
+    made = SharedRegion.create(request, reply)
+    link = os.path.join(shared_region.DIRECTORY, f"{shared_region.PREFIX}{os.getpid()}-link-{os.urandom(4).hex()}")
+    os.symlink(made.message.path, link)
+    try:
+        outside = tmp_path / "psframe-x"
+        outside.write_bytes(bytes(made.message.size))
+        bad = {
+            "wrong key": _named(made, key=bytes(16)),
+            "short key": _named(made, key=b"k"),
+            "wrong size": _named(made, size=made.message.size + 8),
+            "parts past the end": _named(made, reply_start=made.message.size + 1),
+            "outside /dev/shm": _named(made, path=str(outside)),
+            "not a psframe file": _named(made, path=os.path.join(shared_region.DIRECTORY, "other")),
+            "a symlink": _named(made, path=link),
+            "gone": _named(made, path=made.message.path + "-gone"),
+            "climbing out": _named(made, path=os.path.join(shared_region.DIRECTORY, "psframe-../../etc/passwd")),
+        }
+        for why, message in bad.items():
+            with pytest.raises(SharedRegionError):
+                SharedRegion.attach(message)
+                pytest.fail(why)
+    finally:
+        os.unlink(link)
+        made.unlink()
+
+
+# ---- a worker's prepared requests against a ps service, no network
+
+
+def _grads(step: int) -> list[tuple[str, torch.Tensor]]:
+    return [(name, torch.full_like(VALUES[name], 0.5 * step + i)) for i, name in enumerate(("w", "b"))]
+
+
+def _header(worker: int = 0) -> pb.PushPullHeader:
+    caller = pb.Caller(job_name="worker", task_index=worker, cluster_fingerprint=CLUSTER.fingerprint)
+    return pb.PushPullHeader(caller=caller, pull=["w", "b", "n"], end_of_step=True)
+
+
+def _train(service: ParameterServerService, prepared: PreparedRequest, steps: range, plans: StreamPlans):
+    replies, sizes = [], []
+    for step in steps:
+        data = prepared.encode(step, _grads(step))
+        sizes.append(codec.parse(data, pb.PushPullHeader).payload_length)
+        header, tensors = prepared.decode(service.answer_push_pull(data, plans))
+        replies.append((header.global_step, header.shared, [t.clone() for t in tensors]))
+    return replies, sizes
+
+
+def test_requests_through_a_region_give_what_messages_give():
+    through_region, in_messages = _service(), _service()
+    shared, plain = PreparedRequest(_header(), share=True), PreparedRequest(_header())
+    region_replies, sizes = _train(through_region, shared, range(6), StreamPlans())
+    message_replies, _ = _train(in_messages, plain, range(6), StreamPlans())
+    # The second request offers the region (tensors still in the message), the ps answers in it.
+    assert [s for _, s, _ in region_replies] == [False, True, True, True, True, True]
+    assert sizes[2:] == [0] * 4 and min(sizes[:2]) > 0  # then the requests carry the header only
+    for (step_a, _, a), (step_b, _, b) in zip(region_replies, message_replies):
+        assert step_a == step_b and all(torch.equal(x, y) for x, y in zip(a, b))
+    a, b = _variables(through_region), _variables(in_messages)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert shared.in_region and not os.path.exists(shared.header.shared.path)  # unlinked once accepted
+    shared.drop_region()
+
+
+def test_a_region_the_ps_cannot_map_is_refused_and_the_worker_goes_back_to_messages():
+    service, reference = _service(), _service()
+    prepared = PreparedRequest(_header(), share=True)
+    _train(service, prepared, range(2), StreamPlans())  # the second request offers a region
+    _train(reference, PreparedRequest(_header()), range(2), StreamPlans())
+    assert prepared.in_region
+    # A new stream (the ps task was replaced, or another of its processes answers):
+    # the file is gone, so a request whose tensors lie in it is refused, nothing applied.
+    before = _variables(service)
+    data = prepared.encode(2, _grads(2))
+    header, _ = prepared.decode(service.answer_push_pull(data, StreamPlans()))
+    assert header.error_class == "SharedRegionError"
+    after = _variables(service)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    # The worker sends the tensors in the message instead, and offers a new region.
+    prepared.drop_region()
+    replies, sizes = _train(service, prepared, range(2, 4), StreamPlans())
+    reference_replies, _ = _train(reference, PreparedRequest(_header()), range(2, 4), StreamPlans())
+    assert [s for _, s, _ in replies] == [False, True]  # a message, then an offer taken
+    for (_, _, a), (_, _, b) in zip(replies, reference_replies):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    prepared.drop_region()
+
+
+def test_an_offer_the_ps_cannot_map_is_answered_in_the_message_and_refused():
+    service, reference = _service(), _service()
+    data = PreparedRequest(_header()).encode(0, _grads(0))
+    envelope = codec.parse(data, pb.PushPullHeader)
+    header = envelope.header
+    header.shared.CopyFrom(pb.SharedRegion(path="/dev/shm/psframe-on-another-host", key=bytes(16), size=4096,
+                                           request_start=64, request_length=0, reply_start=64))
+    offer = codec.encode(header, list(zip([m.name for m in header.tensors], codec.tensors_of(envelope))))
+    reply_header, values = codec.decode(service.answer_push_pull(offer, StreamPlans()), pb.PushPullReplyHeader)
+    assert "cannot be opened" in reply_header.shared_refused and not reply_header.shared
+    expected_header, expected = codec.decode(reference.answer_push_pull(data, StreamPlans()), pb.PushPullReplyHeader)
+    assert reply_header.global_step == expected_header.global_step
+    assert all(torch.equal(a, b) for a, b in zip(values, expected))
+    prepared = PreparedRequest(_header(), share=True)
+    prepared.encode(0, _grads(0))
+    prepared.decode(service.answer_push_pull(offer, StreamPlans()))
+    assert not prepared.share  # it offers no more
+
+
+# ---- a trainer and an in-process ps task
+
+
+def test_a_trainer_through_shared_memory_matches_one_through_messages_and_leaves_no_file(local_cluster):
+    results = {}
+    for shared_memory in (True, False):
+        cluster = local_cluster(num_ps=2, num_workers=1)
+        model = make_model()
+        with psframe.Trainer(model, cluster, optimizer=psframe.optim.Adam(lr=0.01),
+                             min_partition_bytes=64, shared_memory=shared_memory) as trainer:
+            for step in range(5):
+                trainer.step(loss_of(model, step))
+            # Each step's requests (one per ps task at least) went through regions; the
+            # pull at connect, sent once, never got past its offer.
+            in_region = sum(p.in_region for p in trainer._client._prepared.values())
+            assert in_region >= 2 if shared_memory else in_region == 0
+            trainer.pull()
+        results[shared_memory] = params(model)
+    assert_params_equal(results[True], results[False])
+    assert not _region_files()
+
+
+def test_sync_training_keeps_messages(local_cluster):
+    cluster = local_cluster(num_ps=1, num_workers=1)
+    model = make_model()
+    with psframe.Trainer(model, cluster, sync=psframe.SyncReplicas(replicas_to_aggregate=1)) as trainer:
+        for step in range(3):
+            trainer.step(loss_of(model, step))
+        assert not any(p.share or p.in_region for p in trainer._client._prepared.values())
