@@ -51,7 +51,6 @@ class Layout:
         numels = [_numel(shape) for _, _, shape in self.specs]
         sizes = [numel * dtype.itemsize for numel, (_, dtype, _) in zip(numels, self.specs)]
         pads, offsets, self.payload_length, self.lead = codec.place(sizes)
-        lead = self.lead
         metas = header_type()
         for (name, dtype, shape), offset, nbytes in zip(self.specs, offsets, sizes):
             metas.tensors.add(name=name, dtype=codec.dtype_name(dtype), shape=shape, offset=offset, nbytes=nbytes)
@@ -59,7 +58,7 @@ class Layout:
         # The tensor list, serialized on its own: a header serialized without
         # tensors followed by these bytes parses as the header with them.
         self._metas_bytes = metas.SerializeToString()
-        self._prefix = codec.PAYLOAD_TAG + codec.varint(self.payload_length) + codec.PADS[lead]
+        self._prefix = codec.PAYLOAD_TAG + codec.varint(self.payload_length) + codec.PADS[self.lead]
         # Before each tensor's bytes, its padding (as codec.encode pads, empty tensors too).
         self._pads = [codec.PADS[pad] for pad in pads]
         self._readers = [(_numpy_dtype(dtype), dtype, numel, offset, shape)

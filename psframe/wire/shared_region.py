@@ -32,7 +32,6 @@ import mmap
 import os
 import secrets
 import stat
-import threading
 import weakref
 from typing import Any
 
@@ -47,8 +46,6 @@ DIRECTORY = "/dev/shm"  # a tmpfs on Linux: files there are memory
 PREFIX = "psframe-"
 KEY_BYTES = 16
 _LINE = 64  # each part starts on a cache line
-_counter = iter(range(1 << 62))
-_counter_lock = threading.Lock()
 
 
 def available() -> bool:
@@ -82,9 +79,7 @@ class SharedRegion:
         request_start = _aligned(KEY_BYTES, request.lead)
         reply_start = _aligned(request_start + request.payload_length, reply.lead)
         size = reply_start + reply.payload_length
-        with _counter_lock:
-            number = next(_counter)
-        path = os.path.join(DIRECTORY, f"{PREFIX}{os.getpid()}-{number}-{secrets.token_hex(4)}")
+        path = os.path.join(DIRECTORY, f"{PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, size)
