@@ -46,6 +46,10 @@ class UnknownVariableError(InvalidGradientError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class RowIdError(InvalidGradientError, IndexError):
+    """A row id of an embedding table is negative, past its rows, or not an int64; nothing changed."""
+
+
 class WireFormatError(PsframeError, ValueError):
     """Bytes received on the wire do not decode as a psframe message."""
 
@@ -120,6 +124,7 @@ __all__ = [
     "ShapeMismatchError",
     "DtypeMismatchError",
     "UnknownVariableError",
+    "RowIdError",
     "WireFormatError",
     "SharedRegionError",
     "ConnectTimeoutError",

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from psframe import sparse_optim
 from psframe.errors import OptimizerConfigError
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ _CHECK_STEPS = 5
 SUPPORTED = (
     "SGD", "Adam", "AdamW", "Adagrad", "RMSprop",
     "Adadelta", "Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "SparseAdam",
+    "SparseSGD",  # psframe's own: SGD with lazy momentum for embedding tables (psframe.sparse_optim)
 )
 
 KwargValue = float | int | bool | str | tuple[float, ...]
@@ -94,7 +96,7 @@ class OptimizerSpec:
         object.__setattr__(self, "kwargs", clean)
         _check(self.name, tuple(sorted(clean.items())))
 
-    def build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    def build(self, params: list[torch.Tensor], *, per_parameter: bool = False) -> torch.optim.Optimizer:
         """Create the torch optimizer over ``params`` (done on the ps).
 
         Unless told otherwise (``foreach=``), and where the installed torch's
@@ -109,18 +111,37 @@ class OptimizerSpec:
         of their group, which for large ones would double a ps task's memory.
         Where the kernels differ, every variable runs the per-parameter ones,
         so the values are torch's per-parameter results either way.
+        ``per_parameter`` asks for the per-parameter kernels outright (an
+        embedding table's sparse updates have no multi-tensor form).
         """
-        cls = getattr(torch.optim, self.name)
+        cls = optimizer_class(self.name)
         kwargs = dict(self.kwargs)
         if "foreach" not in inspect.signature(cls.__init__).parameters or "foreach" in kwargs:
             return cls(params, **kwargs)
+        if per_parameter:
+            return cls(params, foreach=False, **kwargs)
         if not foreach_same_results(cls, kwargs, _trained_dtypes(params)):
             return cls(params, foreach=False, **kwargs)
         return cls(_foreach_groups(params), **kwargs)
 
+    def for_tables(self) -> OptimizerSpec:
+        """The optimizer that goes with this one for embedding tables (see
+        :func:`psframe.sparse_optim.table_optimizer`): itself, or its row-by-row form.
+
+        Raises:
+            OptimizerConfigError: it has no row-by-row form.
+        """
+        name, kwargs = sparse_optim.table_optimizer(self.name, dict(self.kwargs))
+        return OptimizerSpec(name, kwargs)
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
         return f"psframe.optim.{self.name}({args})"
+
+
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """The optimizer class of a name in :data:`SUPPORTED`: torch.optim's, or psframe's ``SparseSGD``."""
+    return sparse_optim.SparseSGD if name == "SparseSGD" else getattr(torch.optim, name)
 
 
 def step(optimizer: torch.optim.Optimizer) -> None:
@@ -267,7 +288,7 @@ _ADD_PARAM_GROUP = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__",
 @functools.lru_cache(maxsize=64)
 def _check(name: str, items: tuple[tuple[str, Any], ...]) -> None:
     """Raise OptimizerConfigError unless ``torch.optim.<name>(**items)`` accepts the arguments."""
-    cls = getattr(torch.optim, name)
+    cls = optimizer_class(name)
     checked = type(f"_Checked{name}", (cls,), {"add_param_group": _ADD_PARAM_GROUP})
     dummy = torch.zeros(1, requires_grad=True)
     try:
@@ -301,7 +322,11 @@ RAdam = _factory("RAdam")
 ASGD = _factory("ASGD")
 Rprop = _factory("Rprop")
 SparseAdam = _factory("SparseAdam")
-
+SparseSGD = _factory("SparseSGD")
+SparseSGD.__doc__ = (
+    "Run :class:`psframe.sparse_optim.SparseSGD` (SGD with lazy momentum, for embedding tables) "
+    "on the ps tasks.\n\nReturns:\n    An :class:`OptimizerSpec` to pass to ``psframe.Trainer``."
+)
 
 
 @dataclass(frozen=True)

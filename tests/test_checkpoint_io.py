@@ -134,16 +134,31 @@ def test_a_shard_on_disk_is_a_plain_dict_keyed_by_the_record_fields(url):
     fs, path = shard_path(manifest, 0)
     with fs.open(path, "rb") as f:
         content = torch.load(f, weights_only=True)
-    assert type(content) is dict and content["format_version"] == cio.FORMAT_VERSION == 2
+    assert type(content) is dict and content["format_version"] == cio.FORMAT_VERSION == 3
     assert set(content) == {"format_version", "global_step", "ps_task", "num_shards",
-                            "optimizer", "sync", "variables"}
+                            "optimizer", "sync", "variables", "table_optimizer"}
+    assert content["table_optimizer"] is None
     assert content["optimizer"] == {"name": "Adam", "kwargs": {"lr": 0.001, "betas": (0.9, 0.999)}}
     assert content["sync"] == {"replicas_to_aggregate": 2, "total_num_replicas": 3,
                                "timeout_seconds": 30.0}
     var = content["variables"][0]
     assert type(var) is dict and var["shape"] == [4, 3] and var["full_shape"] == [4, 3]
     assert set(var) == {"name", "variable", "dtype", "shape", "full_shape", "row_start",
-                        "part_index", "num_parts", "value", "state"}
+                        "part_index", "num_parts", "value", "state", "row_stride", "table"}
+    assert (var["row_stride"], var["table"]) == (0, False)
+
+
+def test_a_format_2_shard_from_before_tables_still_loads(url):
+    w = torch.randn(4, 3)
+    content = {"format_version": 2, "global_step": 9, "ps_task": 0, "num_shards": 1,
+               "optimizer": {"name": "SGD", "kwargs": {"lr": 0.1}}, "sync": None,
+               "variables": [{"name": "fc.weight", "variable": "fc.weight", "dtype": "float32",
+                              "shape": [4, 3], "full_shape": [4, 3], "row_start": 0,
+                              "part_index": 0, "num_parts": 1, "value": w, "state": {}}]}
+    shard = cio.read_shard(commit_raw(url, 5, content), 0)
+    assert shard.table_optimizer is None
+    assert (shard.variables[0].row_stride, shard.variables[0].table) == (0, False)
+    assert torch.equal(shard.variables[0].value, w)
 
 
 def test_a_format_1_shard_with_the_old_sync_key_still_loads(url):
@@ -472,7 +487,7 @@ def _malformed():
         (dict(good, extra=1), r"unknown keys \['extra'\]"),
         (dict(good, sync=dict(_without(good["sync"], "timeout_seconds"), timeout=30.0)),
          r"sync lacks keys \['timeout_seconds'\]"),  # the old key in the new format
-        (dict(good, format_version=3), r"format 3; this psframe reads formats \[1, 2\]"),
+        (dict(good, format_version=4), r"format 4; this psframe reads formats \[1, 2, 3\]"),
         (_without(good, "format_version"), "format_version"),
         ([good], "must be a dict, got list"),
         (dict(good, ps_task=1, num_shards=2),
@@ -492,7 +507,7 @@ def test_a_manifest_of_an_unknown_format_is_skipped(url, caplog):
     save(url, 1)
     newer = save(url, 2)
     fs, path = fsspec.core.url_to_fs(f"{newer.folder}/MANIFEST.json")
-    fs.pipe_file(path, json.dumps(dict(json.loads(fs.cat_file(path)), format_version=3)).encode())
+    fs.pipe_file(path, json.dumps(dict(json.loads(fs.cat_file(path)), format_version=4)).encode())
     with caplog.at_level(logging.WARNING, logger="psframe.checkpoint.files"):
         assert [m.step for m in cio.list_checkpoints(url)] == [1]
-    assert "format 3" in caplog.text
+    assert "format 4" in caplog.text

@@ -17,6 +17,7 @@ LAYER_OF = {
     "psframe.errors": "core",
     "psframe.version": "core",
     "psframe.optim": "core",
+    "psframe.sparse_optim": "core",
     "psframe.allocator": "core",
     "psframe.cluster": "core",
     "psframe.wire": "wire",
@@ -37,7 +38,7 @@ ALLOWED = {
     "edge": {"edge", "worker", "ps", "storage", "wire", "core"},
 }
 # Third-party packages per layer: core is stdlib only (optim wraps torch.optim).
-THIRD_PARTY_OF_CORE = {"psframe.optim": {"torch"}}
+THIRD_PARTY_OF_CORE = {"psframe.optim": {"torch"}, "psframe.sparse_optim": {"torch"}}
 
 
 def module_name(path) -> str:

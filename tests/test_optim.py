@@ -13,6 +13,7 @@ import torch
 from psframe import optim
 from psframe.errors import OptimizerConfigError, PsframeError
 from psframe.optim import SUPPORTED, OptimizerSpec
+from psframe.sparse_optim import SparseSGD
 
 
 def _param() -> torch.Tensor:
@@ -21,7 +22,8 @@ def _param() -> torch.Tensor:
 
 def test_supported_is_every_closure_free_torch_optimizer():
     assert set(SUPPORTED) == {"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adadelta", "Adamax", "NAdam",
-                              "RAdam", "ASGD", "Rprop", "SparseAdam"}
+                              "RAdam", "ASGD", "Rprop", "SparseAdam",
+                              "SparseSGD"}  # psframe's own, for embedding tables
     assert "LBFGS" not in SUPPORTED  # its step() needs a closure only a worker has
 
 
@@ -33,7 +35,8 @@ def test_factory_per_optimizer(name):
     assert isinstance(spec, OptimizerSpec)
     assert spec.name == name
     assert dict(spec.kwargs) == {}
-    assert type(spec.build([_param()])) is getattr(torch.optim, name)
+    assert type(spec.build([_param()])) is optim.optimizer_class(name)
+    assert optim.optimizer_class(name) is (SparseSGD if name == "SparseSGD" else getattr(torch.optim, name))
 
 
 def test_factory_keeps_kwargs_exactly():
@@ -187,7 +190,8 @@ def fresh_foreach_decisions():
     optim._decide_foreach.cache_clear()
 
 
-@pytest.mark.parametrize("name", [n for n in SUPPORTED if n != "SparseAdam"])  # SparseAdam: sparse grads only
+# SparseAdam and SparseSGD: sparse gradients only
+@pytest.mark.parametrize("name", [n for n in SUPPORTED if n not in ("SparseAdam", "SparseSGD")])
 def test_build_groups_small_variables_for_multi_tensor_kernels_with_the_same_results(name, monkeypatch):
     monkeypatch.setattr(optim, "FOREACH_GROUP_BYTES", 64)  # 16 float32 values
     torch.manual_seed(0)

@@ -237,3 +237,35 @@ def test_a_port_in_use_leaves_no_shared_memory_behind(multi_ps):
     with pytest.raises(psframe.errors.PortInUseError, match="another ps task served from several processes"):
         psframe.Server(cluster, "ps", 0, serving_processes=2)  # the task of multi_ps holds the port
     assert mine() == before
+
+
+def test_table_rows_and_their_optimizer_state_are_one_across_the_serving_processes(multi_ps):
+    """Every worker pushes the same rows' gradients: N pushes in any order, by any process,
+    equal N lazy-momentum steps of one local optimizer, untouched rows unchanged."""
+    num_workers, pushes = 12, 5
+    cluster, server = multi_ps(num_workers)
+    torch.manual_seed(4)
+    start = torch.randn(10, 3)
+    ids, grad = torch.tensor([1, 4, 7]), torch.randn(3, 3)
+    table = Slot(Shard("t", "t", 0, 0, 10, (10, 3), start.nbytes, table=True), start)
+    optimizer = psframe.optim.SparseSGD(lr=0.1, momentum=0.9)
+    clients = {i: PsClient(cluster, i, rpc_timeout=DEADLINE_S) for i in range(num_workers)}
+    try:
+        for client in clients.values():
+            client.wait_for_ps(DEADLINE_S)
+        assert sum(_connections_by_process(server)[pid] for pid in server._serving.pids) > 0
+        assert clients[0].create(0, [table], [], psframe.optim.SGD(lr=0.1), None, None,
+                                 rows=[("t", torch.arange(10), start)], table_optimizer=optimizer)
+        run_workers({i: (lambda client=client: [client.push_pull([], 0, rows={0: [("t", ids, grad)]})
+                                                for _ in range(pushes)]) for i, client in clients.items()})
+        (value,) = clients[0].pull_rows({0: [("t", torch.arange(10))]}, 0)[0]
+        value = value.clone()
+    finally:
+        for client in clients.values():
+            client.close()
+    reference = start.clone().requires_grad_(True)
+    local = optimizer.build([reference])
+    for _ in range(num_workers * pushes):
+        reference.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), grad, (10, 3))
+        local.step()
+    assert torch.equal(value, reference.detach())

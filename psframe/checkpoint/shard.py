@@ -6,19 +6,24 @@ plain dict of builtins and tensors, so ``torch.load(weights_only=True)`` reads
 it back without unpickling any code. Its keys are the dataclasses' field
 names, nested the same way, plus ``format_version``::
 
-    {"format_version": 2, "global_step": int, "ps_task": int, "num_shards": int,
+    {"format_version": 3, "global_step": int, "ps_task": int, "num_shards": int,
      "optimizer": {"name": "Adam", "kwargs": {"lr": 0.001}},
+     "table_optimizer": None or {"name": "SparseAdam", "kwargs": {...}},
      "sync": None or {"replicas_to_aggregate": int, "total_num_replicas": int,
                       "timeout_seconds": float},
      "variables": [{"name": "emb.weight/part_1", "variable": "emb.weight",
                     "dtype": "float32", "shape": [r, c], "full_shape": [R, c],
                     "row_start": int, "part_index": int, "num_parts": int,
-                    "value": Tensor, "state": {"step": Tensor, "exp_avg": Tensor}}]}
+                    "value": Tensor, "state": {"step": Tensor, "exp_avg": Tensor},
+                    "row_stride": int, "table": bool}]}
 
 ``state`` is the variable's ``torch.optim`` per-parameter state: a tensor shaped
 like ``value`` is element-wise state, anything else is per-parameter scalar
-state. Format 1 differs only in naming the sync deadline ``timeout``; it is
-still read. :mod:`psframe.checkpoint.files` stores shards;
+state. ``row_stride`` (0 or 1: contiguous rows) and ``table`` are those of
+``pb.VariableDef``: an embedding table shared out by id modulo its parts
+holds every ``row_stride``-th row. Format 2 differs only in having no
+tables (nor ``table_optimizer``, ``row_stride``, ``table``), format 1 also
+in naming the sync deadline ``timeout``; both are still read. :mod:`psframe.checkpoint.files` stores shards;
 :mod:`psframe.checkpoint.slices` rebuilds variables from their parts.
 """
 
@@ -32,9 +37,9 @@ import torch
 
 from psframe.errors import CheckpointError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # Every format this version reads; each step up is converted on reading.
-READABLE_FORMATS = (1, 2)
+READABLE_FORMATS = (1, 2, 3)
 # Format 1 named these fields otherwise (old key -> field), in the sync dict.
 _FORMAT_1_SYNC_KEYS = {"timeout": "timeout_seconds"}
 
@@ -75,6 +80,8 @@ class VariableData:
     num_parts: int
     value: torch.Tensor
     state: Mapping[str, Any] = field(default_factory=dict)
+    row_stride: int = 0  # 0 or 1: rows row_start, row_start + 1, ...
+    table: bool = False  # an embedding table's part
 
     def __post_init__(self) -> None:
         for name in ("shape", "full_shape"):
@@ -96,6 +103,7 @@ class ShardData:
     optimizer: OptimizerData
     sync: SyncData | None
     variables: tuple[VariableData, ...]
+    table_optimizer: OptimizerData | None = None  # the embedding tables' (None: no table)
 
     def __post_init__(self) -> None:
         _as_tuple(self, "variables")
@@ -121,6 +129,8 @@ class ShardData:
             "optimizer": {**_fields_of(self.optimizer), "kwargs": dict(self.optimizer.kwargs)},
             "sync": None if self.sync is None else _fields_of(self.sync),
             "variables": [_variable_to_dict(v) for v in self.variables],
+            "table_optimizer": None if self.table_optimizer is None else {
+                **_fields_of(self.table_optimizer), "kwargs": dict(self.table_optimizer.kwargs)},
         }
 
     @classmethod
@@ -135,13 +145,15 @@ class ShardData:
                 :meth:`to_dict`.
         """
         raw = _raw_fields(cls, _in_current_format(obj), "shard")
-        sync, variables = raw["sync"], raw["variables"]
+        sync, variables, table_optimizer = raw["sync"], raw["variables"], raw["table_optimizer"]
         if not isinstance(variables, (list, tuple)):
             raise CheckpointError(f"variables must be a list of dicts, "
                                   f"got {type(variables).__name__}")
         shard = cls(**{
             **raw,
             "optimizer": OptimizerData(**_raw_fields(OptimizerData, raw["optimizer"], "optimizer")),
+            "table_optimizer": None if table_optimizer is None else OptimizerData(
+                **_raw_fields(OptimizerData, table_optimizer, "table_optimizer")),
             "sync": None if sync is None else SyncData(**_raw_fields(SyncData, sync, "sync")),
             "variables": [VariableData(**_raw_fields(VariableData, v, _label(i, v)))
                           for i, v in enumerate(variables)],
@@ -168,6 +180,8 @@ def _check_shard(shard: ShardData) -> None:
     if not (_is_int(shard.ps_task) and 0 <= shard.ps_task < shard.num_shards):
         raise CheckpointError(f"ps_task ({shard.ps_task!r}) must be in 0..{shard.num_shards - 1}")
     _check_optimizer(shard.optimizer)
+    if shard.table_optimizer is not None:
+        _check_optimizer(shard.table_optimizer)
     _check_sync(shard.sync)
     if not isinstance(shard.variables, tuple):
         raise CheckpointError(f"variables must be a list of VariableData, "
@@ -209,7 +223,9 @@ def _check_variable(var: Any, index: int) -> None:
     for key in ("name", "variable", "dtype"):
         if not isinstance(getattr(var, key), str):
             raise CheckpointError(f"{label}: {key} must be a str, got {getattr(var, key)!r}")
-    for key in ("row_start", "part_index", "num_parts"):
+    if not isinstance(var.table, bool):
+        raise CheckpointError(f"{label}: table must be a bool, got {var.table!r}")
+    for key in ("row_start", "part_index", "num_parts", "row_stride"):
         if not _is_int(getattr(var, key)):
             raise CheckpointError(f"{label}: {key} must be an int, got {getattr(var, key)!r}")
     shape, full_shape = _shape(var.shape, label), _shape(var.full_shape, label)
@@ -219,9 +235,10 @@ def _check_variable(var: Any, index: int) -> None:
     if var.dtype != _dtype_name(var.value.dtype):
         raise CheckpointError(f"{label}: dtype {var.dtype!r} but value is "
                               f"{_dtype_name(var.value.dtype)!r}")
+    stride = max(1, var.row_stride)
     rows_ok = (shape == full_shape == [] and var.row_start == 0) or (
-        len(shape) == len(full_shape) >= 1 and shape[1:] == full_shape[1:]
-        and 0 <= var.row_start and var.row_start + shape[0] <= full_shape[0])
+        len(shape) == len(full_shape) >= 1 and shape[1:] == full_shape[1:] and var.row_stride >= 0
+        and 0 <= var.row_start and var.row_start + (shape[0] - 1) * stride < full_shape[0])
     if not rows_ok:
         raise CheckpointError(f"{label}: shape {shape} at row_start {var.row_start} "
                               f"does not fit in full_shape {full_shape}")
@@ -276,6 +293,11 @@ def _in_current_format(obj: Any) -> dict[str, Any]:
     body = {k: x for k, x in obj.items() if k != "format_version"}
     if version == 1 and isinstance(body.get("sync"), Mapping):
         body["sync"] = {_FORMAT_1_SYNC_KEYS.get(k, k): x for k, x in body["sync"].items()}
+    if version < 3:  # no embedding tables then
+        body.setdefault("table_optimizer", None)
+        if isinstance(body.get("variables"), (list, tuple)):
+            body["variables"] = [{"row_stride": 0, "table": False, **v} if isinstance(v, Mapping) else v
+                                 for v in body["variables"]]
     return body
 
 

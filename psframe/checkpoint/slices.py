@@ -6,6 +6,10 @@ with no cluster running or for restoring onto a different number of ps tasks
 than saved it. :func:`assemble` returns the full variables; :func:`slice_rows`
 returns any range of rows of one variable together with its optimizer state,
 taken from whichever parts hold them.
+
+An embedding table shared out by id modulo its parts has parts of strided
+rows (``row_stride`` > 1: rows ``row_start``, ``row_start + row_stride``,
+...); such a variable is rebuilt whole first (:func:`strided_rows`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ def assemble(shards: Sequence[ShardData]) -> dict[str, torch.Tensor]:
     result = {}
     for variable, parts in _parts_by_variable(shards).items():
         full_shape = parts[0].full_shape
+        if any(_stride(p) > 1 for p in parts):
+            result[variable] = _whole(variable, parts)[0]
+            continue
         if not full_shape:
             result[variable] = _single(variable, parts).value
             continue
@@ -127,7 +134,70 @@ def slice_rows(shards: Sequence[ShardData], variable: str, row_start: int,
     return value, state
 
 
+def strided_rows(shards: Sequence[ShardData], variable: str, row_start: int, count: int,
+                 row_stride: int) -> tuple[torch.Tensor, dict]:
+    """Rows ``row_start``, ``row_start + row_stride``, ... (``count`` of them) of
+    ``variable`` and their optimizer state, as :func:`slice_rows` gives a range.
+
+    The variable is rebuilt whole from its parts first (strided or not), then
+    the rows are taken: memory for the whole variable and its state, once.
+
+    Raises:
+        CheckpointError: the variable is unknown, the rows are out of bounds,
+            or some rows are held by no part (or by two).
+    """
+    parts = _parts_by_variable(shards).get(variable)
+    if parts is None:
+        raise CheckpointError(f"the checkpoint holds no variable {variable!r}")
+    rows = parts[0].full_shape[0] if parts[0].full_shape else 1
+    if count < 1 or row_stride < 1 or not 0 <= row_start or row_start + (count - 1) * row_stride >= rows:
+        raise CheckpointError(f"{count} rows of {variable!r} from {row_start} every {row_stride} are out of "
+                              f"range; it has {rows} rows")
+    value, state = _whole(variable, parts)
+    ids = torch.arange(row_start, row_start + count * row_stride, row_stride)
+    return value[ids], {k: x[ids] if isinstance(x, torch.Tensor) and x.shape == value.shape else x
+                        for k, x in state.items()}
+
+
 # ---- helpers
+
+
+def _stride(part: VariableData) -> int:
+    return max(1, part.row_stride)
+
+
+def _whole(variable: str, parts: list[VariableData]) -> tuple[torch.Tensor, dict]:
+    """The whole variable and its optimizer state (element-wise state whole,
+    scalar state from the first part), from parts of contiguous or strided rows."""
+    first = parts[0]
+    if not first.full_shape:
+        part = _single(variable, parts)
+        return part.value.clone(), _copy_state(part.state)
+    value = torch.empty(tuple(first.full_shape), dtype=first.value.dtype)
+    held = torch.zeros(first.full_shape[0], dtype=torch.int64)
+    state: dict[str, Any] = {}
+    for part in parts:
+        ids = torch.arange(part.row_start, part.row_start + part.shape[0] * _stride(part), _stride(part))
+        if ids.numel() and int(ids[-1]) >= held.numel():
+            raise CheckpointError(f"part {part.name!r} of {variable!r} holds rows past its {held.numel()}")
+        value[ids] = part.value
+        held[ids] += 1
+        if set(part.state) != set(first.state):
+            raise CheckpointError(f"parts of {variable!r} disagree on optimizer state: {first.name!r} "
+                                  f"has {sorted(first.state)}, {part.name!r} has {sorted(part.state)}")
+        for key, x in part.state.items():
+            if _elementwise(x, part):
+                whole = state.setdefault(key, torch.empty(tuple(first.full_shape), dtype=x.dtype))
+                if not isinstance(whole, torch.Tensor) or whole.shape != value.shape:
+                    raise CheckpointError(f"parts of {variable!r} disagree on optimizer state {key!r}")
+                whole[ids] = x
+            else:
+                state.setdefault(key, x.clone() if isinstance(x, torch.Tensor) else x)
+    if not bool((held == 1).all()):
+        row = int(torch.nonzero(held != 1)[0])
+        raise CheckpointError(f"row {row} of {variable!r} is held by {int(held[row])} parts; expected one")
+    return value, state
+
 
 
 def _parts_by_variable(shards: Sequence[ShardData]) -> dict[str, list[VariableData]]:

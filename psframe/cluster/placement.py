@@ -114,7 +114,11 @@ class Shard:
 
     ``name`` is the variable's name, or ``f"{variable}/part_{i}"`` when the
     variable is partitioned. The shard holds rows ``[row_start, row_end)`` of
-    dim 0 of the variable (``0, 1`` for a 0-d tensor).
+    dim 0 of the variable (``0, 1`` for a 0-d tensor), every ``row_stride``-th
+    one: an embedding table shared out by id modulo its number of parts
+    (:func:`psframe.cluster.table_placement.place_tables`) has ``row_stride``
+    = ``num_parts``; every other shard holds contiguous rows. ``table``
+    marks an embedding table's part, which travels row by row.
     """
 
     name: str
@@ -126,6 +130,8 @@ class Shard:
     nbytes: int
     part_index: int = 0
     num_parts: int = 1
+    row_stride: int = 1
+    table: bool = False
 
     @property
     def partitioned(self) -> bool:
@@ -260,7 +266,7 @@ def _split(var: VariableInfo, parts: int) -> list[Shard]:
     return shards
 
 
-def _explicit_task(var: VariableInfo, num_ps: int, soft_placement: bool) -> int | None:
+def explicit_task(var: VariableInfo, num_ps: int, soft_placement: bool) -> int | None:
     """The ps task named by ``var.device``, or None to place it automatically."""
     if var.device is None:
         return None
@@ -358,7 +364,7 @@ def place(
     shards: list[Shard] = []
     fixed: list[int | None] = []  # explicit ps task per shard, None = automatic
     for var in variables:
-        task = _explicit_task(var, num_ps, soft_placement)
+        task = explicit_task(var, num_ps, soft_placement)
         parts = _split(var, _num_parts(var, num_ps, min_partition_bytes, max_shard_bytes))
         shards.extend(parts)
         fixed.extend([task] * len(parts))

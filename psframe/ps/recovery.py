@@ -19,7 +19,7 @@ import torch
 
 from psframe.checkpoint import files as checkpoint_io
 from psframe.checkpoint.shard import OptimizerData, ShardData, SyncData, VariableData
-from psframe.checkpoint.slices import slice_rows
+from psframe.checkpoint.slices import slice_rows, strided_rows
 from psframe.optim import OptimizerSpec
 from psframe.wire import psframe_pb2 as pb
 from psframe.ps.store import VariableStore
@@ -38,6 +38,11 @@ class Restored:
     sync: pb.SyncDef | None
     values: dict[str, torch.Tensor]
     states: dict[str, dict]
+    table_optimizer: OptimizerSpec | None = None  # of the embedding tables, if any
+
+    @property
+    def tables(self) -> list[str]:
+        return [d.name for d in self.defs if d.table]
 
 
 def save_shard(store: VariableStore, defs: Sequence[pb.VariableDef], sync: pb.SyncDef | None,
@@ -61,7 +66,7 @@ def save_shard(store: VariableStore, defs: Sequence[pb.VariableDef], sync: pb.Sy
         CheckpointError: the shard cannot be written.
     """
     global_step, values, states = store.snapshot()
-    spec = store.optimizer_spec
+    spec, table_spec = store.optimizer_spec, store.table_optimizer_spec
     shard = ShardData(
         global_step=global_step,
         ps_task=ps_task,
@@ -70,6 +75,7 @@ def save_shard(store: VariableStore, defs: Sequence[pb.VariableDef], sync: pb.Sy
         sync=None if sync is None else _record(SyncData, sync),
         variables=[_record(VariableData, d, value=values[d.name], state=states[d.name])
                    for d in defs],
+        table_optimizer=None if table_spec is None else OptimizerData(table_spec.name, dict(table_spec.kwargs)),
     )
     return checkpoint_io.write_shard(url, step, shard)
 
@@ -98,14 +104,17 @@ def restore_own_shard(url: str, ps_task: int, num_ps: int) -> Restored | None:
         sync=None if shard.sync is None else _message(pb.SyncDef, shard.sync),
         values={v.name: v.value for v in shard.variables},
         states={v.name: v.state for v in shard.variables},
+        table_optimizer=None if shard.table_optimizer is None else OptimizerSpec(
+            shard.table_optimizer.name, shard.table_optimizer.kwargs),
     )
 
 
-def restore_onto(url: str, defs: Sequence[pb.VariableDef], optimizer: OptimizerSpec
-                 ) -> Restored | None:
+def restore_onto(url: str, defs: Sequence[pb.VariableDef], optimizer: OptimizerSpec,
+                 table_optimizer: OptimizerSpec | None = None) -> Restored | None:
     """The rows of the latest valid checkpoint that ``defs`` ask for, from whichever shards hold them.
 
-    Optimizer state is kept only if the checkpoint ran the same optimizer.
+    Optimizer state is kept only if the checkpoint ran the same optimizer
+    (for embedding tables, the same table optimizer).
 
     Returns:
         What to restore, or None when there is no checkpoint.
@@ -122,11 +131,18 @@ def restore_onto(url: str, defs: Sequence[pb.VariableDef], optimizer: OptimizerS
     if not same_optimizer:
         log.warning("checkpoint %s ran %s, now %s: its optimizer state is not restored",
                     manifest.folder, saved_with, optimizer.name)
+    saved_tables = shards[0].table_optimizer
+    same_table_optimizer = (table_optimizer is not None and saved_tables is not None
+                            and saved_tables.name == table_optimizer.name)
     values, states = {}, {}
     for d in defs:
-        value, state = slice_rows(shards, d.variable, d.row_start, d.row_start + d.shape[0])
+        if d.row_stride > 1 or any(v.variable == d.variable and v.row_stride > 1
+                                   for s in shards for v in s.variables):
+            value, state = strided_rows(shards, d.variable, d.row_start, d.shape[0], max(1, d.row_stride))
+        else:
+            value, state = slice_rows(shards, d.variable, d.row_start, d.row_start + d.shape[0])
         values[d.name] = value.reshape(tuple(d.shape))
-        states[d.name] = state if same_optimizer else {}
+        states[d.name] = state if (same_table_optimizer if d.table else same_optimizer) else {}
     return Restored(
         step=manifest.step,
         global_step=min(s.global_step for s in shards),
@@ -135,6 +151,7 @@ def restore_onto(url: str, defs: Sequence[pb.VariableDef], optimizer: OptimizerS
         sync=None,
         values=values,
         states=states,
+        table_optimizer=table_optimizer,
     )
 
 

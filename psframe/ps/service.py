@@ -24,11 +24,12 @@ from psframe.errors import (
     WireFormatError,
 )
 from psframe.optim import OptimizerSpec
-from psframe.wire import codec, messages
+from psframe.wire import codec, messages, table_rows
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.shared_region import SharedRegion
 from psframe.ps import recovery
 from psframe.ps.peers import PsPeers
+from psframe.ps.pending import PendingModel
 from psframe.ps.plans import RequestPlan, StreamPlans
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.shared import SharedMemory, publish_store
@@ -57,8 +58,7 @@ class ParameterServerService(TaskService):
             self.task_name, lock=shared.lock, counters=shared.counters, allocate=shared.allocate))
         self._variable_defs: list[pb.VariableDef] = []
         self._init_lock = threading.Lock()
-        self._pending_defs: list[pb.VariableDef] = []
-        self._pending_values: dict[str, torch.Tensor] = {}
+        self._pending: PendingModel | None = None  # the chief's initial values, while they arrive
         self.roster = WorkerRoster(cluster.num_workers, worker_timeout,
                                    last_seen=None if shared is None else shared.last_seen)
         self._sync_def: pb.SyncDef | None = None
@@ -122,6 +122,8 @@ class ParameterServerService(TaskService):
             info.bytes_held = store.nbytes()
             if store.optimizer_spec is not None:
                 info.optimizer.CopyFrom(messages.optimizer_to_proto(store.optimizer_spec))
+            if store.table_optimizer_spec is not None:
+                info.table_optimizer.CopyFrom(messages.optimizer_to_proto(store.table_optimizer_spec))
             info.pushes = store.pushes
             info.rejected_pushes = store.rejected_pushes
             info.finished_workers.extend(self.roster.finished)
@@ -149,33 +151,32 @@ class ParameterServerService(TaskService):
                 f"not {ClusterSpec.caller_name('worker', header.caller.task_index)}"
             )
         optimizer = messages.optimizer_from_proto(header.optimizer)
+        table_optimizer = (messages.optimizer_from_proto(header.table_optimizer)
+                           if header.HasField("table_optimizer") else None)
         defs = list(header.variables)
+        tables = [d.name for d in defs if d.table]
         sync = header.sync if header.HasField("sync") else None
         with self._init_lock:
             created = False
             if self.store.ready:
-                # The store checks the variables and the optimizer are those it holds.
-                self.store.create(self._values_like(defs), optimizer)
+                # The store checks the variables and the optimizers are those it holds.
+                self.store.create(self._values_like(defs), optimizer, tables=tables, table_optimizer=table_optimizer)
                 messages.check_same_sync(f"the chief's model does not match what {self.task_name} holds",
                                          sync, self._sync_def)
-            elif self._restore_for_chief(header.checkpoint_dir or self.checkpoint_dir, defs, optimizer, sync):
+            elif self._restore_for_chief(header.checkpoint_dir or self.checkpoint_dir, defs, optimizer, sync,
+                                         table_optimizer):
                 pass
             else:
-                if defs != self._pending_defs:  # a new (or restarted) chief: start over
-                    self._pending_defs, self._pending_values = defs, {}
-                by_name = {d.name: d for d in defs}
-                for meta, tensor in zip(header.tensors, tensors):
-                    messages.check_initial_value(self.task_name, by_name.get(meta.name), meta.name, tensor)
-                    # A copy now (in shared memory, where the model lives there) lets the
-                    # request's buffer go; create() then adopts it.
-                    self._pending_values[meta.name] = self.store.copy_in(tensor)
-                if len(self._pending_values) == len(defs):
-                    values = {d.name: self._pending_values[d.name] for d in defs}
-                    created = self.store.create(values, optimizer, copy=False)
+                if self._pending is None or defs != self._pending.defs:  # a new (or restarted) chief: start over
+                    self._pending = PendingModel(self.task_name, defs, self.store)
+                self._pending.add(header.tensors, tensors)
+                if self._pending.complete:
+                    created = self.store.create(self._pending.values(), optimizer, copy=False, tables=tables,
+                                                table_optimizer=table_optimizer)
                     self._variable_defs = defs
                     if sync is not None:
                         self._start_sync(sync)
-                    self._pending_defs, self._pending_values = [], {}
+                    self._pending = None
                     log.info("%s: created %d variables (%d bytes) with %r", self.task_name,
                              len(defs), self.store.nbytes(), optimizer)
             state = pb.TaskInfo.READY if self.store.ready else pb.TaskInfo.WAITING_FOR_MODEL
@@ -185,11 +186,11 @@ class ParameterServerService(TaskService):
     # ---- checkpoints
 
     def _restore_for_chief(self, url: str, defs: list[pb.VariableDef], optimizer: OptimizerSpec,
-                           sync: pb.SyncDef | None) -> bool:
+                           sync: pb.SyncDef | None, table_optimizer: OptimizerSpec | None) -> bool:
         """Restore the variables the chief placed here from the latest checkpoint, if any."""
         if not url:
             return False
-        restored = recovery.restore_onto(url, defs, optimizer)
+        restored = recovery.restore_onto(url, defs, optimizer, table_optimizer)
         if restored is None:
             return False
         restored.sync = sync
@@ -203,7 +204,8 @@ class ParameterServerService(TaskService):
         tasks that are training (they did not lose their updates; this shard
         rolls back to the checkpoint), so a sync cluster stays in lockstep.
         """
-        self.store.create(restored.values, restored.optimizer)
+        self.store.create(restored.values, restored.optimizer, tables=restored.tables,
+                          table_optimizer=restored.table_optimizer)
         global_step = max([restored.global_step, *self._peers.global_steps()])
         self.store.restore({}, restored.states, global_step)
         self._variable_defs = list(restored.defs)
@@ -296,24 +298,34 @@ class ParameterServerService(TaskService):
 
     def _push_pull(self, header: pb.PushPullHeader, tensors: list[torch.Tensor],
                    plans: StreamPlans | None = None, refused: str = "") -> bytes:
-        grads = {meta.name: tensor for meta, tensor in zip(header.tensors, tensors)}
-        if len(grads) != len(tensors):
-            raise WireFormatError("a push names the same variable twice")
+        grads, rows, row_pulls = table_rows.split(header.tensors, tensors)
         wire_dtype = codec.wire_dtype_from_name(header.wire_dtype)
         if wire_dtype is not None:
             grads = self.store.widen(grads, wire_dtype)
         pull = list(header.pull)
-        if self.aggregator is None or not grads:
-            with self.store.lock:
-                step, values = self.store.push_pull(grads, pull, header.end_of_step and bool(grads))
-                if self._publishing and grads:
+        pushes = bool(grads or rows)
+        if self.aggregator is None or not pushes:
+            store = self.store
+            with store.lock:
+                for name, ids in row_pulls:  # every row asked for exists before anything changes
+                    store.check_row_ids(name, ids)
+                step, values = store.push_pull(grads, pull, header.end_of_step and pushes, rows)
+                if self._publishing and pushes:
                     self._publish()
-                if plans is not None and wire_dtype is None and self.aggregator is None:
+                if plans is not None and wire_dtype is None and self.aggregator is None and not (rows or row_pulls):
                     self._plan(plans, header, list(grads), values)
                 # Encode under the lock: the reply is one consistent version, and
                 # the only copy of the variables is the one into the reply.
-                return codec.encode(pb.PushPullReplyHeader(global_step=step, shared_refused=refused),
-                                    _outgoing(pull, values, wire_dtype))
+                reply = pb.PushPullReplyHeader(global_step=step, shared_refused=refused)
+                outgoing = _outgoing(pull, values, wire_dtype)
+                if not row_pulls:
+                    return codec.encode(reply, outgoing)
+                pulled = [(name, store.read_rows(name, ids)) for name, ids in row_pulls]
+                return codec.encode(reply, outgoing + pulled, table_rows.reply_kinds(len(outgoing), len(pulled)))
+        if rows:
+            raise errors.InvalidGradientError(
+                f"{self.task_name} trains synchronously; embedding table rows cannot be pushed in sync "
+                f"training yet")
         self.store.check_names(pull)
         # A push that pulls nothing is one of several messages of a worker's
         # step: it is recorded and answered at once (see Trainer._step_plan).

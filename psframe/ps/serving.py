@@ -177,10 +177,10 @@ class SharedPushPull:
         if version != self._version:
             with self._lock, self._shared.lock:
                 if self._shared.version != self._version:
-                    variables, states, optimizer = self._shared.load()
+                    variables, states, optimizer, tables, table_optimizer = self._shared.load()
                     store = VariableStore(self._service_name(), lock=self._shared.lock,
                                           counters=self._shared.counters)
-                    store.adopt(variables, states, optimizer)
+                    store.adopt(variables, states, optimizer, tables, table_optimizer)
                     self._service = ParameterServerService(self._cluster, self._task_index, store=store,
                                                            shared=self._shared)
                     self._version = self._shared.version

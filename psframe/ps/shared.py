@@ -29,7 +29,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy
@@ -179,7 +179,8 @@ class SharedMemory:
         return tensor
 
     def publish(self, variables: Mapping[str, torch.Tensor], states: Mapping[str, Mapping[str, Any]],
-                optimizer: OptimizerSpec) -> bool:
+                optimizer: OptimizerSpec, tables: Sequence[str] = (),
+                table_optimizer: OptimizerSpec | None = None) -> bool:
         """Say where the model is, for the serving processes to map (owner, under :attr:`lock`).
 
         Returns:
@@ -188,7 +189,9 @@ class SharedMemory:
         """
         try:
             model = {
-                "optimizer": {"name": optimizer.name, "kwargs": dict(optimizer.kwargs)},
+                "optimizer": _spec_to_json(optimizer),
+                "tables": list(tables),
+                "table_optimizer": None if table_optimizer is None else _spec_to_json(table_optimizer),
                 "variables": {name: self._describe(value) for name, value in variables.items()},
                 "states": {name: {key: self._describe(value) for key, value in state.items()}
                            for name, state in states.items()},
@@ -208,8 +211,10 @@ class SharedMemory:
         return {"file": self._files[tensor.data_ptr()], "dtype": dtype_name(tensor.dtype),
                 "shape": list(tensor.shape)}
 
-    def load(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], OptimizerSpec]:
-        """The published model, mapped: variables, optimizer state, optimizer (serving processes)."""
+    def load(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], OptimizerSpec,
+                            list[str], OptimizerSpec | None]:
+        """The published model, mapped: variables, optimizer state, optimizer, the
+        embedding tables and their optimizer (serving processes)."""
         with open(os.path.join(self.folder, _MODEL)) as f:
             model = json.load(f)
 
@@ -221,15 +226,23 @@ class SharedMemory:
         variables = {name: mapped(entry) for name, entry in model["variables"].items()}
         states = {name: {key: mapped(entry) for key, entry in state.items()}
                   for name, state in model["states"].items()}
-        spec = model["optimizer"]
-        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["kwargs"].items()}
-        return variables, states, OptimizerSpec(spec["name"], kwargs)
+        table_optimizer = model["table_optimizer"]
+        return (variables, states, _spec_from_json(model["optimizer"]), model["tables"],
+                None if table_optimizer is None else _spec_from_json(table_optimizer))
 
     def close(self) -> None:
         """Release the lock's file; the owner also removes the folder (mapped memory stays valid)."""
         self.lock.close()
         if self.owner:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _spec_to_json(spec: OptimizerSpec) -> dict:
+    return {"name": spec.name, "kwargs": dict(spec.kwargs)}
+
+
+def _spec_from_json(spec: dict) -> OptimizerSpec:
+    return OptimizerSpec(spec["name"], {k: tuple(v) if isinstance(v, list) else v for k, v in spec["kwargs"].items()})
 
 
 def _remove_orphans(base: str) -> None:
@@ -264,7 +277,8 @@ def publish_store(memory: SharedMemory, store: Any, task_name: str) -> bool | No
             return None
         store.share_state()
         names = store.names
-        published = memory.publish(dict(zip(names, store.read(names))), store.optimizer_state(), store.optimizer_spec)
+        published = memory.publish(dict(zip(names, store.read(names))), store.optimizer_state(), store.optimizer_spec,
+                                   sorted(store.tables), store.table_optimizer_spec)
     if published:
         log.info("%s: the model is shared with the serving processes (version %d)", task_name, memory.version)
     else:

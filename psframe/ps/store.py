@@ -8,6 +8,11 @@ A store is empty until the chief creates its variables, then ready::
 Updates are all-or-nothing: every gradient of a push is checked against its
 variable before any variable changes, so a bad push leaves the store as it
 was.
+
+Embedding tables are variables too, updated row by row: a push carries the
+ids of the rows it touched and their gradients (:meth:`apply_rows`), a pull
+names the rows it wants (:meth:`read_rows`), and a second optimizer, one
+that takes sparse gradients (:mod:`psframe.sparse_optim`), updates them.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 from psframe.errors import (
     ClusterMismatchError,
     DtypeMismatchError,
+    InvalidGradientError,
     NotReadyError,
     PsframeError,
     ShapeMismatchError,
@@ -32,12 +38,13 @@ from psframe.errors import (
 from psframe import allocator, optim
 from psframe.optim import OptimizerSpec
 from psframe.wire import messages
+from psframe.ps.table_rows import TableRows
 
 # Generations of variables, unique in the process (see VariableStore.generation).
 _GENERATIONS = itertools.count(1)
 
 
-class VariableStore:
+class VariableStore(TableRows):
     """Variables plus a ``torch.optim`` optimizer over them.
 
     Callers that read variables while others may push hold :attr:`lock`
@@ -63,8 +70,12 @@ class VariableStore:
         self._counters = counters if counters is not None else numpy.zeros(3, dtype=numpy.int64)
         self._allocate = allocate
         self._variables: dict[str, torch.Tensor] = {}
-        self._optimizer: torch.optim.Optimizer | None = None
+        self._optimizer: torch.optim.Optimizer | None = None  # of the dense variables (None: there are none)
         self._optimizer_spec: OptimizerSpec | None = None
+        self._tables: frozenset[str] = frozenset()  # the variables that are embedding tables
+        self._table_optimizer: torch.optim.Optimizer | None = None
+        self._table_optimizer_spec: OptimizerSpec | None = None
+        self._ready = False
         # Bumped whenever a variable's value changes: two reads under the lock
         # that see the same version read the same values.
         self.version = 0
@@ -86,21 +97,32 @@ class VariableStore:
     @property
     def ready(self) -> bool:
         """Whether the variables exist."""
-        return self._optimizer is not None
+        return self._ready
 
     @property
     def optimizer_spec(self) -> OptimizerSpec | None:
         return self._optimizer_spec
 
+    @property
+    def table_optimizer_spec(self) -> OptimizerSpec | None:
+        """The embedding tables' optimizer; None when the store holds no table."""
+        return self._table_optimizer_spec
+
+    @property
+    def tables(self) -> frozenset[str]:
+        """The names of the variables that are embedding tables."""
+        return self._tables
+
     def create(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec, *,
-               copy: bool = True) -> bool:
+               copy: bool = True, tables: Sequence[str] = (), table_optimizer: OptimizerSpec | None = None) -> bool:
         """Create the variables (copies of ``values``, or ``values`` themselves
         with ``copy=False``: tensors from :meth:`copy_in`, where the store has
         memory of its own) and the optimizer.
 
         Creating again with the same names, shapes, dtypes and optimizer is a
         no-op (the chief restarted, or the store was restored); anything else
-        is refused.
+        is refused. ``tables`` name the variables that are embedding tables,
+        updated by ``table_optimizer``.
 
         Returns:
             True if the variables were created, False if they already existed.
@@ -110,7 +132,7 @@ class VariableStore:
         """
         with self.lock:
             if self.ready:
-                self._check_same_model(values, optimizer)
+                self._check_same_model(values, optimizer, tables, table_optimizer)
                 return False
             variables = {}
             for name, value in values.items():
@@ -120,12 +142,37 @@ class VariableStore:
                     variable = value.detach().to("cpu", copy=copy).contiguous()
                 variable.requires_grad_(variable.is_floating_point() or variable.is_complex())
                 variables[name] = variable
-            self._optimizer = optimizer.build(list(variables.values()))
-            self._optimizer_spec = optimizer
+            self._build_optimizers(variables, optimizer, tables, table_optimizer)
             self._variables = variables
             self.version += 1
             self.generation = next(_GENERATIONS)
             return True
+
+    def _build_optimizers(self, variables: Mapping[str, torch.Tensor], optimizer: OptimizerSpec,
+                          tables: Sequence[str], table_optimizer: OptimizerSpec | None) -> None:
+        unknown = sorted(set(tables) - set(variables))
+        if unknown:
+            raise UnknownVariableError(f"{self.owner}: tables {unknown} are not among the variables created")
+        if tables and table_optimizer is None:
+            raise ClusterMismatchError(f"{self.owner}: embedding tables {sorted(tables)} need a table optimizer")
+        dense = [v for name, v in variables.items() if name not in tables]
+        self._optimizer = optimizer.build(dense) if dense else None
+        self._optimizer_spec = optimizer
+        self._tables = frozenset(tables)
+        self._table_optimizer = table_optimizer.build([variables[n] for n in tables], per_parameter=True) \
+            if tables else None
+        self._table_optimizer_spec = table_optimizer if tables else None
+        self._ready = True
+
+    def _optimizer_of(self, name: str) -> torch.optim.Optimizer:
+        return self._table_optimizer if name in self._tables else self._optimizer
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [o for o in (self._optimizer, self._table_optimizer) if o is not None]
+
+    def empty(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """Uninitialised memory for a variable, in the store's memory (shared memory, where it was given ``allocate``)."""
+        return torch.empty(shape, dtype=dtype) if self._allocate is None else self._allocate(dtype, shape)
 
     def copy_in(self, value: torch.Tensor) -> torch.Tensor:
         """A copy of ``value`` in the store's memory (shared memory, where it was given ``allocate``)."""
@@ -133,12 +180,18 @@ class VariableStore:
             return value.detach().clone()
         return self._allocate(value.dtype, tuple(value.shape)).copy_(value.detach())
 
-    def _check_same_model(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec) -> None:
+    def _check_same_model(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec,
+                          tables: Sequence[str], table_optimizer: OptimizerSpec | None) -> None:
         messages.check_same_variables(f"{self.owner} already holds a different model",
                                       messages.keys_of_tensors(values), messages.keys_of_tensors(self._variables))
         if optimizer != self._optimizer_spec:
             raise ClusterMismatchError(
                 f"{self.owner} already runs {self._optimizer_spec!r}, not {optimizer!r}"
+            )
+        if frozenset(tables) != self._tables or (tables and table_optimizer != self._table_optimizer_spec):
+            raise ClusterMismatchError(
+                f"{self.owner} holds embedding tables {sorted(self._tables)} updated by "
+                f"{self._table_optimizer_spec!r}, not {sorted(tables)} by {table_optimizer!r}"
             )
 
     def optimizer_state(self) -> dict[str, dict[str, Any]] | None:
@@ -146,7 +199,7 @@ class VariableStore:
         plain SGD); None while some variable has none yet, before its first update."""
         with self.lock:
             self._require_ready()
-            state = {name: self._optimizer.state.get(v) for name, v in self._variables.items()}
+            state = {name: self._optimizer_of(name).state.get(v) for name, v in self._variables.items()}
             # No state at all is stateless only once an update went through without making any.
             if not all(state.values()) and (any(state.values()) or not self._stepped):
                 return None
@@ -161,8 +214,8 @@ class VariableStore:
         resident, and for a moment the task would hold its state twice.
         """
         with self.lock:
-            for variable in self._variables.values():
-                state = self._optimizer.state.get(variable, {})
+            for name, variable in self._variables.items():
+                state = self._optimizer_of(name).state.get(variable, {})
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor):
                         state[key] = self._allocate(value.dtype, tuple(value.shape)).copy_(value)
@@ -170,7 +223,8 @@ class VariableStore:
                         allocator.trim()
 
     def adopt(self, values: Mapping[str, torch.Tensor], states: Mapping[str, Mapping[str, Any]],
-              optimizer: OptimizerSpec) -> None:
+              optimizer: OptimizerSpec, tables: Sequence[str] = (),
+              table_optimizer: OptimizerSpec | None = None) -> None:
         """Take variables and optimizer state that live elsewhere (shared memory) as this store's own.
 
         The tensors are used as they are, not copied: updates through this
@@ -179,12 +233,11 @@ class VariableStore:
         with self.lock:
             variables = {name: value.requires_grad_(value.is_floating_point() or value.is_complex())
                          for name, value in values.items()}
-            self._optimizer = optimizer.build(list(variables.values()))
-            self._optimizer_spec = optimizer
+            self._build_optimizers(variables, optimizer, tables, table_optimizer)
             self._variables = variables
             for name, state in states.items():
                 if state:
-                    self._optimizer.state[variables[name]] = dict(state)
+                    self._optimizer_of(name).state[variables[name]] = dict(state)
             self.version += 1
             self.generation = next(_GENERATIONS)
 
@@ -228,6 +281,11 @@ class VariableStore:
         self._require_ready()
         for name, grad in grads.items():
             variable = self._variable(name)
+            if name in self._tables:
+                raise InvalidGradientError(
+                    f"{name!r} on {self.owner} is an embedding table: it takes the rows a batch touched "
+                    f"(ids and rows), not a whole gradient; nothing was applied"
+                )
             if grad.dtype != variable.dtype:
                 raise DtypeMismatchError(
                     f"gradient for {name!r} has dtype {grad.dtype} but the variable on "
@@ -306,8 +364,10 @@ class VariableStore:
         return self.global_step
 
     def push_pull(self, grads: Mapping[str, torch.Tensor], pull: Sequence[str],
-                  end_of_step: bool) -> tuple[int, list[torch.Tensor]]:
-        """One worker request: apply ``grads``, count the step, read ``pull``.
+                  end_of_step: bool, rows: Sequence[tuple[str, torch.Tensor, torch.Tensor]] = ()
+                  ) -> tuple[int, list[torch.Tensor]]:
+        """One worker request: apply ``grads`` (and the gradients of table
+        ``rows``, see :meth:`apply_rows`), count the step, read ``pull``.
 
         Every name is checked before anything changes. Hold :attr:`lock`
         while using the returned tensors: they are the live variables.
@@ -317,7 +377,9 @@ class VariableStore:
         """
         with self.lock:
             self.check_names(pull)
+            self.check_rows(rows)
             self.apply(grads)
+            self.apply_rows(rows)
             step = self.advance_step() if end_of_step else self.global_step
             return step, self.read(pull)
 
@@ -339,8 +401,8 @@ class VariableStore:
         """Bytes of the variables plus the optimizer's tensor state."""
         with self.lock:
             total = sum(v.numel() * v.element_size() for v in self._variables.values())
-            if self._optimizer is not None:
-                for state in self._optimizer.state.values():
+            for optimizer in self._optimizers():
+                for state in optimizer.state.values():
                     for value in state.values():
                         if isinstance(value, torch.Tensor):
                             total += value.numel() * value.element_size()
@@ -353,7 +415,7 @@ class VariableStore:
             values = {name: v.detach().clone() for name, v in self._variables.items()}
             states = {
                 name: {k: x.clone() if isinstance(x, torch.Tensor) else x
-                       for k, x in self._optimizer.state.get(v, {}).items()}
+                       for k, x in self._optimizer_of(name).state.get(v, {}).items()}
                 for name, v in self._variables.items()
             }
             return self.global_step, values, states
@@ -375,7 +437,7 @@ class VariableStore:
                     self._variables[name].copy_(value)
             for name, state in states.items():
                 variable = self._variable(name)
-                self._optimizer.state[variable] = {
+                self._optimizer_of(name).state[variable] = {
                     k: x.clone() if isinstance(x, torch.Tensor) else x for k, x in state.items()
                 }
             self.global_step = global_step

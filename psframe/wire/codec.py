@@ -164,7 +164,7 @@ def place(sizes: Sequence[int]) -> tuple[list[int], list[int], int, int]:
     return pads, [offset + lead for offset in offsets], end + lead, lead
 
 
-def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]]) -> bytes:
+def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]], kinds: Sequence[int] = ()) -> bytes:
     """Serialize an envelope message: ``header`` plus the named tensors.
 
     ``header.tensors`` is replaced by the metadata of ``tensors``. Tensors
@@ -175,6 +175,8 @@ def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]]) -> bytes:
     Args:
         header: the envelope's header message (e.g. ``PushPullHeader``).
         tensors: ``(name, tensor)`` pairs, in the order to send them.
+        kinds: each tensor's ``TensorMeta.Kind`` (rows of an embedding
+            table); empty: every tensor is a ``VALUE``.
 
     Returns:
         The bytes of the envelope, a valid protobuf message of the envelope type.
@@ -185,9 +187,9 @@ def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]]) -> bytes:
     chunks: list = [PAYLOAD_TAG, varint(length), PADS[lead]]
     metas = header.tensors
     try:
-        for (name, tensor), pad, offset in zip(tensors, pads, offsets):
+        for (name, tensor), pad, offset, kind in zip(tensors, pads, offsets, kinds or [0] * len(tensors)):
             metas.add(name=name, dtype=dtype_name(tensor.dtype), shape=tensor.shape, offset=offset,
-                      nbytes=tensor.nbytes)
+                      nbytes=tensor.nbytes, kind=kind)
             if pad:
                 chunks.append(PADS[pad])
             if tensor.nbytes:

@@ -81,6 +81,8 @@ def variable_def(shard: Shard, dtype: torch.dtype, full_shape: Sequence[int]) ->
         row_start=shard.row_start,
         part_index=shard.part_index,
         num_parts=shard.num_parts,
+        row_stride=shard.row_stride if shard.row_stride > 1 else 0,  # 0: contiguous, as before strides
+        table=shard.table,
     )
 
 

@@ -8,21 +8,33 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TensorMeta(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "offset", "nbytes")
+    __slots__ = ("name", "dtype", "shape", "offset", "nbytes", "kind")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        VALUE: _ClassVar[TensorMeta.Kind]
+        ROW_IDS: _ClassVar[TensorMeta.Kind]
+        ROWS: _ClassVar[TensorMeta.Kind]
+        PULL_ROW_IDS: _ClassVar[TensorMeta.Kind]
+    VALUE: TensorMeta.Kind
+    ROW_IDS: TensorMeta.Kind
+    ROWS: TensorMeta.Kind
+    PULL_ROW_IDS: TensorMeta.Kind
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     offset: int
     nbytes: int
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+    kind: TensorMeta.Kind
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., kind: _Optional[_Union[TensorMeta.Kind, str]] = ...) -> None: ...
 
 class VariableDef(_message.Message):
-    __slots__ = ("name", "variable", "dtype", "shape", "full_shape", "row_start", "part_index", "num_parts")
+    __slots__ = ("name", "variable", "dtype", "shape", "full_shape", "row_start", "part_index", "num_parts", "row_stride", "table")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VARIABLE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +43,8 @@ class VariableDef(_message.Message):
     ROW_START_FIELD_NUMBER: _ClassVar[int]
     PART_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_PARTS_FIELD_NUMBER: _ClassVar[int]
+    ROW_STRIDE_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
     name: str
     variable: str
     dtype: str
@@ -39,7 +53,9 @@ class VariableDef(_message.Message):
     row_start: int
     part_index: int
     num_parts: int
-    def __init__(self, name: _Optional[str] = ..., variable: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., full_shape: _Optional[_Iterable[int]] = ..., row_start: _Optional[int] = ..., part_index: _Optional[int] = ..., num_parts: _Optional[int] = ...) -> None: ...
+    row_stride: int
+    table: bool
+    def __init__(self, name: _Optional[str] = ..., variable: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., full_shape: _Optional[_Iterable[int]] = ..., row_start: _Optional[int] = ..., part_index: _Optional[int] = ..., num_parts: _Optional[int] = ..., row_stride: _Optional[int] = ..., table: _Optional[bool] = ...) -> None: ...
 
 class Value(_message.Message):
     __slots__ = ("number", "integer", "flag", "text", "numbers")
@@ -103,7 +119,7 @@ class InfoRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir")
+    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STARTING: _ClassVar[TaskInfo.State]
@@ -134,6 +150,7 @@ class TaskInfo(_message.Message):
     RESTORED_STEP_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    TABLE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     task_index: int
     address: str
@@ -154,7 +171,8 @@ class TaskInfo(_message.Message):
     restored_step: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerSeen]
     checkpoint_dir: str
-    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ...) -> None: ...
+    table_optimizer: OptimizerDef
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ...) -> None: ...
 
 class WorkerSeen(_message.Message):
     __slots__ = ("task_index", "seconds_ago", "finished")
@@ -167,20 +185,22 @@ class WorkerSeen(_message.Message):
     def __init__(self, task_index: _Optional[int] = ..., seconds_ago: _Optional[float] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class InitHeader(_message.Message):
-    __slots__ = ("caller", "variables", "optimizer", "tensors", "sync", "checkpoint_dir")
+    __slots__ = ("caller", "variables", "optimizer", "tensors", "sync", "checkpoint_dir", "table_optimizer")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    TABLE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
     optimizer: OptimizerDef
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     sync: SyncDef
     checkpoint_dir: str
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ...) -> None: ...
+    table_optimizer: OptimizerDef
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("header", "payload")

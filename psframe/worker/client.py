@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +23,7 @@ from psframe.checkpoint.manifest import ShardRecord
 from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import ConnectTimeoutError, PsframeError
 from psframe.optim import OptimizerSpec, SyncReplicas
-from psframe.wire import codec, messages, shared_region, transport
+from psframe.wire import codec, messages, shared_region, table_rows, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker.prepared import PreparedRequest
 from psframe.worker.slicer import Request, Slot
@@ -150,14 +150,17 @@ class PsClient:
     # ---- the model
 
     def create(self, ps_task: int, slots: Sequence[Slot], values: Sequence[tuple[str, torch.Tensor]],
-               optimizer: OptimizerSpec, sync: SyncReplicas | None, checkpoint_dir: str | None) -> bool:
+               optimizer: OptimizerSpec, sync: SyncReplicas | None, checkpoint_dir: str | None, *,
+               rows: Sequence[table_rows.RowPush] = (), table_optimizer: OptimizerSpec | None = None) -> bool:
         """Ask a ps task to create its variables (chief only), with some of their initial values.
 
         ``slots`` are every variable the ps task holds; ``values`` (CPU
-        tensors, by shard name) may be a part of them: the ps creates the
-        variables once it has them all, so a large model travels in several
-        calls. A ps task that holds the model already (or restores it from
-        ``checkpoint_dir``) keeps what it has.
+        tensors, by shard name) may be a part of them, and ``rows`` some
+        rows of its embedding tables' parts, as ``(part, ids, rows)``: the
+        ps creates the variables once it has them all, so a large model
+        travels in several calls. A ps task that holds the model already
+        (or restores it from ``checkpoint_dir``) keeps what it has.
+        ``table_optimizer`` updates the tables (needed if there are any).
 
         Returns:
             True if this call created the variables.
@@ -165,7 +168,12 @@ class PsClient:
         header = pb.InitHeader(caller=self.caller, variables=messages.variable_defs(slots),
                                optimizer=messages.optimizer_to_proto(optimizer), sync=messages.sync_def(sync),
                                checkpoint_dir=checkpoint_dir or "")
-        data = self._ps[ps_task].call("Init", codec.encode(header, values), timeout=self.rpc_timeout)
+        if table_optimizer is not None:
+            header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
+        row_tensors, row_kinds = table_rows.push_tensors(rows)
+        tensors = list(values) + row_tensors
+        data = self._ps[ps_task].call("Init", codec.encode(header, tensors, [table_rows.VALUE] * len(values) + row_kinds),
+                                      timeout=self.rpc_timeout)
         return codec.decode(data, pb.InitReplyHeader)[0].created
 
     def check_model(self, infos: Sequence[pb.TaskInfo], slots: Sequence[Slot], sync: SyncReplicas | None) -> None:
@@ -183,7 +191,8 @@ class PsClient:
     # ---- a step
 
     def push_pull(self, requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
-                  *, compress: bool = True, timeout: float | None = None) -> list[Reply]:
+                  *, compress: bool = True, timeout: float | None = None,
+                  rows: Mapping[int, Sequence[table_rows.RowPush]] | None = None) -> list[Reply]:
         """Send planned requests, each with its gradients, and wait for every reply.
 
         Each ps task is reached over one long-lived stream (opened on first
@@ -197,6 +206,10 @@ class PsClient:
             step: the global step the gradients were computed at.
             compress: let tensors travel in ``wire_dtype`` (when set); False
                 moves them exactly as stored (a full pull of the ps's values).
+            rows: per ps task, the gradients of embedding table rows as
+                ``(table part, ids, rows)``; each ps task gets them in one
+                message ahead of its requests (ending the step where it has
+                no request).
 
         Returns:
             The replies, in the order of ``requests``.
@@ -205,20 +218,63 @@ class PsClient:
             PsframeError: the error a ps task raised, or a transport error
                 naming the task; RpcTimeoutError after ``timeout`` seconds.
         """
+        ends_step = {request.ps_task for request, _ in requests if request.end_of_step}
+        first = []
+        for ps_task, pushes in (rows or {}).items():
+            tensors, kinds = table_rows.push_tensors(pushes)
+            header = pb.PushPullHeader(caller=self.caller, step=step, end_of_step=ps_task not in ends_step)
+            first.append((ps_task, codec.encode(header, tensors, kinds)))
+        return self._exchange(first, requests, step, compress, timeout)[len(first):]
+
+    def pull_rows(self, wanted: Mapping[int, Sequence[table_rows.RowPull]], step: int) -> dict[int, list[torch.Tensor]]:
+        """The current values of some rows of embedding tables, from every ps task asked, in parallel.
+
+        Args:
+            wanted: per ps task, ``(table part, ids)`` pairs (int64 ids of rows of the part).
+            step: the worker's global step (for the ps task's records).
+
+        Returns:
+            Per ps task, the rows of each pair, in order (read-only views of the reply).
+
+        Raises:
+            PsframeError: the error a ps task raised (e.g. ``RowIdError``), or a transport error.
+        """
+        first = []
+        for ps_task, pulls in wanted.items():
+            tensors, kinds = table_rows.pull_tensors(pulls)
+            first.append((ps_task, codec.encode(pb.PushPullHeader(caller=self.caller, step=step), tensors, kinds)))
+        answers = self._exchange(first, (), step, False, self.rpc_timeout)
+        return {ps_task: table_rows.pulled_rows(header.tensors, tensors)
+                for (ps_task, _), (header, tensors) in zip(first, answers)}
+
+    def _exchange(self, first: Sequence[tuple[int, bytes]],
+                  requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
+                  compress: bool, timeout: float | None) -> list:
+        """Send encoded messages (``first``, each to its ps task ahead of the rest),
+        then planned requests, and wait for every reply.
+
+        Returns:
+            For each message of ``first``, its reply's ``(header, tensors)``;
+            then a :class:`Reply` for each request.
+        """
         timeout = timeout or self.rpc_timeout
+        count = len(first)
         compress_of = [compress and self.wire_dtype is not None] * len(requests)
         unsent: dict[int, collections.deque[int]] = {}
+        for j, (ps_task, _) in enumerate(first):
+            unsent.setdefault(ps_task, collections.deque()).append(j)
         for i, (request, _) in enumerate(requests):
-            unsent.setdefault(request.ps_task, collections.deque()).append(i)
+            unsent.setdefault(request.ps_task, collections.deque()).append(count + i)
         in_flight = {ps_task: collections.deque() for ps_task in unsent}
-        replies: list = [None] * len(requests)
+        replies: list = [None] * (count + len(requests))
         failure: PsframeError | None = None
 
         def send_more(ps_task: int) -> None:
             while unsent[ps_task] and len(in_flight[ps_task]) < WINDOW:
-                i = unsent[ps_task].popleft()
-                self._stream(ps_task).send(self._encode(*requests[i], step, compress), timeout)
-                in_flight[ps_task].append(i)
+                j = unsent[ps_task].popleft()
+                data = first[j][1] if j < count else self._encode(*requests[j - count], step, compress)
+                self._stream(ps_task).send(data, timeout)
+                in_flight[ps_task].append(j)
 
         for ps_task in unsent:
             send_more(ps_task)
@@ -226,7 +282,7 @@ class PsClient:
             for ps_task, waiting in in_flight.items():
                 if not waiting:
                     continue
-                i = waiting.popleft()
+                j = waiting.popleft()
                 try:
                     data = self._streams[ps_task].receive()
                 except PsframeError as e:
@@ -235,6 +291,13 @@ class PsClient:
                     waiting.clear()
                     unsent[ps_task].clear()
                     continue
+                if j < count:  # a message of `first`
+                    header, tensors = replies[j] = codec.decode(data, pb.PushPullReplyHeader)
+                    if header.error_class:
+                        failure = failure or errors.error_from_name(header.error_class, header.error_message)
+                    send_more(ps_task)
+                    continue
+                i = j - count
                 prepared = self._prepared[(requests[i][0], compress_of[i])]
                 header, tensors = prepared.decode(data)
                 if header.shared_refused:
@@ -244,10 +307,10 @@ class PsClient:
                     # processes answered): nothing was applied; send the tensors in the message.
                     log.debug("%s: %s", self.describe(ps_task), header.error_message)
                     prepared.drop_region()
-                    unsent[ps_task].appendleft(i)
+                    unsent[ps_task].appendleft(j)
                 elif header.error_class:
                     failure = failure or errors.error_from_name(header.error_class, header.error_message)
-                replies[i] = Reply(header.global_step, header.dropped, tensors)
+                replies[j] = Reply(header.global_step, header.dropped, tensors)
                 send_more(ps_task)
         if failure is not None:
             raise failure

@@ -8,15 +8,17 @@ values a reply carries back into the parameters. It never talks to a ps.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
 from psframe.cluster.placement import Placement, VariableInfo, place
+from psframe.cluster.table_placement import place_tables
 from psframe.wire import codec
 from psframe.worker.client import Reply
 from psframe.worker.slicer import Request, Slot, StepPlan
 from psframe.worker.staging import HostStaging
+from psframe.worker.tables import EmbeddingTables, find_tables
 
 
 class Replica:
@@ -40,7 +42,8 @@ class Replica:
 
     def __init__(self, model: torch.nn.Module, num_ps: int, staging: HostStaging, *, sync: bool,
                  variable_devices: Mapping[str, str], max_shard_bytes: int,
-                 wire_dtype: torch.dtype | None = None, **placement_options) -> None:
+                 wire_dtype: torch.dtype | None = None, table_partition: str = "mod",
+                 **placement_options) -> None:
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameter: nothing to place on the ps tasks")
@@ -50,13 +53,19 @@ class Replica:
                 f"variable_devices names {unknown}, which are not trainable parameters of the model; "
                 f"expected names from model.named_parameters()"
             )
-        self.placement: Placement = place(
-            [VariableInfo(n, tuple(p.shape), p.element_size(), variable_devices.get(n)) for n, p in params],
-            num_ps, max_shard_bytes=max_shard_bytes, **placement_options,
-        )
+        tables = find_tables(model)
+        infos = [VariableInfo(n, tuple(p.shape), p.element_size(), variable_devices.get(n)) for n, p in params]
+        dense = place([i for i in infos if i.name not in tables], num_ps, max_shard_bytes=max_shard_bytes,
+                      **placement_options)
+        table_shards = place_tables([i for i in infos if i.name in tables], num_ps, partition=table_partition,
+                                    soft_placement=placement_options.get("soft_placement", False))
+        self.placement: Placement = Placement(num_ps, dense.shards + tuple(table_shards))
         by_name = dict(params)
         self.slots = tuple(Slot(shard, by_name[shard.variable]) for shard in self.placement.shards)
-        self.plan = StepPlan.make(self.slots, num_ps, max_shard_bytes, sync)
+        self.dense_slots = tuple(s for s in self.slots if not s.shard.table)
+        self.tables = EmbeddingTables(tables, [s for s in self.slots if s.shard.table])
+        self.plan = StepPlan.make(self.dense_slots, num_ps, max_shard_bytes, sync)
+        self.max_shard_bytes = max_shard_bytes
         self.sync = sync
         self.staging = staging
         self._device_wire_dtype = wire_dtype if staging.cuda else None
@@ -66,6 +75,18 @@ class Replica:
     def values(self, slots: Sequence[Slot]) -> list[tuple[str, torch.Tensor]]:
         """The current values of ``slots`` on the host, by shard name (the chief's initial values)."""
         return [(s.name, self.staging.to_host(s.rows(s.param.detach()))) for s in slots]
+
+    def table_rows(self, slot: Slot) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+        """The current values of a table part, as ``(part, ids, rows)`` runs of at most
+        ``max_shard_bytes`` on the host (the chief's initial values of a table)."""
+        part = slot.rows(slot.param.detach())
+        count = part.shape[0]
+        row_bytes = max(1, part[0].numel() * part.element_size()) if count else 1
+        per_message = max(1, self.max_shard_bytes // row_bytes)
+        for start in range(0, count, per_message):
+            end = min(count, start + per_message)
+            rows = self.staging.to_host(part[start:end]).contiguous()
+            yield slot.name, torch.arange(start, end, dtype=torch.int64), rows
 
     def has_gradients(self) -> bool:
         """Whether backward left a gradient on any trainable parameter."""

@@ -34,10 +34,12 @@ class Slot:
         return self.shard.name
 
     def rows(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The part of ``tensor`` (shaped like the parameter) this shard holds: a view."""
-        if not self.shard.partitioned:
+        """The part of ``tensor`` (shaped like the parameter) this shard holds: a view
+        (not contiguous for a table part shared out by id modulo its parts)."""
+        shard = self.shard
+        if not shard.partitioned:
             return tensor
-        return tensor[self.shard.row_start : self.shard.row_end]
+        return tensor[shard.row_start : shard.row_end : shard.row_stride]
 
 
 @dataclass(frozen=True, eq=False, slots=True)

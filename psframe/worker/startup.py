@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 
 def join(client: PsClient, replica: Replica, *, is_chief: bool, optimizer: OptimizerSpec,
-         sync: SyncReplicas | None, checkpoint_dir: str | None, timeout: float) -> None:
+         sync: SyncReplicas | None, checkpoint_dir: str | None, timeout: float,
+         table_optimizer: OptimizerSpec | None = None) -> None:
     """Wait for the ps tasks; the chief creates (or restores) the variables; all check the model.
 
     Raises:
@@ -27,22 +28,33 @@ def join(client: PsClient, replica: Replica, *, is_chief: bool, optimizer: Optim
     """
     client.wait_for_ps(timeout)
     if is_chief:
-        create_variables(client, replica, optimizer, sync, checkpoint_dir)
+        create_variables(client, replica, optimizer, sync, checkpoint_dir, table_optimizer)
     infos = client.wait_for_ps(timeout, ready=True)
     client.check_model(infos, replica.slots, sync)
 
 
 def create_variables(client: PsClient, replica: Replica, optimizer: OptimizerSpec,
-                     sync: SyncReplicas | None, checkpoint_dir: str | None) -> None:
+                     sync: SyncReplicas | None, checkpoint_dir: str | None,
+                     table_optimizer: OptimizerSpec | None = None) -> None:
     """The chief's part: send every ps task its variables' definitions and initial values.
 
-    One message at a time, so that nobody buffers the whole model. A ps
-    task that holds the model already, or restores it from a checkpoint
-    (a restarted ps, or a job run again), keeps what it has.
+    One message at a time, so that nobody buffers the whole model: whole
+    variables in the messages of a full pull, embedding table parts in runs
+    of rows. A ps task that holds the model already, or restores it from a
+    checkpoint (a restarted ps, or a job run again), keeps what it has.
     """
     created = False
+
+    def mine(ps_task: int) -> list:
+        return [s for s in replica.slots if s.shard.ps_task == ps_task]
+
+    options = {"table_optimizer": table_optimizer if replica.tables else None}
     for request in replica.plan.pull:
-        mine = [s for s in replica.slots if s.shard.ps_task == request.ps_task]
-        created |= client.create(request.ps_task, mine, replica.values(request.pull), optimizer, sync,
-                                 checkpoint_dir)
+        created |= client.create(request.ps_task, mine(request.ps_task), replica.values(request.pull), optimizer,
+                                 sync, checkpoint_dir, **options)
+    for slot in replica.slots:
+        if slot.shard.table:
+            for run in replica.table_rows(slot):
+                created |= client.create(slot.shard.ps_task, mine(slot.shard.ps_task), (), optimizer, sync,
+                                         checkpoint_dir, rows=[run], **options)
     log.info("chief %s the model on %d ps tasks", "created" if created else "found (or restored)", client.num_ps)

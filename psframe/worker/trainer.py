@@ -93,6 +93,16 @@ class Trainer:
             exchanged are rounded. bfloat16 keeps float32's range; float16
             keeps more mantissa but gradients below ~6e-8 become zero. None
             (the default) sends everything exactly as stored.
+        table_optimizer: the optimizer of the model's embedding tables
+            (``nn.Embedding``/``nn.EmbeddingBag`` with ``sparse=True``, see
+            :mod:`psframe.worker.tables`): one that updates only the rows a
+            batch touched, ``psframe.optim.SGD``, ``SparseSGD`` (lazy
+            momentum), ``Adagrad`` or ``SparseAdam``. Defaults to the row-by-row
+            form of ``optimizer`` (``SGD`` with momentum: ``SparseSGD``;
+            ``Adam``: ``SparseAdam``).
+        table_partition: how a table's rows are shared out among the ps
+            tasks: ``"mod"`` (row ``i`` on ps task ``i % P``, the default:
+            frequent ids spread whatever their numbering) or ``"range"``.
         shared_memory: asynchronous training only: the tensors exchanged with
             a ps task on this worker's host travel through shared memory
             (``/dev/shm``) and gRPC carries the headers, one copy each way
@@ -137,6 +147,8 @@ class Trainer:
         connect_timeout: float = 120.0,
         rpc_timeout: float = 300.0,
         wire_dtype: str | torch.dtype | None = None,
+        table_optimizer: OptimizerSpec | None = None,
+        table_partition: str = "mod",
         shared_memory: bool = True,
     ) -> None:
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
@@ -175,9 +187,13 @@ class Trainer:
             self.model, self.cluster.num_ps, HostStaging(self.device), sync=self.sync is not None,
             variable_devices=dict(variable_devices or {}), strategy=placement,
             min_partition_bytes=min_partition_bytes, soft_placement=soft_placement,
-            max_shard_bytes=max_shard_bytes, wire_dtype=self.wire_dtype,
+            max_shard_bytes=max_shard_bytes, wire_dtype=self.wire_dtype, table_partition=table_partition,
         )
         self.placement = self._replica.placement
+        self.table_optimizer = _resolve_table_optimizer(table_optimizer, self.optimizer, self._replica.tables)
+        if self._replica.tables and self.sync is not None:
+            raise ValueError("embedding tables (sparse=True) train asynchronously for now; "
+                             "use sparse=False for synchronous training")
         if log_placement:
             log.info("placement of worker %d:\n%s", task_index, self.placement.describe())
 
@@ -199,12 +215,14 @@ class Trainer:
         try:
             self._join()
             self.pull()
+            self._replica.tables.attach(lambda wanted: self._client.pull_rows(wanted, self.global_step))
             log.info("worker %d connected to %d ps tasks at global step %d",
                      self.task_index, self.cluster.num_ps, self.global_step)
             for hook in self.hooks:
                 hook.begin(self)
         except BaseException:
             # Never started training: release the channels, report nothing.
+            self._replica.tables.detach()
             self._client.close()
             self.state = TrainerState.CLOSED
             raise
@@ -212,7 +230,8 @@ class Trainer:
 
     def _join(self) -> None:
         startup.join(self._client, self._replica, is_chief=self.is_chief, optimizer=self.optimizer,
-                     sync=self.sync, checkpoint_dir=self.checkpoint_dir, timeout=self.connect_timeout)
+                     sync=self.sync, checkpoint_dir=self.checkpoint_dir, timeout=self.connect_timeout,
+                     table_optimizer=self.table_optimizer)
 
     def close(self) -> None:
         """Tell the ps tasks this worker is done and release the channels (idempotent)."""
@@ -227,6 +246,7 @@ class Trainer:
                 except BaseException as e:  # noqa: BLE001 - re-raised below
                     failure = failure or e
         finally:
+            self._replica.tables.detach()
             self._client.finish()
             self._client.close()
             self.state = TrainerState.CLOSED
@@ -268,15 +288,17 @@ class Trainer:
             loss.backward()
         for hook in self.hooks:
             hook.before_push(self, loss)
+        rows = None
         if self._replica.has_gradients():
             requests = self._replica.plan.step
             pushes = [(r, self._replica.gradients(r)) for r in requests]
+            rows = self._replica.tables.gradients()
         else:
             self.skipped_steps += 1
             requests = self._replica.plan.pull
             pushes = [(r, ()) for r in requests]
         try:
-            replies = self._client.push_pull(pushes, self.global_step)
+            replies = self._client.push_pull(pushes, self.global_step, rows=rows)
         except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
             self._recover(e)  # this step's gradients are lost; the parameters are fresh
         else:
@@ -355,6 +377,19 @@ class Trainer:
             raise PsframeError(
                 f"the trainer is {self.state.value}; use it inside `with trainer:` (or after connect())"
             )
+
+
+def _resolve_table_optimizer(table_optimizer: OptimizerSpec | None, optimizer: OptimizerSpec,
+                             tables: object) -> OptimizerSpec | None:
+    """The embedding tables' optimizer: the one given, or the row-by-row form of ``optimizer``; None without tables."""
+    if not tables:
+        return None
+    if table_optimizer is None:
+        return optimizer.for_tables()
+    if not isinstance(table_optimizer, OptimizerSpec):
+        raise TypeError(f"table_optimizer must be a psframe.optim spec such as psframe.optim.Adagrad(lr=0.1), "
+                        f"got {type(table_optimizer).__name__}")
+    return table_optimizer.for_tables()
 
 
 def _resolve_optimizer(optimizer: OptimizerSpec | SyncReplicasOptimizer | None, sync: SyncReplicas | None,

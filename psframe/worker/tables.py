@@ -1,0 +1,188 @@
+"""A worker's embedding tables: the rows a batch looks up are pulled, the rows it touched are pushed.
+
+Every ``nn.Embedding`` and ``nn.EmbeddingBag`` built with ``sparse=True`` is
+an embedding table: its weight lives on the ps tasks in parts
+(:mod:`psframe.cluster.table_placement`) and never travels whole. The
+trainer hooks each table's module: before its forward, the ids it is about
+to look up are pulled from the ps tasks into the local weight (only those
+rows); after backward, its sparse gradient (duplicates summed) is cut by
+part and pushed as ids plus rows. Nothing changes in the model's code.
+
+The local weight is the module's own, full-sized tensor; rows no batch has
+looked up keep whatever values they had. A table's weight must be used
+only through its module's forward (not tied to another layer), since only
+those lookups are seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from psframe.errors import PsframeError, RowIdError
+from psframe.worker.slicer import Slot
+
+TABLE_MODULES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+
+RowPush = tuple[str, torch.Tensor, torch.Tensor]  # table part, row ids within it, rows
+RowPull = tuple[str, torch.Tensor]  # table part, row ids within it
+
+# pull(wanted) -> rows: per ps task, (part, ids) pairs in, their rows out (PsClient.pull_rows).
+Pull = Callable[[Mapping[int, Sequence[RowPull]]], Mapping[int, Sequence[torch.Tensor]]]
+
+
+def find_tables(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The model's embedding tables: parameter name -> module, for every
+    ``nn.Embedding``/``nn.EmbeddingBag`` with ``sparse=True`` and a trainable weight.
+
+    Raises:
+        ValueError: a table with ``max_norm`` (its forward rewrites rows in
+            place, which a ps cannot follow), or whose weight another module shares.
+    """
+    names = {id(p): n for n, p in model.named_parameters()}
+    owners: dict[int, int] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            owners[id(param)] = owners.get(id(param), 0) + 1
+    tables = {}
+    for module in model.modules():
+        if not isinstance(module, TABLE_MODULES) or not module.sparse or not module.weight.requires_grad:
+            continue
+        name = names[id(module.weight)]
+        if module.max_norm is not None:
+            raise ValueError(f"embedding table {name!r} has max_norm={module.max_norm}: its forward renormalises "
+                             f"rows in place, which the ps tasks cannot follow; use sparse=False or no max_norm")
+        if owners[id(module.weight)] > 1:
+            raise ValueError(f"embedding table {name!r} shares its weight with another module (tied weights); "
+                             f"a table is pulled and pushed by rows, so only its own lookups may use it: "
+                             f"use sparse=False to train it as a whole variable")
+        tables[name] = module
+    return tables
+
+
+@dataclass
+class Table:
+    """One embedding table as the worker sees it: its module and the slots of its parts."""
+
+    name: str
+    module: torch.nn.Module
+    slots: list[Slot]  # by part index
+    _starts: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._starts = torch.tensor([s.shard.row_start for s in self.slots], dtype=torch.int64)
+
+    @property
+    def param(self) -> torch.nn.Parameter:
+        return self.module.weight
+
+    @property
+    def rows(self) -> int:
+        return self.param.shape[0]
+
+    def split(self, ids: torch.Tensor) -> list[tuple[Slot, torch.Tensor, torch.Tensor]]:
+        """Sorted ids cut by part: ``(slot, positions in ids, row numbers within the part)`` per part."""
+        parts = len(self.slots)
+        if parts == 1:
+            return [(self.slots[0], torch.arange(ids.numel()), ids)]
+        if self.slots[0].shard.row_stride > 1:  # by id modulo the parts
+            part_of = torch.remainder(ids, parts)
+            local = torch.div(ids, parts, rounding_mode="floor")
+        else:  # contiguous runs
+            part_of = torch.searchsorted(self._starts, ids, right=True) - 1
+            local = ids - self._starts[part_of]
+        out = []
+        for k, slot in enumerate(self.slots):
+            positions = torch.nonzero(part_of == k).squeeze(1)
+            out.append((slot, positions, local[positions]))
+        return out
+
+    def check_ids(self, ids: torch.Tensor) -> None:
+        """Raise RowIdError, naming the table, unless every (sorted) id is a row of it."""
+        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.rows):
+            bad = int(ids[0]) if int(ids[0]) < 0 else int(ids[-1])
+            raise RowIdError(f"id {bad} looked up in embedding table {self.name!r}, which has rows "
+                             f"0..{self.rows - 1}")
+
+
+class EmbeddingTables:
+    """The tables of a replica, with their lookups hooked while attached to the ps tasks.
+
+    Args:
+        tables: parameter name -> module (from :func:`find_tables`).
+        slots: the slots of every table part (any order).
+    """
+
+    def __init__(self, tables: Mapping[str, torch.nn.Module], slots: Sequence[Slot]) -> None:
+        by_table: dict[str, list[Slot]] = {}
+        for slot in slots:
+            by_table.setdefault(slot.shard.variable, []).append(slot)
+        self.tables = [Table(name, module, sorted(by_table[name], key=lambda s: s.shard.part_index))
+                       for name, module in tables.items()]
+        self._hooks: list = []
+
+    def __bool__(self) -> bool:
+        return bool(self.tables)
+
+    def attach(self, pull: Pull) -> None:
+        """Pull each table's rows before its module's forward looks them up, from now on."""
+        self.detach()
+        for table in self.tables:
+            def before_forward(module, args, table=table):
+                self._pull(table, args[0] if args else None, pull)
+            self._hooks.append(table.module.register_forward_pre_hook(before_forward))
+
+    def detach(self) -> None:
+        """Stop pulling rows (the local weights keep the rows last pulled)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def _pull(self, table: Table, ids: torch.Tensor | None, pull: Pull) -> None:
+        if not isinstance(ids, torch.Tensor):
+            raise TypeError(f"embedding table {table.name!r} was called without a tensor of ids")
+        unique = torch.unique(ids.detach()).to("cpu", torch.int64)  # sorted
+        table.check_ids(unique)
+        wanted: dict[int, list[RowPull]] = {}
+        placed = []
+        for slot, positions, local in table.split(unique):
+            if local.numel():
+                wanted.setdefault(slot.shard.ps_task, []).append((slot.name, local))
+                placed.append((slot.shard.ps_task, unique[positions]))
+        if not placed:
+            return
+        rows = {ps_task: list(values) for ps_task, values in pull(wanted).items()}
+        weight = table.param
+        with torch.no_grad():
+            for ps_task, global_ids in placed:
+                values = rows[ps_task].pop(0)
+                weight.index_copy_(0, global_ids.to(weight.device), values.to(weight.device, weight.dtype))
+
+    def gradients(self) -> dict[int, list[RowPush]]:
+        """Per ps task, the rows each table's backward touched and their gradients,
+        as ``(part, ids within the part, rows)`` on the host, duplicates summed.
+
+        Every part of a table that has a gradient is listed, with no rows if
+        the batch touched none of its ids: its optimizer counts the step, as
+        one process's would.
+
+        Raises:
+            PsframeError: a table's gradient is dense (its weight was used
+                outside its module's forward).
+        """
+        pushes: dict[int, list[RowPush]] = {}
+        for table in self.tables:
+            grad = table.param.grad
+            if grad is None:
+                continue
+            if not grad.is_sparse:
+                raise PsframeError(f"embedding table {table.name!r} got a dense gradient: its weight was used "
+                                   f"outside its module's forward")
+            grad = grad.coalesce()
+            ids = grad.indices()[0].to("cpu")
+            values = grad.values().to("cpu")
+            for slot, positions, local in table.split(ids):
+                pushes.setdefault(slot.shard.ps_task, []).append((slot.name, local, values[positions]))
+        return pushes

@@ -1,0 +1,243 @@
+"""Embedding tables through the ps tasks: only the rows a batch uses travel, and the
+result is one process's, optimizer by optimizer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import psframe
+from psframe.errors import OptimizerConfigError, RowIdError
+from psframe.sparse_optim import SparseSGD
+
+ROWS, BAG_ROWS, DIM = 37, 23, 4
+
+
+class Recommender(torch.nn.Module):
+    """Two tables (an Embedding and an EmbeddingBag, sparse) and a dense head."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = torch.nn.Embedding(ROWS, DIM, sparse=True)
+        self.bag = torch.nn.EmbeddingBag(BAG_ROWS, DIM, mode="sum", sparse=True)
+        self.head = torch.nn.Linear(2 * DIM, 1)
+
+    def forward(self, ids: torch.Tensor, bag_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.emb(ids).mean(1), self.bag(bag_ids, offsets)], 1)).squeeze(1)
+
+
+def batch(step: int, size: int = 8):
+    """Ids with repeats, skewed to low ids (as real features are)."""
+    g = torch.Generator().manual_seed(100 + step)
+    ids = (torch.rand(size, 3, generator=g) ** 3 * ROWS).long()
+    bag_ids = torch.randint(0, BAG_ROWS, (2 * size,), generator=g)
+    offsets = torch.arange(0, 2 * size, 2)
+    target = torch.rand(size, generator=g)
+    return ids, bag_ids, offsets, target
+
+
+def loss_of(model: Recommender, step: int) -> torch.Tensor:
+    ids, bag_ids, offsets, target = batch(step)
+    return F.mse_loss(model(ids, bag_ids, offsets), target)
+
+
+def table_names(model: torch.nn.Module) -> set[str]:
+    return {"emb.weight", "bag.weight"}
+
+
+def local_step(model: Recommender, dense_opt, table_opt, step: int) -> None:
+    dense_opt.zero_grad()
+    table_opt.zero_grad()
+    loss_of(model, step).backward()
+    for p in (model.emb.weight, model.bag.weight):
+        p.grad = p.grad.coalesce()  # duplicates summed first, as the worker pushes them
+    dense_opt.step()
+    table_opt.step()
+
+
+def pull_every_row(model: Recommender) -> None:
+    """Look up every id once, so the hooks pull the whole tables into the local weights."""
+    with torch.no_grad():
+        model.emb(torch.arange(ROWS).unsqueeze(0))
+        model.bag(torch.arange(BAG_ROWS), torch.tensor([0]))
+
+
+CASES = [
+    # (model optimizer, table optimizer or None, the local torch classes and kwargs)
+    (psframe.optim.SGD(lr=0.1), None, (torch.optim.SGD, {"lr": 0.1}), (torch.optim.SGD, {"lr": 0.1})),
+    (psframe.optim.SGD(lr=0.1, momentum=0.9), None, (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+     (SparseSGD, {"lr": 0.1, "momentum": 0.9})),
+    (psframe.optim.SGD(lr=0.1), psframe.optim.SGD(lr=0.05, momentum=0.5, nesterov=True),
+     (torch.optim.SGD, {"lr": 0.1}), (SparseSGD, {"lr": 0.05, "momentum": 0.5, "nesterov": True})),
+    (psframe.optim.Adagrad(lr=0.1), None, (torch.optim.Adagrad, {"lr": 0.1}),
+     (torch.optim.Adagrad, {"lr": 0.1})),
+    (psframe.optim.Adam(lr=0.01), None, (torch.optim.Adam, {"lr": 0.01}), (torch.optim.SparseAdam, {"lr": 0.01})),
+]
+
+
+@pytest.mark.parametrize("partition", ["mod", "range"])
+@pytest.mark.parametrize("optimizer,table_optimizer,dense_local,table_local", CASES,
+                         ids=["sgd", "momentum", "nesterov-table", "adagrad", "adam"])
+def test_tables_train_as_one_process(local_cluster, partition, optimizer, table_optimizer, dense_local,
+                                     table_local):
+    cluster = local_cluster(num_ps=2, num_workers=1)
+    model, reference = Recommender(), Recommender()
+    tables = [reference.emb.weight, reference.bag.weight]
+    dense_opt = dense_local[0]([reference.head.weight, reference.head.bias], **dense_local[1])
+    table_opt = table_local[0](tables, **table_local[1])
+    with psframe.Trainer(model, cluster, optimizer=optimizer, table_optimizer=table_optimizer,
+                         table_partition=partition) as trainer:
+        parts = [s for s in trainer.placement.shards if s.table]
+        assert {s.ps_task for s in parts} == {0, 1} and {s.variable for s in parts} == table_names(model)
+        for step in range(6):
+            trainer.step(loss_of(model, step))
+            local_step(reference, dense_opt, table_opt, step)
+        pull_every_row(model)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p, q), f"{name} differs"
+
+
+def test_a_step_moves_the_rows_it_uses_not_the_table(local_cluster):
+    cluster = local_cluster(num_ps=2, num_workers=1)
+    model = Recommender()
+    with psframe.Trainer(model, cluster, optimizer=psframe.optim.SGD(lr=0.1)) as trainer:
+        pulled = []
+        pull_rows = trainer._client.pull_rows
+
+        def counting(wanted, step):
+            pulled.append(sum(int(ids.numel()) for pulls in wanted.values() for _, ids in pulls))
+            return pull_rows(wanted, step)
+
+        trainer._client.pull_rows = counting
+        ids, bag_ids, offsets, target = batch(0)
+        trainer.step(F.mse_loss(model(ids, bag_ids, offsets), target))
+        # One pull per table, of its distinct ids only.
+        assert pulled == [len(torch.unique(ids)), len(torch.unique(bag_ids))]
+        infos = [trainer._client.get_info(k) for k in range(2)]
+        assert sum(info.pushes for info in infos) > 0
+
+
+def test_a_second_worker_pulls_the_rows_the_first_updated(local_cluster):
+    cluster = local_cluster(num_ps=2, num_workers=2)
+    chief_model, other_model = Recommender(seed=0), Recommender(seed=1)
+    with psframe.Trainer(chief_model, cluster, task_index=0, optimizer=psframe.optim.Adagrad(lr=0.5)) as chief:
+        with psframe.Trainer(other_model, cluster, task_index=1, optimizer=psframe.optim.Adagrad(lr=0.5)) as other:
+            chief.step(loss_of(chief_model, 0))
+            other.pull()
+            pull_every_row(chief_model)
+            pull_every_row(other_model)
+            for (name, p), q in zip(chief_model.named_parameters(), other_model.parameters()):
+                assert torch.equal(p, q), name
+
+
+def test_bad_ids_are_refused_naming_the_table(local_cluster):
+    cluster = local_cluster(num_ps=2, num_workers=1)
+    model = Recommender()
+    with psframe.Trainer(model, cluster) as trainer:
+        before = model.emb.weight.detach().clone()
+        for bad in (ROWS, -1):
+            with pytest.raises(RowIdError, match=f"id {bad} .*'emb.weight'"):
+                model.emb(torch.tensor([[0, bad]]))
+        client = trainer._client
+        part = next(s for s in trainer.placement.shards if s.table and s.ps_task == 1)
+        # Straight to a ps task: out of its part, negative, the wrong dtype or width, no such table.
+        for ids, rows, match in [
+            (torch.tensor([part.shape[0]]), torch.zeros(1, DIM), "outside table"),
+            (torch.tensor([-3]), torch.zeros(1, DIM), "outside table"),
+            (torch.tensor([0], dtype=torch.int32), torch.zeros(1, DIM), "int64"),
+            (torch.tensor([0]), torch.zeros(1, DIM + 1), "shape"),
+            (torch.tensor([0]), torch.zeros(1, DIM, dtype=torch.float64), "dtype"),
+        ]:
+            with pytest.raises(psframe.errors.InvalidGradientError, match=match):
+                client.push_pull([], 0, rows={1: [(part.name, ids, rows)]})
+        with pytest.raises(psframe.errors.UnknownVariableError, match="no variable 'nope'"):
+            client.push_pull([], 0, rows={1: [("nope", torch.tensor([0]), torch.zeros(1, DIM))]})
+        with pytest.raises(psframe.errors.UnknownVariableError, match="not an embedding table"):
+            client.pull_rows({0: [("head.weight", torch.tensor([0]))]}, 0)
+        pull_every_row(model)
+        assert torch.equal(model.emb.weight, before)  # nothing stored changed
+        assert sum(client.get_info(k).rejected_pushes for k in range(2)) == 6
+
+
+def test_sparse_sgd_is_torch_sgd_when_every_row_is_touched():
+    torch.manual_seed(0)
+    a = torch.randn(5, 3, requires_grad=True)
+    b = a.detach().clone().requires_grad_()
+    lazy = SparseSGD([a], lr=0.1, momentum=0.9, nesterov=True)
+    dense = torch.optim.SGD([b], lr=0.1, momentum=0.9, nesterov=True)
+    for _ in range(4):
+        grad = torch.randn(5, 3)
+        a.grad = grad.to_sparse(sparse_dim=1)
+        b.grad = grad.clone()
+        lazy.step()
+        dense.step()
+    assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_sparse_sgd_leaves_untouched_rows_and_their_momentum_alone():
+    table = torch.zeros(4, 2, requires_grad=True)
+    opt = SparseSGD([table], lr=1.0, momentum=0.5)
+    table.grad = torch.sparse_coo_tensor([[0, 1]], torch.ones(2, 2), (4, 2))
+    opt.step()
+    table.grad = torch.sparse_coo_tensor([[1]], torch.ones(1, 2), (4, 2))
+    opt.step()
+    # Row 0 moved once (m=1), row 1 twice (m=1, then 1.5); rows 2, 3 never.
+    assert torch.equal(table.detach()[:, 0], torch.tensor([-1.0, -2.5, 0.0, 0.0]))
+    assert torch.equal(opt.state[table]["momentum_buffer"][:, 0], torch.tensor([1.0, 1.5, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("optimizer,match", [
+    (psframe.optim.RMSprop(lr=0.1), "table_optimizer"),
+    (psframe.optim.SGD(lr=0.1, weight_decay=0.1), "weight_decay"),
+    (psframe.optim.Adam(lr=0.1, amsgrad=True), "amsgrad"),
+])
+def test_optimizers_without_a_row_by_row_form_are_refused_up_front(local_cluster, optimizer, match):
+    cluster = local_cluster(num_ps=1, num_workers=1, start_ps=False)
+    with pytest.raises(OptimizerConfigError, match=match):
+        psframe.Trainer(Recommender(), cluster, optimizer=optimizer)
+
+
+def test_tables_that_cannot_be_followed_are_refused(local_cluster):
+    cluster = local_cluster(num_ps=1, num_workers=1, start_ps=False)
+    model = Recommender()
+    model.emb.max_norm = 1.0
+    with pytest.raises(ValueError, match="max_norm"):
+        psframe.Trainer(model, cluster)
+    tied = Recommender()
+    tied.other = torch.nn.Linear(ROWS, DIM, bias=False)
+    tied.other.weight = tied.emb.weight
+    with pytest.raises(ValueError, match="tied"):
+        psframe.Trainer(tied, cluster)
+
+
+def test_checkpoints_hold_whole_tables_and_restore_onto_another_number_of_ps_tasks(local_cluster, url):
+    optimizer = psframe.optim.Adagrad(lr=0.3)
+    reference = Recommender()
+    dense_opt = torch.optim.Adagrad([reference.head.weight, reference.head.bias], lr=0.3)
+    table_opt = torch.optim.Adagrad([reference.emb.weight, reference.bag.weight], lr=0.3)
+    model = Recommender()
+    with psframe.Trainer(model, local_cluster(num_ps=2, num_workers=1), optimizer=optimizer,
+                         checkpoint_dir=url) as trainer:
+        for step in range(3):
+            trainer.step(loss_of(model, step))
+            local_step(reference, dense_opt, table_opt, step)
+    # (The chief saved a checkpoint as it closed.) The tables come back whole,
+    # every row in its place, from parts holding every other row.
+    loaded = psframe.checkpoint.load(url)
+    for name, param in reference.named_parameters():
+        assert torch.equal(loaded[name], param), name
+    # Three ps tasks now: each table part takes every third row of the checkpoint, with its optimizer state.
+    again = Recommender(seed=5)
+    with psframe.Trainer(again, local_cluster(num_ps=3, num_workers=1), optimizer=optimizer,
+                         checkpoint_dir=url) as trainer:
+        assert {s.ps_task for s in trainer.placement.shards if s.table} == {0, 1, 2}
+        pull_every_row(again)
+        for name, param in reference.named_parameters():
+            assert torch.equal(dict(again.named_parameters())[name], param), name
+        trainer.step(loss_of(again, 3))
+        local_step(reference, dense_opt, table_opt, 3)
+        pull_every_row(again)
+        for name, param in reference.named_parameters():
+            assert torch.equal(dict(again.named_parameters())[name], param), name
