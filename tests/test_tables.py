@@ -241,3 +241,45 @@ def test_checkpoints_hold_whole_tables_and_restore_onto_another_number_of_ps_tas
         pull_every_row(again)
         for name, param in reference.named_parameters():
             assert torch.equal(dict(again.named_parameters())[name], param), name
+
+
+@pytest.mark.parametrize("optimizer,table_local", [
+    (psframe.optim.SGD(lr=0.2), (torch.optim.SGD, {"lr": 0.2})),
+    (psframe.optim.Adagrad(lr=0.1), (torch.optim.Adagrad, {"lr": 0.1})),
+    (psframe.optim.Adam(lr=0.01), (torch.optim.SparseAdam, {"lr": 0.01})),
+], ids=["sgd", "adagrad", "adam"])
+def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, optimizer, table_local):
+    from tests.test_sync import connect_all, run_workers
+
+    num_workers, steps = 3, 6
+    cluster = local_cluster(num_ps=2, num_workers=num_workers)
+    models = {i: Recommender() for i in range(num_workers)}
+    # The head on ps 0: ps 1 holds table parts only, so its step is the rows' message alone.
+    devices = {"head.weight": "/job:ps/task:0", "head.bias": "/job:ps/task:0"}
+    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=optimizer, variable_devices=devices,
+                                   sync=psframe.SyncReplicas(timeout=30)) for i in range(num_workers)}
+    assert {s.ps_task for s in trainers[0].placement.shards if not s.table} == {0}
+    connect_all(trainers)
+
+    def train(i):
+        for step in range(steps):
+            trainers[i].step(loss_of(models[i], step * num_workers + i))
+        return trainers[i].global_step
+
+    assert run_workers({i: (lambda i=i: train(i)) for i in range(num_workers)}) == dict.fromkeys(range(num_workers), steps)
+    reference = Recommender()
+    dense_opt = getattr(torch.optim, optimizer.name)([reference.head.weight, reference.head.bias], **optimizer.kwargs)
+    table_opt = table_local[0]([reference.emb.weight, reference.bag.weight], **table_local[1])
+    for step in range(steps):
+        parts = [batch(step * num_workers + i) for i in range(num_workers)]
+        ids, bag_ids, _, target = (torch.cat([p[k] for p in parts]) for k in range(4))
+        offsets = torch.arange(0, bag_ids.numel(), 2)
+        dense_opt.zero_grad()
+        table_opt.zero_grad()
+        F.mse_loss(reference(ids, bag_ids, offsets), target).backward()
+        dense_opt.step()
+        table_opt.step()
+    pull_every_row(models[1])
+    for (name, p), q in zip(models[1].named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
+    run_workers({i: trainers[i].close for i in range(num_workers)})

@@ -322,15 +322,13 @@ class ParameterServerService(TaskService):
                     return codec.encode(reply, outgoing)
                 pulled = [(name, store.read_rows(name, ids)) for name, ids in row_pulls]
                 return codec.encode(reply, outgoing + pulled, table_rows.reply_kinds(len(outgoing), len(pulled)))
-        if rows:
-            raise errors.InvalidGradientError(
-                f"{self.task_name} trains synchronously; embedding table rows cannot be pushed in sync "
-                f"training yet")
         self.store.check_names(pull)
         # A push that pulls nothing is one of several messages of a worker's
         # step: it is recorded and answered at once (see Trainer._step_plan).
-        dropped = self.aggregator.push(header.caller.task_index, header.step, grads,
-                                       count_drop=header.end_of_step, wait=bool(pull))
+        # The step's last message waits for the round: it pulls the new values (or, on
+        # a ps task holding only embedding tables, ends a step that pulls rows later).
+        dropped = self.aggregator.push(header.caller.task_index, header.step, grads, rows=rows,
+                                       count_drop=header.end_of_step, wait=bool(pull) or header.end_of_step)
         with self.store.lock:
             return self._released_reply(pull, wire_dtype, dropped)
 

@@ -16,7 +16,11 @@ For the ps's current step ``s`` a *round* gathers gradients:
 - once every member's contribution is in, the gradients are summed in
   task-index order, divided by the number of members, applied with the
   optimizer in one step, and the global step advances by one. Everyone
-  waiting on the round is released with the new values.
+  waiting on the round is released with the new values. An embedding
+  table's contribution is the rows a worker touched (maybe none): the
+  members' rows are put together in task-index order, rows that repeat
+  summed, divided by the number of members, and applied by the table
+  optimizer, to those rows only.
 
 Every wait has a deadline; when it runs out the error names the step, the
 workers that arrived and the ones missing.
@@ -28,7 +32,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -48,7 +52,8 @@ Decide = Callable[[int, float], tuple[int, ...]]
 @dataclass
 class _Round:
     step: int
-    contributions: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    # worker -> variable -> its gradient (a table: its rows' ids and gradients)
+    contributions: dict[int, dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
     completed: list[int] = field(default_factory=list)  # in order of completion
     members: tuple[int, ...] | None = None
     late: set[int] = field(default_factory=set)  # pushed after the members were chosen
@@ -96,7 +101,8 @@ class SyncAggregator:
     # ---- what workers call
 
     def push(self, worker: int, step: int, grads: Mapping[str, torch.Tensor], *,
-             count_drop: bool = True, wait: bool = True) -> bool:
+             count_drop: bool = True, wait: bool = True,
+             rows: Sequence[tuple[str, torch.Tensor, torch.Tensor]] = ()) -> bool:
         """Add a worker's gradients for ``step`` and wait until that step is applied.
 
         A worker may send its gradients for one step in several pushes; each
@@ -107,6 +113,7 @@ class SyncAggregator:
             worker: the worker's task index.
             step: the global step its gradients were computed at.
             grads: some or all of its gradients, by variable name.
+            rows: gradients of embedding tables' rows, as ``(table, ids, rows)``.
             count_drop: count this push if it is stale (once per worker step).
             wait: wait for the step to be applied.
 
@@ -122,6 +129,7 @@ class SyncAggregator:
         deadline = started + self.timeout
         with self._cond:
             self.store.check_gradients(grads)
+            self.store.check_rows(rows)
             current = self.store.global_step
             if step != current:
                 # Older: stale. Newer: this ps rolled back to a checkpoint after
@@ -137,6 +145,7 @@ class SyncAggregator:
             else:
                 mine = round_.contributions.setdefault(worker, {})
                 mine.update(grads)
+                mine.update((name, (ids, values)) for name, ids, values in rows)
                 if len(mine) == len(self.store.names) and worker not in round_.completed:
                     round_.completed.append(worker)
                     self._try_decide(round_)
@@ -233,9 +242,14 @@ class SyncAggregator:
             return
         members = round_.members
         mean = {}
+        tables = self.store.tables
+        mean_rows = []
         for name in self.store.names:
             # Sum in task-index order: the result does not depend on arrival order.
             grads = [round_.contributions[worker][name] for worker in members]
+            if name in tables:
+                mean_rows.append(_mean_rows(name, grads, self.store.variables([name])[0].shape))
+                continue
             if len(grads) == 1:
                 mean[name] = grads[0]  # the optimizer only reads it, as an async push
                 continue
@@ -244,6 +258,7 @@ class SyncAggregator:
                 total.add_(grad)
             mean[name] = total.div_(len(grads))
         self.store.apply(mean)
+        self.store.apply_rows(mean_rows)
         new_step = self.store.advance_step()
         late = (set(round_.contributions) | round_.late) - set(round_.members)
         self.dropped_gradients += len(late)
@@ -277,6 +292,15 @@ class SyncAggregator:
             f"sync step {step} on {self.owner}: waited {time.monotonic() - started:.1f}s for "
             f"{wanted}; arrived: {_workers(arrived)}; missing: {_workers(missing)}"
         )
+
+
+def _mean_rows(name: str, grads: list[tuple[torch.Tensor, torch.Tensor]], shape: torch.Size
+               ) -> tuple[str, torch.Tensor, torch.Tensor]:
+    """The members' row gradients of one table (in task-index order), repeated rows summed, over their number."""
+    ids = torch.cat([ids for ids, _ in grads])
+    values = torch.cat([values for _, values in grads])
+    total = torch.sparse_coo_tensor(ids.unsqueeze(0), values, shape, check_invariants=False).coalesce()
+    return name, total.indices()[0], total.values().div_(len(grads))
 
 
 def _workers(indices: list[int]) -> str:

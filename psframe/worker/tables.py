@@ -160,13 +160,15 @@ class EmbeddingTables:
                 values = rows[ps_task].pop(0)
                 weight.index_copy_(0, global_ids.to(weight.device), values.to(weight.device, weight.dtype))
 
-    def gradients(self) -> dict[int, list[RowPush]]:
+    def gradients(self, every_table: bool = False) -> dict[int, list[RowPush]]:
         """Per ps task, the rows each table's backward touched and their gradients,
         as ``(part, ids within the part, rows)`` on the host, duplicates summed.
 
         Every part of a table that has a gradient is listed, with no rows if
         the batch touched none of its ids: its optimizer counts the step, as
-        one process's would.
+        one process's would. With ``every_table`` (synchronous training,
+        where an update waits for every variable of every member), a table
+        without a gradient is listed too, with no rows.
 
         Raises:
             PsframeError: a table's gradient is dense (its weight was used
@@ -176,6 +178,11 @@ class EmbeddingTables:
         for table in self.tables:
             grad = table.param.grad
             if grad is None:
+                if every_table:
+                    for slot in table.slots:
+                        pushes.setdefault(slot.shard.ps_task, []).append(
+                            (slot.name, torch.zeros(0, dtype=torch.int64),
+                             torch.zeros((0, *table.param.shape[1:]), dtype=table.param.dtype)))
                 continue
             if not grad.is_sparse:
                 raise PsframeError(f"embedding table {table.name!r} got a dense gradient: its weight was used "

@@ -191,9 +191,6 @@ class Trainer:
         )
         self.placement = self._replica.placement
         self.table_optimizer = _resolve_table_optimizer(table_optimizer, self.optimizer, self._replica.tables)
-        if self._replica.tables and self.sync is not None:
-            raise ValueError("embedding tables (sparse=True) train asynchronously for now; "
-                             "use sparse=False for synchronous training")
         if log_placement:
             log.info("placement of worker %d:\n%s", task_index, self.placement.describe())
 
@@ -292,7 +289,7 @@ class Trainer:
         if self._replica.has_gradients():
             requests = self._replica.plan.step
             pushes = [(r, self._replica.gradients(r)) for r in requests]
-            rows = self._replica.tables.gradients()
+            rows = self._replica.tables.gradients(every_table=self.sync is not None)
         else:
             self.skipped_steps += 1
             requests = self._replica.plan.pull
