@@ -74,8 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--worker_timeout", type=float, default=60.0,
                         help="ps: once some workers finished, seconds of silence after which a worker "
                              "is presumed dead and not waited for")
-    parser.add_argument("--serving_processes", type=int, default=1,
-                        help="ps: processes listening on the task's port (this one holds the variables)")
+    parser.add_argument("--serving_processes", type=int, default=None,
+                        help="ps: processes listening on the task's port (this one holds the variables); "
+                             "default: one per 4 cores this task may use, at most 8")
     parser.add_argument("--connect_timeout", type=float, default=120.0,
                         help="seconds to wait for the other tasks before failing")
     return parser.parse_args(argv)

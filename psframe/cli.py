@@ -174,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="(ps) checkpoints live here; on a restart the ps restores its shard")
     server.add_argument("--worker_timeout", type=float, default=60.0,
                         help="(ps) once some workers finished, stop waiting for workers silent this long")
-    server.add_argument("--serving_processes", type=int, default=1,
-                        help="(ps) processes listening on the task's port; this one holds the variables")
+    server.add_argument("--serving_processes", type=int, default=None,
+                        help="(ps) processes listening on the task's port; this one holds the variables "
+                             "(default: one per 4 cores this task may use, at most 8)")
     server.add_argument("--timeout", type=float, default=None,
                         help="give up (exit 1) after this many seconds if the workers have not all finished")
     server.set_defaults(run=_server)

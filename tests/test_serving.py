@@ -269,3 +269,16 @@ def test_table_rows_and_their_optimizer_state_are_one_across_the_serving_process
         reference.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), grad, (10, 3))
         local.step()
     assert torch.equal(value, reference.detach())
+
+
+def test_the_default_number_of_serving_processes_follows_the_cores():
+    from psframe.ps.serving import default_serving_processes
+
+    assert [default_serving_processes(c) for c in (1, 2, 7, 8, 16, 32, 64, 256)] == [1, 1, 1, 2, 4, 8, 8, 8]
+    assert default_serving_processes() == default_serving_processes(len(os.sched_getaffinity(0)))
+    cluster = free_cluster(1, 1)
+    worker = psframe.Server(cluster, "worker", 0, start=False)  # a worker task never gets more
+    try:
+        assert worker._serving is None
+    finally:
+        worker.stop(grace=0)

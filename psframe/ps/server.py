@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import PsframeError
 from psframe.ps.service import ParameterServerService
-from psframe.ps.serving import ServingProcesses
+from psframe.ps.serving import ServingProcesses, default_serving_processes
 from psframe.ps.shared import PortLock, SharedMemory
 from psframe.ps.task_service import TaskService
 from psframe.wire.transport import RpcServer
@@ -42,8 +42,10 @@ class Server:
             valid checkpoint there on its own.
         serving_processes: (ps) how many processes listen on the task's port
             (see :mod:`psframe.ps.serving`); this process holds the variables
-            and the others forward to it. 1, the default, serves from this
-            process alone.
+            and the others share them. None (the default): one per 4 cores
+            this process may use, at most 8 (1 on up to 7 cores, 4 on 16;
+            :func:`psframe.ps.serving.default_serving_processes`); 1 serves
+            from this process alone. A worker task always uses 1.
 
     Raises:
         ClusterSpecError: the cluster, job or index is invalid.
@@ -66,7 +68,7 @@ class Server:
         max_threads: int | None = None,
         worker_timeout: float = 60.0,
         checkpoint_dir: str | None = None,
-        serving_processes: int = 1,
+        serving_processes: int | None = None,
     ) -> None:
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self.cluster.validate_task(job_name, task_index)
@@ -74,7 +76,9 @@ class Server:
         self.task_index = task_index
         self.task_name = ClusterSpec.task_name(job_name, task_index)
         self.address = self.cluster.task_address(job_name, task_index)
-        if not isinstance(serving_processes, int) or serving_processes < 1:
+        if serving_processes is None:
+            serving_processes = default_serving_processes() if job_name == "ps" else 1
+        if isinstance(serving_processes, bool) or not isinstance(serving_processes, int) or serving_processes < 1:
             raise ValueError(f"serving_processes must be an int >= 1, got {serving_processes!r}")
         if serving_processes > 1 and job_name != "ps":
             raise ValueError(f"serving_processes applies to ps tasks; {self.task_name} is a worker task")
