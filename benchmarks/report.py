@@ -39,9 +39,10 @@ TITLES = {
     "training": "Training",
     "scaling": "Scaling with workers",
     "memory": "ps memory",
+    "sparse": "Embedding tables",
 }
 # The order of the sections in the report.
-REPORT_SECTIONS = ("raw", "transport", "training", "scaling", "memory")
+REPORT_SECTIONS = ("raw", "transport", "training", "scaling", "memory", "sparse")
 
 
 # ----------------------------------------------------------------------- tables
@@ -209,8 +210,15 @@ def _spread_of(values: Sequence[float]) -> str:
             f"({format_number(min(values))}-{format_number(max(values))})")
 
 
+def sparse_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`benchmarks.sparse.run_sparse_benchmarks` rows."""
+    from benchmarks.sparse import sparse_table as table
+
+    return table(rows)
+
+
 TABLES = {"raw": raw_table, "transport": transport_table, "training": training_table,
-          "scaling": scaling_table, "memory": memory_table}
+          "scaling": scaling_table, "memory": memory_table, "sparse": sparse_table}
 
 
 def section_text(section: str, rows: Sequence[dict]) -> str:
@@ -316,6 +324,19 @@ _INTROS = {
         "in its own environment (`scripts/env_tf.sh`); *samples/s vs tf_ps* divides samples/s by "
         "its, same model and mode, repeat by repeat. Where its environment is missing its rows say "
         "*unavailable*."
+    ),
+    "sparse": (
+        "From `benchmarks.sparse` (same run). One worker (`psframe.Trainer`) and 2 ps tasks train a "
+        "CTR-shaped model: 26 categorical features looked up in one `nn.Embedding(rows, 64)`, summed "
+        "per sample, and a linear head, with Adagrad; batches of 512 samples (13,312 lookups), the "
+        "same for every table size: ids of a power-law frequency (Zipf over 10^4 ids) scattered over "
+        "the table by a multiplicative hash, about 3,500 distinct rows a batch. **rows**: "
+        "`sparse=True`, an embedding table: a step pulls the batch's distinct rows before the forward "
+        "pass and pushes their gradients after backward. **dense**: `sparse=False`, the whole table "
+        "each way every step (run up to 10^5 rows). *rows/s each way* counts distinct rows (dense: "
+        "the table's rows) moved per second; *step time vs 10^4 rows* divides the step time by the "
+        "10^4-row table's, the same way of moving it; *start-up s* is the trainer's connect (the "
+        "chief sends the table's initial values)."
     ),
     "scaling": (
         "From `benchmarks.scaling` (same run). Each model, at each worker count N, with every system "

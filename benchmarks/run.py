@@ -7,7 +7,9 @@ Sections, in the order they run: ``raw`` (the raw gRPC ceiling), ``transport``
 torch.distributed.rpc, TensorFlow's parameter server, DDP and one process; from
 :mod:`benchmarks.training`),
 ``scaling`` (throughput and the servers' CPU per request against the number of
-workers; from :mod:`benchmarks.scaling`).
+workers; from :mod:`benchmarks.scaling`), ``sparse`` (embedding tables: step
+time against table size, rows against moving the table whole; from
+:mod:`benchmarks.sparse`).
 A section that fails is reported (in the report and on stderr) and the others
 still run; the exit code is then 1. ``--quick`` is a smoke test: 4 KiB and
 320 KiB only, few repeats, one small memory case, training's and scaling's
@@ -34,7 +36,7 @@ from pathlib import Path  # noqa: E402
 
 from benchmarks.common import ROOT, Settings, single_thread  # noqa: E402
 
-SECTIONS = ("raw", "transport", "memory", "training", "scaling")
+SECTIONS = ("raw", "transport", "memory", "training", "scaling", "sparse")
 TRAINING_MODELS = ("mnist_mlp", "large_mlp")
 # Training runs every system this many times per model, interleaved (the
 # median run is reported): other work on the machine that comes and goes then
@@ -137,8 +139,13 @@ def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
     def scaling() -> list[dict]:
         return run_scaling(quick, timeout)
 
+    def sparse() -> list[dict]:
+        from benchmarks.sparse import run_sparse_benchmarks
+
+        return run_sparse_benchmarks(quick=quick, timeout=timeout)
+
     for section, run in (("raw", raw), ("transport", transport), ("memory", memory), ("training", training),
-                         ("scaling", scaling)):
+                         ("scaling", scaling), ("sparse", sparse)):
         if section in skip:
             continue
         t = time.monotonic()

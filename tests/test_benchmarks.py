@@ -57,6 +57,11 @@ def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
     memory = table_rows(stdout, TITLES["memory"])
     assert memory and memory[0][0] == "psframe ps", stdout
 
+    sparse = table_rows(stdout, TITLES["sparse"])
+    # table rows, table, moved, steps/s, ...: 10^4 and 10^5 rows, as rows and whole.
+    assert {(r[0], r[2]) for r in sparse} == {(n, way) for n in ("10,000", "100,000") for way in ("rows", "dense")}
+    assert all(float(r[3].replace(",", "")) > 0 for r in sparse), stdout
+
     training = table_rows(stdout, TITLES["training"])
     assert {r[0] for r in training} >= set(TRAINING_SYSTEMS), stdout
     # tf_ps: turned off by _run_quick, and its row says so (in the table's "unavailable" column).
