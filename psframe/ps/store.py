@@ -331,11 +331,13 @@ class VariableStore(TableRows):
                 return
             self._step([self._variables[name] for name in grads], list(grads.values()))
 
-    def _step(self, variables: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+    def _step(self, variables: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+              optimizer: torch.optim.Optimizer | None = None) -> None:
+        """One step of ``optimizer`` (the dense variables' by default) with these gradients; counts a push."""
         for variable, grad in zip(variables, grads):
             variable.grad = grad
         try:
-            optim.step(self._optimizer)
+            optim.step(optimizer or self._optimizer)
             self._stepped = True
         finally:
             self.version += 1  # even a step that failed halfway may have changed some

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 import torch
 
-from psframe import optim
 from psframe.errors import (
     DtypeMismatchError,
     PsframeError,
@@ -94,16 +93,7 @@ class TableRows:
                 # (The ids were checked above: torch's own invariant check would only repeat it.)
                 grads.append(torch.sparse_coo_tensor(ids.unsqueeze(0), values, table.shape,
                                                      check_invariants=False).coalesce())
-            for table, grad in zip(tables, grads):
-                table.grad = grad
-            try:
-                optim.step(self._table_optimizer)
-                self._stepped = True
-            finally:
-                self.version += 1
-                for table in tables:
-                    table.grad = None
-            self.pushes += 1
+            self._step(tables, grads, self._table_optimizer)
 
     def check_row_ids(self, name: str, ids: torch.Tensor) -> None:
         """Raise unless ``name`` is a table of this store and ``ids`` are rows of it."""

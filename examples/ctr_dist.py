@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Distributed training of a wide & deep click-through-rate model with embedding tables.
+
+The cluster flags are those of ``mlp_mnist_dist.py``; one process per task:
+
+    python examples/ctr_dist.py --ps_hosts=localhost:2222,localhost:2223 \\
+        --worker_hosts=localhost:2224,localhost:2225 --job_name=ps --task_index=0
+    python examples/ctr_dist.py ... --job_name=worker --task_index=0   # the chief
+
+or ``psframe launch --num_ps 2 --num_workers 2 examples/ctr_dist.py``, or
+``python examples/ctr_dist.py --single_process`` (the same model and data in
+one process with torch.optim, the reference).
+
+The data is a Criteo-shaped click log generated with a planted ground truth
+(``ctr_data.py``): 13 dense and 26 categorical features, the categorical
+values hashed into ``--hash_buckets`` ids. The model looks the ids up in two
+embedding tables (``sparse=True``: the wide part's weights, and the deep
+part's vectors), so a step moves only the rows its batch uses. At global
+step --train_steps the chief evaluates on held-out samples and prints one
+JSON line: AUC and log loss, and the AUC of the true click probability
+(the ceiling no model can pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psframe  # noqa: E402
+from ctr_data import CATEGORICAL, DENSE, ClickLog, auc, ceiling_auc, click_log  # noqa: E402
+from psframe.cli import add_cluster_flags  # noqa: E402
+from psframe.cluster.tf_config import resolve_cluster  # noqa: E402
+from psframe.hooks import NanGuardHook, StopAtStepHook  # noqa: E402
+
+log = logging.getLogger("ctr_dist")
+EVAL_BATCH = 8192
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_cluster_flags(parser)
+    parser.add_argument("--single_process", action="store_true",
+                        help="train in this process with torch.optim (the reference); no cluster")
+    parser.add_argument("--train_steps", type=int, default=3000, help="the global step at which training stops")
+    parser.add_argument("--batch_size", type=int, default=256, help="samples per worker step")
+    parser.add_argument("--learning_rate", type=float, default=0.05, help="Adagrad learning rate (on the ps)")
+    parser.add_argument("--embedding_dim", type=int, default=8, help="width of the deep part's vectors")
+    parser.add_argument("--hidden_units", type=int, default=64, help="units of the deep part's hidden layer")
+    parser.add_argument("--hash_buckets", type=int, default=1 << 17, help="rows of each embedding table")
+    parser.add_argument("--train_samples", type=int, default=200_000, help="samples in the training log")
+    parser.add_argument("--test_samples", type=int, default=50_000, help="held-out samples evaluated at the end")
+    parser.add_argument("--table_partition", default="mod", choices=["mod", "range"],
+                        help="how table rows are shared out among the ps tasks")
+    parser.add_argument("--sync_replicas", action="store_true",
+                        help="synchronous training: each update averages replicas_to_aggregate gradients")
+    parser.add_argument("--replicas_to_aggregate", type=int, default=None,
+                        help="gradients per synchronous update (default: the number of workers)")
+    parser.add_argument("--total_num_replicas", type=int, default=None,
+                        help="workers taking part in sync training (default: the number of workers)")
+    parser.add_argument("--sync_timeout", type=float, default=300.0,
+                        help="seconds a synchronous step may wait for gradients before failing")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data, the planted model and the model")
+    parser.add_argument("--log_every", type=int, default=1000, help="log progress every N local steps")
+    parser.add_argument("--checkpoint_dir", default=None,
+                        help="save checkpoints here (any fsspec URL); run again after a crash to resume")
+    parser.add_argument("--save_checkpoint_steps", type=int, default=1000,
+                        help="with --checkpoint_dir, save every N global steps")
+    parser.add_argument("--worker_timeout", type=float, default=60.0,
+                        help="ps: once some workers finished, seconds of silence after which a worker "
+                             "is presumed dead and not waited for")
+    parser.add_argument("--serving_processes", type=int, default=None,
+                        help="ps: processes listening on the task's port (default: one per 4 cores, at most 8)")
+    parser.add_argument("--connect_timeout", type=float, default=120.0,
+                        help="seconds to wait for the other tasks before failing")
+    return parser.parse_args(argv)
+
+
+class WideAndDeep(torch.nn.Module):
+    """A linear model over every feature (wide) plus an MLP over the features' vectors (deep)."""
+
+    def __init__(self, buckets: int, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.wide = torch.nn.Embedding(buckets, 1, sparse=True)
+        self.deep = torch.nn.Embedding(buckets, dim, sparse=True)
+        self.dense_wide = torch.nn.Linear(DENSE, 1)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(CATEGORICAL * dim + DENSE, hidden), torch.nn.ReLU(),
+                                       torch.nn.Linear(hidden, 1))
+        torch.nn.init.zeros_(self.wide.weight)
+        torch.nn.init.normal_(self.deep.weight, std=0.01)
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        wide = self.wide(ids).sum((1, 2)) + self.dense_wide(dense).squeeze(1)
+        deep = self.mlp(torch.cat([self.deep(ids).flatten(1), dense], 1)).squeeze(1)
+        return wide + deep
+
+
+def build_model(args: argparse.Namespace) -> WideAndDeep:
+    torch.manual_seed(args.seed)  # the chief's initial values are the ones that count
+    return WideAndDeep(args.hash_buckets, args.embedding_dim, args.hidden_units)
+
+
+def batches(log_size: int, batch_size: int, seed: int):
+    """Endless random mini-batches of sample indices, reshuffled every epoch."""
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(log_size, generator=generator)
+        for start in range(0, log_size - batch_size + 1, batch_size):
+            yield order[start : start + batch_size]
+
+
+def loss_of(model: WideAndDeep, data: ClickLog, index: torch.Tensor) -> torch.Tensor:
+    dense, ids, clicks = data.rows(index)
+    return F.binary_cross_entropy_with_logits(model(dense, ids), clicks)
+
+
+def evaluate(model: WideAndDeep, test: ClickLog) -> dict:
+    """AUC and log loss on the held-out samples (a worker's lookups pull the rows they need)."""
+    with torch.no_grad():
+        logits = torch.cat([model(test.dense[i : i + EVAL_BATCH], test.ids[i : i + EVAL_BATCH])
+                            for i in range(0, len(test), EVAL_BATCH)])
+    return {"auc": round(auc(logits, test.clicks), 5),
+            "log_loss": round(F.binary_cross_entropy_with_logits(logits, test.clicks).item(), 5),
+            "ceiling_auc": round(ceiling_auc(test), 5)}
+
+
+def data_of(args: argparse.Namespace, split: int) -> ClickLog:
+    count = args.train_samples if split == 0 else args.test_samples
+    return click_log(count, buckets=args.hash_buckets, seed=args.seed, split=split)
+
+
+def run_single_process(args: argparse.Namespace) -> int:
+    """The reference: the same model, data and optimizer (Adagrad; on the tables too) in one process."""
+    train = data_of(args, 0)
+    model = build_model(args)
+    tables = [model.wide.weight, model.deep.weight]
+    dense = [p for p in model.parameters() if all(p is not t for t in tables)]
+    optimizers = [torch.optim.Adagrad(dense, lr=args.learning_rate),
+                  torch.optim.Adagrad(tables, lr=args.learning_rate)]
+    start = time.perf_counter()
+    for step, index in zip(range(args.train_steps), batches(len(train), args.batch_size, args.seed + 1)):
+        for opt in optimizers:
+            opt.zero_grad()
+        loss_of(model, train, index).backward()
+        for opt in optimizers:
+            opt.step()
+    wall = time.perf_counter() - start
+    result = {"mode": "single_process", "global_step": args.train_steps, **evaluate(model, data_of(args, 1)),
+              "samples_per_sec": round(args.train_steps * args.batch_size / wall, 1)}
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def run_ps(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: int) -> int:
+    psframe.Server(cluster, "ps", task_index, worker_timeout=args.worker_timeout,
+                   checkpoint_dir=args.checkpoint_dir, serving_processes=args.serving_processes).join()
+    return 0
+
+
+def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: int) -> int:
+    train = data_of(args, 0)
+    model = build_model(args)
+    trainer = psframe.Trainer(
+        model, cluster, task_index=task_index,
+        optimizer=psframe.optim.Adagrad(lr=args.learning_rate),  # and, row by row, for the tables
+        sync=psframe.SyncReplicas(args.replicas_to_aggregate, args.total_num_replicas, args.sync_timeout)
+        if args.sync_replicas else None,
+        table_partition=args.table_partition,
+        hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],
+        checkpoint_dir=args.checkpoint_dir, save_checkpoint_steps=args.save_checkpoint_steps,
+        connect_timeout=args.connect_timeout,
+    )
+    with trainer:
+        first_step, start = trainer.global_step, time.perf_counter()
+        for index in batches(len(train), args.batch_size, args.seed + 1 + task_index):
+            if trainer.should_stop():
+                break
+            loss = loss_of(model, train, index)
+            global_step = trainer.step(loss)
+            if trainer.local_step % args.log_every == 0:
+                log.info("worker %d: local step %d, global step %d, loss %.4f", task_index, trainer.local_step,
+                         global_step, loss.item())
+        wall = time.perf_counter() - start
+        if not trainer.is_chief:
+            log.info("worker %d done after %d local steps", task_index, trainer.local_step)
+            return 0
+        trainer.pull()  # the dense parameters; the tables' rows come with the lookups
+        samples = (trainer.global_step - first_step) * args.batch_size * (
+            cluster.num_workers if args.sync_replicas else 1)
+        result = {"mode": "sync" if args.sync_replicas else "async", "global_step": trainer.global_step,
+                  **evaluate(model, data_of(args, 1)), "samples_per_sec": round(samples / wall, 1),
+                  "num_ps": cluster.num_ps, "num_workers": cluster.num_workers}
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.single_process:
+        return run_single_process(args)
+    cluster, job_name, task_index = resolve_cluster(
+        args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
+    )
+    if job_name == "ps":
+        return run_ps(args, cluster, task_index)
+    return run_worker(args, cluster, task_index)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

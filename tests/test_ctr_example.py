@@ -1,0 +1,58 @@
+"""The CTR example: embedding tables through a real cluster reach one process's AUC."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "examples"))
+
+from ctr_data import auc, ceiling_auc, click_log  # noqa: E402
+
+EXAMPLE = str(ROOT / "examples" / "ctr_dist.py")
+STEPS = 1000  # samples: 1000 x 256 in every mode
+COMMON = [f"--batch_size=256", "--train_samples=100000", "--test_samples=30000", "--hash_buckets=65536"]
+AUC_TOLERANCE = 0.005
+
+
+def chief_result(output: str) -> dict:
+    lines = [line.removeprefix("[worker0] ") for line in output.splitlines() if line.startswith("[worker0] {")]
+    return json.loads(lines[-1])
+
+
+def test_auc_counts_pairs_ranked_right_and_ties_half():
+    assert auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])) == 0.75
+    assert auc(torch.tensor([1.0, 1.0, 2.0]), torch.tensor([1, 0, 1])) == 0.75  # a tie: half a pair
+
+
+def test_the_planted_click_log_is_reproducible_and_has_a_known_ceiling():
+    a, b = click_log(2000, buckets=1000, seed=3), click_log(2000, buckets=1000, seed=3)
+    assert torch.equal(a.ids, b.ids) and torch.equal(a.clicks, b.clicks)
+    assert a.ids.shape == (2000, 26) and a.dense.shape == (2000, 13) and 0 <= int(a.ids.min()) <= int(a.ids.max()) < 1000
+    held_out = click_log(2000, buckets=1000, seed=3, split=1)
+    assert not torch.equal(held_out.clicks, a.clicks)
+    assert 0.85 < ceiling_auc(held_out) < 1.0 and 0.1 < float(a.clicks.mean()) < 0.5
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_async_and_sync_reach_the_auc_of_one_process(processes):
+    single = subprocess.run([sys.executable, EXAMPLE, "--single_process", f"--train_steps={STEPS}", *COMMON],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT, check=True)
+    reference = json.loads(single.stdout.strip().splitlines()[-1])
+    assert reference["auc"] > 0.8 and reference["auc"] < reference["ceiling_auc"], reference
+    runs = {}
+    for mode, steps, flags in (("async", STEPS, []), ("sync", STEPS // 2, ["--sync_replicas"])):
+        processes.start(mode, [sys.executable, "-m", "psframe.cli", "launch", "--num_ps", "2", "--num_workers", "2",
+                               "--timeout", "400", EXAMPLE, "--", f"--train_steps={steps}", *COMMON, *flags])
+        runs[mode] = chief_result(processes.wait(timeout=420)[mode].output)
+    for mode, result in runs.items():
+        assert result["mode"] == mode and result["num_ps"] == 2, result
+        assert abs(result["auc"] - reference["auc"]) <= AUC_TOLERANCE, (mode, result, reference)
+        assert result["ceiling_auc"] == reference["ceiling_auc"]
