@@ -211,10 +211,14 @@ def _spread_of(values: Sequence[float]) -> str:
 
 
 def sparse_table(rows: Sequence[dict]) -> str:
-    """Markdown table of :func:`benchmarks.sparse.run_sparse_benchmarks` rows."""
-    from benchmarks.sparse import sparse_table as table
+    """Markdown tables of :func:`benchmarks.sparse.run_sparse_benchmarks` rows: steps, then partition balance."""
+    from benchmarks.sparse import balance_table, sparse_table as table
 
-    return table(rows)
+    steps = [r for r in rows if r.get("kind") != "balance"]
+    balance = [r for r in rows if r.get("kind") == "balance"]
+    return table(steps) + ("\n\nHow evenly a table's parts share a batch's lookups (no cluster: psframe's "
+                           "placement and id split over 20 power-law batches of a 10^6-row table):\n\n"
+                           + balance_table(balance) if balance else "")
 
 
 TABLES = {"raw": raw_table, "transport": transport_table, "training": training_table,
@@ -619,4 +623,6 @@ def table_rows(text: str, heading: str) -> list[list[str]]:
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if not re.fullmatch(r"[-: |]+", line):
                 rows.append(cells)
+        elif inside and rows:  # the first table ended
+            break
     return rows[1:]  # without the header row

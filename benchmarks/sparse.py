@@ -23,6 +23,11 @@ Rows, one per table size and way of moving it:
 *rows/s* counts the distinct rows moved each way per second (the whole
 table for dense); *vs rows at 10^4* divides a row's step time by the 10^4-row
 table's in the same run: the target is at most 1.2x at 10^7 rows.
+
+:func:`partition_balance` (no cluster: psframe's own placement and id split)
+measures how evenly each way of cutting a table spreads a batch's lookups
+over the ps tasks, for ids numbered by frequency (a vocabulary sorted by
+count, id 0 the most frequent) and for hashed ids.
 """
 
 from __future__ import annotations
@@ -78,6 +83,42 @@ def batches(rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(power_law_ids(rows, generator), torch.rand(BATCH, generator=generator)) for _ in range(BATCHES)]
 
 
+def partition_balance(rows: int = 10**6, ps_counts: tuple[int, ...] = (2, 4, 8), batches_drawn: int = 20
+                      ) -> list[dict]:
+    """Lookups per ps task of power-law batches, max over mean, for ``mod`` and ``range`` tables.
+
+    Returns:
+        One row per id numbering (``frequency-sorted``, ``hashed``), partition and ps count:
+        ``imbalance`` (the busiest ps task's lookups over the mean; 1.0 is even).
+    """
+    from psframe.cluster.placement import VariableInfo
+    from psframe.cluster.table_placement import place_tables
+    from psframe.worker.slicer import Slot
+    from psframe.worker.tables import Table
+
+    generator = torch.Generator().manual_seed(11)
+    u = torch.rand(batches_drawn * BATCH, FEATURES, generator=generator, dtype=torch.float64)
+    ranks = (torch.floor(torch.exp(u * torch.log(torch.tensor(float(rows))))).long() - 1).flatten()
+    numberings = {"frequency-sorted": ranks, "hashed": (ranks * HASH) % rows}
+    out = []
+    for numbering, ids in numberings.items():
+        ids = ids.sort().values
+        for partition in ("mod", "range"):
+            for num_ps in ps_counts:
+                shards = place_tables([VariableInfo("table", (rows, DIM), 4)], num_ps, partition=partition)
+                table = Table("table", None, [Slot(shard, None) for shard in shards])
+                loads = torch.tensor([float(p.numel()) for _, p, _ in table.split(ids)])
+                out.append({"kind": "balance", "numbering": numbering, "partition": partition, "num_ps": num_ps,
+                            "imbalance": float(loads.max() / loads.mean())})
+    return out
+
+
+def balance_table(results: list[dict]) -> str:
+    headers = ["ids", "partition", "ps tasks", "busiest ps task's lookups / mean"]
+    return markdown_table(headers, [[r["numbering"], r["partition"], r["num_ps"], f"{r['imbalance']:.2f}"]
+                                    for r in results])
+
+
 def measure(children: Children, rows: int, sparse: bool, settings: Settings, deadline: Deadline) -> dict:
     cluster = PsCluster(children, 2, f"sparse-{rows}-{'rows' if sparse else 'dense'}", timeout=deadline.remaining())
     model = CtrModel(rows, sparse)
@@ -118,7 +159,7 @@ def run_sparse_benchmarks(quick: bool = False, timeout: float = 1200.0) -> list[
     base = {r["way"]: r["steps_per_s"] for r in results if r["rows"] == min(r["rows"] for r in results)}
     for r in results:
         r["vs_smallest"] = base[r["way"]] / r["steps_per_s"]  # step time over the smallest table's
-    return results
+    return results + partition_balance()
 
 
 def sparse_table(results: list[dict]) -> str:
@@ -134,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10^4 and 10^5 rows only, short repeats")
     args = parser.parse_args(argv)
-    print(sparse_table(run_sparse_benchmarks(args.quick)))
+    from benchmarks import report
+
+    print(report.sparse_table(run_sparse_benchmarks(args.quick)))
     return 0
 
 

@@ -186,7 +186,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
             loss = loss_of(model, train, index)
             global_step = trainer.step(loss)
             if trainer.local_step % args.log_every == 0:
-                log.info("worker %d: local step %d, global step %d, loss %.4f", task_index, trainer.local_step,
+                log.info("worker %d: local step %d global step %d, loss %.4f", task_index, trainer.local_step,
                          global_step, loss.item())
         wall = time.perf_counter() - start
         if not trainer.is_chief:
@@ -197,6 +197,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
             cluster.num_workers if args.sync_replicas else 1)
         result = {"mode": "sync" if args.sync_replicas else "async", "global_step": trainer.global_step,
                   **evaluate(model, data_of(args, 1)), "samples_per_sec": round(samples / wall, 1),
+                  "recoveries": trainer.recoveries,
                   "num_ps": cluster.num_ps, "num_workers": cluster.num_workers}
     print(json.dumps(result), flush=True)
     return 0

@@ -56,3 +56,30 @@ def test_async_and_sync_reach_the_auc_of_one_process(processes):
         assert result["mode"] == mode and result["num_ps"] == 2, result
         assert abs(result["auc"] - reference["auc"]) <= AUC_TOLERANCE, (mode, result, reference)
         assert result["ceiling_auc"] == reference["ceiling_auc"]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_a_killed_ps_holding_table_parts_comes_back_from_the_checkpoint(processes, tmp_path):
+    import re
+
+    from tests.conftest import free_cluster
+
+    cluster = free_cluster(2, 2)
+    flags = [*COMMON, "--train_steps=500", f"--checkpoint_dir={tmp_path / 'ckpt'}", "--save_checkpoint_steps=50",
+             "--log_every=10"]
+    processes.start_cluster(cluster, *flags, script=ROOT / "examples" / "ctr_dist.py")
+
+    def steps(output: str) -> list[int]:
+        return [int(m) for m in re.findall(r"local step \d+ global step (\d+)", output)]
+
+    processes.wait_until("worker0", lambda out: max(steps(out), default=0) >= 150, "reach global step 150", 240)
+    victim = processes.procs.pop("ps1")
+    victim.popen.kill()  # SIGKILL, by its PID
+    victim.popen.wait(timeout=30)
+    restarted = processes.start_task(cluster, "ps", 1, *flags, script=ROOT / "examples" / "ctr_dist.py")
+    procs = processes.wait(timeout=400)
+    assert re.search(r"restored \d+ variables from checkpoint step \d+", restarted.output), restarted.output[-2000:]
+    result = json.loads([line for line in procs["worker0"].output.splitlines() if line.startswith("{")][-1])
+    assert result["global_step"] >= 500 and result["recoveries"] == 1, result
+    assert result["auc"] > 0.8, result

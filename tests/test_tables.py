@@ -283,3 +283,13 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
     for (name, p), q in zip(models[1].named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
     run_workers({i: trainers[i].close for i in range(num_workers)})
+
+
+def test_mod_spreads_a_frequency_sorted_vocabulary_where_range_does_not():
+    from benchmarks.sparse import partition_balance
+
+    imbalance = {(r["numbering"], r["partition"], r["num_ps"]): r["imbalance"]
+                 for r in partition_balance(rows=10**5, ps_counts=(4,), batches_drawn=4)}
+    # Hot ids first: range puts them all on the first part; mod deals them out.
+    assert imbalance[("frequency-sorted", "mod", 4)] < 1.25 < 2.5 < imbalance[("frequency-sorted", "range", 4)]
+    assert imbalance[("hashed", "range", 4)] < 1.25  # hashed ids are spread either way

@@ -212,7 +212,7 @@ class Trainer:
         try:
             self._join()
             self.pull()
-            self._replica.tables.attach(lambda wanted: self._client.pull_rows(wanted, self.global_step))
+            self._replica.tables.attach(self._pull_rows)
             log.info("worker %d connected to %d ps tasks at global step %d",
                      self.task_index, self.cluster.num_ps, self.global_step)
             for hook in self.hooks:
@@ -317,6 +317,15 @@ class Trainer:
         replies = self._client.push_pull([(r, ()) for r in requests], self.global_step, compress=False)
         self._receive(requests, replies)
         return self.global_step
+
+    def _pull_rows(self, wanted):
+        """Rows of embedding tables for a lookup (see :mod:`psframe.worker.tables`); a lost
+        ps task is waited for, as in :meth:`step`, and the rows asked of it again."""
+        try:
+            return self._client.pull_rows(wanted, self.global_step)
+        except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
+            self._recover(e)
+            return self._client.pull_rows(wanted, self.global_step)
 
     def _receive(self, requests: Sequence[Request], replies: Sequence[Reply]) -> None:
         self._replica.assign(requests, replies)
