@@ -337,10 +337,13 @@ _INTROS = {
         "the table by a multiplicative hash, about 3,500 distinct rows a batch. **rows**: "
         "`sparse=True`, an embedding table: a step pulls the batch's distinct rows before the forward "
         "pass and pushes their gradients after backward. **dense**: `sparse=False`, the whole table "
-        "each way every step (run up to 10^5 rows). *rows/s each way* counts distinct rows (dense: "
-        "the table's rows) moved per second; *step time vs 10^4 rows* divides the step time by the "
-        "10^4-row table's, the same way of moving it; *start-up s* is the trainer's connect (the "
-        "chief sends the table's initial values)."
+        "each way every step (run up to 10^5 rows). **rpc**: a torch.distributed.rpc parameter server "
+        "(`benchmarks.baseline_rpc_sparse`, one ps process) with the same model and Adagrad, the trainer "
+        "pulling the batch's rows and pushing a `torch.sparse` gradient, two `rpc_sync` calls a step; "
+        "*vs rpc* divides psframe's steps/s on 1 ps task by its at the same table size. *rows/s each "
+        "way* counts distinct rows (dense: the table's rows) moved per second; *step time vs smallest "
+        "table* divides the step time by the smallest table's, moved the same way on as many ps tasks; "
+        "*start-up s* is the trainer's connect (the chief sends the table's initial values)."
     ),
     "scaling": (
         "From `benchmarks.scaling` (same run). Each model, at each worker count N, with every system "

@@ -19,10 +19,16 @@ Rows, one per table size and way of moving it:
 - **dense** (the naive way, ``sparse=False``): the whole table is pushed and
   pulled every step, in 4 MiB messages; run up to 10^5 rows (10^7 would
   move 2.56 GB each way per step).
+- **rpc** (:mod:`benchmarks.baseline_rpc_sparse`): a torch.distributed.rpc
+  parameter server (one ps process) holding the same model, the trainer
+  pulling the batch's rows and pushing a ``torch.sparse`` gradient, two
+  ``rpc_sync`` calls a step; compared with psframe's rows on 1 ps task
+  (*vs rpc*), the same table size.
 
 *rows/s* counts the distinct rows moved each way per second (the whole
-table for dense); *vs rows at 10^4* divides a row's step time by the 10^4-row
-table's in the same run: the target is at most 1.2x at 10^7 rows.
+table for dense); *step time vs smallest table* divides a row's step time by
+that of the smallest table moved the same way on as many ps tasks, in the
+same run: the target is at most 1.2x from 10^4 to 10^7 rows.
 
 :func:`partition_balance` (no cluster: psframe's own placement and id split)
 measures how evenly each way of cutting a table spreads a batch's lookups
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
 import tempfile
 import time
@@ -42,7 +49,8 @@ import torch
 import torch.nn.functional as F
 
 import psframe
-from benchmarks.common import Children, Deadline, Settings, format_ratio, markdown_table, measure_rate, single_thread
+from benchmarks.common import (BenchmarkError, Children, Deadline, Settings, format_ratio, markdown_table,
+                               measure_rate, single_thread)
 from benchmarks.transport import PsCluster
 
 DIM = 64
@@ -52,6 +60,9 @@ BATCHES = 8  # distinct batches, cycled
 TABLE_ROWS = (10**4, 10**5, 10**6, 10**7)
 QUICK_TABLE_ROWS = (10**4, 10**5)
 DENSE_MAX_ROWS = 10**5
+RPC_ROWS = (10**5, 10**7)  # the table sizes the RPC baseline runs at (psframe's rows then also on 1 ps task)
+QUICK_RPC_ROWS = (10**5,)
+LEARNING_RATE = 0.05
 STARTUP_S = 120.0  # the chief sends a 10^7-row table (2.56 GB) at Init
 
 
@@ -119,14 +130,40 @@ def balance_table(results: list[dict]) -> str:
                                     for r in results])
 
 
-def measure(children: Children, rows: int, sparse: bool, settings: Settings, deadline: Deadline) -> dict:
-    cluster = PsCluster(children, 2, f"sparse-{rows}-{'rows' if sparse else 'dense'}", timeout=deadline.remaining())
+def measure_rpc(children: Children, rows: int, quick: bool, deadline: Deadline) -> dict:
+    """The RPC baseline at ``rows``: its trainer's steps/s."""
+    from psframe.launch import pick_free_ports
+
+    (port,) = pick_free_ports(1)
+    steps = ["--steps=40", "--warmup=5"] if quick else ["--steps=300", "--warmup=30"]
+    names = [f"rpc-{rows}-ps", f"rpc-{rows}-trainer"]
+    for rank, name in enumerate(names):
+        children.start(name, [sys.executable, "-m", "benchmarks.baseline_rpc_sparse", f"--port={port}",
+                              f"--rank={rank}", f"--rows={rows}", *steps])
+    for name in reversed(names):
+        code = children.wait_exit(name, deadline.remaining())
+        if code != 0:
+            raise BenchmarkError(f"{name} ended with {code}; its log:\n{children.log_tail(name)}")
+    lines = [line for line in children.log_path(names[1]).read_text().splitlines() if line.startswith("{")]
+    result = json.loads(lines[-1])
+    data = batches(rows)
+    distinct = sum(int(torch.unique(ids).numel()) for ids, _ in data) / len(data)
+    return {"rows": rows, "way": "rpc", "num_ps": 1, "steps_per_s": result["steps_per_sec"],
+            "spread": (max(result["window_rates"]) - min(result["window_rates"])) / result["steps_per_sec"],
+            "distinct_rows": distinct, "rows_per_s": distinct * result["steps_per_sec"],
+            "table_bytes": rows * DIM * 4, "connect_s": None}
+
+
+def measure(children: Children, rows: int, sparse: bool, settings: Settings, deadline: Deadline,
+            num_ps: int = 2) -> dict:
+    cluster = PsCluster(children, num_ps, f"sparse-{rows}-{'rows' if sparse else 'dense'}-{num_ps}ps",
+                        timeout=deadline.remaining())
     model = CtrModel(rows, sparse)
     data = batches(rows)
     distinct = sum(int(torch.unique(ids).numel()) for ids, _ in data) / len(data)
     cycle = itertools.cycle(data)
     started = time.monotonic()
-    trainer = psframe.Trainer(model, cluster.cluster, optimizer=psframe.optim.Adagrad(lr=0.05),
+    trainer = psframe.Trainer(model, cluster.cluster, optimizer=psframe.optim.Adagrad(lr=LEARNING_RATE),
                               connect_timeout=min(STARTUP_S, deadline.remaining()))
     with trainer:
         connect_s = time.monotonic() - started
@@ -139,7 +176,7 @@ def measure(children: Children, rows: int, sparse: bool, settings: Settings, dea
     for name in cluster.names:
         children.wait_exit(name, 15.0)
     moved = distinct if sparse else rows
-    return {"rows": rows, "way": "rows" if sparse else "dense", "steps_per_s": rate.per_second,
+    return {"rows": rows, "way": "rows" if sparse else "dense", "num_ps": num_ps, "steps_per_s": rate.per_second,
             "spread": rate.spread, "distinct_rows": distinct, "rows_per_s": moved * rate.per_second,
             "table_bytes": rows * DIM * 4, "connect_s": connect_s}
 
@@ -156,18 +193,25 @@ def run_sparse_benchmarks(quick: bool = False, timeout: float = 1200.0) -> list[
             results.append(measure(children, rows, True, settings, deadline))
             if rows <= DENSE_MAX_ROWS:
                 results.append(measure(children, rows, False, settings, deadline))
-    base = {r["way"]: r["steps_per_s"] for r in results if r["rows"] == min(r["rows"] for r in results)}
+        for rows in QUICK_RPC_ROWS if quick else RPC_ROWS:
+            results.append(measure(children, rows, True, settings, deadline, num_ps=1))
+            results.append(measure_rpc(children, rows, quick, deadline))
+    base = {(r["way"], r["num_ps"]): r["steps_per_s"] for r in results if r["rows"] == min(
+        q["rows"] for q in results if (q["way"], q["num_ps"]) == (r["way"], r["num_ps"]))}
+    rpc = {r["rows"]: r["steps_per_s"] for r in results if r["way"] == "rpc"}
     for r in results:
-        r["vs_smallest"] = base[r["way"]] / r["steps_per_s"]  # step time over the smallest table's
+        r["vs_smallest"] = base[(r["way"], r["num_ps"])] / r["steps_per_s"]  # step time over the smallest table's
+        r["vs_rpc"] = r["steps_per_s"] / rpc[r["rows"]] if r["num_ps"] == 1 and r["rows"] in rpc else None
     return results + partition_balance()
 
 
 def sparse_table(results: list[dict]) -> str:
-    headers = ["table rows", "table", "moved", "steps/s", "distinct rows/step", "rows/s each way",
-               "step time vs 10^4 rows", "spread", "start-up s"]
-    rows = [[f"{r['rows']:,}", f"{r['table_bytes'] / 1e6:,.1f} MB", r["way"], f"{r['steps_per_s']:.1f}",
+    headers = ["table rows", "table", "moved", "ps tasks", "steps/s", "distinct rows/step", "rows/s each way",
+               "step time vs smallest table", "vs rpc", "spread", "start-up s"]
+    rows = [[f"{r['rows']:,}", f"{r['table_bytes'] / 1e6:,.1f} MB", r["way"], r["num_ps"], f"{r['steps_per_s']:.1f}",
              f"{r['distinct_rows']:,.0f}", f"{r['rows_per_s']:,.0f}", format_ratio(r["vs_smallest"]),
-             f"{r['spread']:.0%}", f"{r['connect_s']:.1f}"] for r in results]
+             format_ratio(r.get("vs_rpc")), f"{r['spread']:.0%}",
+             "-" if r["connect_s"] is None else f"{r['connect_s']:.1f}"] for r in results]
     return markdown_table(headers, rows)
 
 

@@ -58,9 +58,13 @@ def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
     assert memory and memory[0][0] == "psframe ps", stdout
 
     sparse = table_rows(stdout, TITLES["sparse"])
-    # table rows, table, moved, steps/s, ...: 10^4 and 10^5 rows, as rows and whole.
-    assert {(r[0], r[2]) for r in sparse} == {(n, way) for n in ("10,000", "100,000") for way in ("rows", "dense")}
-    assert all(float(r[3].replace(",", "")) > 0 for r in sparse), stdout
+    # table rows, table, moved, ps tasks, steps/s, ...: 10^4 and 10^5 rows, as rows and whole on 2 ps
+    # tasks, and 10^5 rows on 1 ps task against the RPC parameter server.
+    assert sorted((r[0], r[2], r[3]) for r in sparse) == sorted(
+        [(n, way, "2") for n in ("10,000", "100,000") for way in ("rows", "dense")]
+        + [("100,000", "rows", "1"), ("100,000", "rpc", "1")]), stdout
+    assert all(float(r[4].replace(",", "")) > 0 for r in sparse), stdout
+    assert all(r[8].endswith("x") for r in sparse if r[3] == "1"), stdout  # psframe's rows against the RPC ps
 
     training = table_rows(stdout, TITLES["training"])
     assert {r[0] for r in training} >= set(TRAINING_SYSTEMS), stdout
