@@ -43,8 +43,7 @@ def loss_of(model: Recommender, step: int) -> torch.Tensor:
     return F.mse_loss(model(ids, bag_ids, offsets), target)
 
 
-def table_names(model: torch.nn.Module) -> set[str]:
-    return {"emb.weight", "bag.weight"}
+TABLES = {"emb.weight", "bag.weight"}
 
 
 def local_step(model: Recommender, dense_opt, table_opt, step: int) -> None:
@@ -90,7 +89,7 @@ def test_tables_train_as_one_process(local_cluster, partition, optimizer, table_
     with psframe.Trainer(model, cluster, optimizer=optimizer, table_optimizer=table_optimizer,
                          table_partition=partition) as trainer:
         parts = [s for s in trainer.placement.shards if s.table]
-        assert {s.ps_task for s in parts} == {0, 1} and {s.variable for s in parts} == table_names(model)
+        assert {s.ps_task for s in parts} == {0, 1} and {s.variable for s in parts} == TABLES
         for step in range(6):
             trainer.step(loss_of(model, step))
             local_step(reference, dense_opt, table_opt, step)

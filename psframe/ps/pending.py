@@ -78,7 +78,3 @@ class PendingModel:
     def values(self) -> dict[str, torch.Tensor]:
         """The initial values by name, in the order of the definitions (once :attr:`complete`)."""
         return {d.name: self._values[d.name] for d in self.defs}
-
-    @property
-    def tables(self) -> list[str]:
-        return [d.name for d in self.defs if d.table]

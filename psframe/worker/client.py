@@ -218,8 +218,8 @@ class PsClient:
             PsframeError: the error a ps task raised, or a transport error
                 naming the task; RpcTimeoutError after ``timeout`` seconds.
         """
-        ends_step = {request.ps_task for request, _ in requests if request.end_of_step}
         first = []
+        ends_step = {request.ps_task for request, _ in requests if request.end_of_step} if rows else set()
         for ps_task, pushes in (rows or {}).items():
             tensors, kinds = table_rows.push_tensors(pushes)
             header = pb.PushPullHeader(caller=self.caller, step=step, end_of_step=ps_task not in ends_step)
