@@ -26,7 +26,7 @@ from typing import Any
 import numpy
 import torch
 
-from psframe import optim
+from psframe import huge_pages, optim
 from psframe.cluster.table_placement import ID_MIX, DynamicTableSpec, RowInitializer
 from psframe.errors import RowIdError
 from psframe.optim import OptimizerSpec
@@ -225,6 +225,7 @@ class DynamicRows:
         self.weight.grad = grad
         try:
             optim.step(self.optimizer)
+            huge_pages.back_state(self.optimizer)  # state torch made at this step (SparseAdam's first)
         finally:
             self.weight.grad = None
         self.clock += 1
@@ -261,7 +262,7 @@ class DynamicRows:
             for key, value in saved["state"].items():
                 if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == ids.numel() \
                         and tuple(value.shape[1:]) == self.row_shape:
-                    full = torch.full_like(self.weight.detach(), self._fresh.get(key, 0.0), dtype=value.dtype)
+                    full = huge_pages.full(self.weight.shape, self._fresh.get(key, 0.0), value.dtype)
                     state[key] = full.index_copy_(0, slots, value)
                 else:
                     state[key] = value.clone() if isinstance(value, torch.Tensor) else value
@@ -320,7 +321,7 @@ class DynamicRows:
         old = self.slots
 
         def doubled(tensor: torch.Tensor, fill: float | bool = 0) -> torch.Tensor:
-            grown = torch.full((2 * old, *tensor.shape[1:]), fill, dtype=tensor.dtype)
+            grown = huge_pages.full((2 * old, *tensor.shape[1:]), fill, tensor.dtype)
             grown[:old] = tensor
             return grown
 

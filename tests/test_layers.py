@@ -20,6 +20,7 @@ LAYER_OF = {
     "psframe.sparse_optim": "core",
     "psframe.dynamic_rows": "core",
     "psframe.allocator": "core",
+    "psframe.huge_pages": "core",
     "psframe.security": "core",
     "psframe.cluster": "core",
     "psframe.wire": "wire",
@@ -43,7 +44,7 @@ ALLOWED = {
     "edge": {"edge", "worker", "ps", "storage", "wire", "core"},
 }
 # Third-party packages per layer: core is stdlib only (optim wraps torch.optim).
-THIRD_PARTY_OF_CORE = {"psframe.optim": {"torch"}, "psframe.sparse_optim": {"torch"},
+THIRD_PARTY_OF_CORE = {"psframe.optim": {"torch"}, "psframe.sparse_optim": {"torch"}, "psframe.huge_pages": {"torch"},
                        "psframe.dynamic_rows": {"torch", "numpy"}}
 
 

@@ -35,7 +35,7 @@ from psframe.errors import (
     ShapeMismatchError,
     UnknownVariableError,
 )
-from psframe import optim
+from psframe import huge_pages, optim
 from psframe.optim import OptimizerSpec
 from psframe.wire import messages
 from psframe.dynamic_rows import DynamicRows
@@ -142,10 +142,11 @@ class VariableStore(StoreState):
                 return False
             variables = {}
             for name, value in values.items():
-                if self._allocate is not None and copy:  # shared memory: every process maps the same bytes
+                if copy:
                     variable = self.copy_in(value)
-                else:
-                    variable = value.detach().to("cpu", copy=copy).contiguous()
+                else:  # made by copy_in or empty already, or a tensor of the request
+                    variable = value.detach().to("cpu").contiguous()
+                    huge_pages.back([variable])
                 variable.requires_grad_(variable.is_floating_point() or variable.is_complex())
                 variables[name] = variable
             self._build_optimizers(variables, optimizer, tables, table_optimizer, dynamic)
@@ -172,7 +173,14 @@ class VariableStore(StoreState):
         self._table_optimizer = table_optimizer.build([variables[n] for n in tables], per_parameter=True) \
             if tables else None
         self._table_optimizer_spec = table_optimizer if tables or dynamic else None
+        self._back_state()
         self._ready = True
+
+    def _back_state(self) -> None:
+        """Put the optimizers' large state tensors on huge pages (:mod:`psframe.huge_pages`):
+        torch makes them, some at build, some at their variable's first step."""
+        for optimizer in self._optimizers():
+            huge_pages.back_state(optimizer)
 
     def _optimizer_of(self, name: str) -> torch.optim.Optimizer:
         return self._table_optimizer if name in self._tables else self._optimizer
@@ -182,12 +190,12 @@ class VariableStore(StoreState):
 
     def empty(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """Uninitialised memory for a variable, in the store's memory (shared memory, where it was given ``allocate``)."""
-        return torch.empty(shape, dtype=dtype) if self._allocate is None else self._allocate(dtype, shape)
+        return huge_pages.empty(shape, dtype) if self._allocate is None else self._allocate(dtype, shape)
 
     def copy_in(self, value: torch.Tensor) -> torch.Tensor:
         """A copy of ``value`` in the store's memory (shared memory, where it was given ``allocate``)."""
         if self._allocate is None:
-            return value.detach().clone()
+            return huge_pages.copy(value)
         return self._allocate(value.dtype, tuple(value.shape)).copy_(value.detach())
 
     def _check_same_model(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec,
@@ -324,6 +332,8 @@ class VariableStore(StoreState):
             variable.grad = grad
         try:
             optim.step(optimizer or self._optimizer)
+            if not self._stepped or optimizer is self._table_optimizer:  # a table's state may start at any step
+                self._back_state()
             self._stepped = True
         finally:
             self.version += 1  # even a step that failed halfway may have changed some

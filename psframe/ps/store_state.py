@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from psframe import allocator
+from psframe import allocator, huge_pages
 from psframe.ps.table_rows import TableRows
 
 
@@ -93,6 +93,6 @@ class StoreState(TableRows):
             for name, state in states.items():
                 variable = self._variable(name)
                 self._optimizer_of(name).state[variable] = {
-                    k: x.clone() if isinstance(x, torch.Tensor) else x for k, x in state.items()
+                    k: huge_pages.copy(x) if isinstance(x, torch.Tensor) else x for k, x in state.items()
                 }
             self.global_step = global_step

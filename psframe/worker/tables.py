@@ -13,7 +13,8 @@ rows alone (its ids numbered by their rank among the batch's distinct ids),
 never in its full weight: a step touches as much memory for a table of
 10^7 rows as for one of 10^4. The gradient is that of the pulled rows,
 summed per id as backward sums an ``nn.Embedding(sparse=True)``'s. The
-pulled rows are also written into the module's own weight, so that rows a
+pulled rows are also written into the module's own weight (on huge pages
+when it is large, see :mod:`psframe.huge_pages`), so that rows a
 batch looked up hold their last pulled values there; the others keep
 whatever they had. A table's weight must be used only through its
 module's forward (not tied to another layer), since only those lookups are seen.
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from psframe import huge_pages
 from psframe.dynamic_rows import part_of
 from psframe.errors import PsframeError, RowIdError
 from psframe.worker.dynamic import DynamicEmbedding, Lookup, lookup_gradients
@@ -170,6 +172,9 @@ class EmbeddingTables:
     def attach(self, pull: Pull) -> None:
         """Have each table's forward look its batch up in rows pulled from the ps tasks, from now on."""
         self.detach()
+        # The pulled rows are written into the local weights at random: on
+        # huge pages, as on the ps tasks, a large table costs a step about what a small one does.
+        huge_pages.back(table.param for table in self.tables)
         for table in self.tables:
             table.module.forward = functools.partial(table.lookup, functools.partial(self._pull, table, pull))
         for dynamic in self.dynamic:
