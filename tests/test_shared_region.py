@@ -202,10 +202,65 @@ def test_a_trainer_through_shared_memory_matches_one_through_messages_and_leaves
     assert not _region_files()
 
 
-def test_sync_training_keeps_messages(local_cluster):
-    cluster = local_cluster(num_ps=1, num_workers=1)
-    model = make_model()
-    with psframe.Trainer(model, cluster, sync=psframe.SyncReplicas(replicas_to_aggregate=1)) as trainer:
-        for step in range(3):
-            trainer.step(loss_of(model, step))
-        assert not any(p.share or p.in_region for p in trainer._client._prepared.values())
+@pytest.mark.parametrize("max_shard_bytes", [4 << 20, 64], ids=["one-message", "several-messages"])
+def test_sync_workers_through_shared_memory_match_messages_and_leave_no_file(local_cluster, max_shard_bytes):
+    """A round keeps its members' gradients until it is applied, and writes each member's
+    reply into its own region: the result is that of messages, bit for bit."""
+    from tests.test_sync import batches_for, connect_all, linear_model, run_workers
+
+    num_workers, steps = 2, 6
+    shard = batches_for(num_workers, 4, steps, seed=5)
+    results = {}
+    for shared_memory in (True, False):
+        cluster = local_cluster(num_ps=2, num_workers=num_workers)
+        models = {i: linear_model(seed=0) for i in range(num_workers)}
+        trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.Adam(lr=0.01),
+                                       sync=psframe.SyncReplicas(timeout=30), min_partition_bytes=32,
+                                       max_shard_bytes=max_shard_bytes, shared_memory=shared_memory)
+                    for i in range(num_workers)}
+        connect_all(trainers)
+
+        def train(i):
+            for step in range(steps):
+                x, y = shard(step, i)
+                trainers[i].step(torch.nn.functional.cross_entropy(models[i](x), y))
+            return sum(p.in_region for p in trainers[i]._client._prepared.values())
+
+        in_region = run_workers({i: (lambda i=i: train(i)) for i in range(num_workers)})
+        assert all(count >= 2 for count in in_region.values()) if shared_memory else \
+            not any(in_region.values())
+        run_workers({i: trainers[i].close for i in range(num_workers)})
+        results[shared_memory] = [params(models[i]) for i in range(num_workers)]
+    for i in range(num_workers):
+        assert_params_equal(results[True][i], results[False][i])
+    assert_params_equal(results[True][0], results[True][1])
+    assert not _region_files()
+
+
+def test_a_failed_sync_step_leaves_its_regions_to_the_ps_and_goes_on_in_new_ones(local_cluster):
+    """A round that timed out may still hold a worker's gradients as views of its region:
+    the worker's next requests must not write there."""
+    from psframe.errors import BarrierTimeoutError
+    from tests.test_sync import batches_for, connect_all, linear_model, run_workers
+
+    cluster = local_cluster(num_ps=1, num_workers=2)
+    shard = batches_for(2, 4, 4, seed=3)
+    models = {i: linear_model(seed=0) for i in range(2)}
+    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, sync=psframe.SyncReplicas(timeout=2.0))
+                for i in range(2)}
+    connect_all(trainers)
+
+    def step(i, k):
+        x, y = shard(k, i)
+        trainers[i].step(torch.nn.functional.cross_entropy(models[i](x), y))
+
+    for k in range(2):
+        run_workers({i: (lambda i=i, k=k: step(i, k)) for i in range(2)})
+    prepared = [p for p in trainers[0]._client._prepared.values() if p.in_region]
+    regions = [p._region for p in prepared]
+    assert prepared
+    with pytest.raises(BarrierTimeoutError):
+        step(0, 2)  # worker 1 never comes
+    assert not any(p.in_region or p._region in regions for p in trainers[0]._client._prepared.values())
+    run_workers({i: trainers[i].close for i in range(2)})
+    assert not _region_files()

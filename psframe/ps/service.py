@@ -31,7 +31,7 @@ from psframe.ps import recovery
 from psframe.ps.peers import PsPeers
 from psframe.ps.pending import PendingModel
 from psframe.ps.table_rows import dynamic_parts
-from psframe.ps.plans import RequestPlan, StreamPlans
+from psframe.ps.plans import RegionReplies, RequestPlan, StreamPlans
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.shared import SharedMemory, publish_store
 from psframe.ps.store import VariableStore
@@ -66,6 +66,7 @@ class ParameterServerService(TaskService):
         self.aggregator: SyncAggregator | None = None
         # Replies to pushes the sync barrier released, for the version they read.
         self._released: tuple[tuple, dict[tuple, bytes]] = ((), {})
+        self._region_replies = RegionReplies()
         self._peers = PsPeers(cluster, task_index, security)
         # Where psframe may not tune malloc, freed message buffers are trimmed instead.
         self._memory = allocator.MemoryReturner(enabled=not allocator.tune_malloc())
@@ -281,7 +282,7 @@ class ParameterServerService(TaskService):
                 if reply is not None:
                     return reply
                 plans.drop(plan)
-            return self._push_pull(header, codec.tensors_of(envelope), plans, refused)
+            return self._push_pull(header, codec.tensors_of(envelope), plans, refused, region)
 
     def _push_pull_planned(self, plan: RequestPlan, header: pb.PushPullHeader, envelope: codec.Envelope,
                            region: SharedRegion | None) -> bytes | None:
@@ -304,7 +305,7 @@ class ParameterServerService(TaskService):
             return plan.reply.encode(pb.PushPullReplyHeader(global_step=step), plan.reply_buffers)
 
     def _push_pull(self, header: pb.PushPullHeader, tensors: list[torch.Tensor],
-                   plans: StreamPlans | None = None, refused: str = "") -> bytes:
+                   plans: StreamPlans | None = None, refused: str = "", region: SharedRegion | None = None) -> bytes:
         grads, rows, row_pulls = table_rows.split(header.tensors, tensors)
         wire_dtype = codec.wire_dtype_from_name(header.wire_dtype)
         if wire_dtype is not None:
@@ -332,11 +333,20 @@ class ParameterServerService(TaskService):
         self.store.check_names(pull)
         # A push that pulls nothing is one of several messages of a worker's
         # step: it is recorded and answered at once (see Trainer._step_plan).
+        # Gradients in a worker's shared region are kept as views: the worker
+        # writes there again only after its step's last reply, which comes once
+        # the round is applied, or after a failure, which gives it a new region.
         # The step's last message waits for the round: it pulls the new values (or, on
         # a ps task holding only embedding tables, ends a step that pulls rows later).
         dropped = self.aggregator.push(header.caller.task_index, header.step, grads, rows=rows,
                                        count_drop=header.end_of_step, wait=bool(pull) or header.end_of_step)
         with self.store.lock:
+            if region is not None and wire_dtype is None:  # a worker on this host: the values go into its region
+                reply = self._region_replies.reply(
+                    region, pull, self.store.read(pull), self.store.generation,
+                    pb.PushPullReplyHeader(global_step=self.store.global_step, dropped=dropped))
+                if reply is not None:
+                    return reply
             return self._released_reply(pull, wire_dtype, dropped)
 
     def _plan(self, plans: StreamPlans, header: pb.PushPullHeader, pushed: list[str],

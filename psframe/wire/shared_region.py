@@ -13,12 +13,14 @@ A worker makes one :class:`SharedRegion` per kind of planned request (the
 same tensors every step), once it has seen the request's and the reply's
 layouts, and *offers* it: the next request names the region but still carries
 its tensors. A ps task that can map the file, finds it begins with the
-request's random key (so the worker made it, on this host) and answers
-asynchronous requests of that kind writes the reply into the region; from
-then on the worker's requests of that kind leave their tensors there. A ps
-task that cannot map it (another host) says so, and the worker stops offering
-one to that task. Synchronous training keeps messages: the barrier holds
-gradients across requests.
+request's random key (so the worker made it, on this host) writes its
+replies to requests of that kind into the region; from then on the worker's
+requests of that kind leave their tensors there. A ps task that cannot map it
+(another host) says so, and the worker stops offering one to that task. In
+synchronous training the barrier keeps a member's gradients as views of its
+region until the round is applied, and writes each member's reply into its
+own region; the worker writes there again only after its step's last reply,
+or after a failed step, which gives it new regions.
 
 The tensors lie in the region as in a message's payload (:mod:`psframe.wire.codec`):
 a region's parts start where each tensor is aligned, so either side reads them

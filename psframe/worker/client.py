@@ -56,7 +56,7 @@ class PsClient:
             and stops (``psframe status``, ``psframe shutdown``).
         wire_dtype: compress floating-point tensors to this dtype on the
             wire (``torch.bfloat16`` or ``torch.float16``); None sends them as they are.
-        shared_memory: move the tensors of asynchronous requests to a ps task
+        shared_memory: move the tensors of PushPull requests to a ps task
             on this host through shared memory (:mod:`psframe.wire.shared_region`);
             gRPC carries the headers. Tasks on other hosts refuse, and get messages.
         security: the auth token every call carries, and TLS (default: none;
@@ -319,6 +319,12 @@ class PsClient:
                 replies[j] = Reply(header.global_step, header.dropped, tensors)
                 send_more(ps_task)
         if failure is not None:
+            # A ps task may still hold the gradients a failed step left in regions
+            # (a sync round waits for them): the next requests get regions of their own.
+            for i, (request, _) in enumerate(requests):
+                prepared = self._prepared.get((request, compress_of[i]))
+                if prepared is not None:
+                    prepared.drop_region()
             raise failure
         return replies
 

@@ -104,8 +104,8 @@ class Trainer:
         table_partition: how a table's rows are shared out among the ps
             tasks: ``"mod"`` (row ``i`` on ps task ``i % P``, the default:
             frequent ids spread whatever their numbering) or ``"range"``.
-        shared_memory: asynchronous training only: the tensors exchanged with
-            a ps task on this worker's host travel through shared memory
+        shared_memory: the tensors of every step exchanged with a ps task
+            on this worker's host travel through shared memory
             (``/dev/shm``) and gRPC carries the headers, one copy each way
             instead of about five (on by default; ps tasks on other hosts,
             and hosts without ``/dev/shm``, use messages).
@@ -223,7 +223,7 @@ class Trainer:
             raise PsframeError(f"the trainer is {self.state.value}; connect() is called once")
         self._client = PsClient(self.cluster, self.task_index, rpc_timeout=self.rpc_timeout,
                                 wire_dtype=self.wire_dtype,
-                                shared_memory=self.shared_memory and self.sync is None, security=self.security)
+                                shared_memory=self.shared_memory, security=self.security)
         self.state = TrainerState.RUNNING
         try:
             self._join()
