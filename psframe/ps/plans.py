@@ -141,34 +141,3 @@ class StreamPlans:
         self._plans = [p for p in self._plans if p is not plan]
         self._next = 0
 
-
-class RegionReplies:
-    """Replies to synchronous requests from this host, their values written into each worker's
-    shared region instead of the message (a round's members all read the same values).
-
-    The layout of a reply and the views of the variables it pulls are made
-    once per set of names and generation of the store's variables, as a
-    :class:`RequestPlan` makes them for asynchronous requests.
-    """
-
-    def __init__(self) -> None:
-        self._laid_out: dict[tuple[int, tuple[str, ...]], tuple[Layout, list]] = {}
-
-    def reply(self, region: SharedRegion, pull: Sequence[str], values: Sequence[torch.Tensor], generation: int,
-              header: pb.PushPullReplyHeader) -> bytes | None:
-        """The reply (``header`` alone) once ``values`` (the live variables named ``pull``) are
-        written into ``region``; None if they do not fit it. The caller holds the store's lock."""
-        key = (generation, tuple(pull))
-        laid_out = self._laid_out.get(key)
-        if laid_out is None:
-            layout = Layout(pb.PushPullReplyHeader, [(name, value.dtype, tuple(value.shape))
-                                                     for name, value in zip(pull, values)])
-            # Only the current generation's layouts are kept: older variables are gone.
-            self._laid_out = {k: v for k, v in self._laid_out.items() if k[0] == generation}
-            laid_out = self._laid_out[key] = (layout, layout.buffers(values))
-        layout, buffers = laid_out
-        if not region.fits_reply(layout):
-            return None
-        region.write_reply(layout, buffers)
-        header.shared = True
-        return layout.encode_header(header)

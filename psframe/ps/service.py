@@ -31,7 +31,8 @@ from psframe.ps import recovery
 from psframe.ps.peers import PsPeers
 from psframe.ps.pending import PendingModel
 from psframe.ps.table_rows import dynamic_parts
-from psframe.ps.plans import RegionReplies, RequestPlan, StreamPlans
+from psframe.ps.plans import RequestPlan, StreamPlans
+from psframe.ps.replies import RoundReplies, outgoing
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.shared import SharedMemory, publish_store
 from psframe.ps.store import VariableStore
@@ -64,9 +65,7 @@ class ParameterServerService(TaskService):
                                    last_seen=None if shared is None else shared.last_seen)
         self._sync_def: pb.SyncDef | None = None
         self.aggregator: SyncAggregator | None = None
-        # Replies to pushes the sync barrier released, for the version they read.
-        self._released: tuple[tuple, dict[tuple, bytes]] = ((), {})
-        self._region_replies = RegionReplies()
+        self._round_replies = RoundReplies(self.store)
         self._peers = PsPeers(cluster, task_index, security)
         # Where psframe may not tune malloc, freed message buffers are trimmed instead.
         self._memory = allocator.MemoryReturner(enabled=not allocator.tune_malloc())
@@ -325,11 +324,11 @@ class ParameterServerService(TaskService):
                 # Encode under the lock: the reply is one consistent version, and
                 # the only copy of the variables is the one into the reply.
                 reply = pb.PushPullReplyHeader(global_step=step, shared_refused=refused)
-                outgoing = _outgoing(pull, values, wire_dtype)
+                sent = outgoing(pull, values, wire_dtype)
                 if not row_pulls:
-                    return codec.encode(reply, outgoing)
+                    return codec.encode(reply, sent)
                 pulled = [(name, store.read_rows(name, ids, create)) for name, ids, create in row_pulls]
-                return codec.encode(reply, outgoing + pulled, table_rows.reply_kinds(len(outgoing), len(pulled)))
+                return codec.encode(reply, sent + pulled, table_rows.reply_kinds(len(sent), len(pulled)))
         self.store.check_names(pull)
         # A push that pulls nothing is one of several messages of a worker's
         # step: it is recorded and answered at once (see Trainer._step_plan).
@@ -341,13 +340,7 @@ class ParameterServerService(TaskService):
         dropped = self.aggregator.push(header.caller.task_index, header.step, grads, rows=rows,
                                        count_drop=header.end_of_step, wait=bool(pull) or header.end_of_step)
         with self.store.lock:
-            if region is not None and wire_dtype is None:  # a worker on this host: the values go into its region
-                reply = self._region_replies.reply(
-                    region, pull, self.store.read(pull), self.store.generation,
-                    pb.PushPullReplyHeader(global_step=self.store.global_step, dropped=dropped))
-                if reply is not None:
-                    return reply
-            return self._released_reply(pull, wire_dtype, dropped)
+            return self._round_replies.reply(pull, wire_dtype, dropped, region)
 
     def _plan(self, plans: StreamPlans, header: pb.PushPullHeader, pushed: list[str],
               pulled: list[torch.Tensor]) -> None:
@@ -358,28 +351,6 @@ class ParameterServerService(TaskService):
             log.debug("%s: no plan for a request: %s", self.task_name, e)
         else:
             plans.add(plan)
-
-    def _released_reply(self, pull: list[str], wire_dtype: torch.dtype | None, dropped: bool) -> bytes:
-        """The reply to a push that the sync barrier released (the caller holds the store's lock).
-
-        Every member of a round is released at once, to read the same
-        variables at the same version: the first to answer encodes the reply
-        and the others send the same bytes. The step goes on when the last
-        worker has its reply, so this takes one encode (and a wait for the
-        lock) out of every step's critical path, not just CPU. Only replies
-        of the current version are kept: those of the last round.
-        """
-        version = (self.store.version, self.store.global_step)
-        kept_version, replies = self._released
-        if kept_version != version:
-            replies = {}
-            self._released = (version, replies)
-        key = (tuple(pull), wire_dtype, dropped)
-        data = replies.get(key)
-        if data is None:
-            reply = pb.PushPullReplyHeader(global_step=self.store.global_step, dropped=dropped)
-            data = replies[key] = codec.encode(reply, _outgoing(pull, self.store.read(pull), wire_dtype))
-        return data
 
     # ---- sync
 
@@ -434,8 +405,3 @@ class ParameterServerService(TaskService):
         """Close the connections to the other ps tasks."""
         self._peers.close()
 
-
-def _outgoing(names: list[str], values: list[torch.Tensor], wire_dtype: torch.dtype | None
-              ) -> list[tuple[str, torch.Tensor]]:
-    """The pulled variables as they travel: compressed when the worker asked."""
-    return [(name, codec.to_wire(value, wire_dtype)) for name, value in zip(names, values)]
