@@ -80,7 +80,8 @@ def _server(args: argparse.Namespace) -> int:
     )
     server = Server(cluster, job_name, task_index, bind_address=args.bind_address,
                     worker_timeout=args.worker_timeout, checkpoint_dir=args.checkpoint_dir,
-                    serving_processes=args.serving_processes, **security_kwargs(args))
+                    serving_processes=args.serving_processes, **security_kwargs(args),
+                    **({} if args.max_message_bytes is None else {"max_message_bytes": args.max_message_bytes}))
     print(f"psframe {__version__}: {server.task_name} serving at {server.address}", flush=True)
     try:
         finished = server.join(timeout=args.timeout)
@@ -220,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--serving_processes", type=int, default=None,
                         help="(ps) processes listening on the task's port; this one holds the variables "
                              "(default: one per 4 cores this task may use, at most 8)")
+    server.add_argument("--max_message_bytes", type=int, default=None,
+                        help="the largest request accepted; larger ones are answered RESOURCE_EXHAUSTED "
+                             "(default 256 MiB: raise it for workers whose max_shard_bytes comes near it)")
     server.add_argument("--timeout", type=float, default=None,
                         help="give up (exit 1) after this many seconds if the workers have not all finished")
     add_security_flags(server)
@@ -268,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return args.run(args)
-    except PsframeError as e:
+    except (PsframeError, ValueError) as e:  # ValueError: a setting out of range (Server checks them)
         print(f"psframe {args.command}: error: {e}", file=sys.stderr)
         return 1
 

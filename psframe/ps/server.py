@@ -17,6 +17,8 @@ from psframe.ps.task_service import TaskService
 from psframe.security import Security
 from psframe.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, RpcServer
 
+MIN_MESSAGE_BYTES = 64 << 10  # below, not even an Init of a small model or a status call's reply fits
+
 log = logging.getLogger(__name__)
 
 class Server:
@@ -108,6 +110,10 @@ class Server:
             raise ValueError(f"serving_processes must be an int >= 1, got {serving_processes!r}")
         if serving_processes > 1 and job_name != "ps":
             raise ValueError(f"serving_processes applies to ps tasks; {self.task_name} is a worker task")
+        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) \
+                or not MIN_MESSAGE_BYTES <= max_message_bytes < 2**31:
+            raise ValueError(f"max_message_bytes must be an int from {MIN_MESSAGE_BYTES} (64 KiB) to 2**31 - 1 "
+                             f"(gRPC's limit), got {max_message_bytes!r}")
         # Several serving processes share the variables, in shared memory.
         self._shared = SharedMemory.create(self.cluster.num_workers) if serving_processes > 1 else None
         if job_name == "ps":
