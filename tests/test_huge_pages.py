@@ -134,3 +134,13 @@ def test_a_worker_keeps_a_large_tables_local_weight_on_huge_pages(local_cluster)
     with psframe.Trainer(model, cluster, optimizer=psframe.optim.Adagrad(lr=0.1)) as trainer:
         assert eligible(model[0].weight)
         trainer.step(model(torch.tensor([[1, 2], [3, ROWS - 1]])).sum())
+
+
+@needs_madvise_mode
+def test_a_large_dense_variables_state_made_at_a_later_step_is_on_huge_pages():
+    store = VariableStore("/job:ps/task:0")
+    store.create({"small": torch.zeros(4), "big": torch.zeros(ROWS, 64)}, psframe.optim.SGD(lr=0.1, momentum=0.9))
+    store.apply({"small": torch.ones(4)})  # the optimizer's first step: "big" has no state yet
+    store.apply({"big": torch.ones(ROWS, 64)})
+    buffer = store.optimizer_state()["big"]["momentum_buffer"]
+    assert eligible(buffer) and torch.all(buffer == 1.0)

@@ -332,8 +332,9 @@ class VariableStore(StoreState):
             variable.grad = grad
         try:
             optim.step(optimizer or self._optimizer)
-            if not self._stepped or optimizer is self._table_optimizer:  # a table's state may start at any step
-                self._back_state()
+            state = (optimizer or self._optimizer).state
+            for variable in variables:  # torch makes some state at a variable's first step
+                huge_pages.back(state.get(variable, {}).values())
             self._stepped = True
         finally:
             self.version += 1  # even a step that failed halfway may have changed some
