@@ -7,6 +7,7 @@ No timing is asserted: speed goals live in benchmarks/, never in tests.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -424,3 +425,20 @@ def test_ctr_benchmark_runs_every_mode_on_the_same_samples():
         assert r["vs_single"] == pytest.approx(r["samples_per_sec"] / single["samples_per_sec"]), r
     text = report.sparse_table(rows)
     assert report.SPARSE_CTR_CAPTION in text and "| sync " in text and "+0.0000" in text, text
+
+
+# ---------------------------------------------------------------- the store's lock
+
+
+def test_store_lock_times_the_requests_the_trainer_plans():
+    from benchmarks.scaling import request_plan
+    from benchmarks.store_lock import requests_of, run_store_lock_benchmarks, store_lock_table
+
+    for model in ("mnist_mlp", "large_mlp"):
+        planned = [sum(4 * math.prod(shape) for shape in request.values()) for request in requests_of(model)]
+        assert planned == request_plan(model, 1), model
+    rows = run_store_lock_benchmarks(quick=True)
+    assert [(r["model"], r["requests_per_step"]) for r in rows] == [("mnist_mlp", 1), ("large_mlp", 21)]
+    assert all(r["hold_us"] > 0 and r["max_steps_per_s"] * r["requests_per_step"] == pytest.approx(
+        r["max_requests_per_s"]) for r in rows)
+    assert store_lock_table(rows).count("\n") == 3
