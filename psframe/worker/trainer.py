@@ -31,10 +31,10 @@ from psframe import allocator, checkpoint
 from psframe.cluster import ClusterSpec
 from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, DEFAULT_MIN_PARTITION_BYTES
 from psframe.errors import CheckpointError, NotReadyError, PsframeError, RpcTimeoutError, TaskUnavailableError
-from psframe.optim import SGD as _SGD
 from psframe.optim import OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
 from psframe.security import Security
 from psframe.worker import startup
+from psframe.worker.arguments import resolve_optimizer, resolve_table_optimizer
 from psframe.worker.client import PsClient, Reply, resolve_wire_dtype
 from psframe.worker.hooks import CheckpointSaverHook, Hook
 from psframe.worker.replica import Replica
@@ -172,7 +172,7 @@ class Trainer:
         allocator.tune_malloc()  # gradients and replies of every step reuse freed buffers
         self.task_index = task_index
         self.is_chief = task_index == 0
-        self.optimizer, self.sync = _resolve_optimizer(optimizer, sync, self.cluster.num_workers)
+        self.optimizer, self.sync = resolve_optimizer(optimizer, sync, self.cluster.num_workers)
         if self.sync is not None:
             # A call may wait at the barrier for as long as the sync timeout.
             rpc_timeout = max(rpc_timeout, self.sync.timeout + 30.0)
@@ -206,7 +206,7 @@ class Trainer:
             max_shard_bytes=max_shard_bytes, wire_dtype=self.wire_dtype, table_partition=table_partition,
         )
         self.placement = self._replica.placement
-        self.table_optimizer = _resolve_table_optimizer(table_optimizer, self.optimizer, self._replica.tables)
+        self.table_optimizer = resolve_table_optimizer(table_optimizer, self.optimizer, self._replica.tables)
         if log_placement:
             log.info("placement of worker %d:\n%s", task_index, self.placement.describe())
 
@@ -400,31 +400,3 @@ class Trainer:
                 f"the trainer is {self.state.value}; use it inside `with trainer:` (or after connect())"
             )
 
-
-def _resolve_table_optimizer(table_optimizer: OptimizerSpec | None, optimizer: OptimizerSpec,
-                             tables: object) -> OptimizerSpec | None:
-    """The embedding tables' optimizer: the one given, or the row-by-row form of ``optimizer``; None without tables."""
-    if not tables:
-        return None
-    if table_optimizer is None:
-        return optimizer.for_tables()
-    if not isinstance(table_optimizer, OptimizerSpec):
-        raise TypeError(f"table_optimizer must be a psframe.optim spec such as psframe.optim.Adagrad(lr=0.1), "
-                        f"got {type(table_optimizer).__name__}")
-    return table_optimizer.for_tables()
-
-
-def _resolve_optimizer(optimizer: OptimizerSpec | SyncReplicasOptimizer | None, sync: SyncReplicas | None,
-                       num_workers: int) -> tuple[OptimizerSpec, SyncReplicas | None]:
-    """The server-side optimizer and the resolved sync settings, from either way of giving them."""
-    if isinstance(optimizer, SyncReplicasOptimizer):
-        if sync is not None:
-            raise ValueError("give either a SyncReplicasOptimizer or sync=SyncReplicas(...), not both")
-        optimizer, sync = optimizer.optimizer, optimizer.sync
-    optimizer = optimizer if optimizer is not None else _SGD(lr=0.01)
-    if not isinstance(optimizer, OptimizerSpec):
-        raise TypeError(
-            f"optimizer must be a psframe.optim spec such as psframe.optim.SGD(lr=0.1), "
-            f"got {type(optimizer).__name__}; the ps tasks run the torch.optim optimizer"
-        )
-    return optimizer, sync.resolve(num_workers) if sync is not None else None
