@@ -264,3 +264,33 @@ def test_a_failed_sync_step_leaves_its_regions_to_the_ps_and_goes_on_in_new_ones
     assert not any(p.in_region or p._region in regions for p in trainers[0]._client._prepared.values())
     run_workers({i: trainers[i].close for i in range(2)})
     assert not _region_files()
+
+
+def test_a_sync_member_whose_region_cannot_be_mapped_is_told_so_and_stops_offering():
+    """A sync worker on another host offers a region the ps cannot open: the round's
+    reply comes in the message and says why, and the worker offers no more."""
+    import threading
+
+    from tests.test_sync import _sync_service
+
+    service, push, decoded = _sync_service()
+    caller = pb.Caller(job_name="worker", task_index=1, cluster_fingerprint=service.cluster.fingerprint)
+    header = pb.PushPullHeader(caller=caller, step=0, pull=["w", "b"], end_of_step=True)
+    header.shared.CopyFrom(pb.SharedRegion(path="/dev/shm/psframe-on-another-host", key=bytes(16), size=4096,
+                                           request_start=64, request_length=0, reply_start=64))
+    offer = codec.encode(header, [("w", torch.full((3,), 2.0)), ("b", torch.full((2,), 2.0))])
+    replies = {}
+    member = threading.Thread(target=lambda: replies.update(first=push(0, 0, 4.0)), daemon=True)
+    member.start()
+    replies["offer"] = service.answer_push_pull(offer, StreamPlans())
+    member.join(30)
+    assert not member.is_alive()
+    refused, values = decoded(replies["offer"])
+    assert "cannot be opened" in refused.shared_refused and not refused.shared and refused.global_step == 1
+    assert torch.equal(values[0], torch.full((3,), -3.0))  # 0 - 1.0 x mean(4, 2)
+    other, _ = decoded(replies["first"])
+    assert not other.shared_refused  # the member on this host is told nothing of it
+    prepared = PreparedRequest(pb.PushPullHeader(caller=caller, pull=["w", "b"], end_of_step=True), share=True)
+    prepared.encode(0, [("w", torch.zeros(3)), ("b", torch.zeros(2))])
+    prepared.decode(replies["offer"])
+    assert not prepared.share

@@ -32,8 +32,9 @@ class RoundReplies:
         self._in_regions = RegionReplies()
 
     def reply(self, pull: list[str], wire_dtype: torch.dtype | None, dropped: bool,
-              region: SharedRegion | None = None) -> bytes:
-        """A released member's reply (the caller holds the store's lock)."""
+              region: SharedRegion | None = None, refused: str = "") -> bytes:
+        """A released member's reply (the caller holds the store's lock): in ``region`` where
+        the member gave one, else a message, saying why its region was ``refused`` if it was."""
         store = self.store
         if region is not None and wire_dtype is None:
             data = self._in_regions.reply(region, pull, store.read(pull), store.generation,
@@ -45,10 +46,10 @@ class RoundReplies:
         if kept_version != version:
             replies = {}
             self._released = (version, replies)
-        key = (tuple(pull), wire_dtype, dropped)
+        key = (tuple(pull), wire_dtype, dropped, refused)
         data = replies.get(key)
         if data is None:
-            reply = pb.PushPullReplyHeader(global_step=store.global_step, dropped=dropped)
+            reply = pb.PushPullReplyHeader(global_step=store.global_step, dropped=dropped, shared_refused=refused)
             data = replies[key] = codec.encode(reply, outgoing(pull, store.read(pull), wire_dtype))
         return data
 

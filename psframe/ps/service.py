@@ -340,7 +340,7 @@ class ParameterServerService(TaskService):
         dropped = self.aggregator.push(header.caller.task_index, header.step, grads, rows=rows,
                                        count_drop=header.end_of_step, wait=bool(pull) or header.end_of_step)
         with self.store.lock:
-            return self._round_replies.reply(pull, wire_dtype, dropped, region)
+            return self._round_replies.reply(pull, wire_dtype, dropped, region, refused)
 
     def _plan(self, plans: StreamPlans, header: pb.PushPullHeader, pushed: list[str],
               pulled: list[torch.Tensor]) -> None:
