@@ -17,6 +17,7 @@ Conventions used by every benchmark:
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -402,3 +403,13 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
 def _looks_numeric(text: str) -> bool:
     return bool(re.fullmatch(r"(\*\*)?[-+]?[\d,]*\.?\d+(x|%)?(\*\*)?|-", text))
+
+
+def table_main(argv: Sequence[str] | None, doc: str, quick_help: str, table_of: Callable[[bool], str]) -> int:
+    """The command line of a benchmark module that prints one report table:
+    ``--quick`` (described by ``quick_help``) is passed to ``table_of``, whose table is printed."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    args = parser.parse_args(argv)
+    print(table_of(args.quick))
+    return 0

@@ -26,15 +26,14 @@ held-out AUC's difference from the single process's, in the same run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
-from benchmarks.common import (ROOT, BenchmarkError, Children, Deadline, format_number, format_ratio,
-                               markdown_table, single_thread)
+from benchmarks.common import (ROOT, BenchmarkError, Children, Deadline, format_number, format_ratio, markdown_table,
+                               single_thread, table_main)
 
 EXAMPLE = ROOT / "examples" / "ctr_dist.py"
 NUM_PS = 2
@@ -156,11 +155,8 @@ def ctr_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="300 steps of 256 samples, tables of 2^14 rows")
-    args = parser.parse_args(argv)
-    print(ctr_table(run_ctr_benchmarks(args.quick)))
-    return 0
+    return table_main(argv, __doc__, "300 steps of 256 samples, tables of 2^14 rows",
+                      lambda quick: ctr_table(run_ctr_benchmarks(quick)))
 
 
 if __name__ == "__main__":

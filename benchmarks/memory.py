@@ -32,7 +32,6 @@ them (requests of at most that size, on one stream). Then:
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import threading
@@ -47,7 +46,7 @@ from psframe import optim
 from psframe.optim import OptimizerSpec
 from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES
 
-from benchmarks.common import Children, Deadline, MiB, format_bytes, single_thread
+from benchmarks.common import Children, Deadline, MiB, format_bytes, single_thread, table_main
 from benchmarks.transport import PsCluster, create_variables, push_pull, shard_requests
 
 TENSOR_BYTES = DEFAULT_MAX_SHARD_BYTES  # the trainer's parts
@@ -221,13 +220,9 @@ def run_memory_benchmarks(quick: bool = False, timeout: float = 900.0) -> list[d
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one small case")
-    args = parser.parse_args(argv)
     from benchmarks import report
 
-    print(report.memory_table(run_memory_benchmarks(args.quick)))
-    return 0
+    return table_main(argv, __doc__, "one small case", lambda quick: report.memory_table(run_memory_benchmarks(quick)))
 
 
 if __name__ == "__main__":

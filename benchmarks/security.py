@@ -25,7 +25,6 @@ none* is its step time minus the step time without security at that payload.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import statistics
@@ -41,7 +40,7 @@ import torch
 from psframe.launch import pick_free_ports
 from psframe.security import Security, generate_token
 
-from benchmarks.common import BenchmarkError, Children, Deadline, Settings, single_thread
+from benchmarks.common import BenchmarkError, Children, Deadline, Settings, single_thread, table_main
 from benchmarks.transport import Case, PsCluster, finish_clusters, in_parallel, prepare_case, push_pull
 
 SETTINGS = ("none", "token", "TLS + token", "mutual TLS + token")
@@ -192,13 +191,10 @@ def add_costs(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    args = parser.parse_args(argv)
     from benchmarks import report
 
-    print(report.security_table(run_security_benchmarks(Settings.for_mode(args.quick))))
-    return 0
+    return table_main(argv, __doc__, "small sizes, few repeats",
+                      lambda quick: report.security_table(run_security_benchmarks(Settings.for_mode(quick))))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ example's rows (samples/s and AUC, async and sync, against one process).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -58,7 +57,7 @@ import torch.nn.functional as F
 
 import psframe
 from benchmarks.common import (MB, BenchmarkError, Children, Deadline, Settings, format_number, format_ratio,
-                               markdown_table, measure_rate, single_thread)
+                               markdown_table, measure_rate, single_thread, table_main)
 from benchmarks.memory import LIMIT_FACTOR, MemorySampler, vm_hwm
 from benchmarks.transport import PsCluster
 
@@ -321,15 +320,11 @@ def sparse_table(results: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="10^4 and 10^5 rows only, short repeats; memory of 10^6 rows; the CTR example's "
-                             "quick case")
-    args = parser.parse_args(argv)
     from benchmarks import report
 
-    print(report.sparse_table(run_sparse_benchmarks(args.quick)))
-    return 0
+    return table_main(argv, __doc__,
+                      "10^4 and 10^5 rows only, short repeats; memory of 10^6 rows; the CTR example's quick case",
+                      lambda quick: report.sparse_table(run_sparse_benchmarks(quick)))
 
 
 if __name__ == "__main__":

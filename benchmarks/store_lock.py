@@ -25,14 +25,13 @@ ceiling that follows, in requests/s and global steps/s.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import torch
 
 import psframe
-from benchmarks.common import format_number, markdown_table, single_thread
+from benchmarks.common import format_number, markdown_table, single_thread, table_main
 from benchmarks.training import MODELS
 from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, VariableInfo, place
 from psframe.ps.store import VariableStore
@@ -108,11 +107,8 @@ def store_lock_table(results: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few rounds (smoke test)")
-    args = parser.parse_args(argv)
-    print(store_lock_table(run_store_lock_benchmarks(args.quick)))
-    return 0
+    return table_main(argv, __doc__, "a few rounds (smoke test)",
+                      lambda quick: store_lock_table(run_store_lock_benchmarks(quick)))
 
 
 if __name__ == "__main__":

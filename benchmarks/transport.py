@@ -24,7 +24,6 @@ variable it holds on each step); the cluster has one worker, this process.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 import tempfile
@@ -45,16 +44,8 @@ from psframe.wire import transport
 from psframe.worker.client import PsClient
 from psframe.worker.slicer import Request, Slot, StepPlan, batches
 
-from benchmarks.common import (
-    BenchmarkError,
-    Children,
-    Deadline,
-    KiB,
-    Settings,
-    gb_per_second,
-    measure_rate,
-    single_thread,
-)
+from benchmarks.common import (BenchmarkError, Children, Deadline, KiB, Settings, gb_per_second, measure_rate,
+                               single_thread, table_main)
 
 MAX_TENSORS = 256
 SMALL_TENSOR_BYTES = 4 * KiB
@@ -355,13 +346,10 @@ def add_ratios(rows: list[dict], raw_rows: Sequence[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    args = parser.parse_args(argv)
     from benchmarks import report
 
-    print(report.transport_table(run_transport_benchmarks(Settings.for_mode(args.quick))))
-    return 0
+    return table_main(argv, __doc__, "small sizes, few repeats",
+                      lambda quick: report.transport_table(run_transport_benchmarks(Settings.for_mode(quick))))
 
 
 if __name__ == "__main__":
