@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,29 +21,83 @@ from tests.conftest import ROOT
 NUM_CPUS = 4
 
 
+RAY_START_ATTEMPTS = 3
+RAY_LOGS_TO_SHOW = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "dashboard_agent.log")
+
+
+def start_local_ray(ray, temp_dir: str) -> None:
+    ray.init(num_cpus=NUM_CPUS, include_dashboard=False, object_store_memory=100 * 1024 * 1024,
+             _temp_dir=temp_dir, logging_level=logging.WARNING,
+             runtime_env={"env_vars": {"PYTHONPATH": f"{ROOT}:{ROOT / 'examples'}", "OMP_NUM_THREADS": "1"}})
+
+
+def tail_of_ray_logs(temp_dir: str, lines: int = 15) -> str:
+    """The last lines of the logs that say why a local Ray node did not come up."""
+    logs = Path(temp_dir) / "session_latest" / "logs"
+    parts = []
+    for name in RAY_LOGS_TO_SHOW:
+        path = logs / name
+        if path.is_file():
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {name}\n" + "\n".join(text))
+    return "\n".join(parts) or f"(no Ray logs under {logs})"
+
+
+def kill_daemons_of(temp_dir: str) -> None:
+    """Kill the daemons a failed start left: ray.init raised before it kept the node, so
+    ray.shutdown() does not know them. They are this run's: their command lines name its directory."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if temp_dir.encode() in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass  # gone already, or not ours to read
+
+
 @pytest.fixture(scope="module")
 def local_ray():
-    """One local Ray for the module: 4 logical CPUs, a small object store, every daemon on loopback."""
+    """One local Ray for the module: 4 logical CPUs, a small object store, every daemon on loopback.
+
+    Ray gives its raylet a fixed 30 s to register with its GCS; on a loaded machine that can run out,
+    so a start that times out is tried again in a fresh directory, and the last failure shows the logs.
+    """
     saved = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED")}
     # Read when ray is imported: Ray then takes 127.0.0.1 as the node's address (its default on
     # macOS and Windows) and its daemons listen there instead of on every interface.
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray = pytest.importorskip("ray")
-    temp_dir = tempfile.mkdtemp(prefix="psray-")  # short: Ray's socket paths live under it
-    ray.init(num_cpus=NUM_CPUS, include_dashboard=False, object_store_memory=100 * 1024 * 1024,
-             _temp_dir=temp_dir, logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{ROOT}:{ROOT / 'examples'}", "OMP_NUM_THREADS": "1"}})
     try:
-        yield ray
+        ray = pytest.importorskip("ray")
+        temp_dir = start_with_retries(ray)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+            shutil.rmtree(temp_dir, ignore_errors=True)
     finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def start_with_retries(ray) -> str:
+    """Start a local Ray, trying again after a failed start; returns its directory."""
+    failures = []
+    for attempt in range(RAY_START_ATTEMPTS):
+        temp_dir = tempfile.mkdtemp(prefix="psray-")  # short: Ray's socket paths live under it
+        try:
+            start_local_ray(ray, temp_dir)
+            return temp_dir
+        except Exception as error:  # Ray raises a bare Exception when its node does not come up
+            failures.append(f"attempt {attempt + 1}: {error}\n{tail_of_ray_logs(temp_dir)}")
+            ray.shutdown()
+            kill_daemons_of(temp_dir)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+    pytest.fail("a local Ray did not start:\n" + "\n".join(failures))
 
 
 def wait_until_released(ray, timeout: float = 30.0) -> None:
