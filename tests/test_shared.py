@@ -113,3 +113,24 @@ def test_moving_the_state_to_shared_memory_keeps_its_values(memory):
     assert all(torch.equal(before[k], after[k]) for k in before)
     folder_bytes = sum(os.path.getsize(os.path.join(memory.folder, f)) for f in os.listdir(memory.folder))
     assert folder_bytes >= sum(v.nbytes for v in after.values() if isinstance(v, torch.Tensor) and v.dim())
+
+
+def test_state_goes_to_shared_memory_at_each_variables_first_step(memory):
+    """Torch makes a variable's state at its first step: it moves to shared memory then, one
+    variable at a time, so a task never holds the whole model's state privately first."""
+    shared, private = _store(memory), VariableStore("/job:ps/task:0")
+    for store in (shared, private):
+        store.create({"a": torch.zeros(5), "b": torch.zeros(3)}, psframe.optim.SGD(lr=0.5, momentum=0.9))
+        store.apply({"a": torch.ones(5)})
+    momentum = shared._optimizer.state[shared.variables(["a"])[0]]["momentum_buffer"]
+    assert momentum.is_shared() and shared.optimizer_state() is None  # "b" has no state yet
+    for store in (shared, private):
+        store.apply({"a": torch.full((5,), 2.0), "b": torch.ones(3)})
+    state = shared.optimizer_state()
+    assert all(v["momentum_buffer"].is_shared() for v in state.values())
+    assert state["a"]["momentum_buffer"].data_ptr() == momentum.data_ptr()  # moved once, then updated in place
+    expected = private.optimizer_state()
+    assert all(torch.equal(state[n]["momentum_buffer"], expected[n]["momentum_buffer"]) for n in ("a", "b"))
+    assert all(torch.equal(x, y) for x, y in zip(shared.read(["a", "b"]), private.read(["a", "b"])))
+    shared.share_state()  # nothing left to move
+    assert shared.optimizer_state()["a"]["momentum_buffer"].data_ptr() == momentum.data_ptr()

@@ -334,7 +334,7 @@ class VariableStore(StoreState):
             optim.step(optimizer or self._optimizer)
             state = (optimizer or self._optimizer).state
             for variable in variables:  # torch makes some state at a variable's first step
-                huge_pages.back(state.get(variable, {}).values())
+                self._place_state(state.get(variable))
             self._stepped = True
         finally:
             self.version += 1  # even a step that failed halfway may have changed some

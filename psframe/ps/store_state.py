@@ -33,19 +33,43 @@ class StoreState(TableRows):
                 return None
             return {name: dict(s or {}) for name, s in state.items()}
 
+    def _place_state(self, state: dict[str, Any] | None) -> None:
+        """Put the state torch just made for a variable where the store keeps its memory.
+
+        Torch makes a variable's state in private memory at its first step.
+        Where the store's memory is shared (a task served from several
+        processes), each variable's new state moves there at once, so the
+        first step never holds the whole model's state twice, privately and
+        shared, before :meth:`share_state`; elsewhere large state goes onto
+        huge pages (:func:`psframe.huge_pages.back`). Tensors already there are left.
+        """
+        if not state:
+            return
+        if self._allocate is None:
+            huge_pages.back(state.values())
+            return
+        moved = False
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and not value.is_shared():
+                state[key] = self._allocate(value.dtype, tuple(value.shape)).copy_(value)
+                moved = True
+        if moved:  # the heap would keep the private copy resident (see share_state)
+            allocator.trim()
+
     def share_state(self) -> None:
         """Move the optimizer's state into memory made by ``allocate`` (shared memory),
         in place: the optimizer goes on with the same values, now where other processes map them.
 
-        The private memory of each state tensor moved is given back to the
-        OS at once (:func:`psframe.allocator.trim`): the heap would keep it
-        resident, and for a moment the task would hold its state twice.
+        State already there (see :meth:`_place_state`) stays. The private
+        memory of each state tensor moved is given back to the OS at once
+        (:func:`psframe.allocator.trim`): the heap would keep it resident, and
+        for a moment the task would hold its state twice.
         """
         with self.lock:
             for name, variable in self._variables.items():
                 state = self._optimizer_of(name).state.get(variable, {})
                 for key, value in state.items():
-                    if isinstance(value, torch.Tensor):
+                    if isinstance(value, torch.Tensor) and not value.is_shared():
                         state[key] = self._allocate(value.dtype, tuple(value.shape)).copy_(value)
                         del value
                         allocator.trim()
