@@ -1,15 +1,13 @@
-"""The Trainer's optimizer and wire arguments: resolved to what the ps tasks are sent, or refused.
+"""The Trainer's optimizer arguments: resolved to what the ps tasks are sent, or refused.
 
-Each names what it expected when it refuses: a wrong type, a value it does
-not know, or two ways of giving the same thing.
+Each names what it expected when it refuses: a wrong type, or two ways of
+giving the same thing. (The wire dtype is resolved by the client, which
+speaks the wire: :func:`psframe.worker.client.resolve_wire_dtype`.)
 """
 
 from __future__ import annotations
 
-import torch
-
 from psframe.optim import SGD, OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
-from psframe.wire import codec
 
 
 def resolve_table_optimizer(table_optimizer: OptimizerSpec | None, optimizer: OptimizerSpec,
@@ -40,20 +38,3 @@ def resolve_optimizer(optimizer: OptimizerSpec | SyncReplicasOptimizer | None, s
         )
     return optimizer, sync.resolve(num_workers) if sync is not None else None
 
-
-def resolve_wire_dtype(wire_dtype: str | torch.dtype | None) -> torch.dtype | None:
-    """The compression dtype asked for (``Trainer(wire_dtype=...)``), or None; a clear error for anything else.
-
-    Raises:
-        ValueError: not None, float32, or one of :data:`psframe.wire.codec.WIRE_DTYPES`.
-    """
-    if wire_dtype is None or wire_dtype in ("float32", torch.float32):
-        return None
-    if isinstance(wire_dtype, torch.dtype) and wire_dtype in codec.WIRE_DTYPES.values():
-        return wire_dtype
-    if isinstance(wire_dtype, str) and wire_dtype in codec.WIRE_DTYPES:
-        return codec.WIRE_DTYPES[wire_dtype]
-    raise ValueError(
-        f"wire_dtype must be None (send as stored), {sorted(codec.WIRE_DTYPES)} or the matching "
-        f"torch dtype, got {wire_dtype!r}"
-    )

@@ -414,3 +414,20 @@ def ping(target: str, timeout: float = 5.0, security: Security | None = None) ->
         except errors.RpcTimeoutError as e:
             raise ConnectTimeoutError(f"no psframe task answered at {address} within {timeout}s") from e
 
+
+def resolve_wire_dtype(wire_dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """The compression dtype asked for (``Trainer(wire_dtype=...)``), or None; a clear error for anything else.
+
+    Raises:
+        ValueError: not None, float32, or one of :data:`psframe.wire.codec.WIRE_DTYPES`.
+    """
+    if wire_dtype is None or wire_dtype in ("float32", torch.float32):
+        return None
+    if isinstance(wire_dtype, torch.dtype) and wire_dtype in codec.WIRE_DTYPES.values():
+        return wire_dtype
+    if isinstance(wire_dtype, str) and wire_dtype in codec.WIRE_DTYPES:
+        return codec.WIRE_DTYPES[wire_dtype]
+    raise ValueError(
+        f"wire_dtype must be None (send as stored), {sorted(codec.WIRE_DTYPES)} or the matching "
+        f"torch dtype, got {wire_dtype!r}"
+    )

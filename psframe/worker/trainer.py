@@ -34,8 +34,8 @@ from psframe.errors import CheckpointError, NotReadyError, PsframeError, RpcTime
 from psframe.optim import OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
 from psframe.security import Security
 from psframe.worker import startup
-from psframe.worker.arguments import resolve_optimizer, resolve_table_optimizer, resolve_wire_dtype
-from psframe.worker.client import PsClient, Reply
+from psframe.worker.arguments import resolve_optimizer, resolve_table_optimizer
+from psframe.worker.client import PsClient, Reply, resolve_wire_dtype
 from psframe.worker.hooks import CheckpointSaverHook, Hook
 from psframe.worker.replica import Replica
 from psframe.worker.slicer import Request
