@@ -16,6 +16,9 @@ Rows, one per table size and way of moving it:
 
 - **rows** (psframe's embedding tables): the step pulls the batch's distinct
   rows before the forward pass and pushes their gradients after backward.
+- **rows+prefetch** (at the RPC baseline's sizes, 1 ps task): the same, with
+  ``Trainer.prefetch``: each step also pulls the next batch's rows, right
+  behind its push on the same stream, so the lookup finds them there.
 - **dense** (the naive way, ``sparse=False``): the whole table is pushed and
   pulled every step, in 4 MiB messages; run up to 10^5 rows (10^7 would
   move 2.56 GB each way per step).
@@ -167,13 +170,16 @@ def measure_rpc(children: Children, rows: int, quick: bool, deadline: Deadline) 
 
 
 def measure(children: Children, rows: int, sparse: bool, settings: Settings, deadline: Deadline,
-            num_ps: int = 2) -> dict:
-    cluster = PsCluster(children, num_ps, f"sparse-{rows}-{'rows' if sparse else 'dense'}-{num_ps}ps",
+            num_ps: int = 2, prefetch: bool = False) -> dict:
+    """psframe's steps/s at ``rows``: moving the rows a batch uses (``sparse``) or the whole table;
+    with ``prefetch``, each step also pulls the next batch's rows behind its push (``Trainer.prefetch``)."""
+    way = ("rows+prefetch" if prefetch else "rows") if sparse else "dense"
+    cluster = PsCluster(children, num_ps, f"sparse-{rows}-{way.replace('+', '-')}-{num_ps}ps",
                         timeout=deadline.remaining())
     model = CtrModel(rows, sparse)
     data = batches(rows)
     distinct = sum(int(torch.unique(ids).numel()) for ids, _ in data) / len(data)
-    cycle = itertools.cycle(data)
+    cycle = itertools.cycle(itertools.pairwise(itertools.chain(data, data[:1])))  # (batch, next batch)
     started = time.monotonic()
     trainer = psframe.Trainer(model, cluster.cluster, optimizer=psframe.optim.Adagrad(lr=LEARNING_RATE),
                               connect_timeout=min(STARTUP_S, deadline.remaining()))
@@ -181,14 +187,17 @@ def measure(children: Children, rows: int, sparse: bool, settings: Settings, dea
         connect_s = time.monotonic() - started
 
         def step() -> None:
-            ids, target = next(cycle)
-            trainer.step(F.mse_loss(torch.sigmoid(model(ids)), target))
+            (ids, target), (next_ids, _) = next(cycle)
+            loss = F.mse_loss(torch.sigmoid(model(ids)), target)
+            if prefetch:
+                trainer.prefetch(model.table, next_ids)
+            trainer.step(loss)
 
-        rate = measure_rate(step, settings, deadline, f"{rows} rows ({'rows' if sparse else 'dense'})")
+        rate = measure_rate(step, settings, deadline, f"{rows} rows ({way})")
     for name in cluster.names:
         children.wait_exit(name, 15.0)
     moved = distinct if sparse else rows
-    return {"rows": rows, "way": "rows" if sparse else "dense", "num_ps": num_ps, "steps_per_s": rate.per_second,
+    return {"rows": rows, "way": way, "num_ps": num_ps, "steps_per_s": rate.per_second,
             "spread": rate.spread, "distinct_rows": distinct, "rows_per_s": moved * rate.per_second,
             "table_bytes": rows * DIM * 4, "connect_s": connect_s}
 
@@ -296,6 +305,7 @@ def run_sparse_benchmarks(quick: bool = False, timeout: float = 1200.0) -> list[
                 results.append(measure(children, rows, False, settings, deadline))
         for rows in QUICK_RPC_ROWS if quick else RPC_ROWS:
             results.append(measure(children, rows, True, settings, deadline, num_ps=1))
+            results.append(measure(children, rows, True, settings, deadline, num_ps=1, prefetch=True))
             results.append(measure_rpc(children, rows, quick, deadline))
     base = {(r["way"], r["num_ps"]): r["steps_per_s"] for r in results if r["rows"] == min(
         q["rows"] for q in results if (q["way"], q["num_ps"]) == (r["way"], r["num_ps"]))}

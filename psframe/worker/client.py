@@ -221,13 +221,44 @@ class PsClient:
             PsframeError: the error a ps task raised, or a transport error
                 naming the task; RpcTimeoutError after ``timeout`` seconds.
         """
+        return self._push_pull(requests, step, compress, timeout, rows, {})[0]
+
+    def push_pull_and_prefetch(self, requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]],
+                               step: int, prefetch: Mapping[int, Sequence[table_rows.RowPull]], *,
+                               rows: Mapping[int, Sequence[table_rows.RowPush]] | None = None
+                               ) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
+        """:meth:`push_pull`, then rows of embedding tables read behind the step's messages.
+
+        Each ps task in ``prefetch`` gets one more message on its stream after
+        this step's: a pull of the ``(table part, ids)`` pairs listed for it. A
+        ps task answers a stream's messages in order, so the rows are read once
+        the step's gradients are applied (in synchronous training, once its
+        round is), and the pull travels while the task works instead of in a
+        round trip of its own.
+
+        Returns:
+            The replies to ``requests``, in order; per ps task, the rows of each
+            of its pairs, in order (read-only views of the reply); no rows at
+            all if a request had to be sent again, behind the pulls.
+        """
+        return self._push_pull(requests, step, True, None, rows, prefetch)
+
+    def _push_pull(self, requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
+                   compress: bool, timeout: float | None, rows: Mapping[int, Sequence[table_rows.RowPush]] | None,
+                   prefetch: Mapping[int, Sequence[table_rows.RowPull]]
+                   ) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
         first = []
         ends_step = {request.ps_task for request, _ in requests if request.end_of_step} if rows else set()
         for ps_task, pushes in (rows or {}).items():
             tensors, kinds = table_rows.push_tensors(pushes)
             header = pb.PushPullHeader(caller=self.caller, step=step, end_of_step=ps_task not in ends_step)
             first.append((ps_task, codec.encode(header, tensors, kinds)))
-        return self._exchange(first, requests, step, compress, timeout)[len(first):]
+        last = [(ps_task, self._pull_message(pulls, step)) for ps_task, pulls in prefetch.items()]
+        answers = self._exchange(first, requests, step, compress, timeout, last)
+        tail = len(first) + len(requests)
+        pulled = {ps_task: table_rows.pulled_rows(answer[0].tensors, answer[1])
+                  for (ps_task, _), answer in zip(last, answers[tail:]) if answer is not None}
+        return answers[len(first):tail], pulled
 
     def pull_rows(self, wanted: Mapping[int, Sequence[table_rows.RowPull]], step: int,
                   create: bool = True) -> dict[int, list[torch.Tensor]]:
@@ -245,40 +276,48 @@ class PsClient:
         Raises:
             PsframeError: the error a ps task raised (e.g. ``RowIdError``), or a transport error.
         """
-        first = []
-        for ps_task, pulls in wanted.items():
-            tensors, kinds = table_rows.pull_tensors(pulls, create)
-            first.append((ps_task, codec.encode(pb.PushPullHeader(caller=self.caller, step=step), tensors, kinds)))
+        first = [(ps_task, self._pull_message(pulls, step, create)) for ps_task, pulls in wanted.items()]
         answers = self._exchange(first, (), step, False, self.rpc_timeout)
         return {ps_task: table_rows.pulled_rows(header.tensors, tensors)
                 for (ps_task, _), (header, tensors) in zip(first, answers)}
 
+    def _pull_message(self, pulls: Sequence[table_rows.RowPull], step: int, create: bool = True) -> bytes:
+        tensors, kinds = table_rows.pull_tensors(pulls, create)
+        return codec.encode(pb.PushPullHeader(caller=self.caller, step=step), tensors, kinds)
+
     def _exchange(self, first: Sequence[tuple[int, bytes]],
                   requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
-                  compress: bool, timeout: float | None) -> list:
+                  compress: bool, timeout: float | None, last: Sequence[tuple[int, bytes]] = ()) -> list:
         """Send encoded messages (``first``, each to its ps task ahead of the rest),
-        then planned requests, and wait for every reply.
+        then planned requests, then encoded messages ``last``, and wait for every reply.
 
         Returns:
             For each message of ``first``, its reply's ``(header, tensors)``;
-            then a :class:`Reply` for each request.
+            then a :class:`Reply` for each request; then ``(header, tensors)``
+            for each message of ``last``, or None for each if a request had to
+            be sent again (its answer may then have come first).
         """
         timeout = timeout or self.rpc_timeout
-        count = len(first)
+        count, end = len(first), len(first) + len(requests)
+        encoded = {j: data for j, (_, data) in enumerate(first)}
+        encoded.update({end + k: data for k, (_, data) in enumerate(last)})
         compress_of = [compress and self.wire_dtype is not None] * len(requests)
         unsent: dict[int, collections.deque[int]] = {}
         for j, (ps_task, _) in enumerate(first):
             unsent.setdefault(ps_task, collections.deque()).append(j)
         for i, (request, _) in enumerate(requests):
             unsent.setdefault(request.ps_task, collections.deque()).append(count + i)
+        for k, (ps_task, _) in enumerate(last):
+            unsent.setdefault(ps_task, collections.deque()).append(end + k)
         in_flight = {ps_task: collections.deque() for ps_task in unsent}
-        replies: list = [None] * (count + len(requests))
+        replies: list = [None] * (end + len(last))
         failure: PsframeError | None = None
+        resent = False
 
         def send_more(ps_task: int) -> None:
             while unsent[ps_task] and len(in_flight[ps_task]) < WINDOW:
                 j = unsent[ps_task].popleft()
-                data = first[j][1] if j < count else self._encode(*requests[j - count], step, compress)
+                data = encoded[j] if j in encoded else self._encode(*requests[j - count], step, compress)
                 self._stream(ps_task).send(data, timeout)
                 in_flight[ps_task].append(j)
 
@@ -297,7 +336,7 @@ class PsClient:
                     waiting.clear()
                     unsent[ps_task].clear()
                     continue
-                if j < count:  # a message of `first`
+                if j in encoded:  # a message of `first` or `last`
                     header, tensors = replies[j] = codec.decode(data, pb.PushPullReplyHeader)
                     if header.error_class:
                         failure = failure or errors.error_from_name(header.error_class, header.error_message)
@@ -314,6 +353,7 @@ class PsClient:
                     log.debug("%s: %s", self.describe(ps_task), header.error_message)
                     prepared.drop_region()
                     unsent[ps_task].appendleft(j)
+                    resent = True
                 elif header.error_class:
                     failure = failure or errors.error_from_name(header.error_class, header.error_message)
                 replies[j] = Reply(header.global_step, header.dropped, tensors)
@@ -326,6 +366,8 @@ class PsClient:
                 if prepared is not None:
                     prepared.drop_region()
             raise failure
+        if resent:  # a message of `last` may have been answered before a request sent again ahead of it
+            replies[end:] = [None] * len(last)
         return replies
 
     def _encode(self, request: Request, grads: Sequence[tuple[str, torch.Tensor]], step: int,

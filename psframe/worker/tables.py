@@ -79,6 +79,24 @@ def find_tables(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 
 @dataclass
+class Prefetched:
+    """The rows of a coming lookup, pulled ahead (:mod:`psframe.worker.prefetch`), and its ids
+    numbered as :meth:`Table.lookup` numbers them."""
+
+    ids: torch.Tensor  # the lookup's ids, as given
+    distinct: torch.Tensor  # torch.unique of them, on their device
+    position: torch.Tensor  # each id's rank among the distinct ones
+    host_ids: torch.Tensor  # the distinct ids, int64, on the host
+    rows: torch.Tensor | None = None  # their rows, once pulled
+
+    def matches(self, ids: torch.Tensor) -> bool:
+        """Whether a lookup of ``ids`` is the one prefetched (and its rows arrived)."""
+        mine = self.ids
+        return (self.rows is not None and ids.shape == mine.shape and ids.dtype == mine.dtype
+                and ids.device == mine.device and torch.equal(ids, mine))
+
+
+@dataclass
 class Table:
     """One embedding table as the worker sees it: its module and the slots of its parts."""
 
@@ -87,6 +105,7 @@ class Table:
     slots: list[Slot]  # by part index
     _starts: torch.Tensor = field(init=False)
     looked_up: list[Lookup] = field(init=False, default_factory=list)  # this step's lookups
+    prefetched: list[Prefetched] = field(init=False, default_factory=list)  # rows pulled ahead for lookups to come
 
     def __post_init__(self) -> None:
         self._starts = torch.tensor([s.shard.row_start for s in self.slots], dtype=torch.int64)
@@ -97,10 +116,16 @@ class Table:
         if not isinstance(ids, torch.Tensor):
             raise TypeError(f"embedding table {self.name!r} was called without a tensor of ids")
         module, weight = self.module, self.param
-        distinct, position = torch.unique(ids.detach(), return_inverse=True)
-        host_ids = distinct.to("cpu", torch.int64)
-        self.check_ids(host_ids)
-        rows = rows_of(host_ids).to(weight.device, weight.dtype)
+        prefetched = self.take_prefetched(ids)
+        if prefetched is not None:
+            distinct, position, host_ids, rows = prefetched.distinct, prefetched.position, prefetched.host_ids, \
+                prefetched.rows
+        else:
+            distinct, position = torch.unique(ids.detach(), return_inverse=True)
+            host_ids = distinct.to("cpu", torch.int64)
+            self.check_ids(host_ids)
+            rows = rows_of(host_ids)
+        rows = rows.to(weight.device, weight.dtype)
         with torch.no_grad():
             weight.index_copy_(0, distinct.to(weight.device, torch.int64), rows)
         if torch.is_grad_enabled() and weight.requires_grad:
@@ -139,6 +164,13 @@ class Table:
             positions = torch.nonzero(part_of == k).squeeze(1)
             out.append((slot, positions, local[positions]))
         return out
+
+    def take_prefetched(self, ids: torch.Tensor) -> Prefetched | None:
+        """What was prefetched for a lookup of exactly these ids (given up once taken), or None."""
+        for k, prefetched in enumerate(self.prefetched):
+            if prefetched.matches(ids):
+                return self.prefetched.pop(k)
+        return None
 
     def check_ids(self, ids: torch.Tensor) -> None:
         """Raise RowIdError, naming the table, unless every (sorted) id is a row of it."""
@@ -185,13 +217,34 @@ class EmbeddingTables:
         for table in self.tables:
             table.module.__dict__.pop("forward", None)
             table.looked_up = []
+            table.prefetched = []
         for dynamic in self.dynamic:
             dynamic.module.attach(None)
+
+    def drop_prefetched(self) -> None:
+        """Forget the rows pulled ahead that no lookup took."""
+        for table in self.tables:
+            table.prefetched = []
 
     def has_gradients(self) -> bool:
         """Whether backward reached the rows of a lookup since the last step."""
         return any(rows.grad is not None for table in self.tables for _, rows in table.looked_up) \
             or any(table.module.has_gradients() for table in self.dynamic)
+
+    def table_of(self, module: torch.nn.Module) -> Table:
+        """The table ``module`` is.
+
+        Raises:
+            TypeError: ``module`` is none of this model's fixed tables (an
+                ``nn.Embedding``/``nn.EmbeddingBag`` built with ``sparse=True``).
+        """
+        for table in self.tables:
+            if table.module is module:
+                return table
+        what = ("a dynamic table, whose lookups pull their rows themselves"
+                if any(dynamic.module is module for dynamic in self.dynamic) else "not an embedding table of the model")
+        raise TypeError(f"rows can be prefetched for the model's nn.Embedding/nn.EmbeddingBag tables built with "
+                        f"sparse=True; {type(module).__name__} is {what}")
 
     @staticmethod
     def _pull(table: Table, pull: Pull, ids: torch.Tensor) -> torch.Tensor:
@@ -265,6 +318,9 @@ class DynamicTable:
             pushes.setdefault(slot.shard.ps_task, []).append((slot.name, ids[positions], grads[positions]))
 
 
+Placed = list[tuple[int, torch.Tensor]]  # per part asked: its ps task, and where its rows go among the ids
+
+
 def pull_parts(pull: Pull, parts: Sequence[tuple[Slot, torch.Tensor, torch.Tensor]], count: int,
                like: torch.Tensor, *, create: bool) -> torch.Tensor:
     """The rows of ``count`` ids, pulled from the parts that hold them, in the ids' order.
@@ -274,18 +330,30 @@ def pull_parts(pull: Pull, parts: Sequence[tuple[Slot, torch.Tensor, torch.Tenso
         like: a tensor of the table's row shape (beyond dim 0) and dtype.
         create: dynamic tables make the rows of ids they lack.
     """
+    wanted, placed = plan_parts(parts)
+    return assemble_parts(pull(wanted, create) if placed else {}, placed, count, like)
+
+
+def plan_parts(parts: Sequence[tuple[Slot, torch.Tensor, torch.Tensor]]) -> tuple[dict[int, list[RowPull]], Placed]:
+    """What to ask each ps task for the rows of ``parts`` (see :func:`pull_parts`), and where their rows go."""
     wanted: dict[int, list[RowPull]] = {}
     placed = []
     for slot, positions, part_ids in parts:
         if part_ids.numel():
             wanted.setdefault(slot.shard.ps_task, []).append((slot.name, part_ids))
             placed.append((slot.shard.ps_task, positions))
+    return wanted, placed
+
+
+def assemble_parts(pulled: Mapping[int, Sequence[torch.Tensor]], placed: Placed, count: int,
+                   like: torch.Tensor) -> torch.Tensor:
+    """The rows of ``count`` ids from what each ps task answered to :func:`plan_parts`'s requests."""
     if not placed:
         return torch.empty((count, *like.shape[1:]), dtype=like.dtype)
-    pulled = {ps_task: list(values) for ps_task, values in pull(wanted, create).items()}
     if len(placed) == 1:  # one part holds every id (in order): its rows as they arrived, not copied
         return pulled[placed[0][0]][0]
+    remaining = {ps_task: list(values) for ps_task, values in pulled.items()}
     rows = torch.empty((count, *like.shape[1:]), dtype=like.dtype)
     for ps_task, positions in placed:
-        rows[positions] = pulled[ps_task].pop(0)
+        rows[positions] = remaining[ps_task].pop(0)
     return rows

@@ -36,6 +36,7 @@ from psframe.security import Security
 from psframe.worker import startup
 from psframe.worker.arguments import resolve_optimizer, resolve_table_optimizer
 from psframe.worker.client import PsClient, Reply, resolve_wire_dtype
+from psframe.worker.prefetch import Prefetcher
 from psframe.worker.hooks import CheckpointSaverHook, Hook
 from psframe.worker.replica import Replica
 from psframe.worker.slicer import Request
@@ -199,6 +200,7 @@ class Trainer:
         self.state = TrainerState.NEW
         self._stop_requested = False
         self._client: PsClient | None = None
+        self._prefetcher = Prefetcher()
         self._replica = Replica(
             self.model, self.cluster.num_ps, HostStaging(self.device), sync=self.sync is not None,
             variable_devices=dict(variable_devices or {}), strategy=placement,
@@ -301,6 +303,7 @@ class Trainer:
             loss.backward()
         for hook in self.hooks:
             hook.before_push(self, loss)
+        self._replica.tables.drop_prefetched()  # rows pulled ahead for this step's lookups, not taken
         rows = None
         if self._replica.has_gradients():
             requests = self._replica.plan.step
@@ -311,15 +314,44 @@ class Trainer:
             requests = self._replica.plan.pull
             pushes = [(r, ()) for r in requests]
         try:
-            replies = self._client.push_pull(pushes, self.global_step, rows=rows)
+            replies, prefetched = self._client.push_pull_and_prefetch(
+                pushes, self.global_step, self._prefetcher.requests(), rows=rows)
         except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
             self._recover(e)  # this step's gradients are lost; the parameters are fresh
         else:
             self._receive(requests, replies)
+            self._prefetcher.deliver(prefetched)
+        finally:
+            self._prefetcher.drop()
         self.local_step += 1
         for hook in self.hooks:
             hook.after_step(self, self.global_step, loss)
         return self.global_step
+
+    def prefetch(self, table: torch.nn.Module, ids: torch.Tensor) -> None:
+        """Pull the rows a coming lookup of ``table`` will use, behind the next :meth:`step`.
+
+        For a worker that knows its next batch before it pushes: the rows of
+        ``ids`` travel behind the step's own messages, read once its
+        gradients are applied, and the next lookup of ``table`` with the same
+        distinct ids takes them instead of waiting on a round trip of its own
+        (see :mod:`psframe.worker.prefetch`). Any other lookup pulls as usual::
+
+            loss = loss_fn(model(ids), labels)
+            trainer.prefetch(model.embedding, next_ids)
+            trainer.step(loss)
+            loss = loss_fn(model(next_ids), next_labels)  # the embedding's rows are here already
+
+        Args:
+            table: an ``nn.Embedding``/``nn.EmbeddingBag`` of the model built with ``sparse=True``.
+            ids: the ids it will be called with (any shape); call once per lookup.
+
+        Raises:
+            TypeError: ``table`` is not such a table of the model (a dynamic table pulls at its lookups).
+            RowIdError: an id is not a row of the table; nothing is sent.
+        """
+        self._require_running()
+        self._prefetcher.add(self._replica.tables, table, ids)
 
     def pull(self) -> int:
         """Copy the current values of every variable into the local model, exactly

@@ -1,0 +1,118 @@
+"""Trainer.prefetch: the next batch's rows travel behind a step's messages, and training is
+the same as when every lookup pulls its own rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import psframe
+from psframe.errors import RowIdError
+from tests.test_tables import ROWS, Recommender, batch, local_step, pull_every_row
+
+STEPS = 6
+
+
+def counting_pulls(trainer: psframe.Trainer) -> list[int]:
+    """Record the rows of every pull a lookup makes (not the prefetches, which ride on steps)."""
+    pulled: list[int] = []
+    pull_rows = trainer._client.pull_rows
+
+    def counting(wanted, step, create=True):
+        pulled.append(sum(int(ids.numel()) for pulls in wanted.values() for _, ids in pulls))
+        return pull_rows(wanted, step, create)
+
+    trainer._client.pull_rows = counting
+    return pulled
+
+
+@pytest.mark.parametrize("partition", ["mod", "range"])
+def test_prefetched_lookups_pull_nothing_and_train_as_one_process(local_cluster, partition):
+    cluster = local_cluster(num_ps=2, num_workers=1)
+    model, reference = Recommender(), Recommender()
+    dense_opt = torch.optim.Adagrad([reference.head.weight, reference.head.bias], lr=0.1)
+    table_opt = torch.optim.Adagrad([reference.emb.weight, reference.bag.weight], lr=0.1)
+    with psframe.Trainer(model, cluster, optimizer=psframe.optim.Adagrad(lr=0.1),
+                         table_partition=partition) as trainer:
+        pulled = counting_pulls(trainer)
+        for step in range(STEPS):
+            ids, bag_ids, offsets, target = batch(step)
+            loss = F.mse_loss(model(ids, bag_ids, offsets), target)
+            next_ids, next_bag_ids, _, _ = batch(step + 1)
+            trainer.prefetch(model.emb, next_ids)
+            trainer.prefetch(model.bag, next_bag_ids)
+            trainer.step(loss)
+            local_step(reference, dense_opt, table_opt, step)
+        assert len(pulled) == 2  # the first step's two lookups; every later one was prefetched
+        pull_every_row(model)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p, q), f"{name} differs"
+
+
+def test_a_lookup_of_other_ids_pulls_its_own_rows(local_cluster):
+    cluster = local_cluster(num_ps=2, num_workers=1)
+    model, reference = Recommender(), Recommender()
+    dense_opt = torch.optim.SGD([reference.head.weight, reference.head.bias], lr=0.1)
+    table_opt = torch.optim.SGD([reference.emb.weight, reference.bag.weight], lr=0.1)
+    with psframe.Trainer(model, cluster, optimizer=psframe.optim.SGD(lr=0.1)) as trainer:
+        pulled = counting_pulls(trainer)
+        for step in range(3):
+            ids, bag_ids, offsets, target = batch(step)
+            loss = F.mse_loss(model(ids, bag_ids, offsets), target)
+            trainer.prefetch(model.emb, batch(step + 7)[0])  # not what the next step looks up
+            trainer.step(loss)
+            local_step(reference, dense_opt, table_opt, step)
+        assert len(pulled) == 6  # both tables pulled at every step
+        pull_every_row(model)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p, q), f"{name} differs"
+
+
+def test_n_sync_workers_with_prefetch_equal_the_same_run_without(local_cluster):
+    from tests.test_sync import connect_all, run_workers
+
+    num_workers = 2
+    results = {}
+    for prefetch in (False, True):
+        cluster = local_cluster(num_ps=2, num_workers=num_workers)
+        models = {i: Recommender() for i in range(num_workers)}
+        trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.Adagrad(lr=0.2),
+                                       sync=psframe.SyncReplicas(timeout=30)) for i in range(num_workers)}
+        connect_all(trainers)
+
+        def train(i, prefetch=prefetch, models=models, trainers=trainers):
+            for step in range(STEPS):
+                ids, bag_ids, offsets, target = batch(step * num_workers + i)
+                loss = F.mse_loss(models[i](ids, bag_ids, offsets), target)
+                if prefetch:
+                    next_ids, next_bag_ids, _, _ = batch((step + 1) * num_workers + i)
+                    trainers[i].prefetch(models[i].emb, next_ids)
+                    trainers[i].prefetch(models[i].bag, next_bag_ids)
+                trainers[i].step(loss)
+            return trainers[i].global_step
+
+        assert run_workers({i: (lambda i=i: train(i)) for i in range(num_workers)}) == \
+            dict.fromkeys(range(num_workers), STEPS)
+        pull_every_row(models[0])
+        results[prefetch] = {name: p.detach().clone() for name, p in models[0].named_parameters()}
+        run_workers({i: trainers[i].close for i in range(num_workers)})
+    for name, value in results[False].items():
+        assert torch.equal(results[True][name], value), f"{name} differs"
+
+
+def test_bad_prefetches_are_refused_and_nothing_is_sent(local_cluster):
+    cluster = local_cluster(num_ps=2, num_workers=1)
+    model = Recommender()
+    with psframe.Trainer(model, cluster, optimizer=psframe.optim.SGD(lr=0.1)) as trainer:
+        with pytest.raises(TypeError, match="Linear is not an embedding table of the model"):
+            trainer.prefetch(model.head, torch.tensor([0]))
+        with pytest.raises(TypeError, match="tensor of ids"):
+            trainer.prefetch(model.emb, [0, 1])
+        for bad in (ROWS, -1):
+            with pytest.raises(RowIdError, match=f"id {bad} .*'emb.weight'"):
+                trainer.prefetch(model.emb, torch.tensor([0, bad]))
+        assert not trainer._prefetcher  # nothing pending: the next step sends no pull
+        before = [trainer._client.get_info(k).pushes for k in range(2)]
+        trainer.pull()
+        assert [trainer._client.get_info(k).pushes for k in range(2)] == before
