@@ -61,10 +61,10 @@ def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
 
     sparse = table_rows(stdout, TITLES["sparse"])
     # table rows, table, moved, ps tasks, steps/s, ...: 10^4 and 10^5 rows, as rows and whole on 2 ps
-    # tasks, and 10^5 rows on 1 ps task against the RPC parameter server.
+    # tasks, and 10^5 rows on 1 ps task, with and without prefetch, against the RPC parameter server.
     assert sorted((r[0], r[2], r[3]) for r in sparse) == sorted(
         [(n, way, "2") for n in ("10,000", "100,000") for way in ("rows", "dense")]
-        + [("100,000", "rows", "1"), ("100,000", "rpc", "1")]), stdout
+        + [("100,000", "rows", "1"), ("100,000", "rows+prefetch", "1"), ("100,000", "rpc", "1")]), stdout
     assert all(float(r[4].replace(",", "")) > 0 for r in sparse), stdout
     assert all(r[8].endswith("x") for r in sparse if r[3] == "1"), stdout  # psframe's rows against the RPC ps
     # The ps tasks' memory of a 10^6-row table (quick), each against its limit; the CTR example's three modes.

@@ -10,39 +10,26 @@ a named transport error. Every wait has a deadline.
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from psframe import errors
 from psframe.checkpoint.manifest import ShardRecord
 from psframe.cluster import ClusterSpec, parse_address
-from psframe.errors import ConnectTimeoutError, PsframeError
+from psframe.errors import ConnectTimeoutError
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.security import Security
 from psframe.wire import codec, messages, shared_region, table_rows, transport
 from psframe.wire import psframe_pb2 as pb
-from psframe.worker.prepared import PreparedRequest
 from psframe.worker.slicer import Request, Slot
+from psframe.worker.streams import PushPullStreams, Reply
 
 log = logging.getLogger(__name__)
 
 LOG_EVERY_SECONDS = 5.0
-# PushPull requests in flight on one stream (see PsClient.push_pull).
-WINDOW = 4
-
-
-@dataclass(slots=True)
-class Reply:
-    """A ps task's answer to one request: its global step and the values pulled."""
-
-    global_step: int
-    dropped: bool  # sync: the gradients were stale or late, and not applied
-    values: list[torch.Tensor]  # in the order of the request's ``pull``; read-only views of the reply
 
 
 class PsClient:
@@ -76,18 +63,14 @@ class PsClient:
         self.name = ClusterSpec.caller_name(job_name, task_index)
         self.rpc_timeout = rpc_timeout
         self.wire_dtype = wire_dtype
-        self._wire_name = codec.dtype_name(wire_dtype) if wire_dtype is not None else ""
         self.caller = pb.Caller(job_name=job_name, task_index=task_index, cluster_fingerprint=cluster.fingerprint)
         self._ps = [
             transport.Connection(address, f"{ClusterSpec.task_name('ps', k)} at {address}", security)
             for k, address in enumerate(cluster.job_tasks("ps"))
         ]
-        self._streams: dict[int, transport.Stream] = {}
-        self._watchdog = transport.Watchdog()
-        # Made once per planned request (and compression): see PreparedRequest.
-        self._prepared: dict[tuple[Request, bool], PreparedRequest] = {}
-        # The ps tasks that may take shared regions (none said it cannot map them).
-        self._share_with = set(range(len(self._ps))) if shared_memory and shared_region.available() else set()
+        # The tasks on this host may take shared regions until one says it cannot map them.
+        share = shared_memory and shared_region.available()
+        self._streams = PushPullStreams(self._ps, self.caller, wire_dtype, share_with=share)
 
     @property
     def num_ps(self) -> int:
@@ -198,10 +181,8 @@ class PsClient:
                   rows: Mapping[int, Sequence[table_rows.RowPush]] | None = None) -> list[Reply]:
         """Send planned requests, each with its gradients, and wait for every reply.
 
-        Each ps task is reached over one long-lived stream (opened on first
-        use, reopened after a failure). At most :data:`WINDOW` requests are in
-        flight on a stream: enough to keep sending while the ps works, few
-        enough that neither side buffers a whole large model.
+        Each ps task is reached over one long-lived stream, with a few
+        requests in flight (:mod:`psframe.worker.streams`).
 
         Args:
             requests: ``(request, gradients)`` pairs; gradients are CPU
@@ -288,117 +269,13 @@ class PsClient:
     def _exchange(self, first: Sequence[tuple[int, bytes]],
                   requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
                   compress: bool, timeout: float | None, last: Sequence[tuple[int, bytes]] = ()) -> list:
-        """Send encoded messages (``first``, each to its ps task ahead of the rest),
-        then planned requests, then encoded messages ``last``, and wait for every reply.
-
-        Returns:
-            For each message of ``first``, its reply's ``(header, tensors)``;
-            then a :class:`Reply` for each request; then ``(header, tensors)``
-            for each message of ``last``, or None for each if a request had to
-            be sent again (its answer may then have come first).
-        """
-        timeout = timeout or self.rpc_timeout
-        count, end = len(first), len(first) + len(requests)
-        encoded = {j: data for j, (_, data) in enumerate(first)}
-        encoded.update({end + k: data for k, (_, data) in enumerate(last)})
-        compress_of = [compress and self.wire_dtype is not None] * len(requests)
-        unsent: dict[int, collections.deque[int]] = {}
-        for j, (ps_task, _) in enumerate(first):
-            unsent.setdefault(ps_task, collections.deque()).append(j)
-        for i, (request, _) in enumerate(requests):
-            unsent.setdefault(request.ps_task, collections.deque()).append(count + i)
-        for k, (ps_task, _) in enumerate(last):
-            unsent.setdefault(ps_task, collections.deque()).append(end + k)
-        in_flight = {ps_task: collections.deque() for ps_task in unsent}
-        replies: list = [None] * (end + len(last))
-        failure: PsframeError | None = None
-        resent = False
-
-        def send_more(ps_task: int) -> None:
-            while unsent[ps_task] and len(in_flight[ps_task]) < WINDOW:
-                j = unsent[ps_task].popleft()
-                data = encoded[j] if j in encoded else self._encode(*requests[j - count], step, compress)
-                self._stream(ps_task).send(data, timeout)
-                in_flight[ps_task].append(j)
-
-        for ps_task in unsent:
-            send_more(ps_task)
-        while any(in_flight.values()):
-            for ps_task, waiting in in_flight.items():
-                if not waiting:
-                    continue
-                j = waiting.popleft()
-                try:
-                    data = self._streams[ps_task].receive()
-                except PsframeError as e:
-                    self._streams.pop(ps_task).close()
-                    failure = failure or e
-                    waiting.clear()
-                    unsent[ps_task].clear()
-                    continue
-                if j in encoded:  # a message of `first` or `last`
-                    header, tensors = replies[j] = codec.decode(data, pb.PushPullReplyHeader)
-                    if header.error_class:
-                        failure = failure or errors.error_from_name(header.error_class, header.error_message)
-                    send_more(ps_task)
-                    continue
-                i = j - count
-                prepared = self._prepared[(requests[i][0], compress_of[i])]
-                header, tensors = prepared.decode(data)
-                if header.shared_refused:
-                    self._share_with.discard(ps_task)
-                if header.error_class == errors.SharedRegionError.__name__ and prepared.in_region:
-                    # The task could not map the region (it was replaced, or another of its
-                    # processes answered): nothing was applied; send the tensors in the message.
-                    log.debug("%s: %s", self.describe(ps_task), header.error_message)
-                    prepared.drop_region()
-                    unsent[ps_task].appendleft(j)
-                    resent = True
-                elif header.error_class:
-                    failure = failure or errors.error_from_name(header.error_class, header.error_message)
-                replies[j] = Reply(header.global_step, header.dropped, tensors)
-                send_more(ps_task)
-        if failure is not None:
-            # A ps task may still hold the gradients a failed step left in regions
-            # (a sync round waits for them): the next requests get regions of their own.
-            for i, (request, _) in enumerate(requests):
-                prepared = self._prepared.get((request, compress_of[i]))
-                if prepared is not None:
-                    prepared.drop_region()
-            raise failure
-        if resent:  # a message of `last` may have been answered before a request sent again ahead of it
-            replies[end:] = [None] * len(last)
-        return replies
-
-    def _encode(self, request: Request, grads: Sequence[tuple[str, torch.Tensor]], step: int,
-                compress: bool) -> bytes:
-        compress = compress and self.wire_dtype is not None
-        prepared = self._prepared.get((request, compress))
-        if prepared is None:  # every step sends the same header but for the step number
-            prepared = self._prepared[(request, compress)] = PreparedRequest(pb.PushPullHeader(
-                caller=self.caller, pull=[s.name for s in request.pull], end_of_step=request.end_of_step,
-                wire_dtype=self._wire_name if compress else ""), share=request.ps_task in self._share_with)
-        elif prepared.share and request.ps_task not in self._share_with:
-            prepared.share = False
-            prepared.drop_region()
-        if compress:
-            grads = [(name, codec.to_wire(grad, self.wire_dtype)) for name, grad in grads]
-        return prepared.encode(step, grads)
-
-    def _stream(self, ps_task: int) -> transport.Stream:
-        stream = self._streams.get(ps_task)
-        if stream is None:
-            stream = self._streams[ps_task] = self._ps[ps_task].open_stream("PushPull", self._watchdog)
-        return stream
+        return self._streams.exchange(first, requests, step, compress and self.wire_dtype is not None,
+                                      timeout or self.rpc_timeout, last)
 
     def reset_streams(self) -> None:
         """Forget the PushPull streams (after a ps task went away); new ones open on next use,
         and shared regions are offered anew."""
-        for stream in self._streams.values():
-            stream.close()
-        self._streams.clear()
-        for prepared in self._prepared.values():
-            prepared.drop_region()
+        self._streams.reset()
 
     # ---- checkpoints and the end
 
@@ -428,8 +305,7 @@ class PsClient:
                 log.warning("%s could not report that it finished: %s", self.name, e)
 
     def close(self) -> None:
-        self.reset_streams()
-        self._watchdog.stop()
+        self._streams.close()
         for ps in self._ps:
             ps.close()
 

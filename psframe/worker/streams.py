@@ -1,0 +1,188 @@
+"""A worker's PushPull streams: one long-lived stream per ps task, a window of requests on each.
+
+:class:`PushPullStreams` is what :class:`psframe.worker.client.PsClient`
+sends a step through. Each ps task is reached over one bidirectional stream
+(opened on first use, reopened after a failure) that answers its messages
+in order; at most :data:`WINDOW` requests are in flight on a stream: enough
+to keep sending while the ps task works, few enough that neither side
+buffers a whole large model. Planned requests are encoded through their
+:class:`~psframe.worker.prepared.PreparedRequest` (made once per request and
+compression), which on the ps task's host moves their tensors through a
+shared region until the task says it cannot map it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from psframe import errors
+from psframe.errors import PsframeError
+from psframe.wire import codec, transport
+from psframe.wire import psframe_pb2 as pb
+from psframe.worker.prepared import PreparedRequest
+from psframe.worker.slicer import Request
+
+log = logging.getLogger(__name__)
+
+# PushPull requests in flight on one stream.
+WINDOW = 4
+
+
+@dataclass(slots=True)
+class Reply:
+    """A ps task's answer to one request: its global step and the values pulled."""
+
+    global_step: int
+    dropped: bool  # sync: the gradients were stale or late, and not applied
+    values: list[torch.Tensor]  # in the order of the request's ``pull``; read-only views of the reply
+
+
+class PushPullStreams:
+    """The PushPull streams of one client to every ps task.
+
+    Args:
+        connections: one per ps task, by index.
+        caller: who sends (every header names it).
+        wire_dtype: the dtype compressed requests move floating-point tensors in; None: none.
+        share_with: whether the ps tasks may take shared regions (they are on
+            this host, and shared memory is available); a task that says it
+            cannot map them is sent messages from then on.
+    """
+
+    def __init__(self, connections: Sequence[transport.Connection], caller: pb.Caller,
+                 wire_dtype: torch.dtype | None, *, share_with: bool) -> None:
+        self._ps = connections
+        self._caller = caller
+        self._wire_dtype = wire_dtype
+        self._wire_name = codec.dtype_name(wire_dtype) if wire_dtype is not None else ""
+        self._streams: dict[int, transport.Stream] = {}
+        self._watchdog = transport.Watchdog()
+        # Made once per planned request (and compression): see PreparedRequest.
+        self.prepared: dict[tuple[Request, bool], PreparedRequest] = {}
+        self._share_with = set(range(len(connections))) if share_with else set()
+
+    def exchange(self, first: Sequence[tuple[int, bytes]],
+                 requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
+                 compress: bool, timeout: float, last: Sequence[tuple[int, bytes]] = ()) -> list:
+        """Send encoded messages (``first``, each to its ps task ahead of the rest),
+        then planned requests (``compress``: in the wire dtype), then encoded
+        messages ``last``, and wait for every reply.
+
+        Returns:
+            For each message of ``first``, its reply's ``(header, tensors)``;
+            then a :class:`Reply` for each request; then ``(header, tensors)``
+            for each message of ``last``, or None for each if a request had to
+            be sent again (its answer may then have come first).
+
+        Raises:
+            PsframeError: the first error a ps task answered, or a transport
+                error naming the task; RpcTimeoutError after ``timeout`` seconds.
+        """
+        count, end = len(first), len(first) + len(requests)
+        encoded = {j: data for j, (_, data) in enumerate(first)}
+        encoded.update({end + k: data for k, (_, data) in enumerate(last)})
+        unsent: dict[int, collections.deque[int]] = {}
+        for j, (ps_task, _) in enumerate(first):
+            unsent.setdefault(ps_task, collections.deque()).append(j)
+        for i, (request, _) in enumerate(requests):
+            unsent.setdefault(request.ps_task, collections.deque()).append(count + i)
+        for k, (ps_task, _) in enumerate(last):
+            unsent.setdefault(ps_task, collections.deque()).append(end + k)
+        in_flight = {ps_task: collections.deque() for ps_task in unsent}
+        replies: list = [None] * (end + len(last))
+        failure: PsframeError | None = None
+        resent = False
+
+        def send_more(ps_task: int) -> None:
+            while unsent[ps_task] and len(in_flight[ps_task]) < WINDOW:
+                j = unsent[ps_task].popleft()
+                data = encoded[j] if j in encoded else self._encode(*requests[j - count], step, compress)
+                self._stream(ps_task).send(data, timeout)
+                in_flight[ps_task].append(j)
+
+        for ps_task in unsent:
+            send_more(ps_task)
+        while any(in_flight.values()):
+            for ps_task, waiting in in_flight.items():
+                if not waiting:
+                    continue
+                j = waiting.popleft()
+                try:
+                    data = self._streams[ps_task].receive()
+                except PsframeError as e:
+                    self._streams.pop(ps_task).close()
+                    failure = failure or e
+                    waiting.clear()
+                    unsent[ps_task].clear()
+                    continue
+                if j in encoded:  # a message of `first` or `last`
+                    header, tensors = replies[j] = codec.decode(data, pb.PushPullReplyHeader)
+                    if header.error_class:
+                        failure = failure or errors.error_from_name(header.error_class, header.error_message)
+                    send_more(ps_task)
+                    continue
+                prepared = self.prepared[(requests[j - count][0], compress)]
+                header, tensors = prepared.decode(data)
+                if header.shared_refused:
+                    self._share_with.discard(ps_task)
+                if header.error_class == errors.SharedRegionError.__name__ and prepared.in_region:
+                    # The task could not map the region (it was replaced, or another of its
+                    # processes answered): nothing was applied; send the tensors in the message.
+                    log.debug("%s: %s", self._ps[ps_task].peer, header.error_message)
+                    prepared.drop_region()
+                    unsent[ps_task].appendleft(j)
+                    resent = True
+                elif header.error_class:
+                    failure = failure or errors.error_from_name(header.error_class, header.error_message)
+                replies[j] = Reply(header.global_step, header.dropped, tensors)
+                send_more(ps_task)
+        if failure is not None:
+            # A ps task may still hold the gradients a failed step left in regions
+            # (a sync round waits for them): the next requests get regions of their own.
+            for request, _ in requests:
+                prepared = self.prepared.get((request, compress))
+                if prepared is not None:
+                    prepared.drop_region()
+            raise failure
+        if resent:  # a message of `last` may have been answered before a request sent again ahead of it
+            replies[end:] = [None] * len(last)
+        return replies
+
+    def _encode(self, request: Request, grads: Sequence[tuple[str, torch.Tensor]], step: int,
+                compress: bool) -> bytes:
+        prepared = self.prepared.get((request, compress))
+        if prepared is None:  # every step sends the same header but for the step number
+            prepared = self.prepared[(request, compress)] = PreparedRequest(pb.PushPullHeader(
+                caller=self._caller, pull=[s.name for s in request.pull], end_of_step=request.end_of_step,
+                wire_dtype=self._wire_name if compress else ""), share=request.ps_task in self._share_with)
+        elif prepared.share and request.ps_task not in self._share_with:
+            prepared.share = False
+            prepared.drop_region()
+        if compress:
+            grads = [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
+        return prepared.encode(step, grads)
+
+    def _stream(self, ps_task: int) -> transport.Stream:
+        stream = self._streams.get(ps_task)
+        if stream is None:
+            stream = self._streams[ps_task] = self._ps[ps_task].open_stream("PushPull", self._watchdog)
+        return stream
+
+    def reset(self) -> None:
+        """Close the streams (after a ps task went away): new ones open on next use, and
+        shared regions are offered anew."""
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
+        for prepared in self.prepared.values():
+            prepared.drop_region()
+
+    def close(self) -> None:
+        """Close the streams and stop their deadlines' watchdog."""
+        self.reset()
+        self._watchdog.stop()
