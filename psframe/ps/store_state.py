@@ -53,7 +53,7 @@ class StoreState(TableRows):
             if isinstance(value, torch.Tensor) and not value.is_shared():
                 state[key] = self._allocate(value.dtype, tuple(value.shape)).copy_(value)
                 moved = True
-        if moved:  # the heap would keep the private copy resident (see share_state)
+        if moved:  # give the private copy back: tune_malloc keeps freed memory resident for reuse
             allocator.trim()
 
     def share_state(self) -> None:
@@ -61,18 +61,13 @@ class StoreState(TableRows):
         in place: the optimizer goes on with the same values, now where other processes map them.
 
         State already there (see :meth:`_place_state`) stays. The private
-        memory of each state tensor moved is given back to the OS at once
+        memory of each variable's state is given back to the OS once moved
         (:func:`psframe.allocator.trim`): the heap would keep it resident, and
-        for a moment the task would hold its state twice.
+        the task would hold its state twice.
         """
         with self.lock:
             for name, variable in self._variables.items():
-                state = self._optimizer_of(name).state.get(variable, {})
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor) and not value.is_shared():
-                        state[key] = self._allocate(value.dtype, tuple(value.shape)).copy_(value)
-                        del value
-                        allocator.trim()
+                self._place_state(self._optimizer_of(name).state.get(variable))
 
     # ---- accounting
 

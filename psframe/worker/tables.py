@@ -117,9 +117,9 @@ class Table:
             raise TypeError(f"embedding table {self.name!r} was called without a tensor of ids")
         module, weight = self.module, self.param
         prefetched = self.take_prefetched(ids)
-        if prefetched is not None:
-            distinct, position, host_ids, rows = prefetched.distinct, prefetched.position, prefetched.host_ids, \
-                prefetched.rows
+        if prefetched is not None:  # numbered and pulled when the ids were named
+            distinct, position, rows = prefetched.distinct, prefetched.position, prefetched.rows
+            host_ids = prefetched.host_ids
         else:
             distinct, position = torch.unique(ids.detach(), return_inverse=True)
             host_ids = distinct.to("cpu", torch.int64)
