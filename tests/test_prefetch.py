@@ -116,3 +116,35 @@ def test_bad_prefetches_are_refused_and_nothing_is_sent(local_cluster):
         before = [trainer._client.get_info(k).pushes for k in range(2)]
         trainer.pull()
         assert [trainer._client.get_info(k).pushes for k in range(2)] == before
+
+
+def test_a_request_sent_again_voids_the_prefetch_behind_it(local_cluster):
+    """A ps task that cannot map a request's region answers it with nothing applied, and the
+    worker sends it again, behind the prefetch that followed it: the rows that prefetch read
+    predate the push, so they are dropped and the lookup pulls."""
+    cluster = local_cluster(num_ps=2, num_workers=1)
+    model, reference = Recommender(), Recommender()
+    dense_opt = torch.optim.Adagrad([reference.head.weight, reference.head.bias], lr=0.1)
+    table_opt = torch.optim.Adagrad([reference.emb.weight, reference.bag.weight], lr=0.1)
+    with psframe.Trainer(model, cluster, optimizer=psframe.optim.Adagrad(lr=0.1), shared_memory=True) as trainer:
+        pulled = counting_pulls(trainer)
+        streams = trainer._client._streams
+        for step in range(STEPS):
+            if step == 3:
+                assert any(p.in_region for p in streams.prepared.values())
+                # New streams, as if another process of the task answered: the regions the
+                # requests lie in were unlinked once taken, so the ps task cannot map them.
+                for stream in streams._streams.values():
+                    stream.close()
+                streams._streams.clear()
+            ids, bag_ids, offsets, target = batch(step)
+            loss = F.mse_loss(model(ids, bag_ids, offsets), target)
+            next_ids, next_bag_ids, _, _ = batch(step + 1)
+            trainer.prefetch(model.emb, next_ids)
+            trainer.prefetch(model.bag, next_bag_ids)
+            trainer.step(loss)
+            local_step(reference, dense_opt, table_opt, step)
+        assert len(pulled) == 4  # the first step's lookups, and those after the step sent again
+        pull_every_row(model)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p, q), f"{name} differs"

@@ -29,10 +29,14 @@ from psframe.worker.tables import EmbeddingTables, Placed, Prefetched, RowPull, 
 
 @dataclass
 class Prefetch:
-    """One coming lookup: its table, its ids, what to ask each ps task and where their rows go."""
+    """One coming lookup: its table and ids (numbered as the lookup numbers them), what to
+    ask each ps task, and where their rows go."""
 
     table: Table
-    lookup: Prefetched
+    ids: torch.Tensor
+    distinct: torch.Tensor
+    position: torch.Tensor
+    host_ids: torch.Tensor
     wanted: dict[int, list[RowPull]]
     placed: Placed
 
@@ -62,8 +66,8 @@ class Prefetcher:
         host_ids = distinct.to("cpu", torch.int64)
         table.check_ids(host_ids)
         wanted, placed = plan_parts(table.split(host_ids))
-        lookup = Prefetched(ids.clone(), distinct, position, host_ids)  # a copy: the caller may reuse its tensor
-        self._pending.append(Prefetch(table, lookup, wanted, placed))
+        # A copy of the ids: the caller may reuse its tensor before the lookup.
+        self._pending.append(Prefetch(table, ids.clone(), distinct, position, host_ids, wanted, placed))
 
     def requests(self) -> dict[int, list[RowPull]]:
         """Per ps task, the ``(table part, ids)`` pairs of every pending prefetch, in order."""
@@ -84,9 +88,10 @@ class Prefetcher:
                     rows[ps_task] = pulled[ps_task][offset[ps_task]:offset[ps_task] + len(pulls)]
                     offset[ps_task] += len(pulls)
             if len(rows) == len(prefetch.wanted):
-                lookup = prefetch.lookup
-                lookup.rows = assemble_parts(rows, prefetch.placed, lookup.host_ids.numel(), prefetch.table.param)
-                prefetch.table.prefetched.append(lookup)
+                count = prefetch.host_ids.numel()
+                prefetch.table.prefetched.append(Prefetched(
+                    prefetch.ids, prefetch.distinct, prefetch.position, prefetch.host_ids,
+                    assemble_parts(rows, prefetch.placed, count, prefetch.table.param)))
         self._pending = []
 
     def drop(self) -> None:

@@ -87,13 +87,13 @@ class Prefetched:
     distinct: torch.Tensor  # torch.unique of them, on their device
     position: torch.Tensor  # each id's rank among the distinct ones
     host_ids: torch.Tensor  # the distinct ids, int64, on the host
-    rows: torch.Tensor | None = None  # their rows, once pulled
+    rows: torch.Tensor  # their rows
 
     def matches(self, ids: torch.Tensor) -> bool:
-        """Whether a lookup of ``ids`` is the one prefetched (and its rows arrived)."""
+        """Whether a lookup of ``ids`` is the one prefetched."""
         mine = self.ids
-        return (self.rows is not None and ids.shape == mine.shape and ids.dtype == mine.dtype
-                and ids.device == mine.device and torch.equal(ids, mine))
+        return (ids.shape == mine.shape and ids.dtype == mine.dtype and ids.device == mine.device
+                and torch.equal(ids, mine))
 
 
 @dataclass
