@@ -34,7 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psframe  # noqa: E402
 from mnist_data import load_mnist  # noqa: E402
-from psframe.cli import add_cluster_flags, add_security_flags, security_kwargs  # noqa: E402
+from psframe.cli import (  # noqa: E402
+    add_cluster_flags,
+    add_liveness_flags,
+    add_security_flags,
+    liveness_from_args,
+    security_kwargs,
+)
 from psframe.cluster.tf_config import resolve_cluster  # noqa: E402
 from psframe.hooks import NanGuardHook, StopAtStepHook  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -47,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_cluster_flags(parser)
     add_security_flags(parser)  # --auth_token_file, --tls_cert_file, --tls_key_file, --tls_ca_file
+    add_liveness_flags(parser)  # --keepalive_time, --keepalive_timeout
     parser.add_argument("--train_steps", type=int, default=6000,
                         help="the global step at which training stops")
     parser.add_argument("--batch_size", type=int, default=100, help="examples per worker step")
@@ -76,7 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--progress", action="store_true", help="show a progress bar on the chief")
     parser.add_argument("--worker_timeout", type=float, default=60.0,
                         help="ps: once some workers finished, seconds of silence after which a worker "
-                             "is presumed dead and not waited for")
+                             "other than the chief is presumed dead and not waited for")
+    parser.add_argument("--chief_timeout", type=float, default=None,
+                        help="ps: the same for the chief, which is waited for longer "
+                             "(default: 10 x --worker_timeout)")
     parser.add_argument("--serving_processes", type=int, default=None,
                         help="ps: processes listening on the task's port (this one holds the variables); "
                              "default: one per 4 cores this task may use, at most 8")
@@ -95,7 +105,8 @@ def build_model(hidden_units: int) -> torch.nn.Module:
 
 def run_ps(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: int) -> int:
     server = psframe.Server(cluster, "ps", task_index, worker_timeout=args.worker_timeout,
-                            checkpoint_dir=args.checkpoint_dir, serving_processes=args.serving_processes,
+                            chief_timeout=args.chief_timeout, checkpoint_dir=args.checkpoint_dir,
+                            serving_processes=args.serving_processes, liveness=liveness_from_args(args),
                             **security_kwargs(args))
     server.join()  # returns once every worker has finished
     return 0
@@ -134,6 +145,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         save_checkpoint_steps=args.save_checkpoint_steps,
         connect_timeout=args.connect_timeout,
         wire_dtype=args.wire_dtype,
+        liveness=liveness_from_args(args),
         **security_kwargs(args),
     )
     progress = None

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psframe  # noqa: E402
 import psframe.ray  # noqa: E402
-from psframe.cli import add_security_flags, security_kwargs  # noqa: E402
+from psframe.cli import add_liveness_flags, add_security_flags, liveness_from_args, security_kwargs  # noqa: E402
 from mlp_mnist_dist import DEFAULT_DATA_DIR, accuracy, batches, build_model, run_ps  # noqa: E402
 from mnist_data import load_mnist  # noqa: E402
 from psframe.hooks import StopAtStepHook  # noqa: E402
@@ -64,8 +64,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="checkpoints here (a URL every node reaches, e.g. s3://...); a rerun resumes")
     parser.add_argument("--worker_timeout", type=float, default=60.0,
                         help="ps: seconds of silence after which a worker is presumed dead, once some finished")
+    parser.add_argument("--chief_timeout", type=float, default=None,
+                        help="ps: the same for the chief, waited for longer (default: 10 x --worker_timeout)")
     parser.add_argument("--serving_processes", type=int, default=1, help="ps: processes serving the task's port")
     add_security_flags(parser)  # --auth_token_file and the TLS files: paths every node reads
+    add_liveness_flags(parser)  # --keepalive_time, --keepalive_timeout
     return parser.parse_args(argv)
 
 
@@ -86,6 +89,7 @@ def main_fun(args: argparse.Namespace, ctx: psframe.ray.TaskContext) -> dict | N
         device=device,
         hooks=[StopAtStepHook(last_step=args.train_steps)],
         checkpoint_dir=args.checkpoint_dir,
+        liveness=liveness_from_args(args),
         **security_kwargs(args),
     )
     with trainer:

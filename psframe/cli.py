@@ -21,6 +21,7 @@ from psframe.version import __version__
 from psframe.cluster import ClusterSpec
 from psframe.cluster.tf_config import resolve_cluster
 from psframe.errors import AuthenticationError, PsframeError
+from psframe.liveness import Liveness
 from psframe.security import Security
 
 log = logging.getLogger("psframe")
@@ -54,6 +55,28 @@ def add_security_flags(parser: argparse.ArgumentParser, no_token: str = "no toke
                             "(default: $PSFRAME_TLS_CA_FILE)")
 
 
+def add_liveness_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of keepalive (see :mod:`psframe.liveness`); each falls back on its
+    ``PSFRAME_KEEPALIVE_*`` environment variable, then on 5 s."""
+    group = parser.add_argument_group("liveness", "how soon a peer that went away is noticed "
+                                                  "(see psframe.liveness)")
+    group.add_argument("--keepalive_time", type=float, default=None,
+                       help="seconds without traffic before a connection is pinged "
+                            "(default: $PSFRAME_KEEPALIVE_TIME, or 5)")
+    group.add_argument("--keepalive_timeout", type=float, default=None,
+                       help="seconds a ping, or data sent, may go unacknowledged before the connection is "
+                            "closed as dead (default: $PSFRAME_KEEPALIVE_TIMEOUT, or 5)")
+
+
+def liveness_from_args(args: argparse.Namespace) -> Liveness:
+    """The :class:`Liveness` of :func:`add_liveness_flags`'s flags and the environment.
+
+    Raises:
+        ValueError: a setting is not a valid number of seconds.
+    """
+    return Liveness.resolve(args.keepalive_time, args.keepalive_timeout)
+
+
 def security_from_args(args: argparse.Namespace) -> Security:
     """The :class:`Security` of :func:`add_security_flags`'s flags and the environment.
 
@@ -79,7 +102,8 @@ def _server(args: argparse.Namespace) -> int:
         args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
     )
     server = Server(cluster, job_name, task_index, bind_address=args.bind_address,
-                    worker_timeout=args.worker_timeout, checkpoint_dir=args.checkpoint_dir,
+                    worker_timeout=args.worker_timeout, chief_timeout=args.chief_timeout,
+                    checkpoint_dir=args.checkpoint_dir, liveness=liveness_from_args(args),
                     serving_processes=args.serving_processes, **security_kwargs(args),
                     **({} if args.max_message_bytes is None else {"max_message_bytes": args.max_message_bytes}))
     print(f"psframe {__version__}: {server.task_name} serving at {server.address}", flush=True)
@@ -128,6 +152,7 @@ def _status(args: argparse.Namespace) -> int:
     rows = [("task", "address", "role", "state", "global_step", "variables", "bytes_held",
              "pushes", "dropped", "last_seen")]
     seen: dict[int, pb.WorkerSeen] = {}
+    applied: dict[int, list[int]] = {}  # a worker's steps applied, by each ps task that answered
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_args(args))
     try:
         for k, address in enumerate(cluster.job_tasks("ps")):
@@ -139,6 +164,7 @@ def _status(args: argparse.Namespace) -> int:
                 rows.append((ClusterSpec.task_name("ps", k), address, "ps", "down", "", "", "", "", "", ""))
                 continue
             for worker in info.workers:  # the freshest word from any ps task
+                applied.setdefault(worker.task_index, []).append(worker.applied_steps)
                 if worker.task_index not in seen or 0 <= worker.seconds_ago < seen[worker.task_index].seconds_ago:
                     seen[worker.task_index] = worker
             rows.append((ClusterSpec.task_name("ps", k), address, "ps", pb.TaskInfo.State.Name(info.state).lower(),
@@ -157,8 +183,10 @@ def _status(args: argparse.Namespace) -> int:
         else:
             state = "training" if worker.seconds_ago < 10 else "silent"
             last = f"{worker.seconds_ago:.1f}s ago"
+        # A worker's pushes: its steps applied on every ps task (each once, however often sent).
+        pushes = str(min(applied[w])) if applied.get(w) else ""
         rows.append((ClusterSpec.task_name("worker", w), address, "chief" if w == 0 else "worker", state,
-                     "", "", "", "", "", last))
+                     "", "", "", pushes, "", last))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -217,7 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--checkpoint_dir", default=None,
                         help="(ps) checkpoints live here; on a restart the ps restores its shard")
     server.add_argument("--worker_timeout", type=float, default=60.0,
-                        help="(ps) once some workers finished, stop waiting for workers silent this long")
+                        help="(ps) once some workers finished, stop waiting for workers (not the chief) "
+                             "silent this long")
+    server.add_argument("--chief_timeout", type=float, default=None,
+                        help="(ps) the same for the chief, waited for longer (default: 10 x --worker_timeout)")
     server.add_argument("--serving_processes", type=int, default=None,
                         help="(ps) processes listening on the task's port; this one holds the variables "
                              "(default: one per 4 cores this task may use, at most 8)")
@@ -227,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--timeout", type=float, default=None,
                         help="give up (exit 1) after this many seconds if the workers have not all finished")
     add_security_flags(server)
+    add_liveness_flags(server)
     server.set_defaults(run=_server)
 
     ping = commands.add_parser("ping", help="check that a task is up and print who it is")

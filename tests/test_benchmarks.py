@@ -45,7 +45,7 @@ def _run_quick(out: Path, *flags: str) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(TIMEOUT_S + 30)
 def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
     out = tmp_path / "benchmarks.md"
-    proc = _run_quick(out, "--skip", "scaling,security")  # scaling, security: their own tests below
+    proc = _run_quick(out, "--skip", "scaling,security,hosts")  # scaling, security, hosts: their own tests below
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
     stdout = proc.stdout
 
@@ -88,6 +88,7 @@ def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
     report = out.read_text()
     for title in TITLES.values():
         assert f"## {title}" in report
+    assert "Skipped (`--skip`)" in report.split(f"## {TITLES['hosts']}")[1]
     assert COPIES_MARKER in report
     assert "`OMP_NUM_THREADS=1 python -m benchmarks.run --quick" in report
 
@@ -442,3 +443,26 @@ def test_store_lock_times_the_requests_the_trainer_plans():
     assert all(r["hold_us"] > 0 and r["max_steps_per_s"] * r["requests_per_step"] == pytest.approx(
         r["max_requests_per_s"]) for r in rows)
     assert store_lock_table(rows).count("\n") == 3
+
+
+@pytest.mark.hosts
+@pytest.mark.cluster
+@pytest.mark.timeout(TIMEOUT_S + 30)
+def test_quick_hosts_section_trains_every_system_across_test_hosts(tmp_path):
+    """1 ps host + 2 worker hosts at 100 Mbit/s: each row against the link's limit (no timed assertion:
+    the fraction is printed, and is positive)."""
+    from tests.hosts import require_hosts
+
+    require_hosts()
+    out = tmp_path / "benchmarks.md"
+    proc = _run_quick(out, "--skip", "raw,transport,security,memory,training,scaling,sparse")
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
+    rows = table_rows(proc.stdout, TITLES["hosts"])
+    assert [(r[0], r[1], r[2]) for r in rows] == [("100 Mbit/s", "mnist_mlp", system) for system in
+                                                  ("psframe", "psframe_bf16", "torch_rpc_ps", "tf_ps")], proc.stdout
+    measured = {r[2]: r for r in rows}
+    for system in ("psframe", "psframe_bf16", "torch_rpc_ps"):
+        assert float(measured[system][3]) > 0 and float(measured[system][4]) == pytest.approx(39.30, abs=0.01)
+        assert float(measured[system][5]) > 0  # its fraction of the limit
+    assert measured["psframe"][6].endswith("x")  # against the RPC ps (tf_ps is turned off here)
+    assert "turned off" in measured["tf_ps"][3]

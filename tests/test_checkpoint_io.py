@@ -134,10 +134,10 @@ def test_a_shard_on_disk_is_a_plain_dict_keyed_by_the_record_fields(url):
     fs, path = shard_path(manifest, 0)
     with fs.open(path, "rb") as f:
         content = torch.load(f, weights_only=True)
-    assert type(content) is dict and content["format_version"] == cio.FORMAT_VERSION == 4
+    assert type(content) is dict and content["format_version"] == cio.FORMAT_VERSION == 5
     assert set(content) == {"format_version", "global_step", "ps_task", "num_shards",
-                            "optimizer", "sync", "variables", "table_optimizer"}
-    assert content["table_optimizer"] is None
+                            "optimizer", "sync", "variables", "table_optimizer", "pushes"}
+    assert content["table_optimizer"] is None and content["pushes"] is None
     assert content["optimizer"] == {"name": "Adam", "kwargs": {"lr": 0.001, "betas": (0.9, 0.999)}}
     assert content["sync"] == {"replicas_to_aggregate": 2, "total_num_replicas": 3,
                                "timeout_seconds": 30.0}
@@ -159,6 +159,21 @@ def test_a_format_2_shard_from_before_tables_still_loads(url):
     assert shard.table_optimizer is None
     assert (shard.variables[0].row_stride, shard.variables[0].table, shard.variables[0].dynamic) == (0, False, None)
     assert torch.equal(shard.variables[0].value, w)
+
+
+def test_a_format_4_shard_from_before_the_push_ledger_loads_without_one(url):
+    content = dict(small_shard().to_dict(), format_version=4)
+    del content["pushes"]
+    shard = cio.read_shard(commit_raw(url, 3, content), 0)
+    assert shard.pushes is None
+
+
+def test_the_workers_pushes_travel_with_the_shard(url):
+    from dataclasses import replace
+
+    pushes = {"last_push": [7, 0, 3], "applied_steps": [5, 0, 2]}
+    manifest = cio.write_manifest(url, 1, [cio.write_shard(url, 1, replace(small_shard(), pushes=pushes))])
+    assert cio.read_shard(manifest, 0).pushes == pushes
 
 
 def test_a_format_3_shard_from_before_dynamic_tables_still_loads(url):
@@ -509,7 +524,7 @@ def _malformed():
         (dict(good, extra=1), r"unknown keys \['extra'\]"),
         (dict(good, sync=dict(_without(good["sync"], "timeout_seconds"), timeout=30.0)),
          r"sync lacks keys \['timeout_seconds'\]"),  # the old key in the new format
-        (dict(good, format_version=5), r"format 5; this psframe reads formats \[1, 2, 3, 4\]"),
+        (dict(good, format_version=6), r"format 6; this psframe reads formats \[1, 2, 3, 4, 5\]"),
         (_without(good, "format_version"), "format_version"),
         ([good], "must be a dict, got list"),
         (dict(good, ps_task=1, num_shards=2),
@@ -529,7 +544,7 @@ def test_a_manifest_of_an_unknown_format_is_skipped(url, caplog):
     save(url, 1)
     newer = save(url, 2)
     fs, path = fsspec.core.url_to_fs(f"{newer.folder}/MANIFEST.json")
-    fs.pipe_file(path, json.dumps(dict(json.loads(fs.cat_file(path)), format_version=5)).encode())
+    fs.pipe_file(path, json.dumps(dict(json.loads(fs.cat_file(path)), format_version=6)).encode())
     with caplog.at_level(logging.WARNING, logger="psframe.checkpoint.files"):
         assert [m.step for m in cio.list_checkpoints(url)] == [1]
-    assert "format 5" in caplog.text
+    assert "format 6" in caplog.text

@@ -93,6 +93,7 @@ def test_status_shows_every_task_while_training_and_after(local_cluster, capsys)
         assert ps["bytes_held"] == f"{n_params * 4} B"  # SGD without momentum keeps no state
         worker = rows["/job:worker/task:0"]
         assert (worker["address"], worker["role"], worker["state"]) == (worker_address, "chief", "training")
+        assert worker["pushes"] == "3"  # its steps applied (on every ps task)
         assert re.fullmatch(r"\d+\.\ds ago", worker["last_seen"]), worker["last_seen"]
     finally:
         t.close()

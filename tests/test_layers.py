@@ -22,6 +22,7 @@ LAYER_OF = {
     "psframe.allocator": "core",
     "psframe.huge_pages": "core",
     "psframe.security": "core",
+    "psframe.liveness": "core",
     "psframe.cluster": "core",
     "psframe.wire": "wire",
     "psframe.checkpoint": "storage",

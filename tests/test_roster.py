@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from psframe.ps.roster import WorkerRoster
 
 
@@ -47,3 +49,50 @@ def test_seen_reports_never_busy_and_finished():
         assert seen[1] == (0.0, False)  # in a call right now
     roster.finish(2)
     assert {w: done for w, _, done in roster.seen()} == {0: False, 1: False, 2: True}
+
+
+def test_nobody_is_presumed_dead_once_everyone_finished():
+    """The last Finish must not read as "[] presumed dead"."""
+    roster = WorkerRoster(2, worker_timeout=0.0)
+    roster.finish(0)
+    roster.finish(1)
+    assert roster.all_finished
+    assert roster.presumed_dead() is None
+    assert roster.waiting_for_chief() is None
+
+
+def test_the_chief_is_waited_for_longer_than_other_workers():
+    roster = WorkerRoster(3, worker_timeout=0.0, chief_timeout=60.0)
+    roster.finish(1)
+    time.sleep(0.01)
+    # Worker 2 alone would be presumed dead, but the chief is unfinished and within its timeout.
+    assert roster.presumed_dead() is None
+    assert roster.waiting_for_chief() is not None  # worker 2 is presumed dead: only the chief holds the job
+    roster.finish(2)
+    silent = roster.waiting_for_chief()
+    assert silent is not None and 0.0 < silent < 60.0
+    with roster.call(0):  # the chief came back: nobody is waited for in silence
+        assert roster.waiting_for_chief() is None
+        assert roster.presumed_dead() is None
+
+
+def test_a_chief_silent_beyond_chief_timeout_is_presumed_dead():
+    roster = WorkerRoster(2, worker_timeout=0.0, chief_timeout=0.02)
+    roster.finish(1)
+    time.sleep(0.05)
+    assert roster.presumed_dead() == [0]
+    assert roster.waiting_for_chief() is None
+
+
+def test_a_silent_non_chief_is_not_waited_for_once_the_chief_finished():
+    roster = WorkerRoster(3, worker_timeout=0.0, chief_timeout=3600.0)
+    roster.finish(0)
+    roster.finish(1)
+    time.sleep(0.01)
+    assert roster.presumed_dead() == [2]
+
+
+def test_chief_timeout_defaults_to_ten_worker_timeouts_and_is_never_shorter():
+    assert WorkerRoster(2, worker_timeout=60.0).chief_timeout == 600.0
+    with pytest.raises(ValueError, match="chief_timeout"):
+        WorkerRoster(2, worker_timeout=60.0, chief_timeout=30.0)

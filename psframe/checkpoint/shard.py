@@ -6,7 +6,7 @@ plain dict of builtins and tensors, so ``torch.load(weights_only=True)`` reads
 it back without unpickling any code. Its keys are the dataclasses' field
 names, nested the same way, plus ``format_version``::
 
-    {"format_version": 3, "global_step": int, "ps_task": int, "num_shards": int,
+    {"format_version": 5, "global_step": int, "ps_task": int, "num_shards": int,
      "optimizer": {"name": "Adam", "kwargs": {"lr": 0.001}},
      "table_optimizer": None or {"name": "SparseAdam", "kwargs": {...}},
      "sync": None or {"replicas_to_aggregate": int, "total_num_replicas": int,
@@ -15,7 +15,8 @@ names, nested the same way, plus ``format_version``::
                     "dtype": "float32", "shape": [r, c], "full_shape": [R, c],
                     "row_start": int, "part_index": int, "num_parts": int,
                     "value": Tensor, "state": {"step": Tensor, "exp_avg": Tensor},
-                    "row_stride": int, "table": bool, "dynamic": None or {...}}]}
+                    "row_stride": int, "table": bool, "dynamic": None or {...}}],
+     "pushes": None or {"last_push": [int, ...], "applied_steps": [int, ...]}}
 
 ``state`` is the variable's ``torch.optim`` per-parameter state: a tensor shaped
 like ``value`` is element-wise state, anything else is per-parameter scalar
@@ -26,8 +27,10 @@ holds every ``row_stride``-th row. A dynamic table's part has ``dynamic``:
 Tensor, "updates": Tensor, "clock": int}``; its ``value`` holds the rows of
 ``ids`` (``shape`` ``[len(ids), ...]``, ``full_shape`` ``[0, ...]``), ``state``
 their optimizer state, ``updated``/``updates`` their ages (see
-:class:`psframe.dynamic_rows.DynamicRows`). Format 3 differs only in having
-no dynamic tables, format 2 also in having no tables at all (nor
+:class:`psframe.dynamic_rows.DynamicRows`). ``pushes`` holds, by worker, the
+last push the ps task had applied and the steps it applied, at the instant
+of the values (:mod:`psframe.ps.ledger`). Format 4 differs only in having no
+``pushes``, format 3 also in having no dynamic tables, format 2 also in having no tables at all (nor
 ``table_optimizer``, ``row_stride``, ``table``), format 1 also in naming the
 sync deadline ``timeout``; all are still read. :mod:`psframe.checkpoint.files` stores shards;
 :mod:`psframe.checkpoint.slices` rebuilds variables from their parts.
@@ -43,9 +46,9 @@ import torch
 
 from psframe.errors import CheckpointError
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # Every format this version reads; each step up is converted on reading.
-READABLE_FORMATS = (1, 2, 3, 4)
+READABLE_FORMATS = (1, 2, 3, 4, 5)
 # Format 1 named these fields otherwise (old key -> field), in the sync dict.
 _FORMAT_1_SYNC_KEYS = {"timeout": "timeout_seconds"}
 
@@ -111,6 +114,9 @@ class ShardData:
     sync: SyncData | None
     variables: tuple[VariableData, ...]
     table_optimizer: OptimizerData | None = None  # the embedding tables' (None: no table)
+    # Each worker's last push applied and steps applied, at the same instant as the
+    # values ({"last_push": [int], "applied_steps": [int]}, see psframe.ps.ledger).
+    pushes: Mapping[str, list[int]] | None = None
 
     def __post_init__(self) -> None:
         _as_tuple(self, "variables")
@@ -138,6 +144,7 @@ class ShardData:
             "variables": [_variable_to_dict(v) for v in self.variables],
             "table_optimizer": None if self.table_optimizer is None else {
                 **_fields_of(self.table_optimizer), "kwargs": dict(self.table_optimizer.kwargs)},
+            "pushes": None if self.pushes is None else {k: [int(x) for x in v] for k, v in self.pushes.items()},
         }
 
     @classmethod
@@ -198,6 +205,17 @@ def _check_shard(shard: ShardData) -> None:
     names = [v.name for v in shard.variables]
     if len(set(names)) != len(names):
         raise CheckpointError(f"shard of ps task {shard.ps_task} names a variable twice: {names}")
+    _check_pushes(shard.pushes)
+
+
+def _check_pushes(pushes: Any) -> None:
+    if pushes is None:
+        return
+    if (not isinstance(pushes, Mapping) or set(pushes) != {"last_push", "applied_steps"}
+            or not all(isinstance(v, (list, tuple)) and all(_is_int(x) and x >= 0 for x in v)
+                       for v in pushes.values())):
+        raise CheckpointError(f"pushes must be None or {{'last_push': [int >= 0], 'applied_steps': "
+                              f"[int >= 0]}}, got {pushes!r}")
 
 
 def _check_optimizer(optimizer: Any) -> None:
@@ -329,6 +347,8 @@ def _in_current_format(obj: Any) -> dict[str, Any]:
         if isinstance(body.get("variables"), (list, tuple)):
             body["variables"] = [{"row_stride": 0, "table": False, **v} if isinstance(v, Mapping) else v
                                  for v in body["variables"]]
+    if version < 5:  # no record of the workers' pushes then
+        body.setdefault("pushes", None)
     if version < 4 and isinstance(body.get("variables"), (list, tuple)):  # no dynamic tables then
         body["variables"] = [{"dynamic": None, **v} if isinstance(v, Mapping) else v for v in body["variables"]]
     return body

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from psframe.cluster import ClusterSpec
 from psframe.errors import PsframeError
+from psframe.liveness import Liveness
 from psframe.security import Security
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire import transport
@@ -22,10 +23,12 @@ PEER_STEP_TIMEOUT_S = 2.0
 class PsPeers:
     """The connections from ps task ``task_index`` to the others, each made on first use."""
 
-    def __init__(self, cluster: ClusterSpec, task_index: int, security: Security | None = None) -> None:
+    def __init__(self, cluster: ClusterSpec, task_index: int, security: Security | None = None,
+                 liveness: Liveness | None = None) -> None:
         self.cluster = cluster
         self.task_index = task_index
         self._security = security or Security()
+        self._liveness = liveness
         self._connections: dict[int, transport.Connection] = {}
 
     def connection(self, ps_task: int) -> transport.Connection:
@@ -34,7 +37,7 @@ class PsPeers:
         if connection is None:
             address = self.cluster.task_address("ps", ps_task)
             connection = self._connections[ps_task] = transport.Connection(
-                address, f"{ClusterSpec.task_name('ps', ps_task)} at {address}", self._security)
+                address, f"{ClusterSpec.task_name('ps', ps_task)} at {address}", self._security, self._liveness)
         return connection
 
     def global_steps(self) -> list[int]:

@@ -84,6 +84,22 @@ class StreamPlans:
         self._plans: list[RequestPlan] = []
         self._next = 0
         self._regions: dict[str, SharedRegion] = {}
+        # The number of a push refused for its region, until it comes again: the pushes
+        # after it on this stream are refused too, so that a worker's pushes are applied
+        # in the order it numbered them (the ledger's rule, psframe.ps.ledger).
+        self._refused_push = 0
+
+    def check_order(self, push_id: int) -> None:
+        """Refuse a push that comes after one refused for its region, until that one came again.
+
+        Raises:
+            SharedRegionError: the worker sends it again, after the refused one.
+        """
+        if self._refused_push and push_id > self._refused_push:
+            raise SharedRegionError(f"push {push_id} follows push {self._refused_push}, refused for its "
+                                    f"shared region: both are sent again, in order")
+        if push_id == self._refused_push:
+            self._refused_push = 0
 
     def shared(self, envelope: codec.Envelope) -> tuple[codec.Envelope, SharedRegion | None, str]:
         """Where the tensors of a request that names a shared region lie, the region, and why
@@ -98,6 +114,9 @@ class StreamPlans:
             region = self.region(message)
         except SharedRegionError as e:
             if message.in_region:
+                push_id = envelope.header.push_id
+                if push_id and not self._refused_push:
+                    self._refused_push = push_id
                 raise
             return envelope, None, str(e)  # an offer: the tensors came in the message
         return (region.request_envelope(envelope.header) if message.in_region else envelope), region, ""

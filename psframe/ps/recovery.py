@@ -23,6 +23,7 @@ from psframe.checkpoint.shard import OptimizerData, ShardData, SyncData, Variabl
 from psframe.checkpoint.slices import slice_rows, strided_rows
 from psframe.optim import OptimizerSpec
 from psframe.wire import psframe_pb2 as pb
+from psframe.ps.ledger import PushLedger
 from psframe.ps.store import VariableStore
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class Restored:
     states: dict[str, dict]
     table_optimizer: OptimizerSpec | None = None  # of the embedding tables, if any
     dynamic: dict[str, dict] = field(default_factory=dict)  # dynamic table parts' exports, by name
+    pushes: dict | None = None  # the workers' pushes the values hold (psframe.ps.ledger), if recorded
 
     @property
     def tables(self) -> list[str]:
@@ -48,7 +50,8 @@ class Restored:
 
 
 def save_shard(store: VariableStore, defs: Sequence[pb.VariableDef], sync: pb.SyncDef | None,
-               url: str, step: int, ps_task: int, num_shards: int) -> checkpoint_io.ShardRecord:
+               url: str, step: int, ps_task: int, num_shards: int,
+               ledger: PushLedger | None = None) -> checkpoint_io.ShardRecord:
     """Write the store's variables, optimizer state and global step as one shard.
 
     Args:
@@ -60,6 +63,7 @@ def save_shard(store: VariableStore, defs: Sequence[pb.VariableDef], sync: pb.Sy
         step: the checkpoint's step.
         ps_task: this ps task's index.
         num_shards: the number of ps tasks.
+        ledger: the workers' pushes applied, taken at the same instant as the values.
 
     Returns:
         The record the chief commits in the manifest.
@@ -67,8 +71,10 @@ def save_shard(store: VariableStore, defs: Sequence[pb.VariableDef], sync: pb.Sy
     Raises:
         CheckpointError: the shard cannot be written.
     """
-    global_step, values, states = store.snapshot()
-    dynamic = store.export_dynamic()
+    with store.lock:  # the values and the record of the pushes they hold, at one instant
+        global_step, values, states = store.snapshot()
+        pushes = None if ledger is None else ledger.state_dict()
+        dynamic = store.export_dynamic()
     spec, table_spec = store.optimizer_spec, store.table_optimizer_spec
     shard = ShardData(
         global_step=global_step,
@@ -80,6 +86,7 @@ def save_shard(store: VariableStore, defs: Sequence[pb.VariableDef], sync: pb.Sy
                    else _record(VariableData, d, value=values[d.name], state=states[d.name], dynamic=None)
                    for d in defs],
         table_optimizer=None if table_spec is None else OptimizerData(table_spec.name, dict(table_spec.kwargs)),
+        pushes=pushes,
     )
     return checkpoint_io.write_shard(url, step, shard)
 
@@ -112,6 +119,7 @@ def restore_own_shard(url: str, ps_task: int, num_ps: int) -> Restored | None:
         table_optimizer=None if shard.table_optimizer is None else OptimizerSpec(
             shard.table_optimizer.name, shard.table_optimizer.kwargs),
         dynamic={v.name: gather([v]) for v in shard.variables if v.dynamic is not None},
+        pushes=None if shard.pushes is None else dict(shard.pushes),
     )
 
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import PsframeError
+from psframe.liveness import Liveness
 from psframe.ps.service import ParameterServerService
 from psframe.ps.serving import ServingProcesses, default_serving_processes
 from psframe.ps.shared import PortLock, SharedMemory
@@ -44,8 +45,15 @@ class Server:
         max_message_bytes: the largest request accepted (256 MiB by
             default); a larger one is answered ``RESOURCE_EXHAUSTED``. Raise it
             for Trainers given a ``max_shard_bytes`` near it.
-        worker_timeout: (ps) once some workers have finished, workers silent
-            for this many seconds are presumed dead and not waited for.
+        liveness: how the task's connections are probed for a peer that went
+            away (keepalive pings; see :mod:`psframe.liveness`). None: the
+            ``PSFRAME_KEEPALIVE_*`` environment variables, or 5 s + 5 s.
+        worker_timeout: (ps) once some workers have finished, workers other
+            than the chief silent for this many seconds are presumed dead and
+            not waited for.
+        chief_timeout: (ps) the same for the chief, which is waited for longer
+            (it writes the final checkpoint and reports the result); default:
+            ten times ``worker_timeout``. The rules: :mod:`psframe.ps.roster`.
         checkpoint_dir: (ps) where checkpoints are kept (any fsspec URL). A ps
             started again after a crash restores its shard from the latest
             valid checkpoint there on its own.
@@ -88,6 +96,7 @@ class Server:
         start: bool = True,
         max_threads: int | None = None,
         worker_timeout: float = 60.0,
+        chief_timeout: float | None = None,
         checkpoint_dir: str | None = None,
         serving_processes: int | None = None,
         auth_token: str | None = None,
@@ -95,9 +104,11 @@ class Server:
         tls_key_file: str | None = None,
         tls_ca_file: str | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        liveness: Liveness | None = None,
     ) -> None:
         self.security = Security.resolve(auth_token=auth_token, tls_cert_file=tls_cert_file,
                                          tls_key_file=tls_key_file, tls_ca_file=tls_ca_file)
+        self.liveness = liveness or Liveness.resolve()
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self.cluster.validate_task(job_name, task_index)
         self.job_name = job_name
@@ -119,7 +130,7 @@ class Server:
         if job_name == "ps":
             self.service: TaskService = ParameterServerService(
                 self.cluster, task_index, worker_timeout=worker_timeout, checkpoint_dir=checkpoint_dir,
-                shared=self._shared, security=self.security,
+                shared=self._shared, security=self.security, chief_timeout=chief_timeout, liveness=self.liveness,
             )
         else:
             self.service = TaskService(self.cluster, job_name, task_index)
@@ -129,7 +140,7 @@ class Server:
         try:
             self._rpc = RpcServer(self.service.handlers(), name=self.task_name, max_threads=threads,
                                   share_port=serving_processes > 1, security=self.security,
-                                  max_message_bytes=max_message_bytes)
+                                  max_message_bytes=max_message_bytes, liveness=self.liveness)
             host, port = parse_address(bind)
             if warning := self.security.clear_token_warning(host):
                 log.warning("%s: %s", self.task_name, warning)
@@ -151,7 +162,7 @@ class Server:
             self._serving = ServingProcesses(serving_processes - 1, cluster=self.cluster, task_index=task_index,
                                              bind=bind, owner=owner, shared_folder=self._shared.folder,
                                              max_threads=threads, security=self.security,
-                                             max_message_bytes=max_message_bytes)
+                                             max_message_bytes=max_message_bytes, liveness=self.liveness)
         self._stopped = threading.Event()
         self._started = False
         if start:

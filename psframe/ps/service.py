@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import torch
@@ -22,6 +23,7 @@ from psframe.errors import (
     NotReadyError,
     PsframeError,
 )
+from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec
 from psframe.security import Security
 from psframe.wire import codec, messages, table_rows
@@ -29,6 +31,7 @@ from psframe.wire import psframe_pb2 as pb
 from psframe.wire.shared_region import SharedRegion
 from psframe.ps import recovery
 from psframe.ps.peers import PsPeers
+from psframe.ps.ledger import PushLedger
 from psframe.ps.pending import PendingModel
 from psframe.ps.table_rows import dynamic_parts
 from psframe.ps.plans import RequestPlan, StreamPlans
@@ -41,13 +44,17 @@ from psframe.ps.task_service import TaskService
 
 log = logging.getLogger(__name__)
 
+# How often a ps task waiting for a silent chief says so.
+CHIEF_LOG_EVERY_S = 5.0
+
 
 class ParameterServerService(TaskService):
     """The servicer of a ps task over its :class:`VariableStore`."""
 
     def __init__(self, cluster: ClusterSpec, task_index: int, store: VariableStore | None = None,
                  *, worker_timeout: float = 60.0, checkpoint_dir: str | None = None,
-                 shared: SharedMemory | None = None, security: Security | None = None) -> None:
+                 shared: SharedMemory | None = None, security: Security | None = None,
+                 chief_timeout: float | None = None, liveness: Liveness | None = None) -> None:
         super().__init__(cluster, "ps", task_index)
         self.worker_timeout = worker_timeout
         self.checkpoint_dir = checkpoint_dir
@@ -61,12 +68,16 @@ class ParameterServerService(TaskService):
         self._variable_defs: list[pb.VariableDef] = []
         self._init_lock = threading.Lock()
         self._pending: PendingModel | None = None  # the chief's initial values, while they arrive
+        # Each worker's pushes applied once, whatever is sent again after a reconnect.
+        self.ledger = PushLedger(cluster.num_workers, None if shared is None else shared.push_counts)
         self.roster = WorkerRoster(cluster.num_workers, worker_timeout,
-                                   last_seen=None if shared is None else shared.last_seen)
+                                   last_seen=None if shared is None else shared.last_seen,
+                                   chief_timeout=chief_timeout)
+        self._next_chief_log = 0.0
         self._sync_def: pb.SyncDef | None = None
         self.aggregator: SyncAggregator | None = None
         self._round_replies = RoundReplies(self.store)
-        self._peers = PsPeers(cluster, task_index, security)
+        self._peers = PsPeers(cluster, task_index, security, liveness)
         # Where psframe may not tune malloc, freed message buffers are trimmed instead.
         self._memory = allocator.MemoryReturner(enabled=not allocator.tune_malloc())
         if checkpoint_dir:
@@ -91,17 +102,29 @@ class ParameterServerService(TaskService):
 
     def check_training_over(self) -> bool:
         """True once every worker finished, or once some finished and the
-        others have been silent for ``worker_timeout`` seconds (presumed dead:
-        a worker killed for good must not keep the ps alive forever)."""
+        others are presumed dead (a worker killed for good must not keep the
+        ps alive forever; the chief is waited for longer: see :mod:`psframe.ps.roster`)."""
         if self.all_finished.is_set():
             return True
         dead = self.roster.presumed_dead()
         if dead is None:
+            self._log_waiting_for_chief()
             return False
-        log.warning("%s: workers %s finished; %s silent for over %gs, presumed dead; training is over",
-                    self.task_name, self.roster.finished, dead, self.worker_timeout)
+        log.warning("%s: workers %s finished; %s presumed dead (silent for over %gs, the chief %gs); "
+                    "training is over", self.task_name, self.roster.finished, dead, self.worker_timeout,
+                    self.roster.chief_timeout)
         self.all_finished.set()
         return True
+
+    def _log_waiting_for_chief(self) -> None:
+        silent = self.roster.waiting_for_chief()
+        now = time.monotonic()
+        if silent is None or now < self._next_chief_log:
+            return
+        self._next_chief_log = now + CHIEF_LOG_EVERY_S
+        log.warning("%s: every other worker finished or is presumed dead; waiting for the chief (%s), "
+                    "silent for %.0fs, up to %gs (chief_timeout)", self.task_name,
+                    ClusterSpec.task_name("worker", 0), silent, self.roster.chief_timeout)
 
     def get_info(self, request: pb.InfoRequest) -> pb.TaskInfo:
         caller = request.caller
@@ -134,7 +157,9 @@ class ParameterServerService(TaskService):
             info.restored_step = self.restored_step
             info.checkpoint_dir = self.checkpoint_dir or ""
         for worker, seconds_ago, finished in self.roster.seen():
-            info.workers.add(task_index=worker, seconds_ago=seconds_ago, finished=finished)
+            info.workers.add(task_index=worker, seconds_ago=seconds_ago, finished=finished,
+                             applied_steps=self.ledger.applied_steps(worker),
+                             last_push_id=self.ledger.last_push(worker))
         return info
 
     # ---- Init
@@ -177,14 +202,28 @@ class ParameterServerService(TaskService):
                     self._pending = PendingModel(self.task_name, static, self.store)
                 self._pending.add(header.tensors, tensors)
                 if self._pending.complete:
-                    created = self.store.create(self._pending.values(), optimizer, copy=False, tables=tables,
-                                                table_optimizer=table_optimizer, dynamic=dynamic)
-                    self._variable_defs = defs
-                    if sync is not None:
-                        self._start_sync(sync)
+                    # A chief past step 0 gives the values of its replica to a task that lost its
+                    # own and has no checkpoint: training goes on from the step it had reached.
+                    resumed = max([header.global_step, *self._peers.global_steps()]) if header.global_step else 0
+                    # Under the store's lock, GetInfo sees the model whole or not at all:
+                    # READY with the definitions, and the barrier, in one step.
+                    with self.store.lock:
+                        created = self.store.create(self._pending.values(), optimizer, copy=False, tables=tables,
+                                                    table_optimizer=table_optimizer, dynamic=dynamic)
+                        self._variable_defs = defs
+                        if resumed:
+                            self.store.global_step = resumed
+                        if sync is not None:
+                            self._start_sync(sync)
                     self._pending = None
-                    log.info("%s: created %d variables (%d bytes) with %r", self.task_name,
-                             len(defs), self.store.nbytes(), optimizer)
+                    if resumed:
+                        log.warning("%s: started again without a checkpoint to restore: took the values of the "
+                                    "chief's replica (at most a step old) for its %d variables and goes on at "
+                                    "global step %d; their optimizer state starts afresh (give the job a "
+                                    "checkpoint_dir to keep it)", self.task_name, len(defs), resumed)
+                    else:
+                        log.info("%s: created %d variables (%d bytes) with %r", self.task_name,
+                                 len(defs), self.store.nbytes(), optimizer)
             state = pb.TaskInfo.READY if self.store.ready else pb.TaskInfo.WAITING_FOR_MODEL
             reply = pb.InitReplyHeader(state=state, created=created, global_step=self.store.global_step)
         return codec.encode(reply, ())
@@ -210,17 +249,22 @@ class ParameterServerService(TaskService):
         tasks that are training (they did not lose their updates; this shard
         rolls back to the checkpoint), so a sync cluster stays in lockstep.
         """
-        self.store.create(restored.values, restored.optimizer, tables=restored.tables,
-                          table_optimizer=restored.table_optimizer, dynamic=dynamic_parts(restored.defs))
         global_step = max([restored.global_step, *self._peers.global_steps()])
-        self.store.restore({}, restored.states, global_step)
-        self.store.load_dynamic(restored.dynamic)
-        self._variable_defs = list(restored.defs)
-        self.restored_step = restored.step
-        if restored.sync is not None:
-            self._start_sync(restored.sync)
-        elif self._shared is not None and self._shared.owner:  # the restored state replaced what was shared
-            self._publishing = True
+        # Under the store's lock, GetInfo sees the model whole or not at all: the
+        # values, optimizer state, global step, definitions and barrier in one step.
+        with self.store.lock:
+            self.store.create(restored.values, restored.optimizer, tables=restored.tables,
+                              table_optimizer=restored.table_optimizer, dynamic=dynamic_parts(restored.defs))
+            self.store.restore({}, restored.states, global_step)
+            self.store.load_dynamic(restored.dynamic)
+            if restored.pushes is not None:  # pushes the restored values hold are duplicates if sent again
+                self.ledger.load_state_dict(restored.pushes)
+            self._variable_defs = list(restored.defs)
+            self.restored_step = restored.step
+            if restored.sync is not None:
+                self._start_sync(restored.sync)
+        if restored.sync is None and self._shared is not None and self._shared.owner:
+            self._publishing = True  # the restored state replaced what was shared
             self._publish()
         log.info("%s: restored %d variables from checkpoint step %d (its global step %d); "
                  "going on at global step %d", self.task_name, len(restored.defs), restored.step,
@@ -234,7 +278,7 @@ class ParameterServerService(TaskService):
         with self._init_lock:
             self.store.check_names([])  # NotReadyError before the model exists
             record = recovery.save_shard(self.store, self._variable_defs, self._sync_def, url,
-                                         request.step, self.task_index, self.cluster.num_ps)
+                                         request.step, self.task_index, self.cluster.num_ps, self.ledger)
         return pb.SaveReply(file=record.file, sha256=record.sha256, nbytes=record.nbytes,
                             global_step=record.global_step)
 
@@ -270,6 +314,8 @@ class ParameterServerService(TaskService):
         envelope = codec.parse(data, pb.PushPullHeader)
         header = envelope.header
         region, refused = None, ""
+        if plans is not None and header.push_id:
+            plans.check_order(header.push_id)
         if header.HasField("shared"):  # a worker on this host: its tensors may lie in a shared region
             envelope, region, refused = (plans if plans is not None else StreamPlans()).shared(envelope)
         plan = plans.find(header) if plans is not None and self.aggregator is None else None
@@ -291,17 +337,25 @@ class ParameterServerService(TaskService):
         """
         grads = plan.request.tensors(envelope)
         store = self.store
+        worker = header.caller.task_index
         with store.lock:
             if plan.generation != store.generation or self.aggregator is not None:
                 return None
+            duplicate = bool(grads) and self.ledger.is_duplicate(worker, header.push_id)
+            if duplicate:
+                grads = []  # applied already: answered with the values it pulls, not applied again
             step = store.update(plan.variables, grads, header.end_of_step)
-            if self._publishing and grads:
-                self._publish()
+            if grads:
+                self.ledger.record(worker, header.push_id, header.end_of_step)
+                if self._publishing:
+                    self._publish()
             # Encode under the lock, as below: one consistent version, one copy.
+            reply = pb.PushPullReplyHeader(global_step=step, duplicate=duplicate)
             if region is not None and region.fits_reply(plan.reply):
                 region.write_reply(plan.reply, plan.reply_buffers)
-                return plan.reply.encode_header(pb.PushPullReplyHeader(global_step=step, shared=True))
-            return plan.reply.encode(pb.PushPullReplyHeader(global_step=step), plan.reply_buffers)
+                reply.shared = True
+                return plan.reply.encode_header(reply)
+            return plan.reply.encode(reply, plan.reply_buffers)
 
     def _push_pull(self, header: pb.PushPullHeader, tensors: list[torch.Tensor],
                    plans: StreamPlans | None = None, refused: str = "", region: SharedRegion | None = None) -> bytes:
@@ -311,19 +365,28 @@ class ParameterServerService(TaskService):
             grads = self.store.widen(grads, wire_dtype)
         pull = list(header.pull)
         pushes = bool(grads or rows)
+        worker = header.caller.task_index
         if self.aggregator is None or not pushes:
             store = self.store
             with store.lock:
                 for name, ids, _ in row_pulls:  # every row asked for exists before anything changes
                     store.check_row_ids(name, ids)
+                duplicate = pushes and self.ledger.is_duplicate(worker, header.push_id)
+                if duplicate:  # applied already: answered with the values it pulls, not applied again
+                    store.check_gradients(grads)
+                    store.check_rows(rows)
+                    grads, rows, pushes = {}, [], False
                 step, values = store.push_pull(grads, pull, header.end_of_step and pushes, rows)
-                if self._publishing and pushes:
-                    self._publish()
-                if plans is not None and wire_dtype is None and self.aggregator is None and not (rows or row_pulls):
+                if pushes:
+                    self.ledger.record(worker, header.push_id, header.end_of_step)
+                    if self._publishing:
+                        self._publish()
+                if plans is not None and wire_dtype is None and self.aggregator is None and not (rows or row_pulls) \
+                        and not duplicate:
                     self._plan(plans, header, list(grads), values)
                 # Encode under the lock: the reply is one consistent version, and
                 # the only copy of the variables is the one into the reply.
-                reply = pb.PushPullReplyHeader(global_step=step, shared_refused=refused)
+                reply = pb.PushPullReplyHeader(global_step=step, shared_refused=refused, duplicate=duplicate)
                 sent = outgoing(pull, values, wire_dtype)
                 if not row_pulls:
                     return codec.encode(reply, sent)
@@ -337,9 +400,19 @@ class ParameterServerService(TaskService):
         # the round is applied, or after a failure, which gives it a new region.
         # The step's last message waits for the round: it pulls the new values (or, on
         # a ps task holding only embedding tables, ends a step that pulls rows later).
-        dropped = self.aggregator.push(header.caller.task_index, header.step, grads, rows=rows,
+        # A round applies a worker's gradients once however often they are sent (it
+        # is keyed by step and worker); the ledger counts the worker's step once, and
+        # tells a push sent again after a lost reply from a stale one.
+        if (header.step < self.store.global_step and self.ledger.is_duplicate(worker, header.push_id)
+                and self.aggregator.was_member(worker, header.step)):
+            with self.store.lock:
+                return self._round_replies.reply(pull, wire_dtype, False, region, refused)
+        dropped = self.aggregator.push(worker, header.step, grads, rows=rows,
                                        count_drop=header.end_of_step, wait=bool(pull) or header.end_of_step)
         with self.store.lock:
+            duplicate = self.ledger.is_duplicate(worker, header.push_id)
+            if not dropped and not duplicate:
+                self.ledger.record(worker, header.push_id, header.end_of_step)
             return self._round_replies.reply(pull, wire_dtype, dropped, region, refused)
 
     def _plan(self, plans: StreamPlans, header: pb.PushPullHeader, pushed: list[str],

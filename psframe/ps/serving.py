@@ -46,6 +46,7 @@ from psframe.ps.plans import StreamPlans
 from psframe.ps.service import ParameterServerService
 from psframe.ps.shared import SharedMemory
 from psframe.ps.store import VariableStore
+from psframe.liveness import Liveness
 from psframe.security import Security
 from psframe.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, Connection, RpcServer, Watchdog
 
@@ -86,18 +87,21 @@ class ServingProcesses:
         max_threads: calls each one serves at once.
         security: the task's auth token and TLS settings (passed in their environment).
         max_message_bytes: the largest request each one accepts.
+        liveness: the task's keepalive settings (passed as flags).
     """
 
     def __init__(self, count: int, *, cluster: ClusterSpec, task_index: int, bind: str, owner: str,
                  shared_folder: str, max_threads: int, security: Security | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, liveness: Liveness | None = None) -> None:
+        liveness = liveness or Liveness.resolve()
         self.task_name = ClusterSpec.task_name("ps", task_index)
         self._security = security or Security()
         self._argv = [
             [sys.executable, "-m", "psframe.ps.serving", f"--cluster_spec={cluster.to_string()}",
              f"--task_index={task_index}", f"--bind={bind}", f"--owner={owner}", f"--shared={shared_folder}",
              f"--index={i}", f"--max_threads={max_threads}", f"--parent_pid={os.getpid()}",
-             f"--max_message_bytes={max_message_bytes}"]
+             f"--max_message_bytes={max_message_bytes}", f"--keepalive_time={liveness.keepalive_time}",
+             f"--keepalive_timeout={liveness.keepalive_timeout}"]
             for i in range(1, count + 1)
         ]
         self._procs: list[subprocess.Popen] = []
@@ -193,9 +197,9 @@ class SharedPushPull:
     published it, forwarded to the owner before that (and for every sync push)."""
 
     def __init__(self, cluster: ClusterSpec, task_index: int, shared: SharedMemory, owner: str,
-                 security: Security) -> None:
+                 security: Security, liveness: Liveness | None = None) -> None:
         self._cluster, self._task_index, self._shared = cluster, task_index, shared
-        self._owner = Connection(owner, f"{ClusterSpec.task_name('ps', task_index)} (owner)", security)
+        self._owner = Connection(owner, f"{ClusterSpec.task_name('ps', task_index)} (owner)", security, liveness)
         self._watchdog = Watchdog()
         self._service: ParameterServerService | None = None
         self._version = 0
@@ -242,10 +246,10 @@ class SharedPushPull:
 
 def serve(cluster: ClusterSpec, task_index: int, bind: str, owner: str, shared_folder: str, index: int,
           max_threads: int, parent_pid: int, security: Security | None = None,
-          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> int:
+          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, liveness: Liveness | None = None) -> int:
     """Listen on ``bind`` beside the owner, answer pushes over the shared model and forward
     the rest to the owner, until told to stop. ``security``: the task's (default: none);
-    ``max_message_bytes``: the largest request accepted.
+    ``max_message_bytes``: the largest request accepted; ``liveness``: the task's keepalive.
 
     Returns:
         The exit code: 0 when stopped (SIGTERM) or once the owner is gone.
@@ -255,10 +259,10 @@ def serve(cluster: ClusterSpec, task_index: int, bind: str, owner: str, shared_f
     task_name = ClusterSpec.task_name("ps", task_index)
     shared = SharedMemory.attach(shared_folder, cluster.num_workers)
     security = security or Security()
-    push_pull = SharedPushPull(cluster, task_index, shared, owner, security)
+    push_pull = SharedPushPull(cluster, task_index, shared, owner, security, liveness)
     server = RpcServer({"PushPull": push_pull.push_pull}, name=f"{task_name}-serving{index}",
                        max_threads=max_threads, forward_to=owner, share_port=True, security=security,
-                       max_message_bytes=max_message_bytes)
+                       max_message_bytes=max_message_bytes, liveness=liveness)
     server.bind(bind)
     server.start()
     print(f"{_READY} at {bind} (pid {os.getpid()})", flush=True)
@@ -282,13 +286,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max_threads", type=int, default=16)
     parser.add_argument("--parent_pid", type=int, required=True)
     parser.add_argument("--max_message_bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    parser.add_argument("--keepalive_time", type=float, default=None)
+    parser.add_argument("--keepalive_timeout", type=float, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         # The task's token and TLS files, from the owner through the environment.
         return serve(ClusterSpec.from_string(args.cluster_spec), args.task_index, args.bind, args.owner,
                      args.shared, args.index, args.max_threads, args.parent_pid, Security.resolve(),
-                     args.max_message_bytes)
+                     args.max_message_bytes, Liveness.resolve(args.keepalive_time, args.keepalive_timeout))
     except PsframeError as e:
         print(f"error: {e}", flush=True)
         return 1

@@ -9,6 +9,8 @@ applied to the one copy. Beside them:
 - ``header``: int64 counters: the model's version (bumped at each
   publication), the global step, applied and refused pushes;
 - ``last_seen``: when each worker was last heard from, for the roster;
+- ``push_ledger``: each worker's last push applied and steps applied
+  (:mod:`psframe.ps.ledger`);
 - ``lock``: one lock for all: ``flock`` between processes, a reentrant
   lock between the threads of each;
 - ``model.json``: which file holds which variable and which optimizer state,
@@ -138,6 +140,9 @@ class SharedMemory:
         self._header = self._map("header", torch.int64, _HEADER_SLOTS).numpy()
         self.counters = self._header[1:4]  # global step, pushes, refused pushes: see VariableStore
         self.last_seen = self._map("last_seen", torch.float64, num_workers).numpy()
+        # Each worker's last push applied and steps applied (psframe.ps.ledger): a worker's
+        # stream sent again after a reconnect may reach another process of the task.
+        self.push_counts = self._map("push_ledger", torch.int64, 2 * num_workers).numpy().reshape(2, num_workers)
         if owner:
             self.last_seen[:] = time.monotonic()
         self.lock = SharedLock(os.path.join(folder, "lock"))

@@ -180,6 +180,12 @@ class SyncAggregator:
             self._try_apply(self._round)
             self._cond.notify_all()
 
+    def was_member(self, worker: int, step: int) -> bool:
+        """Whether ``worker``'s gradients were applied in the round of ``step`` (a past step
+        of the last :data:`DECISIONS_KEPT`): a push of it sent again is no stale one."""
+        with self._cond:
+            return worker in self._decisions.get(step, ())
+
     # ---- what the other ps tasks ask ps 0
 
     def members_of(self, step: int, timeout: float | None = None) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ a named transport error. Every wait has a deadline.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,7 @@ from psframe import errors
 from psframe.checkpoint.manifest import ShardRecord
 from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import ConnectTimeoutError
+from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.security import Security
 from psframe.wire import codec, messages, shared_region, table_rows, transport
@@ -48,11 +50,14 @@ class PsClient:
             gRPC carries the headers. Tasks on other hosts refuse, and get messages.
         security: the auth token every call carries, and TLS (default: none;
             :meth:`psframe.security.Security.resolve` reads them from flags and the environment).
+        liveness: how the channels probe their connections (see :mod:`psframe.liveness`);
+            default: :meth:`Liveness.resolve`.
     """
 
     def __init__(self, cluster: ClusterSpec, task_index: int, *, rpc_timeout: float = 300.0,
                  job_name: str = "worker", wire_dtype: torch.dtype | None = None,
-                 shared_memory: bool = False, security: Security | None = None) -> None:
+                 shared_memory: bool = False, security: Security | None = None,
+                 liveness: Liveness | None = None) -> None:
         if job_name == "worker":
             cluster.validate_task("worker", task_index)
         elif job_name != "tool":
@@ -65,7 +70,7 @@ class PsClient:
         self.wire_dtype = wire_dtype
         self.caller = pb.Caller(job_name=job_name, task_index=task_index, cluster_fingerprint=cluster.fingerprint)
         self._ps = [
-            transport.Connection(address, f"{ClusterSpec.task_name('ps', k)} at {address}", security)
+            transport.Connection(address, f"{ClusterSpec.task_name('ps', k)} at {address}", security, liveness)
             for k, address in enumerate(cluster.job_tasks("ps"))
         ]
         # The tasks on this host may take shared regions until one says it cannot map them.
@@ -109,6 +114,9 @@ class PsClient:
                 except (errors.TaskUnavailableError, errors.RpcTimeoutError):
                     continue
                 messages.check_identity(info, self.cluster, "ps", k, self._ps[k].address)
+                if self.caller.job_name == "worker":  # number pushes above those the task applied already
+                    last = next((w.last_push_id for w in info.workers if w.task_index == self.task_index), 0)
+                    self._streams.numbers.start_after(k, last)
                 if info.state == pb.TaskInfo.FINISHED:
                     raise errors.TrainingFinishedError(
                         f"{self.describe(k)} has seen every worker finish; training is over"
@@ -137,7 +145,8 @@ class PsClient:
 
     def create(self, ps_task: int, slots: Sequence[Slot], values: Sequence[tuple[str, torch.Tensor]],
                optimizer: OptimizerSpec, sync: SyncReplicas | None, checkpoint_dir: str | None, *,
-               rows: Sequence[table_rows.RowPush] = (), table_optimizer: OptimizerSpec | None = None) -> bool:
+               rows: Sequence[table_rows.RowPush] = (), table_optimizer: OptimizerSpec | None = None,
+               global_step: int = 0) -> bool:
         """Ask a ps task to create its variables (chief only), with some of their initial values.
 
         ``slots`` are every variable the ps task holds; ``values`` (CPU
@@ -147,13 +156,15 @@ class PsClient:
         travels in several calls. A ps task that holds the model already
         (or restores it from ``checkpoint_dir``) keeps what it has.
         ``table_optimizer`` updates the tables (needed if there are any).
+        ``global_step``: the chief's (0 at the start of a job); a ps task that
+        lost its variables and has no checkpoint goes on from it.
 
         Returns:
             True if this call created the variables.
         """
         header = pb.InitHeader(caller=self.caller, variables=messages.variable_defs(slots),
                                optimizer=messages.optimizer_to_proto(optimizer), sync=messages.sync_def(sync),
-                               checkpoint_dir=checkpoint_dir or "")
+                               checkpoint_dir=checkpoint_dir or "", global_step=global_step)
         if table_optimizer is not None:
             header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
         row_tensors, row_kinds = table_rows.push_tensors(rows)
@@ -206,8 +217,8 @@ class PsClient:
 
     def push_pull_and_prefetch(self, requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]],
                                step: int, prefetch: Mapping[int, Sequence[table_rows.RowPull]], *,
-                               rows: Mapping[int, Sequence[table_rows.RowPush]] | None = None
-                               ) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
+                               rows: Mapping[int, Sequence[table_rows.RowPush]] | None = None,
+                               again: bool = False) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
         """:meth:`push_pull`, then rows of embedding tables read behind the step's messages.
 
         Each ps task in ``prefetch`` gets one more message on its stream after
@@ -221,21 +232,38 @@ class PsClient:
             The replies to ``requests``, in order; per ps task, the rows of each
             of its pairs, in order (read-only views of the reply); no rows at
             all if a request had to be sent again, behind the pulls.
+
+        ``again``: these are the pushes of the last call, which failed on the
+        way (a ps task was lost), sent again with the numbers they had: a ps
+        task answers those it applied then without applying them twice
+        (:mod:`psframe.ps.ledger`).
         """
-        return self._push_pull(requests, step, True, None, rows, prefetch)
+        return self._push_pull(requests, step, True, None, rows, prefetch, again)
 
     def _push_pull(self, requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
                    compress: bool, timeout: float | None, rows: Mapping[int, Sequence[table_rows.RowPush]] | None,
-                   prefetch: Mapping[int, Sequence[table_rows.RowPull]]
+                   prefetch: Mapping[int, Sequence[table_rows.RowPull]], again: bool = False
                    ) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
+        # Every message that pushes takes a number, in the order it is sent to its
+        # ps task: the rows of tables first, then the requests with gradients.
+        counts = collections.Counter(list(rows or {}))
+        counts.update(request.ps_task for request, grads in requests if grads)
+        numbers = self._streams.numbers.take(counts, again)
         first = []
         ends_step = {request.ps_task for request, _ in requests if request.end_of_step} if rows else set()
         for ps_task, pushes in (rows or {}).items():
             tensors, kinds = table_rows.push_tensors(pushes)
-            header = pb.PushPullHeader(caller=self.caller, step=step, end_of_step=ps_task not in ends_step)
+            header = pb.PushPullHeader(caller=self.caller, step=step, end_of_step=ps_task not in ends_step,
+                                       push_id=numbers[ps_task])
+            numbers[ps_task] += 1
             first.append((ps_task, codec.encode(header, tensors, kinds)))
+        push_ids = []
+        for request, grads in requests:
+            push_ids.append(numbers[request.ps_task] if grads else 0)
+            if grads:
+                numbers[request.ps_task] += 1
         last = [(ps_task, self._pull_message(pulls, step)) for ps_task, pulls in prefetch.items()]
-        answers = self._exchange(first, requests, step, compress, timeout, last)
+        answers = self._exchange(first, requests, step, compress, timeout, last, push_ids)
         tail = len(first) + len(requests)
         pulled = {ps_task: table_rows.pulled_rows(answer[0].tensors, answer[1])
                   for (ps_task, _), answer in zip(last, answers[tail:]) if answer is not None}
@@ -268,9 +296,10 @@ class PsClient:
 
     def _exchange(self, first: Sequence[tuple[int, bytes]],
                   requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
-                  compress: bool, timeout: float | None, last: Sequence[tuple[int, bytes]] = ()) -> list:
+                  compress: bool, timeout: float | None, last: Sequence[tuple[int, bytes]] = (),
+                  push_ids: Sequence[int] = ()) -> list:
         return self._streams.exchange(first, requests, step, compress and self.wire_dtype is not None,
-                                      timeout or self.rpc_timeout, last)
+                                      timeout or self.rpc_timeout, last, push_ids)
 
     def reset_streams(self) -> None:
         """Forget the PushPull streams (after a ps task went away); new ones open on next use,

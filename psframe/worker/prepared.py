@@ -32,7 +32,7 @@ class PreparedRequest:
     """What one planned request sends and gets back every step, worked out on first use.
 
     Args:
-        header: the request's header; only its step changes from one message to the next.
+        header: the request's header; only its step and push number change from one message to the next.
         share: offer the ps task a shared region (it and this worker may share a host).
     """
 
@@ -49,8 +49,10 @@ class PreparedRequest:
         """Whether requests leave their tensors in the shared region (the ps task answered in it)."""
         return self._in_region
 
-    def encode(self, step: int, grads: Sequence[tuple[str, torch.Tensor]]) -> bytes:
+    def encode(self, step: int, grads: Sequence[tuple[str, torch.Tensor]], push_id: int = 0) -> bytes:
+        """The request of ``step`` carrying ``grads``, numbered ``push_id`` (0: it pushes nothing)."""
         self.header.step = step
+        self.header.push_id = push_id
         if self._request is None:
             self._request = Layout(pb.PushPullHeader, [(name, g.dtype, tuple(g.shape)) for name, g in grads])
         try:

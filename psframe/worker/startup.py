@@ -19,8 +19,12 @@ log = logging.getLogger(__name__)
 
 def join(client: PsClient, replica: Replica, *, is_chief: bool, optimizer: OptimizerSpec,
          sync: SyncReplicas | None, checkpoint_dir: str | None, timeout: float,
-         table_optimizer: OptimizerSpec | None = None) -> None:
+         table_optimizer: OptimizerSpec | None = None, global_step: int = 0) -> None:
     """Wait for the ps tasks; the chief creates (or restores) the variables; all check the model.
+
+    ``global_step``: the worker's (0 when it starts). After a ps task was lost,
+    the chief gives one that comes back with neither variables nor a checkpoint
+    the values of its replica, and this step to go on from.
 
     Raises:
         ConnectTimeoutError: a ps task (or the model) did not come up within ``timeout``.
@@ -28,14 +32,14 @@ def join(client: PsClient, replica: Replica, *, is_chief: bool, optimizer: Optim
     """
     client.wait_for_ps(timeout)
     if is_chief:
-        create_variables(client, replica, optimizer, sync, checkpoint_dir, table_optimizer)
+        create_variables(client, replica, optimizer, sync, checkpoint_dir, table_optimizer, global_step)
     infos = client.wait_for_ps(timeout, ready=True)
     client.check_model(infos, replica.slots, sync)
 
 
 def create_variables(client: PsClient, replica: Replica, optimizer: OptimizerSpec,
                      sync: SyncReplicas | None, checkpoint_dir: str | None,
-                     table_optimizer: OptimizerSpec | None = None) -> None:
+                     table_optimizer: OptimizerSpec | None = None, global_step: int = 0) -> None:
     """The chief's part: send every ps task its variables' definitions and initial values.
 
     One message at a time, so that nobody buffers the whole model: whole
@@ -48,7 +52,7 @@ def create_variables(client: PsClient, replica: Replica, optimizer: OptimizerSpe
     def mine(ps_task: int) -> list:
         return [s for s in replica.slots if s.shard.ps_task == ps_task]
 
-    options = {"table_optimizer": table_optimizer if replica.tables else None}
+    options = {"table_optimizer": table_optimizer if replica.tables else None, "global_step": global_step}
     told = set()  # the ps tasks sent a definition of what they hold
     for request in replica.plan.pull:
         created |= client.create(request.ps_task, mine(request.ps_task), replica.values(request.pull), optimizer,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +40,54 @@ class Reply:
     global_step: int
     dropped: bool  # sync: the gradients were stale or late, and not applied
     values: list[torch.Tensor]  # in the order of the request's ``pull``; read-only views of the reply
+    duplicate: bool = False  # a push sent again whose first copy the ps task had applied (not applied again)
+
+
+class PushNumbers:
+    """The numbers of a worker's pushes to each ps task: 1, 2, 3... in the order sent.
+
+    A ps task applies each number once (:mod:`psframe.ps.ledger`). The pushes
+    of a step take their numbers before they are sent; when the step fails
+    on the way (a stream died), the same pushes are sent again with the same
+    numbers (:meth:`take` with ``again``), so that the ps task answers those
+    it applied already without applying them twice. A step given up takes no
+    number back: the next one goes on after it.
+    """
+
+    def __init__(self, num_ps: int) -> None:
+        self._next = [1] * num_ps
+        self._taken: dict[int, tuple[int, int]] = {}  # the last take: ps task -> (first number, count)
+
+    def start_after(self, ps_task: int, last: int) -> None:
+        """Number the next pushes to ``ps_task`` above ``last``, the last push of this
+        worker the task applied: a worker started again (whose numbering started
+        at 1) must not reuse the numbers of its earlier run. Numbers already taken
+        are kept, and so is what :meth:`take` gives ``again``."""
+        self._next[ps_task] = max(self._next[ps_task], last + 1)
+
+    def take(self, counts: Mapping[int, int], again: bool = False) -> dict[int, int]:
+        """The first of ``counts[k]`` consecutive numbers for the pushes to each ps task ``k``.
+
+        Args:
+            counts: pushes per ps task.
+            again: give the numbers of the previous take (the same pushes, sent again).
+
+        Raises:
+            ValueError: ``again`` with other counts than the previous take's.
+        """
+        if again:
+            if {k: count for k, (_, count) in self._taken.items()} != {k: c for k, c in counts.items() if c}:
+                raise ValueError(f"pushes sent again must be those of the last step: {counts} "
+                                 f"against {self._taken}")
+            return {k: first for k, (first, _) in self._taken.items()}
+        if not any(counts.values()):  # a pull numbers nothing, and keeps the last pushes' numbers
+            return {}
+        self._taken = {}
+        for ps_task, count in counts.items():
+            if count:
+                self._taken[ps_task] = (self._next[ps_task], count)
+                self._next[ps_task] += count
+        return {k: first for k, (first, _) in self._taken.items()}
 
 
 class PushPullStreams:
@@ -65,13 +113,16 @@ class PushPullStreams:
         # Made once per planned request (and compression): see PreparedRequest.
         self.prepared: dict[tuple[Request, bool], PreparedRequest] = {}
         self._share_with = set(range(len(connections))) if share_with else set()
+        self.numbers = PushNumbers(len(connections))
 
     def exchange(self, first: Sequence[tuple[int, bytes]],
                  requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
-                 compress: bool, timeout: float, last: Sequence[tuple[int, bytes]] = ()) -> list:
+                 compress: bool, timeout: float, last: Sequence[tuple[int, bytes]] = (),
+                 push_ids: Sequence[int] = ()) -> list:
         """Send encoded messages (``first``, each to its ps task ahead of the rest),
-        then planned requests (``compress``: in the wire dtype), then encoded
-        messages ``last``, and wait for every reply.
+        then planned requests (``compress``: in the wire dtype; ``push_ids``: their
+        push numbers, 0 for one that pushes nothing, by default all 0), then
+        encoded messages ``last``, and wait for every reply.
 
         Returns:
             For each message of ``first``, its reply's ``(header, tensors)``;
@@ -94,14 +145,18 @@ class PushPullStreams:
         for k, (ps_task, _) in enumerate(last):
             unsent.setdefault(ps_task, collections.deque()).append(end + k)
         in_flight = {ps_task: collections.deque() for ps_task in unsent}
+        # Requests refused for a shared region, sent again (in messages) before the
+        # rest, in the order first sent: a ps task applies a worker's pushes in order.
+        again: dict[int, collections.deque[int]] = {ps_task: collections.deque() for ps_task in unsent}
         replies: list = [None] * (end + len(last))
         failure: PsframeError | None = None
         resent = False
 
         def send_more(ps_task: int) -> None:
-            while unsent[ps_task] and len(in_flight[ps_task]) < WINDOW:
-                j = unsent[ps_task].popleft()
-                data = encoded[j] if j in encoded else self._encode(*requests[j - count], step, compress)
+            while (again[ps_task] or unsent[ps_task]) and len(in_flight[ps_task]) < WINDOW:
+                j = (again[ps_task] or unsent[ps_task]).popleft()
+                data = encoded[j] if j in encoded else self._encode(
+                    *requests[j - count], step, compress, push_ids[j - count] if push_ids else 0)
                 self._stream(ps_task).send(data, timeout)
                 in_flight[ps_task].append(j)
 
@@ -119,6 +174,7 @@ class PushPullStreams:
                     failure = failure or e
                     waiting.clear()
                     unsent[ps_task].clear()
+                    again[ps_task].clear()
                     continue
                 if j in encoded:  # a message of `first` or `last`
                     header, tensors = replies[j] = codec.decode(data, pb.PushPullReplyHeader)
@@ -130,16 +186,17 @@ class PushPullStreams:
                 header, tensors = prepared.decode(data)
                 if header.shared_refused:
                     self._share_with.discard(ps_task)
-                if header.error_class == errors.SharedRegionError.__name__ and prepared.in_region:
+                if header.error_class == errors.SharedRegionError.__name__:
                     # The task could not map the region (it was replaced, or another of its
-                    # processes answered): nothing was applied; send the tensors in the message.
+                    # processes answered), or refused a push that came after one it could
+                    # not map: nothing was applied; send the tensors in the message.
                     log.debug("%s: %s", self._ps[ps_task].peer, header.error_message)
                     prepared.drop_region()
-                    unsent[ps_task].appendleft(j)
+                    again[ps_task].append(j)
                     resent = True
                 elif header.error_class:
                     failure = failure or errors.error_from_name(header.error_class, header.error_message)
-                replies[j] = Reply(header.global_step, header.dropped, tensors)
+                replies[j] = Reply(header.global_step, header.dropped, tensors, header.duplicate)
                 send_more(ps_task)
         if failure is not None:
             # A ps task may still hold the gradients a failed step left in regions
@@ -154,7 +211,7 @@ class PushPullStreams:
         return replies
 
     def _encode(self, request: Request, grads: Sequence[tuple[str, torch.Tensor]], step: int,
-                compress: bool) -> bytes:
+                compress: bool, push_id: int) -> bytes:
         prepared = self.prepared.get((request, compress))
         if prepared is None:  # every step sends the same header but for the step number
             prepared = self.prepared[(request, compress)] = PreparedRequest(pb.PushPullHeader(
@@ -165,7 +222,7 @@ class PushPullStreams:
             prepared.drop_region()
         if compress:
             grads = [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
-        return prepared.encode(step, grads)
+        return prepared.encode(step, grads, push_id)
 
     def _stream(self, ps_task: int) -> transport.Stream:
         stream = self._streams.get(ps_task)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
@@ -31,6 +32,7 @@ from psframe import allocator, checkpoint
 from psframe.cluster import ClusterSpec
 from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, DEFAULT_MIN_PARTITION_BYTES
 from psframe.errors import CheckpointError, NotReadyError, PsframeError, RpcTimeoutError, TaskUnavailableError
+from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
 from psframe.security import Security
 from psframe.worker import startup
@@ -118,6 +120,12 @@ class Trainer:
             use TLS. Each TLS setting left None is read from
             ``PSFRAME_TLS_CERT_FILE``/``_KEY_FILE``/``_CA_FILE`` if set
             (see :mod:`psframe.security`).
+        liveness: how this worker's connections are probed for a ps task
+            that went away (keepalive pings; see :mod:`psframe.liveness`):
+            a dead connection is noticed within ``keepalive_time +
+            keepalive_timeout`` seconds, and the worker waits for the task
+            and goes on. None: the ``PSFRAME_KEEPALIVE_*`` environment
+            variables, or 5 s + 5 s.
 
     Raises:
         ClusterSpecError: the cluster or task index is invalid.
@@ -165,9 +173,11 @@ class Trainer:
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
         tls_ca_file: str | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         self.security = Security.resolve(auth_token=auth_token, tls_cert_file=tls_cert_file,
                                          tls_key_file=tls_key_file, tls_ca_file=tls_ca_file)
+        self.liveness = liveness or Liveness.resolve()
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self.cluster.validate_task("worker", task_index)
         allocator.tune_malloc()  # gradients and replies of every step reuse freed buffers
@@ -197,6 +207,8 @@ class Trainer:
         self.local_step = 0
         self.dropped_steps = 0  # sync: steps whose gradients came too late and were dropped
         self.skipped_steps = 0  # steps that pushed no gradient (e.g. NanGuardHook dropped them)
+        # Steps whose gradients every ps task answered as applied (once, however often sent).
+        self.pushed_steps = 0
         self.state = TrainerState.NEW
         self._stop_requested = False
         self._client: PsClient | None = None
@@ -225,7 +237,8 @@ class Trainer:
             raise PsframeError(f"the trainer is {self.state.value}; connect() is called once")
         self._client = PsClient(self.cluster, self.task_index, rpc_timeout=self.rpc_timeout,
                                 wire_dtype=self.wire_dtype,
-                                shared_memory=self.shared_memory, security=self.security)
+                                shared_memory=self.shared_memory, security=self.security,
+                                liveness=self.liveness)
         self.state = TrainerState.RUNNING
         try:
             self._join()
@@ -246,7 +259,7 @@ class Trainer:
     def _join(self) -> None:
         startup.join(self._client, self._replica, is_chief=self.is_chief, optimizer=self.optimizer,
                      sync=self.sync, checkpoint_dir=self.checkpoint_dir, timeout=self.connect_timeout,
-                     table_optimizer=self.table_optimizer)
+                     table_optimizer=self.table_optimizer, global_step=self.global_step)
 
     def close(self) -> None:
         """Tell the ps tasks this worker is done and release the channels (idempotent)."""
@@ -305,7 +318,8 @@ class Trainer:
             hook.before_push(self, loss)
         self._replica.tables.drop_prefetched()  # rows pulled ahead for this step's lookups, not taken
         rows = None
-        if self._replica.has_gradients():
+        pushed = self._replica.has_gradients()
+        if pushed:
             requests = self._replica.plan.step
             pushes = [(r, self._replica.gradients(r)) for r in requests]
             rows = self._replica.tables.gradients(every_table=self.sync is not None)
@@ -314,12 +328,14 @@ class Trainer:
             requests = self._replica.plan.pull
             pushes = [(r, ()) for r in requests]
         try:
-            replies, prefetched = self._client.push_pull_and_prefetch(
-                pushes, self.global_step, self._prefetcher.requests(), rows=rows)
-        except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
-            self._recover(e)  # this step's gradients are lost; the parameters are fresh
-        else:
+            try:
+                replies, prefetched = self._client.push_pull_and_prefetch(
+                    pushes, self.global_step, self._prefetcher.requests(), rows=rows)
+            except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
+                replies, prefetched = self._send_again(e, pushes, rows), {}
             self._receive(requests, replies)
+            if pushed and not any(reply.dropped for reply in replies):
+                self.pushed_steps += 1
             self._prefetcher.deliver(prefetched)
         finally:
             self._prefetcher.drop()
@@ -361,10 +377,16 @@ class Trainer:
             The global step of the values received.
         """
         self._require_running()
+        try:
+            self._pull_all()
+        except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
+            self._recover(e)  # waits for the lost ps tasks, and pulls
+        return self.global_step
+
+    def _pull_all(self) -> None:
         requests = self._replica.plan.pull
         replies = self._client.push_pull([(r, ()) for r in requests], self.global_step, compress=False)
         self._receive(requests, replies)
-        return self.global_step
 
     def _pull_rows(self, wanted, create: bool = True):
         """Rows of embedding tables for a lookup (see :mod:`psframe.worker.tables`); a lost
@@ -388,19 +410,64 @@ class Trainer:
         if steps:
             self.global_step = max(steps) if self.sync is None else min(steps)
 
+    def _send_again(self, error: PsframeError, pushes, rows) -> list[Reply]:
+        """Wait for the lost ps tasks, then send this step's pushes again, with the numbers
+        they had: a ps task that applied one before the stream died answers it without
+        applying it twice, and none is lost (see :mod:`psframe.ps.ledger`).
+
+        Raises:
+            ConnectTimeoutError: a ps task did not come back within ``connect_timeout``.
+            PsframeError: the pushes kept failing for ``connect_timeout`` seconds.
+        """
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            log.warning("worker %d: %s; waiting up to %.0fs for the ps tasks, then sending step %d's "
+                        "pushes again", self.task_index, error, self.connect_timeout, self.global_step)
+            self._client.reset_streams()
+            # A restarted ps restores its shard from the checkpoint (or, with
+            # none, takes the chief's current values); the others ignore the chief.
+            self._join()
+            try:
+                replies, _ = self._client.push_pull_and_prefetch(pushes, self.global_step, {}, rows=rows,
+                                                                 again=True)
+            except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
+                if time.monotonic() >= deadline:
+                    raise
+                error = e
+                continue
+            self.recoveries += 1
+            log.info("worker %d: the ps tasks are back; step %d sent again (%d of its pushes had been "
+                     "applied before)", self.task_index, self.global_step,
+                     sum(reply.duplicate for reply in replies))
+            return replies
+
     def _recover(self, error: PsframeError) -> None:
-        """Wait for lost ps tasks to come back (restored from a checkpoint), then pull."""
-        log.warning("worker %d: %s; waiting up to %.0fs for the ps tasks to come back",
-                    self.task_index, error, self.connect_timeout)
+        """Wait for lost ps tasks to come back (restored from a checkpoint), then pull.
+
+        Raises:
+            ConnectTimeoutError: a ps task did not come back within ``connect_timeout``.
+            PsframeError: the pull kept failing for ``connect_timeout`` seconds.
+        """
+        deadline = time.monotonic() + self.connect_timeout
         self._replica.clear_gradients()
-        self._client.reset_streams()
-        # A restarted ps restores its shard from the checkpoint (or, with
-        # none, takes the chief's current values); the others ignore the chief.
-        self._join()
-        self.pull()
-        self.recoveries += 1
-        log.info("worker %d: the ps tasks are back; going on at global step %d",
-                 self.task_index, self.global_step)
+        while True:
+            log.warning("worker %d: %s; waiting up to %.0fs for the ps tasks to come back",
+                        self.task_index, error, self.connect_timeout)
+            self._client.reset_streams()
+            # A restarted ps restores its shard from the checkpoint (or, with
+            # none, takes the chief's current values); the others ignore the chief.
+            self._join()
+            try:
+                self._pull_all()
+            except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
+                if time.monotonic() >= deadline:
+                    raise
+                error = e
+                continue
+            self.recoveries += 1
+            log.info("worker %d: the ps tasks are back; going on at global step %d",
+                     self.task_index, self.global_step)
+            return
 
     def save_checkpoint(self) -> checkpoint.Manifest:
         """Have every ps task save its shard, then commit the checkpoint (chief).
@@ -414,7 +481,11 @@ class Trainer:
         self._require_running()
         if not self.checkpoint_dir:
             raise CheckpointError("save_checkpoint() needs Trainer(checkpoint_dir=...)")
-        manifest = checkpoint.save(self._client, self.checkpoint_dir, self.global_step, self.keep_checkpoints)
+        try:
+            manifest = checkpoint.save(self._client, self.checkpoint_dir, self.global_step, self.keep_checkpoints)
+        except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
+            self._recover(e)  # a ps task was lost as it saved: wait for it, then save again
+            manifest = checkpoint.save(self._client, self.checkpoint_dir, self.global_step, self.keep_checkpoints)
         log.info("checkpoint of global step %d committed in %s", manifest.step, manifest.folder)
         return manifest
 

@@ -24,14 +24,14 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import grpc
 
 from psframe.errors import SecurityConfigError
+from psframe.liveness import Liveness
 from psframe.security import Security
-from psframe.wire.transport.methods import CHANNEL_OPTIONS
+from psframe.wire.transport.methods import channel_options
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +57,16 @@ def _read(path: str, what: str) -> bytes:
         raise SecurityConfigError(f"cannot read {what} {path!r}: {e.strerror or e}") from None
 
 
-def open_channel(address: str, security: Security, options: Sequence[tuple[str, Any]] = CHANNEL_OPTIONS) -> grpc.Channel:
-    """A channel to ``address`` (``host:port`` or ``unix:PATH``): TLS where ``security`` says so.
+def open_channel(address: str, security: Security, liveness: Liveness | None = None) -> grpc.Channel:
+    """A channel to ``address`` (``host:port`` or ``unix:PATH``): TLS where ``security`` says so,
+    probing its connection as ``liveness`` says (default: :meth:`Liveness.resolve`).
 
     The channel does not add the token by itself: pass :func:`call_metadata` with each call.
 
     Raises:
         SecurityConfigError: a certificate, key or CA file cannot be read.
     """
+    options = channel_options(liveness or Liveness.resolve())
     if not security.tls or address.startswith("unix:"):
         return grpc.insecure_channel(address, options=options)
     root = _read(security.tls_ca_file, "tls_ca_file") if security.tls_ca_file else None

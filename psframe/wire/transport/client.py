@@ -12,6 +12,7 @@ import grpc
 
 from psframe import errors
 from psframe.errors import PsframeError
+from psframe.liveness import Liveness
 from psframe.security import Security
 from psframe.wire.transport.auth import call_metadata, open_channel
 from psframe.wire.transport.methods import METHODS, error_from_rpc
@@ -24,16 +25,18 @@ class Connection:
         address: ``host:port`` of the task.
         peer: how errors name the task, e.g. ``"/job:ps/task:1 at h0:2223"``.
         security: the auth token every call carries, and TLS (default: none).
+        liveness: how the channel probes its connection (default: :meth:`Liveness.resolve`).
 
     Raises:
         SecurityConfigError: a TLS file of ``security`` cannot be read.
     """
 
-    def __init__(self, address: str, peer: str | None = None, security: Security | None = None) -> None:
+    def __init__(self, address: str, peer: str | None = None, security: Security | None = None,
+                 liveness: Liveness | None = None) -> None:
         self.address = address
         self.peer = peer or address
         security = security or Security()
-        self._channel = open_channel(address, security)
+        self._channel = open_channel(address, security, liveness)
         self._metadata = call_metadata(security)
         self._callables: dict[str, Any] = {}
 

@@ -29,6 +29,9 @@ from typing import Any
 
 import grpc
 
+from psframe.liveness import Liveness
+from psframe.wire.transport.methods import PING_POLICY_OPTIONS, keepalive_options
+
 MiB = 1 << 20
 # 64 times the messages psframe sends by default (placement's max_shard_bytes,
 # 4 MiB); a Trainer given a larger max_shard_bytes needs ps tasks with a larger cap.
@@ -41,16 +44,18 @@ def default_calls_per_peer(max_threads: int) -> int:
     return max(1, max_threads - max(1, max_threads // 4))
 
 
-def server_options(max_message_bytes: int, max_streams_per_connection: int, share_port: bool
-                   ) -> tuple[tuple[str, Any], ...]:
-    """gRPC server options: the receive cap, streams per connection, and whether the port is
-    shared (never between two tasks: gRPC would otherwise let them both listen on it)."""
+def server_options(max_message_bytes: int, max_streams_per_connection: int, share_port: bool,
+                   liveness: Liveness) -> tuple[tuple[str, Any], ...]:
+    """gRPC server options: the receive cap, streams per connection, whether the port is
+    shared (never between two tasks: gRPC would otherwise let them both listen on it),
+    and keepalive (a caller that went silent is noticed, and its calls end, within
+    ``liveness.detect_within`` seconds: its streams no longer count against its host)."""
     return (
         ("grpc.max_send_message_length", -1),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_concurrent_streams", max_streams_per_connection),
         ("grpc.so_reuseport", int(share_port)),
-    )
+    ) + keepalive_options(liveness) + PING_POLICY_OPTIONS
 
 
 def peer_host(peer: str) -> str:

@@ -6,7 +6,8 @@
   Methods whose request carries tensors (a ``header`` + ``payload``
   envelope) travel as the bytes :mod:`psframe.wire.codec` made, untouched;
   the others as their generated message classes.
-- the channel options (no 4 MiB message cap, quick reconnects);
+- the channel options (no 4 MiB message cap, quick reconnects, keepalive
+  pings: see :mod:`psframe.liveness`);
 - errors both ways: a :class:`PsframeError` raised by a handler becomes a
   status code plus the error's class name in trailing metadata, and a failed
   call becomes that same error class (or a named transport error) again.
@@ -24,6 +25,7 @@ from google.protobuf.message import Message
 
 from psframe import errors
 from psframe.errors import PsframeError
+from psframe.liveness import Liveness
 from psframe.wire import psframe_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,34 @@ CHANNEL_OPTIONS = MESSAGE_OPTIONS + (
     ("grpc.max_reconnect_backoff_ms", 250),
     ("grpc.use_local_subchannel_pool", 1),
 )
+
+
+def keepalive_options(liveness: Liveness) -> tuple[tuple[str, Any], ...]:
+    """The options that make a channel or a server probe its connections (see
+    :mod:`psframe.liveness`). gRPC sets ``TCP_USER_TIMEOUT`` to the keepalive
+    timeout whenever keepalive is on, so unacknowledged data is bounded too."""
+    return (
+        ("grpc.keepalive_time_ms", round(liveness.keepalive_time * 1000)),
+        ("grpc.keepalive_timeout_ms", round(liveness.keepalive_timeout * 1000)),
+        # Ping while no call is open, and without data in between (a worker
+        # waiting at a barrier sends nothing for as long as the round takes).
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    )
+
+
+# What a server accepts of its callers' pings: any number, at any interval,
+# so a caller with shorter settings than this task's is never sent away
+# (gRPC's default answers a ping more often than every 5 minutes with GOAWAY).
+PING_POLICY_OPTIONS = (
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 0),
+    ("grpc.http2.max_ping_strikes", 0),
+)
+
+
+def channel_options(liveness: Liveness) -> tuple[tuple[str, Any], ...]:
+    """Every option of a channel to a task: :data:`CHANNEL_OPTIONS` and keepalive."""
+    return CHANNEL_OPTIONS + keepalive_options(liveness)
 
 
 @dataclass(frozen=True)

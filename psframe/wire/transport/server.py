@@ -16,6 +16,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from psframe import errors
+from psframe.liveness import Liveness
 from psframe.security import Security
 from psframe.wire.transport.auth import call_metadata, interceptors, open_channel, server_credentials
 from psframe.wire.transport.limits import (
@@ -73,8 +74,8 @@ class _Forwarder:
     The forwarded calls carry this server's own token (the caller's was checked here).
     """
 
-    def __init__(self, address: str, security: Security) -> None:
-        self._channel = open_channel(address, security)
+    def __init__(self, address: str, security: Security, liveness: Liveness) -> None:
+        self._channel = open_channel(address, security, liveness)
         self._metadata = call_metadata(security)
 
     def handler(self, method: Method) -> grpc.RpcMethodHandler:
@@ -149,6 +150,8 @@ class RpcServer:
             answered ``RESOURCE_EXHAUSTED``.
         max_calls_per_peer: calls in flight allowed from one host (and
             streams on one connection); default: three quarters of ``max_threads``.
+        liveness: how the server probes its callers' connections (and its
+            forwarded calls' channel); default: :meth:`Liveness.resolve`.
 
     Raises:
         ValueError: a handler names no method of the service.
@@ -158,7 +161,7 @@ class RpcServer:
     def __init__(self, handlers: Mapping[str, Callable], *, name: str, max_threads: int,
                  forward_to: str | None = None, share_port: bool = False,
                  security: Security | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 max_calls_per_peer: int | None = None) -> None:
+                 max_calls_per_peer: int | None = None, liveness: Liveness | None = None) -> None:
         unknown = sorted(set(handlers) - set(METHODS))
         if unknown:
             raise ValueError(f"{unknown} are not methods of {SERVICE.full_name}; expected some of {sorted(METHODS)}")
@@ -167,8 +170,9 @@ class RpcServer:
             for name_, handler in handlers.items()
         }
         security = security or Security()
+        liveness = liveness or Liveness.resolve()
         self._credentials = server_credentials(security, name)
-        self._forwarder = _Forwarder(forward_to, security) if forward_to else None
+        self._forwarder = _Forwarder(forward_to, security, liveness) if forward_to else None
         if self._forwarder is not None:
             table.update({name_: self._forwarder.handler(m) for name_, m in METHODS.items() if name_ not in table})
         self.name = name
@@ -180,7 +184,7 @@ class RpcServer:
             futures.ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix=name.strip("/").replace("/", "-")),
             handlers=(grpc.method_handlers_generic_handler(SERVICE.full_name, table),),
             interceptors=(*self._interceptors, self.limiter),
-            options=server_options(max_message_bytes, per_peer, share_port),
+            options=server_options(max_message_bytes, per_peer, share_port, liveness),
             maximum_concurrent_rpcs=max_threads,
         )
 

@@ -1,0 +1,211 @@
+"""The MNIST example across test hosts, through network partitions (tests/hosts.py).
+
+Every task runs on a host of its own (a network namespace with its own
+``/dev/shm``: every byte crosses the bridge), and links are cut (the host
+loses carrier), black-holed (frames dropped, carrier up), made to flap, or a
+ps task is SIGKILLed on its host and started again there. Oracles: every
+process exits 0 unless the scenario says otherwise, the chief's test
+accuracy is >= 97%, and each worker that lost a link is stepping again after
+the heal -- the time from the heal to its next step is printed (``-s``) for
+the record; the figures are in docs/decisions.md. Exactness after cuts
+(each push applied once, SGD with a known gradient) is
+tests/test_exactly_once.py's and this module's last tests.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import signal
+import time
+
+import pytest
+
+from tests.host_jobs import HostJob
+from tests.hosts import host_set  # noqa: F401  (a fixture, found by name)
+
+pytestmark = [pytest.mark.hosts, pytest.mark.mnist]
+
+TRAIN_STEPS = 6000
+# The ps presumes a silent non-chief dead after this; the chief, after ten times it.
+WORKER_TIMEOUT = 20.0
+BASE_FLAGS = ["--log_every=200", f"--worker_timeout={WORKER_TIMEOUT}", "--connect_timeout=120",
+              f"--train_steps={TRAIN_STEPS}"]
+
+
+def _job(host_set, tmp_path, mnist_dir, num_workers: int = 3, flags: tuple[str, ...] = ()) -> HostJob:
+    names = ["ps0", *[f"w{i}" for i in range(num_workers)]]
+    hosts = host_set(names)
+    placement = {"ps0": "ps0", **{f"worker{i}": f"w{i}" for i in range(num_workers)}}
+    return HostJob(hosts, placement, tmp_path, flags=[f"--data_dir={mnist_dir}", *BASE_FLAGS, *flags])
+
+
+def _record(scenario: str, **figures: float | None) -> None:
+    shown = ", ".join(f"{k} {'-' if v is None else f'{v:.1f}s'}" for k, v in figures.items())
+    print(f"[hosts] {scenario}: {shown}", flush=True)
+
+
+def _check_result(job: HostJob) -> dict:
+    result = job.result("worker0")
+    assert result["test_accuracy"] >= 0.97, result
+    assert result["global_step"] >= TRAIN_STEPS, result
+    return result
+
+
+def test_a_worker_cut_for_15s_steps_again_after_the_heal(host_set, tmp_path, mnist_dir):
+    job = _job(host_set, tmp_path, mnist_dir)
+    job.start_all()
+    job.wait_for("worker1", r"local step 400,", timeout=120)
+    job.hosts.cut("w1")
+    time.sleep(15)
+    healed = time.time()
+    job.hosts.heal("w1")
+    job.wait(timeout=240)
+    resumed = job.stepping_after("worker1", healed)
+    _record("worker cut 15 s (async)", resumed=resumed)
+    assert resumed is not None, job.report()
+    assert "the ps tasks are back" in job.output("worker1")  # its stream died, and it came back
+    _check_result(job)
+
+
+@pytest.mark.parametrize("how", ["cut", "black_hole"])
+def test_the_ps_host_cut_for_15s_every_worker_steps_again(host_set, tmp_path, mnist_dir, how):
+    job = _job(host_set, tmp_path, mnist_dir)
+    job.start_all()
+    job.wait_for("worker0", r"local step 400,", timeout=120)
+    getattr(job.hosts, how)("ps0")
+    time.sleep(15)
+    healed = time.time()
+    job.hosts.heal("ps0")
+    job.wait(timeout=240)
+    resumed = {task: job.stepping_after(task, healed) for task in ("worker0", "worker1", "worker2")}
+    _record(f"ps host {how} 15 s", **resumed)
+    assert all(v is not None for v in resumed.values()), job.report()
+    _check_result(job)
+
+
+def test_sync_with_a_backup_worker_cut_steps_go_on_meanwhile(host_set, tmp_path, mnist_dir):
+    job = _job(host_set, tmp_path, mnist_dir, flags=("--sync_replicas", "--replicas_to_aggregate=2",
+                                                     "--total_num_replicas=3", "--sync_timeout=60"))
+    job.start_all()
+    job.wait_for("worker2", r"local step 200,", timeout=120)
+    job.hosts.cut("w2")
+    cut = time.time()
+    time.sleep(15)
+    healed = time.time()
+    job.hosts.heal("w2")
+    job.wait(timeout=300)
+    # Rounds went on without the cut worker: the chief logged progress during the cut.
+    during = [line for line in job.output("worker0").splitlines() if "local step" in line
+              and cut + 2 < (_time(line) or 0) < healed]
+    assert during, job.report()
+    resumed = job.stepping_after("worker2", healed)
+    _record("sync R=2/N=3, worker 2 cut 15 s", resumed=resumed)
+    assert resumed is not None, job.report()
+    assert _check_result(job)["sync_replicas"] is True
+
+
+def test_sync_chief_cut_for_90s_comes_back_and_reports(host_set, tmp_path, mnist_dir):
+    """Longer than worker_timeout: the ps waits for the chief (it never ends a job without it),
+    the chief comes back, writes its final checkpoint and prints its result."""
+    checkpoints = tmp_path / "ckpt"
+    job = _job(host_set, tmp_path, mnist_dir, flags=("--sync_replicas", "--replicas_to_aggregate=2",
+                                                     "--total_num_replicas=3", "--sync_timeout=60",
+                                                     f"--checkpoint_dir={checkpoints}",
+                                                     "--save_checkpoint_steps=2000"))
+    job.start_all()
+    job.wait_for("worker0", r"local step 200,", timeout=120)
+    job.hosts.cut("w0")
+    time.sleep(90)
+    healed = time.time()
+    job.hosts.heal("w0")
+    job.wait(timeout=300)
+    resumed = job.stepping_after("worker0", healed)
+    _record("sync R=2/N=3, chief cut 90 s", resumed=resumed)
+    assert resumed is not None, job.report()
+    assert "waiting for the chief" in job.output("ps0")
+    assert "training is over" not in job.output("ps0").split("waiting for the chief")[0]
+    assert not re.search(r"\[0\] presumed dead", job.output("ps0"))
+    result = _check_result(job)
+    assert "checkpoint of global step" in job.output("worker0")
+    final = max(int(m) for m in re.findall(r"checkpoint of global step (\d+) committed", job.output("worker0")))
+    assert final == result["global_step"]
+
+
+def test_a_flapping_ps_link_8_cuts_of_1_to_3s(host_set, tmp_path, mnist_dir):
+    job = _job(host_set, tmp_path, mnist_dir)
+    job.start_all()
+    job.wait_for("worker0", r"local step 400,", timeout=120)
+    rng = random.Random(0)
+    for _ in range(8):
+        job.hosts.cut("ps0")
+        time.sleep(rng.uniform(1.0, 3.0))
+        job.hosts.heal("ps0")
+        time.sleep(rng.uniform(0.5, 1.5))
+    healed = time.time()
+    job.wait(timeout=300)
+    resumed = {task: job.stepping_after(task, healed) for task in ("worker0", "worker1", "worker2")}
+    _record("ps link flapping, 8 cuts of 1-3 s", **resumed)
+    _check_result(job)
+
+
+def test_a_ps_killed_on_its_host_and_started_again_there(host_set, tmp_path, mnist_dir):
+    checkpoints = tmp_path / "ckpt"
+    job = _job(host_set, tmp_path, mnist_dir, flags=(f"--checkpoint_dir={checkpoints}",
+                                                     "--save_checkpoint_steps=500"))
+    job.start_all()
+    job.wait_for("worker0", r"checkpoint of global step \d+ committed", timeout=120)
+    job.procs["ps0"].send_signal(signal.SIGKILL)
+    job.procs["ps0"].wait(timeout=10)
+    job.returncodes.clear()
+    restarted = time.time()
+    job.start("ps0")
+    job.wait(timeout=240)
+    assert re.search(r"restored \d+ variables from checkpoint step", job.output("ps0")), job.report()
+    resumed = {task: job.stepping_after(task, restarted) for task in ("worker0", "worker1", "worker2")}
+    _record("ps SIGKILLed and started again on its host", **resumed)
+    assert all(v is not None for v in resumed.values()), job.report()
+    _check_result(job)
+
+
+def test_a_worker_whose_host_never_comes_back_fails_naming_the_ps(host_set, tmp_path, mnist_dir):
+    job = _job(host_set, tmp_path, mnist_dir)
+    job.start_all("--connect_timeout=20")
+    job.wait_for("worker1", r"local step 400,", timeout=120)
+    job.hosts.cut("w1")
+    cut = time.monotonic()
+    job.wait(timeout=180, expect={"worker1": 1})
+    # Noticed within the keepalive (10 s), then 20 s of waiting: well within the deadline above.
+    gave_up = time.monotonic() - cut
+    _record("worker host gone for good", gave_up=gave_up)
+    assert re.search(r"ConnectTimeoutError: .*waited [\d.]+s for /job:ps/task:0 at ", job.output("worker1")), \
+        job.output("worker1")[-3000:]
+    _check_result(job)
+
+
+def _time(line: str) -> float | None:
+    from tests.host_jobs import line_time
+
+    return line_time(line)
+
+
+def test_every_task_on_its_own_host_with_tls_and_a_token(host_set, tmp_path, mnist_dir):
+    """No two tasks share a host (nor /dev/shm): every tensor crosses the network, in TLS."""
+    trustme = pytest.importorskip("trustme")  # the test extra installs it
+    job = _job(host_set, tmp_path, mnist_dir, num_workers=2)
+    ca = trustme.CA()
+    leaf = ca.issue_cert(*[job.hosts.address(name) for name in job.hosts.names])
+    files = {"ca": ca.cert_pem, "cert": leaf.cert_chain_pems[0], "key": leaf.private_key_pem}
+    flags = []
+    for name, blob in files.items():
+        path = tmp_path / f"{name}.pem"
+        blob.write_to_path(str(path))
+        path.chmod(0o600)
+        flags.append(f"--tls_{name}_file={path}")
+    token = tmp_path / "token"
+    token.write_text("a-token-of-the-cross-host-test-0123456789\n")
+    token.chmod(0o600)
+    job.start_all(*flags, f"--auth_token_file={token}")
+    job.wait(timeout=240)
+    assert "(auth token, mutual TLS)" in job.output("ps0"), job.output("ps0")[-2000:]
+    _check_result(job)
