@@ -133,7 +133,8 @@ def push_pull_sync(grads: list[torch.Tensor]) -> torch.futures.Future:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, required=True, help="rendezvous port on 127.0.0.1")
+    parser.add_argument("--master_addr", default="127.0.0.1", help="the ps's address (the rendezvous)")
+    parser.add_argument("--port", type=int, required=True, help="rendezvous port on --master_addr")
     parser.add_argument("--rank", type=int, required=True, help="0 is the ps; 1..N the trainers")
     parser.add_argument("--num_trainers", type=int, default=2)
     parser.add_argument("--model", default="mnist_mlp", choices=sorted(MODELS))
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_single_thread()
     options = rpc.TensorPipeRpcBackendOptions(
-        init_method=f"tcp://127.0.0.1:{args.port}",
+        init_method=f"tcp://{args.master_addr}:{args.port}",
         num_worker_threads=args.num_worker_threads,
         rpc_timeout=args.timeout,
         _transports=args.transports.split(","),

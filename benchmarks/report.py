@@ -41,9 +41,10 @@ TITLES = {
     "scaling": "Scaling with workers",
     "memory": "ps memory",
     "sparse": "Embedding tables",
+    "hosts": "Across hosts, at the link's limit",
 }
 # The order of the sections in the report.
-REPORT_SECTIONS = ("raw", "transport", "security", "training", "scaling", "memory", "sparse")
+REPORT_SECTIONS = ("raw", "transport", "security", "training", "scaling", "memory", "sparse", "hosts")
 
 
 # ----------------------------------------------------------------------- tables
@@ -254,8 +255,15 @@ def security_table(rows: Sequence[dict]) -> str:
     )
 
 
+def hosts_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`benchmarks.hosts.run_hosts_benchmark` rows."""
+    from benchmarks.hosts import format_table
+
+    return format_table(rows)
+
+
 TABLES = {"raw": raw_table, "transport": transport_table, "security": security_table, "training": training_table,
-          "scaling": scaling_table, "memory": memory_table, "sparse": sparse_table}
+          "scaling": scaling_table, "memory": memory_table, "sparse": sparse_table, "hosts": hosts_table}
 
 
 def section_text(section: str, rows: Sequence[dict]) -> str:
@@ -396,6 +404,16 @@ _INTROS = {
         "*start-up s* is the trainer's connect (the chief sends the table's initial values). "
         "Below it: the ps tasks' memory with a 10^7 x 64 table and Adagrad (10^6 rows in quick mode; "
         "`benchmarks.sparse.table_memory`), and the CTR example's samples/s and AUC (`benchmarks.ctr`)."
+    ),
+    "hosts": (
+        "From `benchmarks.hosts` (same run). One ps host and two worker hosts made of network "
+        "namespaces on a bridge (`tests/hosts.py`), each with its own `/dev/shm`, so every byte crosses "
+        "the network; every host's link capped with `tc tbf` (both ways) or uncapped. Async, 1 ps + 2 "
+        "workers, the training section's models and data. *link limit* is the link's rate over the "
+        "model's float32 bytes, which each global step moves each way through the ps host's link (full "
+        "duplex); *of the limit* divides global steps/s by it (bfloat16 on the wire may pass 1); *vs best "
+        "peer* divides psframe's global steps/s by the faster of torch_rpc_ps and tf_ps on the same link and "
+        "model; a row is *link-bound* when its limit is below what the same system reached uncapped."
     ),
     "scaling": (
         "From `benchmarks.scaling` (same run). Each model, at each worker count N, with every system "

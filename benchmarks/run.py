@@ -11,7 +11,9 @@ torch.distributed.rpc, TensorFlow's parameter server, DDP and one process; from
 workers; from :mod:`benchmarks.scaling`), ``sparse`` (embedding tables: step
 time against table size, rows against moving the table whole, the ps tasks'
 memory of a 10^7-row table with Adagrad; from :mod:`benchmarks.sparse`; and
-the CTR example's samples/s and AUC, from :mod:`benchmarks.ctr`).
+the CTR example's samples/s and AUC, from :mod:`benchmarks.ctr`), ``hosts`` (psframe and its
+peers on test hosts made of network namespaces, links capped at 100 Mbit/s and 1 Gbit/s
+and uncapped, against each link's limit; from :mod:`benchmarks.hosts`; needs root).
 A section that fails is reported (in the report and on stderr) and the others
 still run; the exit code is then 1. ``--quick`` is a smoke test: 4 KiB and
 320 KiB only, few repeats, one small memory case, training's and scaling's
@@ -38,7 +40,7 @@ from pathlib import Path  # noqa: E402
 
 from benchmarks.common import ROOT, Settings, single_thread  # noqa: E402
 
-SECTIONS = ("raw", "transport", "security", "memory", "training", "scaling", "sparse")
+SECTIONS = ("raw", "transport", "security", "memory", "training", "scaling", "sparse", "hosts")
 TRAINING_MODELS = ("mnist_mlp", "large_mlp")
 # Training runs every system this many times per model, interleaved (the
 # median run is reported): other work on the machine that comes and goes then
@@ -151,8 +153,15 @@ def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
 
         return run_sparse_benchmarks(quick=quick, timeout=timeout)
 
+    def hosts() -> list[dict]:
+        from benchmarks.hosts import run_hosts_benchmark
+
+        models = ("mnist_mlp",) if quick else ("mnist_mlp", "large_mlp")
+        links = (100,) if quick else (100, 1000, 0)
+        return run_hosts_benchmark(models, links, quick=quick)
+
     for section, run in (("raw", raw), ("transport", transport), ("security", security), ("memory", memory),
-                         ("training", training), ("scaling", scaling), ("sparse", sparse)):
+                         ("training", training), ("scaling", scaling), ("sparse", sparse), ("hosts", hosts)):
         if section in skip:
             continue
         t = time.monotonic()

@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import faulthandler
+import functools
 import json
 import math
 import os
@@ -74,7 +75,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,13 +211,36 @@ def _python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float) -> dict[str, dict]:
+@dataclass(frozen=True)
+class Placement:
+    """Where a system's processes run, when not all on this machine's loopback.
+
+    Args:
+        address: the IP address of the host a process (by its name in
+            :func:`run_processes`: ``ps0``, ``worker1``, ``trainer0``...) runs on.
+        popen: starts a process on its host: ``popen(name, argv, **Popen's keyword arguments)``.
+        interface: the hosts' network interface (TensorPipe's and gloo's).
+        port: the port every server listens on (the hosts are apart: ports never clash).
+    """
+
+    address: Callable[[str], str]
+    popen: Callable[..., subprocess.Popen]
+    interface: str = "eth0"
+    port: int = 29500
+
+    def environment(self) -> dict[str, str]:
+        return {"TP_SOCKET_IFNAME": self.interface, "GLOO_SOCKET_IFNAME": self.interface}
+
+
+def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float,
+                  placement: Placement | None = None) -> dict[str, dict]:
     """Run the child processes ``tasks`` (name, argv) together until all exit.
 
     Every child runs in the repository root with :data:`CHILD_ENV`; its stdout
     and stderr go to files (so a chatty child never blocks on a pipe). On the
     first failure or at ``deadline`` (a ``time.monotonic()`` value) every child
-    still running gets SIGTERM, then SIGKILL, by PID.
+    still running gets SIGTERM, then SIGKILL, by PID. With a ``placement``,
+    each child starts on its host.
 
     Returns:
         The last JSON object each child printed, by name, with ``cpu_trace``
@@ -226,7 +250,7 @@ def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float) -> di
     Raises:
         ChildError: a child exited non-zero, printed no JSON, or the deadline passed.
     """
-    env = {**os.environ, **CHILD_ENV}
+    env = {**os.environ, **CHILD_ENV, **(placement.environment() if placement else {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     children: list[_Child] = []
     traces: dict[str, list[list[float]]] = {}
@@ -235,8 +259,8 @@ def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float) -> di
             for name, argv in tasks:
                 out, err = Path(tmp, f"{name}.out"), Path(tmp, f"{name}.err")
                 with open(out, "wb") as fout, open(err, "wb") as ferr:
-                    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fout, stderr=ferr,
-                                            cwd=REPO_ROOT, env=env)
+                    start = subprocess.Popen if placement is None else functools.partial(placement.popen, name)
+                    proc = start(argv, stdin=subprocess.DEVNULL, stdout=fout, stderr=ferr, cwd=REPO_ROOT, env=env)
                 children.append(_Child(name, proc, out, err))
             while True:
                 for child in children:
@@ -358,12 +382,19 @@ def _common_flags(model: str, steps: int, warmup: int) -> list[str]:
     return [f"--model={model}", f"--steps={steps}", f"--warmup={warmup}"]
 
 
+def _addresses(names: Sequence[str], placement: Placement | None) -> list[str]:
+    """``host:port`` for each process named: free loopback ports, or each one's host."""
+    if placement is None:
+        return [f"127.0.0.1:{p}" for p in _free_ports(len(names))]
+    return [f"{placement.address(name)}:{placement.port}" for name in names]
+
+
 def run_psframe_processes(model: str, sync: bool, steps: int, warmup: int, deadline: float,
-                 extra_flags: Sequence[str] = (), *, num_workers: int = NUM_WORKERS, num_ps: int = 1) -> dict:
+                 extra_flags: Sequence[str] = (), *, num_workers: int = NUM_WORKERS, num_ps: int = 1,
+                 placement: Placement | None = None) -> dict:
     """``num_ps`` ps tasks and ``num_workers`` workers of :mod:`benchmarks.train_psframe`
     (children ``ps0``..., ``worker0``...); the chief times the global steps."""
-    ports = _free_ports(num_ps + num_workers)
-    hosts = [f"127.0.0.1:{p}" for p in ports]
+    hosts = _addresses([f"ps{i}" for i in range(num_ps)] + [f"worker{i}" for i in range(num_workers)], placement)
     timeout = max(10.0, deadline - time.monotonic())
     with tempfile.TemporaryDirectory(prefix="psframe-barrier-") as barrier:
         flags = [f"--ps_hosts={','.join(hosts[:num_ps])}", f"--worker_hosts={','.join(hosts[num_ps:])}",
@@ -373,7 +404,7 @@ def run_psframe_processes(model: str, sync: bool, steps: int, warmup: int, deadl
                                            f"--task_index={i}")) for i in range(num_ps)]
         tasks += [(f"worker{i}", _python_module("benchmarks.train_psframe", *flags, "--job_name=worker",
                                                 f"--task_index={i}")) for i in range(num_workers)]
-        results = run_processes(tasks, deadline)
+        results = run_processes(tasks, deadline, placement)
     chief = results["worker0"]
     workers = [results[f"worker{i}"] for i in range(num_workers)]
     return _row(chief, workers, chief["global_steps_per_sec"], chief["timed_global_steps"], results,
@@ -382,17 +413,18 @@ def run_psframe_processes(model: str, sync: bool, steps: int, warmup: int, deadl
 
 
 def run_rpc_processes(model: str, sync: bool, steps: int, warmup: int, deadline: float, *,
-             num_workers: int = NUM_WORKERS) -> dict:
+             num_workers: int = NUM_WORKERS, placement: Placement | None = None) -> dict:
     """The RPC ps (child ``ps``) and ``num_workers`` trainers of :mod:`benchmarks.baseline_rpc_ps`;
     the ps times its updates."""
-    (port,) = _free_ports(1)
+    (master,) = _addresses(["ps"], placement)
+    host, port = master.rsplit(":", 1)
     timeout = max(10.0, deadline - time.monotonic())
-    flags = [f"--port={port}", f"--num_trainers={num_workers}", *_common_flags(model, steps, warmup),
-             f"--timeout={timeout:.0f}", *(["--sync"] if sync else [])]
+    flags = [f"--master_addr={host}", f"--port={port}", f"--num_trainers={num_workers}",
+             *_common_flags(model, steps, warmup), f"--timeout={timeout:.0f}", *(["--sync"] if sync else [])]
     tasks = [(("ps" if rank == 0 else f"trainer{rank - 1}"),
               _python_module("benchmarks.baseline_rpc_ps", *flags, f"--rank={rank}"))
              for rank in range(1 + num_workers)]
-    results = run_processes(tasks, deadline)
+    results = run_processes(tasks, deadline, placement)
     ps = results["ps"]
     return _row(ps, [results[f"trainer{i}"] for i in range(num_workers)], ps["global_steps_per_sec"],
                 ps["timed_global_steps"], results, samples_per_step=BATCH_SIZE * (num_workers if sync else 1),
@@ -400,7 +432,7 @@ def run_rpc_processes(model: str, sync: bool, steps: int, warmup: int, deadline:
 
 
 def run_tf_processes(model: str, steps: int, warmup: int, deadline: float, *,
-                     num_workers: int = NUM_WORKERS) -> dict:
+                     num_workers: int = NUM_WORKERS, placement: Placement | None = None) -> dict:
     """The TF ps (child ``ps``) and ``num_workers`` workers of :mod:`benchmarks.baseline_tf_ps`,
     async, run by the TensorFlow environment's python; the chief times the global steps.
 
@@ -413,8 +445,7 @@ def run_tf_processes(model: str, steps: int, warmup: int, deadline: float, *,
     if reason:
         raise SystemUnavailable(reason)
     python = tf_env.tf_python()
-    ports = _free_ports(1 + num_workers)
-    hosts = [f"127.0.0.1:{p}" for p in ports]
+    hosts = _addresses(["ps", *[f"worker{i}" for i in range(num_workers)]], placement)
     with tempfile.TemporaryDirectory(prefix="psframe-tf-") as tmp:
         inputs = tf_env.write_inputs(model, Path(tmp, "inputs.npz"))
         barrier = Path(tmp, "barrier")
@@ -426,7 +457,7 @@ def run_tf_processes(model: str, steps: int, warmup: int, deadline: float, *,
         argv = [python, "-m", "benchmarks.baseline_tf_ps", *flags]
         tasks = [("ps", [*argv, "--job_name=ps", "--task_index=0"])]
         tasks += [(f"worker{i}", [*argv, "--job_name=worker", f"--task_index={i}"]) for i in range(num_workers)]
-        results = run_processes(tasks, deadline)
+        results = run_processes(tasks, deadline, placement)
     chief = results["worker0"]
     return _row(chief, [results[f"worker{i}"] for i in range(num_workers)], chief["global_steps_per_sec"],
                 chief["timed_global_steps"], results, samples_per_step=BATCH_SIZE, processes=1 + num_workers)
