@@ -26,7 +26,8 @@ Run it::
 
     python -m benchmarks.hosts [--quick] [--models mnist_mlp large_mlp] [--links 100 1000 0]
 
-(0: uncapped). It needs root (network namespaces); without, it says so and exits 1.
+(0: uncapped); ``--systems psframe psframe_overlap`` gives the A/B of sending a
+step's messages during backward (``Trainer(overlap_backward=True)``). It needs root (network namespaces); without, it says so and exits 1.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ HOST_NAMES = ("ps0", "w0", "w1")
 TASK_HOSTS = {"ps0": "ps0", "ps": "ps0", "worker0": "w0", "worker1": "w1", "trainer0": "w0", "trainer1": "w1"}
 LINKS_MBIT = (100, 1000, 0)  # 0: uncapped
 SYSTEMS = ("psframe", "psframe_bf16", "torch_rpc_ps", "tf_ps")
+# Rows that only --systems asks for: the A/B of sending during backward.
+EXTRA_SYSTEMS = ("psframe_overlap",)
 PEERS = ("torch_rpc_ps", "tf_ps")
 # About this many seconds of timed steps per row, at the link limit (or at the
 # uncapped rate measured first); never fewer steps than these.
@@ -58,6 +61,8 @@ TARGET_SECONDS = {"full": 12.0, "quick": 2.0}
 MIN_STEPS = {"mnist_mlp": (200, 20), "large_mlp": (4, 1)}
 QUICK_MIN_STEPS = {"mnist_mlp": (20, 5), "large_mlp": (2, 1)}
 ROW_TIMEOUT_S = 600.0
+# Global steps/s to size an uncapped row by, before it is measured (2 cores, 1 ps + 2 workers).
+UNCAPPED_GUESS = {"mnist_mlp": 300.0, "large_mlp": 2.0}
 
 
 def model_bytes(model: str) -> int:
@@ -74,7 +79,7 @@ def link_limit(model: str, link_mbit: float) -> float:
 def _steps(model: str, rate_guess: float, quick: bool) -> tuple[int, int]:
     timed_min, warmup_min = (QUICK_MIN_STEPS if quick else MIN_STEPS)[model]
     target = TARGET_SECONDS["quick" if quick else "full"]
-    timed = max(timed_min, int(rate_guess * target)) if math.isfinite(rate_guess) else timed_min
+    timed = max(timed_min, int(rate_guess * target))
     return timed, max(warmup_min, timed // 10)
 
 
@@ -86,6 +91,8 @@ def run_row(placement: Placement, system: str, model: str, steps: int, warmup: i
     if system == "psframe_bf16":
         return run_psframe_processes(model, False, steps, warmup, deadline, ["--wire_dtype=bfloat16"],
                                      placement=placement)
+    if system == "psframe_overlap":
+        return run_psframe_processes(model, False, steps, warmup, deadline, ["--overlap"], placement=placement)
     if system == "torch_rpc_ps":
         return run_rpc_processes(model, False, steps, warmup, deadline, placement=placement)
     if system == "tf_ps":
@@ -118,8 +125,8 @@ def run_hosts_benchmark(models: Sequence[str] = ("mnist_mlp", "large_mlp"), link
             for model in models:
                 limit = link_limit(model, link)
                 for system in systems:
-                    guess = min(limit, uncapped.get((system, model), limit))
-                    steps, warmup = _steps(model, guess if math.isfinite(guess) else 50.0, quick)
+                    guess = min(limit, uncapped.get((system, model), UNCAPPED_GUESS[model]))
+                    steps, warmup = _steps(model, guess, quick)
                     row = {"link_mbit": link, "model": model, "system": system, "link_limit": limit,
                            "steps": steps}
                     try:
@@ -188,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(MODELS))
     parser.add_argument("--links", nargs="+", type=int, default=list(LINKS_MBIT),
                         help="link caps in Mbit/s; 0 is uncapped")
-    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS + EXTRA_SYSTEMS)
     args = parser.parse_args(argv)
     from tests.hosts import hosts_unavailable
 

@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="largest stored part (one message); default: psframe's")
     parser.add_argument("--wire_dtype", default=None, choices=["bfloat16", "float16"],
                         help="compress gradients and parameters on the wire (default: as stored)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="send a step's messages during backward (overlap_backward=True)")
     parser.add_argument("--no_shared_memory", action="store_true",
                         help="every byte through gRPC, as across hosts (default: shared memory on one host)")
     parser.add_argument("--serving_processes", type=int, default=1,
@@ -87,6 +89,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         connect_timeout=args.timeout,
         wire_dtype=args.wire_dtype,
         shared_memory=not args.no_shared_memory,
+        overlap_backward=args.overlap,
         **({"max_shard_bytes": args.max_shard_bytes} if args.max_shard_bytes else {}),
     )
     times: list[float] = []

@@ -5,7 +5,9 @@
 - :mod:`psframe.worker.slicer`: which message carries which shard, in which order;
 - :mod:`psframe.worker.startup`: the chief's initialisation, and joining the model;
 - :mod:`psframe.worker.client`: tensors to and from every ps task;
-- :mod:`psframe.worker.streams`: the PushPull streams to the ps tasks, and the numbers of the pushes;
+- :mod:`psframe.worker.streams`: the PushPull streams to the ps tasks, a step's exchange on them, and
+  the numbers of the pushes;
+- :mod:`psframe.worker.overlap`: sending a step's messages while backward still runs (opt-in);
 - :mod:`psframe.worker.staging`: CPU or CUDA replicas and their host buffers;
 - :mod:`psframe.worker.hooks`: hooks (public as :mod:`psframe.hooks`).
 

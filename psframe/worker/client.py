@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -27,6 +27,7 @@ from psframe.security import Security
 from psframe.wire import codec, messages, shared_region, table_rows, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker.slicer import Request, Slot
+from psframe.worker import streams
 from psframe.worker.streams import PushPullStreams, Reply
 
 log = logging.getLogger(__name__)
@@ -247,7 +248,7 @@ class PsClient:
         # Every message that pushes takes a number, in the order it is sent to its
         # ps task: the rows of tables first, then the requests with gradients.
         counts = collections.Counter(list(rows or {}))
-        counts.update(request.ps_task for request, grads in requests if grads)
+        counts.update(request.ps_task for request, _ in requests if request.push)
         numbers = self._streams.numbers.take(counts, again)
         first = []
         ends_step = {request.ps_task for request, _ in requests if request.end_of_step} if rows else set()
@@ -258,9 +259,9 @@ class PsClient:
             numbers[ps_task] += 1
             first.append((ps_task, codec.encode(header, tensors, kinds)))
         push_ids = []
-        for request, grads in requests:
-            push_ids.append(numbers[request.ps_task] if grads else 0)
-            if grads:
+        for request, _ in requests:
+            push_ids.append(numbers[request.ps_task] if request.push else 0)
+            if request.push:
                 numbers[request.ps_task] += 1
         last = [(ps_task, self._pull_message(pulls, step)) for ps_task, pulls in prefetch.items()]
         answers = self._exchange(first, requests, step, compress, timeout, last, push_ids)
@@ -268,6 +269,28 @@ class PsClient:
         pulled = {ps_task: table_rows.pulled_rows(answer[0].tensors, answer[1])
                   for (ps_task, _), answer in zip(last, answers[tail:]) if answer is not None}
         return answers[len(first):tail], pulled
+
+    def begin_step(self, requests: Sequence[Request], step: int,
+                   grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]]) -> streams.Exchange:
+        """A step whose planned ``requests`` are sent as their gradients become ready.
+
+        For overlapping the step's messages with backward (:mod:`psframe.worker.overlap`):
+        :meth:`~psframe.worker.streams.Exchange.send_ready` sends request ``i`` (its
+        gradients from ``grads_of(i)``) while backward still runs, and
+        :meth:`~psframe.worker.streams.Exchange.finish` sends the rest and gives the
+        replies, as :meth:`push_pull` would. Every request that pushes takes a push
+        number now; sent again after a failure (:meth:`push_pull_and_prefetch` with
+        ``again``), the same pushes keep them.
+        """
+        counts = collections.Counter(request.ps_task for request in requests if request.push)
+        numbers = self._streams.numbers.take(counts)
+        push_ids = []
+        for request in requests:
+            push_ids.append(numbers[request.ps_task] if request.push else 0)
+            if request.push:
+                numbers[request.ps_task] += 1
+        return self._streams.begin(requests, grads_of, step, self.wire_dtype is not None, self.rpc_timeout,
+                                   push_ids)
 
     def pull_rows(self, wanted: Mapping[int, Sequence[table_rows.RowPull]], step: int,
                   create: bool = True) -> dict[int, list[torch.Tensor]]:

@@ -69,13 +69,22 @@ class Replica:
         self.slots = tuple(Slot(shard, by_name[shard.variable]) for shard in self.placement.shards)
         self.dense_slots = tuple(s for s in self.slots if not s.shard.table)
         self.tables = EmbeddingTables(tables, [s for s in self.slots if s.shard.table], dynamic)
-        self.plan = StepPlan.make(self.dense_slots, num_ps, max_shard_bytes, sync)
+        # Each ps task's requests in the order backward makes their gradients (the model's
+        # last parameters first), so that a step can send them as they come (psframe.worker.overlap).
+        position = {id(p): k for k, (_, p) in enumerate(params)}
+        backward_order = sorted(self.dense_slots, key=lambda s: (-position[id(s.param)], s.shard.row_start))
+        self.plan = StepPlan.make(backward_order, num_ps, max_shard_bytes, sync)
         self.max_shard_bytes = max_shard_bytes
         self.sync = sync
         self.staging = staging
         self._device_wire_dtype = wire_dtype if staging.cuda else None
         # Whose gradients are cleared after every step (the trainable ones, once each).
         self._params = [p for _, p in params]
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        """The model's trainable parameters, in the model's order."""
+        return list(self._params)
 
     def values(self, slots: Sequence[Slot]) -> list[tuple[str, torch.Tensor]]:
         """The current values of ``slots`` on the host, by shard name (the chief's initial values)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -134,81 +134,15 @@ class PushPullStreams:
             PsframeError: the first error a ps task answered, or a transport
                 error naming the task; RpcTimeoutError after ``timeout`` seconds.
         """
-        count, end = len(first), len(first) + len(requests)
-        encoded = {j: data for j, (_, data) in enumerate(first)}
-        encoded.update({end + k: data for k, (_, data) in enumerate(last)})
-        unsent: dict[int, collections.deque[int]] = {}
-        for j, (ps_task, _) in enumerate(first):
-            unsent.setdefault(ps_task, collections.deque()).append(j)
-        for i, (request, _) in enumerate(requests):
-            unsent.setdefault(request.ps_task, collections.deque()).append(count + i)
-        for k, (ps_task, _) in enumerate(last):
-            unsent.setdefault(ps_task, collections.deque()).append(end + k)
-        in_flight = {ps_task: collections.deque() for ps_task in unsent}
-        # Requests refused for a shared region, sent again (in messages) before the
-        # rest, in the order first sent: a ps task applies a worker's pushes in order.
-        again: dict[int, collections.deque[int]] = {ps_task: collections.deque() for ps_task in unsent}
-        replies: list = [None] * (end + len(last))
-        failure: PsframeError | None = None
-        resent = False
+        return Exchange(self, [r for r, _ in requests], lambda i: requests[i][1], step, compress, timeout,
+                        first=first, last=last, push_ids=push_ids).finish()
 
-        def send_more(ps_task: int) -> None:
-            while (again[ps_task] or unsent[ps_task]) and len(in_flight[ps_task]) < WINDOW:
-                j = (again[ps_task] or unsent[ps_task]).popleft()
-                data = encoded[j] if j in encoded else self._encode(
-                    *requests[j - count], step, compress, push_ids[j - count] if push_ids else 0)
-                self._stream(ps_task).send(data, timeout)
-                in_flight[ps_task].append(j)
-
-        for ps_task in unsent:
-            send_more(ps_task)
-        while any(in_flight.values()):
-            for ps_task, waiting in in_flight.items():
-                if not waiting:
-                    continue
-                j = waiting.popleft()
-                try:
-                    data = self._streams[ps_task].receive()
-                except PsframeError as e:
-                    self._streams.pop(ps_task).close()
-                    failure = failure or e
-                    waiting.clear()
-                    unsent[ps_task].clear()
-                    again[ps_task].clear()
-                    continue
-                if j in encoded:  # a message of `first` or `last`
-                    header, tensors = replies[j] = codec.decode(data, pb.PushPullReplyHeader)
-                    if header.error_class:
-                        failure = failure or errors.error_from_name(header.error_class, header.error_message)
-                    send_more(ps_task)
-                    continue
-                prepared = self.prepared[(requests[j - count][0], compress)]
-                header, tensors = prepared.decode(data)
-                if header.shared_refused:
-                    self._share_with.discard(ps_task)
-                if header.error_class == errors.SharedRegionError.__name__:
-                    # The task could not map the region (it was replaced, or another of its
-                    # processes answered), or refused a push that came after one it could
-                    # not map: nothing was applied; send the tensors in the message.
-                    log.debug("%s: %s", self._ps[ps_task].peer, header.error_message)
-                    prepared.drop_region()
-                    again[ps_task].append(j)
-                    resent = True
-                elif header.error_class:
-                    failure = failure or errors.error_from_name(header.error_class, header.error_message)
-                replies[j] = Reply(header.global_step, header.dropped, tensors, header.duplicate)
-                send_more(ps_task)
-        if failure is not None:
-            # A ps task may still hold the gradients a failed step left in regions
-            # (a sync round waits for them): the next requests get regions of their own.
-            for request, _ in requests:
-                prepared = self.prepared.get((request, compress))
-                if prepared is not None:
-                    prepared.drop_region()
-            raise failure
-        if resent:  # a message of `last` may have been answered before a request sent again ahead of it
-            replies[end:] = [None] * len(last)
-        return replies
+    def begin(self, requests: Sequence[Request], grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]],
+              step: int, compress: bool, timeout: float, push_ids: Sequence[int]) -> Exchange:
+        """An exchange of planned ``requests`` whose gradients are not all there yet:
+        :meth:`Exchange.send_ready` sends a request as soon as ``grads_of(i)`` can give its
+        gradients (while backward still runs), :meth:`Exchange.finish` the rest."""
+        return Exchange(self, requests, grads_of, step, compress, timeout, push_ids=push_ids)
 
     def _encode(self, request: Request, grads: Sequence[tuple[str, torch.Tensor]], step: int,
                 compress: bool, push_id: int) -> bytes:
@@ -243,3 +177,131 @@ class PushPullStreams:
         """Close the streams and stop their deadlines' watchdog."""
         self.reset()
         self._watchdog.stop()
+
+
+class Exchange:
+    """The messages of one step (or pull) and their replies, each ps task's in order.
+
+    Each ps task is sent ``first`` (encoded messages), then the planned
+    ``requests``, then ``last``, at most :data:`WINDOW` in flight; a request is
+    encoded when it is sent, from ``grads_of(i)``. :meth:`send_ready` may send
+    a request before :meth:`finish` (its gradients are ready while backward
+    still runs: :mod:`psframe.worker.overlap`), as long as every message ahead
+    of it on its stream has gone and the window allows; :meth:`finish` sends
+    the rest and waits for every reply. A failure to send early is left to
+    :meth:`finish` (nothing is lost: a message leaves its queue once sent).
+    """
+
+    def __init__(self, streams: PushPullStreams, requests: Sequence[Request],
+                 grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]], step: int, compress: bool,
+                 timeout: float, *, first: Sequence[tuple[int, bytes]] = (),
+                 last: Sequence[tuple[int, bytes]] = (), push_ids: Sequence[int] = ()) -> None:
+        self._streams = streams
+        self._requests = requests
+        self._grads_of = grads_of
+        self._step, self._compress, self._timeout = step, compress, timeout
+        self._push_ids = push_ids
+        self._count, self._end = len(first), len(first) + len(requests)
+        self._last = len(last)
+        self._encoded = {j: data for j, (_, data) in enumerate(first)}
+        self._encoded.update({self._end + k: data for k, (_, data) in enumerate(last)})
+        self._unsent: dict[int, collections.deque[int]] = {}
+        for j, (ps_task, _) in enumerate(first):
+            self._unsent.setdefault(ps_task, collections.deque()).append(j)
+        for i, request in enumerate(requests):
+            self._unsent.setdefault(request.ps_task, collections.deque()).append(self._count + i)
+        for k, (ps_task, _) in enumerate(last):
+            self._unsent.setdefault(ps_task, collections.deque()).append(self._end + k)
+        self._in_flight = {ps_task: collections.deque() for ps_task in self._unsent}
+        # Requests refused for a shared region, sent again (in messages) before the
+        # rest, in the order first sent: a ps task applies a worker's pushes in order.
+        self._again: dict[int, collections.deque[int]] = {ps_task: collections.deque() for ps_task in self._unsent}
+        self._ready: set[int] | None = set()  # requests whose gradients are there; None: all
+        self.sent_early = 0  # requests sent before finish()
+
+    def send_ready(self, i: int) -> None:
+        """Request ``i``'s gradients are complete: send it now if its turn and the window allow."""
+        if self._ready is None:
+            return
+        self._ready.add(i)
+        ps_task = self._requests[i].ps_task
+        before = len(self._in_flight[ps_task])
+        try:
+            self._send_more(ps_task)
+        except Exception as e:  # noqa: BLE001 - finish() sends it, and raises what it raises then
+            log.debug("sending a request early failed (it is sent after backward): %r", e)
+        self.sent_early += len(self._in_flight[ps_task]) - before
+
+    def _send_more(self, ps_task: int) -> None:
+        again, unsent, in_flight = self._again[ps_task], self._unsent[ps_task], self._in_flight[ps_task]
+        while (again or unsent) and len(in_flight) < WINDOW:
+            queue = again or unsent
+            j = queue[0]
+            if j in self._encoded:
+                data = self._encoded[j]
+            else:
+                i = j - self._count
+                if self._ready is not None and i not in self._ready:
+                    return  # its gradients are not all there yet: it, and what follows, wait
+                data = self._streams._encode(self._requests[i], self._grads_of(i), self._step, self._compress,
+                                             self._push_ids[i] if self._push_ids else 0)
+            self._streams._stream(ps_task).send(data, self._timeout)
+            queue.popleft()  # only once sent: a failure leaves it to be sent again
+            in_flight.append(j)
+
+    def finish(self) -> list:
+        """Send what is left and wait for every reply (see :meth:`PushPullStreams.exchange`)."""
+        streams, count, end = self._streams, self._count, self._end
+        self._ready = None
+        replies: list = [None] * (end + self._last)
+        failure: PsframeError | None = None
+        resent = False
+        for ps_task in self._unsent:
+            self._send_more(ps_task)
+        while any(self._in_flight.values()):
+            for ps_task, waiting in self._in_flight.items():
+                if not waiting:
+                    continue
+                j = waiting.popleft()
+                try:
+                    data = streams._streams[ps_task].receive()
+                except PsframeError as e:
+                    streams._streams.pop(ps_task).close()
+                    failure = failure or e
+                    waiting.clear()
+                    self._unsent[ps_task].clear()
+                    self._again[ps_task].clear()
+                    continue
+                if j in self._encoded:  # a message of `first` or `last`
+                    header, tensors = replies[j] = codec.decode(data, pb.PushPullReplyHeader)
+                    if header.error_class:
+                        failure = failure or errors.error_from_name(header.error_class, header.error_message)
+                    self._send_more(ps_task)
+                    continue
+                prepared = streams.prepared[(self._requests[j - count], self._compress)]
+                header, tensors = prepared.decode(data)
+                if header.shared_refused:
+                    streams._share_with.discard(ps_task)
+                if header.error_class == errors.SharedRegionError.__name__:
+                    # The task could not map the region (it was replaced, or another of its
+                    # processes answered), or refused a push that came after one it could
+                    # not map: nothing was applied; send the tensors in the message.
+                    log.debug("%s: %s", streams._ps[ps_task].peer, header.error_message)
+                    prepared.drop_region()
+                    self._again[ps_task].append(j)
+                    resent = True
+                elif header.error_class:
+                    failure = failure or errors.error_from_name(header.error_class, header.error_message)
+                replies[j] = Reply(header.global_step, header.dropped, tensors, header.duplicate)
+                self._send_more(ps_task)
+        if failure is not None:
+            # A ps task may still hold the gradients a failed step left in regions
+            # (a sync round waits for them): the next requests get regions of their own.
+            for request in self._requests:
+                prepared = streams.prepared.get((request, self._compress))
+                if prepared is not None:
+                    prepared.drop_region()
+            raise failure
+        if resent:  # a message of `last` may have been answered before a request sent again ahead of it
+            replies[end:] = [None] * self._last
+        return replies

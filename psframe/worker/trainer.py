@@ -40,8 +40,10 @@ from psframe.worker.arguments import resolve_optimizer, resolve_table_optimizer
 from psframe.worker.client import PsClient, Reply, resolve_wire_dtype
 from psframe.worker.prefetch import Prefetcher
 from psframe.worker.hooks import CheckpointSaverHook, Hook
+from psframe.worker.overlap import BackwardOverlap
 from psframe.worker.replica import Replica
 from psframe.worker.slicer import Request
+from psframe.worker.streams import Exchange
 from psframe.worker.staging import HostStaging, resolve_device
 
 log = logging.getLogger(__name__)
@@ -127,6 +129,14 @@ class Trainer:
             and goes on. None: the ``PSFRAME_KEEPALIVE_*`` environment
             variables, or 5 s + 5 s.
 
+        overlap_backward: send each of a step's messages as soon as backward
+            has made its gradients, while it goes on (see
+            :mod:`psframe.worker.overlap`); training is unchanged. Off by
+            default: on 2 cores and a 1 Gbit/s link it gained nothing on the
+            large MLP and lost 5% on a deeper one (docs/decisions.md). It
+            applies to CPU replicas without embedding tables and without hooks
+            that act before the push (``NanGuardHook``).
+
     Raises:
         ClusterSpecError: the cluster or task index is invalid.
         ValueError: the model has no trainable parameter, or an argument is out of range.
@@ -174,6 +184,7 @@ class Trainer:
         tls_key_file: str | None = None,
         tls_ca_file: str | None = None,
         liveness: Liveness | None = None,
+        overlap_backward: bool = False,
     ) -> None:
         self.security = Security.resolve(auth_token=auth_token, tls_cert_file=tls_cert_file,
                                          tls_key_file=tls_key_file, tls_ca_file=tls_ca_file)
@@ -209,10 +220,13 @@ class Trainer:
         self.skipped_steps = 0  # steps that pushed no gradient (e.g. NanGuardHook dropped them)
         # Steps whose gradients every ps task answered as applied (once, however often sent).
         self.pushed_steps = 0
+        self.sent_during_backward = 0  # requests sent before backward ended (overlap_backward)
         self.state = TrainerState.NEW
         self._stop_requested = False
         self._client: PsClient | None = None
         self._prefetcher = Prefetcher()
+        self.overlap_backward = overlap_backward
+        self._overlap: BackwardOverlap | None = None
         self._replica = Replica(
             self.model, self.cluster.num_ps, HostStaging(self.device), sync=self.sync is not None,
             variable_devices=dict(variable_devices or {}), strategy=placement,
@@ -244,17 +258,27 @@ class Trainer:
             self._join()
             self.pull()
             self._replica.tables.attach(self._pull_rows)
+            if self._overlaps():
+                self._overlap = BackwardOverlap(self._replica.plan.step, self._replica.params)
             log.info("worker %d connected to %d ps tasks at global step %d",
                      self.task_index, self.cluster.num_ps, self.global_step)
             for hook in self.hooks:
                 hook.begin(self)
         except BaseException:
             # Never started training: release the channels, report nothing.
+            if self._overlap is not None:
+                self._overlap.close()
+                self._overlap = None
             self._replica.tables.detach()
             self._client.close()
             self.state = TrainerState.CLOSED
             raise
         return self
+
+    def _overlaps(self) -> bool:
+        """Whether steps send their messages during backward (see ``overlap_backward``)."""
+        return (self.overlap_backward and self.device.type == "cpu" and not self._replica.tables
+                and all(type(hook).before_push is Hook.before_push for hook in self.hooks))
 
     def _join(self) -> None:
         startup.join(self._client, self._replica, is_chief=self.is_chief, optimizer=self.optimizer,
@@ -274,6 +298,9 @@ class Trainer:
                 except BaseException as e:  # noqa: BLE001 - re-raised below
                     failure = failure or e
         finally:
+            if self._overlap is not None:
+                self._overlap.close()
+                self._overlap = None
             self._replica.tables.detach()
             self._client.finish()
             self._client.close()
@@ -312,8 +339,7 @@ class Trainer:
         self._require_running()
         for hook in self.hooks:
             hook.before_step(self)
-        if loss is not None:
-            loss.backward()
+        exchange = self._backward(loss)
         for hook in self.hooks:
             hook.before_push(self, loss)
         self._replica.tables.drop_prefetched()  # rows pulled ahead for this step's lookups, not taken
@@ -323,14 +349,19 @@ class Trainer:
             requests = self._replica.plan.step
             pushes = [(r, self._replica.gradients(r)) for r in requests]
             rows = self._replica.tables.gradients(every_table=self.sync is not None)
-        else:
+        else:  # nothing was sent during backward either: no parameter had a gradient
             self.skipped_steps += 1
             requests = self._replica.plan.pull
             pushes = [(r, ()) for r in requests]
+            exchange = None
         try:
             try:
-                replies, prefetched = self._client.push_pull_and_prefetch(
-                    pushes, self.global_step, self._prefetcher.requests(), rows=rows)
+                if exchange is not None:  # some requests went during backward; the rest go now
+                    self.sent_during_backward += exchange.sent_early
+                    replies, prefetched = exchange.finish(), {}
+                else:
+                    replies, prefetched = self._client.push_pull_and_prefetch(
+                        pushes, self.global_step, self._prefetcher.requests(), rows=rows)
             except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
                 replies, prefetched = self._send_again(e, pushes, rows), {}
             self._receive(requests, replies)
@@ -343,6 +374,24 @@ class Trainer:
         for hook in self.hooks:
             hook.after_step(self, self.global_step, loss)
         return self.global_step
+
+    def _backward(self, loss: torch.Tensor | None) -> Exchange | None:
+        """Run backward on ``loss``; with overlap, the step's requests whose gradients are
+        complete are sent while it runs, and the step's exchange is returned."""
+        if loss is None:
+            return None
+        if self._overlap is None:
+            loss.backward()
+            return None
+        requests = self._replica.plan.step
+        exchange = self._client.begin_step(requests, self.global_step,
+                                           lambda i: self._replica.gradients(requests[i]))
+        self._overlap.begin(exchange)
+        try:
+            loss.backward()
+        finally:
+            self._overlap.end()
+        return exchange
 
     def prefetch(self, table: torch.nn.Module, ids: torch.Tensor) -> None:
         """Pull the rows a coming lookup of ``table`` will use, behind the next :meth:`step`.
