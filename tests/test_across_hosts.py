@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from tests.host_jobs import HostJob
+from tests.host_jobs import HostJob, line_time
 from tests.hosts import host_set  # noqa: F401  (a fixture, found by name)
 
 pytestmark = [pytest.mark.hosts, pytest.mark.mnist]
@@ -45,6 +45,15 @@ def _record(scenario: str, **figures: float | None) -> None:
     print(f"[hosts] {scenario}: {shown}", flush=True)
 
 
+def _partition(job: HostJob, host: str, seconds: float, how: str = "cut") -> float:
+    """Cut (or black-hole) ``host`` for ``seconds``, heal it; when it was healed (``time.time()``)."""
+    getattr(job.hosts, how)(host)
+    time.sleep(seconds)
+    healed = time.time()
+    job.hosts.heal(host)
+    return healed
+
+
 def _check_result(job: HostJob) -> dict:
     result = job.result("worker0")
     assert result["test_accuracy"] >= 0.97, result
@@ -56,10 +65,7 @@ def test_a_worker_cut_for_15s_steps_again_after_the_heal(host_set, tmp_path, mni
     job = _job(host_set, tmp_path, mnist_dir)
     job.start_all()
     job.wait_for("worker1", r"local step 400,", timeout=120)
-    job.hosts.cut("w1")
-    time.sleep(15)
-    healed = time.time()
-    job.hosts.heal("w1")
+    healed = _partition(job, "w1", 15)
     job.wait(timeout=240)
     resumed = job.stepping_after("worker1", healed)
     _record("worker cut 15 s (async)", resumed=resumed)
@@ -73,10 +79,7 @@ def test_the_ps_host_cut_for_15s_every_worker_steps_again(host_set, tmp_path, mn
     job = _job(host_set, tmp_path, mnist_dir)
     job.start_all()
     job.wait_for("worker0", r"local step 400,", timeout=120)
-    getattr(job.hosts, how)("ps0")
-    time.sleep(15)
-    healed = time.time()
-    job.hosts.heal("ps0")
+    healed = _partition(job, "ps0", 15, how)
     job.wait(timeout=240)
     resumed = {task: job.stepping_after(task, healed) for task in ("worker0", "worker1", "worker2")}
     _record(f"ps host {how} 15 s", **resumed)
@@ -89,15 +92,12 @@ def test_sync_with_a_backup_worker_cut_steps_go_on_meanwhile(host_set, tmp_path,
                                                      "--total_num_replicas=3", "--sync_timeout=60"))
     job.start_all()
     job.wait_for("worker2", r"local step 200,", timeout=120)
-    job.hosts.cut("w2")
     cut = time.time()
-    time.sleep(15)
-    healed = time.time()
-    job.hosts.heal("w2")
+    healed = _partition(job, "w2", 15)
     job.wait(timeout=300)
     # Rounds went on without the cut worker: the chief logged progress during the cut.
     during = [line for line in job.output("worker0").splitlines() if "local step" in line
-              and cut + 2 < (_time(line) or 0) < healed]
+              and cut + 2 < (line_time(line) or 0) < healed]
     assert during, job.report()
     resumed = job.stepping_after("worker2", healed)
     _record("sync R=2/N=3, worker 2 cut 15 s", resumed=resumed)
@@ -115,10 +115,7 @@ def test_sync_chief_cut_for_90s_comes_back_and_reports(host_set, tmp_path, mnist
                                                      "--save_checkpoint_steps=2000"))
     job.start_all()
     job.wait_for("worker0", r"local step 200,", timeout=120)
-    job.hosts.cut("w0")
-    time.sleep(90)
-    healed = time.time()
-    job.hosts.heal("w0")
+    healed = _partition(job, "w0", 90)
     job.wait(timeout=300)
     resumed = job.stepping_after("worker0", healed)
     _record("sync R=2/N=3, chief cut 90 s", resumed=resumed)
@@ -138,11 +135,8 @@ def test_a_flapping_ps_link_8_cuts_of_1_to_3s(host_set, tmp_path, mnist_dir):
     job.wait_for("worker0", r"local step 400,", timeout=120)
     rng = random.Random(0)
     for _ in range(8):
-        job.hosts.cut("ps0")
-        time.sleep(rng.uniform(1.0, 3.0))
-        job.hosts.heal("ps0")
+        healed = _partition(job, "ps0", rng.uniform(1.0, 3.0))
         time.sleep(rng.uniform(0.5, 1.5))
-    healed = time.time()
     job.wait(timeout=300)
     resumed = {task: job.stepping_after(task, healed) for task in ("worker0", "worker1", "worker2")}
     _record("ps link flapping, 8 cuts of 1-3 s", **resumed)
@@ -181,12 +175,6 @@ def test_a_worker_whose_host_never_comes_back_fails_naming_the_ps(host_set, tmp_
     assert re.search(r"ConnectTimeoutError: .*waited [\d.]+s for /job:ps/task:0 at ", job.output("worker1")), \
         job.output("worker1")[-3000:]
     _check_result(job)
-
-
-def _time(line: str) -> float | None:
-    from tests.host_jobs import line_time
-
-    return line_time(line)
 
 
 def test_every_task_on_its_own_host_with_tls_and_a_token(host_set, tmp_path, mnist_dir):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 import psframe
@@ -57,24 +58,16 @@ def _check(answers, threads, expected_variables: int) -> None:
             assert len(info.variables) == expected_variables, "READY without its variable definitions"
 
 
-def test_get_info_never_sees_ready_without_variables(monkeypatch, local_cluster):
+@pytest.mark.parametrize("sync", [None, psframe.SyncReplicas(replicas_to_aggregate=1)], ids=["async", "sync"])
+def test_get_info_never_sees_ready_without_the_whole_model(monkeypatch, local_cluster, sync):
+    """READY comes with every variable definition, and (sync) with the barrier."""
     cluster = local_cluster(num_ps=1, num_workers=1, start_ps=False)
     with psframe.Server(cluster, "ps", 0) as server:
         answers, threads = _info_asked_right_after_create(monkeypatch, server)
         model = _model()
-        with psframe.Trainer(model, cluster, task_index=0, optimizer=psframe.optim.SGD(lr=0.1),
+        with psframe.Trainer(model, cluster, task_index=0, optimizer=psframe.optim.SGD(lr=0.1), sync=sync,
                              connect_timeout=30.0):
             pass
         _check(answers, threads, expected_variables=len(list(model.parameters())))
-
-
-def test_get_info_never_sees_a_sync_task_ready_without_its_barrier(monkeypatch, local_cluster):
-    cluster = local_cluster(num_ps=1, num_workers=1, start_ps=False)
-    with psframe.Server(cluster, "ps", 0) as server:
-        answers, threads = _info_asked_right_after_create(monkeypatch, server)
-        model = _model()
-        with psframe.Trainer(model, cluster, task_index=0, optimizer=psframe.optim.SGD(lr=0.1),
-                             sync=psframe.SyncReplicas(replicas_to_aggregate=1), connect_timeout=30.0):
-            pass
-        _check(answers, threads, expected_variables=len(list(model.parameters())))
-        assert all(info.HasField("sync") for info in answers if info.state == pb.TaskInfo.READY)
+        if sync is not None:
+            assert all(info.HasField("sync") for info in answers if info.state == pb.TaskInfo.READY)

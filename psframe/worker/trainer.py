@@ -24,7 +24,8 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -47,6 +48,8 @@ from psframe.worker.streams import Exchange
 from psframe.worker.staging import HostStaging, resolve_device
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class TrainerState(enum.Enum):
@@ -468,27 +471,12 @@ class Trainer:
             ConnectTimeoutError: a ps task did not come back within ``connect_timeout``.
             PsframeError: the pushes kept failing for ``connect_timeout`` seconds.
         """
-        deadline = time.monotonic() + self.connect_timeout
-        while True:
-            log.warning("worker %d: %s; waiting up to %.0fs for the ps tasks, then sending step %d's "
-                        "pushes again", self.task_index, error, self.connect_timeout, self.global_step)
-            self._client.reset_streams()
-            # A restarted ps restores its shard from the checkpoint (or, with
-            # none, takes the chief's current values); the others ignore the chief.
-            self._join()
-            try:
-                replies, _ = self._client.push_pull_and_prefetch(pushes, self.global_step, {}, rows=rows,
-                                                                 again=True)
-            except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
-                if time.monotonic() >= deadline:
-                    raise
-                error = e
-                continue
-            self.recoveries += 1
-            log.info("worker %d: the ps tasks are back; step %d sent again (%d of its pushes had been "
-                     "applied before)", self.task_index, self.global_step,
-                     sum(reply.duplicate for reply in replies))
-            return replies
+        replies, _ = self._when_back(error, f"sending step {self.global_step}'s pushes again",
+                                     lambda: self._client.push_pull_and_prefetch(pushes, self.global_step, {},
+                                                                                 rows=rows, again=True))
+        log.info("worker %d: the ps tasks are back; step %d sent again (%d of its pushes had been "
+                 "applied before)", self.task_index, self.global_step, sum(reply.duplicate for reply in replies))
+        return replies
 
     def _recover(self, error: PsframeError) -> None:
         """Wait for lost ps tasks to come back (restored from a checkpoint), then pull.
@@ -497,26 +485,31 @@ class Trainer:
             ConnectTimeoutError: a ps task did not come back within ``connect_timeout``.
             PsframeError: the pull kept failing for ``connect_timeout`` seconds.
         """
-        deadline = time.monotonic() + self.connect_timeout
         self._replica.clear_gradients()
+        self._when_back(error, "pulling the parameters", self._pull_all)
+        log.info("worker %d: the ps tasks are back; going on at global step %d",
+                 self.task_index, self.global_step)
+
+    def _when_back(self, error: PsframeError, then: str, attempt: Callable[[], T]) -> T:
+        """Wait for the lost ps tasks (logging whom it waits for), then ``attempt()``; again
+        while it fails on the way, for up to ``connect_timeout`` seconds. Counts a recovery."""
+        deadline = time.monotonic() + self.connect_timeout
         while True:
-            log.warning("worker %d: %s; waiting up to %.0fs for the ps tasks to come back",
-                        self.task_index, error, self.connect_timeout)
+            log.warning("worker %d: %s; waiting up to %.0fs for the ps tasks, then %s",
+                        self.task_index, error, self.connect_timeout, then)
             self._client.reset_streams()
             # A restarted ps restores its shard from the checkpoint (or, with
             # none, takes the chief's current values); the others ignore the chief.
             self._join()
             try:
-                self._pull_all()
+                result = attempt()
             except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
                 if time.monotonic() >= deadline:
                     raise
                 error = e
                 continue
             self.recoveries += 1
-            log.info("worker %d: the ps tasks are back; going on at global step %d",
-                     self.task_index, self.global_step)
-            return
+            return result
 
     def save_checkpoint(self) -> checkpoint.Manifest:
         """Have every ps task save its shard, then commit the checkpoint (chief).
