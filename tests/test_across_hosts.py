@@ -24,7 +24,8 @@ import pytest
 from tests.host_jobs import HostJob, line_time
 from tests.hosts import host_set  # noqa: F401  (a fixture, found by name)
 
-pytestmark = [pytest.mark.hosts, pytest.mark.mnist]
+# Each scenario bounds its own waits; the chief's takes 90 s of partition alone.
+pytestmark = [pytest.mark.hosts, pytest.mark.mnist, pytest.mark.timeout(600)]
 
 TRAIN_STEPS = 6000
 # The ps presumes a silent non-chief dead after this; the chief, after ten times it.
