@@ -120,16 +120,17 @@ def test_pushes_after_one_refused_for_its_region_wait_for_it():
 
 def test_pushes_are_numbered_in_order_and_numbered_alike_when_sent_again():
     numbers = PushNumbers(2)
-    assert numbers.take({0: 3, 1: 1}) == {0: 1, 1: 1}
-    assert numbers.take({0: 3, 1: 1}, again=True) == {0: 1, 1: 1}
-    assert numbers.take({}) == {}  # a pull takes none, and keeps the step's numbers for a resend
-    assert numbers.take({0: 3, 1: 1}, again=True) == {0: 1, 1: 1}
-    assert numbers.take({0: 2}) == {0: 4}
+    step = [0, 0, None, 1, 0]  # ps task of each message; None: it pushes nothing
+    assert numbers.assign(step) == [1, 2, 0, 1, 3]
+    assert numbers.assign(step, again=True) == [1, 2, 0, 1, 3]
+    assert numbers.assign([None, None]) == [0, 0]  # a pull takes none, and keeps the step's numbers
+    assert numbers.assign(step, again=True) == [1, 2, 0, 1, 3]
+    assert numbers.assign([0, 0]) == [4, 5]
     with pytest.raises(ValueError, match="sent again"):
-        numbers.take({0: 3}, again=True)
+        numbers.assign([0, 0, 0], again=True)
     numbers.start_after(1, 41)  # the task applied up to 41 (a run of this worker before this one)
     numbers.start_after(0, 2)  # below what is taken already: no change
-    assert numbers.take({0: 1, 1: 1}) == {0: 6, 1: 42}
+    assert numbers.assign([0, 1]) == [6, 42]
 
 
 def test_the_ledger_is_saved_and_restored_with_the_shard(url):

@@ -10,10 +10,9 @@ a named transport error. Every wait has a deadline.
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -247,22 +246,16 @@ class PsClient:
                    ) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
         # Every message that pushes takes a number, in the order it is sent to its
         # ps task: the rows of tables first, then the requests with gradients.
-        counts = collections.Counter(list(rows or {}))
-        counts.update(request.ps_task for request, _ in requests if request.push)
-        numbers = self._streams.numbers.take(counts, again)
+        rows = rows or {}
+        numbers = self._streams.numbers.assign([*rows, *_targets(r for r, _ in requests)], again)
+        row_ids, push_ids = numbers[:len(rows)], numbers[len(rows):]
         first = []
         ends_step = {request.ps_task for request, _ in requests if request.end_of_step} if rows else set()
-        for ps_task, pushes in (rows or {}).items():
+        for (ps_task, pushes), push_id in zip(rows.items(), row_ids):
             tensors, kinds = table_rows.push_tensors(pushes)
             header = pb.PushPullHeader(caller=self.caller, step=step, end_of_step=ps_task not in ends_step,
-                                       push_id=numbers[ps_task])
-            numbers[ps_task] += 1
+                                       push_id=push_id)
             first.append((ps_task, codec.encode(header, tensors, kinds)))
-        push_ids = []
-        for request, _ in requests:
-            push_ids.append(numbers[request.ps_task] if request.push else 0)
-            if request.push:
-                numbers[request.ps_task] += 1
         last = [(ps_task, self._pull_message(pulls, step)) for ps_task, pulls in prefetch.items()]
         answers = self._exchange(first, requests, step, compress, timeout, last, push_ids)
         tail = len(first) + len(requests)
@@ -282,13 +275,7 @@ class PsClient:
         number now; sent again after a failure (:meth:`push_pull_and_prefetch` with
         ``again``), the same pushes keep them.
         """
-        counts = collections.Counter(request.ps_task for request in requests if request.push)
-        numbers = self._streams.numbers.take(counts)
-        push_ids = []
-        for request in requests:
-            push_ids.append(numbers[request.ps_task] if request.push else 0)
-            if request.push:
-                numbers[request.ps_task] += 1
+        push_ids = self._streams.numbers.assign(_targets(requests))
         return self._streams.begin(requests, grads_of, step, self.wire_dtype is not None, self.rpc_timeout,
                                    push_ids)
 
@@ -366,6 +353,11 @@ class PsClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _targets(requests: Iterable[Request]) -> list[int | None]:
+    """Per request, the ps task it pushes to, or None if it pushes nothing (for push numbers)."""
+    return [request.ps_task if request.push else None for request in requests]
 
 
 def ping(target: str, timeout: float = 5.0, security: Security | None = None) -> pb.TaskInfo:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +49,7 @@ class PushNumbers:
     A ps task applies each number once (:mod:`psframe.ps.ledger`). The pushes
     of a step take their numbers before they are sent; when the step fails
     on the way (a stream died), the same pushes are sent again with the same
-    numbers (:meth:`take` with ``again``), so that the ps task answers those
+    numbers (:meth:`assign` with ``again``), so that the ps task answers those
     it applied already without applying them twice. A step given up takes no
     number back: the next one goes on after it.
     """
@@ -62,32 +62,39 @@ class PushNumbers:
         """Number the next pushes to ``ps_task`` above ``last``, the last push of this
         worker the task applied: a worker started again (whose numbering started
         at 1) must not reuse the numbers of its earlier run. Numbers already taken
-        are kept, and so is what :meth:`take` gives ``again``."""
+        are kept, and so is what :meth:`assign` gives ``again``."""
         self._next[ps_task] = max(self._next[ps_task], last + 1)
 
-    def take(self, counts: Mapping[int, int], again: bool = False) -> dict[int, int]:
-        """The first of ``counts[k]`` consecutive numbers for the pushes to each ps task ``k``.
+    def assign(self, targets: Sequence[int | None], again: bool = False) -> list[int]:
+        """A number for each message of a step, in the order they are sent: ``targets``
+        holds the ps task each one pushes to, or None for one that pushes nothing (0).
 
         Args:
-            counts: pushes per ps task.
-            again: give the numbers of the previous take (the same pushes, sent again).
+            targets: per message, its ps task, or None.
+            again: the same pushes as the last step that pushed, sent again: the same numbers.
 
         Raises:
-            ValueError: ``again`` with other counts than the previous take's.
+            ValueError: ``again`` with other pushes than the last step's.
         """
+        counts = collections.Counter(t for t in targets if t is not None)
         if again:
-            if {k: count for k, (_, count) in self._taken.items()} != {k: c for k, c in counts.items() if c}:
-                raise ValueError(f"pushes sent again must be those of the last step: {counts} "
+            if {k: count for k, (_, count) in self._taken.items()} != dict(counts):
+                raise ValueError(f"pushes sent again must be those of the last step: {dict(counts)} "
                                  f"against {self._taken}")
-            return {k: first for k, (first, _) in self._taken.items()}
-        if not any(counts.values()):  # a pull numbers nothing, and keeps the last pushes' numbers
-            return {}
-        self._taken = {}
-        for ps_task, count in counts.items():
-            if count:
+        elif counts:  # a pull numbers nothing, and keeps the last pushes' numbers for a resend
+            self._taken = {}
+            for ps_task, count in counts.items():
                 self._taken[ps_task] = (self._next[ps_task], count)
                 self._next[ps_task] += count
-        return {k: first for k, (first, _) in self._taken.items()}
+        following = {k: first for k, (first, _) in self._taken.items()} if counts else {}
+        numbers = []
+        for ps_task in targets:
+            if ps_task is None:
+                numbers.append(0)
+            else:
+                numbers.append(following[ps_task])
+                following[ps_task] += 1
+        return numbers
 
 
 class PushPullStreams:

@@ -350,13 +350,15 @@ class Trainer:
         pushed = self._replica.has_gradients()
         if pushed:
             requests = self._replica.plan.step
-            pushes = [(r, self._replica.gradients(r)) for r in requests]
             rows = self._replica.tables.gradients(every_table=self.sync is not None)
         else:  # nothing was sent during backward either: no parameter had a gradient
             self.skipped_steps += 1
             requests = self._replica.plan.pull
-            pushes = [(r, ()) for r in requests]
             exchange = None
+
+        def pushes() -> list:  # the gradients each request carries (views, no copies on a CPU replica)
+            return [(r, self._replica.gradients(r) if pushed else ()) for r in requests]
+
         try:
             try:
                 if exchange is not None:  # some requests went during backward; the rest go now
@@ -364,9 +366,9 @@ class Trainer:
                     replies, prefetched = exchange.finish(), {}
                 else:
                     replies, prefetched = self._client.push_pull_and_prefetch(
-                        pushes, self.global_step, self._prefetcher.requests(), rows=rows)
+                        pushes(), self.global_step, self._prefetcher.requests(), rows=rows)
             except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
-                replies, prefetched = self._send_again(e, pushes, rows), {}
+                replies, prefetched = self._send_again(e, pushes(), rows), {}
             self._receive(requests, replies)
             if pushed and not any(reply.dropped for reply in replies):
                 self.pushed_steps += 1
