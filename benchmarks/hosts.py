@@ -24,10 +24,13 @@ the limit is below what the same system reached uncapped.
 
 Run it::
 
-    python -m benchmarks.hosts [--quick] [--models mnist_mlp large_mlp] [--links 100 1000 0]
+    python -m benchmarks.hosts [--quick] [--models mnist_mlp large_mlp] [--links 100 1000 0] [--device cuda]
 
 (0: uncapped); ``--systems psframe psframe_overlap`` gives the A/B of sending a
-step's messages during backward (``Trainer(overlap_backward=True)``). It needs root (network namespaces); without, it says so and exits 1.
+step's messages during backward (``Trainer(overlap_backward=True)``);
+``--device cuda`` has psframe's workers compute on the GPU (both worker hosts
+share it; the peers stay on the CPU). It needs root (network namespaces);
+without, it says so and exits 1.
 """
 
 from __future__ import annotations
@@ -83,16 +86,16 @@ def _steps(model: str, rate_guess: float, quick: bool) -> tuple[int, int]:
     return timed, max(warmup_min, timed // 10)
 
 
-def run_row(placement: Placement, system: str, model: str, steps: int, warmup: int) -> dict:
-    """One system training ``model`` on the hosts; its row of measurements."""
+def run_row(placement: Placement, system: str, model: str, steps: int, warmup: int, device: str = "cpu") -> dict:
+    """One system training ``model`` on the hosts; its row of measurements.
+
+    ``device`` is where psframe's workers compute (the peers' always on the CPU).
+    """
     deadline = time.monotonic() + ROW_TIMEOUT_S
-    if system == "psframe":
-        return run_psframe_processes(model, False, steps, warmup, deadline, placement=placement)
-    if system == "psframe_bf16":
-        return run_psframe_processes(model, False, steps, warmup, deadline, ["--wire_dtype=bfloat16"],
-                                     placement=placement)
-    if system == "psframe_overlap":
-        return run_psframe_processes(model, False, steps, warmup, deadline, ["--overlap"], placement=placement)
+    psframe_flags = {"psframe": [], "psframe_bf16": ["--wire_dtype=bfloat16"], "psframe_overlap": ["--overlap"]}
+    if system in psframe_flags:
+        return run_psframe_processes(model, False, steps, warmup, deadline,
+                                     [*psframe_flags[system], f"--device={device}"], placement=placement)
     if system == "torch_rpc_ps":
         return run_rpc_processes(model, False, steps, warmup, deadline, placement=placement)
     if system == "tf_ps":
@@ -101,8 +104,9 @@ def run_row(placement: Placement, system: str, model: str, steps: int, warmup: i
 
 
 def run_hosts_benchmark(models: Sequence[str] = ("mnist_mlp", "large_mlp"), links: Sequence[int] = LINKS_MBIT,
-                        systems: Sequence[str] = SYSTEMS, quick: bool = False) -> list[dict]:
-    """Every system on every model and link; the rows, with their link limit and ratios.
+                        systems: Sequence[str] = SYSTEMS, quick: bool = False, device: str = "cpu") -> list[dict]:
+    """Every system on every model and link; the rows, with their link limit and ratios
+    (psframe's workers computing on ``device``).
 
     Raises:
         tests.hosts.HostsError: the hosts cannot be made (not root, no netns support).
@@ -130,7 +134,7 @@ def run_hosts_benchmark(models: Sequence[str] = ("mnist_mlp", "large_mlp"), link
                     row = {"link_mbit": link, "model": model, "system": system, "link_limit": limit,
                            "steps": steps}
                     try:
-                        row.update(run_row(placement, system, model, steps, warmup))
+                        row.update(run_row(placement, system, model, steps, warmup, device))
                     except SystemUnavailable as e:
                         row["unavailable"] = str(e)
                     except Exception as e:  # noqa: BLE001 - a failed row is reported, the rest still run
@@ -196,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--links", nargs="+", type=int, default=list(LINKS_MBIT),
                         help="link caps in Mbit/s; 0 is uncapped")
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS + EXTRA_SYSTEMS)
+    parser.add_argument("--device", default="cpu",
+                        help="where psframe's workers compute (cuda: one GPU shared by both worker hosts)")
     args = parser.parse_args(argv)
     from tests.hosts import hosts_unavailable
 
@@ -203,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if reason:
         print(f"benchmarks.hosts cannot make test hosts here: {reason}", file=sys.stderr)
         return 1
-    rows = run_hosts_benchmark(args.models, args.links, args.systems, args.quick)
+    rows = run_hosts_benchmark(args.models, args.links, args.systems, args.quick, args.device)
     print(format_table(rows))
     return 0
 

@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="largest stored part (one message); default: psframe's")
     parser.add_argument("--wire_dtype", default=None, choices=["bfloat16", "float16"],
                         help="compress gradients and parameters on the wire (default: as stored)")
+    parser.add_argument("--device", default="cpu",
+                        help="where each worker computes (cpu, cuda, cuda:1); the ps stays on the CPU")
     parser.add_argument("--overlap", action="store_true",
                         help="send a step's messages during backward (overlap_backward=True)")
     parser.add_argument("--no_shared_memory", action="store_true",
@@ -75,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: int) -> dict:
-    x, y = make_data()
+    x, y = (tensor.to(args.device) for tensor in make_data())
     model = build_model(args.model)
     num_workers = cluster.num_workers
     per_round = 1 if args.sync else num_workers  # global steps per step of every worker
@@ -90,6 +92,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         wire_dtype=args.wire_dtype,
         shared_memory=not args.no_shared_memory,
         overlap_backward=args.overlap,
+        device=args.device,
         **({"max_shard_bytes": args.max_shard_bytes} if args.max_shard_bytes else {}),
     )
     times: list[float] = []
@@ -99,6 +102,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         if args.barrier_dir:
             file_barrier(args.barrier_dir, f"worker{task_index}", num_workers, args.timeout)
         for indices in batches(len(x), args.batch_size, seed=1 + task_index):
+            indices = indices.to(args.device)
             if trainer.should_stop():
                 break
             loss = F.cross_entropy(model(x[indices]), y[indices])
