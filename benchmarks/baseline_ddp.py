@@ -27,11 +27,11 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo connects over loopback only
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
-from benchmarks.training import (  # noqa: E402
+from benchmarks.training import (
     BATCH_SIZE,
     LEARNING_RATE,
     MODELS,
@@ -68,8 +68,13 @@ def train(args: argparse.Namespace) -> dict:
     x, y = make_data()
     model = build_model(args.model)
     if not args.single:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
-                                world_size=args.world_size, timeout=datetime.timedelta(seconds=args.timeout))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{args.port}",
+            rank=args.rank,
+            world_size=args.world_size,
+            timeout=datetime.timedelta(seconds=args.timeout),
+        )
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate)
     times: list[float] = []

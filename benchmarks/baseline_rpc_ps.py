@@ -42,11 +42,11 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe listens on loopback only
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
-import torch  # noqa: E402
-import torch.distributed.rpc as rpc  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.distributed.rpc as rpc
+import torch.nn.functional as F
 
-from benchmarks.training import (  # noqa: E402
+from benchmarks.training import (
     BATCH_SIZE,
     LEARNING_RATE,
     MODELS,
@@ -181,8 +181,7 @@ def run_trainer(args: argparse.Namespace, options: rpc.TensorPipeRpcBackendOptio
     warmup_updates = args.warmup * per_round
     last_update = (args.warmup + args.steps) * per_round
     function = push_pull_sync if args.sync else push_pull
-    rpc.init_rpc(f"trainer{trainer}", rank=args.rank, world_size=1 + args.num_trainers,
-                 rpc_backend_options=options)
+    rpc.init_rpc(f"trainer{trainer}", rank=args.rank, world_size=1 + args.num_trainers, rpc_backend_options=options)
     times: list[float] = []
     updates: list[int] = []
     local_steps: list[int] = []

@@ -37,12 +37,12 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe listens on loopback only
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
-import torch  # noqa: E402
-import torch.distributed.rpc as rpc  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.distributed.rpc as rpc
+import torch.nn.functional as F
 
-from benchmarks.common import emit, median  # noqa: E402
-from benchmarks.sparse import LEARNING_RATE, CtrModel, batches  # noqa: E402
+from benchmarks.common import emit, median
+from benchmarks.sparse import LEARNING_RATE, CtrModel, batches
 
 PS_NAME = "ps"
 
@@ -56,8 +56,10 @@ class TableServer:
         self.head = list(self.model.head.parameters())
         for p in self.model.parameters():
             p.requires_grad_(False)
-        self.optimizers = [torch.optim.Adagrad([self.table], lr=LEARNING_RATE),
-                           torch.optim.Adagrad(self.head, lr=LEARNING_RATE)]
+        self.optimizers = [
+            torch.optim.Adagrad([self.table], lr=LEARNING_RATE),
+            torch.optim.Adagrad(self.head, lr=LEARNING_RATE),
+        ]
         self.lock = threading.Lock()
 
     def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -106,7 +108,7 @@ def train(args: argparse.Namespace) -> dict:
         table_grad = torch.sparse_coo_tensor(unique.unsqueeze(0), rows.grad, (args.rows, rows.shape[1])).coalesce()
         rpc.rpc_sync(PS_NAME, push, args=(table_grad, [p.grad for p in head]))
         times.append(time.perf_counter())
-    timed = times[args.warmup - 1:]
+    timed = times[args.warmup - 1 :]
     size = max(1, args.steps // args.windows)
     rates = [size / (timed[i + size] - timed[i]) for i in range(0, len(timed) - size, size)]
     return {"task": "trainer", "rows": args.rows, "steps_per_sec": median(rates), "window_rates": rates}
@@ -123,8 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any RPC may take")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{args.port}", num_worker_threads=8,
-                                              rpc_timeout=args.timeout, _transports=["uv"], _channels=["basic"])
+    options = rpc.TensorPipeRpcBackendOptions(
+        init_method=f"tcp://127.0.0.1:{args.port}",
+        num_worker_threads=8,
+        rpc_timeout=args.timeout,
+        _transports=["uv"],
+        _channels=["basic"],
+    )
     global _SERVER
     if args.rank == 0:
         _SERVER = TableServer(args.rows)

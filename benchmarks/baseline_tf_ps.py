@@ -69,10 +69,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 # against 4.65 with oneDNN, and torch's 4.57). Compare PS designs, not kernels.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-from benchmarks.common import NUM_WINDOWS, emit, file_barrier, timed_windows  # noqa: E402
+from benchmarks.common import NUM_WINDOWS, emit, file_barrier, timed_windows
 
 v1 = tf.compat.v1
 tf.get_logger().setLevel("ERROR")  # not the TF 1.x deprecation notices, at every start
@@ -117,8 +117,9 @@ def layer_sizes(inputs: dict) -> list[int]:
     return [weights[0].shape[1], *(w.shape[0] for w in weights)]
 
 
-def build_graph(cluster: tf.train.ClusterSpec, task_index: int, sizes: list[int], learning_rate: float,
-                num_workers: int) -> dict:
+def build_graph(
+    cluster: tf.train.ClusterSpec, task_index: int, sizes: list[int], learning_rate: float, num_workers: int
+) -> dict:
     """The worker's graph: variables on the ps (``replica_device_setter``), the rest on this worker."""
     setter = v1.train.replica_device_setter(worker_device=f"/job:worker/task:{task_index}", cluster=cluster)
     with v1.device(setter):
@@ -144,8 +145,17 @@ def build_graph(cluster: tf.train.ClusterSpec, task_index: int, sizes: list[int]
             step_after = tf.identity(global_step)
         init = tf.group(*inits, v1.assign(global_step, 0))
         uninitialized = v1.report_uninitialized_variables()
-    return {"x": x, "y": y, "loss": loss, "train": train_op, "step": step_after, "init": init,
-            "init_feeds": feeds, "uninitialized": uninitialized, "done": _done_queue(num_workers).enqueue(task_index)}
+    return {
+        "x": x,
+        "y": y,
+        "loss": loss,
+        "train": train_op,
+        "step": step_after,
+        "init": init,
+        "init_feeds": feeds,
+        "uninitialized": uninitialized,
+        "done": _done_queue(num_workers).enqueue(task_index),
+    }
 
 
 def _done_queue(num_workers: int):
@@ -178,8 +188,11 @@ def run_worker(args: argparse.Namespace, cluster: tf.train.ClusterSpec, num_work
     sess = v1.Session(server.target, config=config)
     if task == 0:
         # torch's Linear weight is (out, in); TF's matmul(x, w) wants (in, out).
-        values = [inputs[f"{kind}{i}"].T if kind == "w" else inputs[f"{kind}{i}"]
-                  for i in range(len(sizes) - 1) for kind in ("w", "b")]
+        values = [
+            inputs[f"{kind}{i}"].T if kind == "w" else inputs[f"{kind}{i}"]
+            for i in range(len(sizes) - 1)
+            for kind in ("w", "b")
+        ]
         sess.run(graph["init"], feed_dict=dict(zip(graph["init_feeds"], values)))
     else:
         _wait_until_initialized(sess, graph["uninitialized"], args.timeout)
@@ -193,7 +206,7 @@ def run_worker(args: argparse.Namespace, cluster: tf.train.ClusterSpec, num_work
     while step < last_step:
         order = rng.permutation(len(x_all))
         for start in range(0, len(order) - args.batch_size + 1, args.batch_size):
-            indices = order[start:start + args.batch_size]
+            indices = order[start : start + args.batch_size]
             step, loss = sess.run(fetches, feed_dict={graph["x"]: x_all[indices], graph["y"]: y_all[indices]})
             local_step += 1
             times.append(time.perf_counter())
@@ -204,13 +217,24 @@ def run_worker(args: argparse.Namespace, cluster: tf.train.ClusterSpec, num_work
     # This worker's own rate: its steps from the moment the global step passed warm-up.
     first = next((i for i, g in enumerate(global_steps) if g >= warmup_step), len(global_steps) - 1)
     local = timed_windows(times[first:], range(first + 1, len(times) + 1), 0, args.windows)
-    result = {"task": f"worker{task}", "model": args.model, "local_steps": local_step,
-              "global_step": int(step), "local_steps_per_sec": local["steps_per_sec"], "final_loss": float(loss)}
+    result = {
+        "task": f"worker{task}",
+        "model": args.model,
+        "local_steps": local_step,
+        "global_step": int(step),
+        "local_steps_per_sec": local["steps_per_sec"],
+        "final_loss": float(loss),
+    }
     if task == 0:
         timed = timed_windows(times, global_steps, warmup_step, args.windows)
-        result.update(global_steps_per_sec=timed["steps_per_sec"], window_rates=timed["window_rates"],
-                      overall_steps_per_sec=timed["overall_steps_per_sec"],
-                      timed_global_steps=timed["steps"], seconds=timed["seconds"], window=timed["window"])
+        result.update(
+            global_steps_per_sec=timed["steps_per_sec"],
+            window_rates=timed["window_rates"],
+            overall_steps_per_sec=timed["overall_steps_per_sec"],
+            timed_global_steps=timed["steps"],
+            seconds=timed["seconds"],
+            window=timed["window"],
+        )
     return result
 
 
@@ -221,8 +245,10 @@ def _wait_until_initialized(sess: v1.Session, uninitialized: tf.Tensor, timeout:
         if not len(missing):
             return
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"the chief did not initialise {len(missing)} variable(s) "
-                               f"({', '.join(m.decode() for m in missing[:3])}...) within {timeout:g}s")
+            raise TimeoutError(
+                f"the chief did not initialise {len(missing)} variable(s) "
+                f"({', '.join(m.decode() for m in missing[:3])}...) within {timeout:g}s"
+            )
         time.sleep(POLL_S)
 
 

@@ -75,15 +75,31 @@ class Settings:
     @classmethod
     def for_mode(cls, quick: bool) -> Settings:
         if quick:
-            return cls(quick=True, sizes=QUICK_SIZES, repeats=3, target_seconds=0.05, min_calls=2,
-                       warmup_calls=2, warmup_seconds=0.02)
-        return cls(quick=False, sizes=FULL_SIZES, repeats=5, target_seconds=0.5, min_calls=3,
-                   warmup_calls=3, warmup_seconds=0.3)
+            return cls(
+                quick=True,
+                sizes=QUICK_SIZES,
+                repeats=3,
+                target_seconds=0.05,
+                min_calls=2,
+                warmup_calls=2,
+                warmup_seconds=0.02,
+            )
+        return cls(
+            quick=False,
+            sizes=FULL_SIZES,
+            repeats=5,
+            target_seconds=0.5,
+            min_calls=3,
+            warmup_calls=3,
+            warmup_seconds=0.3,
+        )
 
     def describe(self) -> str:
-        return (f"median of {self.repeats} repeats of at least {self.min_calls} calls and about "
-                f"{self.target_seconds:g} s each, after at least {self.warmup_calls} warm-up calls "
-                f"and {self.warmup_seconds:g} s of warm-up")
+        return (
+            f"median of {self.repeats} repeats of at least {self.min_calls} calls and about "
+            f"{self.target_seconds:g} s each, after at least {self.warmup_calls} warm-up calls "
+            f"and {self.warmup_seconds:g} s of warm-up"
+        )
 
 
 class Deadline:
@@ -111,8 +127,7 @@ class Deadline:
         """Raise :class:`BenchmarkError` once the deadline has passed."""
         if self.expired():
             raise BenchmarkError(
-                f"{self.what}: deadline of {self.seconds:g}s passed"
-                + (f" while {doing}" if doing else "")
+                f"{self.what}: deadline of {self.seconds:g}s passed" + (f" while {doing}" if doing else "")
             )
 
 
@@ -144,8 +159,7 @@ class Rate:
         return (max(self.samples) - min(self.samples)) / self.per_second
 
 
-def measure_rate(call: Callable[[], object], settings: Settings, deadline: Deadline,
-                 doing: str = "") -> Rate:
+def measure_rate(call: Callable[[], object], settings: Settings, deadline: Deadline, doing: str = "") -> Rate:
     """Time ``call`` (one round trip): warm up, then ``settings.repeats`` repeats.
 
     The number of calls per repeat is chosen from the warm-up so that a repeat
@@ -166,7 +180,7 @@ def measure_rate(call: Callable[[], object], settings: Settings, deadline: Deadl
         call()
         durations.append(time.perf_counter() - t)
     # The first calls pay for connections and caches: estimate from the later ones.
-    per_call = median(durations[len(durations) // 2:]) or 1e-6
+    per_call = median(durations[len(durations) // 2 :]) or 1e-6
     calls = int(min(settings.max_calls, max(settings.min_calls, math.ceil(settings.target_seconds / per_call))))
     samples = []
     for _ in range(settings.repeats):
@@ -196,8 +210,9 @@ def single_thread() -> None:
 NUM_WINDOWS = 5  # pieces of a training run's timed window; the median piece's rate is reported
 
 
-def timed_windows(times: Sequence[float], counts: Sequence[int], start_count: int,
-                  num_windows: int = NUM_WINDOWS) -> dict:
+def timed_windows(
+    times: Sequence[float], counts: Sequence[int], start_count: int, num_windows: int = NUM_WINDOWS
+) -> dict:
     """Rates over the records from the first one whose count reached ``start_count``.
 
     Args:
@@ -217,8 +232,9 @@ def timed_windows(times: Sequence[float], counts: Sequence[int], start_count: in
     first = next((i for i, c in enumerate(counts) if c >= start_count), len(counts))
     t, c = list(times[first:]), list(counts[first:])
     if len(t) < 2:
-        raise ValueError(f"only {len(t)} step(s) recorded after warm-up (count {start_count}); "
-                         f"{len(counts)} in all: run more steps")
+        raise ValueError(
+            f"only {len(t)} step(s) recorded after warm-up (count {start_count}); {len(counts)} in all: run more steps"
+        )
     pieces = min(num_windows, len(t) - 1)
     bounds = [round(j * (len(t) - 1) / pieces) for j in range(pieces + 1)]
     rates = [(c[b] - c[a]) / (t[b] - t[a]) for a, b in zip(bounds, bounds[1:]) if t[b] > t[a]]
@@ -243,12 +259,13 @@ def file_barrier(directory: str, name: str, count: int, timeout: float) -> None:
     (path / f"ready-{name}").touch()
     deadline = time.monotonic() + timeout
     while True:
-        arrived = sorted(p.name[len("ready-"):] for p in path.glob("ready-*"))
+        arrived = sorted(p.name[len("ready-") :] for p in path.glob("ready-*"))
         if len(arrived) >= count:
             return
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"start barrier: {len(arrived)} of {count} processes arrived "
-                               f"({', '.join(arrived)}) after {timeout:g}s")
+            raise TimeoutError(
+                f"start barrier: {len(arrived)} of {count} processes arrived ({', '.join(arrived)}) after {timeout:g}s"
+            )
         time.sleep(0.01)
 
 
@@ -293,8 +310,9 @@ class Children:
         if name in self.procs:
             raise BenchmarkError(f"a child named {name!r} was already started")
         with open(self.log_path(name), "w") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=child_env(env), cwd=ROOT)
+            proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(env), cwd=ROOT
+            )
         self.procs[name] = proc
         return proc
 
@@ -323,11 +341,15 @@ class Children:
             if match:
                 return match
             if proc.poll() is not None:
-                raise BenchmarkError(f"{name} (pid {proc.pid}) exited with code {proc.returncode} before "
-                                     f"printing /{pattern}/; its log:\n{self.log_tail(name)}")
+                raise BenchmarkError(
+                    f"{name} (pid {proc.pid}) exited with code {proc.returncode} before "
+                    f"printing /{pattern}/; its log:\n{self.log_tail(name)}"
+                )
             if time.monotonic() >= deadline:
-                raise BenchmarkError(f"{name} (pid {proc.pid}) did not print /{pattern}/ within "
-                                     f"{timeout:g}s; its log:\n{self.log_tail(name)}")
+                raise BenchmarkError(
+                    f"{name} (pid {proc.pid}) did not print /{pattern}/ within "
+                    f"{timeout:g}s; its log:\n{self.log_tail(name)}"
+                )
             time.sleep(0.02)
 
     def wait_exit(self, name: str, timeout: float) -> int | None:
@@ -392,12 +414,9 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     numeric = [bool(cells) and all(_looks_numeric(r[i]) for r in cells) for i in range(len(headers))]
 
     def line(values: Sequence[str]) -> str:
-        return "| " + " | ".join(
-            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)
-        ) + " |"
+        return "| " + " | ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)) + " |"
 
-    rule = "|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2))
-                          for w, num in zip(widths, numeric)) + "|"
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2)) for w, num in zip(widths, numeric)) + "|"
     return "\n".join([line(headers), rule, *(line(r) for r in cells)])
 
 

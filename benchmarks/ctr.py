@@ -32,8 +32,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from benchmarks.common import (ROOT, BenchmarkError, Children, Deadline, format_number, format_ratio, markdown_table,
-                               single_thread, table_main)
+from benchmarks.common import (
+    ROOT,
+    BenchmarkError,
+    Children,
+    Deadline,
+    format_number,
+    format_ratio,
+    markdown_table,
+    single_thread,
+    table_main,
+)
 
 EXAMPLE = ROOT / "examples" / "ctr_dist.py"
 NUM_PS = 2
@@ -58,27 +67,40 @@ class CtrCase:
 
     def flags(self, mode: str) -> list[str]:
         steps = self.train_steps // NUM_WORKERS if mode == "sync" else self.train_steps
-        return [f"--train_steps={steps}", f"--batch_size={self.batch_size}",
-                f"--train_samples={self.train_samples}", f"--test_samples={self.test_samples}",
-                f"--hash_buckets={self.hash_buckets}", *(["--sync_replicas"] if mode == "sync" else [])]
+        return [
+            f"--train_steps={steps}",
+            f"--batch_size={self.batch_size}",
+            f"--train_samples={self.train_samples}",
+            f"--test_samples={self.test_samples}",
+            f"--hash_buckets={self.hash_buckets}",
+            *(["--sync_replicas"] if mode == "sync" else []),
+        ]
 
 
 # The example's defaults: the log holds more samples than a run trains on, so each sample is seen
 # at most once (per worker) and the AUCs compare learning, not how far each mode overfits a log
 # seen ~4 times (with 200,000 samples the single process's held-out log loss rises to 0.71 where
 # async and sync stay at 0.64, and their AUCs lie 0.006 above its).
-FULL_CASE = CtrCase(train_steps=3000, batch_size=256, train_samples=800_000, test_samples=50_000,
-                    hash_buckets=1 << 17)
-QUICK_CASE = CtrCase(train_steps=300, batch_size=256, train_samples=80_000, test_samples=5_000,
-                     hash_buckets=1 << 14)
+FULL_CASE = CtrCase(train_steps=3000, batch_size=256, train_samples=800_000, test_samples=50_000, hash_buckets=1 << 17)
+QUICK_CASE = CtrCase(train_steps=300, batch_size=256, train_samples=80_000, test_samples=5_000, hash_buckets=1 << 14)
 
 
 def command(mode: str, case: CtrCase, timeout: float) -> list[str]:
     """The example's command line for ``mode`` (a launch of the whole cluster but for single_process)."""
     if mode == "single_process":
         return [sys.executable, str(EXAMPLE), "--single_process", *case.flags(mode)]
-    return [sys.executable, "-m", "psframe.cli", "launch", f"--num_ps={NUM_PS}", f"--num_workers={NUM_WORKERS}",
-            f"--timeout={timeout:.0f}", str(EXAMPLE), "--", *case.flags(mode)]
+    return [
+        sys.executable,
+        "-m",
+        "psframe.cli",
+        "launch",
+        f"--num_ps={NUM_PS}",
+        f"--num_workers={NUM_WORKERS}",
+        f"--timeout={timeout:.0f}",
+        str(EXAMPLE),
+        "--",
+        *case.flags(mode),
+    ]
 
 
 def result_line(output: str, mode: str) -> dict:
@@ -90,9 +112,11 @@ def result_line(output: str, mode: str) -> dict:
     prefix = "{" if mode == "single_process" else "[worker0] {"
     lines = [line for line in output.splitlines() if line.startswith(prefix)]
     if not lines:
-        raise BenchmarkError(f"the CTR example ({mode}) printed no result line; its output ends:\n"
-                             + "\n".join(output.splitlines()[-20:]))
-    return json.loads(lines[-1][len(prefix) - 1:])
+        raise BenchmarkError(
+            f"the CTR example ({mode}) printed no result line; its output ends:\n"
+            + "\n".join(output.splitlines()[-20:])
+        )
+    return json.loads(lines[-1][len(prefix) - 1 :])
 
 
 def run_mode(children: Children, mode: str, case: CtrCase, deadline: Deadline) -> dict:
@@ -110,19 +134,33 @@ def run_mode(children: Children, mode: str, case: CtrCase, deadline: Deadline) -
     if missing or result.get("mode") != mode:
         raise BenchmarkError(f"the CTR example ({mode}) printed {result}: expected mode {mode!r} and {missing}")
     per_step = case.batch_size * (NUM_WORKERS if mode == "sync" else 1)
-    return {"kind": "ctr", "mode": mode, "num_ps": 0 if mode == "single_process" else NUM_PS,
-            "num_workers": 1 if mode == "single_process" else NUM_WORKERS, "global_step": result["global_step"],
-            "samples": result["global_step"] * per_step, "samples_per_sec": result["samples_per_sec"],
-            "auc": result["auc"], "log_loss": result["log_loss"], "ceiling_auc": result["ceiling_auc"],
-            "run_seconds": seconds}
+    return {
+        "kind": "ctr",
+        "mode": mode,
+        "num_ps": 0 if mode == "single_process" else NUM_PS,
+        "num_workers": 1 if mode == "single_process" else NUM_WORKERS,
+        "global_step": result["global_step"],
+        "samples": result["global_step"] * per_step,
+        "samples_per_sec": result["samples_per_sec"],
+        "auc": result["auc"],
+        "log_loss": result["log_loss"],
+        "ceiling_auc": result["ceiling_auc"],
+        "run_seconds": seconds,
+    }
 
 
 def compare(rows: list[dict]) -> list[dict]:
     """Each row with ``vs_single`` (samples/s over the single process's) and ``auc_diff``
     (AUC minus the single process's); None where there is no single-process row."""
     single = next((r for r in rows if r["mode"] == "single_process"), None)
-    return [{**r, "vs_single": None if single is None else r["samples_per_sec"] / single["samples_per_sec"],
-             "auc_diff": None if single is None else r["auc"] - single["auc"]} for r in rows]
+    return [
+        {
+            **r,
+            "vs_single": None if single is None else r["samples_per_sec"] / single["samples_per_sec"],
+            "auc_diff": None if single is None else r["auc"] - single["auc"],
+        }
+        for r in rows
+    ]
 
 
 def run_ctr_benchmarks(quick: bool = False, timeout: float = 600.0, case: CtrCase | None = None) -> list[dict]:
@@ -143,20 +181,51 @@ def run_ctr_benchmarks(quick: bool = False, timeout: float = 600.0, case: CtrCas
 
 def ctr_table(rows: list[dict]) -> str:
     """Markdown table of :func:`run_ctr_benchmarks` rows."""
+
     def diff(value: float | None) -> str:
         return "-" if value is None else f"{value:+.4f}"
 
-    headers = ["mode", "ps tasks", "workers", "samples", "samples/s", "samples/s vs single process", "AUC",
-               "AUC - single process", "log loss", "ceiling AUC", "run s"]
-    return markdown_table(headers, [
-        [r["mode"], r["num_ps"] or "-", r["num_workers"], f"{r['samples']:,}", format_number(r["samples_per_sec"]),
-         format_ratio(r["vs_single"]), f"{r['auc']:.4f}", diff(r["auc_diff"]), f"{r['log_loss']:.4f}",
-         f"{r['ceiling_auc']:.4f}", format_number(r["run_seconds"])] for r in rows])
+    headers = [
+        "mode",
+        "ps tasks",
+        "workers",
+        "samples",
+        "samples/s",
+        "samples/s vs single process",
+        "AUC",
+        "AUC - single process",
+        "log loss",
+        "ceiling AUC",
+        "run s",
+    ]
+    return markdown_table(
+        headers,
+        [
+            [
+                r["mode"],
+                r["num_ps"] or "-",
+                r["num_workers"],
+                f"{r['samples']:,}",
+                format_number(r["samples_per_sec"]),
+                format_ratio(r["vs_single"]),
+                f"{r['auc']:.4f}",
+                diff(r["auc_diff"]),
+                f"{r['log_loss']:.4f}",
+                f"{r['ceiling_auc']:.4f}",
+                format_number(r["run_seconds"]),
+            ]
+            for r in rows
+        ],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    return table_main(argv, __doc__, "300 steps of 256 samples, tables of 2^14 rows",
-                      lambda quick: ctr_table(run_ctr_benchmarks(quick)))
+    return table_main(
+        argv,
+        __doc__,
+        "300 steps of 256 samples, tables of 2^14 rows",
+        lambda quick: ctr_table(run_ctr_benchmarks(quick)),
+    )
 
 
 if __name__ == "__main__":

@@ -94,8 +94,9 @@ def run_row(placement: Placement, system: str, model: str, steps: int, warmup: i
     deadline = time.monotonic() + ROW_TIMEOUT_S
     psframe_flags = {"psframe": [], "psframe_bf16": ["--wire_dtype=bfloat16"], "psframe_overlap": ["--overlap"]}
     if system in psframe_flags:
-        return run_psframe_processes(model, False, steps, warmup, deadline,
-                                     [*psframe_flags[system], f"--device={device}"], placement=placement)
+        return run_psframe_processes(
+            model, False, steps, warmup, deadline, [*psframe_flags[system], f"--device={device}"], placement=placement
+        )
     if system == "torch_rpc_ps":
         return run_rpc_processes(model, False, steps, warmup, deadline, placement=placement)
     if system == "tf_ps":
@@ -103,8 +104,13 @@ def run_row(placement: Placement, system: str, model: str, steps: int, warmup: i
     raise ValueError(f"unknown system {system!r}; expected one of {SYSTEMS}")
 
 
-def run_hosts_benchmark(models: Sequence[str] = ("mnist_mlp", "large_mlp"), links: Sequence[int] = LINKS_MBIT,
-                        systems: Sequence[str] = SYSTEMS, quick: bool = False, device: str = "cpu") -> list[dict]:
+def run_hosts_benchmark(
+    models: Sequence[str] = ("mnist_mlp", "large_mlp"),
+    links: Sequence[int] = LINKS_MBIT,
+    systems: Sequence[str] = SYSTEMS,
+    quick: bool = False,
+    device: str = "cpu",
+) -> list[dict]:
     """Every system on every model and link; the rows, with their link limit and ratios
     (psframe's workers computing on ``device``).
 
@@ -115,9 +121,11 @@ def run_hosts_benchmark(models: Sequence[str] = ("mnist_mlp", "large_mlp"), link
 
     rows: list[dict] = []
     with HostSet(list(HOST_NAMES)) as hosts:
-        placement = Placement(address=lambda task: hosts.address(TASK_HOSTS[task]),
-                              popen=lambda task, argv, **kwargs: hosts.popen(TASK_HOSTS[task], argv, **kwargs),
-                              interface="eth0")
+        placement = Placement(
+            address=lambda task: hosts.address(TASK_HOSTS[task]),
+            popen=lambda task, argv, **kwargs: hosts.popen(TASK_HOSTS[task], argv, **kwargs),
+            interface="eth0",
+        )
         uncapped: dict[tuple[str, str], float] = {}
         # Uncapped first: it says which capped rows are link-bound, and how many steps fit the time.
         for link in sorted(links, key=lambda mbit: mbit != 0):
@@ -131,8 +139,7 @@ def run_hosts_benchmark(models: Sequence[str] = ("mnist_mlp", "large_mlp"), link
                 for system in systems:
                     guess = min(limit, uncapped.get((system, model), UNCAPPED_GUESS[model]))
                     steps, warmup = _steps(model, guess, quick)
-                    row = {"link_mbit": link, "model": model, "system": system, "link_limit": limit,
-                           "steps": steps}
+                    row = {"link_mbit": link, "model": model, "system": system, "link_limit": limit, "steps": steps}
                     try:
                         row.update(run_row(placement, system, model, steps, warmup, device))
                     except SystemUnavailable as e:
@@ -154,8 +161,11 @@ def _add_ratios(rows: list[dict], uncapped: dict[tuple[str, str], float]) -> Non
         row["fraction_of_limit"] = rate / limit if rate and math.isfinite(limit) else None
         free = uncapped.get((row["system"], row["model"]))
         row["link_bound"] = bool(math.isfinite(limit) and free and limit < free)
-        peers = [r.get("global_steps_per_sec") for r in rows if r["system"] in PEERS
-                 and (r["link_mbit"], r["model"]) == (row["link_mbit"], row["model"])]
+        peers = [
+            r.get("global_steps_per_sec")
+            for r in rows
+            if r["system"] in PEERS and (r["link_mbit"], r["model"]) == (row["link_mbit"], row["model"])
+        ]
         best = max((p for p in peers if p), default=None)
         row["vs_best_peer"] = rate / best if rate and best and row["system"] not in PEERS else None
 
@@ -163,15 +173,22 @@ def _add_ratios(rows: list[dict], uncapped: dict[tuple[str, str], float]) -> Non
 def _line(row: dict) -> str:
     link = f"{row['link_mbit']} Mbit/s" if row["link_mbit"] else "uncapped"
     if "global_steps_per_sec" not in row:
-        return f"[hosts] {link:>12} {row['model']:>10} {row['system']:>13}: {row.get('unavailable') or row.get('error')}"
-    return (f"[hosts] {link:>12} {row['model']:>10} {row['system']:>13}: "
-            f"{row['global_steps_per_sec']:.2f} global steps/s (limit {row['link_limit']:.2f})")
+        return (
+            f"[hosts] {link:>12} {row['model']:>10} {row['system']:>13}: {row.get('unavailable') or row.get('error')}"
+        )
+    return (
+        f"[hosts] {link:>12} {row['model']:>10} {row['system']:>13}: "
+        f"{row['global_steps_per_sec']:.2f} global steps/s (limit {row['link_limit']:.2f})"
+    )
 
 
 def format_table(rows: Sequence[dict]) -> str:
     """The rows as a Markdown table."""
-    lines = ["| link | model | system | global steps/s | link limit | of the limit | vs best peer | "
-             "CPU ms/step | link-bound |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| link | model | system | global steps/s | link limit | of the limit | vs best peer | "
+        "CPU ms/step | link-bound |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         link = f"{row['link_mbit']} Mbit/s" if row["link_mbit"] else "uncapped"
         limit = f"{row['link_limit']:.2f}" if math.isfinite(row["link_limit"]) else "-"
@@ -182,14 +199,17 @@ def format_table(rows: Sequence[dict]) -> str:
         fraction = "-" if row["fraction_of_limit"] is None else f"{row['fraction_of_limit']:.2f}"
         versus = "-" if row["vs_best_peer"] is None else f"{row['vs_best_peer']:.2f}x"
         cpu = row.get("cpu_ms_per_step", math.nan)
-        lines.append(f"| {link} | {row['model']} | {row['system']} | {row['global_steps_per_sec']:.2f} | {limit} | "
-                     f"{fraction} | {versus} | {'-' if math.isnan(cpu) else f'{cpu:.1f}'} | "
-                     f"{'yes' if row['link_bound'] else 'no'} |")
+        lines.append(
+            f"| {link} | {row['model']} | {row['system']} | {row['global_steps_per_sec']:.2f} | {limit} | "
+            f"{fraction} | {versus} | {'-' if math.isnan(cpu) else f'{cpu:.1f}'} | "
+            f"{'yes' if row['link_bound'] else 'no'} |"
+        )
     mb = {model: model_bytes(model) / 1e6 for model in sorted({r["model"] for r in rows})}
     lines.append("")
-    lines.append("Link limit: the link's rate over the model's float32 bytes, which every global step moves "
-                 "each way through the ps host's link (" + ", ".join(f"{m}: {b:.2f} MB" for m, b in mb.items())
-                 + ").")
+    lines.append(
+        "Link limit: the link's rate over the model's float32 bytes, which every global step moves "
+        "each way through the ps host's link (" + ", ".join(f"{m}: {b:.2f} MB" for m, b in mb.items()) + ")."
+    )
     return "\n".join(lines)
 
 
@@ -197,11 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few steps per row (a smoke test)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(MODELS))
-    parser.add_argument("--links", nargs="+", type=int, default=list(LINKS_MBIT),
-                        help="link caps in Mbit/s; 0 is uncapped")
+    parser.add_argument(
+        "--links", nargs="+", type=int, default=list(LINKS_MBIT), help="link caps in Mbit/s; 0 is uncapped"
+    )
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS + EXTRA_SYSTEMS)
-    parser.add_argument("--device", default="cpu",
-                        help="where psframe's workers compute (cuda: one GPU shared by both worker hosts)")
+    parser.add_argument(
+        "--device", default="cpu", help="where psframe's workers compute (cuda: one GPU shared by both worker hosts)"
+    )
     args = parser.parse_args(argv)
     from tests.hosts import hosts_unavailable
 

@@ -42,12 +42,11 @@ from pathlib import Path
 import psutil
 import torch
 
-from psframe import optim
-from psframe.optim import OptimizerSpec
-from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES
-
 from benchmarks.common import Children, Deadline, MiB, format_bytes, single_thread, table_main
 from benchmarks.transport import PsCluster, create_variables, push_pull, shard_requests
+from psframe import optim
+from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES
+from psframe.optim import OptimizerSpec
 
 TENSOR_BYTES = DEFAULT_MAX_SHARD_BYTES  # the trainer's parts
 LIMIT_FACTOR = 1.3
@@ -144,8 +143,9 @@ def measure_case(children: Children, case: MemoryCase, steps: int, deadline: Dea
     pid = cluster.procs[0].pid
     reported_pid = client.get_info(0).pid
     if reported_pid != pid:  # `python -m psframe.cli` serves in the started process itself
-        print(f"[bench] warning: ps reports pid {reported_pid}, started pid {pid}; measuring the former",
-              file=sys.stderr)
+        print(
+            f"[bench] warning: ps reports pid {reported_pid}, started pid {pid}; measuring the former", file=sys.stderr
+        )
         pid = reported_pid
     shared = case.serving_processes > 1
     sampler = MemorySampler(pid, proportional=shared)

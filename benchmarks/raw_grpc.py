@@ -76,8 +76,7 @@ def _echo_unary(request: bytes, context: grpc.ServicerContext) -> bytes:
 
 
 def _echo_stream(requests, context: grpc.ServicerContext):
-    for request in requests:
-        yield request
+    yield from requests
 
 
 class _StreamCount:
@@ -119,10 +118,15 @@ def serve(host: str = "127.0.0.1", timeout: float = 3600.0, port: int = 0, clien
     server = grpc.server(
         # A stream holds its thread for as long as it is open: one per client, and some to spare.
         futures.ThreadPoolExecutor(max_workers=max(8, (clients or 0) + 4), thread_name_prefix="echo"),
-        handlers=(grpc.method_handlers_generic_handler(SERVICE, {
-            "Unary": grpc.unary_unary_rpc_method_handler(_echo_unary),
-            "Stream": grpc.stream_stream_rpc_method_handler(count.echo_stream if count else _echo_stream),
-        }),),
+        handlers=(
+            grpc.method_handlers_generic_handler(
+                SERVICE,
+                {
+                    "Unary": grpc.unary_unary_rpc_method_handler(_echo_unary),
+                    "Stream": grpc.stream_stream_rpc_method_handler(count.echo_stream if count else _echo_stream),
+                },
+            ),
+        ),
         options=OPTIONS + (("grpc.so_reuseport", 0),),
     )
     bound = server.add_insecure_port(f"{host}:{port}")
@@ -132,8 +136,11 @@ def serve(host: str = "127.0.0.1", timeout: float = 3600.0, port: int = 0, clien
     port = bound
     server.start()
     loaded = [m for m in ("psframe", "torch") if m in sys.modules]
-    print(f"raw-grpc echo serving at {host}:{port} (pid {os.getpid()}"
-          f"{', loaded: ' + ', '.join(loaded) if loaded else ''})", flush=True)
+    print(
+        f"raw-grpc echo serving at {host}:{port} (pid {os.getpid()}"
+        f"{', loaded: ' + ', '.join(loaded) if loaded else ''})",
+        flush=True,
+    )
     if count is None:
         # The parent kills this process by PID; the timeout is a backstop only.
         server.wait_for_termination(timeout=timeout)
@@ -141,8 +148,11 @@ def serve(host: str = "127.0.0.1", timeout: float = 3600.0, port: int = 0, clien
         return 0
     if not count.done.wait(timeout):
         server.stop(0)
-        print(f"raw-grpc echo: {count.ended} of {clients} client streams ended within {timeout:g}s",
-              file=sys.stderr, flush=True)
+        print(
+            f"raw-grpc echo: {count.ended} of {clients} client streams ended within {timeout:g}s",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     time.sleep(LINGER_S)
     server.stop(0)
@@ -152,8 +162,9 @@ def serve(host: str = "127.0.0.1", timeout: float = 3600.0, port: int = 0, clien
 
 def start_server(children: Children, deadline: Deadline, name: str = "raw-echo") -> str:
     """Start the echo server as a child process; its ``host:port`` once it serves."""
-    children.start(name, [sys.executable, "-m", "benchmarks.raw_grpc", "--serve",
-                          f"--timeout={deadline.remaining() + 60:.0f}"])
+    children.start(
+        name, [sys.executable, "-m", "benchmarks.raw_grpc", "--serve", f"--timeout={deadline.remaining() + 60:.0f}"]
+    )
     return children.wait_for_output(name, READY_PATTERN, timeout=min(60.0, deadline.remaining())).group(1)
 
 
@@ -208,9 +219,18 @@ def measure_echo(echo, nbytes: int, settings: Settings, deadline: Deadline, doin
     return measure_rate(round_trip, settings, deadline, doing)
 
 
-def run_client(target: str, nbytes: int, trips: int, warmup: int, *, seconds: float = 0.0,
-               barrier_dir: str | None = None, index: int = 0, clients: int = 1,
-               timeout: float = 300.0) -> dict:
+def run_client(
+    target: str,
+    nbytes: int,
+    trips: int,
+    warmup: int,
+    *,
+    seconds: float = 0.0,
+    barrier_dir: str | None = None,
+    index: int = 0,
+    clients: int = 1,
+    timeout: float = 300.0,
+) -> dict:
     """Round trips of ``nbytes`` each way on one long-lived stream to the echo server at ``target``.
 
     Connects, waits at the file barrier in ``barrier_dir`` for all ``clients``
@@ -249,8 +269,12 @@ def run_client(target: str, nbytes: int, trips: int, warmup: int, *, seconds: fl
         finally:
             echo.close()
     timed = timed_windows(times, range(1, len(times) + 1), warmup + 1)
-    return {"task": f"client{index}", "payload_bytes": nbytes, **timed,
-            "trip_times": [round(t, 6) for t in times[warmup:]]}
+    return {
+        "task": f"client{index}",
+        "payload_bytes": nbytes,
+        **timed,
+        "trip_times": [round(t, 6) for t in times[warmup:]],
+    }
 
 
 def run_raw_benchmarks(settings: Settings, timeout: float = 900.0) -> list[dict]:
@@ -273,16 +297,18 @@ def run_raw_benchmarks(settings: Settings, timeout: float = 900.0) -> list[dict]
                 try:
                     for nbytes in settings.sizes:
                         rate = measure_echo(echo, nbytes, settings, deadline, f"raw {mode} {nbytes} B")
-                        rows.append({
-                            "system": "raw gRPC",
-                            "mode": mode,
-                            "payload_bytes": nbytes,
-                            "round_trips_per_sec": rate.per_second,
-                            "gb_per_sec_each_way": gb_per_second(nbytes, rate.per_second),
-                            "spread": rate.spread,
-                            "calls_per_repeat": rate.calls_per_repeat,
-                            "repeats": len(rate.samples),
-                        })
+                        rows.append(
+                            {
+                                "system": "raw gRPC",
+                                "mode": mode,
+                                "payload_bytes": nbytes,
+                                "round_trips_per_sec": rate.per_second,
+                                "gb_per_sec_each_way": gb_per_second(nbytes, rate.per_second),
+                                "spread": rate.spread,
+                                "calls_per_repeat": rate.calls_per_repeat,
+                                "repeats": len(rate.samples),
+                            }
+                        )
                 finally:
                     echo.close()
     return rows
@@ -291,12 +317,20 @@ def run_raw_benchmarks(settings: Settings, timeout: float = 900.0) -> list[dict]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", action="store_true", help="run the echo server (a child process)")
-    parser.add_argument("--client", default=None, metavar="HOST:PORT",
-                        help="be one echo client of a running server; print one JSON line")
+    parser.add_argument(
+        "--client",
+        default=None,
+        metavar="HOST:PORT",
+        help="be one echo client of a running server; print one JSON line",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="--serve: the port (0: chosen by the OS)")
-    parser.add_argument("--clients", type=int, default=None,
-                        help="--serve: exit once this many streams ended; --client: clients at the barrier")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=None,
+        help="--serve: exit once this many streams ended; --client: clients at the barrier",
+    )
     parser.add_argument("--bytes", type=int, default=4096, help="--client: payload each way")
     parser.add_argument("--trips", type=int, default=1000, help="--client: timed round trips at least")
     parser.add_argument("--seconds", type=float, default=0.0, help="--client: timed seconds at least")
@@ -309,9 +343,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         return serve(args.host, args.timeout, args.port, args.clients)
     if args.client:
-        result = run_client(args.client, args.bytes, args.trips, args.warmup, seconds=args.seconds,
-                            barrier_dir=args.barrier_dir, index=args.index, clients=args.clients or 1,
-                            timeout=args.timeout)
+        result = run_client(
+            args.client,
+            args.bytes,
+            args.trips,
+            args.warmup,
+            seconds=args.seconds,
+            barrier_dir=args.barrier_dir,
+            index=args.index,
+            clients=args.clients or 1,
+            timeout=args.timeout,
+        )
         print(json.dumps(result), flush=True)
         return 0
     from benchmarks import report

@@ -56,23 +56,34 @@ def measure(kill_at: int, data_dir: str) -> dict:
     hosts = [f"127.0.0.1:{p}" for p in pick_free_ports(3)]
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
-        flags = [f"--ps_hosts={hosts[0]}", f"--worker_hosts={hosts[1]},{hosts[2]}", f"--data_dir={data_dir}",
-                 f"--checkpoint_dir={logs / 'ckpt'}", "--log_every=100"]
+        flags = [
+            f"--ps_hosts={hosts[0]}",
+            f"--worker_hosts={hosts[1]},{hosts[2]}",
+            f"--data_dir={data_dir}",
+            f"--checkpoint_dir={logs / 'ckpt'}",
+            "--log_every=100",
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         procs: dict[str, subprocess.Popen] = {}
 
         def start(name: str, job: str, index: int) -> None:
             out = open(logs / f"{name}.log", "w")
-            procs[name] = subprocess.Popen([sys.executable, str(EXAMPLE), *flags, f"--job_name={job}",
-                                            f"--task_index={index}"], stdout=out, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
+            procs[name] = subprocess.Popen(
+                [sys.executable, str(EXAMPLE), *flags, f"--job_name={job}", f"--task_index={index}"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=ROOT,
+            )
 
         try:
             start("ps0", "ps", 0)
             start("worker0", "worker", 0)
             start("worker1", "worker", 1)
-            reached = _wait_for(logs / "worker0.log", rf"local step {kill_at}, global step (\d+)",
-                                procs["worker0"], deadline)
+            reached = _wait_for(
+                logs / "worker0.log", rf"local step {kill_at}, global step (\d+)", procs["worker0"], deadline
+            )
             procs["ps0"].send_signal(signal.SIGKILL)
             killed = time.time()
             procs["ps0"].wait(timeout=30)
@@ -82,8 +93,10 @@ def measure(kill_at: int, data_dir: str) -> dict:
             ps_log = (logs / "ps1.log").read_text()
             serving = _stamp(re.search(r"^.*serving at.*$", ps_log, re.M).group(0))
             restored = int(re.search(r"going on at global step (\d+)", ps_log).group(1))
-            resumed = max(_stamp(re.search(r"^.*the ps tasks are back.*$", (logs / f"{w}.log").read_text(),
-                                           re.M).group(0)) for w in ("worker0", "worker1"))
+            resumed = max(
+                _stamp(re.search(r"^.*the ps tasks are back.*$", (logs / f"{w}.log").read_text(), re.M).group(0))
+                for w in ("worker0", "worker1")
+            )
             result = json.loads((logs / "worker0.log").read_text().strip().splitlines()[-1])
             procs["ps1"].wait(timeout=60)
         finally:

@@ -58,39 +58,91 @@ def raw_table(rows: Sequence[dict]) -> str:
     """Markdown table of :func:`benchmarks.raw_grpc.run_raw_benchmarks` rows."""
     return markdown_table(
         ["system", "mode", "payload", "round trips/s", "GB/s each way", "spread"],
-        [[r["system"], r["mode"], format_bytes(r["payload_bytes"]), format_number(r["round_trips_per_sec"]),
-          format_number(r["gb_per_sec_each_way"]), _pct(r["spread"])] for r in rows],
+        [
+            [
+                r["system"],
+                r["mode"],
+                format_bytes(r["payload_bytes"]),
+                format_number(r["round_trips_per_sec"]),
+                format_number(r["gb_per_sec_each_way"]),
+                _pct(r["spread"]),
+            ]
+            for r in rows
+        ],
     )
 
 
 def transport_table(rows: Sequence[dict]) -> str:
     """Markdown table of :func:`benchmarks.transport.run_transport_benchmarks` rows
     (with the ratios of :func:`benchmarks.transport.add_ratios` where present)."""
+
     def ratio(row: dict, mode: str) -> str:
         text = format_ratio(row.get(f"vs_raw_{mode}"))
         return f"**{text}**" if row.get("rpc") == mode and text != "-" else text
 
     return markdown_table(
-        ["system", "ps tasks", "tensors", "payload", "PushPull rpc", "round trips/s", "GB/s each way",
-         "vs raw unary", "vs raw stream", "spread"],
-        [[r["system"], r["num_ps"], f"{r['num_tensors']} ({r['layout']})", format_bytes(r["payload_bytes"]),
-          r.get("rpc", "?"), format_number(r["round_trips_per_sec"]), format_number(r["gb_per_sec_each_way"]),
-          ratio(r, "unary"), ratio(r, "stream"), _pct(r["spread"])]
-         for r in rows],
+        [
+            "system",
+            "ps tasks",
+            "tensors",
+            "payload",
+            "PushPull rpc",
+            "round trips/s",
+            "GB/s each way",
+            "vs raw unary",
+            "vs raw stream",
+            "spread",
+        ],
+        [
+            [
+                r["system"],
+                r["num_ps"],
+                f"{r['num_tensors']} ({r['layout']})",
+                format_bytes(r["payload_bytes"]),
+                r.get("rpc", "?"),
+                format_number(r["round_trips_per_sec"]),
+                format_number(r["gb_per_sec_each_way"]),
+                ratio(r, "unary"),
+                ratio(r, "stream"),
+                _pct(r["spread"]),
+            ]
+            for r in rows
+        ],
     )
 
 
 def memory_table(rows: Sequence[dict]) -> str:
     """Markdown table of :func:`benchmarks.memory.run_memory_benchmarks` rows (MB = 10**6 bytes)."""
     return markdown_table(
-        ["system", "variables", "optimizer", "bytes held (MB)", "baseline (MB)", "idle ps (MB)",
-         "peak after init (MB)", "peak (MB)", "limit (MB)", "peak <= 1.3 x held + idle ps", "s/step"],
-        [[r["system"], r["variables"], r["optimizer"], format_number(r["bytes_held"] / MB, 4),
-          format_number(r["baseline_rss"] / MB, 4), format_number(r["idle_rss"] / MB, 4),
-          format_number(None if r.get("peak_rss_after_init") is None else r["peak_rss_after_init"] / MB, 4),
-          format_number(r["peak_rss"] / MB, 4), format_number(r["limit"] / MB, 4),
-          "yes" if r["within_limit"] else "NO",
-          format_number(r["seconds_per_step"])] for r in rows],
+        [
+            "system",
+            "variables",
+            "optimizer",
+            "bytes held (MB)",
+            "baseline (MB)",
+            "idle ps (MB)",
+            "peak after init (MB)",
+            "peak (MB)",
+            "limit (MB)",
+            "peak <= 1.3 x held + idle ps",
+            "s/step",
+        ],
+        [
+            [
+                r["system"],
+                r["variables"],
+                r["optimizer"],
+                format_number(r["bytes_held"] / MB, 4),
+                format_number(r["baseline_rss"] / MB, 4),
+                format_number(r["idle_rss"] / MB, 4),
+                format_number(None if r.get("peak_rss_after_init") is None else r["peak_rss_after_init"] / MB, 4),
+                format_number(r["peak_rss"] / MB, 4),
+                format_number(r["limit"] / MB, 4),
+                "yes" if r["within_limit"] else "NO",
+                format_number(r["seconds_per_step"]),
+            ]
+            for r in rows
+        ],
     )
 
 
@@ -113,13 +165,15 @@ def training_ratios(rows: Sequence[dict]) -> list[dict]:
     out = []
     for row in rows:
         rpc = by_rpc.get((row["model"], row["mode"]), {})
-        out.append({
-            **row,
-            "vs_torch_rpc_ps": paired_ratio(row, rpc),
-            "vs_ddp_gloo": paired_ratio(row, by_ddp.get(row["model"], {})),
-            "cpu_vs_torch_rpc_ps": _ratio(_cpu_per_sample(row), _cpu_per_sample(rpc)),
-            "vs_tf_ps": paired_ratio(row, by_tf.get((row["model"], row["mode"]), {})),
-        })
+        out.append(
+            {
+                **row,
+                "vs_torch_rpc_ps": paired_ratio(row, rpc),
+                "vs_ddp_gloo": paired_ratio(row, by_ddp.get(row["model"], {})),
+                "cpu_vs_torch_rpc_ps": _ratio(_cpu_per_sample(row), _cpu_per_sample(rpc)),
+                "vs_tf_ps": paired_ratio(row, by_tf.get((row["model"], row["mode"]), {})),
+            }
+        )
     return out
 
 
@@ -136,8 +190,7 @@ def paired_ratio(row: dict, base: dict) -> float | None:
     runs, base_runs = row.get("run_rates", ()), base.get("run_rates", ())
     if per_step is None or base_per_step is None or len(runs) != len(base_runs) or len(runs) < 2:
         return _ratio(row.get("samples_per_sec"), base.get("samples_per_sec"))
-    ratios = [r for r in (_ratio(a * per_step, b * base_per_step) for a, b in zip(runs, base_runs))
-              if r is not None]
+    ratios = [r for r in (_ratio(a * per_step, b * base_per_step) for a, b in zip(runs, base_runs)) if r is not None]
     return statistics.median(ratios) if ratios else None
 
 
@@ -163,16 +216,41 @@ def training_table(rows: Sequence[dict]) -> str:
     extra = [k for k in ("note", "unavailable", "error") if any(k in r for r in rows)]
     runs = any(len(r.get("run_rates", ())) > 1 for r in rows)
     return markdown_table(
-        ["system", "model", "mode", "global steps/s", "samples/s", "steps", "seconds",
-         "samples/s vs torch_rpc_ps", "samples/s vs ddp_gloo", "CPU ms/step", "CPU/sample vs torch_rpc_ps",
-         "samples/s vs tf_ps", *(["every run (global steps/s)"] if runs else []), *extra],
-        [[r["system"], r["model"], r["mode"], format_number(r["global_steps_per_sec"]),
-          format_number(r["samples_per_sec"]), r["steps"], format_number(r["seconds"]),
-          format_ratio(r["vs_torch_rpc_ps"]), format_ratio(r["vs_ddp_gloo"]),
-          format_number(r.get("cpu_ms_per_step")), format_ratio(r["cpu_vs_torch_rpc_ps"]),
-          format_ratio(r["vs_tf_ps"]),
-          *([" / ".join(format_number(v) for v in r.get("run_rates", ()))] if runs else []),
-          *(str(r.get(k, "")) for k in extra)] for r in rows],
+        [
+            "system",
+            "model",
+            "mode",
+            "global steps/s",
+            "samples/s",
+            "steps",
+            "seconds",
+            "samples/s vs torch_rpc_ps",
+            "samples/s vs ddp_gloo",
+            "CPU ms/step",
+            "CPU/sample vs torch_rpc_ps",
+            "samples/s vs tf_ps",
+            *(["every run (global steps/s)"] if runs else []),
+            *extra,
+        ],
+        [
+            [
+                r["system"],
+                r["model"],
+                r["mode"],
+                format_number(r["global_steps_per_sec"]),
+                format_number(r["samples_per_sec"]),
+                r["steps"],
+                format_number(r["seconds"]),
+                format_ratio(r["vs_torch_rpc_ps"]),
+                format_ratio(r["vs_ddp_gloo"]),
+                format_number(r.get("cpu_ms_per_step")),
+                format_ratio(r["cpu_vs_torch_rpc_ps"]),
+                format_ratio(r["vs_tf_ps"]),
+                *([" / ".join(format_number(v) for v in r.get("run_rates", ()))] if runs else []),
+                *(str(r.get(k, "")) for k in extra),
+            ]
+            for r in rows
+        ],
     )
 
 
@@ -184,16 +262,39 @@ def scaling_table(rows: Sequence[dict]) -> str:
     notes = any("error" in r or "unavailable" in r for r in rows)
     last = "error" if any("error" in r for r in rows) else "note"
     return markdown_table(
-        ["model", "system", "ps tasks", "workers", "global steps/s (echo: trips/s)", "vs torch_rpc_ps",
-         "per-worker steps/s: median (min-max)", "requests/step", "request size", "server CPU ms/request",
-         "CPU/request vs raw_echo", "other load", *([last] if notes else [])],
-        [[r["model"], r["system"], r["ps_tasks"], r["workers"], format_number(r["global_steps_per_sec"]),
-          format_ratio(r.get("vs_torch_rpc_ps")), _spread_of(r.get("per_worker_steps_per_sec", ())),
-          r.get("requests_per_step", "-"),
-          format_bytes(r["request_bytes"]) if r.get("request_bytes") else "-",
-          format_number(r.get("server_cpu_ms_per_request")), format_ratio(r.get("cpu_vs_raw_echo")),
-          "-" if r.get("other_cpu_load") is None else f"{r['other_cpu_load']:.2f}",
-          *([r.get("error") or _unavailable(r)] if notes else [])] for r in rows],
+        [
+            "model",
+            "system",
+            "ps tasks",
+            "workers",
+            "global steps/s (echo: trips/s)",
+            "vs torch_rpc_ps",
+            "per-worker steps/s: median (min-max)",
+            "requests/step",
+            "request size",
+            "server CPU ms/request",
+            "CPU/request vs raw_echo",
+            "other load",
+            *([last] if notes else []),
+        ],
+        [
+            [
+                r["model"],
+                r["system"],
+                r["ps_tasks"],
+                r["workers"],
+                format_number(r["global_steps_per_sec"]),
+                format_ratio(r.get("vs_torch_rpc_ps")),
+                _spread_of(r.get("per_worker_steps_per_sec", ())),
+                r.get("requests_per_step", "-"),
+                format_bytes(r["request_bytes"]) if r.get("request_bytes") else "-",
+                format_number(r.get("server_cpu_ms_per_request")),
+                format_ratio(r.get("cpu_vs_raw_echo")),
+                "-" if r.get("other_cpu_load") is None else f"{r['other_cpu_load']:.2f}",
+                *([r.get("error") or _unavailable(r)] if notes else []),
+            ]
+            for r in rows
+        ],
     )
 
 
@@ -208,8 +309,7 @@ def _spread_of(values: Sequence[float]) -> str:
         return "-"
     if len(values) == 1:
         return format_number(values[0])
-    return (f"{format_number(statistics.median(values))} "
-            f"({format_number(min(values))}-{format_number(max(values))})")
+    return f"{format_number(statistics.median(values))} ({format_number(min(values))}-{format_number(max(values))})"
 
 
 SPARSE_MEMORY_CAPTION = "ps memory of an embedding table with Adagrad on 2 ps tasks"
@@ -220,23 +320,30 @@ def sparse_table(rows: Sequence[dict]) -> str:
     """Markdown tables of :func:`benchmarks.sparse.run_sparse_benchmarks` rows: steps, then the ps
     tasks' memory, the CTR example and partition balance (each where it has rows)."""
     from benchmarks.ctr import ctr_table
-    from benchmarks.sparse import IDLE_ROWS, balance_table, memory_table, sparse_table as table
+    from benchmarks.sparse import IDLE_ROWS, balance_table, memory_table
+    from benchmarks.sparse import sparse_table as table
 
     steps = [r for r in rows if r.get("kind") not in ("memory", "ctr", "balance")]
     memory, ctr, balance = ([r for r in rows if r.get("kind") == kind] for kind in ("memory", "ctr", "balance"))
     parts = [table(steps)] if steps else []
     if memory:
-        parts.append(f"{SPARSE_MEMORY_CAPTION} (each ps task's peak resident memory, VmHWM, after "
-                     f"{memory[0]['steps']} steps, against 1.3 x the table rows and optimizer state it "
-                     f"holds plus the peak of the same ps task of a {IDLE_ROWS:,}-row table after the same "
-                     "steps, measured in the same run; MB = 10^6 bytes):\n\n" + memory_table(memory))
+        parts.append(
+            f"{SPARSE_MEMORY_CAPTION} (each ps task's peak resident memory, VmHWM, after "
+            f"{memory[0]['steps']} steps, against 1.3 x the table rows and optimizer state it "
+            f"holds plus the peak of the same ps task of a {IDLE_ROWS:,}-row table after the same "
+            "steps, measured in the same run; MB = 10^6 bytes):\n\n" + memory_table(memory)
+        )
     if ctr:
-        parts.append(f"{SPARSE_CTR_CAPTION} (from `benchmarks.ctr`: the same samples in every mode; "
-                     "samples/s as the example's chief prints it, over its training loop; *run s* the "
-                     "whole run with start-up and evaluation):\n\n" + ctr_table(ctr))
+        parts.append(
+            f"{SPARSE_CTR_CAPTION} (from `benchmarks.ctr`: the same samples in every mode; "
+            "samples/s as the example's chief prints it, over its training loop; *run s* the "
+            "whole run with start-up and evaluation):\n\n" + ctr_table(ctr)
+        )
     if balance:
-        parts.append("How evenly a table's parts share a batch's lookups (no cluster: psframe's placement "
-                     "and id split over 20 power-law batches of a 10^6-row table):\n\n" + balance_table(balance))
+        parts.append(
+            "How evenly a table's parts share a batch's lookups (no cluster: psframe's placement "
+            "and id split over 20 power-law batches of a 10^6-row table):\n\n" + balance_table(balance)
+        )
     return "\n\n".join(parts)
 
 
@@ -247,11 +354,31 @@ def _signed(value: float | None) -> str:
 def security_table(rows: Sequence[dict]) -> str:
     """Markdown table of :func:`benchmarks.security.run_security_benchmarks` rows."""
     return markdown_table(
-        ["payload", "security", "round trips/s", "µs/step", "µs/step over none", "CPU µs/step",
-         "CPU µs/step over none", "vs none", "spread"],
-        [[format_bytes(r["payload_bytes"]), r["security"], format_number(r["round_trips_per_sec"]),
-          format_number(r["us_per_step"]), _signed(r.get("us_over_none")), format_number(r.get("cpu_us_per_step")),
-          _signed(r.get("cpu_us_over_none")), format_ratio(r.get("vs_none")), _pct(r["spread"])] for r in rows],
+        [
+            "payload",
+            "security",
+            "round trips/s",
+            "µs/step",
+            "µs/step over none",
+            "CPU µs/step",
+            "CPU µs/step over none",
+            "vs none",
+            "spread",
+        ],
+        [
+            [
+                format_bytes(r["payload_bytes"]),
+                r["security"],
+                format_number(r["round_trips_per_sec"]),
+                format_number(r["us_per_step"]),
+                _signed(r.get("us_over_none")),
+                format_number(r.get("cpu_us_per_step")),
+                _signed(r.get("cpu_us_over_none")),
+                format_ratio(r.get("vs_none")),
+                _pct(r["spread"]),
+            ]
+            for r in rows
+        ],
     )
 
 
@@ -262,8 +389,16 @@ def hosts_table(rows: Sequence[dict]) -> str:
     return format_table(rows)
 
 
-TABLES = {"raw": raw_table, "transport": transport_table, "security": security_table, "training": training_table,
-          "scaling": scaling_table, "memory": memory_table, "sparse": sparse_table, "hosts": hosts_table}
+TABLES = {
+    "raw": raw_table,
+    "transport": transport_table,
+    "security": security_table,
+    "training": training_table,
+    "scaling": scaling_table,
+    "memory": memory_table,
+    "sparse": sparse_table,
+    "hosts": hosts_table,
+}
 
 
 def section_text(section: str, rows: Sequence[dict]) -> str:
@@ -277,13 +412,16 @@ def training_summary(rows: Sequence[dict]) -> str:
     MLP (samples/s, repeat by repeat); empty where either row is missing or not measured."""
     ratios = training_ratios(rows)
     lines = []
-    for system, how in (("psframe", "tensors through shared memory, psframe's default on one host"),
-                        ("psframe_grpc", "every byte through gRPC, as between hosts")):
-        row = next((r for r in ratios if (r["system"], r["mode"], r["model"]) == (system, "async", "large_mlp")),
-                   None)
+    for system, how in (
+        ("psframe", "tensors through shared memory, psframe's default on one host"),
+        ("psframe_grpc", "every byte through gRPC, as between hosts"),
+    ):
+        row = next((r for r in ratios if (r["system"], r["mode"], r["model"]) == (system, "async", "large_mlp")), None)
         if row is not None and row.get("vs_tf_ps") is not None:
-            lines.append(f"**Large MLP, async: {system}'s samples/s over tf_ps's (TensorFlow's parameter server): "
-                         f"{format_ratio(row['vs_tf_ps'])}** ({how}; the median of the ratios repeat by repeat).")
+            lines.append(
+                f"**Large MLP, async: {system}'s samples/s over tf_ps's (TensorFlow's parameter server): "
+                f"{format_ratio(row['vs_tf_ps'])}** ({how}; the median of the ratios repeat by repeat)."
+            )
     return "\n\n".join(lines)
 
 
@@ -433,8 +571,9 @@ _INTROS = {
         "requests = timed global steps x requests/step. A torch_rpc_ps request is one `rpc_sync`, "
         "the whole model each way; a tf_ps request is one worker step, the whole model each way, "
         "which TF sends as one `RunGraph` call to the ps and a `RecvTensor` transfer per variable "
-        "and per gradient (the ps's CPU for all of them counts); a raw_echo request is one round trip, counted in the window all "
-        "clients timed together. *CPU/request vs raw_echo* divides the CPU per request by the echo "
+        "and per gradient (the ps's CPU for all of them counts); a raw_echo request is one round trip, "
+        "counted in the window all clients timed together. *CPU/request vs raw_echo* divides the CPU "
+        "per request by the echo "
         "server's CPU per round trip at the same model and N, both per byte of their mean request "
         "(*request size*): where the sizes are equal (psframe with 1 ps task; torch_rpc_ps on the "
         "MNIST MLP) this is the CPU per request over the CPU per round trip at the same payload and "
@@ -484,10 +623,12 @@ def _scaling_machine(rows: Sequence[dict]) -> str:
     cores = next((r["cores"] for r in rows if r.get("cores")), None)
     counts = ", ".join(str(n) for n in dict.fromkeys(r["workers"] for r in rows))
     where = f"this machine had {cores} usable cores" if cores else "the machine's cores were not recorded"
-    return (f"Worker counts: {counts} ({where}; the counts go 1, 2, 4, 8... up to the usable cores "
-            f"less 2, left to the ps tasks, so 1 and 2 on 2 cores and up to 14 on 16). With more "
-            f"processes than cores, they share the cores: rates then say how the systems degrade, not "
-            f"how they scale.")
+    return (
+        f"Worker counts: {counts} ({where}; the counts go 1, 2, 4, 8... up to the usable cores "
+        f"less 2, left to the ps tasks, so 1 and 2 on 2 cores and up to 14 on 16). With more "
+        f"processes than cores, they share the cores: rates then say how the systems degrade, not "
+        f"how they scale."
+    )
 
 
 def _psframe_messages(rows: Sequence[dict]) -> str:
@@ -527,8 +668,11 @@ def render_markdown(results: dict, png_name: str, previous: str | None = None) -
     parts = [
         "# psframe benchmarks\n",
         f"Generated by `{results['command']}` on {results['date']} in {results['seconds']:.0f} s"
-        + (" (**quick mode**: small sizes and few repeats, a smoke test, not a measurement)."
-           if results.get("quick") else "."),
+        + (
+            " (**quick mode**: small sizes and few repeats, a smoke test, not a measurement)."
+            if results.get("quick")
+            else "."
+        ),
         "",
         "All on one machine over loopback (127.0.0.1, ports chosen by the OS), one compute thread "
         "per process (`OMP_NUM_THREADS=1`, `torch.set_num_threads(1)`), servers in processes "
@@ -547,11 +691,19 @@ def render_markdown(results: dict, png_name: str, previous: str | None = None) -
         if section in results.get("errors", {}):
             parts.append(f"**Failed:** {results['errors'][section]}\n")
         if rows and section == "scaling":
-            parts += [_INTROS[section], "", _scaling_machine(rows), "", TABLES[section](rows), "",
-                      _psframe_messages(rows), "",
-                      f"![throughput against workers]({scaling_png_name(png_name)})\n",
-                      "Global steps/s (raw_echo: round trips/s) against workers, one line per system "
-                      "and ps count, one panel per model (both axes logarithmic).\n"]
+            parts += [
+                _INTROS[section],
+                "",
+                _scaling_machine(rows),
+                "",
+                TABLES[section](rows),
+                "",
+                _psframe_messages(rows),
+                "",
+                f"![throughput against workers]({scaling_png_name(png_name)})\n",
+                "Global steps/s (raw_echo: round trips/s) against workers, one line per system "
+                "and ps count, one panel per model (both axes logarithmic).\n",
+            ]
         elif rows:
             parts += [_INTROS[section], "", TABLES[section](rows), ""]
             if section == "training" and training_summary(rows):
@@ -603,18 +755,27 @@ def plot(results: dict, path: Path) -> None:
 
     training = [r for r in results.get("training") or [] if "unavailable" not in r]
     models = list(dict.fromkeys(r["model"] for r in training))
-    series = list(dict.fromkeys(
-        (r["system"], r["mode"]) for s in TRAINING_SYSTEMS for r in training if r["system"] == s
-    )) + list(dict.fromkeys((r["system"], r["mode"]) for r in training if r["system"] not in TRAINING_SYSTEMS))
+    series = list(
+        dict.fromkeys((r["system"], r["mode"]) for s in TRAINING_SYSTEMS for r in training if r["system"] == s)
+    ) + list(dict.fromkeys((r["system"], r["mode"]) for r in training if r["system"] not in TRAINING_SYSTEMS))
     width = 0.8 / max(1, len(series))
     for i, (system, mode) in enumerate(series):
-        values = [next((r["global_steps_per_sec"] for r in training
-                        if (r["system"], r["mode"], r["model"]) == (system, mode, m)), 0.0) for m in models]
+        values = [
+            next(
+                (
+                    r["global_steps_per_sec"]
+                    for r in training
+                    if (r["system"], r["mode"], r["model"]) == (system, mode, m)
+                ),
+                0.0,
+            )
+            for m in models
+        ]
         label = system if mode in ("-", "", None) else f"{system} ({mode})"
-        bars = right.bar([j + (i - (len(series) - 1) / 2) * width for j in range(len(models))], values,
-                         width, label=label)
-        right.bar_label(bars, [format_number(v) if v else "" for v in values], fontsize=6, rotation=90,
-                        padding=2)
+        bars = right.bar(
+            [j + (i - (len(series) - 1) / 2) * width for j in range(len(models))], values, width, label=label
+        )
+        right.bar_label(bars, [format_number(v) if v else "" for v in values], fontsize=6, rotation=90, padding=2)
     right.set_xticks(range(len(models)), models)
     right.set_yscale("log")  # the two models differ by two orders of magnitude
     right.set_ylabel("global steps/s (log)")
@@ -642,11 +803,19 @@ def plot_scaling(rows: Sequence[dict], path: Path) -> None:
     for ax, model in zip(axes[0], models):
         mine = [r for r in rows if r["model"] == model and r["global_steps_per_sec"] == r["global_steps_per_sec"]]
         for system, ps_tasks in dict.fromkeys((r["system"], r["ps_tasks"]) for r in mine):
-            points = sorted((r["workers"], r["global_steps_per_sec"]) for r in mine
-                            if (r["system"], r["ps_tasks"]) == (system, ps_tasks))
+            points = sorted(
+                (r["workers"], r["global_steps_per_sec"])
+                for r in mine
+                if (r["system"], r["ps_tasks"]) == (system, ps_tasks)
+            )
             label = f"{system} (trips/s)" if system == "raw_echo" else f"{system}, {ps_tasks} ps"
-            ax.plot([p[0] for p in points], [p[1] for p in points], "--" if system == "raw_echo" else "-",
-                    marker="o", label=label)
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                "--" if system == "raw_echo" else "-",
+                marker="o",
+                label=label,
+            )
         counts = sorted({r["workers"] for r in mine})
         if counts:
             ax.set_xscale("log", base=2)

@@ -28,17 +28,17 @@ import os
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["MKL_NUM_THREADS"] = "1"
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import faulthandler  # noqa: E402
-import importlib  # noqa: E402
-import shlex  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import datetime
+import faulthandler
+import importlib
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
 
-from benchmarks.common import ROOT, Settings, single_thread  # noqa: E402
+from benchmarks.common import ROOT, Settings, single_thread
 
 SECTIONS = ("raw", "transport", "security", "memory", "training", "scaling", "sparse", "hosts")
 TRAINING_MODELS = ("mnist_mlp", "large_mlp")
@@ -78,8 +78,11 @@ def _section_module(name: str):
 def run_training(quick: bool, timeout: float) -> list[dict]:
     """``benchmarks.training.run_training_benchmarks``: every model, or the first in quick mode."""
     models = TRAINING_MODELS[:1] if quick else TRAINING_MODELS
-    return list(_section_module("training").run_training_benchmarks(
-        models=models, quick=quick, timeout=timeout, repeats=1 if quick else TRAINING_REPEATS))
+    return list(
+        _section_module("training").run_training_benchmarks(
+            models=models, quick=quick, timeout=timeout, repeats=1 if quick else TRAINING_REPEATS
+        )
+    )
 
 
 def run_scaling(quick: bool, timeout: float) -> list[dict]:
@@ -114,9 +117,12 @@ def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
     results["load_before"] = _load_average()
     cores = os.cpu_count() or 1
     if results["load_before"] and results["load_before"][0] > BUSY_LOAD_PER_CORE * cores:
-        print(f"[bench] warning: the machine is busy (load average {results['load_before'][0]:.1f} on "
-              f"{cores} cores); numbers will be lower and noisier than on a quiet machine",
-              file=sys.stderr, flush=True)
+        print(
+            f"[bench] warning: the machine is busy (load average {results['load_before'][0]:.1f} on "
+            f"{cores} cores); numbers will be lower and noisier than on a quiet machine",
+            file=sys.stderr,
+            flush=True,
+        )
     start = time.monotonic()
 
     def raw() -> list[dict]:
@@ -160,8 +166,16 @@ def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
         links = (100,) if quick else (100, 1000, 0)
         return run_hosts_benchmark(models, links, quick=quick)
 
-    for section, run in (("raw", raw), ("transport", transport), ("security", security), ("memory", memory),
-                         ("training", training), ("scaling", scaling), ("sparse", sparse), ("hosts", hosts)):
+    for section, run in (
+        ("raw", raw),
+        ("transport", transport),
+        ("security", security),
+        ("memory", memory),
+        ("training", training),
+        ("scaling", scaling),
+        ("sparse", sparse),
+        ("hosts", hosts),
+    ):
         if section in skip:
             continue
         t = time.monotonic()
@@ -171,7 +185,7 @@ def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
         faulthandler.dump_traceback_later(section_timeout(section) + BACKSTOP_S, exit=True)
         try:
             results[section] = run()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a failed section is reported, the rest still run
             if not isinstance(e, SectionUnavailable):
                 traceback.print_exc()
             results["errors"][section] = f"{type(e).__name__}: {e}".splitlines()[0]
@@ -204,19 +218,32 @@ def parse_skip(text: str) -> set[str]:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks; 0 if every section that ran succeeded, else 1."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: small sizes, few repeats, training and scaling quick modes on mnist_mlp")
-    parser.add_argument("--skip", type=parse_skip, default=set(),
-                        help=f"comma-separated sections not to run: {','.join(SECTIONS)}")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md",
-                        help="the report to write (the plots go beside it: .png and -scaling.png)")
-    parser.add_argument("--timeout", type=float, default=1200.0,
-                        help="deadline of each section in seconds (training's timeout too; "
-                             "training gets 1.5 times this outside --quick)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: small sizes, few repeats, training and scaling quick modes on mnist_mlp",
+    )
+    parser.add_argument(
+        "--skip", type=parse_skip, default=set(), help=f"comma-separated sections not to run: {','.join(SECTIONS)}"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "docs" / "benchmarks.md",
+        help="the report to write (the plots go beside it: .png and -scaling.png)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=1200.0,
+        help="deadline of each section in seconds (training's timeout too; "
+        "training gets 1.5 times this outside --quick)",
+    )
     args = parser.parse_args(argv)
     single_thread()
     command = "OMP_NUM_THREADS=1 python -m benchmarks.run" + "".join(
-        " " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+        " " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
     results = run_all(args.quick, args.skip, args.timeout, command)
 
     from benchmarks import report

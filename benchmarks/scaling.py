@@ -86,8 +86,9 @@ QUICK_ECHO_SECONDS = 0.5
 # Cores left to the ps tasks when choosing the largest worker count.
 CORES_FOR_PS = 2
 # The psframe_kN rows serve one ps task from this many processes: a quarter of the cores, 2 to 4.
-SERVING_PROCESSES = max(2, min(4, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                   else os.cpu_count() or 1) // 4))
+SERVING_PROCESSES = max(
+    2, min(4, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) // 4)
+)
 BASELINE = "torch_rpc_ps"  # throughput is compared with this system's
 CEILING = "raw_echo"  # CPU per request is compared with this system's
 
@@ -147,8 +148,10 @@ def request_plan(model: str, num_ps: int) -> list[int]:
     sizes = MODELS[model]
     variables = []
     for i, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):
-        variables += [VariableInfo(f"{2 * i}.weight", (fan_out, fan_in), 4),
-                      VariableInfo(f"{2 * i}.bias", (fan_out,), 4)]
+        variables += [
+            VariableInfo(f"{2 * i}.weight", (fan_out, fan_in), 4),
+            VariableInfo(f"{2 * i}.bias", (fan_out,), 4),
+        ]
     placement = place(variables, num_ps)
     # The plan reads only the shards: no parameter is needed to count messages.
     slots = [Slot(shard, None) for shard in placement.shards]
@@ -189,16 +192,23 @@ def _from_training_row(row: dict, servers: Sequence[str], requests_per_step: int
 def run_psframe(case: Case, deadline: float, extra_flags: Sequence[str] = ()) -> dict:
     """psframe async: ``case.ps_tasks`` ps tasks, ``case.workers`` workers; ``extra_flags``
     go to every :mod:`benchmarks.train_psframe` task (a variant is ``functools.partial`` of this)."""
-    row = training.run_psframe_processes(case.model, False, case.steps, case.warmup, deadline, extra_flags,
-                                         num_workers=case.workers, num_ps=case.ps_tasks)
+    row = training.run_psframe_processes(
+        case.model,
+        False,
+        case.steps,
+        case.warmup,
+        deadline,
+        extra_flags,
+        num_workers=case.workers,
+        num_ps=case.ps_tasks,
+    )
     plan = request_plan(case.model, case.ps_tasks)
     return _from_training_row(row, [f"ps{i}" for i in range(case.ps_tasks)], len(plan), sum(plan) / len(plan))
 
 
 def run_rpc(case: Case, deadline: float) -> dict:
     """The torch.distributed.rpc parameter server, async, with ``case.workers`` trainers."""
-    row = training.run_rpc_processes(case.model, False, case.steps, case.warmup, deadline,
-                                     num_workers=case.workers)
+    row = training.run_rpc_processes(case.model, False, case.steps, case.warmup, deadline, num_workers=case.workers)
     return _from_training_row(row, ["ps"], 1, model_bytes(case.model))
 
 
@@ -221,13 +231,40 @@ def run_echo(case: Case, deadline: float) -> dict:
     timeout = max(10.0, deadline - time.monotonic())
     seconds = QUICK_ECHO_SECONDS if case.quick else ECHO_SECONDS
     with tempfile.TemporaryDirectory(prefix="psframe-barrier-") as barrier:
-        tasks = [("server", [sys.executable, "-m", "benchmarks.raw_grpc", "--serve", f"--port={port}",
-                             f"--clients={case.workers}", f"--timeout={timeout:.0f}"])]
-        tasks += [(f"client{i}", [sys.executable, "-m", "benchmarks.raw_grpc", f"--client=127.0.0.1:{port}",
-                                  f"--bytes={payload}", f"--trips={case.steps}", f"--warmup={case.warmup}",
-                                  f"--seconds={seconds}", f"--barrier_dir={barrier}", f"--index={i}",
-                                  f"--clients={case.workers}", f"--timeout={timeout:.0f}"])
-                  for i in range(case.workers)]
+        tasks = [
+            (
+                "server",
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.raw_grpc",
+                    "--serve",
+                    f"--port={port}",
+                    f"--clients={case.workers}",
+                    f"--timeout={timeout:.0f}",
+                ],
+            )
+        ]
+        tasks += [
+            (
+                f"client{i}",
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.raw_grpc",
+                    f"--client=127.0.0.1:{port}",
+                    f"--bytes={payload}",
+                    f"--trips={case.steps}",
+                    f"--warmup={case.warmup}",
+                    f"--seconds={seconds}",
+                    f"--barrier_dir={barrier}",
+                    f"--index={i}",
+                    f"--clients={case.workers}",
+                    f"--timeout={timeout:.0f}",
+                ],
+            )
+            for i in range(case.workers)
+        ]
         results = run_processes(tasks, deadline)
     clients = [results[f"client{i}"] for i in range(case.workers)]
     window = common_window([c["window"] for c in clients])
@@ -264,8 +301,11 @@ def trips_in_window(times: Sequence[float], window: Sequence[float]) -> int:
 SYSTEMS: tuple[System, ...] = (
     System("psframe", (1, 2), run_psframe),
     # One ps task served from SERVING_PROCESSES processes (psframe.ps.serving).
-    System(f"psframe_k{SERVING_PROCESSES}", (1,),
-           functools.partial(run_psframe, extra_flags=[f"--serving_processes={SERVING_PROCESSES}"])),
+    System(
+        f"psframe_k{SERVING_PROCESSES}",
+        (1,),
+        functools.partial(run_psframe, extra_flags=[f"--serving_processes={SERVING_PROCESSES}"]),
+    ),
     System("torch_rpc_ps", (1,), run_rpc),
     System("tf_ps", (1,), run_tf),
     System("raw_echo", (1,), run_echo),
@@ -301,10 +341,15 @@ def run_case(system: System, case: Case, deadline: float) -> dict:
     measured = system.run(case, min(deadline, started + case_timeout(case)))
     cpu, requests = measured["server_cpu_seconds"], measured["requests"]
     return {
-        "model": case.model, "system": system.name, "ps_tasks": case.ps_tasks, "workers": case.workers,
+        "model": case.model,
+        "system": system.name,
+        "ps_tasks": case.ps_tasks,
+        "workers": case.workers,
         **measured,
         "server_cpu_ms_per_request": 1e3 * cpu / requests if cpu is not None and requests else math.nan,
-        "steps_per_worker": case.steps, "warmup_steps": case.warmup, "cores": usable_cores(),
+        "steps_per_worker": case.steps,
+        "warmup_steps": case.warmup,
+        "cores": usable_cores(),
         "wall_seconds": round(time.monotonic() - started, 2),
         "other_cpu_load": training.other_load_since(mark),
     }
@@ -321,20 +366,35 @@ def _run_or_error(system: System, case: Case, deadline: float, timeout: float) -
             return {**_empty_row(system, case), "unavailable": str(e)}
         except Exception as e:  # noqa: BLE001 - one broken run must not cost the others' rows
             error = f"{type(e).__name__}: {e}"
-    print(f"[scaling] {system.name} {case.ps_tasks} ps, {case.workers} workers, {case.model} failed: {error}",
-          file=sys.stderr, flush=True)
+    print(
+        f"[scaling] {system.name} {case.ps_tasks} ps, {case.workers} workers, {case.model} failed: {error}",
+        file=sys.stderr,
+        flush=True,
+    )
     return {**_empty_row(system, case), "error": error.splitlines()[0]}
 
 
 def _empty_row(system: System, case: Case) -> dict:
-    return {"model": case.model, "system": system.name, "ps_tasks": case.ps_tasks, "workers": case.workers,
-            "global_steps_per_sec": math.nan, "per_worker_steps_per_sec": [], "steps": 0,
-            "server_cpu_ms_per_request": math.nan, "cores": usable_cores()}
+    return {
+        "model": case.model,
+        "system": system.name,
+        "ps_tasks": case.ps_tasks,
+        "workers": case.workers,
+        "global_steps_per_sec": math.nan,
+        "per_worker_steps_per_sec": [],
+        "steps": 0,
+        "server_cpu_ms_per_request": math.nan,
+        "cores": usable_cores(),
+    }
 
 
-def run_scaling_benchmarks(models: Sequence[str] = MODEL_NAMES, quick: bool = False, timeout: float = 1200.0,
-                           workers: Sequence[int] | None = None,
-                           systems: Sequence[System] | None = None) -> list[dict]:
+def run_scaling_benchmarks(
+    models: Sequence[str] = MODEL_NAMES,
+    quick: bool = False,
+    timeout: float = 1200.0,
+    workers: Sequence[int] | None = None,
+    systems: Sequence[System] | None = None,
+) -> list[dict]:
     """Run every system at every worker count on every model.
 
     Args:
@@ -393,6 +453,7 @@ def add_ratios(rows: Sequence[dict]) -> list[dict]:
     torch_rpc_ps sends the large MLP in one request of 80 MB) the echo's CPU
     per trip is scaled to the request's bytes. Rows other than the echo's.
     """
+
     def key(row: dict) -> tuple[str, int]:
         return row["model"], row["workers"]
 
@@ -401,13 +462,15 @@ def add_ratios(rows: Sequence[dict]) -> list[dict]:
     out = []
     for row in rows:
         base, echo = baseline.get(key(row), {}), ceiling.get(key(row), {})
-        out.append({
-            **row,
-            "vs_torch_rpc_ps": None if row["system"] in (BASELINE, CEILING) else _ratio(
-                row.get("global_steps_per_sec"), base.get("global_steps_per_sec")),
-            "cpu_vs_raw_echo": None if row["system"] == CEILING else _ratio(
-                _per_byte(row), _per_byte(echo)),
-        })
+        out.append(
+            {
+                **row,
+                "vs_torch_rpc_ps": None
+                if row["system"] in (BASELINE, CEILING)
+                else _ratio(row.get("global_steps_per_sec"), base.get("global_steps_per_sec")),
+                "cpu_vs_raw_echo": None if row["system"] == CEILING else _ratio(_per_byte(row), _per_byte(echo)),
+            }
+        )
     return out
 
 
@@ -433,12 +496,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the scaling benchmark and print its table; 1 if a run failed."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few steps, 1 and 2 workers, mnist_mlp (smoke test)")
-    parser.add_argument("--models", nargs="+", default=None, choices=sorted(MODELS),
-                        help="default: both (mnist_mlp only with --quick)")
-    parser.add_argument("--workers", nargs="+", type=int, default=None,
-                        help="worker counts (default: 1, 2, 4... up to the usable cores less 2)")
-    parser.add_argument("--systems", nargs="+", default=None, choices=[s.name for s in SYSTEMS],
-                        help="run only these systems (default: all)")
+    parser.add_argument(
+        "--models", nargs="+", default=None, choices=sorted(MODELS), help="default: both (mnist_mlp only with --quick)"
+    )
+    parser.add_argument(
+        "--workers",
+        nargs="+",
+        type=int,
+        default=None,
+        help="worker counts (default: 1, 2, 4... up to the usable cores less 2)",
+    )
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        default=None,
+        choices=[s.name for s in SYSTEMS],
+        help="run only these systems (default: all)",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole run")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--plot", type=Path, default=None, help="also write the plot (PNG) to this file")
@@ -448,8 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     models = args.models or (MODEL_NAMES[:1] if args.quick else MODEL_NAMES)
     started = time.monotonic()
     systems = None if args.systems is None else [s for s in SYSTEMS if s.name in args.systems]
-    rows = run_scaling_benchmarks(models, quick=args.quick, timeout=args.timeout, workers=args.workers,
-                                  systems=systems)
+    rows = run_scaling_benchmarks(models, quick=args.quick, timeout=args.timeout, workers=args.workers, systems=systems)
     from benchmarks import report
 
     print(report.scaling_table(rows))

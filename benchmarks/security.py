@@ -37,11 +37,10 @@ from pathlib import Path
 import psutil
 import torch
 
-from psframe.launch import pick_free_ports
-from psframe.security import Security, generate_token
-
 from benchmarks.common import BenchmarkError, Children, Deadline, Settings, single_thread, table_main
 from benchmarks.transport import Case, PsCluster, finish_clusters, in_parallel, prepare_case, push_pull
+from psframe.launch import pick_free_ports
+from psframe.security import Security, generate_token
 
 SETTINGS = ("none", "token", "TLS + token", "mutual TLS + token")
 # ps processes started at once (idle but for the one timed): payload sizes are
@@ -83,11 +82,11 @@ def setting(name: str, paths: dict[str, str]) -> tuple[list[str], Security]:
     if name == "TLS + token":
         return flags, Security(auth_token=token, tls_ca_file=paths["ca"])
     return flags + [f"--tls_ca_file={paths['ca']}"], Security(
-        auth_token=token, tls_cert_file=paths["cert"], tls_key_file=paths["key"], tls_ca_file=paths["ca"])
+        auth_token=token, tls_cert_file=paths["cert"], tls_key_file=paths["key"], tls_ca_file=paths["ca"]
+    )
 
 
-def run_security_benchmarks(settings: Settings, timeout: float = 1200.0,
-                            names: Sequence[str] = SETTINGS) -> list[dict]:
+def run_security_benchmarks(settings: Settings, timeout: float = 1200.0, names: Sequence[str] = SETTINGS) -> list[dict]:
     """Time one worker step at every payload size of ``settings``, with each security setting.
 
     Returns:
@@ -105,7 +104,7 @@ def run_security_benchmarks(settings: Settings, timeout: float = 1200.0,
         paths = write_secrets(Path(folder))
         per_group = max(1, MAX_PROCESSES_AT_ONCE // len(names))
         for first in range(0, len(settings.sizes), per_group):
-            cases = [Case(1, "one", nbytes) for nbytes in settings.sizes[first:first + per_group]]
+            cases = [Case(1, "one", nbytes) for nbytes in settings.sizes[first : first + per_group]]
             with Children(Path(folder) / "logs") as children:
                 ports = iter(pick_free_ports(2 * len(names) * len(cases)))  # all distinct
                 clusters = {}
@@ -113,21 +112,34 @@ def run_security_benchmarks(settings: Settings, timeout: float = 1200.0,
                     for name in names:
                         flags, security = setting(name, paths)
                         clusters[case, name] = PsCluster(
-                            children, 1, f"{name.replace(' ', '')}-{case.payload_bytes}", deadline.remaining() + 60,
-                            [next(ports), next(ports)], ["--serving_processes=1", *flags], security)
+                            children,
+                            1,
+                            f"{name.replace(' ', '')}-{case.payload_bytes}",
+                            deadline.remaining() + 60,
+                            [next(ports), next(ports)],
+                            ["--serving_processes=1", *flags],
+                            security,
+                        )
                 for cluster in clusters.values():  # all up (done importing torch) before anything is timed
                     cluster.connect(deadline)
-                requests = dict(zip(clusters, in_parallel(
-                    [functools.partial(prepare_case, cluster, case) for (case, _), cluster in clusters.items()],
-                    deadline)))
+                requests = dict(
+                    zip(
+                        clusters,
+                        in_parallel(
+                            [functools.partial(prepare_case, cluster, case) for (case, _), cluster in clusters.items()],
+                            deadline,
+                        ),
+                    )
+                )
                 for case in cases:
                     rows += measure_interleaved(case, names, clusters, requests, settings, deadline)
                 finish_clusters(list(clusters.values()))
     return add_costs(rows)
 
 
-def measure_interleaved(case: Case, names: Sequence[str], clusters: dict, requests: dict, settings: Settings,
-                        deadline: Deadline) -> list[dict]:
+def measure_interleaved(
+    case: Case, names: Sequence[str], clusters: dict, requests: dict, settings: Settings, deadline: Deadline
+) -> list[dict]:
     """Time ``case`` with every setting, the repeats interleaved (every setting once, then
     again...), so that load coming and going on the machine weighs on all alike. Besides the
     wall time, the CPU time of the worker (this process) and of the ps process per step:
@@ -151,10 +163,18 @@ def measure_interleaved(case: Case, names: Sequence[str], clusters: dict, reques
         if not all(torch.isfinite(t).all() for batch in pulled for t in batch):
             raise BenchmarkError(f"{name} at {case.payload_bytes} bytes: the ps returned non-finite values")
         wall = statistics.median(walls[name])
-        rows.append({"security": name, "payload_bytes": case.payload_bytes, "round_trips_per_sec": 1 / wall,
-                     "us_per_step": 1e6 * wall, "cpu_us_per_step": 1e6 * statistics.median(cpus[name]),
-                     "spread": (max(walls[name]) - min(walls[name])) / wall, "repeats": len(walls[name]),
-                     "calls_per_repeat": calls[name]})
+        rows.append(
+            {
+                "security": name,
+                "payload_bytes": case.payload_bytes,
+                "round_trips_per_sec": 1 / wall,
+                "us_per_step": 1e6 * wall,
+                "cpu_us_per_step": 1e6 * statistics.median(cpus[name]),
+                "spread": (max(walls[name]) - min(walls[name])) / wall,
+                "repeats": len(walls[name]),
+                "calls_per_repeat": calls[name],
+            }
+        )
     return rows
 
 
@@ -167,7 +187,7 @@ def _calls_per_repeat(step, settings: Settings, deadline: Deadline) -> int:
         t = time.perf_counter()
         step()
         durations.append(time.perf_counter() - t)
-    per_call = statistics.median(durations[len(durations) // 2:]) or 1e-6
+    per_call = statistics.median(durations[len(durations) // 2 :]) or 1e-6
     return int(min(settings.max_calls, max(settings.min_calls, math.ceil(settings.target_seconds / per_call))))
 
 
@@ -184,8 +204,9 @@ def add_costs(rows: list[dict]) -> list[dict]:
     for row in rows:
         base = none.get(row["payload_bytes"])
         row["us_over_none"] = None if base is None else row["us_per_step"] - base["us_per_step"]
-        row["cpu_us_over_none"] = (None if base is None or "cpu_us_per_step" not in row
-                                   else row["cpu_us_per_step"] - base["cpu_us_per_step"])
+        row["cpu_us_over_none"] = (
+            None if base is None or "cpu_us_per_step" not in row else row["cpu_us_per_step"] - base["cpu_us_per_step"]
+        )
         row["vs_none"] = None if base is None else row["round_trips_per_sec"] / base["round_trips_per_sec"]
     return rows
 
@@ -193,8 +214,12 @@ def add_costs(rows: list[dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     from benchmarks import report
 
-    return table_main(argv, __doc__, "small sizes, few repeats",
-                      lambda quick: report.security_table(run_security_benchmarks(Settings.for_mode(quick))))
+    return table_main(
+        argv,
+        __doc__,
+        "small sizes, few repeats",
+        lambda quick: report.security_table(run_security_benchmarks(Settings.for_mode(quick))),
+    )
 
 
 if __name__ == "__main__":

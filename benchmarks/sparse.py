@@ -59,8 +59,19 @@ import torch
 import torch.nn.functional as F
 
 import psframe
-from benchmarks.common import (MB, BenchmarkError, Children, Deadline, Settings, format_number, format_ratio,
-                               markdown_table, measure_rate, single_thread, table_main)
+from benchmarks.common import (
+    MB,
+    BenchmarkError,
+    Children,
+    Deadline,
+    Settings,
+    format_number,
+    format_ratio,
+    markdown_table,
+    measure_rate,
+    single_thread,
+    table_main,
+)
 from benchmarks.memory import LIMIT_FACTOR, MemorySampler, vm_hwm
 from benchmarks.transport import PsCluster
 
@@ -109,8 +120,7 @@ def batches(rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(power_law_ids(rows, generator), torch.rand(BATCH, generator=generator)) for _ in range(BATCHES)]
 
 
-def partition_balance(rows: int = 10**6, ps_counts: tuple[int, ...] = (2, 4, 8), batches_drawn: int = 20
-                      ) -> list[dict]:
+def partition_balance(rows: int = 10**6, ps_counts: tuple[int, ...] = (2, 4, 8), batches_drawn: int = 20) -> list[dict]:
     """Lookups per ps task of power-law batches, max over mean, for ``mod`` and ``range`` tables.
 
     Returns:
@@ -134,15 +144,23 @@ def partition_balance(rows: int = 10**6, ps_counts: tuple[int, ...] = (2, 4, 8),
                 shards = place_tables([VariableInfo("table", (rows, DIM), 4)], num_ps, partition=partition)
                 table = Table("table", None, [Slot(shard, None) for shard in shards])
                 loads = torch.tensor([float(p.numel()) for _, p, _ in table.split(ids)])
-                out.append({"kind": "balance", "numbering": numbering, "partition": partition, "num_ps": num_ps,
-                            "imbalance": float(loads.max() / loads.mean())})
+                out.append(
+                    {
+                        "kind": "balance",
+                        "numbering": numbering,
+                        "partition": partition,
+                        "num_ps": num_ps,
+                        "imbalance": float(loads.max() / loads.mean()),
+                    }
+                )
     return out
 
 
 def balance_table(results: list[dict]) -> str:
     headers = ["ids", "partition", "ps tasks", "busiest ps task's lookups / mean"]
-    return markdown_table(headers, [[r["numbering"], r["partition"], r["num_ps"], f"{r['imbalance']:.2f}"]
-                                    for r in results])
+    return markdown_table(
+        headers, [[r["numbering"], r["partition"], r["num_ps"], f"{r['imbalance']:.2f}"] for r in results]
+    )
 
 
 def measure_rpc(children: Children, rows: int, quick: bool, deadline: Deadline) -> dict:
@@ -153,8 +171,18 @@ def measure_rpc(children: Children, rows: int, quick: bool, deadline: Deadline) 
     steps = ["--steps=40", "--warmup=5"] if quick else ["--steps=300", "--warmup=30"]
     names = [f"rpc-{rows}-ps", f"rpc-{rows}-trainer"]
     for rank, name in enumerate(names):
-        children.start(name, [sys.executable, "-m", "benchmarks.baseline_rpc_sparse", f"--port={port}",
-                              f"--rank={rank}", f"--rows={rows}", *steps])
+        children.start(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.baseline_rpc_sparse",
+                f"--port={port}",
+                f"--rank={rank}",
+                f"--rows={rows}",
+                *steps,
+            ],
+        )
     for name in reversed(names):
         code = children.wait_exit(name, deadline.remaining())
         if code != 0:
@@ -163,26 +191,45 @@ def measure_rpc(children: Children, rows: int, quick: bool, deadline: Deadline) 
     result = json.loads(lines[-1])
     data = batches(rows)
     distinct = sum(int(torch.unique(ids).numel()) for ids, _ in data) / len(data)
-    return {"rows": rows, "way": "rpc", "num_ps": 1, "steps_per_s": result["steps_per_sec"],
-            "spread": (max(result["window_rates"]) - min(result["window_rates"])) / result["steps_per_sec"],
-            "distinct_rows": distinct, "rows_per_s": distinct * result["steps_per_sec"],
-            "table_bytes": rows * DIM * 4, "connect_s": None}
+    return {
+        "rows": rows,
+        "way": "rpc",
+        "num_ps": 1,
+        "steps_per_s": result["steps_per_sec"],
+        "spread": (max(result["window_rates"]) - min(result["window_rates"])) / result["steps_per_sec"],
+        "distinct_rows": distinct,
+        "rows_per_s": distinct * result["steps_per_sec"],
+        "table_bytes": rows * DIM * 4,
+        "connect_s": None,
+    }
 
 
-def measure(children: Children, rows: int, sparse: bool, settings: Settings, deadline: Deadline,
-            num_ps: int = 2, prefetch: bool = False) -> dict:
+def measure(
+    children: Children,
+    rows: int,
+    sparse: bool,
+    settings: Settings,
+    deadline: Deadline,
+    num_ps: int = 2,
+    prefetch: bool = False,
+) -> dict:
     """psframe's steps/s at ``rows``: moving the rows a batch uses (``sparse``) or the whole table;
     with ``prefetch``, each step also pulls the next batch's rows behind its push (``Trainer.prefetch``)."""
     way = ("rows+prefetch" if prefetch else "rows") if sparse else "dense"
-    cluster = PsCluster(children, num_ps, f"sparse-{rows}-{way.replace('+', '-')}-{num_ps}ps",
-                        timeout=deadline.remaining())
+    cluster = PsCluster(
+        children, num_ps, f"sparse-{rows}-{way.replace('+', '-')}-{num_ps}ps", timeout=deadline.remaining()
+    )
     model = CtrModel(rows, sparse)
     data = batches(rows)
     distinct = sum(int(torch.unique(ids).numel()) for ids, _ in data) / len(data)
     cycle = itertools.cycle(itertools.pairwise(itertools.chain(data, data[:1])))  # (batch, next batch)
     started = time.monotonic()
-    trainer = psframe.Trainer(model, cluster.cluster, optimizer=psframe.optim.Adagrad(lr=LEARNING_RATE),
-                              connect_timeout=min(STARTUP_S, deadline.remaining()))
+    trainer = psframe.Trainer(
+        model,
+        cluster.cluster,
+        optimizer=psframe.optim.Adagrad(lr=LEARNING_RATE),
+        connect_timeout=min(STARTUP_S, deadline.remaining()),
+    )
     with trainer:
         connect_s = time.monotonic() - started
 
@@ -197,9 +244,17 @@ def measure(children: Children, rows: int, sparse: bool, settings: Settings, dea
     for name in cluster.names:
         children.wait_exit(name, 15.0)
     moved = distinct if sparse else rows
-    return {"rows": rows, "way": way, "num_ps": num_ps, "steps_per_s": rate.per_second,
-            "spread": rate.spread, "distinct_rows": distinct, "rows_per_s": moved * rate.per_second,
-            "table_bytes": rows * DIM * 4, "connect_s": connect_s}
+    return {
+        "rows": rows,
+        "way": way,
+        "num_ps": num_ps,
+        "steps_per_s": rate.per_second,
+        "spread": rate.spread,
+        "distinct_rows": distinct,
+        "rows_per_s": moved * rate.per_second,
+        "table_bytes": rows * DIM * 4,
+        "connect_s": connect_s,
+    }
 
 
 def ps_memory(children: Children, rows: int, steps: int, deadline: Deadline) -> list[dict]:
@@ -223,15 +278,20 @@ def ps_memory(children: Children, rows: int, steps: int, deadline: Deadline) -> 
         try:
             infos = tool.wait_for_ps(deadline.remaining())
         except psframe.PsframeError as e:
-            raise BenchmarkError(f"ps tasks did not come up: {e}\n"
-                                 + "\n".join(children.log_tail(n) for n in cluster.names)) from e
+            raise BenchmarkError(
+                f"ps tasks did not come up: {e}\n" + "\n".join(children.log_tail(n) for n in cluster.names)
+            ) from e
         pids = [info.pid for info in infos]
         samplers = [MemorySampler(pid) for pid in pids]  # the peak where VmHWM is missing
         baselines = [sampler.sample() for sampler in samplers]
         model = CtrModel(rows, sparse=True)
         cycle = itertools.cycle(batches(rows))
-        trainer = psframe.Trainer(model, cluster.cluster, optimizer=psframe.optim.Adagrad(lr=LEARNING_RATE),
-                                  connect_timeout=min(STARTUP_S, deadline.remaining()))
+        trainer = psframe.Trainer(
+            model,
+            cluster.cluster,
+            optimizer=psframe.optim.Adagrad(lr=LEARNING_RATE),
+            connect_timeout=min(STARTUP_S, deadline.remaining()),
+        )
         with trainer:
             init_peaks = [vm_hwm(pid) for pid in pids]
             for _ in range(steps):
@@ -249,16 +309,27 @@ def ps_memory(children: Children, rows: int, steps: int, deadline: Deadline) -> 
     out = []
     for k, info in enumerate(infos):
         table_bytes = sum(4 * math.prod(v.shape) for v in info.variables if v.table)
-        out.append({"kind": "memory", "rows": rows, "ps_task": k, "pid": pids[k], "steps": steps,
-                    "table_bytes": table_bytes, "bytes_held": info.bytes_held, "baseline_rss": baselines[k],
-                    "peak_rss_after_init": init_peaks[k],
-                    "peak_rss": sampled[k] if peaks[k] is None else peaks[k],
-                    "peak_source": "sampled RSS" if peaks[k] is None else "VmHWM"})
+        out.append(
+            {
+                "kind": "memory",
+                "rows": rows,
+                "ps_task": k,
+                "pid": pids[k],
+                "steps": steps,
+                "table_bytes": table_bytes,
+                "bytes_held": info.bytes_held,
+                "baseline_rss": baselines[k],
+                "peak_rss_after_init": init_peaks[k],
+                "peak_rss": sampled[k] if peaks[k] is None else peaks[k],
+                "peak_source": "sampled RSS" if peaks[k] is None else "VmHWM",
+            }
+        )
     return out
 
 
-def table_memory(children: Children, rows: int, deadline: Deadline, steps: int = MEMORY_STEPS,
-                 idle_rows: int = IDLE_ROWS) -> list[dict]:
+def table_memory(
+    children: Children, rows: int, deadline: Deadline, steps: int = MEMORY_STEPS, idle_rows: int = IDLE_ROWS
+) -> list[dict]:
     """Each ps task's peak memory with a ``rows`` x 64 table against 1.3 x what it holds plus
     an idle ps task's peak (the same task of a ``idle_rows``-row table, the same steps).
 
@@ -276,15 +347,40 @@ def table_memory(children: Children, rows: int, deadline: Deadline, steps: int =
 
 def memory_table(results: list[dict]) -> str:
     """Markdown table of :func:`table_memory` rows (MB = 10^6 bytes)."""
+
     def mb(value: int | None) -> str:
         return format_number(None if value is None else value / MB, 4)
 
-    headers = ["table rows", "ps task", "rows held (MB)", "rows + state held (MB)", "baseline (MB)",
-               "idle ps (MB)", "peak after init (MB)", "peak (MB)", "limit (MB)", "peak <= 1.3 x held + idle ps"]
-    return markdown_table(headers, [
-        [f"{r['rows']:,}", r["ps_task"], mb(r["table_bytes"]), mb(r["bytes_held"]), mb(r["baseline_rss"]),
-         mb(r["idle_rss"]), mb(r["peak_rss_after_init"]), mb(r["peak_rss"]), mb(r["limit"]),
-         "yes" if r["within_limit"] else "NO"] for r in results])
+    headers = [
+        "table rows",
+        "ps task",
+        "rows held (MB)",
+        "rows + state held (MB)",
+        "baseline (MB)",
+        "idle ps (MB)",
+        "peak after init (MB)",
+        "peak (MB)",
+        "limit (MB)",
+        "peak <= 1.3 x held + idle ps",
+    ]
+    return markdown_table(
+        headers,
+        [
+            [
+                f"{r['rows']:,}",
+                r["ps_task"],
+                mb(r["table_bytes"]),
+                mb(r["bytes_held"]),
+                mb(r["baseline_rss"]),
+                mb(r["idle_rss"]),
+                mb(r["peak_rss_after_init"]),
+                mb(r["peak_rss"]),
+                mb(r["limit"]),
+                "yes" if r["within_limit"] else "NO",
+            ]
+            for r in results
+        ],
+    )
 
 
 def run_sparse_benchmarks(quick: bool = False, timeout: float = 1200.0) -> list[dict]:
@@ -307,8 +403,11 @@ def run_sparse_benchmarks(quick: bool = False, timeout: float = 1200.0) -> list[
             results.append(measure(children, rows, True, settings, deadline, num_ps=1))
             results.append(measure(children, rows, True, settings, deadline, num_ps=1, prefetch=True))
             results.append(measure_rpc(children, rows, quick, deadline))
-    base = {(r["way"], r["num_ps"]): r["steps_per_s"] for r in results if r["rows"] == min(
-        q["rows"] for q in results if (q["way"], q["num_ps"]) == (r["way"], r["num_ps"]))}
+    base = {
+        (r["way"], r["num_ps"]): r["steps_per_s"]
+        for r in results
+        if r["rows"] == min(q["rows"] for q in results if (q["way"], q["num_ps"]) == (r["way"], r["num_ps"]))
+    }
     rpc = {r["rows"]: r["steps_per_s"] for r in results if r["way"] == "rpc"}
     for r in results:
         r["vs_smallest"] = base[(r["way"], r["num_ps"])] / r["steps_per_s"]  # step time over the smallest table's
@@ -320,21 +419,47 @@ def run_sparse_benchmarks(quick: bool = False, timeout: float = 1200.0) -> list[
 
 
 def sparse_table(results: list[dict]) -> str:
-    headers = ["table rows", "table", "moved", "ps tasks", "steps/s", "distinct rows/step", "rows/s each way",
-               "step time vs smallest table", "vs rpc", "spread", "start-up s"]
-    rows = [[f"{r['rows']:,}", f"{r['table_bytes'] / 1e6:,.1f} MB", r["way"], r["num_ps"], f"{r['steps_per_s']:.1f}",
-             f"{r['distinct_rows']:,.0f}", f"{r['rows_per_s']:,.0f}", format_ratio(r["vs_smallest"]),
-             format_ratio(r.get("vs_rpc")), f"{r['spread']:.0%}",
-             "-" if r["connect_s"] is None else f"{r['connect_s']:.1f}"] for r in results]
+    headers = [
+        "table rows",
+        "table",
+        "moved",
+        "ps tasks",
+        "steps/s",
+        "distinct rows/step",
+        "rows/s each way",
+        "step time vs smallest table",
+        "vs rpc",
+        "spread",
+        "start-up s",
+    ]
+    rows = [
+        [
+            f"{r['rows']:,}",
+            f"{r['table_bytes'] / 1e6:,.1f} MB",
+            r["way"],
+            r["num_ps"],
+            f"{r['steps_per_s']:.1f}",
+            f"{r['distinct_rows']:,.0f}",
+            f"{r['rows_per_s']:,.0f}",
+            format_ratio(r["vs_smallest"]),
+            format_ratio(r.get("vs_rpc")),
+            f"{r['spread']:.0%}",
+            "-" if r["connect_s"] is None else f"{r['connect_s']:.1f}",
+        ]
+        for r in results
+    ]
     return markdown_table(headers, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks import report
 
-    return table_main(argv, __doc__,
-                      "10^4 and 10^5 rows only, short repeats; memory of 10^6 rows; the CTR example's quick case",
-                      lambda quick: report.sparse_table(run_sparse_benchmarks(quick)))
+    return table_main(
+        argv,
+        __doc__,
+        "10^4 and 10^5 rows only, short repeats; memory of 10^6 rows; the CTR example's quick case",
+        lambda quick: report.sparse_table(run_sparse_benchmarks(quick)),
+    )
 
 
 if __name__ == "__main__":

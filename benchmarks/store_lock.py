@@ -48,8 +48,10 @@ def requests_of(model_name: str) -> list[dict[str, tuple[int, ...]]]:
     sizes = MODELS[model_name]
     variables = []
     for i, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):  # Linears at even indices
-        variables += [VariableInfo(f"{2 * i}.weight", (fan_out, fan_in), 4),
-                      VariableInfo(f"{2 * i}.bias", (fan_out,), 4)]
+        variables += [
+            VariableInfo(f"{2 * i}.weight", (fan_out, fan_in), 4),
+            VariableInfo(f"{2 * i}.bias", (fan_out,), 4),
+        ]
     slots = [Slot(shard, None) for shard in place(variables, 1).shards]  # the plan reads the shards only
     plan = StepPlan.make(slots, 1, DEFAULT_MAX_SHARD_BYTES, sync=False)
     return [{slot.shard.name: tuple(slot.shard.shape) for slot in request.push} for request in plan.step]
@@ -59,16 +61,25 @@ def measure(model_name: str, rounds: int) -> dict:
     """The lock's hold time per request of ``model_name`` (the best of :data:`REPEATS` timings)."""
     requests = requests_of(model_name)
     store = VariableStore("/job:ps/task:0")
-    store.create({name: torch.randn(shape) for request in requests for name, shape in request.items()},
-                 psframe.optim.SGD(lr=0.01))
+    store.create(
+        {name: torch.randn(shape) for request in requests for name, shape in request.items()},
+        psframe.optim.SGD(lr=0.01),
+    )
     prepared = []
     for request in requests:
         names = list(request)
         variables = store.variables(names)
         layout = Layout(pb.PushPullReplyHeader, [(n, v.dtype, tuple(v.shape)) for n, v in zip(names, variables)])
         region = bytearray(layout.payload_length)  # the reply part of a worker's region
-        prepared.append((variables, [torch.full_like(v, 1e-3) for v in variables],
-                         layout, layout.buffers([v.detach() for v in variables]), layout.targets(region, 0)))
+        prepared.append(
+            (
+                variables,
+                [torch.full_like(v, 1e-3) for v in variables],
+                layout,
+                layout.buffers([v.detach() for v in variables]),
+                layout.targets(region, 0),
+            )
+        )
 
     def one_round() -> None:
         for variables, grads, layout, buffers, targets in prepared:
@@ -83,10 +94,14 @@ def measure(model_name: str, rounds: int) -> dict:
         for _ in range(rounds):
             one_round()
         best = min(best, (time.perf_counter() - started) / (rounds * len(prepared)))
-    return {"model": model_name, "requests_per_step": len(prepared),
-            "request_bytes": sum(v.nbytes for v in prepared[0][0]),
-            "hold_us": best * 1e6, "max_requests_per_s": 1 / best,
-            "max_steps_per_s": 1 / (best * len(prepared))}
+    return {
+        "model": model_name,
+        "requests_per_step": len(prepared),
+        "request_bytes": sum(v.nbytes for v in prepared[0][0]),
+        "hold_us": best * 1e6,
+        "max_requests_per_s": 1 / best,
+        "max_steps_per_s": 1 / (best * len(prepared)),
+    }
 
 
 def run_store_lock_benchmarks(quick: bool = False) -> list[dict]:
@@ -98,17 +113,32 @@ def run_store_lock_benchmarks(quick: bool = False) -> list[dict]:
 
 
 def store_lock_table(results: list[dict]) -> str:
-    headers = ["model", "requests/step", "first request", "lock held per request",
-               "ceiling: requests/s", "ceiling: global steps/s"]
-    rows = [[r["model"], r["requests_per_step"], f"{r['request_bytes'] / 2**10:,.1f} KiB",
-             f"{format_number(r['hold_us'])} us", f"{r['max_requests_per_s']:,.0f}",
-             format_number(r["max_steps_per_s"])] for r in results]
+    headers = [
+        "model",
+        "requests/step",
+        "first request",
+        "lock held per request",
+        "ceiling: requests/s",
+        "ceiling: global steps/s",
+    ]
+    rows = [
+        [
+            r["model"],
+            r["requests_per_step"],
+            f"{r['request_bytes'] / 2**10:,.1f} KiB",
+            f"{format_number(r['hold_us'])} us",
+            f"{r['max_requests_per_s']:,.0f}",
+            format_number(r["max_steps_per_s"]),
+        ]
+        for r in results
+    ]
     return markdown_table(headers, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return table_main(argv, __doc__, "a few rounds (smoke test)",
-                      lambda quick: store_lock_table(run_store_lock_benchmarks(quick)))
+    return table_main(
+        argv, __doc__, "a few rounds (smoke test)", lambda quick: store_lock_table(run_store_lock_benchmarks(quick))
+    )
 
 
 if __name__ == "__main__":

@@ -37,18 +37,25 @@ def tf_python() -> str | None:
     return value or None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _check(python: str | None) -> tuple[str | None, str | None]:
     """(TensorFlow's version, None) where ``python`` imports it, else (None, why not)."""
     if python is None:
         return None, f"turned off ({TF_PYTHON_VARIABLE} is set to the empty string)"
     if not os.access(python, os.X_OK):
-        return None, (f"no TensorFlow environment ({python} does not exist): make it with "
-                      f"scripts/env_tf.sh, or set {TF_PYTHON_VARIABLE}")
+        return None, (
+            f"no TensorFlow environment ({python} does not exist): make it with "
+            f"scripts/env_tf.sh, or set {TF_PYTHON_VARIABLE}"
+        )
     try:
-        proc = subprocess.run([python, "-c", "import tensorflow as tf; print(tf.__version__)"],
-                              capture_output=True, text=True, timeout=_CHECK_TIMEOUT_S,
-                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [python, "-c", "import tensorflow as tf; print(tf.__version__)"],
+            capture_output=True,
+            text=True,
+            timeout=_CHECK_TIMEOUT_S,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:  # subprocess.run kills it (by PID) first
         return None, f"{python} did not import tensorflow within {_CHECK_TIMEOUT_S:g}s"
     except OSError as e:

@@ -24,10 +24,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F
 
-import psframe  # noqa: E402
-from benchmarks.training import (  # noqa: E402
+import psframe
+from benchmarks.training import (
     BATCH_SIZE,
     LEARNING_RATE,
     MODELS,
@@ -40,9 +40,9 @@ from benchmarks.training import (  # noqa: E402
     set_single_thread,
     timed_windows,
 )
-from psframe.cli import add_cluster_flags  # noqa: E402
-from psframe.cluster.tf_config import resolve_cluster  # noqa: E402
-from psframe.hooks import StopAtStepHook  # noqa: E402
+from psframe.cli import add_cluster_flags
+from psframe.cluster.tf_config import resolve_cluster
+from psframe.hooks import StopAtStepHook
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,23 +55,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=BATCH_SIZE)
     parser.add_argument("--learning_rate", type=float, default=LEARNING_RATE)
     parser.add_argument("--windows", type=int, default=NUM_WINDOWS, help="timed windows (the median is reported)")
-    parser.add_argument("--barrier_dir", default=None,
-                        help="workers wait for each other here after connecting, so timing starts together")
+    parser.add_argument(
+        "--barrier_dir",
+        default=None,
+        help="workers wait for each other here after connecting, so timing starts together",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take")
-    parser.add_argument("--sync_timeout", type=float, default=60.0,
-                        help="seconds a synchronous step may wait for the other workers")
-    parser.add_argument("--max_shard_bytes", type=int, default=None,
-                        help="largest stored part (one message); default: psframe's")
-    parser.add_argument("--wire_dtype", default=None, choices=["bfloat16", "float16"],
-                        help="compress gradients and parameters on the wire (default: as stored)")
-    parser.add_argument("--device", default="cpu",
-                        help="where each worker computes (cpu, cuda, cuda:1); the ps stays on the CPU")
-    parser.add_argument("--overlap", action="store_true",
-                        help="send a step's messages during backward (overlap_backward=True)")
-    parser.add_argument("--no_shared_memory", action="store_true",
-                        help="every byte through gRPC, as across hosts (default: shared memory on one host)")
-    parser.add_argument("--serving_processes", type=int, default=1,
-                        help="ps: processes serving the task's port (psframe.ps.serving)")
+    parser.add_argument(
+        "--sync_timeout", type=float, default=60.0, help="seconds a synchronous step may wait for the other workers"
+    )
+    parser.add_argument(
+        "--max_shard_bytes", type=int, default=None, help="largest stored part (one message); default: psframe's"
+    )
+    parser.add_argument(
+        "--wire_dtype",
+        default=None,
+        choices=["bfloat16", "float16"],
+        help="compress gradients and parameters on the wire (default: as stored)",
+    )
+    parser.add_argument(
+        "--device", default="cpu", help="where each worker computes (cpu, cuda, cuda:1); the ps stays on the CPU"
+    )
+    parser.add_argument(
+        "--overlap", action="store_true", help="send a step's messages during backward (overlap_backward=True)"
+    )
+    parser.add_argument(
+        "--no_shared_memory",
+        action="store_true",
+        help="every byte through gRPC, as across hosts (default: shared memory on one host)",
+    )
+    parser.add_argument(
+        "--serving_processes", type=int, default=1, help="ps: processes serving the task's port (psframe.ps.serving)"
+    )
     parser.add_argument("--log_level", default="WARNING", help="logging level (INFO shows psframe's progress)")
     return parser.parse_args(argv)
 
@@ -84,7 +99,9 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
     warmup_step = args.warmup * per_round
     last_step = (args.warmup + args.steps) * per_round
     trainer = psframe.Trainer(
-        model, cluster, task_index=task_index,
+        model,
+        cluster,
+        task_index=task_index,
         optimizer=psframe.optim.SGD(lr=args.learning_rate),
         sync=psframe.SyncReplicas(timeout=min(args.sync_timeout, args.timeout)) if args.sync else None,
         hooks=[StopAtStepHook(last_step=last_step)],
@@ -126,9 +143,14 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
     }
     if trainer.is_chief:
         timed = timed_windows(times, global_steps, warmup_step, args.windows)
-        result.update(global_steps_per_sec=timed["steps_per_sec"], window_rates=timed["window_rates"],
-                      overall_steps_per_sec=timed["overall_steps_per_sec"],
-                      timed_global_steps=timed["steps"], seconds=timed["seconds"], window=timed["window"])
+        result.update(
+            global_steps_per_sec=timed["steps_per_sec"],
+            window_rates=timed["window_rates"],
+            overall_steps_per_sec=timed["overall_steps_per_sec"],
+            timed_global_steps=timed["steps"],
+            seconds=timed["seconds"],
+            window=timed["window"],
+        )
     return result
 
 

@@ -232,8 +232,9 @@ class Placement:
         return {"TP_SOCKET_IFNAME": self.interface, "GLOO_SOCKET_IFNAME": self.interface}
 
 
-def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float,
-                  placement: Placement | None = None) -> dict[str, dict]:
+def run_processes(
+    tasks: Sequence[tuple[str, list[str]]], deadline: float, placement: Placement | None = None
+) -> dict[str, dict]:
     """Run the child processes ``tasks`` (name, argv) together until all exit.
 
     Every child runs in the repository root with :data:`CHILD_ENV`; its stdout
@@ -275,9 +276,11 @@ def run_processes(tasks: Sequence[tuple[str, list[str]]], deadline: float,
                         _sample_cpu(child, traces.setdefault(child.name, []))
                 if time.monotonic() >= deadline:
                     _dump_stacks(children)
-                    raise ChildError(f"deadline passed with {', '.join(running)} still running "
-                                     f"(each one's stacks at the end of its stderr):\n"
-                                     + "\n".join(f"  {c.name}:\n{c.tail(25)}" for c in children))
+                    raise ChildError(
+                        f"deadline passed with {', '.join(running)} still running "
+                        f"(each one's stacks at the end of its stderr):\n"
+                        + "\n".join(f"  {c.name}:\n{c.tail(25)}" for c in children)
+                    )
                 time.sleep(_POLL_S)
             results = {}
             for child in children:
@@ -389,50 +392,108 @@ def _addresses(names: Sequence[str], placement: Placement | None) -> list[str]:
     return [f"{placement.address(name)}:{placement.port}" for name in names]
 
 
-def run_psframe_processes(model: str, sync: bool, steps: int, warmup: int, deadline: float,
-                 extra_flags: Sequence[str] = (), *, num_workers: int = NUM_WORKERS, num_ps: int = 1,
-                 placement: Placement | None = None) -> dict:
+def run_psframe_processes(
+    model: str,
+    sync: bool,
+    steps: int,
+    warmup: int,
+    deadline: float,
+    extra_flags: Sequence[str] = (),
+    *,
+    num_workers: int = NUM_WORKERS,
+    num_ps: int = 1,
+    placement: Placement | None = None,
+) -> dict:
     """``num_ps`` ps tasks and ``num_workers`` workers of :mod:`benchmarks.train_psframe`
     (children ``ps0``..., ``worker0``...); the chief times the global steps."""
     hosts = _addresses([f"ps{i}" for i in range(num_ps)] + [f"worker{i}" for i in range(num_workers)], placement)
     timeout = max(10.0, deadline - time.monotonic())
     with tempfile.TemporaryDirectory(prefix="psframe-barrier-") as barrier:
-        flags = [f"--ps_hosts={','.join(hosts[:num_ps])}", f"--worker_hosts={','.join(hosts[num_ps:])}",
-                 *_common_flags(model, steps, warmup), f"--barrier_dir={barrier}",
-                 f"--timeout={timeout:.0f}", "--log_level=INFO", *(["--sync"] if sync else []), *extra_flags]
-        tasks = [(f"ps{i}", _python_module("benchmarks.train_psframe", *flags, "--job_name=ps",
-                                           f"--task_index={i}")) for i in range(num_ps)]
-        tasks += [(f"worker{i}", _python_module("benchmarks.train_psframe", *flags, "--job_name=worker",
-                                                f"--task_index={i}")) for i in range(num_workers)]
+        flags = [
+            f"--ps_hosts={','.join(hosts[:num_ps])}",
+            f"--worker_hosts={','.join(hosts[num_ps:])}",
+            *_common_flags(model, steps, warmup),
+            f"--barrier_dir={barrier}",
+            f"--timeout={timeout:.0f}",
+            "--log_level=INFO",
+            *(["--sync"] if sync else []),
+            *extra_flags,
+        ]
+        tasks = [
+            (f"ps{i}", _python_module("benchmarks.train_psframe", *flags, "--job_name=ps", f"--task_index={i}"))
+            for i in range(num_ps)
+        ]
+        tasks += [
+            (f"worker{i}", _python_module("benchmarks.train_psframe", *flags, "--job_name=worker", f"--task_index={i}"))
+            for i in range(num_workers)
+        ]
         results = run_processes(tasks, deadline, placement)
     chief = results["worker0"]
     workers = [results[f"worker{i}"] for i in range(num_workers)]
-    return _row(chief, workers, chief["global_steps_per_sec"], chief["timed_global_steps"], results,
-                samples_per_step=BATCH_SIZE * (num_workers if sync else 1), processes=num_ps + num_workers,
-                dropped_steps=sum(w["dropped_steps"] for w in workers))
+    return _row(
+        chief,
+        workers,
+        chief["global_steps_per_sec"],
+        chief["timed_global_steps"],
+        results,
+        samples_per_step=BATCH_SIZE * (num_workers if sync else 1),
+        processes=num_ps + num_workers,
+        dropped_steps=sum(w["dropped_steps"] for w in workers),
+    )
 
 
-def run_rpc_processes(model: str, sync: bool, steps: int, warmup: int, deadline: float, *,
-             num_workers: int = NUM_WORKERS, placement: Placement | None = None) -> dict:
+def run_rpc_processes(
+    model: str,
+    sync: bool,
+    steps: int,
+    warmup: int,
+    deadline: float,
+    *,
+    num_workers: int = NUM_WORKERS,
+    placement: Placement | None = None,
+) -> dict:
     """The RPC ps (child ``ps``) and ``num_workers`` trainers of :mod:`benchmarks.baseline_rpc_ps`;
     the ps times its updates."""
     (master,) = _addresses(["ps"], placement)
     host, port = master.rsplit(":", 1)
     timeout = max(10.0, deadline - time.monotonic())
-    flags = [f"--master_addr={host}", f"--port={port}", f"--num_trainers={num_workers}",
-             *_common_flags(model, steps, warmup), f"--timeout={timeout:.0f}", *(["--sync"] if sync else [])]
-    tasks = [(("ps" if rank == 0 else f"trainer{rank - 1}"),
-              _python_module("benchmarks.baseline_rpc_ps", *flags, f"--rank={rank}"))
-             for rank in range(1 + num_workers)]
+    flags = [
+        f"--master_addr={host}",
+        f"--port={port}",
+        f"--num_trainers={num_workers}",
+        *_common_flags(model, steps, warmup),
+        f"--timeout={timeout:.0f}",
+        *(["--sync"] if sync else []),
+    ]
+    tasks = [
+        (
+            ("ps" if rank == 0 else f"trainer{rank - 1}"),
+            _python_module("benchmarks.baseline_rpc_ps", *flags, f"--rank={rank}"),
+        )
+        for rank in range(1 + num_workers)
+    ]
     results = run_processes(tasks, deadline, placement)
     ps = results["ps"]
-    return _row(ps, [results[f"trainer{i}"] for i in range(num_workers)], ps["global_steps_per_sec"],
-                ps["timed_global_steps"], results, samples_per_step=BATCH_SIZE * (num_workers if sync else 1),
-                processes=1 + num_workers)
+    return _row(
+        ps,
+        [results[f"trainer{i}"] for i in range(num_workers)],
+        ps["global_steps_per_sec"],
+        ps["timed_global_steps"],
+        results,
+        samples_per_step=BATCH_SIZE * (num_workers if sync else 1),
+        processes=1 + num_workers,
+    )
 
 
-def run_tf_processes(model: str, steps: int, warmup: int, deadline: float, *,
-                     num_workers: int = NUM_WORKERS, placement: Placement | None = None) -> dict:
+def run_tf_processes(
+    model: str,
+    steps: int,
+    warmup: int,
+    deadline: float,
+    *,
+    num_workers: int = NUM_WORKERS,
+    placement: Placement | None = None,
+) -> dict:
     """The TF ps (child ``ps``) and ``num_workers`` workers of :mod:`benchmarks.baseline_tf_ps`,
     async, run by the TensorFlow environment's python; the chief times the global steps.
 
@@ -451,42 +512,81 @@ def run_tf_processes(model: str, steps: int, warmup: int, deadline: float, *,
         barrier = Path(tmp, "barrier")
         barrier.mkdir()
         timeout = max(10.0, deadline - time.monotonic())
-        flags = [f"--ps_hosts={hosts[0]}", f"--worker_hosts={','.join(hosts[1:])}", f"--inputs={inputs}",
-                 *_common_flags(model, steps, warmup), f"--batch_size={BATCH_SIZE}",
-                 f"--learning_rate={LEARNING_RATE}", f"--barrier_dir={barrier}", f"--timeout={timeout:.0f}"]
+        flags = [
+            f"--ps_hosts={hosts[0]}",
+            f"--worker_hosts={','.join(hosts[1:])}",
+            f"--inputs={inputs}",
+            *_common_flags(model, steps, warmup),
+            f"--batch_size={BATCH_SIZE}",
+            f"--learning_rate={LEARNING_RATE}",
+            f"--barrier_dir={barrier}",
+            f"--timeout={timeout:.0f}",
+        ]
         argv = [python, "-m", "benchmarks.baseline_tf_ps", *flags]
         tasks = [("ps", [*argv, "--job_name=ps", "--task_index=0"])]
         tasks += [(f"worker{i}", [*argv, "--job_name=worker", f"--task_index={i}"]) for i in range(num_workers)]
         results = run_processes(tasks, deadline, placement)
     chief = results["worker0"]
-    return _row(chief, [results[f"worker{i}"] for i in range(num_workers)], chief["global_steps_per_sec"],
-                chief["timed_global_steps"], results, samples_per_step=BATCH_SIZE, processes=1 + num_workers)
+    return _row(
+        chief,
+        [results[f"worker{i}"] for i in range(num_workers)],
+        chief["global_steps_per_sec"],
+        chief["timed_global_steps"],
+        results,
+        samples_per_step=BATCH_SIZE,
+        processes=1 + num_workers,
+    )
 
 
 def _run_ddp(model: str, steps: int, warmup: int, deadline: float) -> dict:
     (port,) = _free_ports(1)
     timeout = max(10.0, deadline - time.monotonic())
-    flags = [f"--port={port}", f"--world_size={NUM_WORKERS}", *_common_flags(model, steps, warmup),
-             f"--timeout={timeout:.0f}"]
-    tasks = [(f"rank{r}", _python_module("benchmarks.baseline_ddp", *flags, f"--rank={r}"))
-             for r in range(NUM_WORKERS)]
+    flags = [
+        f"--port={port}",
+        f"--world_size={NUM_WORKERS}",
+        *_common_flags(model, steps, warmup),
+        f"--timeout={timeout:.0f}",
+    ]
+    tasks = [(f"rank{r}", _python_module("benchmarks.baseline_ddp", *flags, f"--rank={r}")) for r in range(NUM_WORKERS)]
     results = run_processes(tasks, deadline)
     rank0 = results["rank0"]
-    return _row(rank0, [results[f"rank{r}"] for r in range(NUM_WORKERS)], rank0["local_steps_per_sec"],
-                rank0["timed_steps"], results, samples_per_step=BATCH_SIZE * NUM_WORKERS, processes=NUM_WORKERS)
+    return _row(
+        rank0,
+        [results[f"rank{r}"] for r in range(NUM_WORKERS)],
+        rank0["local_steps_per_sec"],
+        rank0["timed_steps"],
+        results,
+        samples_per_step=BATCH_SIZE * NUM_WORKERS,
+        processes=NUM_WORKERS,
+    )
 
 
 def _run_single(model: str, steps: int, warmup: int, deadline: float) -> dict:
-    tasks = [("single", _python_module("benchmarks.baseline_ddp", "--single",
-                                       *_common_flags(model, steps, warmup)))]
+    tasks = [("single", _python_module("benchmarks.baseline_ddp", "--single", *_common_flags(model, steps, warmup)))]
     results = run_processes(tasks, deadline)
     result = results["single"]
-    return _row(result, [result], result["local_steps_per_sec"], result["timed_steps"], results,
-                samples_per_step=BATCH_SIZE, processes=1)
+    return _row(
+        result,
+        [result],
+        result["local_steps_per_sec"],
+        result["timed_steps"],
+        results,
+        samples_per_step=BATCH_SIZE,
+        processes=1,
+    )
 
 
-def _row(timer: dict, workers: list[dict], rate: float, steps: int, results: dict[str, dict], *,
-         samples_per_step: int, processes: int, **extra) -> dict:
+def _row(
+    timer: dict,
+    workers: list[dict],
+    rate: float,
+    steps: int,
+    results: dict[str, dict],
+    *,
+    samples_per_step: int,
+    processes: int,
+    **extra,
+) -> dict:
     """One system's measurements: ``timer`` is the process that timed the updates
     (its ``rate`` over ``steps``), ``workers`` every trainer, the first one's loss
     reported; ``results`` every process's, for the CPU they spent in the timer's window."""
@@ -517,8 +617,7 @@ def run_system(system: str, model: str, mode: str, steps: int, warmup: int, dead
     elif system == "psframe_grpc":
         measured = run_psframe_processes(model, mode == "sync", steps, warmup, deadline, ["--no_shared_memory"])
     elif system == "psframe_bf16":
-        measured = run_psframe_processes(model, mode == "sync", steps, warmup, deadline,
-                                         ["--wire_dtype=bfloat16"])
+        measured = run_psframe_processes(model, mode == "sync", steps, warmup, deadline, ["--wire_dtype=bfloat16"])
     elif system == "torch_rpc_ps":
         measured = run_rpc_processes(model, mode == "sync", steps, warmup, deadline)
     elif system == "tf_ps":
@@ -531,10 +630,17 @@ def run_system(system: str, model: str, mode: str, steps: int, warmup: int, dead
         measured = _run_single(model, steps, warmup, deadline)
     else:
         raise ValueError(f"unknown system {system!r}; expected one of {sorted({s for s, _ in SYSTEMS})}")
-    return {"system": system, "model": model, "mode": mode, **measured,
-            "steps_per_worker": steps, "warmup_steps": warmup, "batch_size": BATCH_SIZE,
-            "wall_seconds": round(time.monotonic() - started, 2),
-            "other_cpu_load": _other_load(busy_before, mine_before, time.monotonic() - started)}
+    return {
+        "system": system,
+        "model": model,
+        "mode": mode,
+        **measured,
+        "steps_per_worker": steps,
+        "warmup_steps": warmup,
+        "batch_size": BATCH_SIZE,
+        "wall_seconds": round(time.monotonic() - started, 2),
+        "other_cpu_load": _other_load(busy_before, mine_before, time.monotonic() - started),
+    }
 
 
 def _busy_cpu_seconds() -> float | None:
@@ -580,10 +686,15 @@ def other_load_since(mark: tuple[float | None, float, float]) -> float | None:
     return _other_load(busy_before, mine_before, time.monotonic() - started)
 
 
-def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), quick: bool = False,
-                            timeout: float = 600, *, system_timeout: float | None = None,
-                            repeats: int | Mapping[str, int] = 1,
-                            systems: Sequence[str] | None = None) -> list[dict]:
+def run_training_benchmarks(
+    models: Sequence[str] = ("mnist_mlp", "large_mlp"),
+    quick: bool = False,
+    timeout: float = 600,
+    *,
+    system_timeout: float | None = None,
+    repeats: int | Mapping[str, int] = 1,
+    systems: Sequence[str] | None = None,
+) -> list[dict]:
     """Measure training throughput of every system on every model.
 
     Args:
@@ -626,8 +737,9 @@ def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), 
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     names = [s for s, _ in SYSTEMS]
     if systems is not None and not set(systems) <= set(names):
-        raise ValueError(f"unknown system(s) {sorted(set(systems) - set(names))}; expected names from "
-                         f"{sorted(set(names))}")
+        raise ValueError(
+            f"unknown system(s) {sorted(set(systems) - set(names))}; expected names from {sorted(set(names))}"
+        )
     selected = [key for key in SYSTEMS if systems is None or key[0] in systems]
     deadline = time.monotonic() + timeout
     if system_timeout is None:
@@ -639,14 +751,16 @@ def run_training_benchmarks(models: Sequence[str] = ("mnist_mlp", "large_mlp"), 
         runs: dict[tuple[str, str], list[dict]] = {key: [] for key in selected}
         for _ in range(per_model[model]):
             for system, mode in selected:
-                runs[system, mode].append(_run_or_error(system, model, mode, steps, warmup, deadline,
-                                                        timeout, system_timeout))
+                runs[system, mode].append(
+                    _run_or_error(system, model, mode, steps, warmup, deadline, timeout, system_timeout)
+                )
         rows += [_median_run(runs[key]) for key in selected]
     return rows
 
 
-def _run_or_error(system: str, model: str, mode: str, steps: int, warmup: int, deadline: float,
-                  timeout: float, system_timeout: float) -> dict:
+def _run_or_error(
+    system: str, model: str, mode: str, steps: int, warmup: int, deadline: float, timeout: float, system_timeout: float
+) -> dict:
     if time.monotonic() >= deadline:
         error = f"not run: the timeout of {timeout:g}s was spent"
     else:
@@ -662,14 +776,22 @@ def _run_or_error(system: str, model: str, mode: str, steps: int, warmup: int, d
 
 
 def _empty_row(system: str, model: str, mode: str) -> dict:
-    return {"system": system, "model": model, "mode": mode, "global_steps_per_sec": math.nan,
-            "samples_per_sec": math.nan, "steps": 0, "seconds": math.nan}
+    return {
+        "system": system,
+        "model": model,
+        "mode": mode,
+        "global_steps_per_sec": math.nan,
+        "samples_per_sec": math.nan,
+        "steps": 0,
+        "seconds": math.nan,
+    }
 
 
 def _median_run(runs: list[dict]) -> dict:
     """The run of median rate among those that worked (an error row if none did), with every run's rate."""
-    good = sorted((r for r in runs if "error" not in r and "unavailable" not in r),
-                  key=lambda r: r["global_steps_per_sec"])
+    good = sorted(
+        (r for r in runs if "error" not in r and "unavailable" not in r), key=lambda r: r["global_steps_per_sec"]
+    )
     if not good:
         return runs[-1]
     return {**good[(len(good) - 1) // 2], "run_rates": [r["global_steps_per_sec"] for r in runs]}
@@ -677,16 +799,35 @@ def _median_run(runs: list[dict]) -> dict:
 
 def format_table(rows: Sequence[dict]) -> str:
     """The rows as a fixed-width text table."""
-    header = ("system", "model", "mode", "global steps/s", "samples/s", "per-worker steps/s",
-              "timed steps", "seconds", "CPU ms/step", "other load")
+    header = (
+        "system",
+        "model",
+        "mode",
+        "global steps/s",
+        "samples/s",
+        "per-worker steps/s",
+        "timed steps",
+        "seconds",
+        "CPU ms/step",
+        "other load",
+    )
     lines = [header]
     for r in rows:
         per_worker = "/".join(f"{v:.0f}" if v >= 10 else f"{v:.2f}" for v in r.get("per_worker_steps_per_sec", []))
-        lines.append((r["system"], r["model"], r["mode"], _num(r["global_steps_per_sec"]),
-                      _num(r["samples_per_sec"]), per_worker or "-", str(r["steps"]),
-                      "ERROR" if "error" in r else "n/a" if "unavailable" in r else _num(r["seconds"]),
-                      _num(r.get("cpu_ms_per_step")),
-                      "-" if r.get("other_cpu_load") is None else f"{r['other_cpu_load']:.2f}"))
+        lines.append(
+            (
+                r["system"],
+                r["model"],
+                r["mode"],
+                _num(r["global_steps_per_sec"]),
+                _num(r["samples_per_sec"]),
+                per_worker or "-",
+                str(r["steps"]),
+                "ERROR" if "error" in r else "n/a" if "unavailable" in r else _num(r["seconds"]),
+                _num(r.get("cpu_ms_per_step")),
+                "-" if r.get("other_cpu_load") is None else f"{r['other_cpu_load']:.2f}",
+            )
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
     text.insert(1, "  ".join("-" * w for w in widths))
@@ -707,22 +848,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few steps per system (smoke test)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(MODELS))
-    parser.add_argument("--systems", nargs="+", default=None, choices=sorted({s for s, _ in SYSTEMS}),
-                        help="run only these systems (default: all)")
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        default=None,
+        choices=sorted({s for s, _ in SYSTEMS}),
+        help="run only these systems (default: all)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="runs of every system, interleaved; rows report the median run")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of every system, interleaved; rows report the median run"
+    )
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     # `timeout`/`kill` send SIGTERM: unwind, so that every child is stopped on the way out.
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     started = time.monotonic()
-    rows = run_training_benchmarks(args.models, quick=args.quick, timeout=args.timeout, repeats=args.repeats,
-                                   systems=args.systems)
+    rows = run_training_benchmarks(
+        args.models, quick=args.quick, timeout=args.timeout, repeats=args.repeats, systems=args.systems
+    )
     print(format_table(rows))
-    print(f"\n({time.monotonic() - started:.0f}s in all; rates are medians of {NUM_WINDOWS} windows "
-          f"after warm-up; batch {BATCH_SIZE} per worker; 1 thread per process; other load: cores "
-          f"busy with work outside the benchmark while the system ran)")
+    print(
+        f"\n({time.monotonic() - started:.0f}s in all; rates are medians of {NUM_WINDOWS} windows "
+        f"after warm-up; batch {BATCH_SIZE} per worker; 1 thread per process; other load: cores "
+        f"busy with work outside the benchmark while the system ran)"
+    )
     for r in rows:
         if "error" in r or "unavailable" in r:
             what = r["error"] if "error" in r else f"unavailable: {r['unavailable']}"

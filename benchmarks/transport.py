@@ -35,6 +35,17 @@ from typing import TypeVar
 import torch
 
 import psframe
+from benchmarks.common import (
+    BenchmarkError,
+    Children,
+    Deadline,
+    KiB,
+    Settings,
+    gb_per_second,
+    measure_rate,
+    single_thread,
+    table_main,
+)
 from psframe import optim
 from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, Shard
 from psframe.launch import pick_free_ports
@@ -43,9 +54,6 @@ from psframe.security import Security
 from psframe.wire import transport
 from psframe.worker.client import PsClient
 from psframe.worker.slicer import Request, Slot, StepPlan, batches
-
-from benchmarks.common import (BenchmarkError, Children, Deadline, KiB, Settings, gb_per_second, measure_rate,
-                               single_thread, table_main)
 
 MAX_TENSORS = 256
 SMALL_TENSOR_BYTES = 4 * KiB
@@ -80,22 +88,42 @@ class PsCluster:
             are in ``extra_flags``); default: none.
     """
 
-    def __init__(self, children: Children, num_ps: int, name: str, timeout: float,
-                 ports: Sequence[int] | None = None, extra_flags: Sequence[str] = (),
-                 security: Security | None = None) -> None:
+    def __init__(
+        self,
+        children: Children,
+        num_ps: int,
+        name: str,
+        timeout: float,
+        ports: Sequence[int] | None = None,
+        extra_flags: Sequence[str] = (),
+        security: Security | None = None,
+    ) -> None:
         ports = pick_free_ports(num_ps + 1) if ports is None else list(ports)
         if len(ports) != num_ps + 1:
             raise ValueError(f"a cluster of {num_ps} ps tasks needs {num_ps + 1} ports, got {len(ports)}")
-        self.cluster = psframe.ClusterSpec({
-            "ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
-            "worker": [f"127.0.0.1:{ports[-1]}"],
-        })
+        self.cluster = psframe.ClusterSpec(
+            {
+                "ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
+                "worker": [f"127.0.0.1:{ports[-1]}"],
+            }
+        )
         self.children = children
         self.names = [f"{name}-ps{i}" for i in range(num_ps)]
         self.procs = [
-            children.start(task, [sys.executable, "-m", "psframe.cli", "server",
-                                  f"--cluster_spec={self.cluster.to_string()}", "--job_name=ps",
-                                  f"--task_index={i}", f"--timeout={timeout:.0f}", *extra_flags])
+            children.start(
+                task,
+                [
+                    sys.executable,
+                    "-m",
+                    "psframe.cli",
+                    "server",
+                    f"--cluster_spec={self.cluster.to_string()}",
+                    "--job_name=ps",
+                    f"--task_index={i}",
+                    f"--timeout={timeout:.0f}",
+                    *extra_flags,
+                ],
+            )
             for i, task in enumerate(self.names)
         ]
         self.client: PsClient | None = None
@@ -107,8 +135,9 @@ class PsCluster:
 
     def connect(self, deadline: Deadline) -> PsClient:
         """Worker 0's client, once every ps task answers."""
-        self.client = PsClient(self.cluster, 0, rpc_timeout=min(RPC_TIMEOUT_S, deadline.remaining(1.0)),
-                               security=self.security)
+        self.client = PsClient(
+            self.cluster, 0, rpc_timeout=min(RPC_TIMEOUT_S, deadline.remaining(1.0)), security=self.security
+        )
         try:
             self.client.wait_for_ps(deadline.remaining())
         except psframe.PsframeError as e:
@@ -143,8 +172,11 @@ def finish_clusters(clusters: Sequence[PsCluster], timeout: float = 15.0) -> lis
         for name in cluster.names:
             code = cluster.children.wait_exit(name, deadline.remaining(0.0))
             if code != 0:
-                print(f"[bench] warning: {name} ended with {code} (expected 0); log:\n"
-                      f"{cluster.children.log_tail(name, 10)}", file=sys.stderr)
+                print(
+                    f"[bench] warning: {name} ended with {code} (expected 0); log:\n"
+                    f"{cluster.children.log_tail(name, 10)}",
+                    file=sys.stderr,
+                )
             codes.append(code)
     return codes
 
@@ -161,9 +193,11 @@ def in_parallel(calls: Sequence[Callable[[], T]], deadline: Deadline) -> list[T]
 def _slots(shards: Sequence[Tensors]) -> list[Slot]:
     """``shards[i]``'s tensors as whole variables held by ps task i."""
     return [
-        Slot(Shard(name, name, ps, 0, tensor.shape[0] if tensor.dim() else 1, tuple(tensor.shape), tensor.nbytes),
-             tensor)
-        for ps, tensors in enumerate(shards) for name, tensor in tensors
+        Slot(
+            Shard(name, name, ps, 0, tensor.shape[0] if tensor.dim() else 1, tuple(tensor.shape), tensor.nbytes), tensor
+        )
+        for ps, tensors in enumerate(shards)
+        for name, tensor in tensors
     ]
 
 
@@ -179,8 +213,14 @@ def create_variables(client: PsClient, shards: Sequence[Tensors], optimizer: Opt
     """Create ``shards[i]`` on ps task i with ``optimizer`` (one Init request at a time, as the trainer does)."""
     slots = _slots(shards)
     for ps, batch in batches(slots, len(shards), DEFAULT_MAX_SHARD_BYTES):
-        client.create(ps, [s for s in slots if s.shard.ps_task == ps], [(s.name, s.param) for s in batch],
-                      optimizer, sync=None, checkpoint_dir=None)
+        client.create(
+            ps,
+            [s for s in slots if s.shard.ps_task == ps],
+            [(s.name, s.param) for s in batch],
+            optimizer,
+            sync=None,
+            checkpoint_dir=None,
+        )
     # Every ps task holds its variables once its last Init request is in.
     client.wait_for_ps(timeout=30.0, ready=True)
 
@@ -191,7 +231,7 @@ def push_pull(client: PsClient, requests: Step) -> list[list[torch.Tensor]]:
 
 
 def push_pull_rpc_kind() -> str:
-    """"stream" if PushPull is a bidirectional streaming RPC in psframe.proto, else "unary"."""
+    """ "stream" if PushPull is a bidirectional streaming RPC in psframe.proto, else "unary"."""
     return "stream" if transport.METHODS["PushPull"].streaming else "unary"
 
 
@@ -217,13 +257,15 @@ class Case:
 
     @property
     def runnable(self) -> bool:
-        """"many" with fewer than two tensors per ps task is "one": not run."""
+        """ "many" with fewer than two tensors per ps task is "one": not run."""
         return self.layout == "one" or min(len(t) for t in self.tensor_bytes()) >= 2
 
     def shards(self) -> list[Tensors]:
         """Float32 tensors of the case, per ps task (named ``t<ps>_<i>``)."""
-        return [[(f"t{ps}_{i}", torch.full((nbytes // 4,), 0.5)) for i, nbytes in enumerate(sizes)]
-                for ps, sizes in enumerate(self.tensor_bytes())]
+        return [
+            [(f"t{ps}_{i}", torch.full((nbytes // 4,), 0.5)) for i, nbytes in enumerate(sizes)]
+            for ps, sizes in enumerate(self.tensor_bytes())
+        ]
 
     @property
     def num_tensors(self) -> int:
@@ -235,8 +277,13 @@ class Case:
 
 
 def cases_for(sizes: Sequence[int], ps_counts: Sequence[int] = (1, 2)) -> list[Case]:
-    return [case for nbytes in sizes for num_ps in ps_counts for layout in ("one", "many")
-            if (case := Case(num_ps, layout, nbytes)).runnable]
+    return [
+        case
+        for nbytes in sizes
+        for num_ps in ps_counts
+        for layout in ("one", "many")
+        if (case := Case(num_ps, layout, nbytes)).runnable
+    ]
 
 
 def prepare_case(cluster: PsCluster, case: Case) -> Step:
@@ -250,8 +297,7 @@ def prepare_case(cluster: PsCluster, case: Case) -> Step:
     return shard_requests([[(n, torch.full_like(t, 1e-3)) for n, t in tensors] for tensors in values])
 
 
-def measure_case(cluster: PsCluster, case: Case, requests: Step,
-                 settings: Settings, deadline: Deadline) -> dict:
+def measure_case(cluster: PsCluster, case: Case, requests: Step, settings: Settings, deadline: Deadline) -> dict:
     """Time push+pull of ``requests`` on the case's prepared cluster."""
     client = cluster.client
     expected = [[t.shape for _, t in batch] for _, batch in requests]
@@ -287,8 +333,7 @@ def size_groups(sizes: Sequence[int], ps_counts: Sequence[int] = (1, 2)) -> list
     procs = 0
     for nbytes in sizes:
         need = sum(c.num_ps for c in cases_for([nbytes], ps_counts))
-        if (not groups or procs + need > MAX_PROCESSES_AT_ONCE
-                or sum(groups[-1]) + nbytes > MAX_BYTES_AT_ONCE):
+        if not groups or procs + need > MAX_PROCESSES_AT_ONCE or sum(groups[-1]) + nbytes > MAX_BYTES_AT_ONCE:
             groups.append([])
             procs = 0
         groups[-1].append(nbytes)
@@ -296,8 +341,9 @@ def size_groups(sizes: Sequence[int], ps_counts: Sequence[int] = (1, 2)) -> list
     return groups
 
 
-def run_transport_benchmarks(settings: Settings, timeout: float = 1200.0,
-                             ps_counts: Sequence[int] = (1, 2)) -> list[dict]:
+def run_transport_benchmarks(
+    settings: Settings, timeout: float = 1200.0, ps_counts: Sequence[int] = (1, 2)
+) -> list[dict]:
     """Measure every case at every size of ``settings``.
 
     For each group of sizes (:func:`size_groups`), every case's ps processes
@@ -320,12 +366,21 @@ def run_transport_benchmarks(settings: Settings, timeout: float = 1200.0,
             cases = cases_for(sizes, ps_counts)
             with Children(logs) as children:
                 ports = iter(pick_free_ports(sum(c.num_ps + 1 for c in cases)))  # all distinct
-                clusters = [PsCluster(children, c.num_ps, c.name, deadline.remaining() + 60,
-                                      [next(ports) for _ in range(c.num_ps + 1)]) for c in cases]
+                clusters = [
+                    PsCluster(
+                        children,
+                        c.num_ps,
+                        c.name,
+                        deadline.remaining() + 60,
+                        [next(ports) for _ in range(c.num_ps + 1)],
+                    )
+                    for c in cases
+                ]
                 for cluster in clusters:  # all up (done importing torch) before anything is timed
                     cluster.connect(deadline)
-                requests = in_parallel([functools.partial(prepare_case, cl, c) for cl, c in zip(clusters, cases)],
-                                       deadline)
+                requests = in_parallel(
+                    [functools.partial(prepare_case, cl, c) for cl, c in zip(clusters, cases)], deadline
+                )
                 for case, cluster, reqs in zip(cases, clusters, requests):
                     rows.append(measure_case(cluster, case, reqs, settings, deadline))
                 finish_clusters(clusters)
@@ -348,8 +403,12 @@ def add_ratios(rows: list[dict], raw_rows: Sequence[dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     from benchmarks import report
 
-    return table_main(argv, __doc__, "small sizes, few repeats",
-                      lambda quick: report.transport_table(run_transport_benchmarks(Settings.for_mode(quick))))
+    return table_main(
+        argv,
+        __doc__,
+        "small sizes, few repeats",
+        lambda quick: report.transport_table(run_transport_benchmarks(Settings.for_mode(quick))),
+    )
 
 
 if __name__ == "__main__":

@@ -38,11 +38,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import psframe  # noqa: E402
-from ctr_data import CATEGORICAL, DENSE, ClickLog, auc, ceiling_auc, click_log  # noqa: E402
-from psframe.cli import add_cluster_flags, add_security_flags, security_kwargs  # noqa: E402
-from psframe.cluster.tf_config import resolve_cluster  # noqa: E402
-from psframe.hooks import NanGuardHook, StopAtStepHook  # noqa: E402
+from ctr_data import CATEGORICAL, DENSE, ClickLog, auc, ceiling_auc, click_log
+
+import psframe
+from psframe.cli import add_cluster_flags, add_security_flags, security_kwargs
+from psframe.cluster.tf_config import resolve_cluster
+from psframe.hooks import NanGuardHook, StopAtStepHook
 
 log = logging.getLogger("ctr_dist")
 EVAL_BATCH = 8192
@@ -52,45 +53,91 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_cluster_flags(parser)
     add_security_flags(parser)  # --auth_token_file, --tls_cert_file, --tls_key_file, --tls_ca_file
-    parser.add_argument("--single_process", action="store_true",
-                        help="train in this process with torch.optim (the reference); no cluster")
+    parser.add_argument(
+        "--single_process",
+        action="store_true",
+        help="train in this process with torch.optim (the reference); no cluster",
+    )
     parser.add_argument("--train_steps", type=int, default=3000, help="the global step at which training stops")
     parser.add_argument("--batch_size", type=int, default=256, help="samples per worker step")
     parser.add_argument("--learning_rate", type=float, default=0.05, help="Adagrad learning rate (on the ps)")
     parser.add_argument("--embedding_dim", type=int, default=8, help="width of the deep part's vectors")
     parser.add_argument("--hidden_units", type=int, default=64, help="units of the deep part's hidden layer")
     parser.add_argument("--hash_buckets", type=int, default=1 << 17, help="rows of each embedding table")
-    parser.add_argument("--dynamic_tables", action="store_true",
-                        help="keep the hashed ids whole, in dynamic tables that make rows on first touch")
-    parser.add_argument("--max_rows_per_ps", type=int, default=None,
-                        help="with --dynamic_tables: the most rows of a table a ps task keeps (least used go first)")
-    parser.add_argument("--train_samples", type=int, default=800_000,
-                        help="samples in the training log (the default: more than the default run trains on, "
-                             "so none is seen twice and no mode overfits)")
+    parser.add_argument(
+        "--dynamic_tables",
+        action="store_true",
+        help="keep the hashed ids whole, in dynamic tables that make rows on first touch",
+    )
+    parser.add_argument(
+        "--max_rows_per_ps",
+        type=int,
+        default=None,
+        help="with --dynamic_tables: the most rows of a table a ps task keeps (least used go first)",
+    )
+    parser.add_argument(
+        "--train_samples",
+        type=int,
+        default=800_000,
+        help="samples in the training log (the default: more than the default run trains on, "
+        "so none is seen twice and no mode overfits)",
+    )
     parser.add_argument("--test_samples", type=int, default=50_000, help="held-out samples evaluated at the end")
-    parser.add_argument("--table_partition", default="mod", choices=["mod", "range"],
-                        help="how table rows are shared out among the ps tasks")
-    parser.add_argument("--sync_replicas", action="store_true",
-                        help="synchronous training: each update averages replicas_to_aggregate gradients")
-    parser.add_argument("--replicas_to_aggregate", type=int, default=None,
-                        help="gradients per synchronous update (default: the number of workers)")
-    parser.add_argument("--total_num_replicas", type=int, default=None,
-                        help="workers taking part in sync training (default: the number of workers)")
-    parser.add_argument("--sync_timeout", type=float, default=300.0,
-                        help="seconds a synchronous step may wait for gradients before failing")
+    parser.add_argument(
+        "--table_partition",
+        default="mod",
+        choices=["mod", "range"],
+        help="how table rows are shared out among the ps tasks",
+    )
+    parser.add_argument(
+        "--sync_replicas",
+        action="store_true",
+        help="synchronous training: each update averages replicas_to_aggregate gradients",
+    )
+    parser.add_argument(
+        "--replicas_to_aggregate",
+        type=int,
+        default=None,
+        help="gradients per synchronous update (default: the number of workers)",
+    )
+    parser.add_argument(
+        "--total_num_replicas",
+        type=int,
+        default=None,
+        help="workers taking part in sync training (default: the number of workers)",
+    )
+    parser.add_argument(
+        "--sync_timeout",
+        type=float,
+        default=300.0,
+        help="seconds a synchronous step may wait for gradients before failing",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the planted model and the model")
     parser.add_argument("--log_every", type=int, default=1000, help="log progress every N local steps")
-    parser.add_argument("--checkpoint_dir", default=None,
-                        help="save checkpoints here (any fsspec URL); run again after a crash to resume")
-    parser.add_argument("--save_checkpoint_steps", type=int, default=1000,
-                        help="with --checkpoint_dir, save every N global steps")
-    parser.add_argument("--worker_timeout", type=float, default=60.0,
-                        help="ps: once some workers finished, seconds of silence after which a worker "
-                             "is presumed dead and not waited for")
-    parser.add_argument("--serving_processes", type=int, default=None,
-                        help="ps: processes listening on the task's port (default: one per 4 cores, at most 8)")
-    parser.add_argument("--connect_timeout", type=float, default=120.0,
-                        help="seconds to wait for the other tasks before failing")
+    parser.add_argument(
+        "--checkpoint_dir",
+        default=None,
+        help="save checkpoints here (any fsspec URL); run again after a crash to resume",
+    )
+    parser.add_argument(
+        "--save_checkpoint_steps", type=int, default=1000, help="with --checkpoint_dir, save every N global steps"
+    )
+    parser.add_argument(
+        "--worker_timeout",
+        type=float,
+        default=60.0,
+        help="ps: once some workers finished, seconds of silence after which a worker "
+        "is presumed dead and not waited for",
+    )
+    parser.add_argument(
+        "--serving_processes",
+        type=int,
+        default=None,
+        help="ps: processes listening on the task's port (default: one per 4 cores, at most 8)",
+    )
+    parser.add_argument(
+        "--connect_timeout", type=float, default=120.0, help="seconds to wait for the other tasks before failing"
+    )
     return parser.parse_args(argv)
 
 
@@ -100,18 +147,21 @@ class WideAndDeep(torch.nn.Module):
     def __init__(self, buckets: int | None, dim: int, hidden: int, max_rows_per_ps: int | None = None) -> None:
         super().__init__()
         if buckets is None:  # dynamic tables over any id, rows made as the sparse ones start
-            self.wide = psframe.DynamicEmbedding(1, initializer=psframe.RowInitializer("constant", value=0.0),
-                                                 max_rows=max_rows_per_ps, eviction="lfu")
-            self.deep = psframe.DynamicEmbedding(dim, initializer=psframe.RowInitializer(std=0.01, seed=1),
-                                                 max_rows=max_rows_per_ps, eviction="lfu")
+            self.wide = psframe.DynamicEmbedding(
+                1, initializer=psframe.RowInitializer("constant", value=0.0), max_rows=max_rows_per_ps, eviction="lfu"
+            )
+            self.deep = psframe.DynamicEmbedding(
+                dim, initializer=psframe.RowInitializer(std=0.01, seed=1), max_rows=max_rows_per_ps, eviction="lfu"
+            )
         else:
             self.wide = torch.nn.Embedding(buckets, 1, sparse=True)
             self.deep = torch.nn.Embedding(buckets, dim, sparse=True)
             torch.nn.init.zeros_(self.wide.weight)
             torch.nn.init.normal_(self.deep.weight, std=0.01)
         self.dense_wide = torch.nn.Linear(DENSE, 1)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(CATEGORICAL * dim + DENSE, hidden), torch.nn.ReLU(),
-                                       torch.nn.Linear(hidden, 1))
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(CATEGORICAL * dim + DENSE, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
+        )
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         wide = self.wide(ids).sum((1, 2)) + self.dense_wide(dense).squeeze(1)
@@ -121,8 +171,9 @@ class WideAndDeep(torch.nn.Module):
 
 def build_model(args: argparse.Namespace) -> WideAndDeep:
     torch.manual_seed(args.seed)  # the chief's initial values are the ones that count
-    return WideAndDeep(None if args.dynamic_tables else args.hash_buckets, args.embedding_dim, args.hidden_units,
-                       args.max_rows_per_ps)
+    return WideAndDeep(
+        None if args.dynamic_tables else args.hash_buckets, args.embedding_dim, args.hidden_units, args.max_rows_per_ps
+    )
 
 
 def batches(log_size: int, batch_size: int, seed: int):
@@ -142,11 +193,17 @@ def loss_of(model: WideAndDeep, data: ClickLog, index: torch.Tensor) -> torch.Te
 def evaluate(model: WideAndDeep, test: ClickLog) -> dict:
     """AUC and log loss on the held-out samples (a worker's lookups pull the rows they need)."""
     with torch.no_grad():
-        logits = torch.cat([model(test.dense[i : i + EVAL_BATCH], test.ids[i : i + EVAL_BATCH])
-                            for i in range(0, len(test), EVAL_BATCH)])
-    return {"auc": round(auc(logits, test.clicks), 5),
-            "log_loss": round(F.binary_cross_entropy_with_logits(logits, test.clicks).item(), 5),
-            "ceiling_auc": round(ceiling_auc(test), 5)}
+        logits = torch.cat(
+            [
+                model(test.dense[i : i + EVAL_BATCH], test.ids[i : i + EVAL_BATCH])
+                for i in range(0, len(test), EVAL_BATCH)
+            ]
+        )
+    return {
+        "auc": round(auc(logits, test.clicks), 5),
+        "log_loss": round(F.binary_cross_entropy_with_logits(logits, test.clicks).item(), 5),
+        "ceiling_auc": round(ceiling_auc(test), 5),
+    }
 
 
 def data_of(args: argparse.Namespace, split: int) -> ClickLog:
@@ -165,26 +222,38 @@ def run_single_process(args: argparse.Namespace) -> int:
     else:
         tables = [model.wide.weight, model.deep.weight]
         dense = [p for p in model.parameters() if all(p is not t for t in tables)]
-        optimizers = [torch.optim.Adagrad(dense, lr=args.learning_rate),
-                      torch.optim.Adagrad(tables, lr=args.learning_rate)]
+        optimizers = [
+            torch.optim.Adagrad(dense, lr=args.learning_rate),
+            torch.optim.Adagrad(tables, lr=args.learning_rate),
+        ]
     start = time.perf_counter()
-    for step, index in zip(range(args.train_steps), batches(len(train), args.batch_size, args.seed + 1)):
+    for _step, index in zip(range(args.train_steps), batches(len(train), args.batch_size, args.seed + 1)):
         for opt in optimizers:
             opt.zero_grad()
         loss_of(model, train, index).backward()
         for opt in optimizers:
             opt.step()
     wall = time.perf_counter() - start
-    result = {"mode": "single_process", "global_step": args.train_steps, **evaluate(model, data_of(args, 1)),
-              "samples_per_sec": round(args.train_steps * args.batch_size / wall, 1)}
+    result = {
+        "mode": "single_process",
+        "global_step": args.train_steps,
+        **evaluate(model, data_of(args, 1)),
+        "samples_per_sec": round(args.train_steps * args.batch_size / wall, 1),
+    }
     print(json.dumps(result), flush=True)
     return 0
 
 
 def run_ps(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: int) -> int:
-    psframe.Server(cluster, "ps", task_index, worker_timeout=args.worker_timeout,
-                   checkpoint_dir=args.checkpoint_dir, serving_processes=args.serving_processes,
-                   **security_kwargs(args)).join()
+    psframe.Server(
+        cluster,
+        "ps",
+        task_index,
+        worker_timeout=args.worker_timeout,
+        checkpoint_dir=args.checkpoint_dir,
+        serving_processes=args.serving_processes,
+        **security_kwargs(args),
+    ).join()
     return 0
 
 
@@ -192,13 +261,17 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
     train = data_of(args, 0)
     model = build_model(args)
     trainer = psframe.Trainer(
-        model, cluster, task_index=task_index,
+        model,
+        cluster,
+        task_index=task_index,
         optimizer=psframe.optim.Adagrad(lr=args.learning_rate),  # and, row by row, for the tables
         sync=psframe.SyncReplicas(args.replicas_to_aggregate, args.total_num_replicas, args.sync_timeout)
-        if args.sync_replicas else None,
+        if args.sync_replicas
+        else None,
         table_partition=args.table_partition,
         hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],
-        checkpoint_dir=args.checkpoint_dir, save_checkpoint_steps=args.save_checkpoint_steps,
+        checkpoint_dir=args.checkpoint_dir,
+        save_checkpoint_steps=args.save_checkpoint_steps,
         connect_timeout=args.connect_timeout,
         **security_kwargs(args),
     )
@@ -210,19 +283,30 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
             loss = loss_of(model, train, index)
             global_step = trainer.step(loss)
             if trainer.local_step % args.log_every == 0:
-                log.info("worker %d: local step %d global step %d, loss %.4f", task_index, trainer.local_step,
-                         global_step, loss.item())
+                log.info(
+                    "worker %d: local step %d global step %d, loss %.4f",
+                    task_index,
+                    trainer.local_step,
+                    global_step,
+                    loss.item(),
+                )
         wall = time.perf_counter() - start
         if not trainer.is_chief:
             log.info("worker %d done after %d local steps", task_index, trainer.local_step)
             return 0
         trainer.pull()  # the dense parameters; the tables' rows come with the lookups
-        samples = (trainer.global_step - first_step) * args.batch_size * (
-            cluster.num_workers if args.sync_replicas else 1)
-        result = {"mode": "sync" if args.sync_replicas else "async", "global_step": trainer.global_step,
-                  **evaluate(model, data_of(args, 1)), "samples_per_sec": round(samples / wall, 1),
-                  "recoveries": trainer.recoveries,
-                  "num_ps": cluster.num_ps, "num_workers": cluster.num_workers}
+        samples = (
+            (trainer.global_step - first_step) * args.batch_size * (cluster.num_workers if args.sync_replicas else 1)
+        )
+        result = {
+            "mode": "sync" if args.sync_replicas else "async",
+            "global_step": trainer.global_step,
+            **evaluate(model, data_of(args, 1)),
+            "samples_per_sec": round(samples / wall, 1),
+            "recoveries": trainer.recoveries,
+            "num_ps": cluster.num_ps,
+            "num_workers": cluster.num_workers,
+        }
     print(json.dumps(result), flush=True)
     return 0
 

@@ -32,18 +32,19 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import psframe  # noqa: E402
-from mnist_data import load_mnist  # noqa: E402
-from psframe.cli import (  # noqa: E402
+from mnist_data import load_mnist
+from tqdm import tqdm
+
+import psframe
+from psframe.cli import (
     add_cluster_flags,
     add_liveness_flags,
     add_security_flags,
     liveness_from_args,
     security_kwargs,
 )
-from psframe.cluster.tf_config import resolve_cluster  # noqa: E402
-from psframe.hooks import NanGuardHook, StopAtStepHook  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from psframe.cluster.tf_config import resolve_cluster
+from psframe.hooks import NanGuardHook, StopAtStepHook
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 log = logging.getLogger("mlp_mnist_dist")
@@ -54,44 +55,79 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_cluster_flags(parser)
     add_security_flags(parser)  # --auth_token_file, --tls_cert_file, --tls_key_file, --tls_ca_file
     add_liveness_flags(parser)  # --keepalive_time, --keepalive_timeout
-    parser.add_argument("--train_steps", type=int, default=6000,
-                        help="the global step at which training stops")
+    parser.add_argument("--train_steps", type=int, default=6000, help="the global step at which training stops")
     parser.add_argument("--batch_size", type=int, default=100, help="examples per worker step")
     parser.add_argument("--learning_rate", type=float, default=0.1, help="SGD learning rate (on the ps)")
     parser.add_argument("--hidden_units", type=int, default=100, help="units of the hidden layer")
     parser.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="folder holding MNIST/raw/")
-    parser.add_argument("--sync_replicas", action="store_true",
-                        help="synchronous training: each update averages replicas_to_aggregate gradients")
-    parser.add_argument("--replicas_to_aggregate", type=int, default=None,
-                        help="gradients per synchronous update (default: the number of workers)")
-    parser.add_argument("--total_num_replicas", type=int, default=None,
-                        help="workers taking part in sync training (default: the number of workers)")
-    parser.add_argument("--sync_timeout", type=float, default=300.0,
-                        help="seconds a synchronous step may wait for gradients before failing")
+    parser.add_argument(
+        "--sync_replicas",
+        action="store_true",
+        help="synchronous training: each update averages replicas_to_aggregate gradients",
+    )
+    parser.add_argument(
+        "--replicas_to_aggregate",
+        type=int,
+        default=None,
+        help="gradients per synchronous update (default: the number of workers)",
+    )
+    parser.add_argument(
+        "--total_num_replicas",
+        type=int,
+        default=None,
+        help="workers taking part in sync training (default: the number of workers)",
+    )
+    parser.add_argument(
+        "--sync_timeout",
+        type=float,
+        default=300.0,
+        help="seconds a synchronous step may wait for gradients before failing",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N for the worker's replica")
-    parser.add_argument("--gpu_memory_fraction", type=float, default=None,
-                        help="cap on this worker's share of GPU memory (CUDA only)")
+    parser.add_argument(
+        "--gpu_memory_fraction", type=float, default=None, help="cap on this worker's share of GPU memory (CUDA only)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial model and data order")
     parser.add_argument("--log_every", type=int, default=1000, help="log progress every N local steps")
-    parser.add_argument("--checkpoint_dir", default=None,
-                        help="save checkpoints here (any fsspec URL); run again after a crash to resume")
-    parser.add_argument("--save_checkpoint_steps", type=int, default=1000,
-                        help="with --checkpoint_dir, save every N global steps")
-    parser.add_argument("--wire_dtype", default=None, choices=["bfloat16", "float16"],
-                        help="send gradients and receive parameters in this dtype (half the bytes); "
-                             "default: exactly as stored (float32)")
+    parser.add_argument(
+        "--checkpoint_dir",
+        default=None,
+        help="save checkpoints here (any fsspec URL); run again after a crash to resume",
+    )
+    parser.add_argument(
+        "--save_checkpoint_steps", type=int, default=1000, help="with --checkpoint_dir, save every N global steps"
+    )
+    parser.add_argument(
+        "--wire_dtype",
+        default=None,
+        choices=["bfloat16", "float16"],
+        help="send gradients and receive parameters in this dtype (half the bytes); "
+        "default: exactly as stored (float32)",
+    )
     parser.add_argument("--progress", action="store_true", help="show a progress bar on the chief")
-    parser.add_argument("--worker_timeout", type=float, default=60.0,
-                        help="ps: once some workers finished, seconds of silence after which a worker "
-                             "other than the chief is presumed dead and not waited for")
-    parser.add_argument("--chief_timeout", type=float, default=None,
-                        help="ps: the same for the chief, which is waited for longer "
-                             "(default: 10 x --worker_timeout)")
-    parser.add_argument("--serving_processes", type=int, default=None,
-                        help="ps: processes listening on the task's port (this one holds the variables); "
-                             "default: one per 4 cores this task may use, at most 8")
-    parser.add_argument("--connect_timeout", type=float, default=120.0,
-                        help="seconds to wait for the other tasks before failing")
+    parser.add_argument(
+        "--worker_timeout",
+        type=float,
+        default=60.0,
+        help="ps: once some workers finished, seconds of silence after which a worker "
+        "other than the chief is presumed dead and not waited for",
+    )
+    parser.add_argument(
+        "--chief_timeout",
+        type=float,
+        default=None,
+        help="ps: the same for the chief, which is waited for longer (default: 10 x --worker_timeout)",
+    )
+    parser.add_argument(
+        "--serving_processes",
+        type=int,
+        default=None,
+        help="ps: processes listening on the task's port (this one holds the variables); "
+        "default: one per 4 cores this task may use, at most 8",
+    )
+    parser.add_argument(
+        "--connect_timeout", type=float, default=120.0, help="seconds to wait for the other tasks before failing"
+    )
     return parser.parse_args(argv)
 
 
@@ -104,10 +140,17 @@ def build_model(hidden_units: int) -> torch.nn.Module:
 
 
 def run_ps(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: int) -> int:
-    server = psframe.Server(cluster, "ps", task_index, worker_timeout=args.worker_timeout,
-                            chief_timeout=args.chief_timeout, checkpoint_dir=args.checkpoint_dir,
-                            serving_processes=args.serving_processes, liveness=liveness_from_args(args),
-                            **security_kwargs(args))
+    server = psframe.Server(
+        cluster,
+        "ps",
+        task_index,
+        worker_timeout=args.worker_timeout,
+        chief_timeout=args.chief_timeout,
+        checkpoint_dir=args.checkpoint_dir,
+        serving_processes=args.serving_processes,
+        liveness=liveness_from_args(args),
+        **security_kwargs(args),
+    )
     server.join()  # returns once every worker has finished
     return 0
 
@@ -137,7 +180,8 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         task_index=task_index,
         optimizer=psframe.optim.SGD(lr=args.learning_rate),
         sync=psframe.SyncReplicas(args.replicas_to_aggregate, args.total_num_replicas, args.sync_timeout)
-        if args.sync_replicas else None,
+        if args.sync_replicas
+        else None,
         device=device,
         gpu_memory_fraction=args.gpu_memory_fraction,
         hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],
@@ -163,8 +207,14 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
                 progress.update(global_step - progress.n)
             if trainer.local_step % args.log_every == 0:
                 rate = (global_step - first_step) / (time.perf_counter() - start)
-                log.info("worker %d: local step %d, global step %d, loss %.4f, %.0f global steps/s",
-                         task_index, trainer.local_step, global_step, loss.item(), rate)
+                log.info(
+                    "worker %d: local step %d, global step %d, loss %.4f, %.0f global steps/s",
+                    task_index,
+                    trainer.local_step,
+                    global_step,
+                    loss.item(),
+                    rate,
+                )
         wall = time.perf_counter() - start
         if progress is not None:
             progress.close()

@@ -39,7 +39,7 @@ def _torchvision_mnist():
     # (RuntimeError, OSError, ...), not only with ImportError.
     try:
         from torchvision.datasets import MNIST
-    except Exception:
+    except Exception:  # noqa: BLE001 - a torchvision built for another torch fails to import in many ways
         return None
     return MNIST
 
@@ -51,9 +51,7 @@ def _read_idx(path: Path, magic: int, dims: int) -> tuple[tuple[int, ...], bytes
         raise ValueError(f"{path} is {len(data)} bytes, too short for an IDX header")
     found, *shape = struct.unpack(f">{1 + dims}I", data[:header])
     if found != magic:
-        raise ValueError(
-            f"{path} has magic number {found}, expected {magic}: not an MNIST IDX file"
-        )
+        raise ValueError(f"{path} has magic number {found}, expected {magic}: not an MNIST IDX file")
     body, want = len(data) - header, int(np.prod(shape))
     if body != want:
         raise ValueError(f"{path} holds {body} data bytes, its header {tuple(shape)} says {want}")
@@ -78,7 +76,7 @@ def read_idx_labels(path: Path) -> np.ndarray:
     Raises:
         ValueError: wrong magic number, file length, or a label outside 0..9.
     """
-    shape, body = _read_idx(Path(path), LABELS_MAGIC, 1)
+    _shape, body = _read_idx(Path(path), LABELS_MAGIC, 1)
     labels = np.frombuffer(body, dtype=np.uint8)
     if labels.size and labels.max() > 9:
         raise ValueError(f"{path} holds label {labels.max()}, expected digits 0..9")
@@ -126,7 +124,5 @@ def load_mnist(data_dir: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         images = torch.from_numpy(read_idx_images(images_path).copy())
         labels = torch.from_numpy(read_idx_labels(labels_path).astype(np.int64))
     if images.shape[0] != labels.shape[0]:
-        raise ValueError(
-            f"{raw_dir} holds {images.shape[0]} images but {labels.shape[0]} labels"
-        )
+        raise ValueError(f"{raw_dir} holds {images.shape[0]} images but {labels.shape[0]} labels")
     return normalise(images), labels.to(torch.int64)

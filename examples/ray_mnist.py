@@ -27,45 +27,67 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import psframe  # noqa: E402
-import psframe.ray  # noqa: E402
-from psframe.cli import add_liveness_flags, add_security_flags, liveness_from_args, security_kwargs  # noqa: E402
-from mlp_mnist_dist import DEFAULT_DATA_DIR, accuracy, batches, build_model, run_ps  # noqa: E402
-from mnist_data import load_mnist  # noqa: E402
-from psframe.hooks import StopAtStepHook  # noqa: E402
+from mlp_mnist_dist import DEFAULT_DATA_DIR, accuracy, batches, build_model, run_ps
+from mnist_data import load_mnist
+
+import psframe
+import psframe.ray
+from psframe.cli import add_liveness_flags, add_security_flags, liveness_from_args, security_kwargs
+from psframe.hooks import StopAtStepHook
 
 log = logging.getLogger("ray_mnist")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--address", default=None,
-                        help="the Ray cluster to join (ray.init's address, e.g. 'auto'); default: RAY_ADDRESS "
-                             "or a new local Ray")
-    parser.add_argument("--num_cpus", type=float, default=None,
-                        help="CPUs of a new local Ray (default: this machine's, or as many as the tasks ask for)")
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="the Ray cluster to join (ray.init's address, e.g. 'auto'); default: RAY_ADDRESS or a new local Ray",
+    )
+    parser.add_argument(
+        "--num_cpus",
+        type=float,
+        default=None,
+        help="CPUs of a new local Ray (default: this machine's, or as many as the tasks ask for)",
+    )
     parser.add_argument("--num_ps", type=int, default=1, help="ps tasks")
     parser.add_argument("--num_workers", type=int, default=2, help="worker tasks (worker 0 is the chief)")
     parser.add_argument("--cpus_per_worker", type=float, default=1.0, help="Ray CPUs of one worker actor")
     parser.add_argument("--gpus_per_worker", type=float, default=0.0, help="Ray GPUs of one worker actor")
     parser.add_argument("--cpus_per_ps", type=float, default=1.0, help="Ray CPUs of one ps actor")
-    parser.add_argument("--host", default=None,
-                        help="the address tasks advertise (default: each node's IP; 127.0.0.1 on one machine)")
+    parser.add_argument(
+        "--host", default=None, help="the address tasks advertise (default: each node's IP; 127.0.0.1 on one machine)"
+    )
     parser.add_argument("--timeout", type=float, default=None, help="seconds training may take at most")
     parser.add_argument("--train_steps", type=int, default=6000, help="the global step at which training stops")
     parser.add_argument("--batch_size", type=int, default=100, help="examples per worker step")
     parser.add_argument("--learning_rate", type=float, default=0.1, help="SGD learning rate (on the ps)")
     parser.add_argument("--hidden_units", type=int, default=100, help="units of the hidden layer")
     parser.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="folder holding MNIST/raw/ on every node")
-    parser.add_argument("--sync_replicas", action="store_true",
-                        help="synchronous training: each update averages every worker's gradient")
+    parser.add_argument(
+        "--sync_replicas",
+        action="store_true",
+        help="synchronous training: each update averages every worker's gradient",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial model and data order")
-    parser.add_argument("--checkpoint_dir", default=None,
-                        help="checkpoints here (a URL every node reaches, e.g. s3://...); a rerun resumes")
-    parser.add_argument("--worker_timeout", type=float, default=60.0,
-                        help="ps: seconds of silence after which a worker is presumed dead, once some finished")
-    parser.add_argument("--chief_timeout", type=float, default=None,
-                        help="ps: the same for the chief, waited for longer (default: 10 x --worker_timeout)")
+    parser.add_argument(
+        "--checkpoint_dir",
+        default=None,
+        help="checkpoints here (a URL every node reaches, e.g. s3://...); a rerun resumes",
+    )
+    parser.add_argument(
+        "--worker_timeout",
+        type=float,
+        default=60.0,
+        help="ps: seconds of silence after which a worker is presumed dead, once some finished",
+    )
+    parser.add_argument(
+        "--chief_timeout",
+        type=float,
+        default=None,
+        help="ps: the same for the chief, waited for longer (default: 10 x --worker_timeout)",
+    )
     parser.add_argument("--serving_processes", type=int, default=1, help="ps: processes serving the task's port")
     add_security_flags(parser)  # --auth_token_file and the TLS files: paths every node reads
     add_liveness_flags(parser)  # --keepalive_time, --keepalive_timeout
@@ -83,7 +105,9 @@ def main_fun(args: argparse.Namespace, ctx: psframe.ray.TaskContext) -> dict | N
     torch.manual_seed(args.seed)  # the chief's initial values are the ones that count
     model = build_model(args.hidden_units)
     trainer = psframe.Trainer(
-        model, ctx.cluster, task_index=ctx.task_index,
+        model,
+        ctx.cluster,
+        task_index=ctx.task_index,
         optimizer=psframe.optim.SGD(lr=args.learning_rate),
         sync=psframe.SyncReplicas() if args.sync_replicas else None,
         device=device,
@@ -117,9 +141,16 @@ def train(args: argparse.Namespace) -> dict:
     resources = {"CPU": args.cpus_per_worker}
     if args.gpus_per_worker:
         resources["GPU"] = args.gpus_per_worker
-    return psframe.ray.run(main_fun, args, num_ps=args.num_ps, num_workers=args.num_workers,
-                           resources_per_worker=resources, resources_per_ps={"CPU": args.cpus_per_ps},
-                           host=args.host, timeout=args.timeout)
+    return psframe.ray.run(
+        main_fun,
+        args,
+        num_ps=args.num_ps,
+        num_workers=args.num_workers,
+        resources_per_worker=resources,
+        resources_per_ps={"CPU": args.cpus_per_ps},
+        host=args.host,
+        timeout=args.timeout,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             ray.init(address=args.address)
         else:  # a local Ray with room for every task
             wanted = args.num_ps * args.cpus_per_ps + args.num_workers * args.cpus_per_worker
-            ray.init(num_cpus=args.num_cpus or max(os.cpu_count() or 1, math.ceil(wanted)),
-                     include_dashboard=False)
+            ray.init(num_cpus=args.num_cpus or max(os.cpu_count() or 1, math.ceil(wanted)), include_dashboard=False)
     print(json.dumps(train(args)), flush=True)
     return 0
 

@@ -38,18 +38,20 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import psframe  # noqa: E402
-import psframe.spark  # noqa: E402
 from mlp_mnist_dist import DEFAULT_DATA_DIR, accuracy, batches, build_model  # noqa: E402
 from mnist_data import load_mnist, normalise, read_idx_images, read_idx_labels  # noqa: E402
+
+import psframe  # noqa: E402
+import psframe.spark  # noqa: E402
 from psframe.cli import add_security_flags, security_kwargs  # noqa: E402
 from psframe.hooks import NanGuardHook, StopAtStepHook  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--master", default=None,
-                        help="Spark master; default: spark-submit's, else local[num_ps + num_workers]")
+    parser.add_argument(
+        "--master", default=None, help="Spark master; default: spark-submit's, else local[num_ps + num_workers]"
+    )
     parser.add_argument("--num_ps", type=int, default=1, help="ps tasks")
     parser.add_argument("--num_workers", type=int, default=2, help="worker tasks")
     parser.add_argument("--train_steps", type=int, default=6000, help="the global step at which training stops")
@@ -58,14 +60,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden_units", type=int, default=100, help="units of the hidden layer")
     parser.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="folder holding MNIST/raw/ (driver)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial model and data order")
-    parser.add_argument("--checkpoint_dir", default=None,
-                        help="checkpoints (any fsspec URL the executors reach); a retried stage resumes from them")
-    parser.add_argument("--save_checkpoint_steps", type=int, default=1000,
-                        help="with --checkpoint_dir, save every N global steps")
-    parser.add_argument("--host", default=None,
-                        help="address every task serves on; default: its executor's host as Spark knows it")
-    parser.add_argument("--connect_timeout", type=float, default=120.0,
-                        help="seconds a task waits for the others before failing")
+    parser.add_argument(
+        "--checkpoint_dir",
+        default=None,
+        help="checkpoints (any fsspec URL the executors reach); a retried stage resumes from them",
+    )
+    parser.add_argument(
+        "--save_checkpoint_steps", type=int, default=1000, help="with --checkpoint_dir, save every N global steps"
+    )
+    parser.add_argument(
+        "--host", default=None, help="address every task serves on; default: its executor's host as Spark knows it"
+    )
+    parser.add_argument(
+        "--connect_timeout", type=float, default=120.0, help="seconds a task waits for the others before failing"
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the Spark job is cancelled")
     add_security_flags(parser)  # --auth_token_file and the TLS files: paths every executor reads
     return parser.parse_args(argv)
@@ -83,8 +91,9 @@ def train_records(data_dir: str) -> list[tuple[bytes, int]]:
 def main_fun(args: argparse.Namespace, ctx: psframe.spark.NodeContext) -> dict | None:
     """One psframe task in a Spark task; the chief returns the final parameters."""
     if ctx.job_name == "ps":
-        psframe.Server(ctx.cluster, "ps", ctx.task_index, checkpoint_dir=args.checkpoint_dir,
-                       **security_kwargs(args)).join()
+        psframe.Server(
+            ctx.cluster, "ps", ctx.task_index, checkpoint_dir=args.checkpoint_dir, **security_kwargs(args)
+        ).join()
         return None
     pixels, labels = zip(*ctx.input)
     train_x = normalise(torch.frombuffer(bytearray(b"".join(pixels)), dtype=torch.uint8).view(-1, 28, 28))
@@ -92,10 +101,13 @@ def main_fun(args: argparse.Namespace, ctx: psframe.spark.NodeContext) -> dict |
     torch.manual_seed(args.seed)  # the chief's initial values are the ones that count
     model = build_model(args.hidden_units)
     trainer = psframe.Trainer(
-        model, ctx.cluster, task_index=ctx.task_index,
+        model,
+        ctx.cluster,
+        task_index=ctx.task_index,
         optimizer=psframe.optim.SGD(lr=args.learning_rate),
         hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],
-        checkpoint_dir=args.checkpoint_dir, save_checkpoint_steps=args.save_checkpoint_steps,
+        checkpoint_dir=args.checkpoint_dir,
+        save_checkpoint_steps=args.save_checkpoint_steps,
         connect_timeout=args.connect_timeout,
         **security_kwargs(args),
     )
@@ -128,8 +140,9 @@ def session(args: argparse.Namespace):
         return SparkSession.builder.appName("psframe-mnist").getOrCreate()
     master = args.master or f"local[{args.num_ps + args.num_workers}]"
     if master.startswith("local"):
-        return psframe.spark.local_session(args.num_ps + args.num_workers, app_name="psframe-mnist",
-                                           conf={"spark.master": master})
+        return psframe.spark.local_session(
+            args.num_ps + args.num_workers, app_name="psframe-mnist", conf={"spark.master": master}
+        )
     return SparkSession.builder.master(master).appName("psframe-mnist").getOrCreate()
 
 
@@ -141,14 +154,26 @@ def train(spark, args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     # Slices of about 750 KB: Spark warns of tasks over 1 MB.
     records = sc.parallelize(train_records(args.data_dir), max(64, 2 * args.num_workers))
-    result = psframe.spark.run(sc, main_fun, args, num_ps=args.num_ps, num_workers=args.num_workers,
-                               input_data=records, host=args.host, timeout=args.timeout)
+    result = psframe.spark.run(
+        sc,
+        main_fun,
+        args,
+        num_ps=args.num_ps,
+        num_workers=args.num_workers,
+        input_data=records,
+        host=args.host,
+        timeout=args.timeout,
+    )
     model = build_model(args.hidden_units)
     model.load_state_dict(result.pop("state_dict"))
     test_x, test_y = load_mnist(args.data_dir, train=False)
-    result.update(test_accuracy=round(accuracy(model, test_x, test_y), 4),
-                  job_seconds=round(time.perf_counter() - start, 3),
-                  num_ps=args.num_ps, num_workers=args.num_workers, master=sc.master)
+    result.update(
+        test_accuracy=round(accuracy(model, test_x, test_y), 4),
+        job_seconds=round(time.perf_counter() - start, 3),
+        num_ps=args.num_ps,
+        num_workers=args.num_workers,
+        master=sc.master,
+    )
     return result
 
 

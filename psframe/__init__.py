@@ -38,20 +38,20 @@ if TYPE_CHECKING:
     from psframe.ps.server import Server
 
 __all__ = [
+    "BarrierTimeoutError",
     "ClusterSpec",
-    "Server",
-    "Trainer",
-    "SyncReplicas",
-    "DynamicEmbedding",
-    "DynamicTables",
-    "RowInitializer",
-    "optim",
-    "PsframeError",
     "ClusterSpecError",
     "ConnectTimeoutError",
-    "BarrierTimeoutError",
+    "DynamicEmbedding",
+    "DynamicTables",
+    "PsframeError",
+    "RowInitializer",
+    "Server",
     "ShapeMismatchError",
+    "SyncReplicas",
+    "Trainer",
     "__version__",
+    "optim",
 ]
 
 

@@ -122,7 +122,7 @@ def _glibc() -> ctypes.CDLL | None:
     """The C library if it is glibc, else None (musl, macOS, Windows)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.gnu_get_libc_version  # only glibc has it
+        libc.gnu_get_libc_version  # noqa: B018 - only glibc has it: an AttributeError elsewhere
         libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
         libc.mallopt.restype = ctypes.c_int
     except (OSError, AttributeError):

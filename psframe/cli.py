@@ -17,12 +17,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from psframe.version import __version__
 from psframe.cluster import ClusterSpec
 from psframe.cluster.tf_config import resolve_cluster
 from psframe.errors import AuthenticationError, PsframeError
 from psframe.liveness import Liveness
 from psframe.security import Security
+from psframe.version import __version__
 
 log = logging.getLogger("psframe")
 
@@ -31,8 +31,11 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that name a cluster and a task (TF's, plus --cluster_spec)."""
     parser.add_argument("--ps_hosts", default=None, help="comma-separated host:port of the ps tasks")
     parser.add_argument("--worker_hosts", default=None, help="comma-separated host:port of the workers")
-    parser.add_argument("--cluster_spec", default=None,
-                        help="the whole cluster as 'ps|h:p;h:p,worker|h:p' (instead of the *_hosts flags)")
+    parser.add_argument(
+        "--cluster_spec",
+        default=None,
+        help="the whole cluster as 'ps|h:p;h:p,worker|h:p' (instead of the *_hosts flags)",
+    )
     parser.add_argument("--job_name", default=None, choices=("ps", "worker"), help="this task's job")
     parser.add_argument("--task_index", type=int, default=None, help="this task's index in its job")
 
@@ -41,31 +44,47 @@ def add_security_flags(parser: argparse.ArgumentParser, no_token: str = "no toke
     """The flags of the auth token and TLS (each falls back on its ``PSFRAME_*`` environment variable;
     ``no_token`` says what happens without either)."""
     group = parser.add_argument_group("security", "who may talk to the cluster (see psframe.security)")
-    group.add_argument("--auth_token_file", default=None,
-                       help="a file holding the cluster's shared secret; every call carries it and ps tasks "
-                            f"refuse calls without it (default: $PSFRAME_AUTH_TOKEN, or {no_token})")
-    group.add_argument("--tls_cert_file", default=None,
-                       help="this task's TLS certificate (PEM): servers listen with TLS; clients present it "
-                            "(default: $PSFRAME_TLS_CERT_FILE)")
-    group.add_argument("--tls_key_file", default=None,
-                       help="the private key of --tls_cert_file (PEM; default: $PSFRAME_TLS_KEY_FILE)")
-    group.add_argument("--tls_ca_file", default=None,
-                       help="the CA (PEM) other tasks' certificates chain to: calls use TLS, and a server with "
-                            "a certificate requires callers' certificates (mutual TLS) "
-                            "(default: $PSFRAME_TLS_CA_FILE)")
+    group.add_argument(
+        "--auth_token_file",
+        default=None,
+        help="a file holding the cluster's shared secret; every call carries it and ps tasks "
+        f"refuse calls without it (default: $PSFRAME_AUTH_TOKEN, or {no_token})",
+    )
+    group.add_argument(
+        "--tls_cert_file",
+        default=None,
+        help="this task's TLS certificate (PEM): servers listen with TLS; clients present it "
+        "(default: $PSFRAME_TLS_CERT_FILE)",
+    )
+    group.add_argument(
+        "--tls_key_file", default=None, help="the private key of --tls_cert_file (PEM; default: $PSFRAME_TLS_KEY_FILE)"
+    )
+    group.add_argument(
+        "--tls_ca_file",
+        default=None,
+        help="the CA (PEM) other tasks' certificates chain to: calls use TLS, and a server with "
+        "a certificate requires callers' certificates (mutual TLS) "
+        "(default: $PSFRAME_TLS_CA_FILE)",
+    )
 
 
 def add_liveness_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of keepalive (see :mod:`psframe.liveness`); each falls back on its
     ``PSFRAME_KEEPALIVE_*`` environment variable, then on 5 s."""
-    group = parser.add_argument_group("liveness", "how soon a peer that went away is noticed "
-                                                  "(see psframe.liveness)")
-    group.add_argument("--keepalive_time", type=float, default=None,
-                       help="seconds without traffic before a connection is pinged "
-                            "(default: $PSFRAME_KEEPALIVE_TIME, or 5)")
-    group.add_argument("--keepalive_timeout", type=float, default=None,
-                       help="seconds a ping, or data sent, may go unacknowledged before the connection is "
-                            "closed as dead (default: $PSFRAME_KEEPALIVE_TIMEOUT, or 5)")
+    group = parser.add_argument_group("liveness", "how soon a peer that went away is noticed (see psframe.liveness)")
+    group.add_argument(
+        "--keepalive_time",
+        type=float,
+        default=None,
+        help="seconds without traffic before a connection is pinged (default: $PSFRAME_KEEPALIVE_TIME, or 5)",
+    )
+    group.add_argument(
+        "--keepalive_timeout",
+        type=float,
+        default=None,
+        help="seconds a ping, or data sent, may go unacknowledged before the connection is "
+        "closed as dead (default: $PSFRAME_KEEPALIVE_TIMEOUT, or 5)",
+    )
 
 
 def liveness_from_args(args: argparse.Namespace) -> Liveness:
@@ -83,16 +102,24 @@ def security_from_args(args: argparse.Namespace) -> Security:
     Raises:
         SecurityConfigError: a file cannot be read or holds no valid token.
     """
-    return Security.resolve(auth_token_file=args.auth_token_file, tls_cert_file=args.tls_cert_file,
-                            tls_key_file=args.tls_key_file, tls_ca_file=args.tls_ca_file)
+    return Security.resolve(
+        auth_token_file=args.auth_token_file,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
+        tls_ca_file=args.tls_ca_file,
+    )
 
 
 def security_kwargs(args: argparse.Namespace) -> dict[str, str | None]:
     """``auth_token`` and the ``tls_*`` keyword arguments of ``psframe.Server`` and
     ``psframe.Trainer``, from :func:`add_security_flags`'s flags and the environment."""
     security = security_from_args(args)
-    return {"auth_token": security.auth_token, "tls_cert_file": security.tls_cert_file,
-            "tls_key_file": security.tls_key_file, "tls_ca_file": security.tls_ca_file}
+    return {
+        "auth_token": security.auth_token,
+        "tls_cert_file": security.tls_cert_file,
+        "tls_key_file": security.tls_key_file,
+        "tls_ca_file": security.tls_ca_file,
+    }
 
 
 def _server(args: argparse.Namespace) -> int:
@@ -101,11 +128,19 @@ def _server(args: argparse.Namespace) -> int:
     cluster, job_name, task_index = resolve_cluster(
         args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
     )
-    server = Server(cluster, job_name, task_index, bind_address=args.bind_address,
-                    worker_timeout=args.worker_timeout, chief_timeout=args.chief_timeout,
-                    checkpoint_dir=args.checkpoint_dir, liveness=liveness_from_args(args),
-                    serving_processes=args.serving_processes, **security_kwargs(args),
-                    **({} if args.max_message_bytes is None else {"max_message_bytes": args.max_message_bytes}))
+    server = Server(
+        cluster,
+        job_name,
+        task_index,
+        bind_address=args.bind_address,
+        worker_timeout=args.worker_timeout,
+        chief_timeout=args.chief_timeout,
+        checkpoint_dir=args.checkpoint_dir,
+        liveness=liveness_from_args(args),
+        serving_processes=args.serving_processes,
+        **security_kwargs(args),
+        **({} if args.max_message_bytes is None else {"max_message_bytes": args.max_message_bytes}),
+    )
     print(f"psframe {__version__}: {server.task_name} serving at {server.address}", flush=True)
     try:
         finished = server.join(timeout=args.timeout)
@@ -120,15 +155,14 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def _ping(args: argparse.Namespace) -> int:
-    from psframe.worker.client import ping
     from psframe.wire import psframe_pb2 as pb
+    from psframe.worker.client import ping
 
     info = ping(args.target, timeout=args.timeout, security=security_from_args(args))
     state = pb.TaskInfo.State.Name(info.state).lower()
     line = f"{info.address} is {ClusterSpec.caller_name(info.job_name, info.task_index)} ({state}"
     if info.job_name == "ps":
-        line += (f", global step {info.global_step}, {len(info.variables)} variables, "
-                 f"{info.bytes_held} bytes")
+        line += f", global step {info.global_step}, {len(info.variables)} variables, {info.bytes_held} bytes"
     print(f"{line}), psframe {info.version}, pid {info.pid}, cluster {info.cluster_spec}")
     return 0
 
@@ -145,12 +179,13 @@ def _cluster_only(args: argparse.Namespace):
 
 
 def _status(args: argparse.Namespace) -> int:
-    from psframe.worker.client import PsClient
     from psframe.wire import psframe_pb2 as pb
+    from psframe.worker.client import PsClient
 
     cluster = _cluster_only(args)
-    rows = [("task", "address", "role", "state", "global_step", "variables", "bytes_held",
-             "pushes", "dropped", "last_seen")]
+    rows = [
+        ("task", "address", "role", "state", "global_step", "variables", "bytes_held", "pushes", "dropped", "last_seen")
+    ]
     seen: dict[int, pb.WorkerSeen] = {}
     applied: dict[int, list[int]] = {}  # a worker's steps applied, by each ps task that answered
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_args(args))
@@ -167,9 +202,20 @@ def _status(args: argparse.Namespace) -> int:
                 applied.setdefault(worker.task_index, []).append(worker.applied_steps)
                 if worker.task_index not in seen or 0 <= worker.seconds_ago < seen[worker.task_index].seconds_ago:
                     seen[worker.task_index] = worker
-            rows.append((ClusterSpec.task_name("ps", k), address, "ps", pb.TaskInfo.State.Name(info.state).lower(),
-                         str(info.global_step), str(len(info.variables)), _bytes(info.bytes_held),
-                         str(info.pushes), str(info.dropped_gradients), "-"))
+            rows.append(
+                (
+                    ClusterSpec.task_name("ps", k),
+                    address,
+                    "ps",
+                    pb.TaskInfo.State.Name(info.state).lower(),
+                    str(info.global_step),
+                    str(len(info.variables)),
+                    _bytes(info.bytes_held),
+                    str(info.pushes),
+                    str(info.dropped_gradients),
+                    "-",
+                )
+            )
     finally:
         client.close()
     for w, address in enumerate(cluster.job_tasks("worker")):
@@ -185,8 +231,20 @@ def _status(args: argparse.Namespace) -> int:
             last = f"{worker.seconds_ago:.1f}s ago"
         # A worker's pushes: its steps applied on every ps task (each once, however often sent).
         pushes = str(min(applied[w])) if applied.get(w) else ""
-        rows.append((ClusterSpec.task_name("worker", w), address, "chief" if w == 0 else "worker", state,
-                     "", "", "", pushes, "", last))
+        rows.append(
+            (
+                ClusterSpec.task_name("worker", w),
+                address,
+                "chief" if w == 0 else "worker",
+                state,
+                "",
+                "",
+                "",
+                pushes,
+                "",
+                last,
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -195,8 +253,8 @@ def _status(args: argparse.Namespace) -> int:
 
 def _shutdown(args: argparse.Namespace) -> int:
     from psframe import checkpoint
-    from psframe.worker.client import PsClient
     from psframe.wire import psframe_pb2 as pb
+    from psframe.worker.client import PsClient
 
     cluster = _cluster_only(args)
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_args(args))
@@ -228,8 +286,9 @@ def _launch(args: argparse.Namespace) -> int:
     script_args = args.script_args
     if script_args and script_args[0] == "--":
         script_args = script_args[1:]
-    return launch(args.script, args.num_ps, args.num_workers, script_args, timeout=args.timeout,
-                  security=security_from_args(args))
+    return launch(
+        args.script, args.num_ps, args.num_workers, script_args, timeout=args.timeout, security=security_from_args(args)
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,23 +299,44 @@ def build_parser() -> argparse.ArgumentParser:
 
     server = commands.add_parser("server", help="run one bare task (like TF's grpc_tensorflow_server)")
     add_cluster_flags(server)
-    server.add_argument("--bind_address", default=None,
-                        help="listen here instead of the task's cluster address, e.g. [::]:2222")
-    server.add_argument("--checkpoint_dir", default=None,
-                        help="(ps) checkpoints live here; on a restart the ps restores its shard")
-    server.add_argument("--worker_timeout", type=float, default=60.0,
-                        help="(ps) once some workers finished, stop waiting for workers (not the chief) "
-                             "silent this long")
-    server.add_argument("--chief_timeout", type=float, default=None,
-                        help="(ps) the same for the chief, waited for longer (default: 10 x --worker_timeout)")
-    server.add_argument("--serving_processes", type=int, default=None,
-                        help="(ps) processes listening on the task's port; this one holds the variables "
-                             "(default: one per 4 cores this task may use, at most 8)")
-    server.add_argument("--max_message_bytes", type=int, default=None,
-                        help="the largest request accepted; larger ones are answered RESOURCE_EXHAUSTED "
-                             "(default 256 MiB: raise it for workers whose max_shard_bytes comes near it)")
-    server.add_argument("--timeout", type=float, default=None,
-                        help="give up (exit 1) after this many seconds if the workers have not all finished")
+    server.add_argument(
+        "--bind_address", default=None, help="listen here instead of the task's cluster address, e.g. [::]:2222"
+    )
+    server.add_argument(
+        "--checkpoint_dir", default=None, help="(ps) checkpoints live here; on a restart the ps restores its shard"
+    )
+    server.add_argument(
+        "--worker_timeout",
+        type=float,
+        default=60.0,
+        help="(ps) once some workers finished, stop waiting for workers (not the chief) silent this long",
+    )
+    server.add_argument(
+        "--chief_timeout",
+        type=float,
+        default=None,
+        help="(ps) the same for the chief, waited for longer (default: 10 x --worker_timeout)",
+    )
+    server.add_argument(
+        "--serving_processes",
+        type=int,
+        default=None,
+        help="(ps) processes listening on the task's port; this one holds the variables "
+        "(default: one per 4 cores this task may use, at most 8)",
+    )
+    server.add_argument(
+        "--max_message_bytes",
+        type=int,
+        default=None,
+        help="the largest request accepted; larger ones are answered RESOURCE_EXHAUSTED "
+        "(default 256 MiB: raise it for workers whose max_shard_bytes comes near it)",
+    )
+    server.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="give up (exit 1) after this many seconds if the workers have not all finished",
+    )
     add_security_flags(server)
     add_liveness_flags(server)
     server.set_defaults(run=_server)
@@ -275,8 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     shutdown = commands.add_parser("shutdown", help="save a checkpoint (if configured) and stop the ps tasks")
     add_cluster_flags(shutdown)
-    shutdown.add_argument("--checkpoint_dir", default=None,
-                          help="save here (default: the ps tasks' own checkpoint_dir, if any)")
+    shutdown.add_argument(
+        "--checkpoint_dir", default=None, help="save here (default: the ps tasks' own checkpoint_dir, if any)"
+    )
     shutdown.add_argument("--no_save", action="store_true", help="stop without saving")
     shutdown.add_argument("--keep_checkpoints", type=int, default=5)
     shutdown.add_argument("--timeout", type=float, default=60.0, help="seconds each call may take")
@@ -288,8 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--num_workers", type=int, default=2)
     launch.add_argument("--timeout", type=float, default=None, help="stop everything after this many seconds")
     add_security_flags(launch, no_token="a fresh random token for this cluster, given to every task")
-    launch.add_argument("script", help="the training script; it gets --ps_hosts, --worker_hosts, "
-                                       "--job_name and --task_index")
+    launch.add_argument(
+        "script", help="the training script; it gets --ps_hosts, --worker_hosts, --job_name and --task_index"
+    )
     launch.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's own flags")
     launch.set_defaults(run=_launch)
     return parser

@@ -47,8 +47,9 @@ def part_of(ids: torch.Tensor, num_parts: int) -> torch.Tensor:
     return torch.from_numpy((mixed % numpy.uint64(num_parts)).astype(numpy.int64))
 
 
-def initial_rows(initializer: RowInitializer, ids: torch.Tensor, row_shape: Sequence[int],
-                 dtype: torch.dtype) -> torch.Tensor:
+def initial_rows(
+    initializer: RowInitializer, ids: torch.Tensor, row_shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
     """The rows ``initializer`` gives ``ids`` (int64, any values): one torch
     generator per id, seeded from the id and the initializer's seed, so a
     row never depends on which other ids come with it."""
@@ -154,8 +155,16 @@ class DynamicRows:
             for rows that are only read (a reference, a loaded checkpoint).
     """
 
-    def __init__(self, name: str, row_shape: Sequence[int], dtype: torch.dtype, spec: DynamicTableSpec,
-                 optimizer: OptimizerSpec | None = None, *, slots: int = INITIAL_SLOTS) -> None:
+    def __init__(
+        self,
+        name: str,
+        row_shape: Sequence[int],
+        dtype: torch.dtype,
+        spec: DynamicTableSpec,
+        optimizer: OptimizerSpec | None = None,
+        *,
+        slots: int = INITIAL_SLOTS,
+    ) -> None:
         self.name = name
         self.row_shape = tuple(row_shape)
         self.dtype = dtype
@@ -220,8 +229,7 @@ class DynamicRows:
         may repeat: its gradients are summed); an id not held is made first.
         With no ids, the optimizer still counts a step, as for a batch that used the table."""
         slots = self._slots(ids)
-        grad = torch.sparse_coo_tensor(slots.unsqueeze(0), grads, self.weight.shape,
-                                       check_invariants=False).coalesce()
+        grad = torch.sparse_coo_tensor(slots.unsqueeze(0), grads, self.weight.shape, check_invariants=False).coalesce()
         self.weight.grad = grad
         try:
             optim.step(self.optimizer)
@@ -247,9 +255,14 @@ class DynamicRows:
                 state[key] = value.index_select(0, slots)
             else:
                 state[key] = value.clone() if isinstance(value, torch.Tensor) else value
-        return {"ids": self._id_of[slots].clone(), "rows": self.weight.detach().index_select(0, slots),
-                "state": state, "updated": self._updated[slots], "updates": self._updates[slots],
-                "clock": self.clock}
+        return {
+            "ids": self._id_of[slots].clone(),
+            "rows": self.weight.detach().index_select(0, slots),
+            "state": state,
+            "updated": self._updated[slots],
+            "updates": self._updates[slots],
+            "clock": self.clock,
+        }
 
     def load(self, saved: Mapping[str, Any]) -> None:
         """Take rows, state and ages as :meth:`export` gave them (this part must be empty)."""
@@ -260,8 +273,12 @@ class DynamicRows:
         if saved["state"] and self.optimizer is not None:
             state = self.optimizer.state[self.weight]
             for key, value in saved["state"].items():
-                if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == ids.numel() \
-                        and tuple(value.shape[1:]) == self.row_shape:
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.dim()
+                    and value.shape[0] == ids.numel()
+                    and tuple(value.shape[1:]) == self.row_shape
+                ):
                     full = huge_pages.full(self.weight.shape, self._fresh.get(key, 0.0), value.dtype)
                     state[key] = full.index_copy_(0, slots, value)
                 else:
@@ -297,8 +314,9 @@ class DynamicRows:
         self._updates[new_slots] = 0
         if fill:
             with torch.no_grad():
-                self.weight.index_copy_(0, new_slots, initial_rows(self.spec.initializer, new_ids, self.row_shape,
-                                                                   self.dtype))
+                self.weight.index_copy_(
+                    0, new_slots, initial_rows(self.spec.initializer, new_ids, self.row_shape, self.dtype)
+                )
             for key, value in self._state().items():
                 if self._per_row(value):
                     value.index_fill_(0, new_slots, self._fresh.get(key, 0.0))
@@ -307,14 +325,15 @@ class DynamicRows:
 
     def _take_slots(self, count: int) -> torch.Tensor:
         """``count`` unused slots: evicted rows' first, then never used ones (growing as needed)."""
-        reused = self._free[len(self._free) - min(count, len(self._free)):]
-        del self._free[len(self._free) - len(reused):]
+        reused = self._free[len(self._free) - min(count, len(self._free)) :]
+        del self._free[len(self._free) - len(reused) :]
         fresh = count - len(reused)
         while self._next + fresh > self.slots:
             self._grow()
         self._next += fresh
-        return torch.cat([torch.tensor(reused, dtype=torch.int64),
-                          torch.arange(self._next - fresh, self._next, dtype=torch.int64)])
+        return torch.cat(
+            [torch.tensor(reused, dtype=torch.int64), torch.arange(self._next - fresh, self._next, dtype=torch.int64)]
+        )
 
     def _grow(self) -> None:
         """Double the slots; rows and optimizer state keep their slots."""
@@ -346,8 +365,10 @@ class DynamicRows:
         score[~self._used] = _NEVER
         score[keep] = _NEVER
         if int((score < _NEVER).sum()) < excess:
-            raise RowIdError(f"dynamic table {self.name!r} keeps at most {cap} rows on its ps task, but one "
-                             f"request uses {int(keep.unique().numel()) + new} of them; raise its max_rows")
+            raise RowIdError(
+                f"dynamic table {self.name!r} keeps at most {cap} rows on its ps task, but one "
+                f"request uses {int(keep.unique().numel()) + new} of them; raise its max_rows"
+            )
         self._evict(torch.topk(score, excess, largest=False).indices)
 
     def _age_out(self) -> None:

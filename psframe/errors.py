@@ -2,6 +2,11 @@
 
 Every message says what was expected and what was found, so that a user can
 fix the input without reading psframe's source.
+
+Every class lives here, those the edges raise (``psframe launch``, Ray,
+Spark) included, so that an error a peer names can be rebuilt whatever it
+is (:func:`error_from_name`; :mod:`psframe.wire.transport.error_codec`
+carries errors between tasks). The edge modules re-export theirs.
 """
 
 from __future__ import annotations
@@ -111,41 +116,81 @@ class RemoteError(PsframeError):
     """A peer failed in a way that has no more specific psframe error."""
 
 
-def error_from_name(class_name: str, message: str) -> PsframeError:
-    """The psframe error a peer reported by class name (``RemoteError`` for a name psframe does not know).
+# ---- the edges: starting a cluster on this machine, on Ray, on Spark
+
+
+class LaunchError(PsframeError, ValueError):
+    """The arguments given to :func:`psframe.launch.launch` cannot start a cluster."""
+
+
+class RayRunError(PsframeError, RuntimeError):
+    """A task of a :func:`psframe.ray.run` failed, its actor died, or a deadline passed; every actor was stopped."""
+
+
+class RayConfigError(PsframeError, ValueError):
+    """The arguments given to :func:`psframe.ray.run` cannot start a cluster."""
+
+
+class SparkJobError(PsframeError, RuntimeError):
+    """The Spark job running a psframe cluster failed, or ran past its timeout."""
+
+
+def error_class(class_name: str) -> type[PsframeError] | None:
+    """The psframe error class named ``class_name``, or None if psframe has none of that name."""
+    cls = globals().get(class_name)
+    return cls if isinstance(cls, type) and issubclass(cls, PsframeError) else None
+
+
+def error_from_name(class_name: str, message: str, peer: str = "a peer") -> PsframeError:
+    """The psframe error a peer reported by class name and message.
 
     Peers name the error they raised, so the caller raises the same class.
+
+    Args:
+        class_name: the error's class name, as the peer sent it.
+        message: the error's message.
+        peer: who reported it, for the message of an error psframe does not know.
+
+    Returns:
+        An instance of the class named, with ``message``; for a name psframe
+        does not know (a newer peer, or a mangled reply), a :class:`RemoteError`
+        whose message names the class, the peer and the message.
     """
-    cls = globals().get(class_name)
-    if not (isinstance(cls, type) and issubclass(cls, PsframeError)):
-        cls = RemoteError
+    cls = error_class(class_name)
+    if cls is None:
+        named = repr(class_name) if class_name else "no error name"
+        return RemoteError(f"{peer} failed with {named}, which is not a psframe error: {message}")
     return cls(message)
 
 
 __all__ = [
-    "PsframeError",
-    "ClusterSpecError",
-    "ClusterMismatchError",
-    "PlacementError",
-    "OptimizerConfigError",
-    "InvalidGradientError",
-    "ShapeMismatchError",
-    "DtypeMismatchError",
-    "UnknownVariableError",
-    "RowIdError",
-    "WireFormatError",
-    "SharedRegionError",
-    "ConnectTimeoutError",
-    "TaskUnavailableError",
-    "RpcTimeoutError",
-    "BarrierTimeoutError",
-    "PortInUseError",
-    "NotReadyError",
-    "TrainingFinishedError",
-    "CheckpointError",
-    "CheckpointCorruptError",
-    "NanLossError",
-    "SecurityConfigError",
     "AuthenticationError",
+    "BarrierTimeoutError",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "ClusterMismatchError",
+    "ClusterSpecError",
+    "ConnectTimeoutError",
+    "DtypeMismatchError",
+    "InvalidGradientError",
+    "LaunchError",
+    "NanLossError",
+    "NotReadyError",
+    "OptimizerConfigError",
+    "PlacementError",
+    "PortInUseError",
+    "PsframeError",
+    "RayConfigError",
+    "RayRunError",
     "RemoteError",
+    "RowIdError",
+    "RpcTimeoutError",
+    "SecurityConfigError",
+    "ShapeMismatchError",
+    "SharedRegionError",
+    "SparkJobError",
+    "TaskUnavailableError",
+    "TrainingFinishedError",
+    "UnknownVariableError",
+    "WireFormatError",
 ]

@@ -10,4 +10,4 @@ from psframe.worker.hooks import (
     TensorBoardHook,
 )
 
-__all__ = ["Hook", "StopAtStepHook", "CheckpointSaverHook", "LoggingHook", "NanGuardHook", "TensorBoardHook"]
+__all__ = ["CheckpointSaverHook", "Hook", "LoggingHook", "NanGuardHook", "StopAtStepHook", "TensorBoardHook"]

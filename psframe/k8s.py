@@ -82,16 +82,19 @@ def statefulset_tf_config(hostname: str | None = None, environ: Mapping[str, str
     name, job_name, ordinal = _parse_hostname(hostname)
     service = environ.get(ENV_SERVICE, "").strip()
     if not service:
-        raise ClusterSpecError(f"{ENV_SERVICE} is not set; expected the headless Service that both StatefulSets "
-                               "name in spec.serviceName")
+        raise ClusterSpecError(
+            f"{ENV_SERVICE} is not set; expected the headless Service that both StatefulSets name in spec.serviceName"
+        )
     counts = {"ps": _positive_int(environ, ENV_NUM_PS), "worker": _positive_int(environ, ENV_NUM_WORKERS)}
     port = _positive_int(environ, ENV_PORT, default=DEFAULT_PORT)
     if port > 65535:
         raise ClusterSpecError(f"{ENV_PORT} must be a port number (1..65535), got {port}")
     if ordinal >= counts[job_name]:
         env = ENV_NUM_PS if job_name == "ps" else ENV_NUM_WORKERS
-        raise ClusterSpecError(f"pod {hostname!r} is {job_name} {ordinal}, but {env}={counts[job_name]} "
-                               f"(ordinals 0..{counts[job_name] - 1}): is {env} the StatefulSet's replicas?")
+        raise ClusterSpecError(
+            f"pod {hostname!r} is {job_name} {ordinal}, but {env}={counts[job_name]} "
+            f"(ordinals 0..{counts[job_name] - 1}): is {env} the StatefulSet's replicas?"
+        )
     suffix = service
     namespace = environ.get(ENV_NAMESPACE, "").strip()
     if namespace:
@@ -132,8 +135,11 @@ def _positive_int(environ: Mapping[str, str], key: str, default: int | None = No
 def _stay_up() -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print("psframe.k8s: the task finished; staying up so that the StatefulSet does not start it again "
-          "(delete the StatefulSets to end)", flush=True)
+    print(
+        "psframe.k8s: the task finished; staying up so that the StatefulSet does not start it again "
+        "(delete the StatefulSets to end)",
+        flush=True,
+    )
     while not stop.wait(3600.0):  # until the pod is deleted
         pass
     return 0
@@ -160,9 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m psframe.k8s [--hostname H] [--stay_after_success] [-- COMMAND ...]``; returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m psframe.k8s", description=__doc__.splitlines()[0])
     parser.add_argument("--hostname", default=None, help="the pod's name (default: this host's name)")
-    parser.add_argument("--stay_after_success", action="store_true",
-                        help="run COMMAND as a child and stay up once it exits 0 (a StatefulSet restarts "
-                             "any container that ends)")
+    parser.add_argument(
+        "--stay_after_success",
+        action="store_true",
+        help="run COMMAND as a child and stay up once it exits 0 (a StatefulSet restarts any container that ends)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run with TF_CONFIG")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

@@ -31,17 +31,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TextIO
 
-from psframe.errors import PsframeError
+from psframe.errors import LaunchError
 from psframe.security import Security, generate_token
 
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
 _POLL_S = 0.05
 _DRAIN_S = 5.0  # a grandchild may hold a pipe open; do not wait on it for ever
-
-
-class LaunchError(PsframeError, ValueError):
-    """The arguments given to :func:`launch` cannot start a cluster."""
 
 
 @dataclass(frozen=True)
@@ -106,10 +102,20 @@ def pick_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
-def launch(script: str, num_ps: int, num_workers: int, script_args: Sequence[str] = (), *,
-           python: str = sys.executable, host: str = "127.0.0.1", timeout: float | None = None,
-           env: Mapping[str, str] | None = None, out: TextIO | None = None,
-           kill_grace: float = 5.0, security: Security | None = None) -> int:
+def launch(
+    script: str,
+    num_ps: int,
+    num_workers: int,
+    script_args: Sequence[str] = (),
+    *,
+    python: str = sys.executable,
+    host: str = "127.0.0.1",
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    out: TextIO | None = None,
+    kill_grace: float = 5.0,
+    security: Security | None = None,
+) -> int:
     """Run ``script`` as a cluster of ``num_ps`` ps and ``num_workers`` worker tasks.
 
     Each child runs ``python script --ps_hosts=... --worker_hosts=...
@@ -164,8 +170,7 @@ def launch(script: str, num_ps: int, num_workers: int, script_args: Sequence[str
 
     ports = pick_free_ports(num_ps + num_workers, host)
     addr = f"[{host}]:{{}}" if ":" in host else f"{host}:{{}}"
-    cluster = {"ps": [addr.format(p) for p in ports[:num_ps]],
-               "worker": [addr.format(p) for p in ports[num_ps:]]}
+    cluster = {"ps": [addr.format(p) for p in ports[:num_ps]], "worker": [addr.format(p) for p in ports[num_ps:]]}
     flags = [f"--{job}_hosts={','.join(cluster[job])}" for job in ("ps", "worker")]
     base_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     if security is None:
@@ -179,17 +184,20 @@ def launch(script: str, num_ps: int, num_workers: int, script_args: Sequence[str
         # N tasks on one machine then fight over the cores (as torchrun, share them).
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         base_env["OMP_NUM_THREADS"] = str(max(1, cores // (num_ps + num_workers)))
-        log(f"OMP_NUM_THREADS is not set: each of the {num_ps + num_workers} tasks gets "
-            f"{base_env['OMP_NUM_THREADS']} compute thread(s) of the {cores} cores; set it to choose")
+        log(
+            f"OMP_NUM_THREADS is not set: each of the {num_ps + num_workers} tasks gets "
+            f"{base_env['OMP_NUM_THREADS']} compute thread(s) of the {cores} cores; set it to choose"
+        )
     deadline = None if timeout is None else time.monotonic() + timeout
     tasks: list[_Task] = []
     try:
         for job_name, count in (("ps", num_ps), ("worker", num_workers)):
             for index in range(count):
-                task_env = {**base_env, "TF_CONFIG": json.dumps(
-                    {"cluster": cluster, "task": {"type": job_name, "index": index}})}
-                argv = [python, script, *flags, f"--job_name={job_name}", f"--task_index={index}",
-                        *script_args]
+                task_env = {
+                    **base_env,
+                    "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job_name, "index": index}}),
+                }
+                argv = [python, script, *flags, f"--job_name={job_name}", f"--task_index={index}", *script_args]
                 tasks.append(_start(job_name, index, argv, task_env, sink, lock))
         code = _wait(tasks, deadline, timeout, log)
     except KeyboardInterrupt:
@@ -198,15 +206,19 @@ def launch(script: str, num_ps: int, num_workers: int, script_args: Sequence[str
     finally:
         _stop(tasks, kill_grace)
         _drain(tasks)
-    results = [TaskResult(t.name, t.job_name, t.task_index, _exit_code(t.proc.returncode))
-               for t in tasks]
-    log("done: " + " ".join(f"{r.task_name}={r.returncode}" + (" (stopped)" if t.stopped else "")
-                            for r, t in zip(results, tasks)))
+    results = [TaskResult(t.name, t.job_name, t.task_index, _exit_code(t.proc.returncode)) for t in tasks]
+    log(
+        "done: "
+        + " ".join(
+            f"{r.task_name}={r.returncode}" + (" (stopped)" if t.stopped else "") for r, t in zip(results, tasks)
+        )
+    )
     return code
 
 
-def _check_args(script: str, num_ps: int, num_workers: int, script_args: Sequence[str],
-                timeout: float | None, kill_grace: float) -> None:
+def _check_args(
+    script: str, num_ps: int, num_workers: int, script_args: Sequence[str], timeout: float | None, kill_grace: float
+) -> None:
     for name, value in (("num_ps", num_ps), ("num_workers", num_workers)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise LaunchError(f"{name} must be an int >= 1, got {value!r}")
@@ -220,15 +232,24 @@ def _check_args(script: str, num_ps: int, num_workers: int, script_args: Sequenc
         raise LaunchError(f"kill_grace must be >= 0 seconds, got {kill_grace!r}")
 
 
-def _start(job_name: str, index: int, argv: list[str], env: dict[str, str],
-           sink: TextIO, lock: threading.Lock) -> _Task:
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, bufsize=1, errors="replace",
-                            env=env)
+def _start(
+    job_name: str, index: int, argv: list[str], env: dict[str, str], sink: TextIO, lock: threading.Lock
+) -> _Task:
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        errors="replace",
+        env=env,
+    )
     task = _Task(job_name, index, proc)
     for pipe in (p for p in (proc.stdout, proc.stderr) if p is not None):  # both are PIPE
-        reader = threading.Thread(target=_pump, args=(pipe, f"[{task.name}] ", sink, lock),
-                                  name=f"launch-{task.name}", daemon=True)
+        reader = threading.Thread(
+            target=_pump, args=(pipe, f"[{task.name}] ", sink, lock), name=f"launch-{task.name}", daemon=True
+        )
         reader.start()
         task.readers.append(reader)
     return task
@@ -246,23 +267,23 @@ def _write(sink: TextIO, lock: threading.Lock, text: str) -> None:
         sink.flush()
 
 
-def _wait(tasks: list[_Task], deadline: float | None, timeout: float | None,
-          log: Callable[[str], None]) -> int:
+def _wait(tasks: list[_Task], deadline: float | None, timeout: float | None, log: Callable[[str], None]) -> int:
     while True:
         running = [t for t in tasks if t.proc.poll() is None]
         for t in tasks:
             if t.proc.returncode not in (None, 0):
                 code = _exit_code(t.proc.returncode)
-                how = (f"was killed by {signal.Signals(-t.proc.returncode).name} (code {code})"
-                       if t.proc.returncode < 0 and -t.proc.returncode in signal.valid_signals()
-                       else f"exited with code {code}")
+                how = (
+                    f"was killed by {signal.Signals(-t.proc.returncode).name} (code {code})"
+                    if t.proc.returncode < 0 and -t.proc.returncode in signal.valid_signals()
+                    else f"exited with code {code}"
+                )
                 log(f"{t.name} {how}; stopping the others")
                 return code
         if not running:
             return 0
         if deadline is not None and time.monotonic() >= deadline:
-            log(f"timeout after {timeout:g}s; still running: {' '.join(t.name for t in running)};"
-                " stopping them")
+            log(f"timeout after {timeout:g}s; still running: {' '.join(t.name for t in running)}; stopping them")
             return EXIT_TIMEOUT
         time.sleep(_POLL_S)
 

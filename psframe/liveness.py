@@ -62,10 +62,15 @@ class Liveness:
     def __post_init__(self) -> None:
         for name in ("keepalive_time", "keepalive_timeout"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not MIN_SECONDS <= value <= MAX_SECONDS:
-                raise ValueError(f"{name} must be a number of seconds from {MIN_SECONDS} to {MAX_SECONDS:.0f}, "
-                                 f"got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or not MIN_SECONDS <= value <= MAX_SECONDS
+            ):
+                raise ValueError(
+                    f"{name} must be a number of seconds from {MIN_SECONDS} to {MAX_SECONDS:.0f}, got {value!r}"
+                )
 
     @property
     def detect_within(self) -> float:
@@ -80,8 +85,10 @@ class Liveness:
             ValueError: a setting (or an environment variable) is not a valid number of seconds.
         """
         defaults = cls()
-        return cls(keepalive_time=_pick(keepalive_time, KEEPALIVE_TIME_ENV, defaults.keepalive_time),
-                   keepalive_timeout=_pick(keepalive_timeout, KEEPALIVE_TIMEOUT_ENV, defaults.keepalive_timeout))
+        return cls(
+            keepalive_time=_pick(keepalive_time, KEEPALIVE_TIME_ENV, defaults.keepalive_time),
+            keepalive_timeout=_pick(keepalive_timeout, KEEPALIVE_TIMEOUT_ENV, defaults.keepalive_timeout),
+        )
 
 
 def _pick(value: float | None, env: str, default: float) -> float:

@@ -50,8 +50,18 @@ _CHECK_STEPS = 5
 # torch.optim optimizers a ps can run: every one whose step() needs no
 # closure. LBFGS re-evaluates the loss, which only a worker can do.
 SUPPORTED = (
-    "SGD", "Adam", "AdamW", "Adagrad", "RMSprop",
-    "Adadelta", "Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "SparseAdam",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adagrad",
+    "RMSprop",
+    "Adadelta",
+    "Adamax",
+    "NAdam",
+    "RAdam",
+    "ASGD",
+    "Rprop",
+    "SparseAdam",
     "SparseSGD",  # psframe's own: SGD with lazy momentum for embedding tables (psframe.sparse_optim)
 )
 
@@ -76,18 +86,14 @@ class OptimizerSpec:
 
     def __post_init__(self) -> None:
         if self.name not in SUPPORTED:
-            raise OptimizerConfigError(
-                f"unknown optimizer {self.name!r}; expected one of {', '.join(SUPPORTED)}"
-            )
+            raise OptimizerConfigError(f"unknown optimizer {self.name!r}; expected one of {', '.join(SUPPORTED)}")
         clean: dict[str, KwargValue] = {}
         for key, value in self.kwargs.items():
             if isinstance(value, list):
                 value = tuple(value)
             if isinstance(value, tuple):
                 if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-                    raise OptimizerConfigError(
-                        f"{self.name}({key}={value!r}): tuples may hold numbers only"
-                    )
+                    raise OptimizerConfigError(f"{self.name}({key}={value!r}): tuples may hold numbers only")
             elif not isinstance(value, (bool, int, float, str)):
                 raise OptimizerConfigError(
                     f"{self.name}({key}={value!r}): expected a number, bool, string or tuple "
@@ -158,9 +164,13 @@ def step(optimizer: torch.optim.Optimizer) -> None:
     hook, or a torch without the wrapper, ``optimizer.step()`` is.
     """
     unwrapped = getattr(type(optimizer).step, "__wrapped__", None)
-    if (unwrapped is None or torch.autograd._profiler_enabled() or _global_step_hooks()
-            or getattr(optimizer, "_optimizer_step_pre_hooks", True)
-            or getattr(optimizer, "_optimizer_step_post_hooks", True)):
+    if (
+        unwrapped is None
+        or torch.autograd._profiler_enabled()
+        or _global_step_hooks()
+        or getattr(optimizer, "_optimizer_step_pre_hooks", True)
+        or getattr(optimizer, "_optimizer_step_post_hooks", True)
+    ):
         optimizer.step()
     else:
         unwrapped(optimizer)
@@ -174,8 +184,11 @@ def _global_step_hooks() -> bool:
     return pre is None or post is None or bool(pre) or bool(post)
 
 
-def foreach_same_results(cls: type[torch.optim.Optimizer], kwargs: Mapping[str, Any] | None = None,
-                         dtypes: Iterable[torch.dtype] = (torch.float32,)) -> bool:
+def foreach_same_results(
+    cls: type[torch.optim.Optimizer],
+    kwargs: Mapping[str, Any] | None = None,
+    dtypes: Iterable[torch.dtype] = (torch.float32,),
+) -> bool:
     """Whether ``cls``'s multi-tensor kernels give the same bits as its
     per-parameter ones on the installed torch, for these arguments and dtypes.
 
@@ -203,29 +216,32 @@ def foreach_same_results(cls: type[torch.optim.Optimizer], kwargs: Mapping[str, 
 
 
 @functools.lru_cache(maxsize=64)
-def _decide_foreach(cls: type[torch.optim.Optimizer], items: tuple[tuple[str, Any], ...],
-                    dtypes: tuple[torch.dtype, ...]) -> bool:
+def _decide_foreach(
+    cls: type[torch.optim.Optimizer], items: tuple[tuple[str, Any], ...], dtypes: tuple[torch.dtype, ...]
+) -> bool:
     """:func:`foreach_same_results`, memoised, with the choice logged."""
     what = f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in items)}) on {', '.join(map(str, dtypes))}"
     try:
         difference = _foreach_difference(cls, dict(items), dtypes)
-    except Exception as e:  # any failure leaves them not shown equal: the safe answer
+    except Exception as e:  # noqa: BLE001 - any failure leaves them not shown equal: the safe answer
         difference = f"could not be compared ({type(e).__name__}: {e})"
     if difference is None:
-        log.debug("%s: multi-tensor kernels give the same bits as per-parameter ones on torch %s; "
-                  "small variables share them", what, torch.__version__)
+        log.debug(
+            "%s: multi-tensor kernels give the same bits as per-parameter ones on torch %s; small variables share them",
+            what,
+            torch.__version__,
+        )
         return True
-    log.info("%s: no multi-tensor groups: on torch %s its multi-tensor kernels %s",
-             what, torch.__version__, difference)
+    log.info("%s: no multi-tensor groups: on torch %s its multi-tensor kernels %s", what, torch.__version__, difference)
     return False
 
 
-def _foreach_difference(cls: type[torch.optim.Optimizer], kwargs: dict[str, Any],
-                        dtypes: tuple[torch.dtype, ...]) -> str | None:
+def _foreach_difference(
+    cls: type[torch.optim.Optimizer], kwargs: dict[str, Any], dtypes: tuple[torch.dtype, ...]
+) -> str | None:
     """None if both kernels of ``cls`` end on the same bits; else what differs."""
     generator = torch.Generator().manual_seed(0)
-    start = [torch.randn(shape, dtype=dtype, generator=generator)
-             for dtype in dtypes for shape in _CHECK_SHAPES]
+    start = [torch.randn(shape, dtype=dtype, generator=generator) for dtype in dtypes for shape in _CHECK_SHAPES]
     multi = [t.clone().requires_grad_() for t in start]
     single = [t.clone().requires_grad_() for t in start]
     multi_opt = cls(multi, foreach=True, **kwargs)
@@ -239,8 +255,10 @@ def _foreach_difference(cls: type[torch.optim.Optimizer], kwargs: dict[str, Any]
     for p, q in zip(multi, single):
         if not _same_bits(p, q):
             count = int((p.detach() != q.detach()).sum())
-            return (f"differ after {_CHECK_STEPS} steps: {count} of the {p.numel()} values of a "
-                    f"{tuple(p.shape)} {p.dtype} tensor")
+            return (
+                f"differ after {_CHECK_STEPS} steps: {count} of the {p.numel()} values of a "
+                f"{tuple(p.shape)} {p.dtype} tensor"
+            )
     return None
 
 
@@ -282,8 +300,7 @@ def _foreach_groups(params: list[torch.Tensor]) -> list[dict]:
 # wrapper, which imports torch._dynamo on first use: a second and some 70 MB
 # that a worker, which checks optimizer arguments but never steps an
 # optimizer, need not pay.
-_ADD_PARAM_GROUP = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__",
-                           torch.optim.Optimizer.add_param_group)
+_ADD_PARAM_GROUP = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", torch.optim.Optimizer.add_param_group)
 
 
 @functools.lru_cache(maxsize=64)
@@ -406,7 +423,7 @@ class SyncReplicasOptimizer:
                 f"SyncReplicasOptimizer wraps a psframe.optim spec such as psframe.optim.SGD(lr=0.1), "
                 f"got {type(self.optimizer).__name__}"
             )
-        self.sync  # validates the counts
+        self.sync  # noqa: B018 - reading it validates the counts
 
     @property
     def sync(self) -> SyncReplicas:

@@ -47,20 +47,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from psframe.cluster import ClusterSpec
-from psframe.errors import PsframeError
+from psframe.errors import RayConfigError, RayRunError
 
 log = logging.getLogger("psframe.ray")
 
 STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
 _POLL_S = 1.0
-
-
-class RayRunError(PsframeError, RuntimeError):
-    """A task of a :func:`run` failed, its actor died, or a deadline passed; every actor was stopped."""
-
-
-class RayConfigError(PsframeError, ValueError):
-    """The arguments given to :func:`run` cannot start a cluster."""
 
 
 @dataclass(frozen=True)
@@ -207,26 +199,39 @@ def run(
             if runtime_env is not None:
                 options["runtime_env"] = dict(runtime_env)
             actors[ClusterSpec.task_name(job_name, task_index)] = actor_class.options(
-                **options, max_restarts=0, max_task_retries=0,
+                **options,
+                max_restarts=0,
+                max_task_retries=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=group, placement_group_bundle_index=bundle_index),
+                    placement_group=group, placement_group_bundle_index=bundle_index
+                ),
             ).remote(job_name, task_index)
-        addresses = _wait_all(ray, {actor.reserve.remote(host): name for name, actor in actors.items()},
-                              deadline=deadline, what="start")
-        cluster = ClusterSpec({job: [addresses[ClusterSpec.task_name(job, i)] for i in range(n)]
-                               for job, n in (("ps", num_ps), ("worker", num_workers))})
+        addresses = _wait_all(
+            ray, {actor.reserve.remote(host): name for name, actor in actors.items()}, deadline=deadline, what="start"
+        )
+        cluster = ClusterSpec(
+            {
+                job: [addresses[ClusterSpec.task_name(job, i)] for i in range(n)]
+                for job, n in (("ps", num_ps), ("worker", num_workers))
+            }
+        )
         log.info("psframe cluster on Ray: %s", cluster.to_string())
         # Pickled once, into the object store; each actor gets the values (Ray resolves top-level refs).
         fun_ref, args_ref, spec = ray.put(main_fun), ray.put(args), cluster.to_string()
         calls = {actor.run.remote(fun_ref, args_ref, spec): name for name, actor in actors.items()}
-        results = _wait_all(ray, calls, deadline=None if timeout is None else time.monotonic() + timeout,
-                            what="finish", ps_grace=ps_grace)
+        results = _wait_all(
+            ray,
+            calls,
+            deadline=None if timeout is None else time.monotonic() + timeout,
+            what="finish",
+            ps_grace=ps_grace,
+        )
         return results[ClusterSpec.task_name("worker", 0)]
     finally:
         for actor in actors.values():
             try:
                 ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - the actor or Ray itself is already gone
+            except Exception:
                 log.debug("could not kill %s", actor, exc_info=True)
         try:
             remove_placement_group(group)
@@ -248,8 +253,13 @@ def _check_resources(name: str, resources: Mapping[str, float] | None) -> dict[s
     if not isinstance(resources, Mapping) or not resources:
         raise RayConfigError(f"{name} must be a non-empty mapping such as {{'CPU': 1}}, got {resources!r}")
     for key, value in resources.items():
-        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or value < 0 or not math.isfinite(value):
+        if (
+            not isinstance(key, str)
+            or isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or value < 0
+            or not math.isfinite(value)
+        ):
             raise RayConfigError(f"{name}[{key!r}] must be a number >= 0, got {value!r}")
     if not any(value > 0 for value in resources.values()):
         raise RayConfigError(f"{name} must ask for some resource (a Ray bundle cannot be empty), got {resources!r}")
@@ -277,8 +287,9 @@ def _wait_placed(ray, group, bundles, strategy: str, timeout: float) -> None:
         ) from e
 
 
-def _wait_all(ray, calls: dict[Any, str], *, deadline: float | None, what: str,
-              ps_grace: float | None = None) -> dict[str, Any]:
+def _wait_all(
+    ray, calls: dict[Any, str], *, deadline: float | None, what: str, ps_grace: float | None = None
+) -> dict[str, Any]:
     """Waits for every call (object ref -> task name); raises on the first that fails.
 
     With ``ps_grace``, ps tasks still running that long after the last worker
@@ -289,18 +300,25 @@ def _wait_all(ray, calls: dict[Any, str], *, deadline: float | None, what: str,
     workers_done_at: float | None = None
     while pending:
         now = time.monotonic()
-        if workers_done_at is None and ps_grace is not None and not any(
-                name.startswith("/job:worker/") for name in pending.values()):
+        if (
+            workers_done_at is None
+            and ps_grace is not None
+            and not any(name.startswith("/job:worker/") for name in pending.values())
+        ):
             workers_done_at = now
         if workers_done_at is not None and now - workers_done_at >= ps_grace:
-            log.warning("%s still running %g s after every worker returned; stopping them",
-                        ", ".join(sorted(pending.values())), ps_grace)
+            log.warning(
+                "%s still running %g s after every worker returned; stopping them",
+                ", ".join(sorted(pending.values())),
+                ps_grace,
+            )
             break
         wait_s = _POLL_S
         if deadline is not None:
             if now >= deadline:
-                raise RayRunError(f"{', '.join(sorted(pending.values()))} did not {what} before the deadline; "
-                                  f"stopping every task")
+                raise RayRunError(
+                    f"{', '.join(sorted(pending.values()))} did not {what} before the deadline; stopping every task"
+                )
             wait_s = min(wait_s, deadline - now)
         ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=wait_s)
         for ref in ready:
@@ -311,11 +329,14 @@ def _wait_all(ray, calls: dict[Any, str], *, deadline: float | None, what: str,
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 raise RayRunError(f"{name} failed: {type(cause).__name__}: {cause}; stopping every task") from e
             except ray.exceptions.RayActorError as e:
-                raise RayRunError(f"{name}'s Ray actor died before it could {what} ({type(e).__name__}: "
-                                  f"{_first_line(e)}); stopping every task") from e
+                raise RayRunError(
+                    f"{name}'s Ray actor died before it could {what} ({type(e).__name__}: "
+                    f"{_first_line(e)}); stopping every task"
+                ) from e
             except ray.exceptions.RayError as e:  # e.g. its runtime_env could not be set up
-                raise RayRunError(f"Ray could not run {name} ({type(e).__name__}: {_first_line(e)}); "
-                                  f"stopping every task") from e
+                raise RayRunError(
+                    f"Ray could not run {name} ({type(e).__name__}: {_first_line(e)}); stopping every task"
+                ) from e
     return results
 
 

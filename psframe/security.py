@@ -88,7 +88,8 @@ class Security:
             raise SecurityConfigError(
                 "tls_cert_file and tls_key_file go together: give both (this task's certificate and its "
                 f"private key) or neither; got tls_cert_file={self.tls_cert_file!r}, "
-                f"tls_key_file={self.tls_key_file!r}")
+                f"tls_key_file={self.tls_key_file!r}"
+            )
         for name in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
             path = getattr(self, name)
             if path is not None and not os.path.isfile(path):
@@ -107,8 +108,10 @@ class Security:
     def clear_token_warning(self, host: str) -> str | None:
         """A warning for a server on ``host`` that takes the token without TLS, off loopback; else None."""
         if self.auth_token and not self.tls and not is_loopback(host):
-            return ("the auth token travels in clear without TLS (--tls_cert_file, --tls_key_file, "
-                    "--tls_ca_file): anyone who can watch the network can copy it")
+            return (
+                "the auth token travels in clear without TLS (--tls_cert_file, --tls_key_file, "
+                "--tls_ca_file): anyone who can watch the network can copy it"
+            )
         return None
 
     def describe(self) -> str:
@@ -121,8 +124,12 @@ class Security:
     def environment(self) -> dict[str, str | None]:
         """The environment variables that give a child process these settings
         (None: remove the variable). Secrets go to children this way, never in argv."""
-        return {TOKEN_ENV: self.auth_token, CERT_ENV: self.tls_cert_file, KEY_ENV: self.tls_key_file,
-                CA_ENV: self.tls_ca_file}
+        return {
+            TOKEN_ENV: self.auth_token,
+            CERT_ENV: self.tls_cert_file,
+            KEY_ENV: self.tls_key_file,
+            CA_ENV: self.tls_ca_file,
+        }
 
     def child_environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """``base`` (default: this process's environment) with :meth:`environment` applied."""
@@ -135,9 +142,16 @@ class Security:
         return env
 
     @classmethod
-    def resolve(cls, *, auth_token: str | None = None, auth_token_file: str | None = None,
-                tls_cert_file: str | None = None, tls_key_file: str | None = None, tls_ca_file: str | None = None,
-                environ: Mapping[str, str] | None = None) -> Security:
+    def resolve(
+        cls,
+        *,
+        auth_token: str | None = None,
+        auth_token_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        tls_ca_file: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Security:
         """The settings from arguments, and from the environment for those not given.
 
         Args:
@@ -156,9 +170,12 @@ class Security:
         if auth_token is None and env.get(TOKEN_ENV):
             auth_token = env[TOKEN_ENV].strip()
             _check_token(auth_token, TOKEN_ENV)
-        return cls(auth_token=auth_token, tls_cert_file=tls_cert_file or env.get(CERT_ENV) or None,
-                   tls_key_file=tls_key_file or env.get(KEY_ENV) or None,
-                   tls_ca_file=tls_ca_file or env.get(CA_ENV) or None)
+        return cls(
+            auth_token=auth_token,
+            tls_cert_file=tls_cert_file or env.get(CERT_ENV) or None,
+            tls_key_file=tls_key_file or env.get(KEY_ENV) or None,
+            tls_ca_file=tls_ca_file or env.get(CA_ENV) or None,
+        )
 
 
 def is_loopback(host: str) -> bool:
@@ -184,8 +201,9 @@ def read_token_file(path: str) -> str:
     except (OSError, UnicodeDecodeError) as e:
         raise SecurityConfigError(f"cannot read the auth token file {path!r}: {type(e).__name__}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("the auth token file %s may be read by other users (mode %o); chmod 600 it",
-                    path, stat.S_IMODE(mode))
+        log.warning(
+            "the auth token file %s may be read by other users (mode %o); chmod 600 it", path, stat.S_IMODE(mode)
+        )
     _check_token(token, f"the auth token file {path!r}")
     return token
 
@@ -194,7 +212,8 @@ def _check_token(token: str, where: str) -> None:
     if not isinstance(token, str):
         raise SecurityConfigError(f"{where} must be a str, got {type(token).__name__}")
     if len(token) < MIN_TOKEN_LENGTH:
-        raise SecurityConfigError(f"{where}: the auth token must be at least {MIN_TOKEN_LENGTH} characters, "
-                                  f"got {len(token)}")
+        raise SecurityConfigError(
+            f"{where}: the auth token must be at least {MIN_TOKEN_LENGTH} characters, got {len(token)}"
+        )
     if not set(token) <= _TOKEN_CHARS:
         raise SecurityConfigError(f"{where}: the auth token must be printable ASCII without spaces")

@@ -70,8 +70,10 @@ class SparseSGD(torch.optim.Optimizer):
                 if grad is None:
                     continue
                 if not grad.is_sparse or grad.sparse_dim() != 1:
-                    raise RuntimeError("SparseSGD updates embedding tables from gradients sparse in their "
-                                       "rows (a torch.sparse_coo tensor of sparse_dim 1), as backward gives them")
+                    raise RuntimeError(
+                        "SparseSGD updates embedding tables from gradients sparse in their "
+                        "rows (a torch.sparse_coo tensor of sparse_dim 1), as backward gives them"
+                    )
                 grad = grad.coalesce()
                 rows, values = grad.indices()[0], grad.values()
                 if momentum == 0.0:

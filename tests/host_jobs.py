@@ -45,8 +45,15 @@ class HostJob:
         flags: flags every task gets.
     """
 
-    def __init__(self, hosts: HostSet, placement: Mapping[str, str], logs: Path, *,
-                 script: Path = MNIST_EXAMPLE, flags: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        hosts: HostSet,
+        placement: Mapping[str, str],
+        logs: Path,
+        *,
+        script: Path = MNIST_EXAMPLE,
+        flags: Sequence[str] = (),
+    ) -> None:
         self.hosts = hosts
         self.placement = dict(placement)
         self.logs = logs
@@ -67,12 +74,26 @@ class HostJob:
     def start(self, task: str, *extra: str) -> subprocess.Popen:
         """Start ``task`` on its host (again, after it ended: its log goes on)."""
         job, index = re.fullmatch(r"(ps|worker)(\d+)", task).groups()
-        argv = [sys.executable, str(self.script), *self.cluster_flags(), f"--job_name={job}",
-                f"--task_index={index}", *self.flags, *extra]
+        argv = [
+            sys.executable,
+            str(self.script),
+            *self.cluster_flags(),
+            f"--job_name={job}",
+            f"--task_index={index}",
+            *self.flags,
+            *extra,
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         with open(self.log_path(task), "a") as out:
-            proc = self.hosts.popen(self.placement[task], argv, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
+            proc = self.hosts.popen(
+                self.placement[task],
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=ROOT,
+            )
         self.procs[task] = proc
         self.returncodes.pop(task, None)
         return proc
@@ -129,8 +150,9 @@ class HostJob:
             self.returncodes.setdefault(task, proc.returncode)
 
     def report(self) -> str:
-        return "\n".join(f"--- {task} (rc={self.procs[task].poll()})\n{self.output(task)[-4000:]}"
-                         for task in sorted(self.procs))
+        return "\n".join(
+            f"--- {task} (rc={self.procs[task].poll()})\n{self.output(task)[-4000:]}" for task in sorted(self.procs)
+        )
 
     def result(self, task: str = "worker0") -> dict:
         """The last JSON line ``task`` printed (the chief's result)."""

@@ -104,9 +104,7 @@ class HostSet:
         names = list(names)
         for name in names:
             if not _HOST_NAME.fullmatch(name) or name == BRIDGE:
-                raise ValueError(
-                    f"host name {name!r} must match {_HOST_NAME.pattern} and not be {BRIDGE!r}"
-                )
+                raise ValueError(f"host name {name!r} must match {_HOST_NAME.pattern} and not be {BRIDGE!r}")
         if len(set(names)) != len(names):
             raise ValueError(f"host names repeat: {names}")
         if not 1 <= len(names) <= 250:
@@ -164,9 +162,7 @@ class HostSet:
         self._tasks.append(popen)
         return popen
 
-    def run(
-        self, name: str, argv: Sequence[str], *, timeout: float, **kwargs: Any
-    ) -> subprocess.CompletedProcess:
+    def run(self, name: str, argv: Sequence[str], *, timeout: float, **kwargs: Any) -> subprocess.CompletedProcess:
         """Runs a short command on host ``name`` to its end; output captured as text.
 
         Args:
@@ -291,8 +287,7 @@ class HostSet:
             # Made in the bridge's namespace, the peer moved at birth: the
             # machine's own namespace never has either end.
             _command(
-                ["ip", "-n", bridge, "link", "add", port, "type", "veth"]
-                + ["peer", "name", "eth0", "netns", netns]
+                ["ip", "-n", bridge, "link", "add", port, "type", "veth"] + ["peer", "name", "eth0", "netns", netns]
             )
             _command(["ip", "-n", bridge, "link", "set", port, "master", "br0"])
             _command(["ip", "-n", bridge, "link", "set", port, "up"])

@@ -14,16 +14,27 @@ from psframe.hooks import StopAtStepHook
 
 def train_tiny(args: dict, ctx) -> dict:
     """A ps serves until the workers finish; each worker trains a linear model for args['steps'] global steps."""
-    seen = {"job_name": ctx.job_name, "task_index": ctx.task_index, "address": ctx.address,
-            "cluster": ctx.cluster.to_string(), "is_chief": ctx.is_chief, "pid": os.getpid()}
+    seen = {
+        "job_name": ctx.job_name,
+        "task_index": ctx.task_index,
+        "address": ctx.address,
+        "cluster": ctx.cluster.to_string(),
+        "is_chief": ctx.is_chief,
+        "pid": os.getpid(),
+    }
     if ctx.job_name == "ps":
         psframe.Server(ctx.cluster, "ps", ctx.task_index, serving_processes=1).join()
         return seen
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
-    trainer = psframe.Trainer(model, ctx.cluster, task_index=ctx.task_index,
-                              optimizer=psframe.optim.SGD(lr=0.1),
-                              hooks=[StopAtStepHook(last_step=args["steps"])], connect_timeout=60)
+    trainer = psframe.Trainer(
+        model,
+        ctx.cluster,
+        task_index=ctx.task_index,
+        optimizer=psframe.optim.SGD(lr=0.1),
+        hooks=[StopAtStepHook(last_step=args["steps"])],
+        connect_timeout=60,
+    )
     x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
     with trainer:
         while not trainer.should_stop():

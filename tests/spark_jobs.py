@@ -55,19 +55,24 @@ def _kill_self_after_a_checkpoint(args: dict, ctx) -> None:
 def regression_main(args: dict, ctx) -> dict | None:
     """A linear model on the shards of ``args["paths"]`` this worker gets (``ctx.shard``)."""
     if ctx.job_name == "ps":
-        psframe.Server(ctx.cluster, "ps", ctx.task_index, checkpoint_dir=args.get("checkpoint_dir"),
-                       serving_processes=1).join()
+        psframe.Server(
+            ctx.cluster, "ps", ctx.task_index, checkpoint_dir=args.get("checkpoint_dir"), serving_processes=1
+        ).join()
         return None
     x, y = _read(ctx.shard(args["paths"]))
     torch.manual_seed(0)
     # Two variables, so that each of two ps tasks holds one (a ps task holding none is never ready).
     model = torch.nn.Linear(IN_FEATURES, 1)
-    trainer = psframe.Trainer(model, ctx.cluster, task_index=ctx.task_index,
-                              optimizer=psframe.optim.SGD(lr=0.05),
-                              hooks=[StopAtStepHook(last_step=args["train_steps"])],
-                              checkpoint_dir=args.get("checkpoint_dir"),
-                              save_checkpoint_steps=args.get("save_checkpoint_steps"),
-                              connect_timeout=60.0)
+    trainer = psframe.Trainer(
+        model,
+        ctx.cluster,
+        task_index=ctx.task_index,
+        optimizer=psframe.optim.SGD(lr=0.05),
+        hooks=[StopAtStepHook(last_step=args["train_steps"])],
+        checkpoint_dir=args.get("checkpoint_dir"),
+        save_checkpoint_steps=args.get("save_checkpoint_steps"),
+        connect_timeout=60.0,
+    )
     generator = torch.Generator().manual_seed(ctx.task_index)
     with trainer:
         first_step = trainer.global_step
@@ -81,11 +86,16 @@ def regression_main(args: dict, ctx) -> dict | None:
         if not ctx.is_chief:
             return None
         trainer.pull()
-        return {"first_global_step": first_step, "global_step": trainer.global_step,
-                "local_steps": trainer.local_step, "rows": len(x),
-                "weight_error": max((model.weight.detach()[0] - TRUE_WEIGHT).abs().max().item(),
-                                    abs(model.bias.item() - TRUE_BIAS)),
-                "cluster": ctx.cluster.to_string()}
+        return {
+            "first_global_step": first_step,
+            "global_step": trainer.global_step,
+            "local_steps": trainer.local_step,
+            "rows": len(x),
+            "weight_error": max(
+                (model.weight.detach()[0] - TRUE_WEIGHT).abs().max().item(), abs(model.bias.item() - TRUE_BIAS)
+            ),
+            "cluster": ctx.cluster.to_string(),
+        }
 
 
 def failing_main(args: dict, ctx) -> None:

@@ -30,8 +30,12 @@ pytestmark = [pytest.mark.hosts, pytest.mark.mnist, pytest.mark.timeout(600)]
 TRAIN_STEPS = 6000
 # The ps presumes a silent non-chief dead after this; the chief, after ten times it.
 WORKER_TIMEOUT = 20.0
-BASE_FLAGS = ["--log_every=200", f"--worker_timeout={WORKER_TIMEOUT}", "--connect_timeout=120",
-              f"--train_steps={TRAIN_STEPS}"]
+BASE_FLAGS = [
+    "--log_every=200",
+    f"--worker_timeout={WORKER_TIMEOUT}",
+    "--connect_timeout=120",
+    f"--train_steps={TRAIN_STEPS}",
+]
 
 
 def _job(host_set, tmp_path, mnist_dir, num_workers: int = 3, flags: tuple[str, ...] = ()) -> HostJob:
@@ -89,16 +93,23 @@ def test_the_ps_host_cut_for_15s_every_worker_steps_again(host_set, tmp_path, mn
 
 
 def test_sync_with_a_backup_worker_cut_steps_go_on_meanwhile(host_set, tmp_path, mnist_dir):
-    job = _job(host_set, tmp_path, mnist_dir, flags=("--sync_replicas", "--replicas_to_aggregate=2",
-                                                     "--total_num_replicas=3", "--sync_timeout=60"))
+    job = _job(
+        host_set,
+        tmp_path,
+        mnist_dir,
+        flags=("--sync_replicas", "--replicas_to_aggregate=2", "--total_num_replicas=3", "--sync_timeout=60"),
+    )
     job.start_all()
     job.wait_for("worker2", r"local step 200,", timeout=120)
     cut = time.time()
     healed = _partition(job, "w2", 15)
     job.wait(timeout=300)
     # Rounds went on without the cut worker: the chief logged progress during the cut.
-    during = [line for line in job.output("worker0").splitlines() if "local step" in line
-              and cut + 2 < (line_time(line) or 0) < healed]
+    during = [
+        line
+        for line in job.output("worker0").splitlines()
+        if "local step" in line and cut + 2 < (line_time(line) or 0) < healed
+    ]
     assert during, job.report()
     resumed = job.stepping_after("worker2", healed)
     _record("sync R=2/N=3, worker 2 cut 15 s", resumed=resumed)
@@ -110,10 +121,19 @@ def test_sync_chief_cut_for_90s_comes_back_and_reports(host_set, tmp_path, mnist
     """Longer than worker_timeout: the ps waits for the chief (it never ends a job without it),
     the chief comes back, writes its final checkpoint and prints its result."""
     checkpoints = tmp_path / "ckpt"
-    job = _job(host_set, tmp_path, mnist_dir, flags=("--sync_replicas", "--replicas_to_aggregate=2",
-                                                     "--total_num_replicas=3", "--sync_timeout=60",
-                                                     f"--checkpoint_dir={checkpoints}",
-                                                     "--save_checkpoint_steps=2000"))
+    job = _job(
+        host_set,
+        tmp_path,
+        mnist_dir,
+        flags=(
+            "--sync_replicas",
+            "--replicas_to_aggregate=2",
+            "--total_num_replicas=3",
+            "--sync_timeout=60",
+            f"--checkpoint_dir={checkpoints}",
+            "--save_checkpoint_steps=2000",
+        ),
+    )
     job.start_all()
     job.wait_for("worker0", r"local step 200,", timeout=120)
     healed = _partition(job, "w0", 90)
@@ -146,8 +166,7 @@ def test_a_flapping_ps_link_8_cuts_of_1_to_3s(host_set, tmp_path, mnist_dir):
 
 def test_a_ps_killed_on_its_host_and_started_again_there(host_set, tmp_path, mnist_dir):
     checkpoints = tmp_path / "ckpt"
-    job = _job(host_set, tmp_path, mnist_dir, flags=(f"--checkpoint_dir={checkpoints}",
-                                                     "--save_checkpoint_steps=500"))
+    job = _job(host_set, tmp_path, mnist_dir, flags=(f"--checkpoint_dir={checkpoints}", "--save_checkpoint_steps=500"))
     job.start_all()
     job.wait_for("worker0", r"checkpoint of global step \d+ committed", timeout=120)
     job.procs["ps0"].send_signal(signal.SIGKILL)
@@ -173,8 +192,9 @@ def test_a_worker_whose_host_never_comes_back_fails_naming_the_ps(host_set, tmp_
     # Noticed within the keepalive (10 s), then 20 s of waiting: well within the deadline above.
     gave_up = time.monotonic() - cut
     _record("worker host gone for good", gave_up=gave_up)
-    assert re.search(r"ConnectTimeoutError: .*waited [\d.]+s for /job:ps/task:0 at ", job.output("worker1")), \
+    assert re.search(r"ConnectTimeoutError: .*waited [\d.]+s for /job:ps/task:0 at ", job.output("worker1")), (
         job.output("worker1")[-3000:]
+    )
     _check_result(job)
 
 

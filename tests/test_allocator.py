@@ -49,11 +49,15 @@ PAGES_PER_BUFFER = BUFFER_BYTES // 4096
 
 
 def _probe(code: str = _PROBE, **env_changes: str) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD", allocator.OPT_OUT_VARIABLE)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD", allocator.OPT_OUT_VARIABLE)
+    }
     env.update(env_changes)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

@@ -15,8 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.report import (COPIES_MARKER, SPARSE_CTR_CAPTION, SPARSE_MEMORY_CAPTION, TITLES, TRAINING_SYSTEMS,
-                               table_rows)
+from benchmarks.report import (
+    COPIES_MARKER,
+    SPARSE_CTR_CAPTION,
+    SPARSE_MEMORY_CAPTION,
+    TITLES,
+    TRAINING_SYSTEMS,
+    table_rows,
+)
 from benchmarks.scaling import SERVING_PROCESSES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,12 +37,32 @@ def _run_quick(out: Path, *flags: str) -> subprocess.CompletedProcess:
     environment has no TensorFlow, and a developer's ``.venv-tf`` must not make
     the run slower or its rows different. Its rows then say it is unavailable.
     """
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PSFRAME_TF_PYTHON": "",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PSFRAME_TF_PYTHON": "",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     try:
-        return subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out),
-                               "--timeout", str(SECTION_TIMEOUT_S), *flags],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.run",
+                "--quick",
+                "--out",
+                str(out),
+                "--timeout",
+                str(SECTION_TIMEOUT_S),
+                *flags,
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired as e:  # subprocess.run kills the child (by PID) first
         pytest.fail(f"benchmarks.run --quick took over {TIMEOUT_S}s; stderr:\n{e.stderr}")
 
@@ -64,12 +90,15 @@ def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
     # tasks, and 10^5 rows on 1 ps task, with and without prefetch, against the RPC parameter server.
     assert sorted((r[0], r[2], r[3]) for r in sparse) == sorted(
         [(n, way, "2") for n in ("10,000", "100,000") for way in ("rows", "dense")]
-        + [("100,000", "rows", "1"), ("100,000", "rows+prefetch", "1"), ("100,000", "rpc", "1")]), stdout
+        + [("100,000", "rows", "1"), ("100,000", "rows+prefetch", "1"), ("100,000", "rpc", "1")]
+    ), stdout
     assert all(float(r[4].replace(",", "")) > 0 for r in sparse), stdout
     assert all(r[8].endswith("x") for r in sparse if r[3] == "1"), stdout  # psframe's rows against the RPC ps
     # The ps tasks' memory of a 10^6-row table (quick), each against its limit; the CTR example's three modes.
-    assert [(r[0], r[1]) for r in _table_after(stdout, SPARSE_MEMORY_CAPTION)] == [("1,000,000", "0"),
-                                                                                  ("1,000,000", "1")], stdout
+    assert [(r[0], r[1]) for r in _table_after(stdout, SPARSE_MEMORY_CAPTION)] == [
+        ("1,000,000", "0"),
+        ("1,000,000", "1"),
+    ], stdout
     ctr_rows = _table_after(stdout, SPARSE_CTR_CAPTION)
     assert [r[0] for r in ctr_rows] == ["single_process", "async", "sync"], stdout
     assert all(_cell(r[4]) > 0 and 0.5 < float(r[6]) <= 1.0 for r in ctr_rows), stdout
@@ -103,8 +132,15 @@ def test_training_rows_report_the_median_of_interleaved_runs(monkeypatch):
         order.append(system)
         if system == "ddp_gloo" and len(order) > 4:
             raise RuntimeError("rank 1 died")
-        return {"system": system, "model": model, "mode": mode, "global_steps_per_sec": next(rates),
-                "samples_per_sec": 1.0, "steps": steps, "seconds": 1.0}
+        return {
+            "system": system,
+            "model": model,
+            "mode": mode,
+            "global_steps_per_sec": next(rates),
+            "samples_per_sec": 1.0,
+            "steps": steps,
+            "seconds": 1.0,
+        }
 
     monkeypatch.setattr(training, "SYSTEMS", (("psframe", "async"), ("ddp_gloo", "-")))
     monkeypatch.setattr(training, "run_system", fake_run_system)
@@ -126,13 +162,21 @@ def test_training_repeats_may_differ_per_model(monkeypatch):
 
     def fake_run_system(system, model, mode, steps, warmup, deadline):
         calls.append(model)
-        return {"system": system, "model": model, "mode": mode, "global_steps_per_sec": 1.0,
-                "samples_per_sec": 1.0, "steps": steps, "seconds": 1.0}
+        return {
+            "system": system,
+            "model": model,
+            "mode": mode,
+            "global_steps_per_sec": 1.0,
+            "samples_per_sec": 1.0,
+            "steps": steps,
+            "seconds": 1.0,
+        }
 
     monkeypatch.setattr(training, "SYSTEMS", (("psframe", "async"), ("ddp_gloo", "-")))
     monkeypatch.setattr(training, "run_system", fake_run_system)
-    rows = training.run_training_benchmarks(["mnist_mlp", "large_mlp"], quick=True, timeout=60,
-                                            repeats={"mnist_mlp": 3, "large_mlp": 1})
+    rows = training.run_training_benchmarks(
+        ["mnist_mlp", "large_mlp"], quick=True, timeout=60, repeats={"mnist_mlp": 3, "large_mlp": 1}
+    )
     assert calls == ["mnist_mlp"] * 6 + ["large_mlp"] * 2
     assert [len(r["run_rates"]) for r in rows] == [3, 3, 1, 1]
     with pytest.raises(ValueError, match="no count for \\['large_mlp'\\]"):
@@ -159,13 +203,25 @@ def test_training_rows_compare_cpu_per_sample_with_the_rpc_ps():
     from benchmarks import report
 
     def row(system, mode, cpu_ms_per_step, samples_per_step=100):
-        return {"system": system, "model": "mnist_mlp", "mode": mode, "global_steps_per_sec": 2.0,
-                "samples_per_sec": 2.0 * samples_per_step, "steps": 10, "seconds": 1.0,
-                "cpu_ms_per_step": cpu_ms_per_step}
+        return {
+            "system": system,
+            "model": "mnist_mlp",
+            "mode": mode,
+            "global_steps_per_sec": 2.0,
+            "samples_per_sec": 2.0 * samples_per_step,
+            "steps": 10,
+            "seconds": 1.0,
+            "cpu_ms_per_step": cpu_ms_per_step,
+        }
 
-    rows = report.training_ratios([row("psframe", "async", 2.0), row("psframe", "sync", float("nan")),
-                                   row("torch_rpc_ps", "async", 5.0, samples_per_step=200),
-                                   row("torch_rpc_ps", "sync", 3.0)])
+    rows = report.training_ratios(
+        [
+            row("psframe", "async", 2.0),
+            row("psframe", "sync", float("nan")),
+            row("torch_rpc_ps", "async", 5.0, samples_per_step=200),
+            row("torch_rpc_ps", "sync", 3.0),
+        ]
+    )
     # Per sample: 2 ms / 100 against 5 ms / 200.
     assert rows[0]["cpu_vs_torch_rpc_ps"] == pytest.approx(0.8)
     assert rows[1]["cpu_vs_torch_rpc_ps"] is None  # not measured: no ratio rather than nan
@@ -188,8 +244,9 @@ def test_throughput_ratios_pair_the_runs_of_each_repeat():
     assert paired_ratio(psframe, row([20.0, 5.0, 25.0], 200)) == pytest.approx(0.6)
     # A failed repeat (nan) is left out; without repeats, the rows' samples/s are compared.
     assert paired_ratio(row([10.0, float("nan"), 30.0], 100), rpc) == pytest.approx((0.5 + 1.2) / 2)
-    assert paired_ratio({"global_steps_per_sec": 3.0, "samples_per_sec": 300.0},
-                        {"global_steps_per_sec": 2.0, "samples_per_sec": 200.0}) == pytest.approx(1.5)
+    assert paired_ratio(
+        {"global_steps_per_sec": 3.0, "samples_per_sec": 300.0}, {"global_steps_per_sec": 2.0, "samples_per_sec": 200.0}
+    ) == pytest.approx(1.5)
     assert paired_ratio(psframe, {}) is None
 
 
@@ -210,9 +267,16 @@ def test_quick_scaling_section_runs_every_system_and_computes_the_ratios(tmp_pat
     # model, system, ps tasks, workers, steps/s, vs rpc, per worker, requests/step, size, CPU ms, vs echo, load
     serving = f"psframe_k{SERVING_PROCESSES}"
     assert {(r[1], r[2], r[3]) for r in rows} == {
-        (system, ps, n) for n in ("1", "2")
-        for system, ps in (("psframe", "1"), ("psframe", "2"), (serving, "1"), ("torch_rpc_ps", "1"),
-                           ("tf_ps", "1"), ("raw_echo", "1"))
+        (system, ps, n)
+        for n in ("1", "2")
+        for system, ps in (
+            ("psframe", "1"),
+            ("psframe", "2"),
+            (serving, "1"),
+            ("torch_rpc_ps", "1"),
+            ("tf_ps", "1"),
+            ("raw_echo", "1"),
+        )
     }, proc.stdout
     for r in rows:
         if r[1] == "tf_ps":  # turned off by _run_quick: said so, not measured
@@ -245,7 +309,8 @@ def test_quick_security_section_times_a_step_with_every_setting(tmp_path):
     rows = table_rows(proc.stdout, TITLES["security"])
     # payload, security, round trips/s, us/step, over none, CPU us/step, CPU over none, vs none, spread
     assert sorted((r[0], r[1]) for r in rows) == sorted(
-        (size, setting) for size in ("4 KiB", "320 KiB") for setting in SETTINGS), proc.stdout
+        (size, setting) for size in ("4 KiB", "320 KiB") for setting in SETTINGS
+    ), proc.stdout
     for r in rows:
         assert _cell(r[2]) > 0 and _cell(r[3]) > 0 and _cell(r[5]) > 0 and r[7].endswith("x"), r
         if r[1] == "none":
@@ -256,11 +321,13 @@ def test_quick_security_section_times_a_step_with_every_setting(tmp_path):
 def test_security_costs_are_against_the_row_without_security_at_the_same_payload():
     from benchmarks.security import add_costs
 
-    rows = add_costs([
-        {"security": "none", "payload_bytes": 4, "round_trips_per_sec": 1000.0, "us_per_step": 1000.0},
-        {"security": "token", "payload_bytes": 4, "round_trips_per_sec": 800.0, "us_per_step": 1250.0},
-        {"security": "token", "payload_bytes": 8, "round_trips_per_sec": 500.0, "us_per_step": 2000.0},
-    ])
+    rows = add_costs(
+        [
+            {"security": "none", "payload_bytes": 4, "round_trips_per_sec": 1000.0, "us_per_step": 1000.0},
+            {"security": "token", "payload_bytes": 4, "round_trips_per_sec": 800.0, "us_per_step": 1250.0},
+            {"security": "token", "payload_bytes": 8, "round_trips_per_sec": 500.0, "us_per_step": 2000.0},
+        ]
+    )
     assert [(r["us_over_none"], r["vs_none"]) for r in rows] == [(0.0, 1.0), (250.0, 0.8), (None, None)]
     assert [r["cpu_us_over_none"] for r in rows] == [None, None, None]  # no CPU times in these rows
 
@@ -295,13 +362,27 @@ def test_scaling_ratios_compare_with_the_rpc_ps_and_the_echo_per_byte():
     from benchmarks.scaling import add_ratios
 
     def row(system, ps_tasks, rate, cpu_ms, request_bytes, workers=1):
-        return {"model": "mnist_mlp", "system": system, "ps_tasks": ps_tasks, "workers": workers,
-                "global_steps_per_sec": rate, "server_cpu_ms_per_request": cpu_ms,
-                "request_bytes": request_bytes, "requests_per_step": 1, "per_worker_steps_per_sec": [rate]}
+        return {
+            "model": "mnist_mlp",
+            "system": system,
+            "ps_tasks": ps_tasks,
+            "workers": workers,
+            "global_steps_per_sec": rate,
+            "server_cpu_ms_per_request": cpu_ms,
+            "request_bytes": request_bytes,
+            "requests_per_step": 1,
+            "per_worker_steps_per_sec": [rate],
+        }
 
-    rows = add_ratios([row("psframe", 1, 300.0, 0.6, 1000), row("psframe", 2, 200.0, 0.3, 500),
-                       row("torch_rpc_ps", 1, 150.0, float("nan"), 1000), row("raw_echo", 1, 900.0, 0.5, 1000),
-                       row("psframe", 1, 100.0, 1.0, 1000, workers=2)])
+    rows = add_ratios(
+        [
+            row("psframe", 1, 300.0, 0.6, 1000),
+            row("psframe", 2, 200.0, 0.3, 500),
+            row("torch_rpc_ps", 1, 150.0, float("nan"), 1000),
+            row("raw_echo", 1, 900.0, 0.5, 1000),
+            row("psframe", 1, 100.0, 1.0, 1000, workers=2),
+        ]
+    )
     one_ps, two_ps, rpc, echo, other_n = rows
     assert one_ps["vs_torch_rpc_ps"] == pytest.approx(2.0) and one_ps["cpu_vs_raw_echo"] == pytest.approx(1.2)
     # Half the bytes per request: the echo's CPU per trip is halved too.
@@ -322,16 +403,28 @@ def test_a_system_is_one_entry_and_a_failed_run_costs_only_its_row():
         calls.append((case.workers, case.ps_tasks))
         if case.ps_tasks == 3:
             raise RuntimeError("ps2 died")
-        return {"global_steps_per_sec": 10.0 * case.workers, "per_worker_steps_per_sec": [10.0] * case.workers,
-                "steps": 20, "seconds": 1.0, "window_rates": [], "requests_per_step": case.ps_tasks,
-                "request_bytes": 100.0, "requests": 20 * case.ps_tasks, "server_cpu_seconds": 0.02 * case.ps_tasks,
-                "processes": case.workers + case.ps_tasks}
+        return {
+            "global_steps_per_sec": 10.0 * case.workers,
+            "per_worker_steps_per_sec": [10.0] * case.workers,
+            "steps": 20,
+            "seconds": 1.0,
+            "window_rates": [],
+            "requests_per_step": case.ps_tasks,
+            "request_bytes": 100.0,
+            "requests": 20 * case.ps_tasks,
+            "server_cpu_seconds": 0.02 * case.ps_tasks,
+            "processes": case.workers + case.ps_tasks,
+        }
 
     systems = (scaling.System("new_ps", (1, 3), fake_run),)
     rows = scaling.run_scaling_benchmarks(["mnist_mlp"], quick=True, timeout=60, workers=[1, 4], systems=systems)
     assert calls == [(1, 1), (1, 3), (4, 1), (4, 3)]
     assert [(r["system"], r["workers"], r["ps_tasks"]) for r in rows] == [
-        ("new_ps", 1, 1), ("new_ps", 1, 3), ("new_ps", 4, 1), ("new_ps", 4, 3)]
+        ("new_ps", 1, 1),
+        ("new_ps", 1, 3),
+        ("new_ps", 4, 1),
+        ("new_ps", 4, 3),
+    ]
     assert rows[0]["server_cpu_ms_per_request"] == pytest.approx(1.0)
     assert "ps2 died" in rows[1]["error"] and "error" not in rows[2]
     with pytest.raises(ValueError, match="worker counts"):
@@ -389,9 +482,11 @@ def test_ctr_rows_read_the_chiefs_line_and_compare_with_the_single_process():
     from benchmarks import ctr
     from benchmarks.common import BenchmarkError
 
-    output = ("[ps0] INFO serving\n[worker0] 2026 INFO worker 0: local step 10\n"
-              '[worker0] {"mode": "async", "global_step": 10, "auc": 0.8}\n[worker1] {"not": "the chief"}\n'
-              '[worker0] {"mode": "async", "global_step": 12, "auc": 0.81}\n[launch] done\n')
+    output = (
+        "[ps0] INFO serving\n[worker0] 2026 INFO worker 0: local step 10\n"
+        '[worker0] {"mode": "async", "global_step": 10, "auc": 0.8}\n[worker1] {"not": "the chief"}\n'
+        '[worker0] {"mode": "async", "global_step": 12, "auc": 0.81}\n[launch] done\n'
+    )
     assert ctr.result_line(output, "async") == {"mode": "async", "global_step": 12, "auc": 0.81}
     assert ctr.result_line('noise\n{"mode": "single_process"}\n', "single_process") == {"mode": "single_process"}
     with pytest.raises(BenchmarkError, match="no result line"):
@@ -399,8 +494,12 @@ def test_ctr_rows_read_the_chiefs_line_and_compare_with_the_single_process():
     case = ctr.CtrCase(train_steps=100, batch_size=8, train_samples=800, test_samples=100, hash_buckets=64)
     assert "--train_steps=50" in case.flags("sync") and "--sync_replicas" in case.flags("sync")
     assert "--train_steps=100" in case.flags("async") and "--sync_replicas" not in case.flags("async")
-    rows = ctr.compare([{"mode": m, "samples_per_sec": s, "auc": a} for m, s, a in
-                        (("single_process", 1000.0, 0.80), ("async", 500.0, 0.803), ("sync", 250.0, 0.79))])
+    rows = ctr.compare(
+        [
+            {"mode": m, "samples_per_sec": s, "auc": a}
+            for m, s, a in (("single_process", 1000.0, 0.80), ("async", 500.0, 0.803), ("sync", 250.0, 0.79))
+        ]
+    )
     assert [r["vs_single"] for r in rows] == pytest.approx([1.0, 0.5, 0.25])
     assert [r["auc_diff"] for r in rows] == pytest.approx([0.0, 0.003, -0.01])
     assert all(r["vs_single"] is None for r in ctr.compare([{"mode": "async", "samples_per_sec": 1.0, "auc": 0.5}]))
@@ -414,7 +513,10 @@ def test_ctr_benchmark_runs_every_mode_on_the_same_samples():
     case = ctr.CtrCase(train_steps=60, batch_size=64, train_samples=4_096, test_samples=2_048, hash_buckets=4_096)
     rows = ctr.run_ctr_benchmarks(timeout=240, case=case)
     assert [(r["mode"], r["num_ps"], r["num_workers"]) for r in rows] == [
-        ("single_process", 0, 1), ("async", 2, 2), ("sync", 2, 2)], rows
+        ("single_process", 0, 1),
+        ("async", 2, 2),
+        ("sync", 2, 2),
+    ], rows
     single = rows[0]
     assert single["samples"] == case.samples, single
     for r in rows:
@@ -440,8 +542,10 @@ def test_store_lock_times_the_requests_the_trainer_plans():
         assert planned == request_plan(model, 1), model
     rows = run_store_lock_benchmarks(quick=True)
     assert [(r["model"], r["requests_per_step"]) for r in rows] == [("mnist_mlp", 1), ("large_mlp", 21)]
-    assert all(r["hold_us"] > 0 and r["max_steps_per_s"] * r["requests_per_step"] == pytest.approx(
-        r["max_requests_per_s"]) for r in rows)
+    assert all(
+        r["hold_us"] > 0 and r["max_steps_per_s"] * r["requests_per_step"] == pytest.approx(r["max_requests_per_s"])
+        for r in rows
+    )
     assert store_lock_table(rows).count("\n") == 3
 
 
@@ -458,8 +562,9 @@ def test_quick_hosts_section_trains_every_system_across_test_hosts(tmp_path):
     proc = _run_quick(out, "--skip", "raw,transport,security,memory,training,scaling,sparse")
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
     rows = table_rows(proc.stdout, TITLES["hosts"])
-    assert [(r[0], r[1], r[2]) for r in rows] == [("100 Mbit/s", "mnist_mlp", system) for system in
-                                                  ("psframe", "psframe_bf16", "torch_rpc_ps", "tf_ps")], proc.stdout
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("100 Mbit/s", "mnist_mlp", system) for system in ("psframe", "psframe_bf16", "torch_rpc_ps", "tf_ps")
+    ], proc.stdout
     measured = {r[2]: r for r in rows}
     for system in ("psframe", "psframe_bf16", "torch_rpc_ps"):
         assert float(measured[system][3]) > 0 and float(measured[system][4]) == pytest.approx(39.30, abs=0.01)

@@ -70,18 +70,31 @@ def test_the_inputs_are_the_torch_systems_numbers(tmp_path):
 
 def test_psframe_rows_are_compared_with_tf_ps_in_the_same_mode():
     def row(system, mode, rate, runs):
-        return {"system": system, "model": "large_mlp", "mode": mode, "global_steps_per_sec": rate,
-                "samples_per_sec": 100.0 * rate, "steps": 10, "seconds": 1.0, "run_rates": runs}
+        return {
+            "system": system,
+            "model": "large_mlp",
+            "mode": mode,
+            "global_steps_per_sec": rate,
+            "samples_per_sec": 100.0 * rate,
+            "steps": 10,
+            "seconds": 1.0,
+            "run_rates": runs,
+        }
 
-    rows = report.training_ratios([row("psframe", "async", 4.0, [4.0, 5.0, 3.0]),
-                                   row("tf_ps", "async", 2.0, [2.0, 2.0, 3.0]),
-                                   row("psframe", "sync", 2.0, [2.0, 2.0, 2.0])])
+    rows = report.training_ratios(
+        [
+            row("psframe", "async", 4.0, [4.0, 5.0, 3.0]),
+            row("tf_ps", "async", 2.0, [2.0, 2.0, 3.0]),
+            row("psframe", "sync", 2.0, [2.0, 2.0, 2.0]),
+        ]
+    )
     assert rows[0]["vs_tf_ps"] == pytest.approx(2.0)  # median of 2.0, 2.5 and 1.0, repeat by repeat
     assert rows[1]["vs_tf_ps"] == pytest.approx(1.0)
     assert rows[2]["vs_tf_ps"] is None  # TF runs async only
     assert "samples/s vs tf_ps" in report.training_table(rows)
     assert "psframe's samples/s over tf_ps's (TensorFlow's parameter server): 2.00x" in (
-        report.section_text("training", rows))
+        report.section_text("training", rows)
+    )
     assert report.training_summary(rows[1:]) == ""  # no psframe async row: nothing to say
 
 

@@ -34,30 +34,37 @@ def adam_state(value: torch.Tensor, steps: int = 3, seed: int = 0) -> dict:
     return dict(opt.state[p])
 
 
-def part(name, variable, value, full_shape, row_start=0, part_index=0, num_parts=1,
-         state=None) -> VariableData:
-    return VariableData(name=name, variable=variable,
-                        dtype=str(value.dtype).removeprefix("torch."), shape=value.shape,
-                        full_shape=full_shape, row_start=row_start, part_index=part_index,
-                        num_parts=num_parts, value=value, state={} if state is None else state)
+def part(name, variable, value, full_shape, row_start=0, part_index=0, num_parts=1, state=None) -> VariableData:
+    return VariableData(
+        name=name,
+        variable=variable,
+        dtype=str(value.dtype).removeprefix("torch."),
+        shape=value.shape,
+        full_shape=full_shape,
+        row_start=row_start,
+        part_index=part_index,
+        num_parts=num_parts,
+        value=value,
+        state={} if state is None else state,
+    )
 
 
 def shard(variables, global_step=7, ps_task=0, num_shards=1) -> ShardData:
-    return ShardData(global_step=global_step, ps_task=ps_task, num_shards=num_shards,
-                     optimizer=ADAM, sync=SYNC, variables=variables)
+    return ShardData(
+        global_step=global_step, ps_task=ps_task, num_shards=num_shards, optimizer=ADAM, sync=SYNC, variables=variables
+    )
 
 
-def small_shard(seed: int = 0, global_step: int = 7, ps_task: int = 0,
-                num_shards: int = 1) -> ShardData:
+def small_shard(seed: int = 0, global_step: int = 7, ps_task: int = 0, num_shards: int = 1) -> ShardData:
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(4, 3, generator=g)
-    return shard([part("fc.weight", "fc.weight", w, [4, 3], state=adam_state(w, seed=seed))],
-                 global_step, ps_task, num_shards)
+    return shard(
+        [part("fc.weight", "fc.weight", w, [4, 3], state=adam_state(w, seed=seed))], global_step, ps_task, num_shards
+    )
 
 
 def save(url, step, num_shards=2, seed=0) -> cio.Manifest:
-    records = [cio.write_shard(url, step, small_shard(seed + t, step, t, num_shards))
-               for t in range(num_shards)]
+    records = [cio.write_shard(url, step, small_shard(seed + t, step, t, num_shards)) for t in range(num_shards)]
     return cio.write_manifest(url, step, records)
 
 
@@ -96,12 +103,16 @@ def test_shard_round_trip_is_bit_exact_with_adam_state(url):
     counts = torch.arange(4, dtype=torch.int64)
     state = adam_state(w)
     state["extra_scalar"] = 0.5  # a Python number is per-parameter scalar state too
-    original = shard([
-        part("fc.weight", "fc.weight", w, [5, 3], state=state),
-        part("emb.weight/part_1", "emb.weight", emb, [10, 2], row_start=4, part_index=1,
-             num_parts=2),
-        part("counts", "counts", counts, [4]),
-    ], global_step=123, ps_task=1, num_shards=2)
+    original = shard(
+        [
+            part("fc.weight", "fc.weight", w, [5, 3], state=state),
+            part("emb.weight/part_1", "emb.weight", emb, [10, 2], row_start=4, part_index=1, num_parts=2),
+            part("counts", "counts", counts, [4]),
+        ],
+        global_step=123,
+        ps_task=1,
+        num_shards=2,
+    )
 
     record = cio.write_shard(url, 42, original)
     other = cio.write_shard(url, 42, small_shard(ps_task=0, num_shards=2))
@@ -119,8 +130,7 @@ def test_shard_round_trip_is_bit_exact_with_adam_state(url):
     assert loaded.optimizer == ADAM and loaded.sync == SYNC
     assert [v.name for v in loaded.variables] == ["fc.weight", "emb.weight/part_1", "counts"]
     for got, want in zip(loaded.variables, original.variables):
-        for key in ("variable", "dtype", "shape", "full_shape", "row_start", "part_index",
-                    "num_parts"):
+        for key in ("variable", "dtype", "shape", "full_shape", "row_start", "part_index", "num_parts"):
             assert getattr(got, key) == getattr(want, key), key
         assert got.value.dtype == want.value.dtype
         assert torch.equal(got.value, want.value)
@@ -135,26 +145,64 @@ def test_a_shard_on_disk_is_a_plain_dict_keyed_by_the_record_fields(url):
     with fs.open(path, "rb") as f:
         content = torch.load(f, weights_only=True)
     assert type(content) is dict and content["format_version"] == cio.FORMAT_VERSION == 5
-    assert set(content) == {"format_version", "global_step", "ps_task", "num_shards",
-                            "optimizer", "sync", "variables", "table_optimizer", "pushes"}
+    assert set(content) == {
+        "format_version",
+        "global_step",
+        "ps_task",
+        "num_shards",
+        "optimizer",
+        "sync",
+        "variables",
+        "table_optimizer",
+        "pushes",
+    }
     assert content["table_optimizer"] is None and content["pushes"] is None
     assert content["optimizer"] == {"name": "Adam", "kwargs": {"lr": 0.001, "betas": (0.9, 0.999)}}
-    assert content["sync"] == {"replicas_to_aggregate": 2, "total_num_replicas": 3,
-                               "timeout_seconds": 30.0}
+    assert content["sync"] == {"replicas_to_aggregate": 2, "total_num_replicas": 3, "timeout_seconds": 30.0}
     var = content["variables"][0]
     assert type(var) is dict and var["shape"] == [4, 3] and var["full_shape"] == [4, 3]
-    assert set(var) == {"name", "variable", "dtype", "shape", "full_shape", "row_start",
-                        "part_index", "num_parts", "value", "state", "row_stride", "table", "dynamic"}
+    assert set(var) == {
+        "name",
+        "variable",
+        "dtype",
+        "shape",
+        "full_shape",
+        "row_start",
+        "part_index",
+        "num_parts",
+        "value",
+        "state",
+        "row_stride",
+        "table",
+        "dynamic",
+    }
     assert (var["row_stride"], var["table"], var["dynamic"]) == (0, False, None)
 
 
 def test_a_format_2_shard_from_before_tables_still_loads(url):
     w = torch.randn(4, 3)
-    content = {"format_version": 2, "global_step": 9, "ps_task": 0, "num_shards": 1,
-               "optimizer": {"name": "SGD", "kwargs": {"lr": 0.1}}, "sync": None,
-               "variables": [{"name": "fc.weight", "variable": "fc.weight", "dtype": "float32",
-                              "shape": [4, 3], "full_shape": [4, 3], "row_start": 0,
-                              "part_index": 0, "num_parts": 1, "value": w, "state": {}}]}
+    content = {
+        "format_version": 2,
+        "global_step": 9,
+        "ps_task": 0,
+        "num_shards": 1,
+        "optimizer": {"name": "SGD", "kwargs": {"lr": 0.1}},
+        "sync": None,
+        "variables": [
+            {
+                "name": "fc.weight",
+                "variable": "fc.weight",
+                "dtype": "float32",
+                "shape": [4, 3],
+                "full_shape": [4, 3],
+                "row_start": 0,
+                "part_index": 0,
+                "num_parts": 1,
+                "value": w,
+                "state": {},
+            }
+        ],
+    }
     shard = cio.read_shard(commit_raw(url, 5, content), 0)
     assert shard.table_optimizer is None
     assert (shard.variables[0].row_stride, shard.variables[0].table, shard.variables[0].dynamic) == (0, False, None)
@@ -178,20 +226,44 @@ def test_the_workers_pushes_travel_with_the_shard(url):
 
 def test_a_format_3_shard_from_before_dynamic_tables_still_loads(url):
     rows = torch.randn(5, 2)
-    content = {"format_version": 3, "global_step": 4, "ps_task": 0, "num_shards": 1,
-               "optimizer": {"name": "SGD", "kwargs": {"lr": 0.1}}, "sync": None,
-               "table_optimizer": {"name": "Adagrad", "kwargs": {"lr": 0.1}},
-               "variables": [{"name": "emb.weight", "variable": "emb.weight", "dtype": "float32",
-                              "shape": [5, 2], "full_shape": [5, 2], "row_start": 0, "part_index": 0,
-                              "num_parts": 1, "value": rows, "state": {}, "row_stride": 0, "table": True}]}
+    content = {
+        "format_version": 3,
+        "global_step": 4,
+        "ps_task": 0,
+        "num_shards": 1,
+        "optimizer": {"name": "SGD", "kwargs": {"lr": 0.1}},
+        "sync": None,
+        "table_optimizer": {"name": "Adagrad", "kwargs": {"lr": 0.1}},
+        "variables": [
+            {
+                "name": "emb.weight",
+                "variable": "emb.weight",
+                "dtype": "float32",
+                "shape": [5, 2],
+                "full_shape": [5, 2],
+                "row_start": 0,
+                "part_index": 0,
+                "num_parts": 1,
+                "value": rows,
+                "state": {},
+                "row_stride": 0,
+                "table": True,
+            }
+        ],
+    }
     shard = cio.read_shard(commit_raw(url, 4, content), 0)
     assert shard.variables[0].table and shard.variables[0].dynamic is None
 
 
 def test_a_dynamic_part_whose_ids_do_not_match_its_rows_is_refused(url):
     rows = torch.randn(3, 2)
-    held = {"spec": {"distribution": "normal"}, "ids": torch.tensor([4, 9]), "updated": torch.zeros(2).long(),
-            "updates": torch.zeros(2).long(), "clock": 0}
+    held = {
+        "spec": {"distribution": "normal"},
+        "ids": torch.tensor([4, 9]),
+        "updated": torch.zeros(2).long(),
+        "updates": torch.zeros(2).long(),
+        "clock": 0,
+    }
     part = VariableData("t/part_0", "t", "float32", (3, 2), (0, 2), 0, 0, 1, rows, table=True, dynamic=held)
     shard = ShardData(1, 0, 1, OptimizerData("SGD", {}), None, (part,))
     with pytest.raises(CheckpointError, match="dynamic ids must be an int64 tensor of shape \\[3\\]"):
@@ -202,12 +274,28 @@ def test_a_format_1_shard_with_the_old_sync_key_still_loads(url):
     """Shards and manifests the previous psframe wrote: format 1, sync deadline ``timeout``."""
     w = torch.randn(4, 3)
     state = adam_state(w)
-    content = {"format_version": 1, "global_step": 9, "ps_task": 0, "num_shards": 1,
-               "optimizer": {"name": "Adam", "kwargs": {"lr": 0.001}},
-               "sync": {"replicas_to_aggregate": 2, "total_num_replicas": 3, "timeout": 45.0},
-               "variables": [{"name": "fc.weight", "variable": "fc.weight", "dtype": "float32",
-                              "shape": [4, 3], "full_shape": [4, 3], "row_start": 0,
-                              "part_index": 0, "num_parts": 1, "value": w, "state": state}]}
+    content = {
+        "format_version": 1,
+        "global_step": 9,
+        "ps_task": 0,
+        "num_shards": 1,
+        "optimizer": {"name": "Adam", "kwargs": {"lr": 0.001}},
+        "sync": {"replicas_to_aggregate": 2, "total_num_replicas": 3, "timeout": 45.0},
+        "variables": [
+            {
+                "name": "fc.weight",
+                "variable": "fc.weight",
+                "dtype": "float32",
+                "shape": [4, 3],
+                "full_shape": [4, 3],
+                "row_start": 0,
+                "part_index": 0,
+                "num_parts": 1,
+                "value": w,
+                "state": state,
+            }
+        ],
+    }
     manifest = commit_raw(url, 5, content)
     fs, path = fsspec.core.url_to_fs(f"{manifest.folder}/MANIFEST.json")
     fs.pipe_file(path, json.dumps(dict(json.loads(fs.cat_file(path)), format_version=1)).encode())
@@ -215,8 +303,7 @@ def test_a_format_1_shard_with_the_old_sync_key_still_loads(url):
     (old,) = cio.list_checkpoints(url)
     assert old.format_version == 1 and cio.latest_valid(url) == old
     loaded = cio.read_shard(old, 0)
-    assert loaded.sync == SyncData(replicas_to_aggregate=2, total_num_replicas=3,
-                                   timeout_seconds=45.0)
+    assert loaded.sync == SyncData(replicas_to_aggregate=2, total_num_replicas=3, timeout_seconds=45.0)
     assert loaded.global_step == 9 and loaded.optimizer == OptimizerData("Adam", {"lr": 0.001})
     assert torch.equal(loaded.variables[0].value, w)
     assert_state_equal(loaded.variables[0].state, state)
@@ -226,8 +313,7 @@ def test_a_format_1_shard_with_the_old_sync_key_still_loads(url):
 def test_a_view_is_saved_without_its_whole_storage(url):
     big = torch.randn(100_000, 4)
     rows = big[10:12]  # a view into 1.6 MB of storage
-    record = cio.write_shard(url, 1, shard([part("v/part_0", "v", rows, [100_000, 4],
-                                                 row_start=10, num_parts=9)]))
+    record = cio.write_shard(url, 1, shard([part("v/part_0", "v", rows, [100_000, 4], row_start=10, num_parts=9)]))
     assert record.nbytes < 100_000
     loaded = cio.read_shard(cio.write_manifest(url, 1, [record]), 0)
     assert torch.equal(loaded.variables[0].value, big[10:12])
@@ -238,7 +324,10 @@ def test_local_path_and_file_url(tmp_path):
     manifest = save(plain, 7)
     folder = tmp_path / "ckpt" / "ckpt-000000000007"
     assert sorted(os.listdir(folder)) == [
-        "MANIFEST.json", "shard-00000-of-00002.pt", "shard-00001-of-00002.pt"]  # no temp files
+        "MANIFEST.json",
+        "shard-00000-of-00002.pt",
+        "shard-00001-of-00002.pt",
+    ]  # no temp files
     assert manifest.folder == f"{plain}/ckpt-000000000007"
 
     via_url = cio.list_checkpoints(f"file://{tmp_path}/ckpt/")
@@ -297,8 +386,7 @@ def test_interrupted_save_is_not_listed_and_previous_stays_usable(url):
     assert [m.step for m in cio.list_checkpoints(url)] == [10]
     latest = cio.latest_valid(url)
     assert latest is not None and latest.step == 10
-    assert torch.equal(cio.read_shard(latest, 1).variables[0].value,
-                       small_shard(1, 10).variables[0].value)
+    assert torch.equal(cio.read_shard(latest, 1).variables[0].value, small_shard(1, 10).variables[0].value)
 
 
 def test_latest_valid_on_nothing_is_none(url):
@@ -360,8 +448,7 @@ class NotATensor:
 
 def test_loads_refuse_pickled_objects(url):
     # a file that hashes right but holds an arbitrary object: weights_only refuses it
-    m = commit_raw(url, 1, {"format_version": 1, "ps_task": 0, "num_shards": 1,
-                            "x": NotATensor()})
+    m = commit_raw(url, 1, {"format_version": 1, "ps_task": 0, "num_shards": 1, "x": NotATensor()})
     cio.verify(m)
     with pytest.raises(CheckpointError, match="cannot be loaded"):
         cio.read_shard(m, 0)
@@ -408,8 +495,10 @@ def three_parts() -> tuple[torch.Tensor, torch.Tensor, list[dict], list[dict]]:
 
 def test_assemble_rebuilds_a_partitioned_variable_bit_exactly(url):
     emb, bias, shard0, shard1 = three_parts()
-    records = [cio.write_shard(url, 1, shard(shard0, ps_task=0, num_shards=2)),
-               cio.write_shard(url, 1, shard(shard1, ps_task=1, num_shards=2))]
+    records = [
+        cio.write_shard(url, 1, shard(shard0, ps_task=0, num_shards=2)),
+        cio.write_shard(url, 1, shard(shard1, ps_task=1, num_shards=2)),
+    ]
     m = cio.write_manifest(url, 1, records)
     full = assemble([cio.read_shard(m, 1), cio.read_shard(m, 0)])
     assert set(full) == {"emb.weight", "fc.bias"}
@@ -417,7 +506,7 @@ def test_assemble_rebuilds_a_partitioned_variable_bit_exactly(url):
 
 
 def test_assemble_refuses_missing_or_overlapping_rows():
-    emb, _, (p0, p2), (p1, b) = three_parts()
+    _emb, _, (p0, p2), (p1, _b) = three_parts()
     with pytest.raises(CheckpointError, match=r"rows \[4, 7\) of 'emb.weight' are in no part"):
         assemble([shard([p0, p2])])
     with pytest.raises(CheckpointError, match=r"rows \[7, 10\)"):
@@ -434,12 +523,13 @@ def test_slice_rows_repartitions_value_and_state(url):
     exp_avg, exp_avg_sq = torch.randn(10, 3), torch.rand(10, 3)
 
     def stored(lo, hi, i, step):
-        state = {"step": torch.tensor(step), "exp_avg": exp_avg[lo:hi],
-                 "exp_avg_sq": exp_avg_sq[lo:hi]}
+        state = {"step": torch.tensor(step), "exp_avg": exp_avg[lo:hi], "exp_avg_sq": exp_avg_sq[lo:hi]}
         return part(f"emb.weight/part_{i}", "emb.weight", emb[lo:hi], [10, 3], lo, i, 2, state)
 
-    records = [cio.write_shard(url, 1, shard([stored(0, 5, 0, 7.0)], ps_task=0, num_shards=2)),
-               cio.write_shard(url, 1, shard([stored(5, 10, 1, 8.0)], ps_task=1, num_shards=2))]
+    records = [
+        cio.write_shard(url, 1, shard([stored(0, 5, 0, 7.0)], ps_task=0, num_shards=2)),
+        cio.write_shard(url, 1, shard([stored(5, 10, 1, 8.0)], ps_task=1, num_shards=2)),
+    ]
     m = cio.write_manifest(url, 1, records)
     shards = [cio.read_shard(m, 0), cio.read_shard(m, 1)]
 
@@ -522,13 +612,14 @@ def _malformed():
         (dict(good, variables=[dict(var, shape=[3, 4])]), r"'fc.weight'.*shape \[3, 4\] but value"),
         (dict(good, variables=[dict(var, value="w")]), "value must be a tensor, got str"),
         (dict(good, extra=1), r"unknown keys \['extra'\]"),
-        (dict(good, sync=dict(_without(good["sync"], "timeout_seconds"), timeout=30.0)),
-         r"sync lacks keys \['timeout_seconds'\]"),  # the old key in the new format
+        (
+            dict(good, sync=dict(_without(good["sync"], "timeout_seconds"), timeout=30.0)),
+            r"sync lacks keys \['timeout_seconds'\]",
+        ),  # the old key in the new format
         (dict(good, format_version=6), r"format 6; this psframe reads formats \[1, 2, 3, 4, 5\]"),
         (_without(good, "format_version"), "format_version"),
         ([good], "must be a dict, got list"),
-        (dict(good, ps_task=1, num_shards=2),
-         "holds ps task 1 of 2; the manifest expects ps task 0 of 1"),
+        (dict(good, ps_task=1, num_shards=2), "holds ps task 1 of 2; the manifest expects ps task 0 of 1"),
     ]
 
 

@@ -14,8 +14,8 @@ import torch
 import psframe
 from psframe import checkpoint, cli
 from psframe.checkpoint import files as checkpoint_io
-from psframe.worker.client import PsClient
 from psframe.wire import psframe_pb2 as pb
+from psframe.worker.client import PsClient
 from tests.conftest import assert_params_equal, free_cluster, params
 
 TIMEOUTS = {"connect_timeout": 20.0, "rpc_timeout": 30.0}
@@ -43,8 +43,18 @@ def status_table(out: str) -> dict[str, dict[str, str]]:
     lines = [line for line in out.splitlines() if line.strip()]
     header = lines[0]
     columns = [(m.group(), m.start()) for m in re.finditer(r"\S+", header)]
-    assert [c for c, _ in columns] == ["task", "address", "role", "state", "global_step", "variables",
-                                       "bytes_held", "pushes", "dropped", "last_seen"]
+    assert [c for c, _ in columns] == [
+        "task",
+        "address",
+        "role",
+        "state",
+        "global_step",
+        "variables",
+        "bytes_held",
+        "pushes",
+        "dropped",
+        "last_seen",
+    ]
     rows = {}
     for line in lines[1:]:
         cells = {}
@@ -120,8 +130,11 @@ def test_status_with_two_workers_names_chief_and_worker(local_cluster, capsys):
     held = sum(int(rows[f"/job:ps/task:{k}"]["variables"]) for k in (0, 1))
     assert held == 4
     assert (rows["/job:worker/task:0"]["role"], rows["/job:worker/task:0"]["state"]) == ("chief", "training")
-    assert (rows["/job:worker/task:1"]["role"], rows["/job:worker/task:1"]["state"],
-            rows["/job:worker/task:1"]["last_seen"]) == ("worker", "not seen", "never")
+    assert (
+        rows["/job:worker/task:1"]["role"],
+        rows["/job:worker/task:1"]["state"],
+        rows["/job:worker/task:1"]["last_seen"],
+    ) == ("worker", "not seen", "never")
 
 
 def test_status_marks_a_ps_that_is_not_running_down_and_exits_1(servers, capsys):
@@ -134,7 +147,11 @@ def test_status_marks_a_ps_that_is_not_running_down_and_exits_1(servers, capsys)
     assert rows["/job:ps/task:0"]["state"] == "waiting_for_model"
     down = rows["/job:ps/task:1"]
     assert (down["address"], down["role"], down["state"], down["global_step"]) == (
-        cluster.task_address("ps", 1), "ps", "down", "")
+        cluster.task_address("ps", 1),
+        "ps",
+        "down",
+        "",
+    )
     assert rows["/job:worker/task:0"]["state"] == "not seen"
 
 
@@ -183,8 +200,7 @@ def test_shutdown_with_an_explicit_checkpoint_dir(local_cluster, tmp_path, capsy
     t, model = train_without_closing(cluster, 2)
     try:
         expected = params(model)
-        code, out = run_cli(capsys, "shutdown", f"--cluster_spec={cluster.to_string()}",
-                            f"--checkpoint_dir={url}")
+        code, out = run_cli(capsys, "shutdown", f"--cluster_spec={cluster.to_string()}", f"--checkpoint_dir={url}")
         assert code == 0, out
         assert out.splitlines()[0] == f"saved checkpoint of global step 2 in {url}/ckpt-{2:012d}"
         assert_params_equal(checkpoint.load(url), expected)
@@ -227,8 +243,7 @@ def test_shutdown_without_any_checkpoint_dir_only_stops(local_cluster, capsys):
 # ---- a ps restores on its own
 
 
-def test_a_ps_started_with_a_checkpoint_dir_restores_before_any_chief(local_cluster, servers, tmp_path,
-                                                                      capsys):
+def test_a_ps_started_with_a_checkpoint_dir_restores_before_any_chief(local_cluster, servers, tmp_path, capsys):
     url = str(tmp_path / "ckpt")
     cluster = local_cluster(num_ps=1, num_workers=1)
     model = make_model()
@@ -281,9 +296,20 @@ def test_psframe_server_takes_a_message_cap_and_refuses_one_out_of_range(process
     from psframe.wire import codec, transport
 
     cluster = free_cluster(1, 1)
-    ps = processes.start("ps0", [sys.executable, "-m", "psframe.cli", "server",
-                                 f"--cluster_spec={cluster.to_string()}", "--job_name=ps", "--task_index=0",
-                                 "--max_message_bytes=1048576", "--timeout=120"])
+    ps = processes.start(
+        "ps0",
+        [
+            sys.executable,
+            "-m",
+            "psframe.cli",
+            "server",
+            f"--cluster_spec={cluster.to_string()}",
+            "--job_name=ps",
+            "--task_index=0",
+            "--max_message_bytes=1048576",
+            "--timeout=120",
+        ],
+    )
     code, out = run_cli(capsys, "ping", cluster.task_address("ps", 0), "--timeout", "60")
     assert code == 0, out + ps.output
     caller = pb.Caller(job_name="worker", task_index=0, cluster_fingerprint=cluster.fingerprint)
@@ -298,8 +324,20 @@ def test_psframe_server_takes_a_message_cap_and_refuses_one_out_of_range(process
                 code = e.code()
             # Over the cap: refused unread. Under it: read, and refused as an Init that defines nothing.
             assert (code == grpc.StatusCode.RESOURCE_EXHAUSTED) == refused, (size, code)
-    result = subprocess.run([sys.executable, "-m", "psframe.cli", "server", f"--cluster_spec={cluster.to_string()}",
-                             "--job_name=ps", "--task_index=0", "--max_message_bytes=1000"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "psframe.cli",
+            "server",
+            f"--cluster_spec={cluster.to_string()}",
+            "--job_name=ps",
+            "--task_index=0",
+            "--max_message_bytes=1000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
     assert "max_message_bytes must be an int from 65536 (64 KiB) to 2**31 - 1" in result.stderr

@@ -10,15 +10,15 @@ import re
 
 import pytest
 
-from psframe.cluster import address as address_mod
-from psframe.cluster import spec as cluster_mod
-from psframe.cluster import device_spec as device_spec_mod
-from psframe.cluster import tf_config as tf_config_mod
 from psframe.cluster import (
     JOBS,
     ClusterSpec,
     parse_address,
 )
+from psframe.cluster import address as address_mod
+from psframe.cluster import device_spec as device_spec_mod
+from psframe.cluster import spec as cluster_mod
+from psframe.cluster import tf_config as tf_config_mod
 from psframe.cluster.device_spec import DeviceSpec
 from psframe.cluster.tf_config import cluster_from_tf_config, resolve_cluster
 from psframe.errors import ClusterSpecError, PsframeError
@@ -262,7 +262,10 @@ def test_job_accessors_reject_unknown_job(cluster, method):
 @pytest.mark.parametrize(
     "jobs, match",
     [
-        ({"ps": ["h0:1"], "worker": ["h1:1"], "chief": ["h2:1"]}, r"unknown job 'chief'; psframe knows only 'ps' and 'worker'"),
+        (
+            {"ps": ["h0:1"], "worker": ["h1:1"], "chief": ["h2:1"]},
+            r"unknown job 'chief'; psframe knows only 'ps' and 'worker'",
+        ),
         ({"ps": ["h0:1"], "workers": ["h1:1"]}, r"unknown job 'workers'; psframe knows only 'ps' and 'worker'"),
         ({"ps": ["h0:1"], 1: ["h1:1"]}, r"job name must be a string.*got int 1"),
         ({"ps": ["h0:1"]}, r"no 'worker' job; expected both 'ps' and 'worker', got \['ps'\]"),
@@ -276,7 +279,10 @@ def test_job_accessors_reject_unknown_job(cluster, method):
         ({"ps": ["h0"], "worker": ["h1:1"]}, r"'h0' has no port"),
         ({"ps": ["h0:1"], "worker": ["h1:99999"]}, r"'h1:99999' has port '99999'"),
         ({"ps": ["h0:1"], "worker": [7]}, r"got int 7"),
-        ({"ps": {0: "h0:1", 2: "h0:2"}, "worker": ["h1:1"]}, r"job 'ps' has task indices \[0, 2\]; expected every index 0\.\.1 \(missing \[1\]\)"),
+        (
+            {"ps": {0: "h0:1", 2: "h0:2"}, "worker": ["h1:1"]},
+            r"job 'ps' has task indices \[0, 2\]; expected every index 0\.\.1 \(missing \[1\]\)",
+        ),
         ({"ps": {1: "h0:1"}, "worker": ["h1:1"]}, r"job 'ps' has task indices \[1\].*missing \[0\]"),
         ({"ps": {"0": "h0:1"}, "worker": ["h1:1"]}, r"job 'ps' maps task indices.*expected int keys, got str '0'"),
         (
@@ -429,9 +435,10 @@ def test_tf_config_chief_is_worker_zero(task, expected):
     cluster, job, index = cluster_from_tf_config(text)
     assert cluster.as_dict() == {"ps": PS, "worker": ["c:1", *WORKERS]}
     assert (job, index) == expected
-    assert cluster.task_address(job, index) == {
-        "chief": "c:1", "worker": WORKERS[task["index"]], "ps": PS[task["index"]]
-    }[task["type"]]
+    assert (
+        cluster.task_address(job, index)
+        == {"chief": "c:1", "worker": WORKERS[task["index"]], "ps": PS[task["index"]]}[task["type"]]
+    )
 
 
 def test_tf_config_chief_only():
@@ -443,7 +450,9 @@ def test_tf_config_chief_only():
 def test_tf_config_from_env(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", _tf({"ps": PS, "worker": WORKERS}, {"type": "ps", "index": 0}))
     assert cluster_from_tf_config() == (ClusterSpec({"ps": PS, "worker": WORKERS}), "ps", 0)
-    monkeypatch.setenv("TF_CONFIG", _tf({"chief": ["c:1"], "ps": PS, "worker": WORKERS}, {"type": "worker", "index": 1}))
+    monkeypatch.setenv(
+        "TF_CONFIG", _tf({"chief": ["c:1"], "ps": PS, "worker": WORKERS}, {"type": "worker", "index": 1})
+    )
     cluster, job, index = cluster_from_tf_config()
     assert (cluster.num_workers, job, index) == (3, "worker", 2)
 
@@ -471,26 +480,68 @@ def test_tf_config_empty_env(monkeypatch):
         (_tf({"ps": PS}), r"TF_CONFIG: the cluster has no 'worker' job"),
         (_tf({"ps": PS, "worker": WORKERS, "tpu_worker": ["e:1"]}), r"TF_CONFIG: unknown job 'tpu_worker'"),
         (_tf({"ps": ["h0"], "worker": WORKERS}), r"TF_CONFIG: task address 'h0' has no port"),
-        (_tf({"chief": ["c:1", "c:2"], "ps": PS, "worker": WORKERS}), r"'chief' must list exactly one address.*'c:1', 'c:2'"),
+        (
+            _tf({"chief": ["c:1", "c:2"], "ps": PS, "worker": WORKERS}),
+            r"'chief' must list exactly one address.*'c:1', 'c:2'",
+        ),
         (_tf({"chief": [], "ps": PS, "worker": WORKERS}), r"'chief' must list exactly one address, got list \[\]"),
         (_tf({"chief": "c:1", "ps": PS, "worker": WORKERS}), r"'chief' must list exactly one address, got str 'c:1'"),
-        (_tf({"chief": ["c:1"], "ps": PS, "worker": "w:1"}), r"job 'worker' must be a list of addresses, got str 'w:1'"),
-        (_tf({"chief": ["h1:2224"], "ps": PS, "worker": WORKERS}), r"given twice, to /job:worker/task:0 and /job:worker/task:1"),
-        (_tf({"ps": PS, "worker": WORKERS}, {"type": "chief", "index": 0}), r"task type 'chief' is not a job of the cluster; expected one of \['ps', 'worker', 'evaluator'\]"),
-        (_tf({"ps": PS, "worker": WORKERS, "evaluator": ["e:1"]}, {"type": "evaluator", "index": 1}), r"task index 1 is out of range for job 'evaluator' with 1 task"),
-        (_tf({"ps": PS, "worker": WORKERS}, {"type": "evaluator", "index": -1}), r"task index -1 of the evaluator must be >= 0"),
+        (
+            _tf({"chief": ["c:1"], "ps": PS, "worker": "w:1"}),
+            r"job 'worker' must be a list of addresses, got str 'w:1'",
+        ),
+        (
+            _tf({"chief": ["h1:2224"], "ps": PS, "worker": WORKERS}),
+            r"given twice, to /job:worker/task:0 and /job:worker/task:1",
+        ),
+        (
+            _tf({"ps": PS, "worker": WORKERS}, {"type": "chief", "index": 0}),
+            r"task type 'chief' is not a job of the cluster; expected one of \['ps', 'worker', 'evaluator'\]",
+        ),
+        (
+            _tf({"ps": PS, "worker": WORKERS, "evaluator": ["e:1"]}, {"type": "evaluator", "index": 1}),
+            r"task index 1 is out of range for job 'evaluator' with 1 task",
+        ),
+        (
+            _tf({"ps": PS, "worker": WORKERS}, {"type": "evaluator", "index": -1}),
+            r"task index -1 of the evaluator must be >= 0",
+        ),
         (_tf({"chief": ["c:1"], "master": ["m:1"], "ps": PS, "worker": WORKERS}), r"both a 'chief' and a 'master' job"),
         (_tf({"master": ["m:1", "m:2"], "ps": PS, "worker": WORKERS}), r"job 'master' must list exactly one address"),
-        (_tf({"master": ["m:1"], "ps": PS, "worker": WORKERS}, {"type": "chief", "index": 0}), r"task type 'chief' is not a job of the cluster; expected one of \['master', 'ps', 'worker', 'evaluator'\]"),
-        ('{"sparseCluster": {"ps": ["h0:1"], "worker": {"1": "h1:1"}}, "task": {"type": "worker", "index": 1}}', r"\"sparseCluster\".*enableDynamicWorker"),
+        (
+            _tf({"master": ["m:1"], "ps": PS, "worker": WORKERS}, {"type": "chief", "index": 0}),
+            r"task type 'chief' is not a job of the cluster; expected one of \['master', 'ps', 'worker', 'evaluator'\]",
+        ),
+        (
+            '{"sparseCluster": {"ps": ["h0:1"], "worker": {"1": "h1:1"}}, "task": {"type": "worker", "index": 1}}',
+            r"\"sparseCluster\".*enableDynamicWorker",
+        ),
         (_tf({"ps": PS, "worker": WORKERS}, {"index": 0}), r"task type None is not a job"),
         (_tf({"ps": PS, "worker": WORKERS}, {"type": "worker"}), r"has no \"index\""),
-        (_tf({"ps": PS, "worker": WORKERS}, {"type": "worker", "index": "1"}), r"task index must be an int, got str '1'"),
-        (_tf({"ps": PS, "worker": WORKERS}, {"type": "worker", "index": True}), r"task index must be an int, got bool True"),
-        (_tf({"ps": PS, "worker": WORKERS}, {"type": "worker", "index": 2}), r"task index 2 is out of range for job 'worker' with 2 tasks \(expected 0\.\.1\)"),
-        (_tf({"ps": PS, "worker": WORKERS}, {"type": "ps", "index": -1}), r"task index -1 is out of range for job 'ps'"),
-        (_tf({"chief": ["c:1"], "ps": PS, "worker": WORKERS}, {"type": "worker", "index": 2}), r"task index 2 is out of range for job 'worker' with 2 tasks"),
-        (_tf({"chief": ["c:1"], "ps": PS, "worker": WORKERS}, {"type": "chief", "index": 1}), r"task index 1 is out of range for job 'chief' with 1 task \(expected 0\.\.0\)"),
+        (
+            _tf({"ps": PS, "worker": WORKERS}, {"type": "worker", "index": "1"}),
+            r"task index must be an int, got str '1'",
+        ),
+        (
+            _tf({"ps": PS, "worker": WORKERS}, {"type": "worker", "index": True}),
+            r"task index must be an int, got bool True",
+        ),
+        (
+            _tf({"ps": PS, "worker": WORKERS}, {"type": "worker", "index": 2}),
+            r"task index 2 is out of range for job 'worker' with 2 tasks \(expected 0\.\.1\)",
+        ),
+        (
+            _tf({"ps": PS, "worker": WORKERS}, {"type": "ps", "index": -1}),
+            r"task index -1 is out of range for job 'ps'",
+        ),
+        (
+            _tf({"chief": ["c:1"], "ps": PS, "worker": WORKERS}, {"type": "worker", "index": 2}),
+            r"task index 2 is out of range for job 'worker' with 2 tasks",
+        ),
+        (
+            _tf({"chief": ["c:1"], "ps": PS, "worker": WORKERS}, {"type": "chief", "index": 1}),
+            r"task index 1 is out of range for job 'chief' with 1 task \(expected 0\.\.0\)",
+        ),
         (_tf({"ps": PS, "worker": WORKERS}, "worker:0"), r"\"task\" must be an object.*got str 'worker:0'"),
         (42, r"TF_CONFIG must be a JSON object.*got int 42"),
     ],
@@ -514,7 +565,9 @@ EXPECTED = ClusterSpec({"ps": PS, "worker": WORKERS})
 
 def test_resolve_from_hosts():
     assert resolve_cluster(",".join(PS), ",".join(WORKERS), job_name="ps", task_index=1, environ={}) == (
-        EXPECTED, "ps", 1
+        EXPECTED,
+        "ps",
+        1,
     )
 
 
@@ -537,7 +590,9 @@ def test_resolve_flags_win_over_tf_config():
     # The cluster and the task both come from the flags; TF_CONFIG is not even read.
     assert resolve_cluster(cluster_spec=SPEC, job_name="ps", task_index=0, environ=TF_ENV) == (EXPECTED, "ps", 0)
     assert resolve_cluster(",".join(PS), ",".join(WORKERS), job_name="worker", task_index=1, environ=TF_ENV) == (
-        EXPECTED, "worker", 1
+        EXPECTED,
+        "worker",
+        1,
     )
     bad_env = {"TF_CONFIG": "{not json"}
     assert resolve_cluster(cluster_spec=SPEC, job_name="ps", task_index=0, environ=bad_env)[0] == EXPECTED
@@ -583,11 +638,17 @@ def test_resolve_tf_config_chief():
             dict(ps_hosts="h0:1", worker_hosts="h1:1", cluster_spec=SPEC, job_name="ps", task_index=0),
             r"either --ps_hosts/--worker_hosts or --cluster_spec, not both.*--cluster_spec='ps\|",
         ),
-        (dict(job_name="ps", task_index=0), r"no cluster is defined; give --ps_hosts and --worker_hosts, or --cluster_spec, or set TF_CONFIG"),
+        (
+            dict(job_name="ps", task_index=0),
+            r"no cluster is defined; give --ps_hosts and --worker_hosts, or --cluster_spec, or set TF_CONFIG",
+        ),
         (dict(ps_hosts="", worker_hosts="", cluster_spec="", job_name="ps", task_index=0), r"no cluster is defined"),
         (dict(cluster_spec=SPEC, task_index=0), r"no job name; give --job_name \('ps' and 'worker'\)"),
         (dict(cluster_spec=SPEC, job_name="worker"), r"no task index for job 'worker'; give --task_index"),
-        (dict(cluster_spec=SPEC, job_name="worker", task_index=2), r"task_index 2 is out of range for job 'worker' with 2 tasks"),
+        (
+            dict(cluster_spec=SPEC, job_name="worker", task_index=2),
+            r"task_index 2 is out of range for job 'worker' with 2 tasks",
+        ),
         (dict(cluster_spec=SPEC, job_name="worker", task_index=-1), r"task_index -1 is out of range"),
         (dict(cluster_spec=SPEC, job_name="chief", task_index=0), r"unknown job 'chief'"),
         (dict(cluster_spec=SPEC, job_name="worker", task_index="0"), r"task_index must be an int, got str '0'"),
@@ -629,7 +690,11 @@ def test_resolve_bad_tf_config_is_reported():
             "/job:worker/replica:0/task:0/device:GPU:0",
         ),
         ("/task:3/job:ps", DeviceSpec(job="ps", task=3), "/job:ps/task:3"),
-        ("/gpu:1/job:worker/task:0", DeviceSpec(job="worker", task=0, device_type="GPU", device_index=1), "/job:worker/task:0/device:GPU:1"),
+        (
+            "/gpu:1/job:worker/task:0",
+            DeviceSpec(job="worker", task=0, device_type="GPU", device_index=1),
+            "/job:worker/task:0/device:GPU:1",
+        ),
         ("/cpu:0", DeviceSpec(device_type="CPU", device_index=0), "/device:CPU:0"),
         ("/CPU:2", DeviceSpec(device_type="CPU", device_index=2), "/device:CPU:2"),
         ("/cuda:1", DeviceSpec(device_type="GPU", device_index=1), "/device:GPU:1"),

@@ -80,9 +80,24 @@ def test_a_worker_pointing_at_a_missing_ps_fails_within_its_deadline(processes):
 
 
 def test_psframe_launch_runs_a_whole_cluster(processes):
-    processes.start("launch", [sys.executable, "-m", "psframe.cli", "launch", "--num_ps", "2",
-                               "--num_workers", "2", "--timeout", "120", str(CLUSTER_JOB), "--",
-                               "--train_steps=100"])
+    processes.start(
+        "launch",
+        [
+            sys.executable,
+            "-m",
+            "psframe.cli",
+            "launch",
+            "--num_ps",
+            "2",
+            "--num_workers",
+            "2",
+            "--timeout",
+            "120",
+            str(CLUSTER_JOB),
+            "--",
+            "--train_steps=100",
+        ],
+    )
     procs = processes.wait(timeout=150)
     output = procs["launch"].output
     assert "[launch] done: ps0=0 ps1=0 worker0=0 worker1=0" in output
@@ -93,8 +108,19 @@ def test_psframe_launch_runs_a_whole_cluster(processes):
 @pytest.mark.parametrize("serving", [[], ["--serving_processes=3"]], ids=["one_process", "three_processes"])
 def test_psframe_server_serves_a_bare_ps_task_until_the_workers_finish(processes, serving):
     cluster = free_cluster(1, 1)
-    processes.start("ps0", [sys.executable, "-m", "psframe.cli", "server",
-                            f"--cluster_spec={cluster.to_string()}", "--job_name=ps", "--task_index=0", *serving])
+    processes.start(
+        "ps0",
+        [
+            sys.executable,
+            "-m",
+            "psframe.cli",
+            "server",
+            f"--cluster_spec={cluster.to_string()}",
+            "--job_name=ps",
+            "--task_index=0",
+            *serving,
+        ],
+    )
     processes.start_task(cluster, "worker", 0, "--train_steps=50")
     procs = processes.wait(timeout=120)
     assert "/job:ps/task:0 serving at" in procs["ps0"].output
@@ -102,17 +128,36 @@ def test_psframe_server_serves_a_bare_ps_task_until_the_workers_finish(processes
 
 
 @pytest.mark.mnist
-@pytest.mark.parametrize("flags", [[], ["--wire_dtype=bfloat16"], ["--serving_processes=2"]],
-                         ids=["float32", "bfloat16_wire", "two_serving_processes"])
+@pytest.mark.parametrize(
+    "flags",
+    [[], ["--wire_dtype=bfloat16"], ["--serving_processes=2"]],
+    ids=["float32", "bfloat16_wire", "two_serving_processes"],
+)
 def test_mnist_example_async_reaches_97_percent(processes, mnist_dir, flags):
     data_dir = mnist_dir
-    processes.start("launch", [sys.executable, "-m", "psframe.cli", "launch", "--num_ps", "1",
-                               "--num_workers", "2", "--timeout", "400",
-                               str(ROOT / "examples" / "mlp_mnist_dist.py"), "--", f"--data_dir={data_dir}",
-                               *flags])
+    processes.start(
+        "launch",
+        [
+            sys.executable,
+            "-m",
+            "psframe.cli",
+            "launch",
+            "--num_ps",
+            "1",
+            "--num_workers",
+            "2",
+            "--timeout",
+            "400",
+            str(ROOT / "examples" / "mlp_mnist_dist.py"),
+            "--",
+            f"--data_dir={data_dir}",
+            *flags,
+        ],
+    )
     procs = processes.wait(timeout=420)
-    chief = [line.removeprefix("[worker0] ") for line in procs["launch"].output.splitlines()
-             if line.startswith("[worker0] ")]
+    chief = [
+        line.removeprefix("[worker0] ") for line in procs["launch"].output.splitlines() if line.startswith("[worker0] ")
+    ]
     result = json.loads(chief[-1])
     assert result["test_accuracy"] >= 0.97, result
     assert result["global_step"] >= 6000

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from psframe import optim
-from psframe.wire import codec, messages
 from psframe.errors import OptimizerConfigError, PsframeError, WireFormatError
+from psframe.wire import codec, messages
 from psframe.wire import psframe_pb2 as pb
 
 ALL_DTYPES = sorted(codec.DTYPES)
@@ -67,8 +67,20 @@ def _roundtrip(tensors, header=None, header_type=pb.PushPullHeader):
 
 
 def test_dtypes_cover_the_fixed_size_torch_types():
-    for name in ("float64", "float32", "float16", "bfloat16", "complex128", "complex64", "int64", "int32",
-                 "int16", "int8", "uint8", "bool"):
+    for name in (
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "complex128",
+        "complex64",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
+    ):
         assert codec.DTYPES[name] is getattr(torch, name)
     for name in ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2"):
         if hasattr(torch, name):
@@ -93,13 +105,12 @@ def test_roundtrip_every_dtype_bitwise(name):
     t = _random_tensor(dtype, (5, 7), seed=len(name))
     if t.numel() > 1 and t.element_size() > 1:
         assert len(set(_bits(t))) > 8  # really random-ish bytes, not zeros
-    data, header, (out,) = _roundtrip([("v/" + name, t)])
+    _data, header, (out,) = _roundtrip([("v/" + name, t)])
     assert out.dtype == dtype
     assert out.shape == (5, 7)
     assert _same(out, t)
     (meta,) = header.tensors
-    assert (meta.name, meta.dtype, list(meta.shape), meta.nbytes) == ("v/" + name, name, [5, 7],
-                                                                       35 * t.element_size())
+    assert (meta.name, meta.dtype, list(meta.shape), meta.nbytes) == ("v/" + name, name, [5, 7], 35 * t.element_size())
 
 
 @pytest.mark.parametrize("name", ALL_DTYPES)
@@ -130,7 +141,7 @@ def test_roundtrip_non_contiguous(name):
     transposed = base.t()
     strided = base[:, ::2]
     assert not transposed.is_contiguous() and not strided.is_contiguous()
-    _, header, (a, b) = _roundtrip([("t", transposed), ("s", strided)])
+    _, _header, (a, b) = _roundtrip([("t", transposed), ("s", strided)])
     assert a.shape == (6, 4) and b.shape == (4, 3)
     assert a.is_contiguous() and b.is_contiguous()
     assert _same(a, transposed.contiguous())
@@ -147,7 +158,7 @@ def test_many_tensors_of_mixed_dtypes_and_sizes():
         name = ALL_DTYPES[i % len(ALL_DTYPES)]
         shape = tuple(rng.randrange(0, 5) for _ in range(rng.randrange(0, 4)))
         tensors.append((f"layer{i}.weight", _random_tensor(codec.DTYPES[name], shape, seed=i)))
-    data, header, outs = _roundtrip(tensors, pb.PushPullHeader(pull=["x"], end_of_step=True))
+    _data, header, outs = _roundtrip(tensors, pb.PushPullHeader(pull=["x"], end_of_step=True))
     assert [m.name for m in header.tensors] == [n for n, _ in tensors]
     assert len(outs) == len(tensors)
     for (name, t), out in zip(tensors, outs):
@@ -171,7 +182,7 @@ def test_encoded_bytes_parse_with_generated_class():
     header = pb.PushPullHeader(caller=caller, step=41, pull=["w", "b"], end_of_step=True)
     tensors = [
         ("w", _random_tensor(torch.float32, (3, 5), seed=1)),
-        ("b", _random_tensor(torch.int8, (3,), seed=2)),   # 3 bytes: the next one needs padding
+        ("b", _random_tensor(torch.int8, (3,), seed=2)),  # 3 bytes: the next one needs padding
         ("c", _random_tensor(torch.float64, (2, 2), seed=3)),
         ("e", torch.empty((0,), dtype=torch.bfloat16)),
         ("z", _random_tensor(torch.complex128, (1,), seed=4).reshape(())),
@@ -195,11 +206,14 @@ def test_encoded_bytes_parse_with_generated_class():
         assert (payload_start + meta.offset) % codec.ALIGNMENT == 0, meta.name
 
 
-@pytest.mark.parametrize("header_type, envelope", [
-    (pb.InitHeader, pb.InitRequest),
-    (pb.InitReplyHeader, pb.InitResponse),
-    (pb.PushPullReplyHeader, pb.PushPullResponse),
-])
+@pytest.mark.parametrize(
+    "header_type, envelope",
+    [
+        (pb.InitHeader, pb.InitRequest),
+        (pb.InitReplyHeader, pb.InitResponse),
+        (pb.PushPullReplyHeader, pb.PushPullResponse),
+    ],
+)
 def test_other_envelopes_parse(header_type, envelope):
     t = _random_tensor(torch.float16, (2, 3), seed=7)
     data = codec.encode(header_type(), [("v", t)])
@@ -272,14 +286,17 @@ def test_hand_made_message_with_unpadded_offsets():
     b = _random_tensor(torch.float64, (2,), seed=2)
     c = _random_tensor(torch.float32, (2,), seed=3)
     payload = _bits(a) + _bits(b) + _bits(c)
-    header = pb.PushPullHeader(tensors=[
-        pb.TensorMeta(name="a", dtype="int8", shape=[3], offset=0, nbytes=3),
-        pb.TensorMeta(name="b", dtype="float64", shape=[2], offset=3, nbytes=16),
-        pb.TensorMeta(name="c", dtype="float32", shape=[2], offset=19, nbytes=8),
-    ])
-    for data in (pb.PushPullRequest(header=header, payload=payload).SerializeToString(),
-                 b"\x12" + bytes([len(payload)]) + payload + b"\x0a" + bytes([header.ByteSize()])
-                 + header.SerializeToString()):
+    header = pb.PushPullHeader(
+        tensors=[
+            pb.TensorMeta(name="a", dtype="int8", shape=[3], offset=0, nbytes=3),
+            pb.TensorMeta(name="b", dtype="float64", shape=[2], offset=3, nbytes=16),
+            pb.TensorMeta(name="c", dtype="float32", shape=[2], offset=19, nbytes=8),
+        ]
+    )
+    for data in (
+        pb.PushPullRequest(header=header, payload=payload).SerializeToString(),
+        b"\x12" + bytes([len(payload)]) + payload + b"\x0a" + bytes([header.ByteSize()]) + header.SerializeToString(),
+    ):
         _, outs = codec.decode(data, pb.PushPullHeader)
         assert [_same(o, t) for o, t in zip(outs, (a, b, c))] == [True, True, True]
 
@@ -373,16 +390,19 @@ def test_unknown_dtype_name_raises():
         codec.decode(_tamper(unknown), pb.PushPullHeader)
 
 
-@pytest.mark.parametrize("garbage", [
-    b"\xff\xfe\xfd\xfc",
-    b"hello, psframe",
-    b"\x12",                          # a payload tag with no length
-    b"\x12\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # a varint longer than 64 bits
-    b"\x12\x05ab",                    # a payload shorter than its length
-    b"\x0a\x03\xff\xff\xff",          # a header that is not a PushPullHeader
-    b"\x1a\x00",                      # field 3 is not part of an envelope
-    b"\x08\x01",                      # a varint field 1 (wrong wire type for the header)
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\xff\xfe\xfd\xfc",
+        b"hello, psframe",
+        b"\x12",  # a payload tag with no length
+        b"\x12\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # a varint longer than 64 bits
+        b"\x12\x05ab",  # a payload shorter than its length
+        b"\x0a\x03\xff\xff\xff",  # a header that is not a PushPullHeader
+        b"\x1a\x00",  # field 3 is not part of an envelope
+        b"\x08\x01",  # a varint field 1 (wrong wire type for the header)
+    ],
+)
 def test_garbage_raises(garbage):
     with pytest.raises(WireFormatError):
         codec.decode(garbage, pb.PushPullHeader)
@@ -466,15 +486,30 @@ def test_negative_view_is_sent_as_its_values():
 # ------------------------------------------------------------------------ optimizers
 
 
-@pytest.mark.parametrize("spec, kinds", [
-    (optim.SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-2, dampening=0),
-     {"lr": "number", "momentum": "number", "nesterov": "flag", "weight_decay": "number", "dampening": "integer"}),
-    (optim.Adam(lr=1, betas=(0.8, 0.99), amsgrad=True, eps=1e-7),
-     {"lr": "integer", "betas": "numbers", "amsgrad": "flag", "eps": "number"}),
-    (optim.RMSprop(alpha=0.9, centered=True, momentum=0, lr=0.01),
-     {"alpha": "number", "centered": "flag", "momentum": "integer", "lr": "number"}),
-    (optim.Adagrad(), {}),
-])
+@pytest.mark.parametrize(
+    "spec, kinds",
+    [
+        (
+            optim.SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-2, dampening=0),
+            {
+                "lr": "number",
+                "momentum": "number",
+                "nesterov": "flag",
+                "weight_decay": "number",
+                "dampening": "integer",
+            },
+        ),
+        (
+            optim.Adam(lr=1, betas=(0.8, 0.99), amsgrad=True, eps=1e-7),
+            {"lr": "integer", "betas": "numbers", "amsgrad": "flag", "eps": "number"},
+        ),
+        (
+            optim.RMSprop(alpha=0.9, centered=True, momentum=0, lr=0.01),
+            {"alpha": "number", "centered": "flag", "momentum": "integer", "lr": "number"},
+        ),
+        (optim.Adagrad(), {}),
+    ],
+)
 def test_optimizer_proto_roundtrip(spec, kinds):
     message = messages.optimizer_to_proto(spec)
     assert message.name == spec.name

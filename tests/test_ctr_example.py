@@ -13,7 +13,7 @@ from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "examples"))
 
-from ctr_data import auc, ceiling_auc, click_log  # noqa: E402
+from ctr_data import auc, ceiling_auc, click_log
 
 EXAMPLE = str(ROOT / "examples" / "ctr_dist.py")
 STEPS = 1000  # samples: 1000 x 256 in every mode
@@ -36,7 +36,9 @@ def test_auc_counts_pairs_ranked_right_and_ties_half():
 def test_the_planted_click_log_is_reproducible_and_has_a_known_ceiling():
     a, b = click_log(2000, buckets=1000, seed=3), click_log(2000, buckets=1000, seed=3)
     assert torch.equal(a.ids, b.ids) and torch.equal(a.clicks, b.clicks)
-    assert a.ids.shape == (2000, 26) and a.dense.shape == (2000, 13) and 0 <= int(a.ids.min()) <= int(a.ids.max()) < 1000
+    assert (
+        a.ids.shape == (2000, 26) and a.dense.shape == (2000, 13) and 0 <= int(a.ids.min()) <= int(a.ids.max()) < 1000
+    )
     held_out = click_log(2000, buckets=1000, seed=3, split=1)
     assert not torch.equal(held_out.clicks, a.clicks)
     assert 0.85 < ceiling_auc(held_out) < 1.0 and 0.1 < float(a.clicks.mean()) < 0.5
@@ -45,14 +47,38 @@ def test_the_planted_click_log_is_reproducible_and_has_a_known_ceiling():
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_async_and_sync_reach_the_auc_of_one_process(processes):
-    single = subprocess.run([sys.executable, EXAMPLE, "--single_process", f"--train_steps={STEPS}", *COMMON],
-                            capture_output=True, text=True, timeout=300, cwd=ROOT, check=True)
+    single = subprocess.run(
+        [sys.executable, EXAMPLE, "--single_process", f"--train_steps={STEPS}", *COMMON],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=True,
+    )
     reference = json.loads(single.stdout.strip().splitlines()[-1])
     assert reference["auc"] > 0.8 and reference["auc"] < reference["ceiling_auc"], reference
     runs = {}
     for mode, steps, flags in (("async", STEPS, []), ("sync", STEPS // 2, ["--sync_replicas"])):
-        processes.start(mode, [sys.executable, "-m", "psframe.cli", "launch", "--num_ps", "2", "--num_workers", "2",
-                               "--timeout", "400", EXAMPLE, "--", f"--train_steps={steps}", *COMMON, *flags])
+        processes.start(
+            mode,
+            [
+                sys.executable,
+                "-m",
+                "psframe.cli",
+                "launch",
+                "--num_ps",
+                "2",
+                "--num_workers",
+                "2",
+                "--timeout",
+                "400",
+                EXAMPLE,
+                "--",
+                f"--train_steps={steps}",
+                *COMMON,
+                *flags,
+            ],
+        )
         runs[mode] = chief_result(processes.wait(timeout=420)[mode].output)
     for mode, result in runs.items():
         assert result["mode"] == mode and result["num_ps"] == 2, result
@@ -69,8 +95,14 @@ def test_a_killed_ps_holding_table_parts_comes_back_from_the_checkpoint(processe
     from tests.conftest import free_cluster
 
     cluster = free_cluster(2, 2)
-    flags = [*COMMON, "--train_steps=500", f"--checkpoint_dir={tmp_path / 'ckpt'}", "--save_checkpoint_steps=50",
-             "--log_every=10", *(["--dynamic_tables", "--max_rows_per_ps=20000"] if tables == "dynamic" else [])]
+    flags = [
+        *COMMON,
+        "--train_steps=500",
+        f"--checkpoint_dir={tmp_path / 'ckpt'}",
+        "--save_checkpoint_steps=50",
+        "--log_every=10",
+        *(["--dynamic_tables", "--max_rows_per_ps=20000"] if tables == "dynamic" else []),
+    ]
     processes.start_cluster(cluster, *flags, script=ROOT / "examples" / "ctr_dist.py")
 
     def steps(output: str) -> list[int]:

@@ -25,8 +25,9 @@ INIT = RowInitializer(std=0.3, seed=7)
 # Hashed-feature ids: huge, negative, clustered; 40 of them, sorted: the reference numbers
 # them in the order of the ids, so that coalescing its gradient orders (and sums) repeated
 # rows as the worker's does over the ids themselves.
-VOCABULARY = torch.sort(torch.tensor([(k * 0x9E3779B1 + 12345) * (-1) ** k * 2**20 for k in range(40)],
-                                     dtype=torch.int64)).values
+VOCABULARY = torch.sort(
+    torch.tensor([(k * 0x9E3779B1 + 12345) * (-1) ** k * 2**20 for k in range(40)], dtype=torch.int64)
+).values
 
 
 class Clicks(torch.nn.Module):
@@ -89,8 +90,9 @@ def test_dynamic_table_trains_as_one_process(local_cluster, table_optimizer, tab
     reference = reference_model()
     dense_opt = torch.optim.SGD(reference.head.parameters(), lr=0.1)
     table_opt = table_local[0]([reference.users.weight], **table_local[1])
-    with psframe.Trainer(model, cluster, optimizer=psframe.optim.SGD(lr=0.1),
-                         table_optimizer=table_optimizer) as trainer:
+    with psframe.Trainer(
+        model, cluster, optimizer=psframe.optim.SGD(lr=0.1), table_optimizer=table_optimizer
+    ) as trainer:
         assert {s.ps_task for s in trainer.placement.shards if s.dynamic is not None} == {0, 1}
         for step in range(6):
             ids, target = batch(step)
@@ -110,8 +112,9 @@ def test_checkpoints_hold_the_ids_seen_and_restore_onto_another_number_of_ps_tas
     table_opt = torch.optim.Adagrad([reference.users.weight], lr=0.2)
 
     model = Clicks(psframe.DynamicEmbedding(DIM, initializer=INIT))
-    with psframe.Trainer(model, local_cluster(num_ps=2, num_workers=1), optimizer=optimizer,
-                         checkpoint_dir=url) as trainer:
+    with psframe.Trainer(
+        model, local_cluster(num_ps=2, num_workers=1), optimizer=optimizer, checkpoint_dir=url
+    ) as trainer:
         for step in range(4):
             ids, target = batch(step)
             trainer.step(F.mse_loss(model(ids), target))
@@ -132,8 +135,9 @@ def test_checkpoints_hold_the_ids_seen_and_restore_onto_another_number_of_ps_tas
         assert torch.equal(part_of(part.dynamic["ids"], 2), torch.full_like(part.dynamic["ids"], k))
     # Three ps tasks now: every id moves to its new part with its row and Adagrad state.
     again = Clicks(psframe.DynamicEmbedding(DIM, initializer=INIT))
-    with psframe.Trainer(again, local_cluster(num_ps=3, num_workers=1), optimizer=optimizer,
-                         checkpoint_dir=url) as trainer:
+    with psframe.Trainer(
+        again, local_cluster(num_ps=3, num_workers=1), optimizer=optimizer, checkpoint_dir=url
+    ) as trainer:
         for step in range(4, 7):
             ids, target = batch(step)
             trainer.step(F.mse_loss(again(ids), target))
@@ -181,15 +185,21 @@ def test_sync_workers_average_dynamic_rows(local_cluster):
 
     def work(index: int) -> None:
         try:
-            with psframe.Trainer(models[index], cluster, task_index=index, optimizer=psframe.optim.SGD(lr=0.1),
-                                 table_optimizer=psframe.optim.SGD(lr=0.2), sync=sync) as trainer:
+            with psframe.Trainer(
+                models[index],
+                cluster,
+                task_index=index,
+                optimizer=psframe.optim.SGD(lr=0.1),
+                table_optimizer=psframe.optim.SGD(lr=0.2),
+                sync=sync,
+            ) as trainer:
                 for step in range(steps):
                     ids, target = batch(2 * step + index)
                     trainer.step(F.mse_loss(models[index](ids), target))
                 models[index].eval()
                 with torch.no_grad():
                     rows[index] = models[index].users(VOCABULARY)
-        except BaseException as e:  # reported below
+        except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
@@ -224,7 +234,7 @@ def spec(**eviction) -> DynamicTableSpec:
 
 def test_a_row_is_made_on_first_touch_from_the_id_alone():
     part = DynamicRows("t", (DIM,), torch.float32, spec(), psframe.optim.SGD(lr=1.0), slots=2)
-    ids = torch.tensor([5, -2**63, 2**63 - 1, 5])
+    ids = torch.tensor([5, -(2**63), 2**63 - 1, 5])
     rows = part.read(ids)
     assert len(part) == 3 and part.slots == 4  # grew from 2 slots, repeated id made once
     assert torch.equal(rows[0], rows[3])
@@ -252,8 +262,13 @@ def test_growing_keeps_rows_and_optimizer_state():
 
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 def test_a_capped_part_evicts_by_policy_and_remakes_evicted_rows_fresh(policy):
-    part = DynamicRows("t", (DIM,), torch.float32, spec(max_rows=3, policy=policy),
-                       OptimizerSpec("SparseSGD", {"lr": 0.5, "momentum": 0.9}))
+    part = DynamicRows(
+        "t",
+        (DIM,),
+        torch.float32,
+        spec(max_rows=3, policy=policy),
+        OptimizerSpec("SparseSGD", {"lr": 0.5, "momentum": 0.9}),
+    )
     one = torch.ones(1, DIM)
     part.apply(torch.tensor([1]), one)  # 1: updated at 1
     part.apply(torch.tensor([2]), one)  # 2: updated at 2
@@ -294,7 +309,7 @@ def test_a_request_needing_more_rows_than_the_cap_changes_nothing():
 
 def test_export_and_load_round_trip():
     part = DynamicRows("t", (DIM,), torch.float32, spec(max_rows=50), OptimizerSpec("SparseAdam", {"lr": 0.1}))
-    ids = torch.randint(-2**40, 2**40, (30,))
+    ids = torch.randint(-(2**40), 2**40, (30,))
     part.apply(ids, torch.randn(30, DIM))
     copy = DynamicRows("t", (DIM,), torch.float32, spec(max_rows=50), OptimizerSpec("SparseAdam", {"lr": 0.1}))
     copy.load(part.export())
@@ -310,7 +325,7 @@ def test_parts_spread_patterned_ids_and_agree_with_the_placement():
     ids = torch.arange(0, 40_000) * 1000  # all multiples of 1000
     counts = torch.bincount(part_of(ids, 4), minlength=4)
     assert int(counts.max()) < 1.1 * int(counts.min())
-    sample = [0, 1, -1, 2**63 - 1, -2**63, 123456789]
+    sample = [0, 1, -1, 2**63 - 1, -(2**63), 123456789]
     assert part_of(torch.tensor(sample), 3).tolist() == [dynamic_part(i, 3) for i in sample]
 
 
@@ -323,17 +338,20 @@ def test_a_dynamic_embedding_without_rows_says_how_to_train_it():
 
 def test_a_cap_per_ps_task_bounds_the_rows_each_holds(local_cluster, url):
     model = Clicks(psframe.DynamicEmbedding(DIM, initializer=INIT, max_rows=12, eviction="lfu"))
-    with psframe.Trainer(model, local_cluster(num_ps=2, num_workers=1), optimizer=psframe.optim.SGD(lr=0.1),
-                         checkpoint_dir=url) as trainer:
+    with psframe.Trainer(
+        model, local_cluster(num_ps=2, num_workers=1), optimizer=psframe.optim.SGD(lr=0.1), checkpoint_dir=url
+    ) as trainer:
         for step in range(10):
             ids, target = batch(step)
             trainer.step(F.mse_loss(model(ids), target))
     seen = torch.unique(torch.cat([batch(step)[0].flatten() for step in range(10)]))
     manifest = checkpoint_files.latest_valid(url)
-    held = [next(v for v in checkpoint_files.read_shard(manifest, k).variables if v.dynamic is not None)
-            for k in range(2)]
-    assert [len(part.dynamic["ids"]) for part in held] == [12, 12] < [int((part_of(seen, 2) == k).sum())
-                                                                     for k in range(2)]
+    held = [
+        next(v for v in checkpoint_files.read_shard(manifest, k).variables if v.dynamic is not None) for k in range(2)
+    ]
+    assert (
+        [len(part.dynamic["ids"]) for part in held] == [12, 12] < [int((part_of(seen, 2) == k).sum()) for k in range(2)]
+    )
 
 
 def test_bad_pushes_and_pulls_of_a_dynamic_table_change_nothing():
@@ -342,8 +360,12 @@ def test_bad_pushes_and_pulls_of_a_dynamic_table_change_nothing():
     from psframe.ps.table_rows import DynamicPart
 
     store = VariableStore("/job:ps/task:0")
-    store.create({"w": torch.zeros(2)}, psframe.optim.SGD(lr=0.1), table_optimizer=psframe.optim.Adagrad(lr=0.1),
-                 dynamic={"users/part_0": DynamicPart(spec(), (DIM,), torch.float32)})
+    store.create(
+        {"w": torch.zeros(2)},
+        psframe.optim.SGD(lr=0.1),
+        table_optimizer=psframe.optim.Adagrad(lr=0.1),
+        dynamic={"users/part_0": DynamicPart(spec(), (DIM,), torch.float32)},
+    )
     ids = torch.tensor([-5, 2**40])
     store.apply_rows([("users/part_0", ids, torch.ones(2, DIM))])
     before = store.export_dynamic()["users/part_0"]
@@ -353,8 +375,11 @@ def test_bad_pushes_and_pulls_of_a_dynamic_table_change_nothing():
         ([("users/part_0", ids.int(), torch.ones(2, DIM))], RowIdError, "int64"),
         ([("items/part_0", ids, torch.ones(2, DIM))], UnknownVariableError, "'items/part_0'"),
         # A good table first, a bad one after: the good one is not applied either.
-        ([("users/part_0", ids, torch.ones(2, DIM)), ("users/part_0", ids[:1], torch.ones(2, DIM))],
-         ShapeMismatchError, "users/part_0"),
+        (
+            [("users/part_0", ids, torch.ones(2, DIM)), ("users/part_0", ids[:1], torch.ones(2, DIM))],
+            ShapeMismatchError,
+            "users/part_0",
+        ),
     ]
     for rows, error, message in bad:
         with pytest.raises(error, match=message):
@@ -374,7 +399,7 @@ def test_the_id_index_finds_ids_across_merges_and_removals(monkeypatch):
     index, expected = IdIndex(), {}
     g = torch.Generator().manual_seed(5)
     for round_ in range(30):
-        fresh = torch.unique(torch.randint(-2**62, 2**62, (5,), generator=g))
+        fresh = torch.unique(torch.randint(-(2**62), 2**62, (5,), generator=g))
         fresh = fresh[~torch.isin(fresh, torch.tensor(list(expected), dtype=torch.int64))]
         slots = torch.arange(fresh.numel()) + 100 * round_
         index.add(fresh, slots)

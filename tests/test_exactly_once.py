@@ -26,10 +26,10 @@ from psframe.launch import pick_free_ports
 from psframe.ps.ledger import PushLedger
 from psframe.ps.plans import StreamPlans
 from psframe.ps.service import ParameterServerService
-from psframe.worker.hooks import Hook
-from psframe.worker.streams import PushNumbers
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
+from psframe.worker.hooks import Hook
+from psframe.worker.streams import PushNumbers
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]})
 
@@ -108,8 +108,9 @@ def test_pushes_after_one_refused_for_its_region_wait_for_it():
     plans = StreamPlans()
     region = pb.SharedRegion(path="/dev/shm/psframe-missing-region", key=b"k", size=64, in_region=True)
     caller = pb.Caller(job_name="worker", task_index=0, cluster_fingerprint=CLUSTER.fingerprint)
-    refused = codec.parse(codec.encode(pb.PushPullHeader(caller=caller, push_id=5, shared=region), []),
-                          pb.PushPullHeader)
+    refused = codec.parse(
+        codec.encode(pb.PushPullHeader(caller=caller, push_id=5, shared=region), []), pb.PushPullHeader
+    )
     with pytest.raises(SharedRegionError):
         plans.shared(refused)
     with pytest.raises(SharedRegionError, match="push 6 follows push 5"):
@@ -135,8 +136,9 @@ def test_pushes_are_numbered_in_order_and_numbered_alike_when_sent_again():
 
 def test_the_ledger_is_saved_and_restored_with_the_shard(url):
     service = _async_service()
-    service._variable_defs = [pb.VariableDef(name="w", variable="w", dtype="float32", shape=[4], full_shape=[4],
-                                             num_parts=1)]
+    service._variable_defs = [
+        pb.VariableDef(name="w", variable="w", dtype="float32", shape=[4], full_shape=[4], num_parts=1)
+    ]
     for push_id in (1, 2, 3):
         _answer(service, _push(push_id - 1, push_id, 1.0))
     from psframe.checkpoint import files as checkpoint_io
@@ -144,8 +146,15 @@ def test_the_ledger_is_saved_and_restored_with_the_shard(url):
 
     tool = pb.Caller(job_name="tool", cluster_fingerprint=CLUSTER.fingerprint)
     shard = service.save(pb.SaveRequest(caller=tool, checkpoint_dir=url, step=3))
-    checkpoint_io.write_manifest(url, 3, [ShardRecord(ps_task=0, file=shard.file, sha256=shard.sha256,
-                                                      nbytes=shard.nbytes, global_step=shard.global_step)])
+    checkpoint_io.write_manifest(
+        url,
+        3,
+        [
+            ShardRecord(
+                ps_task=0, file=shard.file, sha256=shard.sha256, nbytes=shard.nbytes, global_step=shard.global_step
+            )
+        ],
+    )
     restarted = ParameterServerService(CLUSTER, 0, checkpoint_dir=url)
     assert restarted.store.ready
     assert restarted.ledger.state_dict() == {"last_push": [3, 0], "applied_steps": [3, 0]}
@@ -244,9 +253,15 @@ def test_steps_whose_replies_were_lost_are_applied_exactly_once(sync):
         model = torch.nn.Linear(4, 1, bias=False)
         torch.nn.init.zeros_(model.weight)
         steps, lost = 12, {3, 7, 8}
-        trainer = psframe.Trainer(model, cluster, optimizer=psframe.optim.SGD(lr=0.25),
-                                  sync=psframe.SyncReplicas(1, 1, timeout=30.0) if sync else None,
-                                  hooks=[LoseRepliesAt(proxy, lost)], connect_timeout=30.0, shared_memory=False)
+        trainer = psframe.Trainer(
+            model,
+            cluster,
+            optimizer=psframe.optim.SGD(lr=0.25),
+            sync=psframe.SyncReplicas(1, 1, timeout=30.0) if sync else None,
+            hooks=[LoseRepliesAt(proxy, lost)],
+            connect_timeout=30.0,
+            shared_memory=False,
+        )
         x = torch.ones(1, 4)
         with trainer:
             for _ in range(steps):

@@ -58,12 +58,24 @@ class Target:
     def __init__(self) -> None:
         self.token = generate_token()
         self.cluster = free_cluster(1, 2)
-        self.server = psframe.Server(self.cluster, "ps", 0, serving_processes=1, auth_token=self.token,
-                                     worker_timeout=3600.0, max_message_bytes=MAX_MESSAGE_BYTES)
+        self.server = psframe.Server(
+            self.cluster,
+            "ps",
+            0,
+            serving_processes=1,
+            auth_token=self.token,
+            worker_timeout=3600.0,
+            max_message_bytes=MAX_MESSAGE_BYTES,
+        )
         self.model = make_model()
-        self.trainer = psframe.Trainer(self.model, self.cluster, auth_token=self.token,
-                                       optimizer=psframe.optim.SGD(lr=0.1), connect_timeout=DEADLINE_S,
-                                       rpc_timeout=DEADLINE_S)
+        self.trainer = psframe.Trainer(
+            self.model,
+            self.cluster,
+            auth_token=self.token,
+            optimizer=psframe.optim.SGD(lr=0.1),
+            connect_timeout=DEADLINE_S,
+            rpc_timeout=DEADLINE_S,
+        )
         self.trainer.__enter__()
         self.channel = grpc.insecure_channel(self.server.address)
         self.caller = pb.Caller(job_name="worker", task_index=1, cluster_fingerprint=self.cluster.fingerprint)
@@ -79,7 +91,8 @@ class Target:
 
     def unary(self, method: str, data: bytes, metadata=()) -> bytes:
         return self.channel.unary_unary(transport.METHODS[method].path)(
-            data, timeout=DEADLINE_S, metadata=self.metadata if metadata == () else metadata)
+            data, timeout=DEADLINE_S, metadata=self.metadata if metadata == () else metadata
+        )
 
     def stream(self, requests: list[bytes], metadata=()) -> list[bytes]:
         call = self.channel.stream_stream(transport.METHODS["PushPull"].path)
@@ -87,7 +100,7 @@ class Target:
 
     def push_pull(self, header: pb.PushPullHeader, tensors=(), kinds=()) -> pb.PushPullReplyHeader:
         """One PushPull request, with the token; the reply's header."""
-        reply, = self.stream([codec.encode(header, list(tensors), kinds)])
+        (reply,) = self.stream([codec.encode(header, list(tensors), kinds)])
         return codec.decode(reply, pb.PushPullReplyHeader)[0]
 
     def snapshot(self) -> dict[str, object]:
@@ -96,12 +109,15 @@ class Target:
         ids = torch.arange(self.defs[TABLE].shape[0])
         header = pb.PushPullHeader(caller=self.caller, pull=dense)
         tensors, kinds = table_rows.pull_tensors([(TABLE, ids)])
-        reply, = self.stream([codec.encode(header, tensors, kinds)])
+        (reply,) = self.stream([codec.encode(header, tensors, kinds)])
         head, values = codec.decode(reply, pb.PushPullReplyHeader)
         assert not head.error_class, head.error_message
         info = pb.TaskInfo.FromString(self.unary("GetInfo", pb.InfoRequest().SerializeToString()))
-        return {**{n: v.clone() for n, v in zip([*dense, TABLE], values)},
-                "global_step": info.global_step, "pushes": info.pushes}
+        return {
+            **{n: v.clone() for n, v in zip([*dense, TABLE], values)},
+            "global_step": info.global_step,
+            "pushes": info.pushes,
+        }
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +175,11 @@ def junk(rng: random.Random, count: int) -> list[bytes]:
     for _ in range(count):
         out.append(rng.randbytes(rng.choice([1, 7, 64, 600])))
         # A field that declares a huge length and carries a few bytes.
-        out.append(bytes([rng.choice([0x0A, 0x12, 0x1A, 0x22])]) + codec.varint(rng.choice([2**31, 2**40, 2**63])) +
-                   rng.randbytes(5))
+        out.append(
+            bytes([rng.choice([0x0A, 0x12, 0x1A, 0x22])])
+            + codec.varint(rng.choice([2**31, 2**40, 2**63]))
+            + rng.randbytes(5)
+        )
     return out
 
 
@@ -170,8 +189,9 @@ def valid_request(target: Target, method: str) -> bytes:
         header = pb.InitHeader(caller=target.chief, variables=list(target.defs.values()))
         return codec.encode(header, [("fc.bias", torch.zeros(2))])
     if method == "PushPull":
-        return codec.encode(pb.PushPullHeader(caller=target.caller, pull=["fc.bias"]),
-                            [("fc.weight", torch.zeros(2, 3))])
+        return codec.encode(
+            pb.PushPullHeader(caller=target.caller, pull=["fc.bias"]), [("fc.weight", torch.zeros(2, 3))]
+        )
     request = transport.METHODS[method].request_type(caller=target.caller)
     return request.SerializeToString()
 
@@ -212,8 +232,14 @@ def meta_envelope(header, metas: list[dict], payload: bytes) -> bytes:
     for meta in metas:
         header.tensors.add(**meta)
     serialized = header.SerializeToString()
-    return codec.PAYLOAD_TAG + codec.varint(len(payload)) + payload + codec.HEADER_TAG + \
-        codec.varint(len(serialized)) + serialized
+    return (
+        codec.PAYLOAD_TAG
+        + codec.varint(len(payload))
+        + payload
+        + codec.HEADER_TAG
+        + codec.varint(len(serialized))
+        + serialized
+    )
 
 
 BAD_TENSORS = {
@@ -240,7 +266,7 @@ BAD_TENSORS = {
 def test_pushes_of_bad_tensors_are_refused_naming_the_error(unchanged, case):
     payload = torch.full((32,), 0.5).numpy().tobytes()  # 128 bytes: room for the small cases
     data = meta_envelope(pb.PushPullHeader(caller=unchanged.caller, pull=["fc.bias"]), [BAD_TENSORS[case]], payload)
-    reply, = unchanged.stream([data])
+    (reply,) = unchanged.stream([data])
     header, tensors = codec.decode(reply, pb.PushPullReplyHeader)
     assert header.error_class and not tensors, (case, header)
 
@@ -270,31 +296,83 @@ def test_bad_headers_and_shared_regions_are_refused(unchanged):
     cases = {
         "wire_dtype": pb.PushPullHeader(caller=target.caller, wire_dtype="int4"),
         "pull_unknown": pb.PushPullHeader(caller=target.caller, pull=["nope"]),
-        "region_elsewhere": pb.PushPullHeader(caller=target.caller, shared=pb.SharedRegion(
-            path="/etc/passwd", key=bytes(16), size=64, request_start=16, request_length=24, reply_start=48,
-            in_region=True)),
-        "region_nul": pb.PushPullHeader(caller=target.caller, shared=pb.SharedRegion(
-            path="/dev/shm/psframe-\x00x", key=bytes(16), size=64, request_start=16, request_length=24,
-            reply_start=48, in_region=True)),
-        "region_offsets": pb.PushPullHeader(caller=target.caller, shared=pb.SharedRegion(
-            path="/dev/shm/psframe-none", key=bytes(16), size=64, request_start=2**63, request_length=2**63,
-            reply_start=0, in_region=True)),
-        "region_missing": pb.PushPullHeader(caller=target.caller, shared=pb.SharedRegion(
-            path="/dev/shm/psframe-none", key=bytes(16), size=2**62, request_start=16, request_length=24,
-            reply_start=48, in_region=True)),
+        "region_elsewhere": pb.PushPullHeader(
+            caller=target.caller,
+            shared=pb.SharedRegion(
+                path="/etc/passwd",
+                key=bytes(16),
+                size=64,
+                request_start=16,
+                request_length=24,
+                reply_start=48,
+                in_region=True,
+            ),
+        ),
+        "region_nul": pb.PushPullHeader(
+            caller=target.caller,
+            shared=pb.SharedRegion(
+                path="/dev/shm/psframe-\x00x",
+                key=bytes(16),
+                size=64,
+                request_start=16,
+                request_length=24,
+                reply_start=48,
+                in_region=True,
+            ),
+        ),
+        "region_offsets": pb.PushPullHeader(
+            caller=target.caller,
+            shared=pb.SharedRegion(
+                path="/dev/shm/psframe-none",
+                key=bytes(16),
+                size=64,
+                request_start=2**63,
+                request_length=2**63,
+                reply_start=0,
+                in_region=True,
+            ),
+        ),
+        "region_missing": pb.PushPullHeader(
+            caller=target.caller,
+            shared=pb.SharedRegion(
+                path="/dev/shm/psframe-none",
+                key=bytes(16),
+                size=2**62,
+                request_start=16,
+                request_length=24,
+                reply_start=48,
+                in_region=True,
+            ),
+        ),
     }
     for name, header in cases.items():
         reply = target.push_pull(header, grads)
         assert reply.error_class, name
     # An offered region the task cannot use is declined, and the tensors in the message are used.
-    offer = pb.PushPullHeader(caller=target.caller, pull=["fc.bias"], shared=pb.SharedRegion(
-        path="/dev/shm/psframe-none", key=bytes(16), size=64, request_start=16, request_length=24, reply_start=48))
+    offer = pb.PushPullHeader(
+        caller=target.caller,
+        pull=["fc.bias"],
+        shared=pb.SharedRegion(
+            path="/dev/shm/psframe-none", key=bytes(16), size=64, request_start=16, request_length=24, reply_start=48
+        ),
+    )
     reply = target.push_pull(offer)
     assert not reply.error_class and reply.shared_refused
 
 
-@pytest.mark.parametrize("case", ["huge_shape", "negative_dim", "too_many_dims", "unknown_dtype",
-                                  "infinite_timeout", "nan_timeout", "too_many_replicas", "another_model"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "huge_shape",
+        "negative_dim",
+        "too_many_dims",
+        "unknown_dtype",
+        "infinite_timeout",
+        "nan_timeout",
+        "too_many_replicas",
+        "another_model",
+    ],
+)
 def test_init_requests_declaring_absurd_models_are_refused(unchanged, case):
     target = unchanged
     defs = [pb.VariableDef() for _ in target.defs]
@@ -315,8 +393,11 @@ def test_init_requests_declaring_absurd_models_are_refused(unchanged, case):
         changed.shape[0] += 1
     else:
         timeout = {"infinite_timeout": float("inf"), "nan_timeout": float("nan")}.get(case, 10.0)
-        header.sync.CopyFrom(pb.SyncDef(replicas_to_aggregate=1, total_num_replicas=2 if "timeout" in case else 9,
-                                        timeout_seconds=timeout))
+        header.sync.CopyFrom(
+            pb.SyncDef(
+                replicas_to_aggregate=1, total_num_replicas=2 if "timeout" in case else 9, timeout_seconds=timeout
+            )
+        )
     assert_refused(target, "Init", codec.encode(header, []))
 
 
@@ -326,22 +407,29 @@ def test_a_ps_waiting_for_its_model_allocates_nothing_absurd():
     token = generate_token()
     cluster = free_cluster(1, 2)
     chief = pb.Caller(job_name="worker", task_index=0, cluster_fingerprint=cluster.fingerprint)
-    table = pb.VariableDef(name="t", variable="t", dtype="float32", shape=[2**39, 2], full_shape=[2**39, 2],
-                           table=True)
-    with psframe.Server(cluster, "ps", 0, serving_processes=1, auth_token=token) as server, \
-            grpc.insecure_channel(server.address) as channel:
+    table = pb.VariableDef(name="t", variable="t", dtype="float32", shape=[2**39, 2], full_shape=[2**39, 2], table=True)
+    with (
+        psframe.Server(cluster, "ps", 0, serving_processes=1, auth_token=token) as server,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+
         def init(header: pb.InitHeader, tensors=(), kinds=()) -> bytes:
             header.caller.CopyFrom(chief)
             header.optimizer.name = "SGD"
             header.optimizer.kwargs["lr"].number = 0.1
             header.table_optimizer.CopyFrom(header.optimizer)
             return channel.unary_unary(transport.METHODS["Init"].path)(
-                codec.encode(header, list(tensors), kinds), timeout=DEADLINE_S,
-                metadata=(("authorization", "Bearer " + token),))
+                codec.encode(header, list(tensors), kinds),
+                timeout=DEADLINE_S,
+                metadata=(("authorization", "Bearer " + token),),
+            )
 
         rows, kinds = table_rows.push_tensors([("t", torch.tensor([0]), torch.ones(1, 2))])
-        for declared, sync in [([2**39, 2**39], None), ([1] * 65, None), ([2, 2], pb.SyncDef(
-                replicas_to_aggregate=1, total_num_replicas=2, timeout_seconds=float("inf")))]:
+        for declared, sync in [
+            ([2**39, 2**39], None),
+            ([1] * 65, None),
+            ([2, 2], pb.SyncDef(replicas_to_aggregate=1, total_num_replicas=2, timeout_seconds=float("inf"))),
+        ]:
             table.shape[:] = table.full_shape[:] = declared
             header = pb.InitHeader(variables=[table], sync=sync)
             tensors = rows if declared != [2, 2] else []
@@ -360,6 +448,7 @@ def test_a_ps_waiting_for_its_model_allocates_nothing_absurd():
 def http2_request(path: str, token: str | None, declared: int, sent: bytes) -> bytes:
     """The bytes of an HTTP/2 connection opening one gRPC call whose message declares ``declared``
     bytes and carries ``sent`` (headers HPACK-encoded as literals, no Huffman)."""
+
     def header(name: str, value: str) -> bytes:
         n, v = name.encode(), value.encode()
         assert len(n) < 127 and len(v) < 127
@@ -368,13 +457,20 @@ def http2_request(path: str, token: str | None, declared: int, sent: bytes) -> b
     def frame(kind: int, flags: int, stream: int, body: bytes) -> bytes:
         return struct.pack(">I", len(body))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + body
 
-    headers = b"".join(header(k, v) for k, v in [
-        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
-        ("content-type", "application/grpc"), ("te", "trailers"),
-        *([("authorization", "Bearer " + token)] if token else [])])
+    headers = b"".join(
+        header(k, v)
+        for k, v in [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            *([("authorization", "Bearer " + token)] if token else []),
+        ]
+    )
     message = b"\x00" + struct.pack(">I", declared) + sent
-    return (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"") + frame(1, 4, 1, headers)
-            + frame(0, 0, 1, message))
+    return b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"") + frame(1, 4, 1, headers) + frame(0, 0, 1, message)
 
 
 def grpc_status_of(sock: socket.socket) -> int:
@@ -387,8 +483,8 @@ def grpc_status_of(sock: socket.socket) -> int:
             assert chunk, "the connection closed without a status"
             buffer += chunk
         length = int.from_bytes(buffer[:3], "big")
-        kind, flags, stream, body = buffer[3], buffer[4], int.from_bytes(buffer[5:9], "big"), buffer[9:9 + length]
-        buffer = buffer[9 + length:]
+        kind, flags, stream, body = buffer[3], buffer[4], int.from_bytes(buffer[5:9], "big"), buffer[9 : 9 + length]
+        buffer = buffer[9 + length :]
         if kind == 1 and flags & 1 and stream == 1:  # HEADERS, END_STREAM
             found = re.search(rb"grpc-status.([0-9]+)", body, re.DOTALL)
             assert found, body
@@ -407,8 +503,11 @@ def test_a_call_that_stops_halfway_holds_nothing_others_need(unchanged, declared
                 sock.sendall(http2_request(path, token, declared, b"\x0a\x02" + b"x" * 30))
                 socks.append(sock)
                 if declared > MAX_MESSAGE_BYTES:  # refused at once, token or not
-                    assert grpc_status_of(sock) in ((grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],) if token else (
-                        grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.UNAUTHENTICATED.value[0]))
+                    assert grpc_status_of(sock) in (
+                        (grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],)
+                        if token
+                        else (grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.UNAUTHENTICATED.value[0])
+                    )
         half_preface = socket.create_connection((host, int(port)), timeout=DEADLINE_S)
         half_preface.sendall(b"PRI * HTTP/2.0\r\n")
         socks.append(half_preface)
@@ -420,7 +519,8 @@ def test_a_call_that_stops_halfway_holds_nothing_others_need(unchanged, declared
             requests.wait(DEADLINE_S)
 
         call = target.channel.stream_stream(transport.METHODS["PushPull"].path)(
-            idle(), timeout=DEADLINE_S, metadata=target.metadata)
+            idle(), timeout=DEADLINE_S, metadata=target.metadata
+        )
         assert not codec.decode(next(call), pb.PushPullReplyHeader)[0].error_class
         # Meanwhile everyone else is served.
         target.trainer.pull()
@@ -450,8 +550,9 @@ def test_one_host_cannot_take_every_thread(tmp_path):
             release.wait(DEADLINE_S)
             yield b""
 
-    server = transport.RpcServer({"PushPull": hold, "GetInfo": lambda request: pb.TaskInfo(job_name="ps")},
-                                 name="/job:ps/task:0", max_threads=8)
+    server = transport.RpcServer(
+        {"PushPull": hold, "GetInfo": lambda request: pb.TaskInfo(job_name="ps")}, name="/job:ps/task:0", max_threads=8
+    )
     port = server.bind("127.0.0.1:0")
     local = server.bind_local(str(tmp_path / "s.sock"))
     server.start()
@@ -468,8 +569,7 @@ def test_one_host_cannot_take_every_thread(tmp_path):
             if server.limiter.in_flight().get("ipv4:127.0.0.1", 0) >= cap or waited.wait(0.01):
                 break
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            error = refused(lambda: channel.unary_unary(transport.METHODS["GetInfo"].path)(
-                b"", timeout=DEADLINE_S))
+            error = refused(lambda: channel.unary_unary(transport.METHODS["GetInfo"].path)(b"", timeout=DEADLINE_S))
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "at most" in error.details()
         with transport.Connection(local) as other:
             assert other.call("GetInfo", pb.InfoRequest(), timeout=DEADLINE_S).job_name == "ps"
@@ -499,17 +599,25 @@ def test_nan_and_inf_gradients_are_applied_as_torch_would_and_the_task_serves_on
     cluster = free_cluster(1, 1)
     with psframe.Server(cluster, "ps", 0, serving_processes=1, auth_token=token) as server:
         model = torch.nn.Linear(2, 2)
-        trainer = psframe.Trainer(model, cluster, auth_token=token, optimizer=psframe.optim.SGD(lr=0.5),
-                                  connect_timeout=DEADLINE_S, rpc_timeout=DEADLINE_S)
+        trainer = psframe.Trainer(
+            model,
+            cluster,
+            auth_token=token,
+            optimizer=psframe.optim.SGD(lr=0.5),
+            connect_timeout=DEADLINE_S,
+            rpc_timeout=DEADLINE_S,
+        )
         with trainer:
             expected = {n: p.detach().clone() for n, p in model.named_parameters()}
             grad = torch.tensor([[float("nan"), float("inf")], [-float("inf"), 1.0]])
             caller = pb.Caller(job_name="worker", task_index=0, cluster_fingerprint=cluster.fingerprint)
             header = pb.PushPullHeader(caller=caller, pull=["weight", "bias"], end_of_step=True)
             with grpc.insecure_channel(server.address) as channel:
-                reply, = channel.stream_stream(transport.METHODS["PushPull"].path)(
-                    iter([codec.encode(header, [("weight", grad)])]), timeout=DEADLINE_S,
-                    metadata=(("authorization", "Bearer " + token),))
+                (reply,) = channel.stream_stream(transport.METHODS["PushPull"].path)(
+                    iter([codec.encode(header, [("weight", grad)])]),
+                    timeout=DEADLINE_S,
+                    metadata=(("authorization", "Bearer " + token),),
+                )
             head, (weight, bias) = codec.decode(reply, pb.PushPullReplyHeader)
             assert not head.error_class and head.global_step == 1
             oracle = expected["weight"] - 0.5 * grad
@@ -523,7 +631,7 @@ def test_nan_and_inf_gradients_are_applied_as_torch_would_and_the_task_serves_on
 
 
 DTYPE_NAMES = sorted(codec.DTYPES) + ["", "float128", "torch.float32"]
-dims = st.one_of(st.integers(0, 6), st.integers(-2**63, 2**63 - 1), st.sampled_from([2**31, 2**62, -1]))
+dims = st.one_of(st.integers(0, 6), st.integers(-(2**63), 2**63 - 1), st.sampled_from([2**31, 2**62, -1]))
 
 
 @st.composite
@@ -554,11 +662,12 @@ def check_decoded(data: bytes) -> None:
         assert tensor.numel() * tensor.element_size() == meta.nbytes <= envelope.payload_length
         start = envelope.payload_start + meta.offset
         if meta.nbytes:
-            assert codec.raw_bytes(tensor).tobytes() == bytes(data[start:start + meta.nbytes])
+            assert codec.raw_bytes(tensor).tobytes() == bytes(data[start : start + meta.nbytes])
 
 
-PROPERTY = settings(max_examples=400, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(
+    max_examples=400, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @PROPERTY
@@ -572,13 +681,16 @@ def test_decode_of_arbitrary_bytes_refuses_or_is_consistent(data):
 def test_decode_of_arbitrary_envelopes_refuses_or_is_consistent(tensors, payload, cut):
     data = meta_envelope(pb.PushPullHeader(), tensors, payload)
     check_decoded(data)
-    check_decoded(data[:len(data) - cut])  # cut short
+    check_decoded(data[: len(data) - cut])  # cut short
 
 
 def test_check_shape_names_what_was_expected():
     assert codec.check_shape("t", (0, 2**31)) == 0
     assert codec.check_shape("t", (2, 3)) == 6
-    for shape, expected in [((1,) * 65, "at most 64"), ((-1, 2), "dimensions >= 0"),
-                            ((0, 2**31 + 1), "more than 2147483648 elements")]:
+    for shape, expected in [
+        ((1,) * 65, "at most 64"),
+        ((-1, 2), "dimensions >= 0"),
+        ((0, 2**31 + 1), "more than 2147483648 elements"),
+    ]:
         with pytest.raises(WireFormatError, match=expected):
             codec.check_shape("t", shape)

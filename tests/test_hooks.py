@@ -18,9 +18,9 @@ import torch
 import psframe
 from psframe import checkpoint
 from psframe.checkpoint import files as checkpoint_io
-from psframe.worker.client import PsClient
 from psframe.errors import CheckpointError, NanLossError
 from psframe.hooks import Hook, LoggingHook, NanGuardHook, StopAtStepHook, TensorBoardHook
+from psframe.worker.client import PsClient
 from psframe.worker.trainer import TrainerState
 from tests.conftest import assert_params_equal, params
 
@@ -94,9 +94,12 @@ def test_hook_calls_in_order_with_global_step_and_loss(local_cluster):
         expected = [
             ("begin", TrainerState.RUNNING, 3, 0),
             # before_step sees the step this worker last heard of; after_step the new one.
-            ("before", 3, 0), ("after", 4, 4, 1, losses[0]),
-            ("before", 4, 1), ("after", 6, 6, 2, losses[1]),
-            ("before", 6, 2), ("after", 8, 8, 3, losses[2]),
+            ("before", 3, 0),
+            ("after", 4, 4, 1, losses[0]),
+            ("before", 4, 1),
+            ("after", 6, 6, 2, losses[1]),
+            ("before", 6, 2),
+            ("after", 8, 8, 3, losses[2]),
             ("end", TrainerState.RUNNING, 8, 3),
         ]
         assert len(recorder.calls) == len(expected)
@@ -193,8 +196,16 @@ def test_stop_at_step_counts_num_steps_from_the_step_at_begin(local_cluster):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"last_step": 3, "num_steps": 3}, {"last_step": -1}, {"num_steps": -5},
-     {"last_step": 2.5}, {"num_steps": "3"}, {"last_step": True}, {"last_step": None, "num_steps": None}],
+    [
+        {},
+        {"last_step": 3, "num_steps": 3},
+        {"last_step": -1},
+        {"num_steps": -5},
+        {"last_step": 2.5},
+        {"num_steps": "3"},
+        {"last_step": True},
+        {"last_step": None, "num_steps": None},
+    ],
     ids=["neither", "both", "negative_last", "negative_num", "float", "str", "bool", "both_none"],
 )
 def test_stop_at_step_rejects_bad_arguments(kwargs):
@@ -278,7 +289,8 @@ def test_logging_hook_logs_every_second_local_step(local_cluster, caplog):
     assert len(messages) == 2, messages
     for message, local in zip(messages, (2, 4)):
         match = re.fullmatch(
-            r"worker 0: global step (\d+), local step (\d+), loss (\S+), ([0-9.]+) global steps/s", message)
+            r"worker 0: global step (\d+), local step (\d+), loss (\S+), ([0-9.]+) global steps/s", message
+        )
         assert match, message
         assert int(match.group(1)) == local and int(match.group(2)) == local
         assert match.group(3) == f"{losses[local - 1]:.4f}"
@@ -306,8 +318,7 @@ def read_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
     accumulator_module = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     accumulator = accumulator_module.EventAccumulator(str(log_dir))
     accumulator.Reload()
-    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
-            for tag in accumulator.Tags()["scalars"]}
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
 
 
 def test_tensorboard_hook_writes_loss_and_rate_on_the_chief(local_cluster, tmp_path):
@@ -321,8 +332,7 @@ def test_tensorboard_hook_writes_loss_and_rate_on_the_chief(local_cluster, tmp_p
     with trainer(model, cluster, 0, hooks=[TensorBoardHook(str(chief_dir), every_n_steps=1)]) as t:
         for step in range(4):
             if step == 2:  # the other worker's step makes the chief's global steps 1, 2, 4, 5
-                with trainer(other_model, cluster, 1,
-                             hooks=[TensorBoardHook(str(other_dir), every_n_steps=1)]) as o:
+                with trainer(other_model, cluster, 1, hooks=[TensorBoardHook(str(other_dir), every_n_steps=1)]) as o:
                     assert o.step(loss_of(other_model, 9)) == 3
             loss = loss_of(model, step)
             losses.append(loss.item())
@@ -388,8 +398,15 @@ def test_trainer_checkpoints_every_n_steps_keeps_the_newest_and_loads_back(local
     cluster = local_cluster(num_ps=2, num_workers=1)
     model = make_model(hidden=8)
     watcher = CheckpointWatcher(checkpoint_url)
-    t = trainer(model, cluster, hooks=[watcher], checkpoint_dir=checkpoint_url, save_checkpoint_steps=3,
-                keep_checkpoints=2, min_partition_bytes=64)
+    t = trainer(
+        model,
+        cluster,
+        hooks=[watcher],
+        checkpoint_dir=checkpoint_url,
+        save_checkpoint_steps=3,
+        keep_checkpoints=2,
+        min_partition_bytes=64,
+    )
     assert any(s.partitioned for s in t.placement.shards)
     with t:
         for step in range(10):
@@ -433,8 +450,7 @@ def test_save_checkpoint_without_a_checkpoint_dir_is_an_error(local_cluster, tmp
         checkpoint.load(str(tmp_path / "empty"))
 
 
-def test_save_checkpoint_returns_the_manifest_and_close_at_the_same_step_saves_nothing_new(
-        local_cluster, tmp_path):
+def test_save_checkpoint_returns_the_manifest_and_close_at_the_same_step_saves_nothing_new(local_cluster, tmp_path):
     cluster = local_cluster(num_ps=2, num_workers=1)
     url = str(tmp_path / "ckpt")
     model = make_model()

@@ -132,9 +132,7 @@ def test_each_host_has_a_dev_shm_of_its_own(host_set):
     assert hosts_module.SHM_SOURCE not in root(["cat", "/proc/self/mountinfo"])
 
 
-def test_a_task_is_its_popens_pid_with_the_callers_environment_and_directory(
-    host_set, tmp_path, monkeypatch
-):
+def test_a_task_is_its_popens_pid_with_the_callers_environment_and_directory(host_set, tmp_path, monkeypatch):
     hosts = host_set(["w0"])
     monkeypatch.setenv("PSFRAME_HOSTS_TEST", "inherited")
     script = "import os; print(os.getpid(), os.getcwd(), os.environ['PSFRAME_HOSTS_TEST'])"

@@ -31,8 +31,9 @@ def thp_mode() -> str:
 
 
 needs_madvise_mode = pytest.mark.skipif(
-    thp_mode() != "madvise", reason=f"transparent huge pages are {thp_mode()!r} here, not 'madvise': "
-                                    "eligibility then does not show the advice")
+    thp_mode() != "madvise",
+    reason=f"transparent huge pages are {thp_mode()!r} here, not 'madvise': eligibility then does not show the advice",
+)
 
 
 def eligible(tensor: torch.Tensor) -> bool:
@@ -89,11 +90,19 @@ def test_back_moves_a_touched_tensor_in_place():
 
 @needs_madvise_mode
 def test_opting_out_leaves_every_tensor_on_small_pages():
-    code = ("import torch; from psframe import huge_pages; from tests.test_huge_pages import eligible, ROWS;"
-            "t = huge_pages.full((ROWS, 64), 0.0, torch.float32); s = torch.ones(ROWS, 64); huge_pages.back([s]);"
-            "print(huge_pages.enabled(), eligible(t), eligible(s))")  # a fresh process: nothing advised before
-    env_out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                             env={**__import__("os").environ, huge_pages.OPT_OUT_VARIABLE: "0"}, check=True)
+    code = (
+        "import torch; from psframe import huge_pages; from tests.test_huge_pages import eligible, ROWS;"
+        "t = huge_pages.full((ROWS, 64), 0.0, torch.float32); s = torch.ones(ROWS, 64); huge_pages.back([s]);"
+        "print(huge_pages.enabled(), eligible(t), eligible(s))"
+    )  # a fresh process: nothing advised before
+    env_out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**__import__("os").environ, huge_pages.OPT_OUT_VARIABLE: "0"},
+        check=True,
+    )
     assert env_out.stdout.split() == ["False", "False", "False"]
 
 
@@ -101,8 +110,12 @@ def test_opting_out_leaves_every_tensor_on_small_pages():
 def test_a_ps_store_keeps_a_large_table_and_its_optimizer_state_on_huge_pages():
     store = VariableStore("/job:ps/task:0")
     table = torch.randn(ROWS, 64)
-    store.create({"emb": table}, psframe.optim.SGD(lr=0.1), tables=["emb"],
-                 table_optimizer=psframe.optim.Adagrad(lr=0.1, initial_accumulator_value=0.5).for_tables())
+    store.create(
+        {"emb": table},
+        psframe.optim.SGD(lr=0.1),
+        tables=["emb"],
+        table_optimizer=psframe.optim.Adagrad(lr=0.1, initial_accumulator_value=0.5).for_tables(),
+    )
     variable = store.read(["emb"])[0]
     assert eligible(variable) and torch.equal(variable, table)
     store.apply_rows([("emb", torch.tensor([3, 3, 7]), torch.ones(3, 64))])
@@ -115,12 +128,17 @@ def test_a_ps_store_keeps_a_large_table_and_its_optimizer_state_on_huge_pages():
 def test_lazy_optimizer_state_and_grown_dynamic_rows_are_on_huge_pages():
     store = VariableStore("/job:ps/task:0")
     spec = psframe.DynamicEmbedding(64).spec
-    store.create({"emb": torch.zeros(ROWS, 64)}, psframe.optim.SGD(lr=0.1), tables=["emb"],
-                 table_optimizer=psframe.optim.Adam(lr=0.1).for_tables(),
-                 dynamic={"users/part_0": DynamicPart(spec, (64,), torch.float32)})
+    store.create(
+        {"emb": torch.zeros(ROWS, 64)},
+        psframe.optim.SGD(lr=0.1),
+        tables=["emb"],
+        table_optimizer=psframe.optim.Adam(lr=0.1).for_tables(),
+        dynamic={"users/part_0": DynamicPart(spec, (64,), torch.float32)},
+    )
     assert store.optimizer_state() is None  # SparseAdam makes its state at the first step
-    store.apply_rows([("emb", torch.tensor([1]), torch.ones(1, 64)),
-                      ("users/part_0", torch.arange(ROWS), torch.ones(ROWS, 64))])
+    store.apply_rows(
+        [("emb", torch.tensor([1]), torch.ones(1, 64)), ("users/part_0", torch.arange(ROWS), torch.ones(ROWS, 64))]
+    )
     assert all(eligible(x) for x in store.optimizer_state()["emb"].values() if torch.is_tensor(x))
     part = store._dynamic["users/part_0"]
     assert part.slots >= ROWS and eligible(part.weight)

@@ -27,8 +27,9 @@ def load(name: str) -> list[dict]:
         return [doc for doc in yaml.safe_load_all(f) if doc]
 
 
-def operator_tf_config(job: dict, rtype: str, index: int, namespace: str = "default",
-                       with_evaluator: bool = True) -> str:
+def operator_tf_config(
+    job: dict, rtype: str, index: int, namespace: str = "default", with_evaluator: bool = True
+) -> str:
     """The TF_CONFIG Kubeflow's training operator sets in a TFJob's pod, as its Go code marshals it.
 
     Every replica type becomes a job named by its lower-cased type, each replica
@@ -43,8 +44,11 @@ def operator_tf_config(job: dict, rtype: str, index: int, namespace: str = "defa
         container = next(c for c in spec["template"]["spec"]["containers"] if c["name"] == "tensorflow")
         port = next((p["containerPort"] for p in container.get("ports", []) if p.get("name") == "tfjob-port"), 2222)
         cluster[rt] = [f"{job['metadata']['name']}-{rt}-{i}.{namespace}.svc:{port}" for i in range(spec["replicas"])]
-    config = {"cluster": dict(sorted(cluster.items())), "task": {"type": rtype.lower(), "index": index},
-              "environment": "cloud"}
+    config = {
+        "cluster": dict(sorted(cluster.items())),
+        "task": {"type": rtype.lower(), "index": index},
+        "environment": "cloud",
+    }
     return json.dumps(config, separators=(",", ":"))
 
 
@@ -52,24 +56,33 @@ def operator_tf_config(job: dict, rtype: str, index: int, namespace: str = "defa
 
 # Literally what the training operator sets for a TFJob "mnist" in namespace "ml" with
 # 1 Chief, 2 PS, 2 Worker and 1 Evaluator replicas (a release that lists the evaluator).
-OPERATOR_CLUSTER = ('{"chief":["mnist-chief-0.ml.svc:2222"],"evaluator":["mnist-evaluator-0.ml.svc:2222"],'
-                    '"ps":["mnist-ps-0.ml.svc:2222","mnist-ps-1.ml.svc:2222"],'
-                    '"worker":["mnist-worker-0.ml.svc:2222","mnist-worker-1.ml.svc:2222"]}')
-TRAINING_CLUSTER = psframe.ClusterSpec({
-    "ps": ["mnist-ps-0.ml.svc:2222", "mnist-ps-1.ml.svc:2222"],
-    "worker": ["mnist-chief-0.ml.svc:2222", "mnist-worker-0.ml.svc:2222", "mnist-worker-1.ml.svc:2222"],
-})
+OPERATOR_CLUSTER = (
+    '{"chief":["mnist-chief-0.ml.svc:2222"],"evaluator":["mnist-evaluator-0.ml.svc:2222"],'
+    '"ps":["mnist-ps-0.ml.svc:2222","mnist-ps-1.ml.svc:2222"],'
+    '"worker":["mnist-worker-0.ml.svc:2222","mnist-worker-1.ml.svc:2222"]}'
+)
+TRAINING_CLUSTER = psframe.ClusterSpec(
+    {
+        "ps": ["mnist-ps-0.ml.svc:2222", "mnist-ps-1.ml.svc:2222"],
+        "worker": ["mnist-chief-0.ml.svc:2222", "mnist-worker-0.ml.svc:2222", "mnist-worker-1.ml.svc:2222"],
+    }
+)
 
 
-@pytest.mark.parametrize("task_type, index, expected", [
-    ("chief", 0, ("worker", 0)),
-    ("worker", 0, ("worker", 1)),
-    ("worker", 1, ("worker", 2)),
-    ("ps", 0, ("ps", 0)),
-    ("ps", 1, ("ps", 1)),
-])
+@pytest.mark.parametrize(
+    "task_type, index, expected",
+    [
+        ("chief", 0, ("worker", 0)),
+        ("worker", 0, ("worker", 1)),
+        ("worker", 1, ("worker", 2)),
+        ("ps", 0, ("ps", 0)),
+        ("ps", 1, ("ps", 1)),
+    ],
+)
 def test_every_tfjob_pod_gets_its_task_and_the_same_cluster(task_type, index, expected):
-    tf_config = f'{{"cluster":{OPERATOR_CLUSTER},"task":{{"type":"{task_type}","index":{index}}},"environment":"cloud"}}'
+    tf_config = (
+        f'{{"cluster":{OPERATOR_CLUSTER},"task":{{"type":"{task_type}","index":{index}}},"environment":"cloud"}}'
+    )
     cluster, job_name, task_index = resolve_cluster(environ={"TF_CONFIG": tf_config})
     assert cluster == TRAINING_CLUSTER  # the evaluator is no part of it
     assert (job_name, task_index) == expected
@@ -80,8 +93,7 @@ def test_the_evaluator_pod_is_told_it_takes_no_part(lists_evaluator, capsys, mon
     cluster_json = json.loads(OPERATOR_CLUSTER)
     if not lists_evaluator:
         del cluster_json["evaluator"]
-    tf_config = json.dumps({"cluster": cluster_json, "task": {"type": "evaluator", "index": 0},
-                            "environment": "cloud"})
+    tf_config = json.dumps({"cluster": cluster_json, "task": {"type": "evaluator", "index": 0}, "environment": "cloud"})
     assert cluster_from_tf_config(tf_config) == (TRAINING_CLUSTER, "evaluator", 0)
     with pytest.raises(ClusterSpecError, match=r"TF_CONFIG's evaluator, which takes no part in training"):
         resolve_cluster(environ={"TF_CONFIG": tf_config})
@@ -91,8 +103,10 @@ def test_the_evaluator_pod_is_told_it_takes_no_part(lists_evaluator, capsys, mon
 
 
 def test_a_tf1_master_is_the_chief():
-    tf_config = ('{"cluster":{"master":["m-0:2222"],"ps":["p-0:2222"],"worker":["w-0:2222"]},'
-                 '"task":{"type":"master","index":0},"environment":"cloud"}')
+    tf_config = (
+        '{"cluster":{"master":["m-0:2222"],"ps":["p-0:2222"],"worker":["w-0:2222"]},'
+        '"task":{"type":"master","index":0},"environment":"cloud"}'
+    )
     cluster, job_name, task_index = resolve_cluster(environ={"TF_CONFIG": tf_config})
     assert cluster.job_tasks("worker") == ["m-0:2222", "w-0:2222"] and (job_name, task_index) == ("worker", 0)
 
@@ -101,18 +115,30 @@ def test_a_tf1_master_is_the_chief():
 def test_a_tfjob_tf_config_alone_trains_a_cluster_on_loopback(processes):
     """Chief, worker and ps processes told nothing but the TF_CONFIG a TFJob gives them."""
     ps_port, chief_port, worker_port, evaluator_port = pick_free_ports(4)
-    cluster = {"chief": [f"127.0.0.1:{chief_port}"], "evaluator": [f"127.0.0.1:{evaluator_port}"],
-               "ps": [f"127.0.0.1:{ps_port}"], "worker": [f"127.0.0.1:{worker_port}"]}
+    cluster = {
+        "chief": [f"127.0.0.1:{chief_port}"],
+        "evaluator": [f"127.0.0.1:{evaluator_port}"],
+        "ps": [f"127.0.0.1:{ps_port}"],
+        "worker": [f"127.0.0.1:{worker_port}"],
+    }
 
     def env(task_type: str) -> dict[str, str]:
-        return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task_type, "index": 0},
-                                         "environment": "cloud"}, separators=(",", ":"))}
+        return {
+            "TF_CONFIG": json.dumps(
+                {"cluster": cluster, "task": {"type": task_type, "index": 0}, "environment": "cloud"},
+                separators=(",", ":"),
+            )
+        }
 
-    processes.start("ps0", [sys.executable, "-m", "psframe.cli", "server", f"--bind_address=127.0.0.1:{ps_port}",
-                            "--serving_processes=1"], env=env("ps"))
+    processes.start(
+        "ps0",
+        [sys.executable, "-m", "psframe.cli", "server", f"--bind_address=127.0.0.1:{ps_port}", "--serving_processes=1"],
+        env=env("ps"),
+    )
     for name, task_type in (("chief", "chief"), ("worker", "worker")):
-        processes.start(name, [sys.executable, str(ROOT / "tests" / "cluster_job.py"), "--train_steps=60"],
-                        env=env(task_type))
+        processes.start(
+            name, [sys.executable, str(ROOT / "tests" / "cluster_job.py"), "--train_steps=60"], env=env(task_type)
+        )
     procs = processes.wait(timeout=120)
     chief = json.loads([line for line in procs["chief"].output.splitlines() if line.startswith("{")][-1])
     worker = json.loads([line for line in procs["worker"].output.splitlines() if line.startswith("{")][-1])
@@ -138,8 +164,9 @@ def test_tfjob_manifest_names_what_the_operator_and_psframe_expect():
         assert {"name": "tfjob-port", "containerPort": 2222} in container["ports"]
         images.add(container["image"])
         argv = container["command"] + container.get("args", [])
-        assert not any(a.startswith(("--ps_hosts", "--worker_hosts", "--cluster_spec", "--job_name", "--task_index"))
-                       for a in argv), f"{replica_type}: the cluster and task come from TF_CONFIG"
+        assert not any(
+            a.startswith(("--ps_hosts", "--worker_hosts", "--cluster_spec", "--job_name", "--task_index")) for a in argv
+        ), f"{replica_type}: the cluster and task come from TF_CONFIG"
         if replica_type == "PS":
             assert argv[:2] == ["psframe", "server"]
             args = cli.build_parser().parse_args(argv[1:])
@@ -198,8 +225,10 @@ def test_statefulset_manifest_agrees_with_its_service_and_psframe_k8s():
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert set(env) - {"OMP_NUM_THREADS"} <= set(k8s.ENV_NAMES)
         assert env["PSFRAME_SERVICE"] == prefix and env["PSFRAME_PORT"] == "2222"
-        assert {"name": "PSFRAME_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} \
-            in container["env"]
+        assert {
+            "name": "PSFRAME_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        } in container["env"]
         assert int(env["PSFRAME_NUM_PS"]) == sets[f"{prefix}-ps"]["spec"]["replicas"]
         assert int(env["PSFRAME_NUM_WORKERS"]) == sets[f"{prefix}-worker"]["spec"]["replicas"]
         assert container["command"] == ["python", "-m", "psframe.k8s", "--stay_after_success", "--"]
@@ -217,7 +246,8 @@ def test_statefulset_manifest_agrees_with_its_service_and_psframe_k8s():
     found = {}
     for hostname, env in pods.items():
         cluster, job_name, task_index = resolve_cluster(
-            environ={"TF_CONFIG": json.dumps(k8s.statefulset_tf_config(hostname, env))})
+            environ={"TF_CONFIG": json.dumps(k8s.statefulset_tf_config(hostname, env))}
+        )
         found[hostname] = (cluster, job_name, task_index)
         assert cluster.task_address(job_name, task_index) == f"{hostname}.{prefix}.ml.svc:2222"
     assert len({c for c, _, _ in found.values()}) == 1
@@ -242,28 +272,40 @@ ENV = {"PSFRAME_SERVICE": "job", "PSFRAME_NUM_PS": "2", "PSFRAME_NUM_WORKERS": "
 
 def test_statefulset_tf_config_names_pods_under_the_service():
     assert k8s.statefulset_tf_config("job-worker-2", ENV) == {
-        "cluster": {"ps": ["job-ps-0.job:2222", "job-ps-1.job:2222"],
-                    "worker": ["job-worker-0.job:2222", "job-worker-1.job:2222", "job-worker-2.job:2222"]},
+        "cluster": {
+            "ps": ["job-ps-0.job:2222", "job-ps-1.job:2222"],
+            "worker": ["job-worker-0.job:2222", "job-worker-1.job:2222", "job-worker-2.job:2222"],
+        },
         "task": {"type": "worker", "index": 2},
     }
-    full = k8s.statefulset_tf_config("my-job-ps-1.job.ml.svc.cluster.local", {
-        **ENV, "PSFRAME_SERVICE": "svc", "PSFRAME_PORT": "7000", "PSFRAME_NAMESPACE": "ml",
-        "PSFRAME_CLUSTER_DOMAIN": "cluster.local"})
+    full = k8s.statefulset_tf_config(
+        "my-job-ps-1.job.ml.svc.cluster.local",
+        {
+            **ENV,
+            "PSFRAME_SERVICE": "svc",
+            "PSFRAME_PORT": "7000",
+            "PSFRAME_NAMESPACE": "ml",
+            "PSFRAME_CLUSTER_DOMAIN": "cluster.local",
+        },
+    )
     assert full["task"] == {"type": "ps", "index": 1}
     assert full["cluster"]["ps"][1] == "my-job-ps-1.svc.ml.svc.cluster.local:7000"
 
 
-@pytest.mark.parametrize("hostname, env, match", [
-    ("job-0", ENV, r"hostname 'job-0' is not a StatefulSet pod of a psframe job"),
-    ("job-chief-0", ENV, r"expected NAME-ps-I or NAME-worker-I"),
-    ("job-ps-x", ENV, r"hostname 'job-ps-x'"),
-    ("-ps-0", ENV, r"hostname '-ps-0'"),
-    ("job-ps-2", ENV, r"pod 'job-ps-2' is ps 2, but PSFRAME_NUM_PS=2 \(ordinals 0\.\.1\)"),
-    ("job-ps-0", {**ENV, "PSFRAME_SERVICE": ""}, r"PSFRAME_SERVICE is not set"),
-    ("job-ps-0", {"PSFRAME_SERVICE": "s", "PSFRAME_NUM_PS": "1"}, r"PSFRAME_NUM_WORKERS is not set"),
-    ("job-ps-0", {**ENV, "PSFRAME_NUM_PS": "two"}, r"PSFRAME_NUM_PS must be an int >= 1, got 'two'"),
-    ("job-ps-0", {**ENV, "PSFRAME_PORT": "70000"}, r"PSFRAME_PORT must be a port number \(1\.\.65535\), got 70000"),
-])
+@pytest.mark.parametrize(
+    "hostname, env, match",
+    [
+        ("job-0", ENV, r"hostname 'job-0' is not a StatefulSet pod of a psframe job"),
+        ("job-chief-0", ENV, r"expected NAME-ps-I or NAME-worker-I"),
+        ("job-ps-x", ENV, r"hostname 'job-ps-x'"),
+        ("-ps-0", ENV, r"hostname '-ps-0'"),
+        ("job-ps-2", ENV, r"pod 'job-ps-2' is ps 2, but PSFRAME_NUM_PS=2 \(ordinals 0\.\.1\)"),
+        ("job-ps-0", {**ENV, "PSFRAME_SERVICE": ""}, r"PSFRAME_SERVICE is not set"),
+        ("job-ps-0", {"PSFRAME_SERVICE": "s", "PSFRAME_NUM_PS": "1"}, r"PSFRAME_NUM_WORKERS is not set"),
+        ("job-ps-0", {**ENV, "PSFRAME_NUM_PS": "two"}, r"PSFRAME_NUM_PS must be an int >= 1, got 'two'"),
+        ("job-ps-0", {**ENV, "PSFRAME_PORT": "70000"}, r"PSFRAME_PORT must be a port number \(1\.\.65535\), got 70000"),
+    ],
+)
 def test_statefulset_tf_config_refuses(hostname, env, match):
     with pytest.raises(ClusterSpecError, match=match):
         k8s.statefulset_tf_config(hostname, env)
@@ -271,8 +313,16 @@ def test_statefulset_tf_config_refuses(hostname, env, match):
 
 def _entrypoint(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
     full_env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **ENV, **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "psframe.k8s", *args], env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, cwd=ROOT, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "psframe.k8s", *args],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        **kwargs,
+    )
 
 
 def test_entrypoint_prints_tf_config_or_refuses_the_pod(capsys, monkeypatch):
@@ -285,15 +335,28 @@ def test_entrypoint_prints_tf_config_or_refuses_the_pod(capsys, monkeypatch):
 
 
 def test_entrypoint_runs_the_command_with_tf_config():
-    proc = _entrypoint("--hostname", "job-ps-0", "--", sys.executable, "-c",
-                       "import os, psframe.cluster.tf_config as t; print(t.resolve_cluster()[1:])")
+    proc = _entrypoint(
+        "--hostname",
+        "job-ps-0",
+        "--",
+        sys.executable,
+        "-c",
+        "import os, psframe.cluster.tf_config as t; print(t.resolve_cluster()[1:])",
+    )
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and out.strip().endswith("('ps', 0)"), out
 
 
 def test_entrypoint_stays_up_after_success_until_sigterm():
-    proc = _entrypoint("--hostname", "job-worker-0", "--stay_after_success", "--", sys.executable, "-c",
-                       "print('task done', flush=True)")
+    proc = _entrypoint(
+        "--hostname",
+        "job-worker-0",
+        "--stay_after_success",
+        "--",
+        sys.executable,
+        "-c",
+        "print('task done', flush=True)",
+    )
     try:
         deadline, lines = time.monotonic() + 60, []
         while time.monotonic() < deadline:
@@ -311,7 +374,8 @@ def test_entrypoint_stays_up_after_success_until_sigterm():
 
 
 def test_entrypoint_ends_with_a_failed_tasks_code():
-    proc = _entrypoint("--hostname", "job-worker-0", "--stay_after_success", "--", sys.executable, "-c",
-                       "raise SystemExit(3)")
+    proc = _entrypoint(
+        "--hostname", "job-worker-0", "--stay_after_success", "--", sys.executable, "-c", "raise SystemExit(3)"
+    )
     proc.communicate(timeout=60)
     assert proc.returncode == 3

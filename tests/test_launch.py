@@ -50,7 +50,7 @@ def _lines(out: io.StringIO) -> list[tuple[str, str]]:
 
 def _tagged(out: io.StringIO, tag: str) -> dict[str, str]:
     """The text after ``tag`` that each task printed, keyed by task name."""
-    return {task: text[len(tag):] for task, text in _lines(out) if text.startswith(tag)}
+    return {task: text[len(tag) :] for task, text in _lines(out) if text.startswith(tag)}
 
 
 def _assert_gone(pids: list[int]) -> None:
@@ -60,10 +60,13 @@ def _assert_gone(pids: list[int]) -> None:
 
 
 def test_all_succeed_returns_zero_and_prefixes_every_line(tmp_path: Path) -> None:
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         print("hello from", me)
         print("oops from", me, file=sys.stderr)
-    """)
+    """,
+    )
     out = io.StringIO()
     assert launch(script, 2, 3, timeout=TIMEOUT, out=out) == 0
     lines = _lines(out)
@@ -75,11 +78,14 @@ def test_all_succeed_returns_zero_and_prefixes_every_line(tmp_path: Path) -> Non
 
 
 def test_child_flags_tf_config_and_env(tmp_path: Path) -> None:
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         print("ARGV", json.dumps(sys.argv[1:]))
         print("TF_CONFIG", os.environ["TF_CONFIG"])
         print("ENV", json.dumps([os.environ.get("PYTHONUNBUFFERED"), os.environ.get("PSF_X")]))
-    """)
+    """,
+    )
     out = io.StringIO()
     assert launch(script, 2, 2, timeout=TIMEOUT, out=out, env={"PSF_X": "y"}) == 0
     argvs = {k: json.loads(v) for k, v in _tagged(out, "ARGV ").items()}
@@ -96,9 +102,12 @@ def test_child_flags_tf_config_and_env(tmp_path: Path) -> None:
     assert len(set(ports)) == 4 and all(0 < p < 65536 for p in ports)
     for name, argv in argvs.items():
         job, index = name.rstrip("0123456789"), int(name[-1])
-        assert argv == [f"--ps_hosts={','.join(cluster['ps'])}",
-                        f"--worker_hosts={','.join(cluster['worker'])}",
-                        f"--job_name={job}", f"--task_index={index}"]
+        assert argv == [
+            f"--ps_hosts={','.join(cluster['ps'])}",
+            f"--worker_hosts={','.join(cluster['worker'])}",
+            f"--job_name={job}",
+            f"--task_index={index}",
+        ]
         assert configs[name] == {"cluster": cluster, "task": {"type": job, "index": index}}
         assert envs[name] == ["1", "y"]
 
@@ -130,7 +139,9 @@ def test_script_args_are_passed_through_verbatim(tmp_path: Path) -> None:
 
 def test_first_failure_stops_the_others_and_returns_its_code(tmp_path: Path) -> None:
     # worker1 fails once every other task has started (and written its pid); they sleep.
-    script = _script(tmp_path, f"""
+    script = _script(
+        tmp_path,
+        f"""
         d = {str(tmp_path)!r}
         others = ["ps0", "ps1", "worker0", "worker2"]
         if me == "worker1":
@@ -140,7 +151,8 @@ def test_first_failure_stops_the_others_and_returns_its_code(tmp_path: Path) -> 
             f.write(str(os.getpid()))
         os.replace(os.path.join(d, me + ".tmp"), os.path.join(d, me + ".pid"))
         time.sleep(60)
-    """)
+    """,
+    )
     out = io.StringIO()
     assert launch(script, 2, 3, timeout=TIMEOUT, out=out) == 3
     pids = [int(p.read_text()) for p in sorted(tmp_path.glob("*.pid"))]
@@ -154,7 +166,9 @@ def test_first_failure_stops_the_others_and_returns_its_code(tmp_path: Path) -> 
 
 
 def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
-    script = _script(tmp_path, f"""
+    script = _script(
+        tmp_path,
+        f"""
         ready = os.path.join({str(tmp_path)!r}, "ready")
         if me == "ps0":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -163,7 +177,8 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
             time.sleep(60)
         wait_for([ready])
         sys.exit(1)
-    """)
+    """,
+    )
     out = io.StringIO()
     assert launch(script, 1, 1, timeout=TIMEOUT, kill_grace=0.2, out=out) == 1
     _assert_gone([int(_tagged(out, "PID ")["ps0"])])
@@ -171,28 +186,31 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
 
 
 def test_child_killed_by_signal_counts_as_128_plus_signal(tmp_path: Path) -> None:
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         if me == "worker0":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
-    """)
+    """,
+    )
     out = io.StringIO()
     assert launch(script, 1, 1, timeout=TIMEOUT, out=out) == 137
-    assert "[launch] worker0 was killed by SIGKILL (code 137); stopping the others" \
-        in out.getvalue()
+    assert "[launch] worker0 was killed by SIGKILL (code 137); stopping the others" in out.getvalue()
 
 
 def test_timeout_stops_everything_and_returns_124(tmp_path: Path) -> None:
     script = _script(tmp_path, 'print("PID", os.getpid())\ntime.sleep(60)\n')
     out = io.StringIO()
     assert launch(script, 1, 2, timeout=1.0, out=out) == 124
-    assert "[launch] timeout after 1s; still running: ps0 worker0 worker1; stopping them" \
-        in out.getvalue()
+    assert "[launch] timeout after 1s; still running: ps0 worker0 worker1; stopping them" in out.getvalue()
     _assert_gone([int(p) for p in _tagged(out, "PID ").values()])  # those that got to print
 
 
 def test_keyboard_interrupt_stops_everything_and_returns_130(tmp_path: Path) -> None:
-    script = _script(tmp_path, f"""
+    script = _script(
+        tmp_path,
+        f"""
         ready = os.path.join({str(tmp_path)!r}, "ready")
         if me == "ps0":
             print("PID", os.getpid())
@@ -201,7 +219,8 @@ def test_keyboard_interrupt_stops_everything_and_returns_130(tmp_path: Path) -> 
         wait_for([ready])
         os.kill(os.getppid(), signal.SIGINT)  # the launcher's own Ctrl-C
         time.sleep(60)
-    """)
+    """,
+    )
     out = io.StringIO()
     assert launch(script, 1, 1, timeout=TIMEOUT, out=out) == 130
     assert "[launch] interrupted; stopping every task" in out.getvalue()
@@ -209,12 +228,15 @@ def test_keyboard_interrupt_stops_everything_and_returns_130(tmp_path: Path) -> 
 
 
 def test_lines_stay_whole_and_partial_last_line_is_kept(tmp_path: Path) -> None:
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         for i in range(200):
             print(me * 300 + str(i))
             print(me * 300 + str(i), file=sys.stderr)
         sys.stdout.write("no newline at the end")
-    """)
+    """,
+    )
     out = io.StringIO()
     assert launch(script, 2, 2, timeout=TIMEOUT, out=out) == 0
     counts: dict[str, int] = {}
@@ -227,7 +249,8 @@ def test_lines_stay_whole_and_partial_last_line_is_kept(tmp_path: Path) -> None:
         assert re.fullmatch(rf"(?:{task}){{300}}\d+", text), text[:80]
         counts[task] = counts.get(task, 0) + 1
     assert counts == {n: 400 for n in ["ps0", "ps1", "worker0", "worker1"]} | {
-        f"{n}/end": 1 for n in ["ps0", "ps1", "worker0", "worker1"]}
+        f"{n}/end": 1 for n in ["ps0", "ps1", "worker0", "worker1"]
+    }
 
 
 def test_output_defaults_to_sys_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -246,19 +269,21 @@ def test_pick_free_ports_are_distinct_and_bindable() -> None:
     assert pick_free_ports(0) == []
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"num_ps": 0}, "num_ps must be an int >= 1, got 0"),
-    ({"num_workers": -1}, "num_workers must be an int >= 1, got -1"),
-    ({"num_ps": True}, "num_ps"),
-    ({"num_workers": 1.5}, "num_workers"),
-    ({"script": "/no/such/script.py"}, "'/no/such/script.py' is not a file"),
-    ({"script_args": "--train_steps 5"}, "script_args must be a sequence of str"),
-    ({"script_args": ["--n", 5]}, "script_args must be a sequence of str"),
-    ({"timeout": 0}, "timeout must be > 0"),
-    ({"kill_grace": -1}, "kill_grace must be >= 0"),
-])
-def test_bad_inputs_are_refused_before_anything_starts(tmp_path: Path, kwargs: dict,
-                                                       match: str) -> None:
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_ps": 0}, "num_ps must be an int >= 1, got 0"),
+        ({"num_workers": -1}, "num_workers must be an int >= 1, got -1"),
+        ({"num_ps": True}, "num_ps"),
+        ({"num_workers": 1.5}, "num_workers"),
+        ({"script": "/no/such/script.py"}, "'/no/such/script.py' is not a file"),
+        ({"script_args": "--train_steps 5"}, "script_args must be a sequence of str"),
+        ({"script_args": ["--n", 5]}, "script_args must be a sequence of str"),
+        ({"timeout": 0}, "timeout must be > 0"),
+        ({"kill_grace": -1}, "kill_grace must be >= 0"),
+    ],
+)
+def test_bad_inputs_are_refused_before_anything_starts(tmp_path: Path, kwargs: dict, match: str) -> None:
     script = tmp_path / "never.py"
     script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
     args = {"script": str(script), "num_ps": 1, "num_workers": 1, "timeout": TIMEOUT} | kwargs
@@ -272,8 +297,7 @@ def test_bad_inputs_are_refused_before_anything_starts(tmp_path: Path, kwargs: d
 def test_missing_interpreter_raises_os_error(tmp_path: Path) -> None:
     script = _script(tmp_path, 'print("hi")\n')
     with pytest.raises(FileNotFoundError):
-        launch(script, 1, 1, python=str(tmp_path / "no-python"), timeout=TIMEOUT,
-               out=io.StringIO())
+        launch(script, 1, 1, python=str(tmp_path / "no-python"), timeout=TIMEOUT, out=io.StringIO())
 
 
 def test_pick_free_ports_refuses_bad_count() -> None:

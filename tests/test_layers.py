@@ -45,8 +45,12 @@ ALLOWED = {
     "edge": {"edge", "worker", "ps", "storage", "wire", "core"},
 }
 # Third-party packages per layer: core is stdlib only (optim wraps torch.optim).
-THIRD_PARTY_OF_CORE = {"psframe.optim": {"torch"}, "psframe.sparse_optim": {"torch"}, "psframe.huge_pages": {"torch"},
-                       "psframe.dynamic_rows": {"torch", "numpy"}}
+THIRD_PARTY_OF_CORE = {
+    "psframe.optim": {"torch"},
+    "psframe.sparse_optim": {"torch"},
+    "psframe.huge_pages": {"torch"},
+    "psframe.dynamic_rows": {"torch", "numpy"},
+}
 
 
 def module_name(path) -> str:
@@ -114,10 +118,13 @@ def test_a_worker_process_loads_nothing_of_the_ps_side():
     import subprocess
     import sys
 
-    code = ("import sys, psframe, psframe.hooks, psframe.checkpoint; psframe.Trainer; "
-            "print(sorted(m for m in sys.modules if m.startswith('psframe.ps')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=ROOT, check=True).stdout
+    code = (
+        "import sys, psframe, psframe.hooks, psframe.checkpoint; psframe.Trainer; "
+        "print(sorted(m for m in sys.modules if m.startswith('psframe.ps')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 

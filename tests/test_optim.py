@@ -21,9 +21,21 @@ def _param() -> torch.Tensor:
 
 
 def test_supported_is_every_closure_free_torch_optimizer():
-    assert set(SUPPORTED) == {"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adadelta", "Adamax", "NAdam",
-                              "RAdam", "ASGD", "Rprop", "SparseAdam",
-                              "SparseSGD"}  # psframe's own, for embedding tables
+    assert set(SUPPORTED) == {
+        "SGD",
+        "Adam",
+        "AdamW",
+        "Adagrad",
+        "RMSprop",
+        "Adadelta",
+        "Adamax",
+        "NAdam",
+        "RAdam",
+        "ASGD",
+        "Rprop",
+        "SparseAdam",
+        "SparseSGD",
+    }  # psframe's own, for embedding tables
     assert "LBFGS" not in SUPPORTED  # its step() needs a closure only a worker has
 
 
@@ -42,13 +54,13 @@ def test_factory_per_optimizer(name):
 def test_factory_keeps_kwargs_exactly():
     spec = optim.SGD(lr=0.5, momentum=0.9, nesterov=True, weight_decay=1e-4, dampening=0)
     assert spec.name == "SGD"
-    assert dict(spec.kwargs) == {"lr": 0.5, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-4,
-                                 "dampening": 0}
+    assert dict(spec.kwargs) == {"lr": 0.5, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-4, "dampening": 0}
     assert type(spec.kwargs["nesterov"]) is bool
     assert type(spec.kwargs["dampening"]) is int
     assert type(spec.kwargs["lr"]) is float
-    assert spec == OptimizerSpec("SGD", {"lr": 0.5, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-4,
-                                         "dampening": 0})
+    assert spec == OptimizerSpec(
+        "SGD", {"lr": 0.5, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-4, "dampening": 0}
+    )
     assert spec != optim.SGD(lr=0.5)
     assert spec != OptimizerSpec("Adam", {})
 
@@ -71,16 +83,31 @@ def test_caller_dict_is_copied():
     assert spec.kwargs["lr"] == 0.1
 
 
-@pytest.mark.parametrize("factory, kwargs, cls, expected", [
-    (optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2),
-     torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2, dampening=0)),
-    (optim.Adam, dict(lr=1e-3, betas=(0.8, 0.99), amsgrad=True),
-     torch.optim.Adam, dict(lr=1e-3, betas=(0.8, 0.99), amsgrad=True)),
-    (optim.AdamW, dict(weight_decay=0.1), torch.optim.AdamW, dict(weight_decay=0.1)),
-    (optim.Adagrad, dict(lr=0.05, lr_decay=0.01), torch.optim.Adagrad, dict(lr=0.05, lr_decay=0.01)),
-    (optim.RMSprop, dict(alpha=0.9, centered=True, momentum=0.5),
-     torch.optim.RMSprop, dict(alpha=0.9, centered=True, momentum=0.5)),
-])
+@pytest.mark.parametrize(
+    "factory, kwargs, cls, expected",
+    [
+        (
+            optim.SGD,
+            dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2),
+            torch.optim.SGD,
+            dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2, dampening=0),
+        ),
+        (
+            optim.Adam,
+            dict(lr=1e-3, betas=(0.8, 0.99), amsgrad=True),
+            torch.optim.Adam,
+            dict(lr=1e-3, betas=(0.8, 0.99), amsgrad=True),
+        ),
+        (optim.AdamW, dict(weight_decay=0.1), torch.optim.AdamW, dict(weight_decay=0.1)),
+        (optim.Adagrad, dict(lr=0.05, lr_decay=0.01), torch.optim.Adagrad, dict(lr=0.05, lr_decay=0.01)),
+        (
+            optim.RMSprop,
+            dict(alpha=0.9, centered=True, momentum=0.5),
+            torch.optim.RMSprop,
+            dict(alpha=0.9, centered=True, momentum=0.5),
+        ),
+    ],
+)
 def test_build_gives_the_torch_optimizer(factory, kwargs, cls, expected):
     p = _param()
     opt = factory(**kwargs).build([p])
@@ -120,28 +147,34 @@ def test_unknown_kwarg_names_it():
     assert isinstance(info.value.__cause__, TypeError)
 
 
-@pytest.mark.parametrize("factory, kwargs, needle", [
-    (optim.SGD, dict(lr=-1), "lr"),
-    (optim.SGD, dict(lr=0.1, momentum=-0.5), "momentum"),
-    (optim.Adam, dict(betas=(0.9, 1.5)), "betas"),
-    (optim.Adam, dict(eps=-1e-8), "eps"),
-    (optim.SGD, dict(lr=0.1, nesterov=True), "nesterov"),
-    (optim.RMSprop, dict(alpha=-0.1), "alpha"),
-])
+@pytest.mark.parametrize(
+    "factory, kwargs, needle",
+    [
+        (optim.SGD, dict(lr=-1), "lr"),
+        (optim.SGD, dict(lr=0.1, momentum=-0.5), "momentum"),
+        (optim.Adam, dict(betas=(0.9, 1.5)), "betas"),
+        (optim.Adam, dict(eps=-1e-8), "eps"),
+        (optim.SGD, dict(lr=0.1, nesterov=True), "nesterov"),
+        (optim.RMSprop, dict(alpha=-0.1), "alpha"),
+    ],
+)
 def test_invalid_value_names_it(factory, kwargs, needle):
     with pytest.raises(OptimizerConfigError, match=needle) as info:
         factory(**kwargs)
     assert isinstance(info.value.__cause__, ValueError)
 
 
-@pytest.mark.parametrize("kwargs, key, kind", [
-    (dict(lr=0.1, momentum=[torch.zeros(1), torch.ones(1)]), "momentum", "numbers only"),
-    (dict(lr=0.1, momentum={"value": 0.9}), "momentum", "dict"),
-    (dict(lr=torch.tensor(0.1)), "lr", "Tensor"),
-    (dict(lr=0.1, foreach=None), "foreach", "NoneType"),
-    (dict(lr=0.1, dampening=[[0.0]]), "dampening", "numbers only"),
-    (dict(lr=0.1, weight_decay=(0.1, True)), "weight_decay", "numbers only"),
-])
+@pytest.mark.parametrize(
+    "kwargs, key, kind",
+    [
+        (dict(lr=0.1, momentum=[torch.zeros(1), torch.ones(1)]), "momentum", "numbers only"),
+        (dict(lr=0.1, momentum={"value": 0.9}), "momentum", "dict"),
+        (dict(lr=torch.tensor(0.1)), "lr", "Tensor"),
+        (dict(lr=0.1, foreach=None), "foreach", "NoneType"),
+        (dict(lr=0.1, dampening=[[0.0]]), "dampening", "numbers only"),
+        (dict(lr=0.1, weight_decay=(0.1, True)), "weight_decay", "numbers only"),
+    ],
+)
 def test_non_wire_types_name_the_argument(kwargs, key, kind):
     with pytest.raises(OptimizerConfigError, match=kind) as info:
         optim.SGD(**kwargs)
@@ -294,8 +327,11 @@ def test_foreach_decision_is_made_once_per_optimizer_arguments_and_dtypes(fresh_
 def test_foreach_decision_checks_the_variables_dtypes(fresh_foreach_decisions, monkeypatch):
     seen = []
     monkeypatch.setattr(optim, "_foreach_difference", lambda cls, kwargs, dtypes: seen.append(dtypes))
-    params = [torch.zeros(3, requires_grad=True), torch.zeros(2, dtype=torch.float64, requires_grad=True),
-              torch.zeros(4, dtype=torch.int64)]  # an int variable is never updated
+    params = [
+        torch.zeros(3, requires_grad=True),
+        torch.zeros(2, dtype=torch.float64, requires_grad=True),
+        torch.zeros(4, dtype=torch.int64),
+    ]  # an int variable is never updated
     optim.Adam(lr=0.1).build(params)
     assert seen == [(torch.float32, torch.float64)]
 

@@ -23,8 +23,13 @@ MAX_SHARD_BYTES = 4096
 
 def _model(seed: int = 0, vocab: int | None = None) -> torch.nn.Module:
     torch.manual_seed(seed)
-    layers = [torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-              torch.nn.Linear(64, 4)]
+    layers = [
+        torch.nn.Linear(16, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 4),
+    ]
     return torch.nn.Sequential(*layers)
 
 
@@ -36,9 +41,16 @@ def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _train_async(local_cluster, overlap: bool, **trainer_args) -> tuple[dict, psframe.Trainer]:
     cluster = local_cluster(num_ps=2, num_workers=1)
     model = _model()
-    trainer = psframe.Trainer(model, cluster, optimizer=psframe.optim.Adam(lr=0.01), overlap_backward=overlap,
-                              max_shard_bytes=MAX_SHARD_BYTES, min_partition_bytes=8192, connect_timeout=30.0,
-                              **trainer_args)
+    trainer = psframe.Trainer(
+        model,
+        cluster,
+        optimizer=psframe.optim.Adam(lr=0.01),
+        overlap_backward=overlap,
+        max_shard_bytes=MAX_SHARD_BYTES,
+        min_partition_bytes=8192,
+        connect_timeout=30.0,
+        **trainer_args,
+    )
     with trainer:
         for step in range(STEPS):
             x, y = _batch(step)
@@ -60,14 +72,24 @@ def test_sync_with_overlap_equals_without(local_cluster):
     def train(overlap: bool) -> tuple[list[dict], int]:
         cluster = local_cluster(num_ps=2, num_workers=2)
         models = {i: _model(seed=0) for i in range(2)}
-        trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=0.1),
-                                       sync=psframe.SyncReplicas(2, 2, timeout=30.0), overlap_backward=overlap,
-                                       max_shard_bytes=MAX_SHARD_BYTES, min_partition_bytes=8192,
-                                       connect_timeout=30.0)
-                    for i in range(2)}
+        trainers = {
+            i: psframe.Trainer(
+                models[i],
+                cluster,
+                task_index=i,
+                optimizer=psframe.optim.SGD(lr=0.1),
+                sync=psframe.SyncReplicas(2, 2, timeout=30.0),
+                overlap_backward=overlap,
+                max_shard_bytes=MAX_SHARD_BYTES,
+                min_partition_bytes=8192,
+                connect_timeout=30.0,
+            )
+            for i in range(2)
+        }
         connect_all(trainers)
         try:
             for step in range(STEPS):
+
                 def one(i: int, step: int = step) -> None:
                     x, y = _batch(100 * i + step)
                     trainers[i].step(torch.nn.functional.cross_entropy(models[i](x), y))

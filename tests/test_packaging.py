@@ -49,7 +49,8 @@ def _pins() -> dict[str, Version]:
         req = Requirement(line)
         specs = list(req.specifier)
         assert len(specs) == 1 and specs[0].operator == "==" and "*" not in specs[0].version, (
-            f"constraints.txt: {line!r} is not an exact pin (name==version)")
+            f"constraints.txt: {line!r} is not an exact pin (name==version)"
+        )
         name = canonicalize_name(req.name)
         assert name not in pins, f"constraints.txt pins {req.name} twice"
         pins[name] = Version(specs[0].version)
@@ -95,7 +96,8 @@ def test_every_declared_requirement_is_pinned_inside_its_range(where, req):
     name = canonicalize_name(req.name)
     assert name in pins, f"setup.cfg [{where}] {req} has no pin in constraints.txt"
     assert req.specifier.contains(pins[name], prereleases=True), (
-        f"constraints.txt pins {req.name}=={pins[name]}, outside setup.cfg [{where}] {req}")
+        f"constraints.txt pins {req.name}=={pins[name]}, outside setup.cfg [{where}] {req}"
+    )
 
 
 def test_grpcio_tools_is_pinned_with_the_grpcio_it_belongs_to():
@@ -108,8 +110,11 @@ def _protobuf_gencode_version() -> Version:
     generated = sorted((ROOT / "psframe").rglob("psframe_pb2.py"))
     assert len(generated) == 1, f"expected one psframe_pb2.py under psframe/, found {generated}"
     text = generated[0].read_text()
-    match = re.search(r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,\s*"
-                      r"(\d+),\s*(\d+),\s*(\d+),", text)
+    match = re.search(
+        r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,\s*"
+        r"(\d+),\s*(\d+),\s*(\d+),",
+        text,
+    )
     assert match, "psframe_pb2.py has no ValidateProtobufRuntimeVersion(...) call to read"
     return Version(".".join(match.groups()))
 
@@ -121,7 +126,8 @@ def test_protobuf_range_is_what_the_generated_code_accepts():
     lower = [Version(s.version) for s in protobuf.specifier if s.operator in LOWER]
     assert lower and min(lower) >= gencode, f"setup.cfg {protobuf} admits a runtime older than {gencode}"
     assert not protobuf.specifier.contains(f"{gencode.major + 1}.0.0"), (
-        f"setup.cfg {protobuf} admits protobuf {gencode.major + 1}, which {gencode} gencode refuses")
+        f"setup.cfg {protobuf} admits protobuf {gencode.major + 1}, which {gencode} gencode refuses"
+    )
     assert protobuf.specifier.contains(_pins()["protobuf"])
 
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import logging
+import math
 
 import pytest
 
-from psframe.errors import ClusterSpecError, PlacementError
 from psframe.cluster.placement import (
     DEFAULT_MAX_SHARD_BYTES,
     HARD_MAX_SHARD_BYTES,
@@ -18,6 +16,7 @@ from psframe.cluster.placement import (
     VariableInfo,
     place,
 )
+from psframe.errors import ClusterSpecError, PlacementError
 
 
 def v(name: str, nbytes: int, device: str | None = None) -> VariableInfo:
@@ -90,8 +89,7 @@ def test_greedy_ties_keep_input_order_and_lowest_task():
 
 
 def test_round_robin_ignores_sizes():
-    p = place([v("a", 100), v("b", 60), v("c", 50), v("d", 40), v("e", 1)], 2,
-              strategy="round_robin")
+    p = place([v("a", 100), v("b", 60), v("c", 50), v("d", 40), v("e", 1)], 2, strategy="round_robin")
     assert tasks(p) == {"a": 0, "b": 1, "c": 0, "d": 1, "e": 0}
     assert p.bytes_per_ps() == [151, 100]
 
@@ -103,16 +101,13 @@ def test_greedy_spreads_parts_of_a_partitioned_variable():
     assert [s.name for s in parts] == [f"emb/part_{i}" for i in range(4)]
     assert [s.ps_task for s in parts] == [0, 1, 2, 3]
     assert p.shards_of("bias")[0].ps_task == 0  # smallest goes last, task 0 ties lowest
-    assert [s.name for s in p.shards] == ["bias", "emb/part_0", "emb/part_1",
-                                          "emb/part_2", "emb/part_3"]
+    assert [s.name for s in p.shards] == ["bias", "emb/part_0", "emb/part_1", "emb/part_2", "emb/part_3"]
 
 
 def test_round_robin_continues_across_parts():
     big = VariableInfo("w", (3, 1), 8)
-    p = place([v("a", 1), big, v("b", 1)], 2, strategy="round_robin",
-              min_partition_bytes=8)
-    assert [(s.name, s.ps_task) for s in p.shards] == [
-        ("a", 0), ("w/part_0", 1), ("w/part_1", 0), ("b", 1)]
+    p = place([v("a", 1), big, v("b", 1)], 2, strategy="round_robin", min_partition_bytes=8)
+    assert [(s.name, s.ps_task) for s in p.shards] == [("a", 0), ("w/part_0", 1), ("w/part_1", 0), ("b", 1)]
 
 
 # -- explicit devices ----------------------------------------------------------
@@ -133,10 +128,13 @@ def test_explicit_device_with_replica_and_device_parts_and_no_job():
 
 def test_explicit_device_holds_all_parts_and_round_robin_skips_it():
     big = VariableInfo("w", (4, 2), 4, "/job:ps/task:0")
-    p = place([big, v("x", 1, "/job:ps/task:1"), v("a", 1), v("b", 1), v("c", 1)], 2,
-              strategy="round_robin", min_partition_bytes=8)
-    assert [(s.name, s.ps_task) for s in p.shards_of("w")] == [
-        ("w/part_0", 0), ("w/part_1", 0)]
+    p = place(
+        [big, v("x", 1, "/job:ps/task:1"), v("a", 1), v("b", 1), v("c", 1)],
+        2,
+        strategy="round_robin",
+        min_partition_bytes=8,
+    )
+    assert [(s.name, s.ps_task) for s in p.shards_of("w")] == [("w/part_0", 0), ("w/part_1", 0)]
     # the automatic shards count 0, 1, 0 from their own start
     assert [tasks(p)[n] for n in ("x", "a", "b", "c")] == [1, 0, 1, 0]
 
@@ -243,12 +241,9 @@ def test_scalar_and_empty_tensors():
     zero_cols = VariableInfo("z", (5, 0), 4)
     p = place([scalar, empty, zero_cols], 2, min_partition_bytes=0, max_shard_bytes=1)
     s, e, z = p.shards
-    assert (s.name, s.row_start, s.row_end, s.shape, s.nbytes, s.num_parts) == (
-        "step", 0, 1, (), 8, 1)
-    assert (e.name, e.row_start, e.row_end, e.shape, e.nbytes, e.num_parts) == (
-        "e", 0, 0, (0, 4), 0, 1)
-    assert (z.name, z.row_start, z.row_end, z.shape, z.nbytes, z.num_parts) == (
-        "z", 0, 5, (5, 0), 0, 1)
+    assert (s.name, s.row_start, s.row_end, s.shape, s.nbytes, s.num_parts) == ("step", 0, 1, (), 8, 1)
+    assert (e.name, e.row_start, e.row_end, e.shape, e.nbytes, e.num_parts) == ("e", 0, 0, (0, 4), 0, 1)
+    assert (z.name, z.row_start, z.row_end, z.shape, z.nbytes, z.num_parts) == ("z", 0, 5, (5, 0), 0, 1)
     assert p.bytes_per_ps() == [8, 0]
 
 

@@ -19,7 +19,11 @@ from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]})
-VALUES = {"w": torch.arange(12, dtype=torch.float32).view(4, 3), "b": torch.ones(3), "n": torch.zeros(2, dtype=torch.float64)}
+VALUES = {
+    "w": torch.arange(12, dtype=torch.float32).view(4, 3),
+    "b": torch.ones(3),
+    "n": torch.zeros(2, dtype=torch.float64),
+}
 
 
 def _service(optimizer=None) -> ParameterServerService:
@@ -28,10 +32,22 @@ def _service(optimizer=None) -> ParameterServerService:
     return service
 
 
-def _request(step: int, push: list[str], pull: list[str], *, worker: int = 0, scale: float = 1.0,
-             fingerprint: str | None = None, wire_dtype: str = "", end_of_step: bool = True) -> bytes:
-    caller = pb.Caller(job_name="worker", task_index=worker,
-                       cluster_fingerprint=CLUSTER.fingerprint if fingerprint is None else fingerprint)
+def _request(
+    step: int,
+    push: list[str],
+    pull: list[str],
+    *,
+    worker: int = 0,
+    scale: float = 1.0,
+    fingerprint: str | None = None,
+    wire_dtype: str = "",
+    end_of_step: bool = True,
+) -> bytes:
+    caller = pb.Caller(
+        job_name="worker",
+        task_index=worker,
+        cluster_fingerprint=CLUSTER.fingerprint if fingerprint is None else fingerprint,
+    )
     header = pb.PushPullHeader(caller=caller, step=step, pull=pull, end_of_step=end_of_step, wire_dtype=wire_dtype)
     grads = [(name, torch.full_like(VALUES[name], scale * (step + 1) + 0.25 * i)) for i, name in enumerate(push)]
     if wire_dtype:
@@ -52,7 +68,7 @@ def _same(replies_a, replies_b) -> None:
 
 
 def _variables(service: ParameterServerService) -> dict[str, torch.Tensor]:
-    _, values, states = service.store.snapshot()
+    _, values, _states = service.store.snapshot()
     return values
 
 
@@ -67,8 +83,9 @@ def _planned_equals_general(requests: list[bytes], optimizer=None) -> StreamPlan
     return plans
 
 
-@pytest.mark.parametrize("optimizer", [psframe.optim.SGD(lr=0.5, momentum=0.9), psframe.optim.Adam(lr=0.1),
-                                       psframe.optim.Adagrad(lr=0.3)])
+@pytest.mark.parametrize(
+    "optimizer", [psframe.optim.SGD(lr=0.5, momentum=0.9), psframe.optim.Adam(lr=0.1), psframe.optim.Adagrad(lr=0.3)]
+)
 def test_a_step_plan_repeated_gives_what_the_general_path_gives(optimizer):
     # Each step: two messages (the second ends the step), as a worker's planned requests.
     requests = []
@@ -103,8 +120,9 @@ def test_a_bad_request_after_a_plan_is_refused_and_changes_nothing():
     service.answer_push_pull(good, plans)
     before = {k: v.clone() for k, v in _variables(service).items()}
     step = service.store.global_step
-    header = pb.PushPullHeader(caller=pb.Caller(job_name="worker", task_index=0,
-                                                cluster_fingerprint=CLUSTER.fingerprint), pull=["w", "b"])
+    header = pb.PushPullHeader(
+        caller=pb.Caller(job_name="worker", task_index=0, cluster_fingerprint=CLUSTER.fingerprint), pull=["w", "b"]
+    )
     bad = codec.encode(header, [("w", torch.ones(3, 4)), ("b", torch.ones(3))])  # w's shape is wrong
     reply, _ = codec.decode(service.answer_push_pull(bad, plans), pb.PushPullReplyHeader)
     assert reply.error_class == "ShapeMismatchError"

@@ -33,8 +33,7 @@ def test_prefetched_lookups_pull_nothing_and_train_as_one_process(local_cluster,
     model, reference = Recommender(), Recommender()
     dense_opt = torch.optim.Adagrad([reference.head.weight, reference.head.bias], lr=0.1)
     table_opt = torch.optim.Adagrad([reference.emb.weight, reference.bag.weight], lr=0.1)
-    with psframe.Trainer(model, cluster, optimizer=psframe.optim.Adagrad(lr=0.1),
-                         table_partition=partition) as trainer:
+    with psframe.Trainer(model, cluster, optimizer=psframe.optim.Adagrad(lr=0.1), table_partition=partition) as trainer:
         pulled = counting_pulls(trainer)
         for step in range(STEPS):
             ids, bag_ids, offsets, target = batch(step)
@@ -77,8 +76,16 @@ def test_n_sync_workers_with_prefetch_equal_the_same_run_without(local_cluster):
     for prefetch in (False, True):
         cluster = local_cluster(num_ps=2, num_workers=num_workers)
         models = {i: Recommender() for i in range(num_workers)}
-        trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.Adagrad(lr=0.2),
-                                       sync=psframe.SyncReplicas(timeout=30)) for i in range(num_workers)}
+        trainers = {
+            i: psframe.Trainer(
+                models[i],
+                cluster,
+                task_index=i,
+                optimizer=psframe.optim.Adagrad(lr=0.2),
+                sync=psframe.SyncReplicas(timeout=30),
+            )
+            for i in range(num_workers)
+        }
         connect_all(trainers)
 
         def train(i, prefetch=prefetch, models=models, trainers=trainers):
@@ -92,8 +99,9 @@ def test_n_sync_workers_with_prefetch_equal_the_same_run_without(local_cluster):
                 trainers[i].step(loss)
             return trainers[i].global_step
 
-        assert run_workers({i: (lambda i=i: train(i)) for i in range(num_workers)}) == \
-            dict.fromkeys(range(num_workers), STEPS)
+        assert run_workers({i: (lambda i=i: train(i)) for i in range(num_workers)}) == dict.fromkeys(
+            range(num_workers), STEPS
+        )
         pull_every_row(models[0])
         results[prefetch] = {name: p.detach().clone() for name, p in models[0].named_parameters()}
         run_workers({i: trainers[i].close for i in range(num_workers)})

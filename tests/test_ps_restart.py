@@ -25,8 +25,9 @@ def test_a_ps_started_again_without_a_checkpoint_takes_the_chiefs_values_and_ste
     x = torch.ones(1, 4)
     server = psframe.Server(cluster, "ps", 0, serving_processes=1)
     try:
-        trainer = psframe.Trainer(model, cluster, optimizer=psframe.optim.SGD(lr=0.25), connect_timeout=30.0,
-                                  shared_memory=False)
+        trainer = psframe.Trainer(
+            model, cluster, optimizer=psframe.optim.SGD(lr=0.25), connect_timeout=30.0, shared_memory=False
+        )
         with trainer:
             for _ in range(STEPS_BEFORE):
                 trainer.step(model(x).sum())  # the gradient is 1 everywhere

@@ -26,9 +26,14 @@ RAY_LOGS_TO_SHOW = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.er
 
 
 def start_local_ray(ray, temp_dir: str) -> None:
-    ray.init(num_cpus=NUM_CPUS, include_dashboard=False, object_store_memory=100 * 1024 * 1024,
-             _temp_dir=temp_dir, logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{ROOT}:{ROOT / 'examples'}", "OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=NUM_CPUS,
+        include_dashboard=False,
+        object_store_memory=100 * 1024 * 1024,
+        _temp_dir=temp_dir,
+        logging_level=logging.WARNING,
+        runtime_env={"env_vars": {"PYTHONPATH": f"{ROOT}:{ROOT / 'examples'}", "OMP_NUM_THREADS": "1"}},
+    )
 
 
 def tail_of_ray_logs(temp_dir: str, lines: int = 15) -> str:
@@ -92,7 +97,7 @@ def start_with_retries(ray) -> str:
         try:
             start_local_ray(ray, temp_dir)
             return temp_dir
-        except Exception as error:  # Ray raises a bare Exception when its node does not come up
+        except Exception as error:  # noqa: BLE001 - Ray raises a bare Exception when its node does not come up
             failures.append(f"attempt {attempt + 1}: {error}\n{tail_of_ray_logs(temp_dir)}")
             ray.shutdown()
             kill_daemons_of(temp_dir)
@@ -133,19 +138,32 @@ def test_bad_arguments_are_refused_before_ray_is_touched(kwargs, match):
 
 def test_task_context():
     cluster = psframe.ClusterSpec({"ps": ["h0:1"], "worker": ["h1:1", "h1:2"]})
-    chief, other, ps = TaskContext(cluster, "worker", 0), TaskContext(cluster, "worker", 1), TaskContext(cluster, "ps", 0)
+    chief, other, ps = (
+        TaskContext(cluster, "worker", 0),
+        TaskContext(cluster, "worker", 1),
+        TaskContext(cluster, "ps", 0),
+    )
     assert (chief.is_chief, other.is_chief, ps.is_chief) == (True, False, False)
     assert (chief.address, other.address, ps.address) == ("h1:1", "h1:2", "h0:1")
 
 
 # ---------------------------------------------------------------- on a local Ray
 
+
 @pytest.mark.ray
 @pytest.mark.cluster
 def test_a_cluster_of_actors_trains_and_returns_the_chiefs_result(local_ray, caplog):
     caplog.set_level(logging.INFO, logger="psframe.ray")
-    result = run(ray_tasks.train_tiny, {"steps": 40}, num_ps=2, num_workers=2, host="127.0.0.1",
-                 startup_timeout=120, timeout=120, ps_grace=30)
+    result = run(
+        ray_tasks.train_tiny,
+        {"steps": 40},
+        num_ps=2,
+        num_workers=2,
+        host="127.0.0.1",
+        startup_timeout=120,
+        timeout=120,
+        ps_grace=30,
+    )
     assert result["is_chief"] and (result["job_name"], result["task_index"]) == ("worker", 0)
     assert result["global_step"] >= 40
     cluster = psframe.ClusterSpec.from_string(result["cluster"])
@@ -160,15 +178,24 @@ def test_a_cluster_of_actors_trains_and_returns_the_chiefs_result(local_ray, cap
 
 @pytest.mark.ray
 @pytest.mark.cluster
-@pytest.mark.parametrize("how, match", [
-    ("raise", r"/job:worker/task:1 failed: ValueError: worker 1 cannot go on; stopping every task"),
-    ("exit", r"/job:worker/task:1's Ray actor died before it could finish \(\w+Error: .*\); stopping every task"),
-])
+@pytest.mark.parametrize(
+    "how, match",
+    [
+        ("raise", r"/job:worker/task:1 failed: ValueError: worker 1 cannot go on; stopping every task"),
+        ("exit", r"/job:worker/task:1's Ray actor died before it could finish \(\w+Error: .*\); stopping every task"),
+    ],
+)
 def test_a_task_that_fails_or_dies_ends_the_run_with_its_name(local_ray, how, match):
     start = time.monotonic()
     with pytest.raises(RayRunError, match=match) as info:
-        run(ray_tasks.fail, {"task": 1, "how": how, "others_sleep": 120}, num_ps=1, num_workers=2,
-            host="127.0.0.1", timeout=100)
+        run(
+            ray_tasks.fail,
+            {"task": 1, "how": how, "others_sleep": 120},
+            num_ps=1,
+            num_workers=2,
+            host="127.0.0.1",
+            timeout=100,
+        )
     assert time.monotonic() - start < 60  # not the others' 120 s, nor the timeout
     assert isinstance(info.value.__cause__, local_ray.exceptions.RayError)
     wait_until_released(local_ray)
@@ -178,8 +205,10 @@ def test_a_task_that_fails_or_dies_ends_the_run_with_its_name(local_ray, how, ma
 @pytest.mark.cluster
 def test_a_ps_task_still_running_after_ps_grace_is_stopped(local_ray, caplog):
     start = time.monotonic()
-    assert run(ray_tasks.ps_lingers, {"ps_sleep": 120}, num_ps=1, num_workers=2, host="127.0.0.1",
-               ps_grace=2, timeout=100) == "worker 0 done"
+    assert (
+        run(ray_tasks.ps_lingers, {"ps_sleep": 120}, num_ps=1, num_workers=2, host="127.0.0.1", ps_grace=2, timeout=100)
+        == "worker 0 done"
+    )
     assert time.monotonic() - start < 60
     assert "/job:ps/task:0 still running 2 s after every worker returned; stopping them" in caplog.text
     wait_until_released(local_ray)
@@ -189,7 +218,9 @@ def test_a_ps_task_still_running_after_ps_grace_is_stopped(local_ray, caplog):
 @pytest.mark.cluster
 def test_the_timeout_stops_every_task(local_ray):
     start = time.monotonic()
-    with pytest.raises(RayRunError, match=r"/job:ps/task:0, /job:worker/task:0 did not finish before the deadline; stopping every task"):
+    with pytest.raises(
+        RayRunError, match=r"/job:ps/task:0, /job:worker/task:0 did not finish before the deadline; stopping every task"
+    ):
         run(ray_tasks.sleep, {"seconds": 120}, num_ps=1, num_workers=1, host="127.0.0.1", timeout=3)
     assert time.monotonic() - start < 60
     wait_until_released(local_ray)
@@ -199,8 +230,15 @@ def test_the_timeout_stops_every_task(local_ray):
 @pytest.mark.cluster
 def test_resources_the_cluster_lacks_fail_at_the_startup_timeout(local_ray):
     with pytest.raises(RayRunError, match=r"Ray could not place 3 tasks \(SPREAD, bundles .*'CPU': 64\.0.* within 2 s"):
-        run(ray_tasks.sleep, {"seconds": 0}, num_ps=1, num_workers=2, resources_per_worker={"CPU": 64},
-            host="127.0.0.1", startup_timeout=2)
+        run(
+            ray_tasks.sleep,
+            {"seconds": 0},
+            num_ps=1,
+            num_workers=2,
+            resources_per_worker={"CPU": 64},
+            host="127.0.0.1",
+            startup_timeout=2,
+        )
     wait_until_released(local_ray)
 
 
@@ -213,8 +251,12 @@ def test_ray_mnist_example_reaches_97_percent(local_ray, mnist_dir, capsys):
         import ray_mnist
     finally:
         sys.path.remove(str(ROOT / "examples"))
-    assert ray_mnist.main([f"--data_dir={mnist_dir}", "--host=127.0.0.1", "--num_ps=1", "--num_workers=2",
-                           "--timeout=300"]) == 0
+    assert (
+        ray_mnist.main(
+            [f"--data_dir={mnist_dir}", "--host=127.0.0.1", "--num_ps=1", "--num_workers=2", "--timeout=300"]
+        )
+        == 0
+    )
     result = ray_mnist.json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["test_accuracy"] >= 0.97, result
     assert result["global_step"] >= 6000

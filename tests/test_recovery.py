@@ -27,10 +27,19 @@ ADAM = OptimizerSpec("Adam", {"lr": 0.01})
 
 def row_defs(bounds: list[int], full_shape=(10, 3)) -> list[pb.VariableDef]:
     """emb.weight cut into parts at ``bounds`` (one part per ps task), as the chief places it."""
-    return [pb.VariableDef(name=f"emb.weight/part_{i}", variable="emb.weight", dtype="float32",
-                           shape=[hi - lo, *full_shape[1:]], full_shape=full_shape, row_start=lo,
-                           part_index=i, num_parts=len(bounds) - 1)
-            for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
+    return [
+        pb.VariableDef(
+            name=f"emb.weight/part_{i}",
+            variable="emb.weight",
+            dtype="float32",
+            shape=[hi - lo, *full_shape[1:]],
+            full_shape=full_shape,
+            row_start=lo,
+            part_index=i,
+            num_parts=len(bounds) - 1,
+        )
+        for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))
+    ]
 
 
 def trained_stores(emb: torch.Tensor, defs: list[pb.VariableDef], steps: int = 3):
@@ -38,7 +47,7 @@ def trained_stores(emb: torch.Tensor, defs: list[pb.VariableDef], steps: int = 3
     stores = []
     for d in defs:
         store = VariableStore()
-        store.create({d.name: emb[d.row_start:d.row_start + d.shape[0]]}, ADAM)
+        store.create({d.name: emb[d.row_start : d.row_start + d.shape[0]]}, ADAM)
         for i in range(steps):
             store.apply({d.name: torch.full(tuple(d.shape), float(i + 1))})
             store.advance_step()
@@ -47,8 +56,10 @@ def trained_stores(emb: torch.Tensor, defs: list[pb.VariableDef], steps: int = 3
 
 
 def save_all(url, stores, defs, sync, step=100):
-    records = [recovery.save_shard(store, [d], sync, url, step, k, len(stores))
-               for k, (store, d) in enumerate(zip(stores, defs))]
+    records = [
+        recovery.save_shard(store, [d], sync, url, step, k, len(stores))
+        for k, (store, d) in enumerate(zip(stores, defs))
+    ]
     return checkpoint_io.write_manifest(url, step, records)
 
 
@@ -64,8 +75,7 @@ def test_a_ps_task_restores_its_own_shard_as_it_saved_it(url):
         assert (restored.step, restored.global_step) == (100, global_step) == (100, 3)
         assert restored.defs == [d] and restored.sync == sync and restored.optimizer == ADAM
         assert torch.equal(restored.values[d.name], values[d.name])
-        assert set(restored.states[d.name]) == set(states[d.name]) == {"step", "exp_avg",
-                                                                       "exp_avg_sq"}
+        assert set(restored.states[d.name]) == set(states[d.name]) == {"step", "exp_avg", "exp_avg_sq"}
         for key, x in states[d.name].items():
             assert torch.equal(restored.states[d.name][key], x), key
     assert recovery.restore_own_shard(url, 0, 3) is None  # shard boundaries moved
@@ -102,8 +112,12 @@ def global_steps_seen(output: str) -> list[int]:
 
 
 def wait_for_step(processes, at_step: int) -> None:
-    processes.wait_until("worker0", lambda out: max(global_steps_seen(out), default=0) >= at_step,
-                         f"reach global step {at_step}", timeout=120)
+    processes.wait_until(
+        "worker0",
+        lambda out: max(global_steps_seen(out), default=0) >= at_step,
+        f"reach global step {at_step}",
+        timeout=120,
+    )
 
 
 def kill_and_restart(processes, cluster, name: str, flags: list[str], at_step: int) -> tuple[int, object]:
@@ -123,16 +137,23 @@ def test_a_killed_ps_restarted_restores_its_shard_and_training_finishes(processe
     seed = random.randrange(10**6)
     at_step = random.Random(seed).randint(60, 140)
     cluster = free_cluster(2, 2)
-    flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--save_checkpoint_steps={SAVE_EVERY}",
-             "--train_steps=250", "--step_delay=0.01", "--optimizer=Adam", "--lr=0.01"]
+    flags = [
+        f"--checkpoint_dir={tmp_path / 'ckpt'}",
+        f"--save_checkpoint_steps={SAVE_EVERY}",
+        "--train_steps=250",
+        "--step_delay=0.01",
+        "--optimizer=Adam",
+        "--lr=0.01",
+    ]
     if mode == "sync":
         flags += ["--sync_replicas", "--sync_timeout=60"]
     processes.start_cluster(cluster, *flags)
     killed_at, restarted = kill_and_restart(processes, cluster, "ps1", flags, at_step)
     procs = processes.wait(timeout=240)
     assert all(p.returncode == 0 for p in procs.values()), f"seed {seed}"
-    restored = re.search(r"restored \d+ variables from checkpoint step (\d+) \(its global step (\d+)\)",
-                         restarted.output)
+    restored = re.search(
+        r"restored \d+ variables from checkpoint step (\d+) \(its global step (\d+)\)", restarted.output
+    )
     assert restored, restarted.output[-2000:]
     checkpoint_step = int(restored.group(1))
     assert killed_at - checkpoint_step <= SAVE_EVERY + 10, (killed_at, checkpoint_step, seed)
@@ -146,8 +167,12 @@ def test_a_killed_ps_restarted_restores_its_shard_and_training_finishes(processe
 @pytest.mark.cluster
 def test_the_whole_job_killed_and_run_again_resumes_from_the_checkpoint(processes, tmp_path):
     cluster = free_cluster(1, 2)
-    flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--save_checkpoint_steps={SAVE_EVERY}",
-             "--train_steps=300", "--step_delay=0.01"]
+    flags = [
+        f"--checkpoint_dir={tmp_path / 'ckpt'}",
+        f"--save_checkpoint_steps={SAVE_EVERY}",
+        "--train_steps=300",
+        "--step_delay=0.01",
+    ]
     processes.start_cluster(cluster, *flags)
     at_step = random.randint(100, 200)
     wait_for_step(processes, at_step)
@@ -174,8 +199,12 @@ def test_the_whole_job_killed_and_run_again_resumes_from_the_checkpoint(processe
 @pytest.mark.parametrize("victim", ["worker0", "worker1"])
 def test_a_killed_worker_restarted_rejoins_async(processes, tmp_path, victim):
     cluster = free_cluster(1, 2)
-    flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--save_checkpoint_steps={SAVE_EVERY}",
-             "--train_steps=300", "--step_delay=0.01"]
+    flags = [
+        f"--checkpoint_dir={tmp_path / 'ckpt'}",
+        f"--save_checkpoint_steps={SAVE_EVERY}",
+        "--train_steps=300",
+        "--step_delay=0.01",
+    ]
     processes.start_cluster(cluster, *flags)
     at_step = random.randint(60, 160)
     wait_for_step(processes, at_step)
@@ -196,8 +225,12 @@ def test_mnist_example_survives_a_ps_kill_and_reaches_97_percent(processes, tmp_
     data_dir = mnist_dir
     cluster = free_cluster(1, 2)
     example = ROOT / "examples" / "mlp_mnist_dist.py"
-    flags = [f"--data_dir={data_dir}", f"--checkpoint_dir={tmp_path / 'ckpt'}", "--save_checkpoint_steps=500",
-             "--log_every=100"]
+    flags = [
+        f"--data_dir={data_dir}",
+        f"--checkpoint_dir={tmp_path / 'ckpt'}",
+        "--save_checkpoint_steps=500",
+        "--log_every=100",
+    ]
     processes.start_cluster(cluster, *flags, script=example)
     at_local_step = random.randint(6, 20) * 100
     processes.wait_for_output("worker0", f"local step {at_local_step},", timeout=300)

@@ -39,8 +39,9 @@ PATHS = sorted(m.path for m in transport.METHODS.values()) + ["/psframe.Paramete
 def test_settings_come_from_arguments_then_the_environment(token_file, tls_files):
     token, path = token_file
     env = {TOKEN_ENV: "e" * 20, CERT_ENV: tls_files.cert, KEY_ENV: tls_files.key, CA_ENV: tls_files.ca}
-    assert Security.resolve(auth_token_file=path, environ=env) == Security(token, tls_files.cert, tls_files.key,
-                                                                           tls_files.ca)
+    assert Security.resolve(auth_token_file=path, environ=env) == Security(
+        token, tls_files.cert, tls_files.key, tls_files.ca
+    )
     assert Security.resolve(auth_token="a" * 16, auth_token_file=path, environ={}).auth_token == "a" * 16
     assert Security.resolve(environ={TOKEN_ENV: " " + "e" * 20 + "\n"}).auth_token == "e" * 20
     assert Security.resolve(environ={TOKEN_ENV: ""}) == Security()  # empty: not set
@@ -153,11 +154,15 @@ def test_every_method_refuses_a_caller_without_the_token(serve, offered):
         for path in PATHS:
             assert_refused_saying_nothing(call_raw(channel, path, metadata), server)
         # The same token under another key, or twice, or without its scheme: refused too.
-        for bad in ((("x-token", "Bearer " + token),), (("authorization", token),),
-                    (("authorization", "Bearer " + token), ("authorization", "Bearer " + token))):
+        for bad in (
+            (("x-token", "Bearer " + token),),
+            (("authorization", token),),
+            (("authorization", "Bearer " + token), ("authorization", "Bearer " + token)),
+        ):
             assert_refused_saying_nothing(call_raw(channel, "/psframe.ParameterServer/GetInfo", bad), server)
-        info = channel.unary_unary(transport.METHODS["GetInfo"].path, **transport.METHODS["GetInfo"].serializers(
-            "client"))(pb.InfoRequest(), timeout=5, metadata=(("authorization", "Bearer " + token),))
+        info = channel.unary_unary(
+            transport.METHODS["GetInfo"].path, **transport.METHODS["GetInfo"].serializers("client")
+        )(pb.InfoRequest(), timeout=5, metadata=(("authorization", "Bearer " + token),))
     assert info.state == pb.TaskInfo.WAITING_FOR_MODEL and not info.variables
 
 
@@ -192,24 +197,31 @@ def test_a_tls_task_refuses_plaintext_and_certificates_of_another_ca(serve, tls_
     metadata = (("authorization", "Bearer " + token),)  # the right token does not help
     callers = {
         "plaintext": grpc.insecure_channel(server.address),
-        "another CA's server": grpc.secure_channel(server.address, grpc.ssl_channel_credentials(
-            open(tls_files.other_ca, "rb").read())),
+        "another CA's server": grpc.secure_channel(
+            server.address, grpc.ssl_channel_credentials(open(tls_files.other_ca, "rb").read())
+        ),
     }
     if mutual:
         callers["no client certificate"] = transport.open_channel(server.address, Security(tls_ca_file=tls_files.ca))
-        callers["another CA's client certificate"] = transport.open_channel(server.address, Security(
-            tls_cert_file=tls_files.other_cert, tls_key_file=tls_files.other_key, tls_ca_file=tls_files.ca))
+        callers["another CA's client certificate"] = transport.open_channel(
+            server.address,
+            Security(tls_cert_file=tls_files.other_cert, tls_key_file=tls_files.other_key, tls_ca_file=tls_files.ca),
+        )
     for name, channel in callers.items():
         with channel:
             for path in PATHS:
                 error = call_raw(channel, path, metadata)
                 assert error.code() == grpc.StatusCode.UNAVAILABLE, (name, path, error.details())
-    client = Security(tls_ca_file=tls_files.ca, auth_token=token, **(
-        {"tls_cert_file": tls_files.cert, "tls_key_file": tls_files.key} if mutual else {}))
+    client = Security(
+        tls_ca_file=tls_files.ca,
+        auth_token=token,
+        **({"tls_cert_file": tls_files.cert, "tls_key_file": tls_files.key} if mutual else {}),
+    )
     with PsClient(server.cluster, 0, security=client) as ok:
         assert ok.wait_for_ps(timeout=DEADLINE_S)[0].job_name == "ps"
-    without_token = Security(tls_ca_file=client.tls_ca_file, tls_cert_file=client.tls_cert_file,
-                             tls_key_file=client.tls_key_file)
+    without_token = Security(
+        tls_ca_file=client.tls_ca_file, tls_cert_file=client.tls_cert_file, tls_key_file=client.tls_key_file
+    )
     with PsClient(server.cluster, 0, security=without_token) as refused, pytest.raises(AuthenticationError):
         refused.wait_for_ps(timeout=DEADLINE_S)
 
@@ -233,8 +245,14 @@ def make_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
 
 
-def train(num_ps: int, security: dict | None = None, worker_security: dict | None = None, *,
-          serving_processes: int = 1, check=None) -> dict[str, torch.Tensor]:
+def train(
+    num_ps: int,
+    security: dict | None = None,
+    worker_security: dict | None = None,
+    *,
+    serving_processes: int = 1,
+    check=None,
+) -> dict[str, torch.Tensor]:
     """STEPS steps of one worker against ``num_ps`` in-process ps tasks: the ps tasks with
     ``security``, the worker with ``worker_security`` (default: the same); ``check(servers)``
     runs once the worker has trained."""
@@ -246,8 +264,15 @@ def train(num_ps: int, security: dict | None = None, worker_security: dict | Non
         for k in range(num_ps):
             servers.append(psframe.Server(cluster, "ps", k, serving_processes=serving_processes, **security))
         model = make_model()
-        trainer = psframe.Trainer(model, cluster, optimizer=psframe.optim.Adam(lr=0.05), connect_timeout=DEADLINE_S,
-                                  rpc_timeout=DEADLINE_S, min_partition_bytes=64, **worker_security)
+        trainer = psframe.Trainer(
+            model,
+            cluster,
+            optimizer=psframe.optim.Adam(lr=0.05),
+            connect_timeout=DEADLINE_S,
+            rpc_timeout=DEADLINE_S,
+            min_partition_bytes=64,
+            **worker_security,
+        )
         with trainer:
             for step in range(STEPS):
                 generator = torch.Generator().manual_seed(step)
@@ -286,8 +311,11 @@ def test_status_shutdown_and_ping_need_the_token(serve, token_file, tls_files, c
     token, path = token_file
     server = serve(**tls(tls_files, mutual=True, token=token))
     spec = f"--cluster_spec={server.cluster.to_string()}"
-    tls_flags = [f"--tls_cert_file={tls_files.cert}", f"--tls_key_file={tls_files.key}",
-                 f"--tls_ca_file={tls_files.ca}"]
+    tls_flags = [
+        f"--tls_cert_file={tls_files.cert}",
+        f"--tls_key_file={tls_files.key}",
+        f"--tls_ca_file={tls_files.ca}",
+    ]
     for command in (["status", spec], ["shutdown", spec, "--timeout=10"], ["ping", server.address]):
         code, out, err = run_cli(capsys, *command, *tls_flags)
         assert code == 1 and "unauthenticated" in err, (command, out, err)
@@ -307,7 +335,7 @@ def test_commands_read_the_token_from_the_environment(serve, monkeypatch, capsys
     token = generate_token()
     server = serve(auth_token=token)
     monkeypatch.setenv(TOKEN_ENV, token)
-    code, out, err = run_cli(capsys, "status", f"--cluster_spec={server.cluster.to_string()}")
+    code, _out, err = run_cli(capsys, "status", f"--cluster_spec={server.cluster.to_string()}")
     assert code == 0, err
 
 
@@ -315,7 +343,14 @@ def test_a_token_without_tls_off_loopback_is_warned_about(tls_files):
     from psframe.security import is_loopback
 
     assert [is_loopback(h) for h in ("localhost", "127.0.0.1", "127.1.2.3", "::1", "0.0.0.0", "h0", "10.0.0.5")] == [
-        True, True, True, True, False, False, False]
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
     token = generate_token()
     assert "travels in clear" in Security(auth_token=token).clear_token_warning("h0")
     assert Security(auth_token=token).clear_token_warning("127.0.0.1") is None

@@ -42,13 +42,16 @@ def test_every_serving_process_checks_the_token_and_the_client_certificate(tls_f
         while tried < CONNECTIONS or server._rpc.refused_calls == tried:
             assert tried < MAX_CONNECTIONS, "the kernel sent no connection to the serving process"
             path = PATHS[tried % len(PATHS)]
-            certified = transport.open_channel(server.address, Security(
-                tls_cert_file=tls_files.cert, tls_key_file=tls_files.key, tls_ca_file=tls_files.ca))
+            certified = transport.open_channel(
+                server.address,
+                Security(tls_cert_file=tls_files.cert, tls_key_file=tls_files.key, tls_ca_file=tls_files.ca),
+            )
             with certified:  # a certificate, but no token: refused by whichever process took it
                 assert_refused_saying_nothing(call_raw(certified, path), server)
             tried += 1
-            uncertified = grpc.secure_channel(server.address, grpc.ssl_channel_credentials(
-                open(tls_files.ca, "rb").read()))
+            uncertified = grpc.secure_channel(
+                server.address, grpc.ssl_channel_credentials(open(tls_files.ca, "rb").read())
+            )
             with uncertified:  # the token, but no certificate: the handshake fails
                 error = call_raw(uncertified, path, (("authorization", "Bearer " + token),))
                 assert error.code() == grpc.StatusCode.UNAVAILABLE
@@ -70,8 +73,12 @@ def run_job(processes, cluster: psframe.ClusterSpec, *flags: str) -> dict[str, d
 
 def test_a_cluster_of_processes_with_token_and_mutual_tls_trains_as_one_without(processes, tls_files, token_file):
     token, path = token_file
-    flags = [f"--auth_token_file={path}", f"--tls_cert_file={tls_files.cert}", f"--tls_key_file={tls_files.key}",
-             f"--tls_ca_file={tls_files.ca}"]
+    flags = [
+        f"--auth_token_file={path}",
+        f"--tls_cert_file={tls_files.cert}",
+        f"--tls_key_file={tls_files.key}",
+        f"--tls_ca_file={tls_files.ca}",
+    ]
     secured = run_job(processes, free_cluster(2, 2), *flags)
     assert all(token not in proc.output for proc in processes.procs.values())
     plain = run_job(processes, free_cluster(2, 2))
@@ -144,12 +151,24 @@ def test_launch_passes_a_given_token_file(tmp_path, token_file, capsys):
 
     token, path = token_file
     script = tmp_path / "task.py"
-    script.write_text(textwrap.dedent('''
+    script.write_text(
+        textwrap.dedent("""
         import os, sys
         sys.exit(0 if os.environ["PSFRAME_AUTH_TOKEN"] == open(sys.argv[-1].split("=", 1)[1]).read().strip() else 3)
-    '''))
-    code = cli.main(["launch", "--num_ps=1", "--num_workers=1", "--timeout=60", f"--auth_token_file={path}",
-                     str(script), "--", f"--token_file={path}"])
+    """)
+    )
+    code = cli.main(
+        [
+            "launch",
+            "--num_ps=1",
+            "--num_workers=1",
+            "--timeout=60",
+            f"--auth_token_file={path}",
+            str(script),
+            "--",
+            f"--token_file={path}",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "fresh auth token" not in out and token not in out
@@ -161,11 +180,29 @@ def test_mnist_example_with_token_and_mutual_tls_reaches_97_percent(processes, m
     """Issue 17's bar: the example, every task with the token and mutual TLS (the ps served
     from two processes), trains as it does without them."""
     token, path = token_file
-    processes.start("launch", [sys.executable, "-m", "psframe.cli", "launch", "--num_ps", "1", "--num_workers", "2",
-                               "--timeout", "400", f"--auth_token_file={path}", f"--tls_cert_file={tls_files.cert}",
-                               f"--tls_key_file={tls_files.key}", f"--tls_ca_file={tls_files.ca}",
-                               str(ROOT / "examples" / "mlp_mnist_dist.py"), "--", f"--data_dir={mnist_dir}",
-                               "--serving_processes=2"])
+    processes.start(
+        "launch",
+        [
+            sys.executable,
+            "-m",
+            "psframe.cli",
+            "launch",
+            "--num_ps",
+            "1",
+            "--num_workers",
+            "2",
+            "--timeout",
+            "400",
+            f"--auth_token_file={path}",
+            f"--tls_cert_file={tls_files.cert}",
+            f"--tls_key_file={tls_files.key}",
+            f"--tls_ca_file={tls_files.ca}",
+            str(ROOT / "examples" / "mlp_mnist_dist.py"),
+            "--",
+            f"--data_dir={mnist_dir}",
+            "--serving_processes=2",
+        ],
+    )
     procs = processes.wait(timeout=420)
     output = procs["launch"].output
     assert "(auth token, mutual TLS)" in output and token not in output

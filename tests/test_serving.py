@@ -86,8 +86,16 @@ class Workers:
     def push(self, grad_of, pushes: int) -> None:
         """Every worker pushes ``grad_of(worker)`` ``pushes`` times, all at once."""
         request = Request(0, (self.slot,), (self.slot,), True)
-        run_workers({i: (lambda i=i, client=client: [client.push_pull([(request, [("w", grad_of(i))])], step=0)
-                                                     for _ in range(pushes)]) for i, client in self.clients.items()})
+        run_workers(
+            {
+                i: (
+                    lambda i=i, client=client: [
+                        client.push_pull([(request, [("w", grad_of(i))])], step=0) for _ in range(pushes)
+                    ]
+                )
+                for i, client in self.clients.items()
+            }
+        )
 
     def value(self) -> torch.Tensor:
         (reply,) = self.clients[0].push_pull([(Request(0, (), (self.slot,), False), [])], step=0, compress=False)
@@ -128,8 +136,9 @@ def test_every_push_through_any_serving_process_is_applied_exactly_once(multi_ps
     assert {(info.global_step, info.pushes) for info in infos} == {(num_workers * pushes, num_workers * pushes)}
 
 
-@pytest.mark.parametrize("optimizer", [psframe.optim.SGD(lr=0.1, momentum=0.9), psframe.optim.Adam(lr=0.01)],
-                         ids=["momentum", "adam"])
+@pytest.mark.parametrize(
+    "optimizer", [psframe.optim.SGD(lr=0.1, momentum=0.9), psframe.optim.Adam(lr=0.01)], ids=["momentum", "adam"]
+)
 def test_optimizer_state_is_one_across_the_serving_processes(multi_ps, optimizer):
     """Every push carries the same gradient, so N updates in any order, by any process,
     must equal N steps of one local optimizer: only if they all update one state."""
@@ -183,12 +192,20 @@ def test_sync_rounds_stay_exact_with_serving_processes(multi_ps):
     batches = {i: data(10 + i, 16) for i in range(2)}
     models = {i: linear_model(seed=i) for i in range(2)}
     initial = [p.detach().clone() for p in linear_model(seed=0).parameters()]
-    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=LR),
-                                   sync=sync) for i in range(2)}
+    trainers = {
+        i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=LR), sync=sync)
+        for i in range(2)
+    }
     connect_all(trainers)
     expected = [grads_of(models[i], *batches[i]) for i in range(2)]
-    steps = run_workers({i: (lambda i=i: trainers[i].step(
-        torch.nn.functional.cross_entropy(models[i](batches[i][0]), batches[i][1]))) for i in range(2)})
+    steps = run_workers(
+        {
+            i: (
+                lambda i=i: trainers[i].step(torch.nn.functional.cross_entropy(models[i](batches[i][0]), batches[i][1]))
+            )
+            for i in range(2)
+        }
+    )
     assert steps == {0: 1, 1: 1}
     for p, v, g0, g1 in zip(models[0].parameters(), initial, *expected):
         reference = v.clone().requires_grad_(True)
@@ -260,10 +277,24 @@ def test_table_rows_and_their_optimizer_state_are_one_across_the_serving_process
     optimizer = psframe.optim.SparseSGD(lr=0.1, momentum=0.9)
     clients = _connected_clients(cluster, server, num_workers)
     try:
-        assert clients[0].create(0, [table], [], psframe.optim.SGD(lr=0.1), None, None,
-                                 rows=[("t", torch.arange(10), start)], table_optimizer=optimizer)
-        run_workers({i: (lambda client=client: [client.push_pull([], 0, rows={0: [("t", ids, grad)]})
-                                                for _ in range(pushes)]) for i, client in clients.items()})
+        assert clients[0].create(
+            0,
+            [table],
+            [],
+            psframe.optim.SGD(lr=0.1),
+            None,
+            None,
+            rows=[("t", torch.arange(10), start)],
+            table_optimizer=optimizer,
+        )
+        run_workers(
+            {
+                i: (
+                    lambda client=client: [client.push_pull([], 0, rows={0: [("t", ids, grad)]}) for _ in range(pushes)]
+                )
+                for i, client in clients.items()
+            }
+        )
         (value,) = clients[0].pull_rows({0: [("t", torch.arange(10))]}, 0)[0]
         value = value.clone()
     finally:
@@ -292,8 +323,16 @@ def test_a_dynamic_table_is_served_by_the_owner_whichever_process_a_worker_reach
     clients = _connected_clients(cluster, server, num_workers)
     try:
         assert clients[0].create(0, [part], [], psframe.optim.SGD(lr=0.1), None, None, table_optimizer=optimizer)
-        run_workers({i: (lambda client=client: [client.push_pull([], 0, rows={0: [("t/part_0", ids, grad)]})
-                                                for _ in range(pushes)]) for i, client in clients.items()})
+        run_workers(
+            {
+                i: (
+                    lambda client=client: [
+                        client.push_pull([], 0, rows={0: [("t/part_0", ids, grad)]}) for _ in range(pushes)
+                    ]
+                )
+                for i, client in clients.items()
+            }
+        )
         (value,) = clients[1].pull_rows({0: [("t/part_0", ids)]}, 0)[0]
         value = value.clone()
     finally:

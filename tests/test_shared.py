@@ -48,11 +48,18 @@ def test_a_published_model_is_the_same_memory_in_every_view(memory):
 def test_the_lock_is_reentrant_and_waitable_and_excludes_other_processes(memory):
     condition = threading.Condition(memory.lock)
     with memory.lock, memory.lock:  # reentrant
-        probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
-                 "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('took it')\n"
-                 "except BlockingIOError:\n    print('held')")
-        out = subprocess.run([sys.executable, "-c", probe, os.path.join(memory.folder, "lock")],
-                             capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        probe = (
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+            "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('took it')\n"
+            "except BlockingIOError:\n    print('held')"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", probe, os.path.join(memory.folder, "lock")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
         assert out == "held"
         woke = threading.Event()
 
@@ -63,8 +70,13 @@ def test_the_lock_is_reentrant_and_waitable_and_excludes_other_processes(memory)
 
         threading.Thread(target=notify, daemon=True).start()
         assert condition.wait(timeout=10) and woke.is_set()
-    out = subprocess.run([sys.executable, "-c", probe, os.path.join(memory.folder, "lock")],
-                         capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", probe, os.path.join(memory.folder, "lock")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
     assert out == "took it"
 
 
@@ -78,8 +90,9 @@ def test_state_that_is_not_a_tensor_is_never_published(memory):
 
 
 def test_folders_of_owners_that_died_are_removed(memory):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, timeout=60, check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.strip()
     base = os.path.dirname(memory.folder)
     orphan = os.path.join(base, f"psframe-ps-{dead}-test")
     os.makedirs(orphan)

@@ -30,7 +30,9 @@ pytestmark = pytest.mark.skipif(not shared_region.available(), reason="no writab
 
 
 def _region_files() -> set[str]:
-    return {name for name in os.listdir(shared_region.DIRECTORY) if name.startswith(f"{shared_region.PREFIX}{os.getpid()}-")}
+    return {
+        name for name in os.listdir(shared_region.DIRECTORY) if name.startswith(f"{shared_region.PREFIX}{os.getpid()}-")
+    }
 
 
 def _layouts():
@@ -51,7 +53,10 @@ def test_a_region_carries_both_parts_aligned_between_a_maker_and_a_mapper():
         received = request.tensors(mapped.request_envelope(header))
         assert all(torch.equal(a, b) for a, b in zip(received, grads))
         assert all(t.data_ptr() % 8 == 0 for t in received)  # views of the region, not copies
-        values = [torch.tensor([[1.5, 2.0], [3.0, 4.0]], dtype=torch.float64), torch.tensor([1, -2, 3], dtype=torch.int8)]
+        values = [
+            torch.tensor([[1.5, 2.0], [3.0, 4.0]], dtype=torch.float64),
+            torch.tensor([1, -2, 3], dtype=torch.int8),
+        ]
         assert mapped.fits_reply(reply)
         mapped.write_reply(reply, reply.buffers(values))
         reply_header = pb.PushPullReplyHeader()
@@ -153,7 +158,7 @@ def test_a_region_the_ps_cannot_map_is_refused_and_the_worker_goes_back_to_messa
     assert all(torch.equal(before[k], after[k]) for k in before)
     # The worker sends the tensors in the message instead, and offers a new region.
     prepared.drop_region()
-    replies, sizes = _train(service, prepared, range(2, 4), StreamPlans())
+    replies, _sizes = _train(service, prepared, range(2, 4), StreamPlans())
     reference_replies, _ = _train(reference, PreparedRequest(_header()), range(2, 4), StreamPlans())
     assert [s for _, s, _ in replies] == [False, True]  # a message, then an offer taken
     for (_, _, a), (_, _, b) in zip(replies, reference_replies):
@@ -166,8 +171,16 @@ def test_an_offer_the_ps_cannot_map_is_answered_in_the_message_and_refused():
     data = PreparedRequest(_header()).encode(0, _grads(0))
     envelope = codec.parse(data, pb.PushPullHeader)
     header = envelope.header
-    header.shared.CopyFrom(pb.SharedRegion(path="/dev/shm/psframe-on-another-host", key=bytes(16), size=4096,
-                                           request_start=64, request_length=0, reply_start=64))
+    header.shared.CopyFrom(
+        pb.SharedRegion(
+            path="/dev/shm/psframe-on-another-host",
+            key=bytes(16),
+            size=4096,
+            request_start=64,
+            request_length=0,
+            reply_start=64,
+        )
+    )
     offer = codec.encode(header, list(zip([m.name for m in header.tensors], codec.tensors_of(envelope))))
     reply_header, values = codec.decode(service.answer_push_pull(offer, StreamPlans()), pb.PushPullReplyHeader)
     assert "cannot be opened" in reply_header.shared_refused and not reply_header.shared
@@ -188,8 +201,9 @@ def test_a_trainer_through_shared_memory_matches_one_through_messages_and_leaves
     for shared_memory in (True, False):
         cluster = local_cluster(num_ps=2, num_workers=1)
         model = make_model()
-        with psframe.Trainer(model, cluster, optimizer=psframe.optim.Adam(lr=0.01),
-                             min_partition_bytes=64, shared_memory=shared_memory) as trainer:
+        with psframe.Trainer(
+            model, cluster, optimizer=psframe.optim.Adam(lr=0.01), min_partition_bytes=64, shared_memory=shared_memory
+        ) as trainer:
             for step in range(5):
                 trainer.step(loss_of(model, step))
             # Each step's requests (one per ps task at least) went through regions; the
@@ -214,21 +228,29 @@ def test_sync_workers_through_shared_memory_match_messages_and_leave_no_file(loc
     for shared_memory in (True, False):
         cluster = local_cluster(num_ps=2, num_workers=num_workers)
         models = {i: linear_model(seed=0) for i in range(num_workers)}
-        trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.Adam(lr=0.01),
-                                       sync=psframe.SyncReplicas(timeout=30), min_partition_bytes=32,
-                                       max_shard_bytes=max_shard_bytes, shared_memory=shared_memory)
-                    for i in range(num_workers)}
+        trainers = {
+            i: psframe.Trainer(
+                models[i],
+                cluster,
+                task_index=i,
+                optimizer=psframe.optim.Adam(lr=0.01),
+                sync=psframe.SyncReplicas(timeout=30),
+                min_partition_bytes=32,
+                max_shard_bytes=max_shard_bytes,
+                shared_memory=shared_memory,
+            )
+            for i in range(num_workers)
+        }
         connect_all(trainers)
 
-        def train(i):
+        def train(i):  # run (and done) within this iteration of the loop over settings
             for step in range(steps):
                 x, y = shard(step, i)
-                trainers[i].step(torch.nn.functional.cross_entropy(models[i](x), y))
-            return sum(p.in_region for p in trainers[i]._client._streams.prepared.values())
+                trainers[i].step(torch.nn.functional.cross_entropy(models[i](x), y))  # noqa: B023
+            return sum(p.in_region for p in trainers[i]._client._streams.prepared.values())  # noqa: B023
 
         in_region = run_workers({i: (lambda i=i: train(i)) for i in range(num_workers)})
-        assert all(count >= 2 for count in in_region.values()) if shared_memory else \
-            not any(in_region.values())
+        assert all(count >= 2 for count in in_region.values()) if shared_memory else not any(in_region.values())
         run_workers({i: trainers[i].close for i in range(num_workers)})
         results[shared_memory] = [params(models[i]) for i in range(num_workers)]
     for i in range(num_workers):
@@ -246,8 +268,9 @@ def test_a_failed_sync_step_leaves_its_regions_to_the_ps_and_goes_on_in_new_ones
     cluster = local_cluster(num_ps=1, num_workers=2)
     shard = batches_for(2, 4, 4, seed=3)
     models = {i: linear_model(seed=0) for i in range(2)}
-    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, sync=psframe.SyncReplicas(timeout=2.0))
-                for i in range(2)}
+    trainers = {
+        i: psframe.Trainer(models[i], cluster, task_index=i, sync=psframe.SyncReplicas(timeout=2.0)) for i in range(2)
+    }
     connect_all(trainers)
 
     def step(i, k):
@@ -276,8 +299,16 @@ def test_a_sync_member_whose_region_cannot_be_mapped_is_told_so_and_stops_offeri
     service, push, decoded = _sync_service()
     caller = pb.Caller(job_name="worker", task_index=1, cluster_fingerprint=service.cluster.fingerprint)
     header = pb.PushPullHeader(caller=caller, step=0, pull=["w", "b"], end_of_step=True)
-    header.shared.CopyFrom(pb.SharedRegion(path="/dev/shm/psframe-on-another-host", key=bytes(16), size=4096,
-                                           request_start=64, request_length=0, reply_start=64))
+    header.shared.CopyFrom(
+        pb.SharedRegion(
+            path="/dev/shm/psframe-on-another-host",
+            key=bytes(16),
+            size=4096,
+            request_start=64,
+            request_length=0,
+            reply_start=64,
+        )
+    )
     offer = codec.encode(header, [("w", torch.full((3,), 2.0)), ("b", torch.full((2,), 2.0))])
     replies = {}
     member = threading.Thread(target=lambda: replies.update(first=push(0, 0, 4.0)), daemon=True)

@@ -36,16 +36,28 @@ def test_async_plan_pushes_and_pulls_each_batch_and_ends_each_ps_tasks_step_once
     slots = slots_of([("a", 10, 0), ("b", 10, 0), ("c", 10, 1)])
     plan = StepPlan.make(slots, num_ps=2, max_bytes=40, sync=False)
     assert [(r.ps_task, names(r.push), names(r.pull), r.end_of_step) for r in plan.step] == [
-        (0, ["a"], ["a"], False), (0, ["b"], ["b"], True), (1, ["c"], ["c"], True)]
-    assert [(r.ps_task, names(r.push), names(r.pull)) for r in plan.pull] == [(0, [], ["a"]), (0, [], ["b"]), (1, [], ["c"])]
+        (0, ["a"], ["a"], False),
+        (0, ["b"], ["b"], True),
+        (1, ["c"], ["c"], True),
+    ]
+    assert [(r.ps_task, names(r.push), names(r.pull)) for r in plan.pull] == [
+        (0, [], ["a"]),
+        (0, [], ["b"]),
+        (1, [], ["c"]),
+    ]
 
 
 def test_sync_plan_with_several_messages_pushes_first_then_waits_then_pulls_the_rest():
     slots = slots_of([("a", 10, 0), ("b", 10, 0), ("c", 10, 0), ("d", 10, 1)])
     plan = StepPlan.make(slots, num_ps=2, max_bytes=40, sync=True)
     assert [(r.ps_task, names(r.push), names(r.pull), r.end_of_step) for r in plan.step] == [
-        (0, ["a"], [], False), (0, ["b"], [], False), (0, ["c"], ["c"], True),
-        (0, [], ["a"], False), (0, [], ["b"], False), (1, ["d"], ["d"], True)]
+        (0, ["a"], [], False),
+        (0, ["b"], [], False),
+        (0, ["c"], ["c"], True),
+        (0, [], ["a"], False),
+        (0, [], ["b"], False),
+        (1, ["d"], ["d"], True),
+    ]
 
 
 def test_every_shard_of_a_partitioned_variable_is_pushed_and_pulled_exactly_once():

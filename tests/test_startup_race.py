@@ -65,8 +65,9 @@ def test_get_info_never_sees_ready_without_the_whole_model(monkeypatch, local_cl
     with psframe.Server(cluster, "ps", 0) as server:
         answers, threads = _info_asked_right_after_create(monkeypatch, server)
         model = _model()
-        with psframe.Trainer(model, cluster, task_index=0, optimizer=psframe.optim.SGD(lr=0.1), sync=sync,
-                             connect_timeout=30.0):
+        with psframe.Trainer(
+            model, cluster, task_index=0, optimizer=psframe.optim.SGD(lr=0.1), sync=sync, connect_timeout=30.0
+        ):
             pass
         _check(answers, threads, expected_variables=len(list(model.parameters())))
         if sync is not None:

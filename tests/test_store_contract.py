@@ -17,9 +17,6 @@ import torch
 import psframe
 from psframe import optim
 from psframe.cluster.placement import Shard
-from psframe.wire import codec, messages, transport
-from psframe.worker.client import PsClient
-from psframe.worker.slicer import Request, Slot
 from psframe.errors import (
     ClusterMismatchError,
     DtypeMismatchError,
@@ -30,8 +27,11 @@ from psframe.errors import (
 )
 from psframe.launch import pick_free_ports
 from psframe.optim import OptimizerSpec
-from psframe.wire import psframe_pb2 as pb
 from psframe.ps.store import VariableStore
+from psframe.wire import codec, messages, transport
+from psframe.wire import psframe_pb2 as pb
+from psframe.worker.client import PsClient
+from psframe.worker.slicer import Request, Slot
 
 DEADLINE_S = 30.0  # a wait that never ends is a failure, not a hang
 
@@ -42,8 +42,15 @@ DEADLINE_S = 30.0  # a wait that never ends is a failure, not a hang
 def _slot(name: str, like: torch.Tensor | None = None) -> Slot:
     """A whole, unpartitioned variable ``name`` on ps task 0, shaped like ``like``."""
     like = like if like is not None else torch.zeros(())
-    shard = Shard(name=name, variable=name, ps_task=0, row_start=0, row_end=like.shape[0] if like.dim() else 1,
-                  shape=tuple(like.shape), nbytes=like.nbytes)
+    shard = Shard(
+        name=name,
+        variable=name,
+        ps_task=0,
+        row_start=0,
+        row_end=like.shape[0] if like.dim() else 1,
+        shape=tuple(like.shape),
+        nbytes=like.nbytes,
+    )
     return Slot(shard, like.detach())
 
 
@@ -56,8 +63,9 @@ class MemoryBackend:
     def create(self, values: dict[str, torch.Tensor], optimizer_spec: OptimizerSpec) -> bool:
         return self.store.create(values, optimizer_spec)
 
-    def push_pull(self, grads: dict[str, torch.Tensor], pull: list[str],
-                  end_of_step: bool = True) -> tuple[int, dict[str, torch.Tensor]]:
+    def push_pull(
+        self, grads: dict[str, torch.Tensor], pull: list[str], end_of_step: bool = True
+    ) -> tuple[int, dict[str, torch.Tensor]]:
         store = self.store
         with store.lock:
             step, values = store.push_pull(grads, pull, end_of_step)
@@ -76,10 +84,12 @@ class GrpcBackend:
 
     def __init__(self) -> None:
         ps_port, *worker_ports = pick_free_ports(3)
-        self.cluster = psframe.ClusterSpec({
-            "ps": [f"127.0.0.1:{ps_port}"],
-            "worker": [f"127.0.0.1:{p}" for p in worker_ports],
-        })
+        self.cluster = psframe.ClusterSpec(
+            {
+                "ps": [f"127.0.0.1:{ps_port}"],
+                "worker": [f"127.0.0.1:{p}" for p in worker_ports],
+            }
+        )
         self.server = psframe.Server(self.cluster, "ps", 0)
         self.clients: list[PsClient] = []
         try:
@@ -88,24 +98,25 @@ class GrpcBackend:
             self.close()
             raise
 
-    def connect(self, task_index: int, cluster: psframe.ClusterSpec | None = None,
-                wait: bool = True) -> PsClient:
+    def connect(self, task_index: int, cluster: psframe.ClusterSpec | None = None, wait: bool = True) -> PsClient:
         client = PsClient(cluster or self.cluster, task_index, rpc_timeout=DEADLINE_S)
         self.clients.append(client)
         if wait:
             client.wait_for_ps(DEADLINE_S)
         return client
 
-    def create(self, values: dict[str, torch.Tensor], optimizer_spec: OptimizerSpec,
-               client: PsClient | None = None) -> bool:
+    def create(
+        self, values: dict[str, torch.Tensor], optimizer_spec: OptimizerSpec, client: PsClient | None = None
+    ) -> bool:
         client = client or self.client
         slots = [_slot(name, value) for name, value in values.items()]
         created = client.create(0, slots, list(values.items()), optimizer_spec, sync=None, checkpoint_dir=None)
         assert client.get_info(0).state == pb.TaskInfo.READY
         return created
 
-    def push_pull(self, grads: dict[str, torch.Tensor], pull: list[str], end_of_step: bool = True,
-                  client: PsClient | None = None) -> tuple[int, dict[str, torch.Tensor]]:
+    def push_pull(
+        self, grads: dict[str, torch.Tensor], pull: list[str], end_of_step: bool = True, client: PsClient | None = None
+    ) -> tuple[int, dict[str, torch.Tensor]]:
         client = client or self.client
         request = Request(0, tuple(_slot(n, g) for n, g in grads.items()), tuple(_slot(n) for n in pull), end_of_step)
         (reply,) = client.push_pull([(request, list(grads.items()))], step=0)
@@ -153,8 +164,7 @@ def _initial(dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
 
 def _grads(values: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(100 + step)
-    return {name: torch.randn(v.shape, generator=g, dtype=torch.float64).to(v.dtype)
-            for name, v in values.items()}
+    return {name: torch.randn(v.shape, generator=g, dtype=torch.float64).to(v.dtype) for name, v in values.items()}
 
 
 class Reference:
@@ -290,15 +300,27 @@ def _bad_pushes(values):
     return {
         "shape": ({"fc.weight": torch.zeros(4, 3)}, ShapeMismatchError, ["'fc.weight'", "(4, 3)", "(3, 4)"]),
         "shape-0d": ({"scale": torch.zeros(1)}, ShapeMismatchError, ["'scale'", "(1,)", "()"]),
-        "dtype": ({"fc.bias": torch.zeros(3, dtype=torch.float64)}, DtypeMismatchError,
-                  ["'fc.bias'", "torch.float64", "torch.float32"]),
+        "dtype": (
+            {"fc.bias": torch.zeros(3, dtype=torch.float64)},
+            DtypeMismatchError,
+            ["'fc.bias'", "torch.float64", "torch.float32"],
+        ),
         "unknown": ({"fc.kernel": torch.zeros(3, 4)}, UnknownVariableError, ["'fc.kernel'", "fc.weight"]),
-        "good-then-bad": ({"fc.weight": good["fc.weight"], "fc.bias": torch.zeros(2)}, ShapeMismatchError,
-                          ["'fc.bias'", "(2,)", "(3,)"]),
-        "bad-then-good": ({"fc.bias": torch.zeros(3, dtype=torch.int64), "fc.weight": good["fc.weight"]},
-                          DtypeMismatchError, ["'fc.bias'", "torch.int64", "torch.float32"]),
-        "good-then-unknown": ({"fc.weight": good["fc.weight"], "nope": torch.zeros(1)}, UnknownVariableError,
-                              ["'nope'"]),
+        "good-then-bad": (
+            {"fc.weight": good["fc.weight"], "fc.bias": torch.zeros(2)},
+            ShapeMismatchError,
+            ["'fc.bias'", "(2,)", "(3,)"],
+        ),
+        "bad-then-good": (
+            {"fc.bias": torch.zeros(3, dtype=torch.int64), "fc.weight": good["fc.weight"]},
+            DtypeMismatchError,
+            ["'fc.bias'", "torch.int64", "torch.float32"],
+        ),
+        "good-then-unknown": (
+            {"fc.weight": good["fc.weight"], "nope": torch.zeros(1)},
+            UnknownVariableError,
+            ["'nope'"],
+        ),
     }
 
 
@@ -426,8 +448,12 @@ def test_nbytes_counts_adam_state(backend):
     # Cross-check with the state a local Adam holds after one step.
     reference = Reference(values, lambda p: torch.optim.Adam(p, lr=0.01))
     reference.step(_grads(values, 1))
-    state_bytes = sum(t.numel() * t.element_size() for s in reference.optimizer.state.values()
-                      for t in s.values() if isinstance(t, torch.Tensor))
+    state_bytes = sum(
+        t.numel() * t.element_size()
+        for s in reference.optimizer.state.values()
+        for t in s.values()
+        if isinstance(t, torch.Tensor)
+    )
     assert backend.nbytes() == variable_bytes + state_bytes
 
 
@@ -445,8 +471,12 @@ def test_grpc_wrong_cluster_is_refused(grpc_backend):
     values = _initial()
     grpc_backend.create(values, optim.SGD(lr=0.1))
     # A worker started with a cluster that lists one more worker: same ps address, other fingerprint.
-    other = psframe.ClusterSpec({"ps": grpc_backend.cluster.job_tasks("ps"),
-                                 "worker": [*grpc_backend.cluster.job_tasks("worker"), "127.0.0.1:1"]})
+    other = psframe.ClusterSpec(
+        {
+            "ps": grpc_backend.cluster.job_tasks("ps"),
+            "worker": [*grpc_backend.cluster.job_tasks("worker"), "127.0.0.1:1"],
+        }
+    )
     assert other.fingerprint != grpc_backend.cluster.fingerprint
     stranger = grpc_backend.connect(0, other, wait=False)
     with pytest.raises(ClusterMismatchError) as info:
@@ -469,11 +499,14 @@ def test_grpc_caller_that_is_not_a_worker_is_refused(grpc_backend):
     grpc_backend.create(values, optim.SGD(lr=0.1))
     watchdog = transport.Watchdog()
     with transport.Connection(grpc_backend.cluster.task_address("ps", 0)) as connection:
-        for caller in (pb.Caller(job_name="ps", task_index=0, cluster_fingerprint=grpc_backend.cluster.fingerprint),
-                       pb.Caller(job_name="worker", task_index=5, cluster_fingerprint=grpc_backend.cluster.fingerprint),
-                       pb.Caller()):
-            data = codec.encode(pb.PushPullHeader(caller=caller, pull=["scale"], end_of_step=True),
-                                [("scale", torch.ones(()))])
+        for caller in (
+            pb.Caller(job_name="ps", task_index=0, cluster_fingerprint=grpc_backend.cluster.fingerprint),
+            pb.Caller(job_name="worker", task_index=5, cluster_fingerprint=grpc_backend.cluster.fingerprint),
+            pb.Caller(),
+        ):
+            data = codec.encode(
+                pb.PushPullHeader(caller=caller, pull=["scale"], end_of_step=True), [("scale", torch.ones(()))]
+            )
             stream = connection.open_stream("PushPull", watchdog)
             stream.send(data, DEADLINE_S)
             reply, tensors = codec.decode(stream.receive(), pb.PushPullReplyHeader)

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import psframe
-from psframe.worker.client import PsClient
 from psframe.errors import BarrierTimeoutError, ClusterMismatchError
 from psframe.hooks import NanGuardHook
+from psframe.worker.client import PsClient
 from tests.conftest import ROOT, free_cluster
 
 THREAD_DEADLINE = 60.0
@@ -83,8 +83,12 @@ def test_two_workers_two_ps_one_update_is_v_minus_lr_mean_exactly(local_cluster)
     batches = {i: data(10 + i, 16) for i in range(2)}
     models = {i: linear_model(seed=i) for i in range(2)}
     initial = [p.detach().clone() for p in linear_model(seed=0).parameters()]  # the chief's
-    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=lr),
-                                   sync=sync, min_partition_bytes=64) for i in range(2)}
+    trainers = {
+        i: psframe.Trainer(
+            models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=lr), sync=sync, min_partition_bytes=64
+        )
+        for i in range(2)
+    }
     connect_all(trainers)
     expected_grads = [grads_of(models[i], *batches[i]) for i in range(2)]
 
@@ -99,8 +103,10 @@ def test_two_workers_two_ps_one_update_is_v_minus_lr_mean_exactly(local_cluster)
         torch.optim.SGD([reference], lr=lr).step()
         assert torch.equal(p.detach(), reference.detach())
     for i in range(2):
-        assert torch.equal(torch.cat([p.flatten() for p in models[0].parameters()]),
-                           torch.cat([p.flatten() for p in models[i].parameters()]))
+        assert torch.equal(
+            torch.cat([p.flatten() for p in models[0].parameters()]),
+            torch.cat([p.flatten() for p in models[i].parameters()]),
+        )
     run_workers({i: trainers[i].close for i in range(2)})
 
 
@@ -109,8 +115,10 @@ def test_backup_worker_a_slow_gradient_is_dropped_and_counted(local_cluster):
     lr = 0.25
     sync = psframe.SyncReplicas(replicas_to_aggregate=2, total_num_replicas=3, timeout=30)
     models = {i: linear_model(seed=0) for i in range(3)}
-    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=lr),
-                                   sync=sync) for i in range(3)}
+    trainers = {
+        i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=lr), sync=sync)
+        for i in range(3)
+    }
     connect_all(trainers)
     batches = {i: data(20 + i, 16) for i in range(3)}
     initial = [p.detach().clone() for p in models[0].parameters()]
@@ -160,10 +168,18 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
     models = {i: linear_model(seed=0) for i in range(num_workers)}
     reference = linear_model(seed=0)
     local_opt = getattr(torch.optim, optimizer.name)(reference.parameters(), **optimizer.kwargs)
-    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=optimizer,
-                                   sync=psframe.SyncReplicas(timeout=30), min_partition_bytes=32,
-                                   max_shard_bytes=max_shard_bytes)
-                for i in range(num_workers)}
+    trainers = {
+        i: psframe.Trainer(
+            models[i],
+            cluster,
+            task_index=i,
+            optimizer=optimizer,
+            sync=psframe.SyncReplicas(timeout=30),
+            min_partition_bytes=32,
+            max_shard_bytes=max_shard_bytes,
+        )
+        for i in range(num_workers)
+    }
     if max_shard_bytes == 64:
         assert len(trainers[0]._replica.plan.pull) > 2 * cluster.num_ps  # several messages per ps task
     connect_all(trainers)
@@ -198,10 +214,18 @@ def test_a_step_skipped_by_the_nan_guard_is_no_member_of_the_round(local_cluster
     shard = batches_for(num_workers, per_worker, steps, seed=7)
     models = {i: linear_model(seed=0) for i in range(num_workers)}
     optimizer = psframe.optim.SGD(lr=0.2)
-    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=optimizer,
-                                   sync=psframe.SyncReplicas(timeout=30), min_partition_bytes=32,
-                                   hooks=[NanGuardHook(fail_on_nan=False)] if i == 2 else [])
-                for i in range(num_workers)}
+    trainers = {
+        i: psframe.Trainer(
+            models[i],
+            cluster,
+            task_index=i,
+            optimizer=optimizer,
+            sync=psframe.SyncReplicas(timeout=30),
+            min_partition_bytes=32,
+            hooks=[NanGuardHook(fail_on_nan=False)] if i == 2 else [],
+        )
+        for i in range(num_workers)
+    }
     connect_all(trainers)
 
     def train(i):
@@ -233,8 +257,9 @@ def test_a_step_skipped_by_the_nan_guard_is_no_member_of_the_round(local_cluster
 def test_workers_with_different_numbers_of_steps_all_finish(local_cluster):
     cluster = local_cluster(num_ps=2, num_workers=3)
     models = {i: linear_model(seed=0) for i in range(3)}
-    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, sync=psframe.SyncReplicas(timeout=30))
-                for i in range(3)}
+    trainers = {
+        i: psframe.Trainer(models[i], cluster, task_index=i, sync=psframe.SyncReplicas(timeout=30)) for i in range(3)
+    }
     connect_all(trainers)
     local_steps = {0: 5, 1: 12, 2: 20}
 
@@ -264,8 +289,7 @@ def test_sync_arguments_are_checked():
         psframe.SyncReplicas(replicas_to_aggregate=3, total_num_replicas=2)
     with pytest.raises(ValueError, match=r"total_num_replicas \(3\) must equal the number of workers"):
         psframe.Trainer(linear_model(), cluster, sync=psframe.SyncReplicas(2, 3))
-    opt = psframe.optim.SyncReplicasOptimizer(psframe.optim.SGD(lr=0.1), replicas_to_aggregate=1,
-                                              total_num_replicas=2)
+    opt = psframe.optim.SyncReplicasOptimizer(psframe.optim.SGD(lr=0.1), replicas_to_aggregate=1, total_num_replicas=2)
     trainer = psframe.Trainer(linear_model(), cluster, optimizer=opt)
     assert trainer.sync == psframe.SyncReplicas(1, 2)
     assert trainer.optimizer == psframe.optim.SGD(lr=0.1)
@@ -316,8 +340,9 @@ def test_killing_a_worker_without_a_backup_fails_the_others_within_the_deadline(
     cluster = free_cluster(1, 2)
     processes.start_task(cluster, "ps", 0, "--worker_timeout=3")
     for i in range(2):
-        processes.start_task(cluster, "worker", i, "--train_steps=100000", "--step_delay=0.02",
-                             "--sync_replicas", "--sync_timeout=3")
+        processes.start_task(
+            cluster, "worker", i, "--train_steps=100000", "--step_delay=0.02", "--sync_replicas", "--sync_timeout=3"
+        )
     processes.wait_for_output("worker1", "local step 5 ", timeout=120)
     processes.procs["worker1"].popen.send_signal(signal.SIGKILL)
     started = time.monotonic()
@@ -339,8 +364,15 @@ def test_processes_with_different_numbers_of_steps_all_exit(processes):
     for i in range(2):
         processes.start_task(cluster, "ps", i)
     for i, steps in enumerate((10, 25, 40)):
-        processes.start_task(cluster, "worker", i, "--train_steps=100000", f"--max_local_steps={steps}",
-                             "--sync_replicas", "--sync_timeout=60")
+        processes.start_task(
+            cluster,
+            "worker",
+            i,
+            "--train_steps=100000",
+            f"--max_local_steps={steps}",
+            "--sync_replicas",
+            "--sync_timeout=60",
+        )
     procs = processes.wait(timeout=180)
     assert all(p.returncode == 0 for p in procs.values())
     assert last_json(procs["worker2"].output)["global_step"] == 40
@@ -350,13 +382,31 @@ def test_processes_with_different_numbers_of_steps_all_exit(processes):
 @pytest.mark.cluster
 def test_mnist_example_sync_reaches_97_percent(processes, mnist_dir):
     data_dir = mnist_dir
-    processes.start("launch", [sys.executable, "-m", "psframe.cli", "launch", "--num_ps", "1",
-                               "--num_workers", "2", "--timeout", "500",
-                               str(ROOT / "examples" / "mlp_mnist_dist.py"), "--", f"--data_dir={data_dir}",
-                               "--sync_replicas"])
+    processes.start(
+        "launch",
+        [
+            sys.executable,
+            "-m",
+            "psframe.cli",
+            "launch",
+            "--num_ps",
+            "1",
+            "--num_workers",
+            "2",
+            "--timeout",
+            "500",
+            str(ROOT / "examples" / "mlp_mnist_dist.py"),
+            "--",
+            f"--data_dir={data_dir}",
+            "--sync_replicas",
+        ],
+    )
     procs = processes.wait(timeout=520)
-    chief = [line.removeprefix("[worker0] ") for line in procs["launch"].output.splitlines()
-             if line.startswith("[worker0] {")]
+    chief = [
+        line.removeprefix("[worker0] ")
+        for line in procs["launch"].output.splitlines()
+        if line.startswith("[worker0] {")
+    ]
     result = json.loads(chief[-1])
     assert result["sync_replicas"] is True
     assert result["test_accuracy"] >= 0.97, result
@@ -393,10 +443,10 @@ def test_a_killed_worker_restarted_mid_run_rejoins_at_the_current_step(processes
 
 
 def _sync_service():
-    from psframe.wire import codec
     from psframe.cluster import ClusterSpec
-    from psframe.wire import psframe_pb2 as pb
     from psframe.ps.service import ParameterServerService
+    from psframe.wire import codec
+    from psframe.wire import psframe_pb2 as pb
 
     cluster = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]})
     service = ParameterServerService(cluster, 0)
@@ -406,10 +456,13 @@ def _sync_service():
     def push(worker: int, step: int, value: float) -> bytes:
         header = pb.PushPullHeader(
             caller=pb.Caller(job_name="worker", task_index=worker, cluster_fingerprint=cluster.fingerprint),
-            step=step, pull=["w", "b"], end_of_step=True,
+            step=step,
+            pull=["w", "b"],
+            end_of_step=True,
         )
-        return service._handle_push_pull(codec.encode(header, [("w", torch.full((3,), value)),
-                                                               ("b", torch.full((2,), value))]))
+        return service._handle_push_pull(
+            codec.encode(header, [("w", torch.full((3,), value)), ("b", torch.full((2,), value))])
+        )
 
     def decoded(reply: bytes) -> tuple[pb.PushPullReplyHeader, list[torch.Tensor]]:
         return codec.decode(reply, pb.PushPullReplyHeader)
@@ -418,7 +471,7 @@ def _sync_service():
 
 
 def test_the_members_of_a_round_get_one_reply_encoded_once():
-    service, push, decoded = _sync_service()
+    _service, push, decoded = _sync_service()
     replies = run_workers({0: lambda: push(0, 0, 1.0), 1: lambda: push(1, 0, 3.0)})
     assert replies[0] is replies[1]  # the second member sent the bytes the first encoded
     header, (w, b) = decoded(replies[0])

@@ -235,14 +235,18 @@ def test_summation_is_in_task_index_order_whatever_the_arrival_order(order_case)
         for position, worker in enumerate(order):
             calls[worker] = Call(agg.push, worker, 0, grads[worker])
             if position < 2:  # the last one completes the round
-                wait_until(lambda k=position + 1: len(agg._round.completed) == k, store, calls[worker],
-                           what=f"worker {worker} to be waiting in push")
+                wait_until(
+                    lambda k=position + 1: len(agg._round.completed) == k,  # noqa: B023 - called in this iteration
+                    store,
+                    calls[worker],
+                    what=f"worker {worker} to be waiting in push",
+                )
         for worker in order:
             assert calls[worker].value() is False
         assert store.global_step == 1
         results[order] = snapshot(store)
 
-    for order, result in results.items():
+    for result in results.values():
         assert_exact(result, expected)
 
     # The oracle can tell: summing in arrival order would have changed the bits.
@@ -362,8 +366,7 @@ def test_every_shard_uses_the_members_ps0_chose():
     init0, init1 = values0(), values1()
     store0, store1 = make_store(init0, "/job:ps/task:0"), make_store(init1, "/job:ps/task:1")
     agg0 = SyncAggregator(store0, num_workers=3, replicas_to_aggregate=2, timeout=TIMEOUT)
-    agg1 = SyncAggregator(store1, num_workers=3, replicas_to_aggregate=2, timeout=TIMEOUT,
-                          decide=ps1_decides_via(agg0))
+    agg1 = SyncAggregator(store1, num_workers=3, replicas_to_aggregate=2, timeout=TIMEOUT, decide=ps1_decides_via(agg0))
     g = {w: grads_for(init0, 60 + w) for w in range(3)}  # for ps 0
     h = {w: grads_for(init1, 70 + w) for w in range(3)}  # for ps 1
 
@@ -372,8 +375,7 @@ def test_every_shard_uses_the_members_ps0_chose():
     w1_on_ps1 = Call(agg1.push, 1, 0, h[1])
     wait_until(lambda: agg1._round.completed == [1], store1, w1_on_ps1, what="worker 1 waiting on ps 1")
     w0_on_ps1 = Call(agg1.push, 0, 0, h[0])
-    wait_until(lambda: agg1._round.completed == [1, 0], store1, w0_on_ps1, w1_on_ps1,
-               what="worker 0 waiting on ps 1")
+    wait_until(lambda: agg1._round.completed == [1, 0], store1, w0_on_ps1, w1_on_ps1, what="worker 0 waiting on ps 1")
     assert store1.global_step == 0
 
     # Workers 0 and 2 complete the step on ps 0 first.
@@ -405,8 +407,7 @@ def test_a_non_member_arriving_after_the_decision_but_before_the_update_is_late(
     init0, init1 = values0(), values1()
     store0, store1 = make_store(init0, "/job:ps/task:0"), make_store(init1, "/job:ps/task:1")
     agg0 = SyncAggregator(store0, num_workers=3, replicas_to_aggregate=2, timeout=TIMEOUT)
-    agg1 = SyncAggregator(store1, num_workers=3, replicas_to_aggregate=2, timeout=TIMEOUT,
-                          decide=ps1_decides_via(agg0))
+    agg1 = SyncAggregator(store1, num_workers=3, replicas_to_aggregate=2, timeout=TIMEOUT, decide=ps1_decides_via(agg0))
     g = {w: grads_for(init0, 80 + w) for w in range(3)}
     h = {w: grads_for(init1, 90 + w) for w in range(3)}
 
@@ -471,8 +472,9 @@ def test_a_contribution_may_come_in_two_pushes():
     g = grads_for(init, 120)
 
     part_w = Call(agg.push, 0, 0, {"w": g["w"]})
-    wait_until(lambda: set(agg._round.contributions.get(0, {})) == {"w"}, store, part_w,
-               what="the first half to be recorded")
+    wait_until(
+        lambda: set(agg._round.contributions.get(0, {})) == {"w"}, store, part_w, what="the first half to be recorded"
+    )
     assert store.global_step == 0
     assert_exact(snapshot(store), init)
     part_b = Call(agg.push, 0, 0, {"b": g["b"]})
@@ -510,8 +512,9 @@ def test_an_invalid_gradient_is_refused_and_records_nothing(bad, error):
 
     # Had "b" been kept, this half would complete the step at once with the poison.
     part_w = Call(agg.push, 0, 0, {"w": g["w"]})
-    wait_until(lambda: set(agg._round.contributions.get(0, {})) == {"w"}, store, part_w,
-               what="the valid half to be recorded")
+    wait_until(
+        lambda: set(agg._round.contributions.get(0, {})) == {"w"}, store, part_w, what="the valid half to be recorded"
+    )
     part_b = Call(agg.push, 0, 0, {"b": g["b"]})
     assert part_w.value() is False
     assert part_b.value() is False
@@ -550,8 +553,13 @@ def test_members_of_remembers_past_steps_and_waits_for_the_current_one():
 
 def test_only_ps0_answers_members_of():
     agg0 = SyncAggregator(make_store(values0()), num_workers=2, replicas_to_aggregate=2, timeout=TIMEOUT)
-    agg1 = SyncAggregator(make_store(values1(), "/job:ps/task:1"), num_workers=2, replicas_to_aggregate=2,
-                          timeout=TIMEOUT, decide=ps1_decides_via(agg0))
+    agg1 = SyncAggregator(
+        make_store(values1(), "/job:ps/task:1"),
+        num_workers=2,
+        replicas_to_aggregate=2,
+        timeout=TIMEOUT,
+        decide=ps1_decides_via(agg0),
+    )
     with pytest.raises(PsframeError, match="ps 0"):
         agg1.members_of(0, 0.1)
 

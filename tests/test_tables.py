@@ -66,28 +66,38 @@ def pull_every_row(model: Recommender) -> None:
 CASES = [
     # (model optimizer, table optimizer or None, the local torch classes and kwargs)
     (psframe.optim.SGD(lr=0.1), None, (torch.optim.SGD, {"lr": 0.1}), (torch.optim.SGD, {"lr": 0.1})),
-    (psframe.optim.SGD(lr=0.1, momentum=0.9), None, (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
-     (SparseSGD, {"lr": 0.1, "momentum": 0.9})),
-    (psframe.optim.SGD(lr=0.1), psframe.optim.SGD(lr=0.05, momentum=0.5, nesterov=True),
-     (torch.optim.SGD, {"lr": 0.1}), (SparseSGD, {"lr": 0.05, "momentum": 0.5, "nesterov": True})),
-    (psframe.optim.Adagrad(lr=0.1), None, (torch.optim.Adagrad, {"lr": 0.1}),
-     (torch.optim.Adagrad, {"lr": 0.1})),
+    (
+        psframe.optim.SGD(lr=0.1, momentum=0.9),
+        None,
+        (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+        (SparseSGD, {"lr": 0.1, "momentum": 0.9}),
+    ),
+    (
+        psframe.optim.SGD(lr=0.1),
+        psframe.optim.SGD(lr=0.05, momentum=0.5, nesterov=True),
+        (torch.optim.SGD, {"lr": 0.1}),
+        (SparseSGD, {"lr": 0.05, "momentum": 0.5, "nesterov": True}),
+    ),
+    (psframe.optim.Adagrad(lr=0.1), None, (torch.optim.Adagrad, {"lr": 0.1}), (torch.optim.Adagrad, {"lr": 0.1})),
     (psframe.optim.Adam(lr=0.01), None, (torch.optim.Adam, {"lr": 0.01}), (torch.optim.SparseAdam, {"lr": 0.01})),
 ]
 
 
 @pytest.mark.parametrize("partition", ["mod", "range"])
-@pytest.mark.parametrize("optimizer,table_optimizer,dense_local,table_local", CASES,
-                         ids=["sgd", "momentum", "nesterov-table", "adagrad", "adam"])
-def test_tables_train_as_one_process(local_cluster, partition, optimizer, table_optimizer, dense_local,
-                                     table_local):
+@pytest.mark.parametrize(
+    "optimizer,table_optimizer,dense_local,table_local",
+    CASES,
+    ids=["sgd", "momentum", "nesterov-table", "adagrad", "adam"],
+)
+def test_tables_train_as_one_process(local_cluster, partition, optimizer, table_optimizer, dense_local, table_local):
     cluster = local_cluster(num_ps=2, num_workers=1)
     model, reference = Recommender(), Recommender()
     tables = [reference.emb.weight, reference.bag.weight]
     dense_opt = dense_local[0]([reference.head.weight, reference.head.bias], **dense_local[1])
     table_opt = table_local[0](tables, **table_local[1])
-    with psframe.Trainer(model, cluster, optimizer=optimizer, table_optimizer=table_optimizer,
-                         table_partition=partition) as trainer:
+    with psframe.Trainer(
+        model, cluster, optimizer=optimizer, table_optimizer=table_optimizer, table_partition=partition
+    ) as trainer:
         parts = [s for s in trainer.placement.shards if s.table]
         assert {s.ps_task for s in parts} == {0, 1} and {s.variable for s in parts} == TABLES
         for step in range(6):
@@ -187,11 +197,14 @@ def test_sparse_sgd_leaves_untouched_rows_and_their_momentum_alone():
     assert torch.equal(opt.state[table]["momentum_buffer"][:, 0], torch.tensor([1.0, 1.5, 0.0, 0.0]))
 
 
-@pytest.mark.parametrize("optimizer,match", [
-    (psframe.optim.RMSprop(lr=0.1), "table_optimizer"),
-    (psframe.optim.SGD(lr=0.1, weight_decay=0.1), "weight_decay"),
-    (psframe.optim.Adam(lr=0.1, amsgrad=True), "amsgrad"),
-])
+@pytest.mark.parametrize(
+    "optimizer,match",
+    [
+        (psframe.optim.RMSprop(lr=0.1), "table_optimizer"),
+        (psframe.optim.SGD(lr=0.1, weight_decay=0.1), "weight_decay"),
+        (psframe.optim.Adam(lr=0.1, amsgrad=True), "amsgrad"),
+    ],
+)
 def test_optimizers_without_a_row_by_row_form_are_refused_up_front(local_cluster, optimizer, match):
     cluster = local_cluster(num_ps=1, num_workers=1, start_ps=False)
     with pytest.raises(OptimizerConfigError, match=match):
@@ -217,8 +230,9 @@ def test_checkpoints_hold_whole_tables_and_restore_onto_another_number_of_ps_tas
     dense_opt = torch.optim.Adagrad([reference.head.weight, reference.head.bias], lr=0.3)
     table_opt = torch.optim.Adagrad([reference.emb.weight, reference.bag.weight], lr=0.3)
     model = Recommender()
-    with psframe.Trainer(model, local_cluster(num_ps=2, num_workers=1), optimizer=optimizer,
-                         checkpoint_dir=url) as trainer:
+    with psframe.Trainer(
+        model, local_cluster(num_ps=2, num_workers=1), optimizer=optimizer, checkpoint_dir=url
+    ) as trainer:
         for step in range(3):
             trainer.step(loss_of(model, step))
             local_step(reference, dense_opt, table_opt, step)
@@ -229,8 +243,9 @@ def test_checkpoints_hold_whole_tables_and_restore_onto_another_number_of_ps_tas
         assert torch.equal(loaded[name], param), name
     # Three ps tasks now: each table part takes every third row of the checkpoint, with its optimizer state.
     again = Recommender(seed=5)
-    with psframe.Trainer(again, local_cluster(num_ps=3, num_workers=1), optimizer=optimizer,
-                         checkpoint_dir=url) as trainer:
+    with psframe.Trainer(
+        again, local_cluster(num_ps=3, num_workers=1), optimizer=optimizer, checkpoint_dir=url
+    ) as trainer:
         assert {s.ps_task for s in trainer.placement.shards if s.table} == {0, 1, 2}
         pull_every_row(again)
         for name, param in reference.named_parameters():
@@ -242,11 +257,15 @@ def test_checkpoints_hold_whole_tables_and_restore_onto_another_number_of_ps_tas
             assert torch.equal(dict(again.named_parameters())[name], param), name
 
 
-@pytest.mark.parametrize("optimizer,table_local", [
-    (psframe.optim.SGD(lr=0.2), (torch.optim.SGD, {"lr": 0.2})),
-    (psframe.optim.Adagrad(lr=0.1), (torch.optim.Adagrad, {"lr": 0.1})),
-    (psframe.optim.Adam(lr=0.01), (torch.optim.SparseAdam, {"lr": 0.01})),
-], ids=["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize(
+    "optimizer,table_local",
+    [
+        (psframe.optim.SGD(lr=0.2), (torch.optim.SGD, {"lr": 0.2})),
+        (psframe.optim.Adagrad(lr=0.1), (torch.optim.Adagrad, {"lr": 0.1})),
+        (psframe.optim.Adam(lr=0.01), (torch.optim.SparseAdam, {"lr": 0.01})),
+    ],
+    ids=["sgd", "adagrad", "adam"],
+)
 def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, optimizer, table_local):
     from tests.test_sync import connect_all, run_workers
 
@@ -255,8 +274,17 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
     models = {i: Recommender() for i in range(num_workers)}
     # The head on ps 0: ps 1 holds table parts only, so its step is the rows' message alone.
     devices = {"head.weight": "/job:ps/task:0", "head.bias": "/job:ps/task:0"}
-    trainers = {i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=optimizer, variable_devices=devices,
-                                   sync=psframe.SyncReplicas(timeout=30)) for i in range(num_workers)}
+    trainers = {
+        i: psframe.Trainer(
+            models[i],
+            cluster,
+            task_index=i,
+            optimizer=optimizer,
+            variable_devices=devices,
+            sync=psframe.SyncReplicas(timeout=30),
+        )
+        for i in range(num_workers)
+    }
     assert {s.ps_task for s in trainers[0].placement.shards if not s.table} == {0}
     connect_all(trainers)
 
@@ -265,7 +293,9 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
             trainers[i].step(loss_of(models[i], step * num_workers + i))
         return trainers[i].global_step
 
-    assert run_workers({i: (lambda i=i: train(i)) for i in range(num_workers)}) == dict.fromkeys(range(num_workers), steps)
+    assert run_workers({i: (lambda i=i: train(i)) for i in range(num_workers)}) == dict.fromkeys(
+        range(num_workers), steps
+    )
     reference = Recommender()
     dense_opt = getattr(torch.optim, optimizer.name)([reference.head.weight, reference.head.bias], **optimizer.kwargs)
     table_opt = table_local[0]([reference.emb.weight, reference.bag.weight], **table_local[1])
@@ -287,8 +317,10 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
 def test_mod_spreads_a_frequency_sorted_vocabulary_where_range_does_not():
     from benchmarks.sparse import partition_balance
 
-    imbalance = {(r["numbering"], r["partition"], r["num_ps"]): r["imbalance"]
-                 for r in partition_balance(rows=10**5, ps_counts=(4,), batches_drawn=4)}
+    imbalance = {
+        (r["numbering"], r["partition"], r["num_ps"]): r["imbalance"]
+        for r in partition_balance(rows=10**5, ps_counts=(4,), batches_drawn=4)
+    }
     # Hot ids first: range puts them all on the first part; mod deals them out.
     assert imbalance[("frequency-sorted", "mod", 4)] < 1.25 < 2.5 < imbalance[("frequency-sorted", "range", 4)]
     assert imbalance[("hashed", "range", 4)] < 1.25  # hashed ids are spread either way
@@ -302,22 +334,23 @@ class Options(torch.nn.Module):
         super().__init__()
         torch.manual_seed(3)
         self.emb = torch.nn.Embedding(ROWS, DIM, padding_idx=3, sparse=True)
-        self.mean_bag = torch.nn.EmbeddingBag(BAG_ROWS, DIM, mode="mean", padding_idx=0, sparse=True,
-                                              include_last_offset=True)
+        self.mean_bag = torch.nn.EmbeddingBag(
+            BAG_ROWS, DIM, mode="mean", padding_idx=0, sparse=True, include_last_offset=True
+        )
         self.weighted_bag = torch.nn.EmbeddingBag(BAG_ROWS, DIM, mode="sum", sparse=True)
         self.head = torch.nn.Linear(3 * DIM, 1)
 
     def forward(self, ids, bag_ids, offsets, weights):
         mean = self.mean_bag(bag_ids, torch.cat([offsets, torch.tensor([bag_ids.numel()])]))
-        return self.head(torch.cat([self.emb(ids).sum(1), mean, self.weighted_bag(bag_ids, offsets, weights)],
-                                   1)).squeeze(1)
+        return self.head(
+            torch.cat([self.emb(ids).sum(1), mean, self.weighted_bag(bag_ids, offsets, weights)], 1)
+        ).squeeze(1)
 
 
 def test_padding_and_bag_options_train_as_one_process(local_cluster):
     model, reference = Options(), Options()
     opt = torch.optim.SGD(reference.parameters(), lr=0.3)
-    with psframe.Trainer(model, local_cluster(num_ps=2, num_workers=1),
-                         optimizer=psframe.optim.SGD(lr=0.3)) as trainer:
+    with psframe.Trainer(model, local_cluster(num_ps=2, num_workers=1), optimizer=psframe.optim.SGD(lr=0.3)) as trainer:
         for step in range(4):
             ids, bag_ids, offsets, target = batch(step)
             ids[0, 0] = ids[1, 1] = 3  # the padding id, twice

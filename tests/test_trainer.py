@@ -10,13 +10,13 @@ import torch
 
 import psframe
 from psframe import cli
-from psframe.worker.client import PsClient
 from psframe.errors import (
     ClusterMismatchError,
     ConnectTimeoutError,
     PlacementError,
     PortInUseError,
 )
+from psframe.worker.client import PsClient
 from tests.conftest import free_cluster
 
 
@@ -89,8 +89,10 @@ def test_a_ps_task_given_no_variable_is_ready_and_training_goes_on(local_cluster
     local.load_state_dict(model.state_dict())
     opt = torch.optim.SGD(local.parameters(), lr=0.1)
     x, y = torch.randn(8, 4), torch.randn(8, 1)
-    with psframe.Trainer(model, cluster, optimizer=psframe.optim.SGD(lr=0.1)) as chief, \
-            psframe.Trainer(torch.nn.Linear(4, 1, bias=False), cluster, task_index=1) as other:
+    with (
+        psframe.Trainer(model, cluster, optimizer=psframe.optim.SGD(lr=0.1)) as chief,
+        psframe.Trainer(torch.nn.Linear(4, 1, bias=False), cluster, task_index=1) as other,
+    ):
         assert {s.ps_task for s in chief.placement.shards} == {0}  # ps 1 and 2 hold nothing
         for _ in range(3):
             chief.step(torch.nn.functional.mse_loss(model(x), y))
@@ -119,8 +121,9 @@ def test_a_device_string_for_a_missing_ps_task_is_an_error_unless_soft(local_clu
     with pytest.raises(PlacementError, match="/job:ps/task:5"):
         psframe.Trainer(make_model(), cluster, variable_devices={"0.weight": "/job:ps/task:5"})
     with pytest.warns(UserWarning, match="/job:ps/task:5"):
-        trainer = psframe.Trainer(make_model(), cluster, variable_devices={"0.weight": "/job:ps/task:5"},
-                                  soft_placement=True)
+        trainer = psframe.Trainer(
+            make_model(), cluster, variable_devices={"0.weight": "/job:ps/task:5"}, soft_placement=True
+        )
     assert trainer.placement.shards_of("0.weight")[0].ps_task in (0, 1)
 
 
@@ -166,8 +169,9 @@ def test_non_chief_waits_for_the_model_and_says_so(local_cluster):
 
 def test_workers_with_another_cluster_are_refused(local_cluster):
     cluster = local_cluster(num_ps=1, num_workers=1)
-    other = psframe.ClusterSpec({"ps": cluster.job_tasks("ps"),
-                                 "worker": cluster.job_tasks("worker") + ["127.0.0.1:1"]})
+    other = psframe.ClusterSpec(
+        {"ps": cluster.job_tasks("ps"), "worker": cluster.job_tasks("worker") + ["127.0.0.1:1"]}
+    )
     with pytest.raises(ClusterMismatchError, match="cluster"):
         psframe.Trainer(make_model(), other, connect_timeout=5).connect()
 
@@ -190,8 +194,7 @@ def test_a_restarted_chief_adopts_the_variables_already_there(local_cluster):
         for p, q in zip(again.parameters(), first.parameters()):
             assert torch.equal(p, q)
         with pytest.raises(ClusterMismatchError, match="SGD"):
-            psframe.Trainer(make_model(), cluster, optimizer=psframe.optim.Adam(lr=1.0),
-                            connect_timeout=10).connect()
+            psframe.Trainer(make_model(), cluster, optimizer=psframe.optim.Adam(lr=1.0), connect_timeout=10).connect()
 
 
 def test_no_training_after_every_worker_finished(local_cluster):
@@ -249,8 +252,9 @@ def test_cuda_worker_matches_local_sgd_exactly(local_cluster):
     cluster = local_cluster(num_ps=2, num_workers=1)
     model, reference = make_model(), make_model().cuda()
     local_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    with psframe.Trainer(model, cluster, device="cuda", optimizer=psframe.optim.SGD(lr=0.1),
-                         gpu_memory_fraction=0.5) as trainer:
+    with psframe.Trainer(
+        model, cluster, device="cuda", optimizer=psframe.optim.SGD(lr=0.1), gpu_memory_fraction=0.5
+    ) as trainer:
         assert next(model.parameters()).is_cuda
         for step in range(3):
             x, y = batch(step)

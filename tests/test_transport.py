@@ -51,8 +51,13 @@ def test_only_the_transport_package_imports_grpc():
     importers = []
     for path in sorted((ROOT / "psframe").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if any(n == "grpc" or n.startswith("grpc.") for n in names):
                 importers.append(path.relative_to(ROOT).as_posix())
     assert importers and all(path.startswith("psframe/wire/transport/") for path in importers), importers
@@ -85,8 +90,17 @@ def serve():
         served.close()
 
 
-@pytest.mark.parametrize("error", [errors.ShapeMismatchError, errors.ClusterMismatchError, errors.NotReadyError,
-                                   errors.BarrierTimeoutError, errors.CheckpointError, errors.UnknownVariableError])
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.ShapeMismatchError,
+        errors.ClusterMismatchError,
+        errors.NotReadyError,
+        errors.BarrierTimeoutError,
+        errors.CheckpointError,
+        errors.UnknownVariableError,
+    ],
+)
 def test_a_handler_error_comes_back_as_the_same_class(serve, error):
     def get_info(request):
         raise error(f"refused {request.caller.task_index}")
@@ -153,8 +167,7 @@ def test_a_stream_the_caller_closes_ends_quietly(serve, caplog):
 
     def push_pull(requests):
         try:
-            for data in requests:
-                yield data
+            yield from requests
         finally:
             ended.set()
 
@@ -184,8 +197,7 @@ def test_parallel_calls_return_in_order_and_raise_the_first_failure(serve):
     replies = transport.call_all([(good.connection, "GetInfo", request)] * 2, DEADLINE_S)
     assert [r.task_index for r in replies] == [5, 5]
     with pytest.raises(errors.NotReadyError, match="not yet"):
-        transport.call_all([(good.connection, "GetInfo", request), (bad.connection, "GetInfo", request)],
-                           DEADLINE_S)
+        transport.call_all([(good.connection, "GetInfo", request), (bad.connection, "GetInfo", request)], DEADLINE_S)
 
 
 def test_the_server_refuses_unknown_methods_and_a_port_in_use(serve):
@@ -212,8 +224,9 @@ def test_a_forwarding_server_relays_replies_errors_and_streams(serve):
             yield data[::-1]
 
     owner = serve({"GetInfo": get_info, "PushPull": push_pull})
-    forwarder = transport.RpcServer({}, name="/job:ps/task:0-serving1", max_threads=4,
-                                    forward_to=f"127.0.0.1:{owner.port}")
+    forwarder = transport.RpcServer(
+        {}, name="/job:ps/task:0-serving1", max_threads=4, forward_to=f"127.0.0.1:{owner.port}"
+    )
     port = forwarder.bind("127.0.0.1:0")
     forwarder.start()
     watchdog = transport.Watchdog()

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import psframe
-from psframe.wire import codec, transport
 from psframe.errors import DtypeMismatchError, WireFormatError
-from psframe.wire import psframe_pb2 as pb
 from psframe.ps.store import VariableStore
+from psframe.wire import codec, transport
+from psframe.wire import psframe_pb2 as pb
 from tests.test_store_contract import GrpcBackend
 from tests.test_trainer import loss_of, make_model
 
@@ -44,8 +44,11 @@ def test_to_wire_narrows_only_wider_floating_point():
 def test_store_widens_compressed_gradients_and_leaves_the_rest_for_its_checks():
     store = VariableStore()
     store.create({"w": torch.zeros(3), "n": torch.zeros(2, dtype=torch.float16)}, psframe.optim.SGD(lr=1.0))
-    grads = {"w": torch.ones(3, dtype=torch.bfloat16), "n": torch.ones(2, dtype=torch.bfloat16),
-             "x": torch.ones(1, dtype=torch.bfloat16)}
+    grads = {
+        "w": torch.ones(3, dtype=torch.bfloat16),
+        "n": torch.ones(2, dtype=torch.bfloat16),
+        "x": torch.ones(1, dtype=torch.bfloat16),
+    }
     widened = store.widen(grads, torch.bfloat16)
     assert widened["w"].dtype == torch.float32 and torch.equal(widened["w"], torch.ones(3))
     assert widened["n"] is grads["n"]  # a float16 variable is not wider: refused later, by apply
@@ -127,5 +130,4 @@ def test_trainer_with_wire_dtype_matches_local_sgd_on_rounded_values(local_clust
 @pytest.mark.parametrize("bad", ["int8", torch.int8, "fp16", 16])
 def test_trainer_refuses_an_unknown_wire_dtype(bad):
     with pytest.raises(ValueError, match="wire_dtype must be None"):
-        psframe.Trainer(make_model(), {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
-                        wire_dtype=bad)
+        psframe.Trainer(make_model(), {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}, wire_dtype=bad)

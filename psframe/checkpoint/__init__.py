@@ -20,7 +20,7 @@ from psframe.checkpoint.manifest import Manifest, ShardRecord
 from psframe.checkpoint.slices import assemble
 from psframe.errors import CheckpointError
 
-__all__ = ["load", "save", "Manifest", "ShardRecord"]
+__all__ = ["Manifest", "ShardRecord", "load", "save"]
 
 
 class ShardWriter(Protocol):

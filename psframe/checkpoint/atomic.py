@@ -80,5 +80,5 @@ def fsync(f: Any) -> None:
 def remove_quietly(fs: Any, path: str) -> None:
     try:
         fs.rm(path)
-    except Exception:  # best effort: the save already failed for a better reason
+    except Exception:  # noqa: BLE001 - best effort: the save already failed for a better reason
         pass

@@ -43,14 +43,23 @@ def gather(parts: Sequence[VariableData], part_index: int = 0, num_parts: int = 
     state: dict[str, Any] = {}
     for key in parts[0].state:
         values = [p.state.get(key) for p in parts]
-        if all(isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == p.value.shape[0]
-               and v.shape[1:] == p.value.shape[1:] for v, p in zip(values, parts)):
+        if all(
+            isinstance(v, torch.Tensor)
+            and v.dim()
+            and v.shape[0] == p.value.shape[0]
+            and v.shape[1:] == p.value.shape[1:]
+            for v, p in zip(values, parts)
+        ):
             state[key] = rows_of(values)
         elif all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in values):
             state[key] = max(values, key=float).clone()
         elif all(isinstance(v, (int, float)) for v in values):
             state[key] = max(values)
-    return {"ids": ids[keep][order], "rows": rows_of([p.value for p in parts]), "state": state,
-            "updated": rows_of([p.dynamic["updated"] for p in parts]),
-            "updates": rows_of([p.dynamic["updates"] for p in parts]),
-            "clock": max(int(p.dynamic["clock"]) for p in parts)}
+    return {
+        "ids": ids[keep][order],
+        "rows": rows_of([p.value for p in parts]),
+        "state": state,
+        "updated": rows_of([p.dynamic["updated"] for p in parts]),
+        "updates": rows_of([p.dynamic["updates"] for p in parts]),
+        "clock": max(int(p.dynamic["clock"]) for p in parts),
+    }

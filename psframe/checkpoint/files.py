@@ -96,8 +96,9 @@ def write_shard(url: str, step: int, shard: ShardData) -> ShardRecord:
     fs.makedirs(folder, exist_ok=True)
     name = shard_name(shard.ps_task, shard.num_shards)
     writer = atomic_write(fs, join(folder, name), lambda f: torch.save(content, f))
-    return ShardRecord(ps_task=shard.ps_task, file=name, sha256=writer.hexdigest(),
-                       nbytes=writer.nbytes, global_step=shard.global_step)
+    return ShardRecord(
+        ps_task=shard.ps_task, file=name, sha256=writer.hexdigest(), nbytes=writer.nbytes, global_step=shard.global_step
+    )
 
 
 def write_manifest(url: str, step: int, records: Sequence[ShardRecord]) -> Manifest:
@@ -125,8 +126,9 @@ def write_manifest(url: str, step: int, records: Sequence[ShardRecord]) -> Manif
             f"the shards of checkpoint step {step} must cover ps tasks "
             f"0..{num_shards - 1} exactly once; got ps tasks {tasks}"
         )
-    manifest = Manifest(url=url, step=step, num_shards=num_shards, shards=records,
-                        created=time.time(), format_version=FORMAT_VERSION)
+    manifest = Manifest(
+        url=url, step=step, num_shards=num_shards, shards=records, created=time.time(), format_version=FORMAT_VERSION
+    )
     fs, folder = fsspec.core.url_to_fs(manifest.folder)
     for record in records:
         expected = shard_name(record.ps_task, num_shards)
@@ -143,8 +145,7 @@ def write_manifest(url: str, step: int, records: Sequence[ShardRecord]) -> Manif
         if size != record.nbytes:
             found = "no file" if size is None else f"{size} bytes"
             raise CheckpointError(
-                f"cannot commit {manifest.folder}: shard {record.file} should hold "
-                f"{record.nbytes} bytes, found {found}"
+                f"cannot commit {manifest.folder}: shard {record.file} should hold {record.nbytes} bytes, found {found}"
             )
     final = join(folder, MANIFEST_NAME)
     if fs.exists(final):
@@ -175,14 +176,12 @@ def list_checkpoints(url: str) -> list[Manifest]:
         except FileNotFoundError:
             continue  # never committed
         except OSError as e:
-            logger.warning("skipping checkpoint %s: its manifest cannot be read (%s)",
-                           join(url, folder_name(step)), e)
+            logger.warning("skipping checkpoint %s: its manifest cannot be read (%s)", join(url, folder_name(step)), e)
             continue
         try:
             manifests.append(manifest_from_json(url, step, data))
         except (ValueError, KeyError, TypeError) as e:
-            logger.warning("skipping checkpoint %s: its manifest is unreadable (%s)",
-                           join(url, folder_name(step)), e)
+            logger.warning("skipping checkpoint %s: its manifest is unreadable (%s)", join(url, folder_name(step)), e)
     return manifests
 
 
@@ -209,8 +208,7 @@ def read_shard(manifest: Manifest, ps_task: int) -> ShardData:
         with fs.open(path, "rb") as f:
             content = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(
-            f"{where} matches its sha256 but cannot be loaded as a shard: {e}") from e
+        raise CheckpointError(f"{where} matches its sha256 but cannot be loaded as a shard: {e}") from e
     try:
         shard = ShardData.from_dict(content)
     except CheckpointError as e:
@@ -244,8 +242,9 @@ def latest_valid(url: str) -> Manifest | None:
         try:
             verify(manifest)
         except CheckpointCorruptError as e:
-            logger.warning("skipping checkpoint %s (step %d), falling back to an older one: %s",
-                           manifest.folder, manifest.step, e)
+            logger.warning(
+                "skipping checkpoint %s (step %d), falling back to an older one: %s", manifest.folder, manifest.step, e
+            )
             continue
         return manifest
     return None
@@ -299,8 +298,7 @@ def _check_file(manifest: Manifest, record: ShardRecord) -> tuple[Any, str]:
         if size != record.nbytes:
             kind = "truncated" if size < record.nbytes else "too long"
             raise CheckpointCorruptError(
-                f"{where} is {kind}: {size} bytes, the manifest records {record.nbytes} "
-                f"(sha256 {record.sha256})"
+                f"{where} is {kind}: {size} bytes, the manifest records {record.nbytes} (sha256 {record.sha256})"
             )
         sha = hashlib.sha256()
         with fs.open(path, "rb") as f:
@@ -308,13 +306,11 @@ def _check_file(manifest: Manifest, record: ShardRecord) -> tuple[Any, str]:
                 sha.update(chunk)
     except FileNotFoundError as e:
         raise CheckpointCorruptError(
-            f"{where} is missing; the manifest records {record.nbytes} bytes "
-            f"with sha256 {record.sha256}"
+            f"{where} is missing; the manifest records {record.nbytes} bytes with sha256 {record.sha256}"
         ) from e
     if sha.hexdigest() != record.sha256:
         raise CheckpointCorruptError(
-            f"{where} is corrupt: sha256 {sha.hexdigest()}, the manifest records "
-            f"{record.sha256}"
+            f"{where} is corrupt: sha256 {sha.hexdigest()}, the manifest records {record.sha256}"
         )
     return fs, path
 

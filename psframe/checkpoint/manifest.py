@@ -60,8 +60,7 @@ class Manifest:
             if record.ps_task == ps_task:
                 return record
         raise CheckpointError(
-            f"checkpoint {self.folder} has no shard for ps task {ps_task}; "
-            f"it holds ps tasks 0..{self.num_shards - 1}"
+            f"checkpoint {self.folder} has no shard for ps task {ps_task}; it holds ps tasks 0..{self.num_shards - 1}"
         )
 
 
@@ -85,8 +84,13 @@ def manifest_from_json(url: str, step: int, data: bytes) -> Manifest:
         raise ValueError(f"it records step {obj['step']}, its folder is step {step}")
     num_shards = obj["num_shards"]
     records = tuple(
-        ShardRecord(ps_task=int(s["ps_task"]), file=str(s["file"]), sha256=str(s["sha256"]),
-                    nbytes=int(s["nbytes"]), global_step=int(s["global_step"]))
+        ShardRecord(
+            ps_task=int(s["ps_task"]),
+            file=str(s["file"]),
+            sha256=str(s["sha256"]),
+            nbytes=int(s["nbytes"]),
+            global_step=int(s["global_step"]),
+        )
         for s in obj["shards"]
     )
     if [r.ps_task for r in records] != list(range(num_shards)):
@@ -94,8 +98,14 @@ def manifest_from_json(url: str, step: int, data: bytes) -> Manifest:
     for r in records:  # names are fixed by the layout, never paths to elsewhere
         if r.file != shard_name(r.ps_task, num_shards):
             raise ValueError(f"unexpected shard file name {r.file!r}")
-    return Manifest(url=url, step=step, num_shards=num_shards, shards=records,
-                    created=float(obj["created"]), format_version=int(version))
+    return Manifest(
+        url=url,
+        step=step,
+        num_shards=num_shards,
+        shards=records,
+        created=float(obj["created"]),
+        format_version=int(version),
+    )
 
 
 def folder_name(step: int) -> str:

@@ -142,8 +142,9 @@ class ShardData:
             "optimizer": {**_fields_of(self.optimizer), "kwargs": dict(self.optimizer.kwargs)},
             "sync": None if self.sync is None else _fields_of(self.sync),
             "variables": [_variable_to_dict(v) for v in self.variables],
-            "table_optimizer": None if self.table_optimizer is None else {
-                **_fields_of(self.table_optimizer), "kwargs": dict(self.table_optimizer.kwargs)},
+            "table_optimizer": None
+            if self.table_optimizer is None
+            else {**_fields_of(self.table_optimizer), "kwargs": dict(self.table_optimizer.kwargs)},
             "pushes": None if self.pushes is None else {k: [int(x) for x in v] for k, v in self.pushes.items()},
         }
 
@@ -161,17 +162,20 @@ class ShardData:
         raw = _raw_fields(cls, _in_current_format(obj), "shard")
         sync, variables, table_optimizer = raw["sync"], raw["variables"], raw["table_optimizer"]
         if not isinstance(variables, (list, tuple)):
-            raise CheckpointError(f"variables must be a list of dicts, "
-                                  f"got {type(variables).__name__}")
-        shard = cls(**{
-            **raw,
-            "optimizer": OptimizerData(**_raw_fields(OptimizerData, raw["optimizer"], "optimizer")),
-            "table_optimizer": None if table_optimizer is None else OptimizerData(
-                **_raw_fields(OptimizerData, table_optimizer, "table_optimizer")),
-            "sync": None if sync is None else SyncData(**_raw_fields(SyncData, sync, "sync")),
-            "variables": [VariableData(**_raw_fields(VariableData, v, _label(i, v)))
-                          for i, v in enumerate(variables)],
-        })
+            raise CheckpointError(f"variables must be a list of dicts, got {type(variables).__name__}")
+        shard = cls(
+            **{
+                **raw,
+                "optimizer": OptimizerData(**_raw_fields(OptimizerData, raw["optimizer"], "optimizer")),
+                "table_optimizer": None
+                if table_optimizer is None
+                else OptimizerData(**_raw_fields(OptimizerData, table_optimizer, "table_optimizer")),
+                "sync": None if sync is None else SyncData(**_raw_fields(SyncData, sync, "sync")),
+                "variables": [
+                    VariableData(**_raw_fields(VariableData, v, _label(i, v))) for i, v in enumerate(variables)
+                ],
+            }
+        )
         _check_shard(shard)
         return shard
 
@@ -198,8 +202,7 @@ def _check_shard(shard: ShardData) -> None:
         _check_optimizer(shard.table_optimizer)
     _check_sync(shard.sync)
     if not isinstance(shard.variables, tuple):
-        raise CheckpointError(f"variables must be a list of VariableData, "
-                              f"got {type(shard.variables).__name__}")
+        raise CheckpointError(f"variables must be a list of VariableData, got {type(shard.variables).__name__}")
     for i, var in enumerate(shard.variables):
         _check_variable(var, i)
     names = [v.name for v in shard.variables]
@@ -211,18 +214,23 @@ def _check_shard(shard: ShardData) -> None:
 def _check_pushes(pushes: Any) -> None:
     if pushes is None:
         return
-    if (not isinstance(pushes, Mapping) or set(pushes) != {"last_push", "applied_steps"}
-            or not all(isinstance(v, (list, tuple)) and all(_is_int(x) and x >= 0 for x in v)
-                       for v in pushes.values())):
-        raise CheckpointError(f"pushes must be None or {{'last_push': [int >= 0], 'applied_steps': "
-                              f"[int >= 0]}}, got {pushes!r}")
+    if (
+        not isinstance(pushes, Mapping)
+        or set(pushes) != {"last_push", "applied_steps"}
+        or not all(isinstance(v, (list, tuple)) and all(_is_int(x) and x >= 0 for x in v) for v in pushes.values())
+    ):
+        raise CheckpointError(
+            f"pushes must be None or {{'last_push': [int >= 0], 'applied_steps': [int >= 0]}}, got {pushes!r}"
+        )
 
 
 def _check_optimizer(optimizer: Any) -> None:
-    if (not isinstance(optimizer, OptimizerData) or not isinstance(optimizer.name, str)
-            or not isinstance(optimizer.kwargs, Mapping)):
-        raise CheckpointError(
-            f"optimizer must be {{'name': str, 'kwargs': dict}}, got {optimizer!r}")
+    if (
+        not isinstance(optimizer, OptimizerData)
+        or not isinstance(optimizer.name, str)
+        or not isinstance(optimizer.kwargs, Mapping)
+    ):
+        raise CheckpointError(f"optimizer must be {{'name': str, 'kwargs': dict}}, got {optimizer!r}")
     _check_plain(dict(optimizer.kwargs), "optimizer kwargs")
 
 
@@ -232,16 +240,17 @@ def _check_sync(sync: Any) -> None:
     if not isinstance(sync, SyncData):
         raise CheckpointError(f"sync must be None or a SyncData, got {sync!r}")
     timeout = sync.timeout_seconds
-    if not (_is_int(sync.replicas_to_aggregate) and _is_int(sync.total_num_replicas)
-            and (_is_int(timeout) or isinstance(timeout, float))):
-        raise CheckpointError(f"sync must hold two int replica counts and a number of "
-                              f"timeout seconds, got {sync!r}")
+    if not (
+        _is_int(sync.replicas_to_aggregate)
+        and _is_int(sync.total_num_replicas)
+        and (_is_int(timeout) or isinstance(timeout, float))
+    ):
+        raise CheckpointError(f"sync must hold two int replica counts and a number of timeout seconds, got {sync!r}")
 
 
 def _check_variable(var: Any, index: int) -> None:
     if not isinstance(var, VariableData):
-        raise CheckpointError(f"variables[{index}] must be a VariableData, "
-                              f"got {type(var).__name__}")
+        raise CheckpointError(f"variables[{index}] must be a VariableData, got {type(var).__name__}")
     label = _label(index, var)
     if not isinstance(var.value, torch.Tensor):
         raise CheckpointError(f"{label}: value must be a tensor, got {type(var.value).__name__}")
@@ -255,21 +264,24 @@ def _check_variable(var: Any, index: int) -> None:
             raise CheckpointError(f"{label}: {key} must be an int, got {getattr(var, key)!r}")
     shape, full_shape = _shape(var.shape, label), _shape(var.full_shape, label)
     if shape != list(var.value.shape):
-        raise CheckpointError(f"{label}: shape {shape} but value has shape "
-                              f"{list(var.value.shape)}")
+        raise CheckpointError(f"{label}: shape {shape} but value has shape {list(var.value.shape)}")
     if var.dtype != _dtype_name(var.value.dtype):
-        raise CheckpointError(f"{label}: dtype {var.dtype!r} but value is "
-                              f"{_dtype_name(var.value.dtype)!r}")
+        raise CheckpointError(f"{label}: dtype {var.dtype!r} but value is {_dtype_name(var.value.dtype)!r}")
     if var.dynamic is not None:
         _check_dynamic(var, label, shape, full_shape)
         return _check_state(var, label)
     stride = max(1, var.row_stride)
     rows_ok = (shape == full_shape == [] and var.row_start == 0) or (
-        len(shape) == len(full_shape) >= 1 and shape[1:] == full_shape[1:] and var.row_stride >= 0
-        and 0 <= var.row_start and var.row_start + (shape[0] - 1) * stride < full_shape[0])
+        len(shape) == len(full_shape) >= 1
+        and shape[1:] == full_shape[1:]
+        and var.row_stride >= 0
+        and 0 <= var.row_start
+        and var.row_start + (shape[0] - 1) * stride < full_shape[0]
+    )
     if not rows_ok:
-        raise CheckpointError(f"{label}: shape {shape} at row_start {var.row_start} "
-                              f"does not fit in full_shape {full_shape}")
+        raise CheckpointError(
+            f"{label}: shape {shape} at row_start {var.row_start} does not fit in full_shape {full_shape}"
+        )
     _check_state(var, label)
 
 
@@ -280,8 +292,9 @@ def _check_dynamic(var: VariableData, label: str, shape: list[int], full_shape: 
         raise CheckpointError(f"{label}: dynamic must be a dict of {sorted(keys)}, got {held!r}")
     _check_plain(dict(held["spec"]) if isinstance(held["spec"], Mapping) else held["spec"], f"{label} dynamic spec")
     if not (len(shape) >= 1 and full_shape == [0, *shape[1:]]):
-        raise CheckpointError(f"{label}: a dynamic table part of shape {shape} needs full_shape "
-                              f"{[0, *shape[1:]]}, got {full_shape}")
+        raise CheckpointError(
+            f"{label}: a dynamic table part of shape {shape} needs full_shape {[0, *shape[1:]]}, got {full_shape}"
+        )
     for key in ("ids", "updated", "updates"):
         x = held[key]
         if not (isinstance(x, torch.Tensor) and x.dtype == torch.int64 and list(x.shape) == shape[:1]):
@@ -313,13 +326,14 @@ def _check_plain(obj: Any, where: str) -> None:
             _check_plain(k, where)
             _check_plain(x, where)
         return
-    raise CheckpointError(f"{where}: {type(obj).__name__} values cannot be checkpointed; "
-                          f"use tensors, numbers, strings, lists, tuples or dicts")
+    raise CheckpointError(
+        f"{where}: {type(obj).__name__} values cannot be checkpointed; "
+        f"use tensors, numbers, strings, lists, tuples or dicts"
+    )
 
 
 def _shape(shape: Any, label: str) -> list[int]:
-    if not isinstance(shape, (list, tuple, torch.Size)) or not all(
-            _is_int(n) and n >= 0 for n in shape):
+    if not isinstance(shape, (list, tuple, torch.Size)) or not all(_is_int(n) and n >= 0 for n in shape):
         raise CheckpointError(f"{label}: shapes must be lists of ints >= 0, got {shape!r}")
     return [int(n) for n in shape]
 
@@ -333,20 +347,21 @@ def _in_current_format(obj: Any) -> dict[str, Any]:
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"a shard must be a dict, got {type(obj).__name__}")
     if "format_version" not in obj:
-        raise CheckpointError(f"a shard dict needs a format_version; this one has "
-                              f"keys {list(obj)}")
+        raise CheckpointError(f"a shard dict needs a format_version; this one has keys {list(obj)}")
     version = obj["format_version"]
     if version not in READABLE_FORMATS:
-        raise CheckpointError(f"it is in checkpoint format {version!r}; this psframe reads "
-                              f"formats {list(READABLE_FORMATS)}")
+        raise CheckpointError(
+            f"it is in checkpoint format {version!r}; this psframe reads formats {list(READABLE_FORMATS)}"
+        )
     body = {k: x for k, x in obj.items() if k != "format_version"}
     if version == 1 and isinstance(body.get("sync"), Mapping):
         body["sync"] = {_FORMAT_1_SYNC_KEYS.get(k, k): x for k, x in body["sync"].items()}
     if version < 3:  # no embedding tables then
         body.setdefault("table_optimizer", None)
         if isinstance(body.get("variables"), (list, tuple)):
-            body["variables"] = [{"row_stride": 0, "table": False, **v} if isinstance(v, Mapping) else v
-                                 for v in body["variables"]]
+            body["variables"] = [
+                {"row_stride": 0, "table": False, **v} if isinstance(v, Mapping) else v for v in body["variables"]
+            ]
     if version < 5:  # no record of the workers' pushes then
         body.setdefault("pushes", None)
     if version < 4 and isinstance(body.get("variables"), (list, tuple)):  # no dynamic tables then
@@ -376,10 +391,19 @@ def _fields_of(record: Any) -> dict[str, Any]:
 
 def _variable_to_dict(var: VariableData) -> dict:
     state = {k: _portable(x) if isinstance(x, torch.Tensor) else x for k, x in var.state.items()}
-    dynamic = None if var.dynamic is None else {
-        k: _portable(x) if isinstance(x, torch.Tensor) else x for k, x in var.dynamic.items()}
-    return {**_fields_of(var), "shape": list(var.shape), "full_shape": list(var.full_shape),
-            "value": _portable(var.value), "state": state, "dynamic": dynamic}
+    dynamic = (
+        None
+        if var.dynamic is None
+        else {k: _portable(x) if isinstance(x, torch.Tensor) else x for k, x in var.dynamic.items()}
+    )
+    return {
+        **_fields_of(var),
+        "shape": list(var.shape),
+        "full_shape": list(var.full_shape),
+        "value": _portable(var.value),
+        "state": state,
+        "dynamic": dynamic,
+    }
 
 
 def _portable(t: torch.Tensor) -> torch.Tensor:

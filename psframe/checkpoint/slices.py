@@ -59,8 +59,7 @@ def assemble(shards: Sequence[ShardData]) -> dict[str, torch.Tensor]:
     return result
 
 
-def slice_rows(shards: Sequence[ShardData], variable: str, row_start: int,
-               row_end: int) -> tuple[torch.Tensor, dict]:
+def slice_rows(shards: Sequence[ShardData], variable: str, row_start: int, row_end: int) -> tuple[torch.Tensor, dict]:
     """Rows ``[row_start, row_end)`` of ``variable`` and their optimizer state.
 
     For restoring onto a different partitioning: the rows are taken from
@@ -88,10 +87,7 @@ def slice_rows(shards: Sequence[ShardData], variable: str, row_start: int,
     full_shape = parts[0].full_shape
     rows = full_shape[0] if full_shape else 1
     if not 0 <= row_start < row_end <= rows:
-        raise CheckpointError(
-            f"rows [{row_start}, {row_end}) of {variable!r} are out of range; "
-            f"it has {rows} rows"
-        )
+        raise CheckpointError(f"rows [{row_start}, {row_end}) of {variable!r} are out of range; it has {rows} rows")
     if not full_shape:
         part = _single(variable, parts)
         return part.value.clone(), _copy_state(part.state)
@@ -105,8 +101,7 @@ def slice_rows(shards: Sequence[ShardData], variable: str, row_start: int,
             raise CheckpointError(f"rows [{cursor}, {start}) of {variable!r} are in no part")
         if pieces and start < cursor:
             raise CheckpointError(
-                f"parts of {variable!r} overlap on rows [{start}, {cursor}): "
-                f"{pieces[-1][0].name!r} and {part.name!r}"
+                f"parts of {variable!r} overlap on rows [{start}, {cursor}): {pieces[-1][0].name!r} and {part.name!r}"
             )
         lo, hi = max(start, row_start) - start, min(end, row_end) - start
         pieces.append((part, lo, hi))
@@ -140,8 +135,9 @@ def slice_rows(shards: Sequence[ShardData], variable: str, row_start: int,
     return value, state
 
 
-def strided_rows(shards: Sequence[ShardData], variable: str, row_start: int, count: int,
-                 row_stride: int) -> tuple[torch.Tensor, dict]:
+def strided_rows(
+    shards: Sequence[ShardData], variable: str, row_start: int, count: int, row_stride: int
+) -> tuple[torch.Tensor, dict]:
     """Rows ``row_start``, ``row_start + row_stride``, ... (``count`` of them) of
     ``variable`` and their optimizer state, as :func:`slice_rows` gives a range.
 
@@ -157,12 +153,14 @@ def strided_rows(shards: Sequence[ShardData], variable: str, row_start: int, cou
         raise CheckpointError(f"the checkpoint holds no variable {variable!r}")
     rows = parts[0].full_shape[0] if parts[0].full_shape else 1
     if count < 1 or row_stride < 1 or not 0 <= row_start or row_start + (count - 1) * row_stride >= rows:
-        raise CheckpointError(f"{count} rows of {variable!r} from {row_start} every {row_stride} are out of "
-                              f"range; it has {rows} rows")
+        raise CheckpointError(
+            f"{count} rows of {variable!r} from {row_start} every {row_stride} are out of range; it has {rows} rows"
+        )
     value, state = _whole(variable, parts)
     ids = torch.arange(row_start, row_start + count * row_stride, row_stride)
-    return value[ids], {k: x[ids] if isinstance(x, torch.Tensor) and x.shape == value.shape else x
-                        for k, x in state.items()}
+    return value[ids], {
+        k: x[ids] if isinstance(x, torch.Tensor) and x.shape == value.shape else x for k, x in state.items()
+    }
 
 
 # ---- helpers
@@ -189,8 +187,10 @@ def _whole(variable: str, parts: list[VariableData]) -> tuple[torch.Tensor, dict
         value[ids] = part.value
         held[ids] += 1
         if set(part.state) != set(first.state):
-            raise CheckpointError(f"parts of {variable!r} disagree on optimizer state: {first.name!r} "
-                                  f"has {sorted(first.state)}, {part.name!r} has {sorted(part.state)}")
+            raise CheckpointError(
+                f"parts of {variable!r} disagree on optimizer state: {first.name!r} "
+                f"has {sorted(first.state)}, {part.name!r} has {sorted(part.state)}"
+            )
         for key, x in part.state.items():
             if _elementwise(x, part):
                 whole = state.setdefault(key, torch.empty(tuple(first.full_shape), dtype=x.dtype))
@@ -203,7 +203,6 @@ def _whole(variable: str, parts: list[VariableData]) -> tuple[torch.Tensor, dict
         row = int(torch.nonzero(held != 1)[0])
         raise CheckpointError(f"row {row} of {variable!r} is held by {int(held[row])} parts; expected one")
     return value, state
-
 
 
 def _parts_by_variable(shards: Sequence[ShardData]) -> dict[str, list[VariableData]]:
@@ -230,12 +229,12 @@ def _check_cover(variable: str, parts: list[VariableData], start: int, end: int)
     cursor = start
     for part in parts:
         if part.row_start > cursor:
-            raise CheckpointError(
-                f"rows [{cursor}, {part.row_start}) of {variable!r} are in no part")
+            raise CheckpointError(f"rows [{cursor}, {part.row_start}) of {variable!r} are in no part")
         if part.row_start < cursor:
             raise CheckpointError(
                 f"parts of {variable!r} overlap on rows [{part.row_start}, {cursor}) "
-                f"({part.name!r} starts inside an earlier part)")
+                f"({part.name!r} starts inside an earlier part)"
+            )
         cursor = part.row_start + part.shape[0]
     if cursor != end:
         raise CheckpointError(f"rows [{cursor}, {end}) of {variable!r} are in no part")
@@ -243,8 +242,7 @@ def _check_cover(variable: str, parts: list[VariableData], start: int, end: int)
 
 def _single(variable: str, parts: list[VariableData]) -> VariableData:
     if len(parts) != 1:
-        raise CheckpointError(f"0-d variable {variable!r} is stored {len(parts)} times; "
-                              f"expected once")
+        raise CheckpointError(f"0-d variable {variable!r} is stored {len(parts)} times; expected once")
     return parts[0]
 
 
@@ -254,4 +252,3 @@ def _elementwise(x: Any, part: VariableData) -> bool:
 
 def _copy_state(state: Mapping) -> dict:
     return {k: x.clone() if isinstance(x, torch.Tensor) else x for k, x in state.items()}
-

@@ -130,8 +130,13 @@ class DeviceSpec:
                     f"/task:N, /device:CPU:N, /device:GPU:N, /cpu:N or /gpu:N"
                 )
         kind, index = parts.pop("device", (None, None))
-        return cls(job=parts.get("job"), replica=parts.get("replica"), task=parts.get("task"),
-                   device_type=kind, device_index=index)
+        return cls(
+            job=parts.get("job"),
+            replica=parts.get("replica"),
+            task=parts.get("task"),
+            device_type=kind,
+            device_index=index,
+        )
 
     def to_string(self) -> str:
         """Returns the canonical form ``/job:ps/replica:0/task:1/device:GPU:0``, absent parts left out."""

@@ -76,22 +76,14 @@ class VariableInfo:
         try:
             shape = tuple(operator.index(d) for d in self.shape)
         except TypeError as e:
-            raise PlacementError(
-                f"variable {self.name!r}: shape must be a sequence of ints, got {self.shape!r}"
-            ) from e
+            raise PlacementError(f"variable {self.name!r}: shape must be a sequence of ints, got {self.shape!r}") from e
         if any(d < 0 for d in shape):
-            raise PlacementError(
-                f"variable {self.name!r}: dimensions must be >= 0, got shape {shape}"
-            )
+            raise PlacementError(f"variable {self.name!r}: dimensions must be >= 0, got shape {shape}")
         object.__setattr__(self, "shape", shape)
         if isinstance(self.itemsize, bool) or not isinstance(self.itemsize, int) or self.itemsize <= 0:
-            raise PlacementError(
-                f"variable {self.name!r}: itemsize must be a positive int, got {self.itemsize!r}"
-            )
+            raise PlacementError(f"variable {self.name!r}: itemsize must be a positive int, got {self.itemsize!r}")
         if self.device is not None and not isinstance(self.device, str):
-            raise PlacementError(
-                f"variable {self.name!r}: device must be a string or None, got {self.device!r}"
-            )
+            raise PlacementError(f"variable {self.name!r}: device must be a string or None, got {self.device!r}")
 
     @property
     def nbytes(self) -> int:
@@ -161,9 +153,7 @@ class Placement:
             raise PlacementError(f"num_ps must be >= 1, got {self.num_ps}")
         for s in self.shards:
             if not 0 <= s.ps_task < self.num_ps:
-                raise PlacementError(
-                    f"shard {s.name!r} is on ps task {s.ps_task}, expected 0..{self.num_ps - 1}"
-                )
+                raise PlacementError(f"shard {s.name!r} is on ps task {s.ps_task}, expected 0..{self.num_ps - 1}")
 
     def shards_on(self, ps_task: int) -> list[Shard]:
         """The shards held by one ps task, in placement order.
@@ -210,25 +200,18 @@ class Placement:
         lines = [f"placement of {len(self.shards)} shards on {self.num_ps} ps tasks:"]
         width = max((len(s.name) for s in self.shards), default=0)
         for s in self.shards:
-            lines.append(
-                f"  {s.name:<{width}} -> {s.device}  "
-                f"(shape={s.shape}, {s.nbytes} bytes)"
-            )
+            lines.append(f"  {s.name:<{width}} -> {s.device}  (shape={s.shape}, {s.nbytes} bytes)")
         load = self.bytes_per_ps()
         for task, nbytes in enumerate(load):
             count = sum(1 for s in self.shards if s.ps_task == task)
-            lines.append(
-                f"  {_ps_device(task)}: {nbytes} bytes ({nbytes / MiB:.2f} MiB), {count} shards"
-            )
+            lines.append(f"  {_ps_device(task)}: {nbytes} bytes ({nbytes / MiB:.2f} MiB), {count} shards")
         total = sum(load)
         imbalance = max(load) / (total / self.num_ps) if total else 1.0
         lines.append(f"  total {total} bytes, imbalance (max/mean) {imbalance:.2f}")
         return "\n".join(lines)
 
 
-def _num_parts(
-    var: VariableInfo, num_ps: int, min_partition_bytes: int | None, max_shard_bytes: int
-) -> int:
+def _num_parts(var: VariableInfo, num_ps: int, min_partition_bytes: int | None, max_shard_bytes: int) -> int:
     """How many parts ``var`` is cut into along dim 0."""
     if var.row_bytes > HARD_MAX_SHARD_BYTES:
         raise PlacementError(
@@ -261,8 +244,17 @@ def _split(var: VariableInfo, parts: int) -> list[Shard]:
         n = base + (1 if i < extra else 0)  # TF's rule: the first rows % parts get one more
         shape = (n, *var.shape[1:])
         shards.append(
-            Shard(f"{var.name}/part_{i}", var.name, -1, start, start + n, shape,
-                  n * var.row_bytes, part_index=i, num_parts=parts)
+            Shard(
+                f"{var.name}/part_{i}",
+                var.name,
+                -1,
+                start,
+                start + n,
+                shape,
+                n * var.row_bytes,
+                part_index=i,
+                num_parts=parts,
+            )
         )
         start += n
     return shards
@@ -352,9 +344,7 @@ def place(
     if min_partition_bytes is not None and min_partition_bytes < 0:
         raise PlacementError(f"min_partition_bytes must be >= 0 or None, got {min_partition_bytes}")
     if not 0 < max_shard_bytes <= HARD_MAX_SHARD_BYTES:
-        raise PlacementError(
-            f"max_shard_bytes must be in 1..{HARD_MAX_SHARD_BYTES}, got {max_shard_bytes}"
-        )
+        raise PlacementError(f"max_shard_bytes must be in 1..{HARD_MAX_SHARD_BYTES}, got {max_shard_bytes}")
     seen: set[str] = set()
     for var in variables:
         if not isinstance(var, VariableInfo):
@@ -400,12 +390,12 @@ def place(
 
 
 __all__ = [
-    "MiB",
-    "DEFAULT_MIN_PARTITION_BYTES",
     "DEFAULT_MAX_SHARD_BYTES",
+    "DEFAULT_MIN_PARTITION_BYTES",
     "HARD_MAX_SHARD_BYTES",
-    "VariableInfo",
-    "Shard",
+    "MiB",
     "Placement",
+    "Shard",
+    "VariableInfo",
     "place",
 ]

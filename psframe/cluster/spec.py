@@ -29,6 +29,7 @@ from psframe.errors import ClusterSpecError
 JOBS: tuple[str, ...] = ("ps", "worker")
 """The only job names psframe knows, in canonical order."""
 
+
 def _known_jobs() -> str:
     return " and ".join(repr(j) for j in JOBS)
 
@@ -101,7 +102,7 @@ class ClusterSpec:
         (2, 'ps|h0:2222,worker|h1:2224;h1:2225')
     """
 
-    __slots__ = ("_tasks", "_fingerprint")
+    __slots__ = ("_fingerprint", "_tasks")
     _tasks: dict[str, tuple[str, ...]]
     _fingerprint: str
 
@@ -134,8 +135,7 @@ class ClusterSpec:
                 owner[key] = name
         object.__setattr__(self, "_tasks", {job: tuple(given[job]) for job in JOBS})
         # Computed once: every request a ps task answers checks it.
-        object.__setattr__(self, "_fingerprint",
-                           hashlib.sha256(self.to_string().encode("utf-8")).hexdigest()[:16])
+        object.__setattr__(self, "_fingerprint", hashlib.sha256(self.to_string().encode("utf-8")).hexdigest()[:16])
 
     @classmethod
     def from_hosts(cls, ps_hosts: str | Sequence[str], worker_hosts: str | Sequence[str]) -> ClusterSpec:
@@ -204,9 +204,7 @@ class ClusterSpec:
             items = addresses.split(";")
             for i, item in enumerate(items):
                 if not item.strip():
-                    raise ClusterSpecError(
-                        f"cluster spec {spec!r} has an empty address at position {i} of job {job!r}"
-                    )
+                    raise ClusterSpecError(f"cluster spec {spec!r} has an empty address at position {i} of job {job!r}")
             jobs[job] = items
         return cls(jobs)
 

@@ -30,8 +30,9 @@ from psframe.errors import PlacementError
 PARTITIONS = ("mod", "range")
 
 
-def place_tables(tables: Sequence[VariableInfo], num_ps: int, *, partition: str = "mod",
-                 soft_placement: bool = False) -> list[Shard]:
+def place_tables(
+    tables: Sequence[VariableInfo], num_ps: int, *, partition: str = "mod", soft_placement: bool = False
+) -> list[Shard]:
     """One part of each table per ps task (fewer for a table of fewer rows).
 
     A table with an explicit device goes whole to that ps task.
@@ -71,9 +72,21 @@ def place_tables(tables: Sequence[VariableInfo], num_ps: int, *, partition: str 
             else:
                 first, end, stride = start, start + rows, 1
                 start += rows
-            shards.append(Shard(f"{var.name}/part_{k}", var.name, k, first, end, (rows, *var.shape[1:]),
-                                rows * var.row_bytes, part_index=k, num_parts=parts, row_stride=stride,
-                                table=True))
+            shards.append(
+                Shard(
+                    f"{var.name}/part_{k}",
+                    var.name,
+                    k,
+                    first,
+                    end,
+                    (rows, *var.shape[1:]),
+                    rows * var.row_bytes,
+                    part_index=k,
+                    num_parts=parts,
+                    row_stride=stride,
+                    table=True,
+                )
+            )
     return shards
 
 
@@ -107,8 +120,9 @@ class RowInitializer:
 
     def __post_init__(self) -> None:
         if self.distribution not in INITIALIZERS:
-            raise PlacementError(f"row initializer distribution must be one of {INITIALIZERS}, "
-                                 f"got {self.distribution!r}")
+            raise PlacementError(
+                f"row initializer distribution must be one of {INITIALIZERS}, got {self.distribution!r}"
+            )
         if self.distribution == "normal" and not self.std >= 0:
             raise PlacementError(f"a normal row initializer needs std >= 0, got {self.std}")
         if self.distribution == "uniform" and not self.low < self.high:
@@ -159,8 +173,9 @@ def dynamic_part(table_id: int, num_parts: int) -> int:
     return (((table_id * ID_MIX) & 0xFFFFFFFFFFFFFFFF) >> 32) % num_parts
 
 
-def place_dynamic(name: str, row_shape: Sequence[int], itemsize: int, spec: DynamicTableSpec,
-                  num_ps: int) -> list[Shard]:
+def place_dynamic(
+    name: str, row_shape: Sequence[int], itemsize: int, spec: DynamicTableSpec, num_ps: int
+) -> list[Shard]:
     """One part of dynamic table ``name`` per ps task.
 
     A dynamic table takes any int64 id. Part ``k`` holds the ids whose
@@ -169,6 +184,19 @@ def place_dynamic(name: str, row_shape: Sequence[int], itemsize: int, spec: Dyna
     multiples of 1000) still spread evenly. A part starts empty
     (``shape == (0, *row_shape)``) and grows with the ids it sees.
     """
-    return [Shard(f"{name}/part_{k}", name, k, 0, 0, (0, *row_shape), 0, part_index=k, num_parts=num_ps,
-                  table=True, dynamic=spec)
-            for k in range(num_ps)]
+    return [
+        Shard(
+            f"{name}/part_{k}",
+            name,
+            k,
+            0,
+            0,
+            (0, *row_shape),
+            0,
+            part_index=k,
+            num_parts=num_ps,
+            table=True,
+            dynamic=spec,
+        )
+        for k in range(num_ps)
+    ]

@@ -24,7 +24,6 @@ from typing import Any
 from psframe.cluster.spec import JOBS, ClusterSpec, _describe, _known_jobs
 from psframe.errors import ClusterSpecError
 
-
 EVALUATOR = "evaluator"
 """TF's task type for a process that evaluates checkpoints beside training; it is in no job."""
 
@@ -68,28 +67,30 @@ def cluster_from_tf_config(
     if tf_config is None:
         tf_config = os.environ.get("TF_CONFIG")
         if tf_config is None:
-            raise ClusterSpecError("TF_CONFIG is not set; expected a JSON cluster such as "
-                                   '\'{"cluster": {"ps": ["h0:2222"], "worker": ["h1:2224"]}}\'')
+            raise ClusterSpecError(
+                "TF_CONFIG is not set; expected a JSON cluster such as "
+                '\'{"cluster": {"ps": ["h0:2222"], "worker": ["h1:2224"]}}\''
+            )
     if isinstance(tf_config, str):
         if not tf_config.strip():
-            raise ClusterSpecError(f"TF_CONFIG is empty ({tf_config!r}); expected a JSON object with a \"cluster\" key")
+            raise ClusterSpecError(f'TF_CONFIG is empty ({tf_config!r}); expected a JSON object with a "cluster" key')
         try:
             tf_config = json.loads(tf_config)
         except json.JSONDecodeError as e:
             raise ClusterSpecError(f"TF_CONFIG is not valid JSON ({e}): {tf_config!r}") from e
     if not isinstance(tf_config, Mapping):
-        raise ClusterSpecError(f"TF_CONFIG must be a JSON object with a \"cluster\" key, got {_describe(tf_config)}")
+        raise ClusterSpecError(f'TF_CONFIG must be a JSON object with a "cluster" key, got {_describe(tf_config)}')
     if "cluster" not in tf_config:
         if "sparseCluster" in tf_config:
             raise ClusterSpecError(
-                "TF_CONFIG has a \"sparseCluster\" (a TFJob with enableDynamicWorker: true), which names only "
+                'TF_CONFIG has a "sparseCluster" (a TFJob with enableDynamicWorker: true), which names only '
                 "this task and the ps tasks; psframe needs every worker's address: turn enableDynamicWorker off"
             )
-        raise ClusterSpecError(f"TF_CONFIG has no \"cluster\" key; found keys {sorted(tf_config)}")
+        raise ClusterSpecError(f'TF_CONFIG has no "cluster" key; found keys {sorted(tf_config)}')
     jobs = tf_config["cluster"]
     if not isinstance(jobs, Mapping):
         raise ClusterSpecError(
-            f"TF_CONFIG \"cluster\" must be an object mapping job names to addresses, got {_describe(jobs)}"
+            f'TF_CONFIG "cluster" must be an object mapping job names to addresses, got {_describe(jobs)}'
         )
     jobs = dict(jobs)
     evaluators = jobs.pop(EVALUATOR, None)
@@ -109,7 +110,7 @@ def cluster_from_tf_config(
         return cluster, None, None
     if not isinstance(task, Mapping):
         raise ClusterSpecError(
-            f"TF_CONFIG \"task\" must be an object like {{\"type\": \"worker\", \"index\": 0}}, got {_describe(task)}"
+            f'TF_CONFIG "task" must be an object like {{"type": "worker", "index": 0}}, got {_describe(task)}'
         )
     task_type, task_index = task.get("type"), task.get("index")
     known = (*((chief_type,) if chief is not None else ()), *JOBS, EVALUATOR)
@@ -118,7 +119,7 @@ def cluster_from_tf_config(
             f"TF_CONFIG task type {task_type!r} is not a job of the cluster; expected one of {list(known)}"
         )
     if task_index is None:
-        raise ClusterSpecError(f"TF_CONFIG task {dict(task)} has no \"index\"; expected an int")
+        raise ClusterSpecError(f'TF_CONFIG task {dict(task)} has no "index"; expected an int')
     if isinstance(task_index, bool) or not isinstance(task_index, int):
         raise ClusterSpecError(f"TF_CONFIG task index must be an int, got {_describe(task_index)}")
     # Check the index against the job as TF_CONFIG wrote it, so the message uses the user's numbers.
@@ -150,8 +151,10 @@ def _pop_chief(jobs: dict[str, Any]) -> tuple[str | None, Sequence[str] | None]:
     """Takes the chief job (``"chief"`` or ``"master"``, one address) out of ``jobs``."""
     given = [t for t in _CHIEF_TYPES if t in jobs]
     if len(given) > 1:
-        raise ClusterSpecError(f"TF_CONFIG has both a 'chief' and a 'master' job ({jobs['chief']!r} and "
-                               f"{jobs['master']!r}); give one chief")
+        raise ClusterSpecError(
+            f"TF_CONFIG has both a 'chief' and a 'master' job ({jobs['chief']!r} and "
+            f"{jobs['master']!r}); give one chief"
+        )
     if not given:
         return None, None
     chief_type = given[0]
@@ -226,7 +229,7 @@ def resolve_cluster(
     job = job_name or tf_job
     if job is None:
         raise ClusterSpecError(
-            f"no job name; give --job_name ({_known_jobs()}) or a TF_CONFIG \"task\" (cluster from {source})"
+            f'no job name; give --job_name ({_known_jobs()}) or a TF_CONFIG "task" (cluster from {source})'
         )
     if job == EVALUATOR:
         raise ClusterSpecError(
@@ -237,7 +240,7 @@ def resolve_cluster(
     index = task_index if task_index is not None else tf_index
     if index is None:
         raise ClusterSpecError(
-            f"no task index for job {job!r}; give --task_index or a TF_CONFIG \"task\" (cluster from {source})"
+            f'no task index for job {job!r}; give --task_index or a TF_CONFIG "task" (cluster from {source})'
         )
     cluster.validate_task(job, index)
     return cluster, job, operator.index(index)

@@ -23,8 +23,9 @@ PEER_STEP_TIMEOUT_S = 2.0
 class PsPeers:
     """The connections from ps task ``task_index`` to the others, each made on first use."""
 
-    def __init__(self, cluster: ClusterSpec, task_index: int, security: Security | None = None,
-                 liveness: Liveness | None = None) -> None:
+    def __init__(
+        self, cluster: ClusterSpec, task_index: int, security: Security | None = None, liveness: Liveness | None = None
+    ) -> None:
         self.cluster = cluster
         self.task_index = task_index
         self._security = security or Security()
@@ -37,7 +38,8 @@ class PsPeers:
         if connection is None:
             address = self.cluster.task_address("ps", ps_task)
             connection = self._connections[ps_task] = transport.Connection(
-                address, f"{ClusterSpec.task_name('ps', ps_task)} at {address}", self._security, self._liveness)
+                address, f"{ClusterSpec.task_name('ps', ps_task)} at {address}", self._security, self._liveness
+            )
         return connection
 
     def global_steps(self) -> list[int]:
@@ -57,10 +59,10 @@ class PsPeers:
 
     def step_members(self, step: int, timeout: float) -> tuple[int, ...]:
         """The workers ps task 0 counted as the members of ``step``'s round (waits for its decision)."""
-        caller = pb.Caller(job_name="ps", task_index=self.task_index,
-                           cluster_fingerprint=self.cluster.fingerprint)
-        reply = self.connection(0).call("StepMembers", pb.StepMembersRequest(caller=caller, step=step),
-                                        timeout=timeout + 5.0, wait_for_ready=True)
+        caller = pb.Caller(job_name="ps", task_index=self.task_index, cluster_fingerprint=self.cluster.fingerprint)
+        reply = self.connection(0).call(
+            "StepMembers", pb.StepMembersRequest(caller=caller, step=step), timeout=timeout + 5.0, wait_for_ready=True
+        )
         return tuple(reply.workers)
 
     def close(self) -> None:

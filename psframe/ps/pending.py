@@ -50,16 +50,21 @@ class PendingModel:
     def _add_rows(self, name: str, ids: torch.Tensor, value: torch.Tensor) -> None:
         definition = self._by_name.get(name)
         if definition is None or not definition.table:
-            raise WireFormatError(f"initial rows for {name!r} sent to {self.owner}, which was not told of "
-                                  f"such an embedding table")
+            raise WireFormatError(
+                f"initial rows for {name!r} sent to {self.owner}, which was not told of such an embedding table"
+            )
         shape = tuple(definition.shape)
-        if ids.dtype != torch.int64 or ids.dim() != 1 or (ids.numel() and not 0 <= int(ids.min())
-                                                           <= int(ids.max()) < shape[0]):
-            raise RowIdError(f"initial rows of table {name!r} on {self.owner} must have int64 ids in "
-                             f"0..{shape[0] - 1}")
+        if (
+            ids.dtype != torch.int64
+            or ids.dim() != 1
+            or (ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < shape[0])
+        ):
+            raise RowIdError(f"initial rows of table {name!r} on {self.owner} must have int64 ids in 0..{shape[0] - 1}")
         if codec.dtype_name(value.dtype) != definition.dtype or tuple(value.shape) != (ids.shape[0], *shape[1:]):
-            raise WireFormatError(f"initial rows of table {name!r} are {codec.dtype_name(value.dtype)}"
-                                  f"{tuple(value.shape)}, expected {definition.dtype}{(ids.shape[0], *shape[1:])}")
+            raise WireFormatError(
+                f"initial rows of table {name!r} are {codec.dtype_name(value.dtype)}"
+                f"{tuple(value.shape)}, expected {definition.dtype}{(ids.shape[0], *shape[1:])}"
+            )
         part = self._values.get(name)
         if part is None:
             part = self._values[name] = self._store.empty(value.dtype, shape)

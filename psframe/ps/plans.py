@@ -52,22 +52,35 @@ class RequestPlan:
     generation: int
 
     @classmethod
-    def make(cls, header: pb.PushPullHeader, variables: Sequence[torch.Tensor],
-             pulled: Sequence[torch.Tensor], generation: int) -> RequestPlan:
+    def make(
+        cls,
+        header: pb.PushPullHeader,
+        variables: Sequence[torch.Tensor],
+        pulled: Sequence[torch.Tensor],
+        generation: int,
+    ) -> RequestPlan:
         """The plan of a request the store just answered: ``variables`` are those its
         gradients updated, ``pulled`` those it read (live, updated in place)."""
-        request = Layout(pb.PushPullHeader, [
-            (meta.name, codec.dtype_from_name(meta.dtype), tuple(meta.shape)) for meta in header.tensors])
-        reply = Layout(pb.PushPullReplyHeader, [
-            (name, value.dtype, tuple(value.shape)) for name, value in zip(header.pull, pulled)])
+        request = Layout(
+            pb.PushPullHeader,
+            [(meta.name, codec.dtype_from_name(meta.dtype), tuple(meta.shape)) for meta in header.tensors],
+        )
+        reply = Layout(
+            pb.PushPullReplyHeader,
+            [(name, value.dtype, tuple(value.shape)) for name, value in zip(header.pull, pulled)],
+        )
         caller = pb.Caller()
         caller.CopyFrom(header.caller)
         return cls(caller, list(header.pull), request, list(variables), reply, reply.buffers(pulled), generation)
 
     def matches(self, header: pb.PushPullHeader) -> bool:
         """Whether ``header`` is a request of this kind (the step and end-of-step may differ)."""
-        return (not header.wire_dtype and header.caller == self.caller and header.pull == self.pull
-                and self.request.matches(header))
+        return (
+            not header.wire_dtype
+            and header.caller == self.caller
+            and header.pull == self.pull
+            and self.request.matches(header)
+        )
 
 
 class StreamPlans:
@@ -96,8 +109,10 @@ class StreamPlans:
             SharedRegionError: the worker sends it again, after the refused one.
         """
         if self._refused_push and push_id > self._refused_push:
-            raise SharedRegionError(f"push {push_id} follows push {self._refused_push}, refused for its "
-                                    f"shared region: both are sent again, in order")
+            raise SharedRegionError(
+                f"push {push_id} follows push {self._refused_push}, refused for its "
+                f"shared region: both are sent again, in order"
+            )
         if push_id == self._refused_push:
             self._refused_push = 0
 
@@ -159,4 +174,3 @@ class StreamPlans:
         """Forget ``plan`` (its store's variables were made anew)."""
         self._plans = [p for p in self._plans if p is not plan]
         self._next = 0
-

@@ -22,9 +22,9 @@ from psframe.checkpoint.dynamic import dynamic_parts_of, gather
 from psframe.checkpoint.shard import OptimizerData, ShardData, SyncData, VariableData
 from psframe.checkpoint.slices import slice_rows, strided_rows
 from psframe.optim import OptimizerSpec
-from psframe.wire import psframe_pb2 as pb
 from psframe.ps.ledger import PushLedger
 from psframe.ps.store import VariableStore
+from psframe.wire import psframe_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +49,16 @@ class Restored:
         return [d.name for d in self.defs if d.table and not d.HasField("dynamic")]
 
 
-def save_shard(store: VariableStore, defs: Sequence[pb.VariableDef], sync: pb.SyncDef | None,
-               url: str, step: int, ps_task: int, num_shards: int,
-               ledger: PushLedger | None = None) -> checkpoint_io.ShardRecord:
+def save_shard(
+    store: VariableStore,
+    defs: Sequence[pb.VariableDef],
+    sync: pb.SyncDef | None,
+    url: str,
+    step: int,
+    ps_task: int,
+    num_shards: int,
+    ledger: PushLedger | None = None,
+) -> checkpoint_io.ShardRecord:
     """Write the store's variables, optimizer state and global step as one shard.
 
     Args:
@@ -82,9 +89,12 @@ def save_shard(store: VariableStore, defs: Sequence[pb.VariableDef], sync: pb.Sy
         num_shards=num_shards,
         optimizer=OptimizerData(spec.name, dict(spec.kwargs)),
         sync=None if sync is None else _record(SyncData, sync),
-        variables=[_dynamic_record(d, dynamic[d.name]) if d.HasField("dynamic")
-                   else _record(VariableData, d, value=values[d.name], state=states[d.name], dynamic=None)
-                   for d in defs],
+        variables=[
+            _dynamic_record(d, dynamic[d.name])
+            if d.HasField("dynamic")
+            else _record(VariableData, d, value=values[d.name], state=states[d.name], dynamic=None)
+            for d in defs
+        ],
         table_optimizer=None if table_spec is None else OptimizerData(table_spec.name, dict(table_spec.kwargs)),
         pushes=pushes,
     )
@@ -116,15 +126,17 @@ def restore_own_shard(url: str, ps_task: int, num_ps: int) -> Restored | None:
         sync=None if shard.sync is None else _message(pb.SyncDef, shard.sync),
         values={v.name: v.value for v in static},
         states={v.name: v.state for v in static},
-        table_optimizer=None if shard.table_optimizer is None else OptimizerSpec(
-            shard.table_optimizer.name, shard.table_optimizer.kwargs),
+        table_optimizer=None
+        if shard.table_optimizer is None
+        else OptimizerSpec(shard.table_optimizer.name, shard.table_optimizer.kwargs),
         dynamic={v.name: gather([v]) for v in shard.variables if v.dynamic is not None},
         pushes=None if shard.pushes is None else dict(shard.pushes),
     )
 
 
-def restore_onto(url: str, defs: Sequence[pb.VariableDef], optimizer: OptimizerSpec,
-                 table_optimizer: OptimizerSpec | None = None) -> Restored | None:
+def restore_onto(
+    url: str, defs: Sequence[pb.VariableDef], optimizer: OptimizerSpec, table_optimizer: OptimizerSpec | None = None
+) -> Restored | None:
     """The rows of the latest valid checkpoint that ``defs`` ask for, from whichever shards hold them.
 
     Optimizer state is kept only if the checkpoint ran the same optimizer
@@ -143,23 +155,26 @@ def restore_onto(url: str, defs: Sequence[pb.VariableDef], optimizer: OptimizerS
     saved_with = shards[0].optimizer.name
     same_optimizer = saved_with == optimizer.name
     if not same_optimizer:
-        log.warning("checkpoint %s ran %s, now %s: its optimizer state is not restored",
-                    manifest.folder, saved_with, optimizer.name)
+        log.warning(
+            "checkpoint %s ran %s, now %s: its optimizer state is not restored",
+            manifest.folder,
+            saved_with,
+            optimizer.name,
+        )
     saved_tables = shards[0].table_optimizer
-    same_table_optimizer = (table_optimizer is not None and saved_tables is not None
-                            and saved_tables.name == table_optimizer.name)
+    same_table_optimizer = (
+        table_optimizer is not None and saved_tables is not None and saved_tables.name == table_optimizer.name
+    )
     values, states, dynamic = {}, {}, {}
     saved_dynamic = dynamic_parts_of(shards)
     for d in defs:
         if d.HasField("dynamic"):
-            held = gather(saved_dynamic[d.variable], d.part_index, d.num_parts) if d.variable in saved_dynamic \
-                else None
+            held = gather(saved_dynamic[d.variable], d.part_index, d.num_parts) if d.variable in saved_dynamic else None
             if held is not None:
                 held["state"] = held["state"] if same_table_optimizer else {}
                 dynamic[d.name] = held
             continue
-        if d.row_stride > 1 or any(v.variable == d.variable and v.row_stride > 1
-                                   for s in shards for v in s.variables):
+        if d.row_stride > 1 or any(v.variable == d.variable and v.row_stride > 1 for s in shards for v in s.variables):
             value, state = strided_rows(shards, d.variable, d.row_start, d.shape[0], max(1, d.row_stride))
         else:
             value, state = slice_rows(shards, d.variable, d.row_start, d.row_start + d.shape[0])
@@ -186,8 +201,7 @@ def _record(cls: type, message: Any, **rest: Any) -> Any:
     the fields the message does not carry (``rest``); repeated fields become
     tuples."""
     shared = {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields if f.name not in rest}
-    shared = {k: x if isinstance(x, (bool, int, float, str)) else tuple(x)
-              for k, x in shared.items()}
+    shared = {k: x if isinstance(x, (bool, int, float, str)) else tuple(x) for k, x in shared.items()}
     return cls(**shared, **rest)
 
 
@@ -199,10 +213,20 @@ def _message(cls: type, record: Any) -> Any:
 def _dynamic_record(definition: pb.VariableDef, held: dict) -> VariableData:
     """The record of a dynamic table's part: the rows it holds, their state and ages."""
     spec = {f.name: getattr(definition.dynamic, f.name) for f in pb.DynamicTableDef.DESCRIPTOR.fields}
-    return _record(VariableData, definition, value=held["rows"], state=held["state"],
-                   shape=tuple(held["rows"].shape),
-                   dynamic={"spec": spec, "ids": held["ids"], "updated": held["updated"],
-                            "updates": held["updates"], "clock": held["clock"]})
+    return _record(
+        VariableData,
+        definition,
+        value=held["rows"],
+        state=held["state"],
+        shape=tuple(held["rows"].shape),
+        dynamic={
+            "spec": spec,
+            "ids": held["ids"],
+            "updated": held["updated"],
+            "updates": held["updates"],
+            "clock": held["clock"],
+        },
+    )
 
 
 def _definition(record: VariableData) -> pb.VariableDef:

@@ -31,14 +31,25 @@ class RoundReplies:
         self._released: tuple[tuple, dict[tuple, bytes]] = ((), {})
         self._in_regions = RegionReplies()
 
-    def reply(self, pull: list[str], wire_dtype: torch.dtype | None, dropped: bool,
-              region: SharedRegion | None = None, refused: str = "") -> bytes:
+    def reply(
+        self,
+        pull: list[str],
+        wire_dtype: torch.dtype | None,
+        dropped: bool,
+        region: SharedRegion | None = None,
+        refused: str = "",
+    ) -> bytes:
         """A released member's reply (the caller holds the store's lock): in ``region`` where
         the member gave one, else a message, saying why its region was ``refused`` if it was."""
         store = self.store
         if region is not None and wire_dtype is None:
-            data = self._in_regions.reply(region, pull, store.read(pull), store.generation,
-                                          pb.PushPullReplyHeader(global_step=store.global_step, dropped=dropped))
+            data = self._in_regions.reply(
+                region,
+                pull,
+                store.read(pull),
+                store.generation,
+                pb.PushPullReplyHeader(global_step=store.global_step, dropped=dropped),
+            )
             if data is not None:
                 return data
         version = (store.version, store.global_step)
@@ -66,15 +77,22 @@ class RegionReplies:
     def __init__(self) -> None:
         self._laid_out: dict[tuple[int, tuple[str, ...]], tuple[Layout, list]] = {}
 
-    def reply(self, region: SharedRegion, pull: Sequence[str], values: Sequence[torch.Tensor], generation: int,
-              header: pb.PushPullReplyHeader) -> bytes | None:
+    def reply(
+        self,
+        region: SharedRegion,
+        pull: Sequence[str],
+        values: Sequence[torch.Tensor],
+        generation: int,
+        header: pb.PushPullReplyHeader,
+    ) -> bytes | None:
         """The reply (``header`` alone) once ``values`` (the live variables named ``pull``) are
         written into ``region``; None if they do not fit it. The caller holds the store's lock."""
         key = (generation, tuple(pull))
         laid_out = self._laid_out.get(key)
         if laid_out is None:
-            layout = Layout(pb.PushPullReplyHeader, [(name, value.dtype, tuple(value.shape))
-                                                     for name, value in zip(pull, values)])
+            layout = Layout(
+                pb.PushPullReplyHeader, [(name, value.dtype, tuple(value.shape)) for name, value in zip(pull, values)]
+            )
             # Only the current generation's layouts are kept: older variables are gone.
             self._laid_out = {k: v for k, v in self._laid_out.items() if k[0] == generation}
             laid_out = self._laid_out[key] = (layout, layout.buffers(values))
@@ -86,7 +104,8 @@ class RegionReplies:
         return layout.encode_header(header)
 
 
-def outgoing(names: Sequence[str], values: Sequence[torch.Tensor], wire_dtype: torch.dtype | None
-             ) -> list[tuple[str, torch.Tensor]]:
+def outgoing(
+    names: Sequence[str], values: Sequence[torch.Tensor], wire_dtype: torch.dtype | None
+) -> list[tuple[str, torch.Tensor]]:
     """The pulled variables as they travel: compressed when the worker asked."""
     return [(name, codec.to_wire(value, wire_dtype)) for name, value in zip(names, values)]

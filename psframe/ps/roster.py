@@ -22,9 +22,9 @@ import collections
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy
-from collections.abc import Iterator
 
 
 def default_chief_timeout(worker_timeout: float) -> float:
@@ -50,13 +50,20 @@ class WorkerRoster:
         ValueError: ``chief_timeout`` is shorter than ``worker_timeout``.
     """
 
-    def __init__(self, num_workers: int, worker_timeout: float, last_seen: numpy.ndarray | None = None,
-                 chief_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        num_workers: int,
+        worker_timeout: float,
+        last_seen: numpy.ndarray | None = None,
+        chief_timeout: float | None = None,
+    ) -> None:
         if chief_timeout is None:
             chief_timeout = default_chief_timeout(worker_timeout)
         if not chief_timeout >= worker_timeout:
-            raise ValueError(f"chief_timeout ({chief_timeout}) must be >= worker_timeout ({worker_timeout}): "
-                             f"the chief is waited for longer than any other worker")
+            raise ValueError(
+                f"chief_timeout ({chief_timeout}) must be >= worker_timeout ({worker_timeout}): "
+                f"the chief is waited for longer than any other worker"
+            )
         self.num_workers = num_workers
         self.worker_timeout = worker_timeout
         self.chief_timeout = chief_timeout
@@ -137,8 +144,12 @@ class WorkerRoster:
         now = time.monotonic()
         with self._lock:
             return [
-                (w, (0.0 if self._in_flight[w] else now - self._last_seen[w]) if self._last_seen[w] > self._started
-                 else -1.0,
-                 w in self._finished)
+                (
+                    w,
+                    (0.0 if self._in_flight[w] else now - self._last_seen[w])
+                    if self._last_seen[w] > self._started
+                    else -1.0,
+                    w in self._finished,
+                )
                 for w in range(self.num_workers)
             ]

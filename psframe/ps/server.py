@@ -22,6 +22,7 @@ MIN_MESSAGE_BYTES = 64 << 10  # below, not even an Init of a small model or a st
 
 log = logging.getLogger(__name__)
 
+
 class Server:
     """The server of one task of the cluster.
 
@@ -106,8 +107,9 @@ class Server:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         liveness: Liveness | None = None,
     ) -> None:
-        self.security = Security.resolve(auth_token=auth_token, tls_cert_file=tls_cert_file,
-                                         tls_key_file=tls_key_file, tls_ca_file=tls_ca_file)
+        self.security = Security.resolve(
+            auth_token=auth_token, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file, tls_ca_file=tls_ca_file
+        )
         self.liveness = liveness or Liveness.resolve()
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self.cluster.validate_task(job_name, task_index)
@@ -121,16 +123,27 @@ class Server:
             raise ValueError(f"serving_processes must be an int >= 1, got {serving_processes!r}")
         if serving_processes > 1 and job_name != "ps":
             raise ValueError(f"serving_processes applies to ps tasks; {self.task_name} is a worker task")
-        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) \
-                or not MIN_MESSAGE_BYTES <= max_message_bytes < 2**31:
-            raise ValueError(f"max_message_bytes must be an int from {MIN_MESSAGE_BYTES} (64 KiB) to 2**31 - 1 "
-                             f"(gRPC's limit), got {max_message_bytes!r}")
+        if (
+            isinstance(max_message_bytes, bool)
+            or not isinstance(max_message_bytes, int)
+            or not MIN_MESSAGE_BYTES <= max_message_bytes < 2**31
+        ):
+            raise ValueError(
+                f"max_message_bytes must be an int from {MIN_MESSAGE_BYTES} (64 KiB) to 2**31 - 1 "
+                f"(gRPC's limit), got {max_message_bytes!r}"
+            )
         # Several serving processes share the variables, in shared memory.
         self._shared = SharedMemory.create(self.cluster.num_workers) if serving_processes > 1 else None
         if job_name == "ps":
             self.service: TaskService = ParameterServerService(
-                self.cluster, task_index, worker_timeout=worker_timeout, checkpoint_dir=checkpoint_dir,
-                shared=self._shared, security=self.security, chief_timeout=chief_timeout, liveness=self.liveness,
+                self.cluster,
+                task_index,
+                worker_timeout=worker_timeout,
+                checkpoint_dir=checkpoint_dir,
+                shared=self._shared,
+                security=self.security,
+                chief_timeout=chief_timeout,
+                liveness=self.liveness,
             )
         else:
             self.service = TaskService(self.cluster, job_name, task_index)
@@ -138,9 +151,15 @@ class Server:
         bind = bind_address or self.address
         self._port_lock: PortLock | None = None
         try:
-            self._rpc = RpcServer(self.service.handlers(), name=self.task_name, max_threads=threads,
-                                  share_port=serving_processes > 1, security=self.security,
-                                  max_message_bytes=max_message_bytes, liveness=self.liveness)
+            self._rpc = RpcServer(
+                self.service.handlers(),
+                name=self.task_name,
+                max_threads=threads,
+                share_port=serving_processes > 1,
+                security=self.security,
+                max_message_bytes=max_message_bytes,
+                liveness=self.liveness,
+            )
             host, port = parse_address(bind)
             if warning := self.security.clear_token_warning(host):
                 log.warning("%s: %s", self.task_name, warning)
@@ -159,10 +178,18 @@ class Server:
             # The other serving processes reach this one on a socket in the shared folder,
             # which only this user may enter (as the variables there).
             owner = self._rpc.bind_local(os.path.join(self._shared.folder, "owner.sock"))
-            self._serving = ServingProcesses(serving_processes - 1, cluster=self.cluster, task_index=task_index,
-                                             bind=bind, owner=owner, shared_folder=self._shared.folder,
-                                             max_threads=threads, security=self.security,
-                                             max_message_bytes=max_message_bytes, liveness=self.liveness)
+            self._serving = ServingProcesses(
+                serving_processes - 1,
+                cluster=self.cluster,
+                task_index=task_index,
+                bind=bind,
+                owner=owner,
+                shared_folder=self._shared.folder,
+                max_threads=threads,
+                security=self.security,
+                max_message_bytes=max_message_bytes,
+                liveness=self.liveness,
+            )
         self._stopped = threading.Event()
         self._started = False
         if start:
@@ -209,9 +236,15 @@ class Server:
             if self.service.check_training_over():
                 info = self.service.info()
                 if self.job_name == "ps":
-                    log.info("%s: training is over at global step %d (%d pushes applied, %d gradients "
-                             "dropped as stale or late, %d refused); exiting", self.task_name,
-                             info.global_step, info.pushes, info.dropped_gradients, info.rejected_pushes)
+                    log.info(
+                        "%s: training is over at global step %d (%d pushes applied, %d gradients "
+                        "dropped as stale or late, %d refused); exiting",
+                        self.task_name,
+                        info.global_step,
+                        info.pushes,
+                        info.dropped_gradients,
+                        info.rejected_pushes,
+                    )
                 self.stop()
                 return True
             if deadline is not None and time.monotonic() >= deadline:

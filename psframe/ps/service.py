@@ -25,22 +25,22 @@ from psframe.errors import (
 )
 from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec
-from psframe.security import Security
-from psframe.wire import codec, messages, table_rows
-from psframe.wire import psframe_pb2 as pb
-from psframe.wire.shared_region import SharedRegion
 from psframe.ps import recovery
-from psframe.ps.peers import PsPeers
 from psframe.ps.ledger import PushLedger
+from psframe.ps.peers import PsPeers
 from psframe.ps.pending import PendingModel
-from psframe.ps.table_rows import dynamic_parts
 from psframe.ps.plans import RequestPlan, StreamPlans
 from psframe.ps.replies import RoundReplies, outgoing
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.shared import SharedMemory, publish_store
 from psframe.ps.store import VariableStore
 from psframe.ps.sync import SyncAggregator
+from psframe.ps.table_rows import dynamic_parts
 from psframe.ps.task_service import TaskService
+from psframe.security import Security
+from psframe.wire import codec, messages, table_rows
+from psframe.wire import psframe_pb2 as pb
+from psframe.wire.shared_region import SharedRegion
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,19 @@ CHIEF_LOG_EVERY_S = 5.0
 class ParameterServerService(TaskService):
     """The servicer of a ps task over its :class:`VariableStore`."""
 
-    def __init__(self, cluster: ClusterSpec, task_index: int, store: VariableStore | None = None,
-                 *, worker_timeout: float = 60.0, checkpoint_dir: str | None = None,
-                 shared: SharedMemory | None = None, security: Security | None = None,
-                 chief_timeout: float | None = None, liveness: Liveness | None = None) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        task_index: int,
+        store: VariableStore | None = None,
+        *,
+        worker_timeout: float = 60.0,
+        checkpoint_dir: str | None = None,
+        shared: SharedMemory | None = None,
+        security: Security | None = None,
+        chief_timeout: float | None = None,
+        liveness: Liveness | None = None,
+    ) -> None:
         super().__init__(cluster, "ps", task_index)
         self.worker_timeout = worker_timeout
         self.checkpoint_dir = checkpoint_dir
@@ -63,16 +72,22 @@ class ParameterServerService(TaskService):
         # the owner publishes it once it can be shared, and they apply updates too.
         self._shared = shared
         self._publishing = shared is not None and shared.owner
-        self.store = store or (VariableStore(self.task_name) if shared is None else VariableStore(
-            self.task_name, lock=shared.lock, counters=shared.counters, allocate=shared.allocate))
+        self.store = store or (
+            VariableStore(self.task_name)
+            if shared is None
+            else VariableStore(self.task_name, lock=shared.lock, counters=shared.counters, allocate=shared.allocate)
+        )
         self._variable_defs: list[pb.VariableDef] = []
         self._init_lock = threading.Lock()
         self._pending: PendingModel | None = None  # the chief's initial values, while they arrive
         # Each worker's pushes applied once, whatever is sent again after a reconnect.
         self.ledger = PushLedger(cluster.num_workers, None if shared is None else shared.push_counts)
-        self.roster = WorkerRoster(cluster.num_workers, worker_timeout,
-                                   last_seen=None if shared is None else shared.last_seen,
-                                   chief_timeout=chief_timeout)
+        self.roster = WorkerRoster(
+            cluster.num_workers,
+            worker_timeout,
+            last_seen=None if shared is None else shared.last_seen,
+            chief_timeout=chief_timeout,
+        )
         self._next_chief_log = 0.0
         self._sync_def: pb.SyncDef | None = None
         self.aggregator: SyncAggregator | None = None
@@ -95,9 +110,10 @@ class ParameterServerService(TaskService):
                 f"whose cluster is {self.cluster.to_string()!r} (fingerprint {self.cluster.fingerprint})"
             )
         if caller.job_name != job_name or not 0 <= caller.task_index < self.cluster.num_tasks(job_name):
+            caller_name = ClusterSpec.caller_name(caller.job_name, caller.task_index)
             raise ClusterMismatchError(
                 f"{self.task_name} expects this call from /job:{job_name}/task:0.."
-                f"{self.cluster.num_tasks(job_name) - 1}, not {ClusterSpec.caller_name(caller.job_name, caller.task_index)}"
+                f"{self.cluster.num_tasks(job_name) - 1}, not {caller_name}"
             )
 
     def check_training_over(self) -> bool:
@@ -110,9 +126,14 @@ class ParameterServerService(TaskService):
         if dead is None:
             self._log_waiting_for_chief()
             return False
-        log.warning("%s: workers %s finished; %s presumed dead (silent for over %gs, the chief %gs); "
-                    "training is over", self.task_name, self.roster.finished, dead, self.worker_timeout,
-                    self.roster.chief_timeout)
+        log.warning(
+            "%s: workers %s finished; %s presumed dead (silent for over %gs, the chief %gs); training is over",
+            self.task_name,
+            self.roster.finished,
+            dead,
+            self.worker_timeout,
+            self.roster.chief_timeout,
+        )
         self.all_finished.set()
         return True
 
@@ -122,9 +143,14 @@ class ParameterServerService(TaskService):
         if silent is None or now < self._next_chief_log:
             return
         self._next_chief_log = now + CHIEF_LOG_EVERY_S
-        log.warning("%s: every other worker finished or is presumed dead; waiting for the chief (%s), "
-                    "silent for %.0fs, up to %gs (chief_timeout)", self.task_name,
-                    ClusterSpec.task_name("worker", 0), silent, self.roster.chief_timeout)
+        log.warning(
+            "%s: every other worker finished or is presumed dead; waiting for the chief (%s), "
+            "silent for %.0fs, up to %gs (chief_timeout)",
+            self.task_name,
+            ClusterSpec.task_name("worker", 0),
+            silent,
+            self.roster.chief_timeout,
+        )
 
     def get_info(self, request: pb.InfoRequest) -> pb.TaskInfo:
         caller = request.caller
@@ -157,9 +183,13 @@ class ParameterServerService(TaskService):
             info.restored_step = self.restored_step
             info.checkpoint_dir = self.checkpoint_dir or ""
         for worker, seconds_ago, finished in self.roster.seen():
-            info.workers.add(task_index=worker, seconds_ago=seconds_ago, finished=finished,
-                             applied_steps=self.ledger.applied_steps(worker),
-                             last_push_id=self.ledger.last_push(worker))
+            info.workers.add(
+                task_index=worker,
+                seconds_ago=seconds_ago,
+                finished=finished,
+                applied_steps=self.ledger.applied_steps(worker),
+                last_push_id=self.ledger.last_push(worker),
+            )
         return info
 
     # ---- Init
@@ -177,11 +207,13 @@ class ParameterServerService(TaskService):
                 f"not {ClusterSpec.caller_name('worker', header.caller.task_index)}"
             )
         optimizer = messages.optimizer_from_proto(header.optimizer)
-        table_optimizer = (messages.optimizer_from_proto(header.table_optimizer)
-                           if header.HasField("table_optimizer") else None)
+        table_optimizer = (
+            messages.optimizer_from_proto(header.table_optimizer) if header.HasField("table_optimizer") else None
+        )
         defs = list(header.variables)
-        messages.check_definitions(self.task_name, defs, header.sync if header.HasField("sync") else None,
-                                   self.cluster.num_workers)
+        messages.check_definitions(
+            self.task_name, defs, header.sync if header.HasField("sync") else None, self.cluster.num_workers
+        )
         dynamic = dynamic_parts(defs)
         static = [d for d in defs if d.name not in dynamic]  # the variables with initial values
         tables = [d.name for d in static if d.table]
@@ -190,12 +222,19 @@ class ParameterServerService(TaskService):
             created = False
             if self.store.ready:
                 # The store checks the variables and the optimizers are those it holds.
-                self.store.create(self._values_like(static), optimizer, tables=tables,
-                                  table_optimizer=table_optimizer, dynamic=dynamic)
-                messages.check_same_sync(f"the chief's model does not match what {self.task_name} holds",
-                                         sync, self._sync_def)
-            elif self._restore_for_chief(header.checkpoint_dir or self.checkpoint_dir, defs, optimizer, sync,
-                                         table_optimizer):
+                self.store.create(
+                    self._values_like(static),
+                    optimizer,
+                    tables=tables,
+                    table_optimizer=table_optimizer,
+                    dynamic=dynamic,
+                )
+                messages.check_same_sync(
+                    f"the chief's model does not match what {self.task_name} holds", sync, self._sync_def
+                )
+            elif self._restore_for_chief(
+                header.checkpoint_dir or self.checkpoint_dir, defs, optimizer, sync, table_optimizer
+            ):
                 pass
             else:
                 if self._pending is None or static != self._pending.defs:  # a new (or restarted) chief: start over
@@ -208,8 +247,14 @@ class ParameterServerService(TaskService):
                     # Under the store's lock, GetInfo sees the model whole or not at all:
                     # READY with the definitions, and the barrier, in one step.
                     with self.store.lock:
-                        created = self.store.create(self._pending.values(), optimizer, copy=False, tables=tables,
-                                                    table_optimizer=table_optimizer, dynamic=dynamic)
+                        created = self.store.create(
+                            self._pending.values(),
+                            optimizer,
+                            copy=False,
+                            tables=tables,
+                            table_optimizer=table_optimizer,
+                            dynamic=dynamic,
+                        )
                         self._variable_defs = defs
                         if resumed:
                             self.store.global_step = resumed
@@ -217,21 +262,37 @@ class ParameterServerService(TaskService):
                             self._start_sync(sync)
                     self._pending = None
                     if resumed:
-                        log.warning("%s: started again without a checkpoint to restore: took the values of the "
-                                    "chief's replica (at most a step old) for its %d variables and goes on at "
-                                    "global step %d; their optimizer state starts afresh (give the job a "
-                                    "checkpoint_dir to keep it)", self.task_name, len(defs), resumed)
+                        log.warning(
+                            "%s: started again without a checkpoint to restore: took the values of the "
+                            "chief's replica (at most a step old) for its %d variables and goes on at "
+                            "global step %d; their optimizer state starts afresh (give the job a "
+                            "checkpoint_dir to keep it)",
+                            self.task_name,
+                            len(defs),
+                            resumed,
+                        )
                     else:
-                        log.info("%s: created %d variables (%d bytes) with %r", self.task_name,
-                                 len(defs), self.store.nbytes(), optimizer)
+                        log.info(
+                            "%s: created %d variables (%d bytes) with %r",
+                            self.task_name,
+                            len(defs),
+                            self.store.nbytes(),
+                            optimizer,
+                        )
             state = pb.TaskInfo.READY if self.store.ready else pb.TaskInfo.WAITING_FOR_MODEL
             reply = pb.InitReplyHeader(state=state, created=created, global_step=self.store.global_step)
         return codec.encode(reply, ())
 
     # ---- checkpoints
 
-    def _restore_for_chief(self, url: str, defs: list[pb.VariableDef], optimizer: OptimizerSpec,
-                           sync: pb.SyncDef | None, table_optimizer: OptimizerSpec | None) -> bool:
+    def _restore_for_chief(
+        self,
+        url: str,
+        defs: list[pb.VariableDef],
+        optimizer: OptimizerSpec,
+        sync: pb.SyncDef | None,
+        table_optimizer: OptimizerSpec | None,
+    ) -> bool:
         """Restore the variables the chief placed here from the latest checkpoint, if any."""
         if not url:
             return False
@@ -253,8 +314,13 @@ class ParameterServerService(TaskService):
         # Under the store's lock, GetInfo sees the model whole or not at all: the
         # values, optimizer state, global step, definitions and barrier in one step.
         with self.store.lock:
-            self.store.create(restored.values, restored.optimizer, tables=restored.tables,
-                              table_optimizer=restored.table_optimizer, dynamic=dynamic_parts(restored.defs))
+            self.store.create(
+                restored.values,
+                restored.optimizer,
+                tables=restored.tables,
+                table_optimizer=restored.table_optimizer,
+                dynamic=dynamic_parts(restored.defs),
+            )
             self.store.restore({}, restored.states, global_step)
             self.store.load_dynamic(restored.dynamic)
             if restored.pushes is not None:  # pushes the restored values hold are duplicates if sent again
@@ -266,9 +332,14 @@ class ParameterServerService(TaskService):
         if restored.sync is None and self._shared is not None and self._shared.owner:
             self._publishing = True  # the restored state replaced what was shared
             self._publish()
-        log.info("%s: restored %d variables from checkpoint step %d (its global step %d); "
-                 "going on at global step %d", self.task_name, len(restored.defs), restored.step,
-                 restored.global_step, global_step)
+        log.info(
+            "%s: restored %d variables from checkpoint step %d (its global step %d); going on at global step %d",
+            self.task_name,
+            len(restored.defs),
+            restored.step,
+            restored.global_step,
+            global_step,
+        )
 
     def save(self, request: pb.SaveRequest) -> pb.SaveReply:
         self._check_tool_or_worker(request.caller)
@@ -277,16 +348,22 @@ class ParameterServerService(TaskService):
             raise errors.CheckpointError(f"{self.task_name} has no checkpoint_dir and the request named none")
         with self._init_lock:
             self.store.check_names([])  # NotReadyError before the model exists
-            record = recovery.save_shard(self.store, self._variable_defs, self._sync_def, url,
-                                         request.step, self.task_index, self.cluster.num_ps, self.ledger)
-        return pb.SaveReply(file=record.file, sha256=record.sha256, nbytes=record.nbytes,
-                            global_step=record.global_step)
+            record = recovery.save_shard(
+                self.store,
+                self._variable_defs,
+                self._sync_def,
+                url,
+                request.step,
+                self.task_index,
+                self.cluster.num_ps,
+                self.ledger,
+            )
+        return pb.SaveReply(
+            file=record.file, sha256=record.sha256, nbytes=record.nbytes, global_step=record.global_step
+        )
 
     def _values_like(self, defs: list[pb.VariableDef]) -> dict[str, torch.Tensor]:
-        return {
-            d.name: torch.empty(tuple(d.shape), dtype=codec.dtype_from_name(d.dtype), device="meta")
-            for d in defs
-        }
+        return {d.name: torch.empty(tuple(d.shape), dtype=codec.dtype_from_name(d.dtype), device="meta") for d in defs}
 
     # ---- PushPull
 
@@ -329,8 +406,9 @@ class ParameterServerService(TaskService):
                 plans.drop(plan)
             return self._push_pull(header, codec.tensors_of(envelope), plans, refused, region)
 
-    def _push_pull_planned(self, plan: RequestPlan, header: pb.PushPullHeader, envelope: codec.Envelope,
-                           region: SharedRegion | None) -> bytes | None:
+    def _push_pull_planned(
+        self, plan: RequestPlan, header: pb.PushPullHeader, envelope: codec.Envelope, region: SharedRegion | None
+    ) -> bytes | None:
         """The reply to an asynchronous request of a planned kind; None if the plan no longer holds.
 
         With a shared ``region`` (a worker on this host), the reply's tensors go there.
@@ -357,8 +435,14 @@ class ParameterServerService(TaskService):
                 return plan.reply.encode_header(reply)
             return plan.reply.encode(reply, plan.reply_buffers)
 
-    def _push_pull(self, header: pb.PushPullHeader, tensors: list[torch.Tensor],
-                   plans: StreamPlans | None = None, refused: str = "", region: SharedRegion | None = None) -> bytes:
+    def _push_pull(
+        self,
+        header: pb.PushPullHeader,
+        tensors: list[torch.Tensor],
+        plans: StreamPlans | None = None,
+        refused: str = "",
+        region: SharedRegion | None = None,
+    ) -> bytes:
         grads, rows, row_pulls = table_rows.split(header.tensors, tensors)
         wire_dtype = codec.wire_dtype_from_name(header.wire_dtype)
         if wire_dtype is not None:
@@ -381,8 +465,13 @@ class ParameterServerService(TaskService):
                     self.ledger.record(worker, header.push_id, header.end_of_step)
                     if self._publishing:
                         self._publish()
-                if plans is not None and wire_dtype is None and self.aggregator is None and not (rows or row_pulls) \
-                        and not duplicate:
+                if (
+                    plans is not None
+                    and wire_dtype is None
+                    and self.aggregator is None
+                    and not (rows or row_pulls)
+                    and not duplicate
+                ):
                     self._plan(plans, header, list(grads), values)
                 # Encode under the lock: the reply is one consistent version, and
                 # the only copy of the variables is the one into the reply.
@@ -403,20 +492,25 @@ class ParameterServerService(TaskService):
         # A round applies a worker's gradients once however often they are sent (it
         # is keyed by step and worker); the ledger counts the worker's step once, and
         # tells a push sent again after a lost reply from a stale one.
-        if (header.step < self.store.global_step and self.ledger.is_duplicate(worker, header.push_id)
-                and self.aggregator.was_member(worker, header.step)):
+        if (
+            header.step < self.store.global_step
+            and self.ledger.is_duplicate(worker, header.push_id)
+            and self.aggregator.was_member(worker, header.step)
+        ):
             with self.store.lock:
                 return self._round_replies.reply(pull, wire_dtype, False, region, refused)
-        dropped = self.aggregator.push(worker, header.step, grads, rows=rows,
-                                       count_drop=header.end_of_step, wait=bool(pull) or header.end_of_step)
+        dropped = self.aggregator.push(
+            worker, header.step, grads, rows=rows, count_drop=header.end_of_step, wait=bool(pull) or header.end_of_step
+        )
         with self.store.lock:
             duplicate = self.ledger.is_duplicate(worker, header.push_id)
             if not dropped and not duplicate:
                 self.ledger.record(worker, header.push_id, header.end_of_step)
             return self._round_replies.reply(pull, wire_dtype, dropped, region, refused)
 
-    def _plan(self, plans: StreamPlans, header: pb.PushPullHeader, pushed: list[str],
-              pulled: list[torch.Tensor]) -> None:
+    def _plan(
+        self, plans: StreamPlans, header: pb.PushPullHeader, pushed: list[str], pulled: list[torch.Tensor]
+    ) -> None:
         """Let requests of this kind take the fast way from now on (the caller holds the store's lock)."""
         try:
             plan = RequestPlan.make(header, self.store.variables(pushed), pulled, self.store.generation)
@@ -460,8 +554,13 @@ class ParameterServerService(TaskService):
         self._check_caller(request.caller)
         worker = request.caller.task_index
         if self.roster.finish(worker):
-            log.info("%s: worker %d finished (%d of %d)", self.task_name, worker,
-                     len(self.roster.finished), self.cluster.num_workers)
+            log.info(
+                "%s: worker %d finished (%d of %d)",
+                self.task_name,
+                worker,
+                len(self.roster.finished),
+                self.cluster.num_workers,
+            )
         done = len(self.roster.finished)
         if self.aggregator is not None:
             self.aggregator.worker_finished(worker)
@@ -471,10 +570,15 @@ class ParameterServerService(TaskService):
 
     def handlers(self) -> dict[str, Callable]:
         """The methods of the service this task answers, by name: all of them."""
-        return {**super().handlers(), "Init": self.init, "PushPull": self.push_pull, "Finish": self.finish,
-                "Save": self.save, "StepMembers": self.step_members}
+        return {
+            **super().handlers(),
+            "Init": self.init,
+            "PushPull": self.push_pull,
+            "Finish": self.finish,
+            "Save": self.save,
+            "StepMembers": self.step_members,
+        }
 
     def close(self) -> None:
         """Close the connections to the other ps tasks."""
         self._peers.close()
-

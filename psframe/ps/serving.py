@@ -42,11 +42,11 @@ from collections.abc import Iterator, Sequence
 
 from psframe.cluster import ClusterSpec
 from psframe.errors import PsframeError
+from psframe.liveness import Liveness
 from psframe.ps.plans import StreamPlans
 from psframe.ps.service import ParameterServerService
 from psframe.ps.shared import SharedMemory
 from psframe.ps.store import VariableStore
-from psframe.liveness import Liveness
 from psframe.security import Security
 from psframe.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, Connection, RpcServer, Watchdog
 
@@ -90,18 +90,40 @@ class ServingProcesses:
         liveness: the task's keepalive settings (passed as flags).
     """
 
-    def __init__(self, count: int, *, cluster: ClusterSpec, task_index: int, bind: str, owner: str,
-                 shared_folder: str, max_threads: int, security: Security | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, liveness: Liveness | None = None) -> None:
+    def __init__(
+        self,
+        count: int,
+        *,
+        cluster: ClusterSpec,
+        task_index: int,
+        bind: str,
+        owner: str,
+        shared_folder: str,
+        max_threads: int,
+        security: Security | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        liveness: Liveness | None = None,
+    ) -> None:
         liveness = liveness or Liveness.resolve()
         self.task_name = ClusterSpec.task_name("ps", task_index)
         self._security = security or Security()
         self._argv = [
-            [sys.executable, "-m", "psframe.ps.serving", f"--cluster_spec={cluster.to_string()}",
-             f"--task_index={task_index}", f"--bind={bind}", f"--owner={owner}", f"--shared={shared_folder}",
-             f"--index={i}", f"--max_threads={max_threads}", f"--parent_pid={os.getpid()}",
-             f"--max_message_bytes={max_message_bytes}", f"--keepalive_time={liveness.keepalive_time}",
-             f"--keepalive_timeout={liveness.keepalive_timeout}"]
+            [
+                sys.executable,
+                "-m",
+                "psframe.ps.serving",
+                f"--cluster_spec={cluster.to_string()}",
+                f"--task_index={task_index}",
+                f"--bind={bind}",
+                f"--owner={owner}",
+                f"--shared={shared_folder}",
+                f"--index={i}",
+                f"--max_threads={max_threads}",
+                f"--parent_pid={os.getpid()}",
+                f"--max_message_bytes={max_message_bytes}",
+                f"--keepalive_time={liveness.keepalive_time}",
+                f"--keepalive_timeout={liveness.keepalive_timeout}",
+            ]
             for i in range(1, count + 1)
         ]
         self._procs: list[subprocess.Popen] = []
@@ -119,8 +141,9 @@ class ServingProcesses:
         env = self._security.child_environment()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         for argv in self._argv:
-            self._procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                                env=env, text=True, bufsize=1))
+            self._procs.append(
+                subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+            )
         deadline = time.monotonic() + timeout
         try:
             for index, proc in enumerate(self._procs, start=1):
@@ -128,8 +151,13 @@ class ServingProcesses:
         except BaseException:
             self.stop()
             raise
-        log.info("%s: serving from %d processes (pids %s and this one, %d)", self.task_name,
-                 len(self._procs) + 1, ", ".join(str(p.pid) for p in self._procs), os.getpid())
+        log.info(
+            "%s: serving from %d processes (pids %s and this one, %d)",
+            self.task_name,
+            len(self._procs) + 1,
+            ", ".join(str(p.pid) for p in self._procs),
+            os.getpid(),
+        )
 
     def _wait_listening(self, index: int, proc: subprocess.Popen, deadline: float, timeout: float) -> None:
         lines: list[str] = []
@@ -148,8 +176,10 @@ class ServingProcesses:
                     f"serving process {index} of {self.task_name} exited with code {proc.returncode} before it "
                     f"listened: {' | '.join(lines[-5:]) or 'no output'}"
                 )
-        raise PsframeError(f"serving process {index} of {self.task_name} did not listen within "
-                           f"{timeout:g}s: {' | '.join(lines[-5:]) or 'no output'}")
+        raise PsframeError(
+            f"serving process {index} of {self.task_name} did not listen within "
+            f"{timeout:g}s: {' | '.join(lines[-5:]) or 'no output'}"
+        )
 
     @property
     def pids(self) -> list[int]:
@@ -165,8 +195,10 @@ class ServingProcesses:
             return
         for index, proc in enumerate(self._procs, start=1):
             if proc.poll() is not None:
-                raise PsframeError(f"serving process {index} (pid {proc.pid}) of {self.task_name} exited "
-                                   f"with code {proc.returncode}; its connections are lost")
+                raise PsframeError(
+                    f"serving process {index} (pid {proc.pid}) of {self.task_name} exited "
+                    f"with code {proc.returncode}; its connections are lost"
+                )
 
     def stop(self, grace: float = STOP_GRACE_S) -> None:
         """Stop every serving process (SIGTERM; SIGKILL after ``grace`` seconds). Idempotent."""
@@ -196,8 +228,15 @@ class SharedPushPull:
     """A serving process's PushPull: answered here over the shared model once the owner
     published it, forwarded to the owner before that (and for every sync push)."""
 
-    def __init__(self, cluster: ClusterSpec, task_index: int, shared: SharedMemory, owner: str,
-                 security: Security, liveness: Liveness | None = None) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        task_index: int,
+        shared: SharedMemory,
+        owner: str,
+        security: Security,
+        liveness: Liveness | None = None,
+    ) -> None:
         self._cluster, self._task_index, self._shared = cluster, task_index, shared
         self._owner = Connection(owner, f"{ClusterSpec.task_name('ps', task_index)} (owner)", security, liveness)
         self._watchdog = Watchdog()
@@ -212,11 +251,11 @@ class SharedPushPull:
             with self._lock, self._shared.lock:
                 if self._shared.version != self._version:
                     variables, states, optimizer, tables, table_optimizer = self._shared.load()
-                    store = VariableStore(self._service_name(), lock=self._shared.lock,
-                                          counters=self._shared.counters)
+                    store = VariableStore(self._service_name(), lock=self._shared.lock, counters=self._shared.counters)
                     store.adopt(variables, states, optimizer, tables, table_optimizer)
-                    self._service = ParameterServerService(self._cluster, self._task_index, store=store,
-                                                           shared=self._shared)
+                    self._service = ParameterServerService(
+                        self._cluster, self._task_index, store=store, shared=self._shared
+                    )
                     self._version = self._shared.version
         return self._service
 
@@ -244,9 +283,19 @@ class SharedPushPull:
         self._owner.close()
 
 
-def serve(cluster: ClusterSpec, task_index: int, bind: str, owner: str, shared_folder: str, index: int,
-          max_threads: int, parent_pid: int, security: Security | None = None,
-          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, liveness: Liveness | None = None) -> int:
+def serve(
+    cluster: ClusterSpec,
+    task_index: int,
+    bind: str,
+    owner: str,
+    shared_folder: str,
+    index: int,
+    max_threads: int,
+    parent_pid: int,
+    security: Security | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    liveness: Liveness | None = None,
+) -> int:
     """Listen on ``bind`` beside the owner, answer pushes over the shared model and forward
     the rest to the owner, until told to stop. ``security``: the task's (default: none);
     ``max_message_bytes``: the largest request accepted; ``liveness``: the task's keepalive.
@@ -260,9 +309,16 @@ def serve(cluster: ClusterSpec, task_index: int, bind: str, owner: str, shared_f
     shared = SharedMemory.attach(shared_folder, cluster.num_workers)
     security = security or Security()
     push_pull = SharedPushPull(cluster, task_index, shared, owner, security, liveness)
-    server = RpcServer({"PushPull": push_pull.push_pull}, name=f"{task_name}-serving{index}",
-                       max_threads=max_threads, forward_to=owner, share_port=True, security=security,
-                       max_message_bytes=max_message_bytes, liveness=liveness)
+    server = RpcServer(
+        {"PushPull": push_pull.push_pull},
+        name=f"{task_name}-serving{index}",
+        max_threads=max_threads,
+        forward_to=owner,
+        share_port=True,
+        security=security,
+        max_message_bytes=max_message_bytes,
+        liveness=liveness,
+    )
     server.bind(bind)
     server.start()
     print(f"{_READY} at {bind} (pid {os.getpid()})", flush=True)
@@ -292,9 +348,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         # The task's token and TLS files, from the owner through the environment.
-        return serve(ClusterSpec.from_string(args.cluster_spec), args.task_index, args.bind, args.owner,
-                     args.shared, args.index, args.max_threads, args.parent_pid, Security.resolve(),
-                     args.max_message_bytes, Liveness.resolve(args.keepalive_time, args.keepalive_timeout))
+        return serve(
+            ClusterSpec.from_string(args.cluster_spec),
+            args.task_index,
+            args.bind,
+            args.owner,
+            args.shared,
+            args.index,
+            args.max_threads,
+            args.parent_pid,
+            Security.resolve(),
+            args.max_message_bytes,
+            Liveness.resolve(args.keepalive_time, args.keepalive_timeout),
+        )
     except PsframeError as e:
         print(f"error: {e}", flush=True)
         return 1

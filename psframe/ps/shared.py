@@ -112,14 +112,17 @@ class PortLock:
     """
 
     def __init__(self, port: int, task_name: str) -> None:
-        self._fd = os.open(os.path.join(tempfile.gettempdir(), f"psframe-port-{port}.lock"), os.O_RDWR | os.O_CREAT,
-                           0o600)
+        self._fd = os.open(
+            os.path.join(tempfile.gettempdir(), f"psframe-port-{port}.lock"), os.O_RDWR | os.O_CREAT, 0o600
+        )
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._fd)
-            raise PortInUseError(f"{task_name} cannot listen on port {port}: another ps task served from "
-                                 f"several processes on this host holds it") from None
+            raise PortInUseError(
+                f"{task_name} cannot listen on port {port}: another ps task served from "
+                f"several processes on this host holds it"
+            ) from None
 
     def release(self) -> None:
         os.close(self._fd)
@@ -183,9 +186,14 @@ class SharedMemory:
         self._files[tensor.data_ptr()] = name
         return tensor
 
-    def publish(self, variables: Mapping[str, torch.Tensor], states: Mapping[str, Mapping[str, Any]],
-                optimizer: OptimizerSpec, tables: Sequence[str] = (),
-                table_optimizer: OptimizerSpec | None = None) -> bool:
+    def publish(
+        self,
+        variables: Mapping[str, torch.Tensor],
+        states: Mapping[str, Mapping[str, Any]],
+        optimizer: OptimizerSpec,
+        tables: Sequence[str] = (),
+        table_optimizer: OptimizerSpec | None = None,
+    ) -> bool:
         """Say where the model is, for the serving processes to map (owner, under :attr:`lock`).
 
         Returns:
@@ -198,8 +206,9 @@ class SharedMemory:
                 "tables": list(tables),
                 "table_optimizer": None if table_optimizer is None else _spec_to_json(table_optimizer),
                 "variables": {name: self._describe(value) for name, value in variables.items()},
-                "states": {name: {key: self._describe(value) for key, value in state.items()}
-                           for name, state in states.items()},
+                "states": {
+                    name: {key: self._describe(value) for key, value in state.items()} for name, state in states.items()
+                },
             }
         except (KeyError, TypeError):
             return False
@@ -213,11 +222,13 @@ class SharedMemory:
     def _describe(self, tensor: Any) -> dict:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{type(tensor).__name__} cannot be shared")
-        return {"file": self._files[tensor.data_ptr()], "dtype": dtype_name(tensor.dtype),
-                "shape": list(tensor.shape)}
+        return {"file": self._files[tensor.data_ptr()], "dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape)}
 
-    def load(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], OptimizerSpec,
-                            list[str], OptimizerSpec | None]:
+    def load(
+        self,
+    ) -> tuple[
+        dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], OptimizerSpec, list[str], OptimizerSpec | None
+    ]:
         """The published model, mapped: variables, optimizer state, optimizer, the
         embedding tables and their optimizer (serving processes)."""
         with open(os.path.join(self.folder, _MODEL)) as f:
@@ -229,11 +240,15 @@ class SharedMemory:
             return self._map(entry["file"], dtype_from_name(entry["dtype"]), max(numel, 1))[:numel].view(shape)
 
         variables = {name: mapped(entry) for name, entry in model["variables"].items()}
-        states = {name: {key: mapped(entry) for key, entry in state.items()}
-                  for name, state in model["states"].items()}
+        states = {name: {key: mapped(entry) for key, entry in state.items()} for name, state in model["states"].items()}
         table_optimizer = model["table_optimizer"]
-        return (variables, states, _spec_from_json(model["optimizer"]), model["tables"],
-                None if table_optimizer is None else _spec_from_json(table_optimizer))
+        return (
+            variables,
+            states,
+            _spec_from_json(model["optimizer"]),
+            model["tables"],
+            None if table_optimizer is None else _spec_from_json(table_optimizer),
+        )
 
     def close(self) -> None:
         """Release the lock's file; the owner also removes the folder (mapped memory stays valid)."""
@@ -254,7 +269,7 @@ def _remove_orphans(base: str) -> None:
     for name in os.listdir(base):
         if not name.startswith(_PREFIX):
             continue
-        pid = name[len(_PREFIX):].split("-", 1)[0]
+        pid = name[len(_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
@@ -286,8 +301,13 @@ def publish_store(memory: SharedMemory, store: Any, task_name: str) -> bool | No
             return None
         store.share_state()
         names = store.names
-        published = memory.publish(dict(zip(names, store.read(names))), store.optimizer_state(), store.optimizer_spec,
-                                   sorted(store.tables), store.table_optimizer_spec)
+        published = memory.publish(
+            dict(zip(names, store.read(names))),
+            store.optimizer_state(),
+            store.optimizer_spec,
+            sorted(store.tables),
+            store.table_optimizer_spec,
+        )
     if published:
         log.info("%s: the model is shared with the serving processes (version %d)", task_name, memory.version)
     else:

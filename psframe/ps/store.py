@@ -23,9 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy
-
 import torch
 
+from psframe import huge_pages, optim
+from psframe.dynamic_rows import DynamicRows
 from psframe.errors import (
     ClusterMismatchError,
     DtypeMismatchError,
@@ -35,12 +36,10 @@ from psframe.errors import (
     ShapeMismatchError,
     UnknownVariableError,
 )
-from psframe import huge_pages, optim
 from psframe.optim import OptimizerSpec
-from psframe.wire import messages
-from psframe.dynamic_rows import DynamicRows
 from psframe.ps.store_state import StoreState
 from psframe.ps.table_rows import DynamicPart
+from psframe.wire import messages
 
 # Generations of variables, unique in the process (see VariableStore.generation).
 _GENERATIONS = itertools.count(1)
@@ -65,8 +64,14 @@ class VariableStore(StoreState):
             (and, in :meth:`share_state`, of optimizer state); torch's by default.
     """
 
-    def __init__(self, owner: str = "this ps task", *, lock: Any = None, counters: numpy.ndarray | None = None,
-                 allocate: Callable[[torch.dtype, tuple[int, ...]], torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        owner: str = "this ps task",
+        *,
+        lock: Any = None,
+        counters: numpy.ndarray | None = None,
+        allocate: Callable[[torch.dtype, tuple[int, ...]], torch.Tensor] | None = None,
+    ) -> None:
         self.owner = owner
         self.lock = lock if lock is not None else threading.RLock()
         self._counters = counters if counters is not None else numpy.zeros(3, dtype=numpy.int64)
@@ -89,11 +94,13 @@ class VariableStore(StoreState):
         self._stepped = False  # an optimizer step went through in this store
 
     # Counted in an array that several processes may share (see `counters`).
-    global_step = property(lambda self: int(self._counters[0]),
-                           lambda self, value: self._counters.__setitem__(0, value))
+    global_step = property(
+        lambda self: int(self._counters[0]), lambda self, value: self._counters.__setitem__(0, value)
+    )
     pushes = property(lambda self: int(self._counters[1]), lambda self, value: self._counters.__setitem__(1, value))
-    rejected_pushes = property(lambda self: int(self._counters[2]),
-                               lambda self, value: self._counters.__setitem__(2, value))
+    rejected_pushes = property(
+        lambda self: int(self._counters[2]), lambda self, value: self._counters.__setitem__(2, value)
+    )
 
     # ---- creation
 
@@ -116,9 +123,16 @@ class VariableStore(StoreState):
         """The names of the variables that are embedding tables."""
         return self._tables
 
-    def create(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec, *,
-               copy: bool = True, tables: Sequence[str] = (), table_optimizer: OptimizerSpec | None = None,
-               dynamic: Mapping[str, DynamicPart] | None = None) -> bool:
+    def create(
+        self,
+        values: Mapping[str, torch.Tensor],
+        optimizer: OptimizerSpec,
+        *,
+        copy: bool = True,
+        tables: Sequence[str] = (),
+        table_optimizer: OptimizerSpec | None = None,
+        dynamic: Mapping[str, DynamicPart] | None = None,
+    ) -> bool:
         """Create the variables (copies of ``values``, or ``values`` themselves
         with ``copy=False``: tensors from :meth:`copy_in`, where the store has
         memory of its own) and the optimizer.
@@ -155,23 +169,32 @@ class VariableStore(StoreState):
             self.generation = next(_GENERATIONS)
             return True
 
-    def _build_optimizers(self, variables: Mapping[str, torch.Tensor], optimizer: OptimizerSpec,
-                          tables: Sequence[str], table_optimizer: OptimizerSpec | None,
-                          dynamic: Mapping[str, DynamicPart] | None = None) -> None:
+    def _build_optimizers(
+        self,
+        variables: Mapping[str, torch.Tensor],
+        optimizer: OptimizerSpec,
+        tables: Sequence[str],
+        table_optimizer: OptimizerSpec | None,
+        dynamic: Mapping[str, DynamicPart] | None = None,
+    ) -> None:
         unknown = sorted(set(tables) - set(variables))
         if unknown:
             raise UnknownVariableError(f"{self.owner}: tables {unknown} are not among the variables created")
         if (tables or dynamic) and table_optimizer is None:
-            raise ClusterMismatchError(f"{self.owner}: embedding tables {sorted([*tables, *(dynamic or ())])} "
-                                       f"need a table optimizer")
-        self._dynamic = {name: DynamicRows(name, part.row_shape, part.dtype, part.spec, table_optimizer)
-                         for name, part in (dynamic or {}).items()}
+            raise ClusterMismatchError(
+                f"{self.owner}: embedding tables {sorted([*tables, *(dynamic or ())])} need a table optimizer"
+            )
+        self._dynamic = {
+            name: DynamicRows(name, part.row_shape, part.dtype, part.spec, table_optimizer)
+            for name, part in (dynamic or {}).items()
+        }
         dense = [v for name, v in variables.items() if name not in tables]
         self._optimizer = optimizer.build(dense) if dense else None
         self._optimizer_spec = optimizer
         self._tables = frozenset(tables)
-        self._table_optimizer = table_optimizer.build([variables[n] for n in tables], per_parameter=True) \
-            if tables else None
+        self._table_optimizer = (
+            table_optimizer.build([variables[n] for n in tables], per_parameter=True) if tables else None
+        )
         self._table_optimizer_spec = table_optimizer if tables or dynamic else None
         self._back_state()
         self._ready = True
@@ -189,7 +212,8 @@ class VariableStore(StoreState):
         return [o for o in (self._optimizer, self._table_optimizer) if o is not None]
 
     def empty(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        """Uninitialised memory for a variable, in the store's memory (shared memory, where it was given ``allocate``)."""
+        """Uninitialised memory for a variable, in the store's memory
+        (shared memory, where it was given ``allocate``)."""
         return huge_pages.empty(shape, dtype) if self._allocate is None else self._allocate(dtype, shape)
 
     def copy_in(self, value: torch.Tensor) -> torch.Tensor:
@@ -198,35 +222,48 @@ class VariableStore(StoreState):
             return huge_pages.copy(value)
         return self._allocate(value.dtype, tuple(value.shape)).copy_(value.detach())
 
-    def _check_same_model(self, values: Mapping[str, torch.Tensor], optimizer: OptimizerSpec,
-                          tables: Sequence[str], table_optimizer: OptimizerSpec | None,
-                          dynamic: Mapping[str, DynamicPart]) -> None:
-        messages.check_same_variables(f"{self.owner} already holds a different model",
-                                      messages.keys_of_tensors(values), messages.keys_of_tensors(self._variables))
+    def _check_same_model(
+        self,
+        values: Mapping[str, torch.Tensor],
+        optimizer: OptimizerSpec,
+        tables: Sequence[str],
+        table_optimizer: OptimizerSpec | None,
+        dynamic: Mapping[str, DynamicPart],
+    ) -> None:
+        messages.check_same_variables(
+            f"{self.owner} already holds a different model",
+            messages.keys_of_tensors(values),
+            messages.keys_of_tensors(self._variables),
+        )
         held = {name: DynamicPart(rows.spec, rows.row_shape, rows.dtype) for name, rows in self._dynamic.items()}
         if dict(dynamic) != held:
             raise ClusterMismatchError(f"{self.owner} holds dynamic tables {held}, not {dict(dynamic)}")
         if optimizer != self._optimizer_spec:
-            raise ClusterMismatchError(
-                f"{self.owner} already runs {self._optimizer_spec!r}, not {optimizer!r}"
-            )
+            raise ClusterMismatchError(f"{self.owner} already runs {self._optimizer_spec!r}, not {optimizer!r}")
         if frozenset(tables) != self._tables or ((tables or dynamic) and table_optimizer != self._table_optimizer_spec):
             raise ClusterMismatchError(
                 f"{self.owner} holds embedding tables {sorted(self._tables)} updated by "
                 f"{self._table_optimizer_spec!r}, not {sorted(tables)} by {table_optimizer!r}"
             )
 
-    def adopt(self, values: Mapping[str, torch.Tensor], states: Mapping[str, Mapping[str, Any]],
-              optimizer: OptimizerSpec, tables: Sequence[str] = (),
-              table_optimizer: OptimizerSpec | None = None) -> None:
+    def adopt(
+        self,
+        values: Mapping[str, torch.Tensor],
+        states: Mapping[str, Mapping[str, Any]],
+        optimizer: OptimizerSpec,
+        tables: Sequence[str] = (),
+        table_optimizer: OptimizerSpec | None = None,
+    ) -> None:
         """Take variables and optimizer state that live elsewhere (shared memory) as this store's own.
 
         The tensors are used as they are, not copied: updates through this
         store and through every other store over them are one.
         """
         with self.lock:
-            variables = {name: value.requires_grad_(value.is_floating_point() or value.is_complex())
-                         for name, value in values.items()}
+            variables = {
+                name: value.requires_grad_(value.is_floating_point() or value.is_complex())
+                for name, value in values.items()
+            }
             self._build_optimizers(variables, optimizer, tables, table_optimizer)
             self._variables = variables
             for name, state in states.items():
@@ -302,8 +339,12 @@ class VariableStore(StoreState):
             widened = {}
             for name, grad in grads.items():
                 variable = self._variables.get(name)
-                if (variable is not None and grad.dtype == wire_dtype and variable.is_floating_point()
-                        and variable.element_size() > grad.element_size()):
+                if (
+                    variable is not None
+                    and grad.dtype == wire_dtype
+                    and variable.is_floating_point()
+                    and variable.element_size() > grad.element_size()
+                ):
                     grad = grad.to(variable.dtype)
                 widened[name] = grad
             return widened
@@ -325,8 +366,12 @@ class VariableStore(StoreState):
                 return
             self._step([self._variables[name] for name in grads], list(grads.values()))
 
-    def _step(self, variables: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
-              optimizer: torch.optim.Optimizer | None = None) -> None:
+    def _step(
+        self,
+        variables: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
         """One step of ``optimizer`` (the dense variables' by default) with these gradients; counts a push."""
         for variable, grad in zip(variables, grads):
             variable.grad = grad
@@ -362,9 +407,13 @@ class VariableStore(StoreState):
                 return self.advance_step()
         return self.global_step
 
-    def push_pull(self, grads: Mapping[str, torch.Tensor], pull: Sequence[str],
-                  end_of_step: bool, rows: Sequence[tuple[str, torch.Tensor, torch.Tensor]] = ()
-                  ) -> tuple[int, list[torch.Tensor]]:
+    def push_pull(
+        self,
+        grads: Mapping[str, torch.Tensor],
+        pull: Sequence[str],
+        end_of_step: bool,
+        rows: Sequence[tuple[str, torch.Tensor, torch.Tensor]] = (),
+    ) -> tuple[int, list[torch.Tensor]]:
         """One worker request: apply ``grads`` (and the gradients of table
         ``rows``, see :meth:`apply_rows`), count the step, read ``pull``.
 

@@ -88,14 +88,15 @@ class StoreState(TableRows):
             self._require_ready()
             values = {name: v.detach().clone() for name, v in self._variables.items()}
             states = {
-                name: {k: x.clone() if isinstance(x, torch.Tensor) else x
-                       for k, x in self._optimizer_of(name).state.get(v, {}).items()}
+                name: {
+                    k: x.clone() if isinstance(x, torch.Tensor) else x
+                    for k, x in self._optimizer_of(name).state.get(v, {}).items()
+                }
                 for name, v in self._variables.items()
             }
             return self.global_step, values, states
 
-    def restore(self, values: Mapping[str, torch.Tensor], states: Mapping[str, Mapping],
-                global_step: int) -> None:
+    def restore(self, values: Mapping[str, torch.Tensor], states: Mapping[str, Mapping], global_step: int) -> None:
         """Overwrite variables, optimizer state and global step (from a checkpoint).
 
         Everything is checked before anything changes.

@@ -100,9 +100,16 @@ class SyncAggregator:
 
     # ---- what workers call
 
-    def push(self, worker: int, step: int, grads: Mapping[str, torch.Tensor], *,
-             count_drop: bool = True, wait: bool = True,
-             rows: Sequence[tuple[str, torch.Tensor, torch.Tensor]] = ()) -> bool:
+    def push(
+        self,
+        worker: int,
+        step: int,
+        grads: Mapping[str, torch.Tensor],
+        *,
+        count_drop: bool = True,
+        wait: bool = True,
+        rows: Sequence[tuple[str, torch.Tensor, torch.Tensor]] = (),
+    ) -> bool:
         """Add a worker's gradients for ``step`` and wait until that step is applied.
 
         A worker may send its gradients for one step in several pushes; each
@@ -135,8 +142,14 @@ class SyncAggregator:
                 # Older: stale. Newer: this ps rolled back to a checkpoint after
                 # the worker pulled; its gradient fits no step here either way.
                 if step > current:
-                    log.warning("%s: worker %d pushed gradients for step %d, but this ps is at step %d "
-                                "(restored from a checkpoint); dropped", self.owner, worker, step, current)
+                    log.warning(
+                        "%s: worker %d pushed gradients for step %d, but this ps is at step %d "
+                        "(restored from a checkpoint); dropped",
+                        self.owner,
+                        worker,
+                        step,
+                        current,
+                    )
                 self.dropped_gradients += count_drop
                 return True
             round_ = self._round
@@ -146,8 +159,10 @@ class SyncAggregator:
                 mine = round_.contributions.setdefault(worker, {})
                 mine.update(grads)
                 mine.update((name, (ids, values)) for name, ids, values in rows)
-                if len(mine) == len(self.store.names) + len(self.store.dynamic_tables) \
-                        and worker not in round_.completed:
+                if (
+                    len(mine) == len(self.store.names) + len(self.store.dynamic_tables)
+                    and worker not in round_.completed
+                ):
                     round_.completed.append(worker)
                     self._try_decide(round_)
                 if wait and self._decide is not None and round_.members is None and not round_.asking:
@@ -173,8 +188,11 @@ class SyncAggregator:
                 log.warning(
                     "%s: %d workers still training, fewer than replicas_to_aggregate=%d; "
                     "from step %d each update averages the gradients of all %d",
-                    self.owner, len(self._live), self.replicas_to_aggregate,
-                    self._round.step, len(self._live),
+                    self.owner,
+                    len(self._live),
+                    self.replicas_to_aggregate,
+                    self._round.step,
+                    len(self._live),
                 )
             self._try_decide(self._round)
             self._try_apply(self._round)
@@ -210,7 +228,9 @@ class SyncAggregator:
                     raise self._round.failure
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise self._timeout_error(self._round, step, deadline - (self.timeout if timeout is None else timeout))
+                    raise self._timeout_error(
+                        self._round, step, deadline - (self.timeout if timeout is None else timeout)
+                    )
                 self._cond.wait(remaining)
 
     # ---- the round, under the lock
@@ -229,9 +249,13 @@ class SyncAggregator:
     def _ask_members(self, round_: _Round, deadline: float) -> None:
         try:
             members = tuple(sorted(self._decide(round_.step, max(0.0, deadline - time.monotonic()))))
-        except Exception as e:  # whatever went wrong, the next push must ask again
-            failure = e if isinstance(e, PsframeError) else RemoteError(
-                f"{self.owner} could not learn the members of step {round_.step} from /job:ps/task:0: {e!r}"
+        except Exception as e:  # noqa: BLE001 - whatever went wrong, the next push must ask again
+            failure = (
+                e
+                if isinstance(e, PsframeError)
+                else RemoteError(
+                    f"{self.owner} could not learn the members of step {round_.step} from /job:ps/task:0: {e!r}"
+                )
             )
             with self._cond:
                 round_.failure = failure
@@ -308,8 +332,9 @@ def _mean_rows(name: str, grads: list[tuple[torch.Tensor, torch.Tensor]]) -> tup
     # Ids as their rank among the distinct ids (any int64, a dynamic table's too) make a
     # sparse tensor whose coalescing sums repeated rows as it would by the ids themselves.
     distinct, rank = torch.unique(ids, return_inverse=True)
-    total = torch.sparse_coo_tensor(rank.unsqueeze(0), values, (distinct.numel(), *values.shape[1:]),
-                                    check_invariants=False).coalesce()
+    total = torch.sparse_coo_tensor(
+        rank.unsqueeze(0), values, (distinct.numel(), *values.shape[1:]), check_invariants=False
+    ).coalesce()
     return name, distinct[total.indices()[0]], total.values().div_(len(grads))
 
 

@@ -46,9 +46,11 @@ class DynamicPart:
 
 def dynamic_parts(defs: Sequence[pb.VariableDef]) -> dict[str, DynamicPart]:
     """The dynamic table parts among variable definitions, by name."""
-    return {d.name: DynamicPart(messages.dynamic_spec(d.dynamic), tuple(d.shape[1:]),
-                                codec.dtype_from_name(d.dtype))
-            for d in defs if d.HasField("dynamic")}
+    return {
+        d.name: DynamicPart(messages.dynamic_spec(d.dynamic), tuple(d.shape[1:]), codec.dtype_from_name(d.dtype))
+        for d in defs
+        if d.HasField("dynamic")
+    }
 
 
 class TableRows:
@@ -66,21 +68,26 @@ class TableRows:
             return dynamic.dtype, dynamic.row_shape, None
         if name not in self._tables:
             self._variable(name)  # names what this store holds
-            raise UnknownVariableError(f"{name!r} on {self.owner} is not an embedding table; its rows "
-                                       f"cannot be pulled or pushed one by one")
+            raise UnknownVariableError(
+                f"{name!r} on {self.owner} is not an embedding table; its rows cannot be pulled or pushed one by one"
+            )
         table = self._variables[name]
         return table.dtype, tuple(table.shape[1:]), table.shape[0]
 
     def _check_ids(self, name: str, ids: torch.Tensor, rows: int | None) -> None:
         if ids.dtype != torch.int64 or ids.dim() != 1:
-            raise RowIdError(f"row ids of table {name!r} must be a 1-d int64 tensor, got {ids.dtype} "
-                             f"of shape {tuple(ids.shape)}; nothing was applied")
+            raise RowIdError(
+                f"row ids of table {name!r} must be a 1-d int64 tensor, got {ids.dtype} "
+                f"of shape {tuple(ids.shape)}; nothing was applied"
+            )
         if ids.numel() and rows is not None:
             low, high = int(ids.min()), int(ids.max())
             bad = low if low < 0 else high if high >= rows else None
             if bad is not None:
-                raise RowIdError(f"row id {bad} is outside table {name!r} on {self.owner}, which holds "
-                                 f"rows 0..{rows - 1}; nothing was applied")
+                raise RowIdError(
+                    f"row id {bad} is outside table {name!r} on {self.owner}, which holds "
+                    f"rows 0..{rows - 1}; nothing was applied"
+                )
 
     def check_rows(self, rows: Sequence[tuple[str, torch.Tensor, torch.Tensor]]) -> None:
         """Raise unless every ``(table, ids, gradient rows)`` fits its table; changes
@@ -94,13 +101,15 @@ class TableRows:
                     if values.dtype != dtype:
                         raise DtypeMismatchError(
                             f"rows pushed to table {name!r} have dtype {values.dtype} but the table on "
-                            f"{self.owner} has dtype {dtype}; nothing was applied")
+                            f"{self.owner} has dtype {dtype}; nothing was applied"
+                        )
                     expected = (ids.shape[0], *row_shape)
                     if tuple(values.shape) != expected:
                         raise ShapeMismatchError(
                             f"rows pushed to table {name!r} have shape {tuple(values.shape)}; "
                             f"{ids.shape[0]} ids of a table of rows {row_shape} need "
-                            f"{expected}; nothing was applied")
+                            f"{expected}; nothing was applied"
+                        )
             except PsframeError:
                 self.rejected_pushes += 1
                 raise
@@ -127,8 +136,9 @@ class TableRows:
                 # Rows may repeat (two pushes' worth, or a worker's own duplicates):
                 # coalescing sums them, as backward does for one process.
                 # (The ids were checked above: torch's own invariant check would only repeat it.)
-                grads.append(torch.sparse_coo_tensor(ids.unsqueeze(0), values, table.shape,
-                                                     check_invariants=False).coalesce())
+                grads.append(
+                    torch.sparse_coo_tensor(ids.unsqueeze(0), values, table.shape, check_invariants=False).coalesce()
+                )
             if tables:
                 self._step(tables, grads, self._table_optimizer)
             if dynamic:
@@ -174,7 +184,8 @@ class TableRows:
         with self.lock:
             for name, export in saved.items():
                 part = self._dynamic[name]
-                self._dynamic[name] = type(part)(name, part.row_shape, part.dtype, part.spec,
-                                                 self._table_optimizer_spec)
+                self._dynamic[name] = type(part)(
+                    name, part.row_shape, part.dtype, part.spec, self._table_optimizer_spec
+                )
                 self._dynamic[name].load(export)
             self.version += 1

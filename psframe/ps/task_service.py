@@ -58,8 +58,11 @@ class TaskService:
 
     def shutdown(self, request: pb.ShutdownRequest) -> pb.ShutdownReply:
         self._check_tool_or_worker(request.caller)
-        log.info("%s: shutdown asked by %s", self.task_name,
-                 ClusterSpec.caller_name(request.caller.job_name, request.caller.task_index))
+        log.info(
+            "%s: shutdown asked by %s",
+            self.task_name,
+            ClusterSpec.caller_name(request.caller.job_name, request.caller.task_index),
+        )
         self.all_finished.set()
         return pb.ShutdownReply()
 

@@ -34,4 +34,4 @@ from psframe.spark.driver import SparkJobError, run
 from psframe.spark.local import local_session
 from psframe.spark.node import NodeContext
 
-__all__ = ["run", "NodeContext", "SparkJobError", "local_session"]
+__all__ = ["NodeContext", "SparkJobError", "local_session", "run"]

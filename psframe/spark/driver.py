@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from psframe.errors import PsframeError
+from psframe.errors import SparkJobError
 from psframe.spark.node import NodeContext, run_node, task_of_partition
 
 _LOCAL_MASTER = re.compile(r"^local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?$")
@@ -30,10 +30,6 @@ _LOCAL_MASTER = re.compile(r"^local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?$")
 _FAILED_TASK = re.compile(r"barrier task \w*Task\(\d+, (\d+)\)")
 _JAVA_FRAME = re.compile(r"^\s+at [\w$.<>/]+\(.*\)\s*$|^\s*\.\.\. \d+ more\s*$")
 _MAX_REASON_LINES = 60
-
-
-class SparkJobError(PsframeError, RuntimeError):
-    """The Spark job running a psframe cluster failed, or ran past its timeout."""
 
 
 def _check_count(name: str, value: Any, least: int) -> int:
@@ -65,12 +61,17 @@ def explain_failure(error: BaseException, num_ps: int, num_workers: int) -> str:
     if len(lines) > _MAX_REASON_LINES:
         lines = lines[:_MAX_REASON_LINES] + [f"... ({len(lines) - _MAX_REASON_LINES} more lines)"]
     partitions = sorted({int(p) for p in _FAILED_TASK.findall(text)})
-    named = [f"partition {p} is {''.join(map(str, task_of_partition(p, num_ps)))}"
-             for p in partitions if p < num_ps + num_workers]
+    named = [
+        f"partition {p} is {''.join(map(str, task_of_partition(p, num_ps)))}"
+        for p in partitions
+        if p < num_ps + num_workers
+    ]
     where = f" ({'; '.join(named)})" if named else ""
     if "Python worker exited unexpectedly" in text:
-        lines.append("(the task's Python process died: killed by a signal, out of memory, or exited; "
-                     "the executor's log says more)")
+        lines.append(
+            "(the task's Python process died: killed by a signal, out of memory, or exited; "
+            "the executor's log says more)"
+        )
     return f"the Spark job of the psframe cluster failed{where}:\n" + "\n".join(lines)
 
 
@@ -87,9 +88,17 @@ def _assign_to_workers(input_data: Any, num_ps: int, num_workers: int):
     return rdd.mapPartitionsWithIndex(keyed).partitionBy(total, lambda key: key).values()
 
 
-def run(sc: Any, main_fun: Callable[[Any, NodeContext], Any], args: Any = None, num_ps: int = 1,
-        num_workers: int = 2, *, input_data: Any = None, host: str | None = None,
-        timeout: float | None = None) -> Any:
+def run(
+    sc: Any,
+    main_fun: Callable[[Any, NodeContext], Any],
+    args: Any = None,
+    num_ps: int = 1,
+    num_workers: int = 2,
+    *,
+    input_data: Any = None,
+    host: str | None = None,
+    timeout: float | None = None,
+) -> Any:
     """Run a psframe cluster as one Spark barrier stage and return the chief's result.
 
     Spark starts ``num_ps + num_workers`` tasks at once; each picks a free port
@@ -157,8 +166,10 @@ def run(sc: Any, main_fun: Callable[[Any, NodeContext], Any], args: Any = None, 
     slots = local_slots(sc.master, int(sc.getConf().get("spark.task.cpus", "1")))
     if slots is not None and slots < total:
         # Spark would retry the slot check for minutes before failing.
-        raise ValueError(f"a cluster of {num_ps} ps + {num_workers} workers needs {total} task slots at once; "
-                         f"master {sc.master!r} has {slots}: use local[{total}] or more")
+        raise ValueError(
+            f"a cluster of {num_ps} ps + {num_workers} workers needs {total} task slots at once; "
+            f"master {sc.master!r} has {slots}: use local[{total}] or more"
+        )
     if input_data is None:
         nodes = sc.parallelize(range(total), total)
     else:
@@ -184,16 +195,20 @@ def run(sc: Any, main_fun: Callable[[Any, NodeContext], Any], args: Any = None, 
         collected = results.collect()
     except Exception as e:
         if timed_out.is_set():
-            raise SparkJobError(f"the psframe cluster ({num_ps} ps + {num_workers} workers) did not finish "
-                                f"within {timeout}s; its Spark job was cancelled") from e
+            raise SparkJobError(
+                f"the psframe cluster ({num_ps} ps + {num_workers} workers) did not finish "
+                f"within {timeout}s; its Spark job was cancelled"
+            ) from e
         raise SparkJobError(explain_failure(e, num_ps, num_workers)) from e
     finally:
         done.set()
         sc.removeJobTag(tag)
     if len(collected) != 1:
-        raise SparkJobError(f"expected the chief's result from the Spark job, got {len(collected)} results "
-                            f"(tasks by partition: {_task_names(num_ps, num_workers)})")
+        raise SparkJobError(
+            f"expected the chief's result from the Spark job, got {len(collected)} results "
+            f"(tasks by partition: {_task_names(num_ps, num_workers)})"
+        )
     return collected[0]
 
 
-__all__ = ["run", "SparkJobError"]
+__all__ = ["SparkJobError", "run"]

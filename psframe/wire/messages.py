@@ -66,15 +66,20 @@ def sync_def(sync: SyncReplicas | None) -> pb.SyncDef | None:
     """The wire form of (resolved) sync settings; None for asynchronous training."""
     if sync is None:
         return None
-    return pb.SyncDef(replicas_to_aggregate=sync.replicas_to_aggregate,
-                      total_num_replicas=sync.total_num_replicas, timeout_seconds=sync.timeout)
+    return pb.SyncDef(
+        replicas_to_aggregate=sync.replicas_to_aggregate,
+        total_num_replicas=sync.total_num_replicas,
+        timeout_seconds=sync.timeout,
+    )
 
 
 def describe_sync(sync: pb.SyncDef | None) -> str:
     if sync is None:
         return "asynchronous updates"
-    return (f"SyncReplicas(replicas_to_aggregate={sync.replicas_to_aggregate}, "
-            f"total_num_replicas={sync.total_num_replicas}, timeout={sync.timeout_seconds:g}s)")
+    return (
+        f"SyncReplicas(replicas_to_aggregate={sync.replicas_to_aggregate}, "
+        f"total_num_replicas={sync.total_num_replicas}, timeout={sync.timeout_seconds:g}s)"
+    )
 
 
 def variable_def(shard: Shard, dtype: torch.dtype, full_shape: Sequence[int]) -> pb.VariableDef:
@@ -97,9 +102,18 @@ def variable_def(shard: Shard, dtype: torch.dtype, full_shape: Sequence[int]) ->
 def dynamic_def(spec: DynamicTableSpec) -> pb.DynamicTableDef:
     """The wire form of a dynamic table's initializer and eviction."""
     init, eviction = spec.initializer, spec.eviction
-    return pb.DynamicTableDef(distribution=init.distribution, mean=init.mean, std=init.std, low=init.low,
-                              high=init.high, value=init.value, seed=init.seed, max_rows=eviction.max_rows or 0,
-                              policy=eviction.policy, max_age=eviction.max_age or 0)
+    return pb.DynamicTableDef(
+        distribution=init.distribution,
+        mean=init.mean,
+        std=init.std,
+        low=init.low,
+        high=init.high,
+        value=init.value,
+        seed=init.seed,
+        max_rows=eviction.max_rows or 0,
+        policy=eviction.policy,
+        max_age=eviction.max_age or 0,
+    )
 
 
 def dynamic_spec(definition: pb.DynamicTableDef) -> DynamicTableSpec:
@@ -111,7 +125,8 @@ def dynamic_spec(definition: pb.DynamicTableDef) -> DynamicTableSpec:
     d = definition
     return DynamicTableSpec(
         RowInitializer(d.distribution, mean=d.mean, std=d.std, low=d.low, high=d.high, value=d.value, seed=d.seed),
-        Eviction(max_rows=d.max_rows or None, policy=d.policy, max_age=d.max_age or None))
+        Eviction(max_rows=d.max_rows or None, policy=d.policy, max_age=d.max_age or None),
+    )
 
 
 def variable_defs(slots: Iterable[Any]) -> list[pb.VariableDef]:

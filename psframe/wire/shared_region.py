@@ -93,8 +93,14 @@ class SharedRegion:
             os.close(fd)
         key = secrets.token_bytes(KEY_BYTES)
         mapping[:KEY_BYTES] = key
-        message = pb.SharedRegion(path=path, key=key, size=size, request_start=request_start,
-                                  request_length=request.payload_length, reply_start=reply_start)
+        message = pb.SharedRegion(
+            path=path,
+            key=key,
+            size=size,
+            request_start=request_start,
+            request_length=request.payload_length,
+            reply_start=reply_start,
+        )
         return cls(mapping, message, owner=True)
 
     @classmethod
@@ -110,14 +116,20 @@ class SharedRegion:
             raise SharedRegionError(f"a shared region must be a {DIRECTORY}/{PREFIX}* file; got {path!r}")
         if len(message.key) != KEY_BYTES:
             raise SharedRegionError(f"a shared region's key has {KEY_BYTES} bytes; got {len(message.key)}")
-        if not (KEY_BYTES <= message.request_start <= message.request_start + message.request_length
-                <= message.reply_start <= message.size):
+        if not (
+            KEY_BYTES
+            <= message.request_start
+            <= message.request_start + message.request_length
+            <= message.reply_start
+            <= message.size
+        ):
             raise SharedRegionError(f"shared region {path}: its parts do not fit its {message.size} bytes")
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except (OSError, ValueError) as e:  # ValueError: a NUL in the path
-            raise SharedRegionError(f"shared region {path!r} cannot be opened here: "
-                                    f"{getattr(e, 'strerror', None) or e}") from None
+            raise SharedRegionError(
+                f"shared region {path!r} cannot be opened here: {getattr(e, 'strerror', None) or e}"
+            ) from None
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
@@ -140,9 +152,14 @@ class SharedRegion:
     def matches(self, message: pb.SharedRegion) -> bool:
         """Whether ``message`` names this region, as it was mapped."""
         mine = self.message
-        return (message.path == mine.path and message.key == mine.key and message.size == mine.size
-                and message.request_start == mine.request_start
-                and message.request_length == mine.request_length and message.reply_start == mine.reply_start)
+        return (
+            message.path == mine.path
+            and message.key == mine.key
+            and message.size == mine.size
+            and message.request_start == mine.request_start
+            and message.request_length == mine.request_length
+            and message.reply_start == mine.reply_start
+        )
 
     # ---- the two parts
 

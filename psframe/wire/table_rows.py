@@ -34,8 +34,9 @@ RowPull = tuple[str, torch.Tensor]  # table part, ids
 RowRead = tuple[str, torch.Tensor, bool]  # table part, ids, whether a dynamic table makes rows it lacks
 
 
-def split(metas: Sequence[pb.TensorMeta], tensors: Sequence[torch.Tensor]
-          ) -> tuple[dict[str, torch.Tensor], list[RowPush], list[RowRead]]:
+def split(
+    metas: Sequence[pb.TensorMeta], tensors: Sequence[torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], list[RowPush], list[RowRead]]:
     """A request's tensors by kind: whole gradients by name, pushed rows, rows asked for.
 
     Raises:

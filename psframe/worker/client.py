@@ -25,8 +25,8 @@ from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.security import Security
 from psframe.wire import codec, messages, shared_region, table_rows, transport
 from psframe.wire import psframe_pb2 as pb
-from psframe.worker.slicer import Request, Slot
 from psframe.worker import streams
+from psframe.worker.slicer import Request, Slot
 from psframe.worker.streams import PushPullStreams, Reply
 
 log = logging.getLogger(__name__)
@@ -54,15 +54,24 @@ class PsClient:
             default: :meth:`Liveness.resolve`.
     """
 
-    def __init__(self, cluster: ClusterSpec, task_index: int, *, rpc_timeout: float = 300.0,
-                 job_name: str = "worker", wire_dtype: torch.dtype | None = None,
-                 shared_memory: bool = False, security: Security | None = None,
-                 liveness: Liveness | None = None) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        task_index: int,
+        *,
+        rpc_timeout: float = 300.0,
+        job_name: str = "worker",
+        wire_dtype: torch.dtype | None = None,
+        shared_memory: bool = False,
+        security: Security | None = None,
+        liveness: Liveness | None = None,
+    ) -> None:
         if job_name == "worker":
             cluster.validate_task("worker", task_index)
         elif job_name != "tool":
-            raise ValueError(f"job_name must be 'worker' or 'tool' (a command such as psframe shutdown), "
-                             f"got {job_name!r}")
+            raise ValueError(
+                f"job_name must be 'worker' or 'tool' (a command such as psframe shutdown), got {job_name!r}"
+            )
         self.cluster = cluster
         self.task_index = task_index
         self.name = ClusterSpec.caller_name(job_name, task_index)
@@ -109,8 +118,7 @@ class PsClient:
         while True:
             for k in list(pending):
                 try:
-                    info = self._ps[k].call("GetInfo", request,
-                                            timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+                    info = self._ps[k].call("GetInfo", request, timeout=max(0.1, min(2.0, deadline - time.monotonic())))
                 except (errors.TaskUnavailableError, errors.RpcTimeoutError):
                     continue
                 messages.check_identity(info, self.cluster, "ps", k, self._ps[k].address)
@@ -143,10 +151,19 @@ class PsClient:
 
     # ---- the model
 
-    def create(self, ps_task: int, slots: Sequence[Slot], values: Sequence[tuple[str, torch.Tensor]],
-               optimizer: OptimizerSpec, sync: SyncReplicas | None, checkpoint_dir: str | None, *,
-               rows: Sequence[table_rows.RowPush] = (), table_optimizer: OptimizerSpec | None = None,
-               global_step: int = 0) -> bool:
+    def create(
+        self,
+        ps_task: int,
+        slots: Sequence[Slot],
+        values: Sequence[tuple[str, torch.Tensor]],
+        optimizer: OptimizerSpec,
+        sync: SyncReplicas | None,
+        checkpoint_dir: str | None,
+        *,
+        rows: Sequence[table_rows.RowPush] = (),
+        table_optimizer: OptimizerSpec | None = None,
+        global_step: int = 0,
+    ) -> bool:
         """Ask a ps task to create its variables (chief only), with some of their initial values.
 
         ``slots`` are every variable the ps task holds; ``values`` (CPU
@@ -162,15 +179,23 @@ class PsClient:
         Returns:
             True if this call created the variables.
         """
-        header = pb.InitHeader(caller=self.caller, variables=messages.variable_defs(slots),
-                               optimizer=messages.optimizer_to_proto(optimizer), sync=messages.sync_def(sync),
-                               checkpoint_dir=checkpoint_dir or "", global_step=global_step)
+        header = pb.InitHeader(
+            caller=self.caller,
+            variables=messages.variable_defs(slots),
+            optimizer=messages.optimizer_to_proto(optimizer),
+            sync=messages.sync_def(sync),
+            checkpoint_dir=checkpoint_dir or "",
+            global_step=global_step,
+        )
         if table_optimizer is not None:
             header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
         row_tensors, row_kinds = table_rows.push_tensors(rows)
         tensors = list(values) + row_tensors
-        data = self._ps[ps_task].call("Init", codec.encode(header, tensors, [table_rows.VALUE] * len(values) + row_kinds),
-                                      timeout=self.rpc_timeout)
+        data = self._ps[ps_task].call(
+            "Init",
+            codec.encode(header, tensors, [table_rows.VALUE] * len(values) + row_kinds),
+            timeout=self.rpc_timeout,
+        )
         return codec.decode(data, pb.InitReplyHeader)[0].created
 
     def check_model(self, infos: Sequence[pb.TaskInfo], slots: Sequence[Slot], sync: SyncReplicas | None) -> None:
@@ -187,9 +212,15 @@ class PsClient:
 
     # ---- a step
 
-    def push_pull(self, requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
-                  *, compress: bool = True, timeout: float | None = None,
-                  rows: Mapping[int, Sequence[table_rows.RowPush]] | None = None) -> list[Reply]:
+    def push_pull(
+        self,
+        requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]],
+        step: int,
+        *,
+        compress: bool = True,
+        timeout: float | None = None,
+        rows: Mapping[int, Sequence[table_rows.RowPush]] | None = None,
+    ) -> list[Reply]:
         """Send planned requests, each with its gradients, and wait for every reply.
 
         Each ps task is reached over one long-lived stream, with a few
@@ -215,10 +246,15 @@ class PsClient:
         """
         return self._push_pull(requests, step, compress, timeout, rows, {})[0]
 
-    def push_pull_and_prefetch(self, requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]],
-                               step: int, prefetch: Mapping[int, Sequence[table_rows.RowPull]], *,
-                               rows: Mapping[int, Sequence[table_rows.RowPush]] | None = None,
-                               again: bool = False) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
+    def push_pull_and_prefetch(
+        self,
+        requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]],
+        step: int,
+        prefetch: Mapping[int, Sequence[table_rows.RowPull]],
+        *,
+        rows: Mapping[int, Sequence[table_rows.RowPush]] | None = None,
+        again: bool = False,
+    ) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
         """:meth:`push_pull`, then rows of embedding tables read behind the step's messages.
 
         Each ps task in ``prefetch`` gets one more message on its stream after
@@ -240,31 +276,42 @@ class PsClient:
         """
         return self._push_pull(requests, step, True, None, rows, prefetch, again)
 
-    def _push_pull(self, requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
-                   compress: bool, timeout: float | None, rows: Mapping[int, Sequence[table_rows.RowPush]] | None,
-                   prefetch: Mapping[int, Sequence[table_rows.RowPull]], again: bool = False
-                   ) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
+    def _push_pull(
+        self,
+        requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]],
+        step: int,
+        compress: bool,
+        timeout: float | None,
+        rows: Mapping[int, Sequence[table_rows.RowPush]] | None,
+        prefetch: Mapping[int, Sequence[table_rows.RowPull]],
+        again: bool = False,
+    ) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
         # Every message that pushes takes a number, in the order it is sent to its
         # ps task: the rows of tables first, then the requests with gradients.
         rows = rows or {}
         numbers = self._streams.numbers.assign([*rows, *_targets(r for r, _ in requests)], again)
-        row_ids, push_ids = numbers[:len(rows)], numbers[len(rows):]
+        row_ids, push_ids = numbers[: len(rows)], numbers[len(rows) :]
         first = []
         ends_step = {request.ps_task for request, _ in requests if request.end_of_step} if rows else set()
         for (ps_task, pushes), push_id in zip(rows.items(), row_ids):
             tensors, kinds = table_rows.push_tensors(pushes)
-            header = pb.PushPullHeader(caller=self.caller, step=step, end_of_step=ps_task not in ends_step,
-                                       push_id=push_id)
+            header = pb.PushPullHeader(
+                caller=self.caller, step=step, end_of_step=ps_task not in ends_step, push_id=push_id
+            )
             first.append((ps_task, codec.encode(header, tensors, kinds)))
         last = [(ps_task, self._pull_message(pulls, step)) for ps_task, pulls in prefetch.items()]
         answers = self._exchange(first, requests, step, compress, timeout, last, push_ids)
         tail = len(first) + len(requests)
-        pulled = {ps_task: table_rows.pulled_rows(answer[0].tensors, answer[1])
-                  for (ps_task, _), answer in zip(last, answers[tail:]) if answer is not None}
-        return answers[len(first):tail], pulled
+        pulled = {
+            ps_task: table_rows.pulled_rows(answer[0].tensors, answer[1])
+            for (ps_task, _), answer in zip(last, answers[tail:])
+            if answer is not None
+        }
+        return answers[len(first) : tail], pulled
 
-    def begin_step(self, requests: Sequence[Request], step: int,
-                   grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]]) -> streams.Exchange:
+    def begin_step(
+        self, requests: Sequence[Request], step: int, grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]]
+    ) -> streams.Exchange:
         """A step whose planned ``requests`` are sent as their gradients become ready.
 
         For overlapping the step's messages with backward (:mod:`psframe.worker.overlap`):
@@ -276,11 +323,11 @@ class PsClient:
         ``again``), the same pushes keep them.
         """
         push_ids = self._streams.numbers.assign(_targets(requests))
-        return self._streams.begin(requests, grads_of, step, self.wire_dtype is not None, self.rpc_timeout,
-                                   push_ids)
+        return self._streams.begin(requests, grads_of, step, self.wire_dtype is not None, self.rpc_timeout, push_ids)
 
-    def pull_rows(self, wanted: Mapping[int, Sequence[table_rows.RowPull]], step: int,
-                  create: bool = True) -> dict[int, list[torch.Tensor]]:
+    def pull_rows(
+        self, wanted: Mapping[int, Sequence[table_rows.RowPull]], step: int, create: bool = True
+    ) -> dict[int, list[torch.Tensor]]:
         """The current values of some rows of embedding tables, from every ps task asked, in parallel.
 
         Args:
@@ -297,19 +344,28 @@ class PsClient:
         """
         first = [(ps_task, self._pull_message(pulls, step, create)) for ps_task, pulls in wanted.items()]
         answers = self._exchange(first, (), step, False, self.rpc_timeout)
-        return {ps_task: table_rows.pulled_rows(header.tensors, tensors)
-                for (ps_task, _), (header, tensors) in zip(first, answers)}
+        return {
+            ps_task: table_rows.pulled_rows(header.tensors, tensors)
+            for (ps_task, _), (header, tensors) in zip(first, answers)
+        }
 
     def _pull_message(self, pulls: Sequence[table_rows.RowPull], step: int, create: bool = True) -> bytes:
         tensors, kinds = table_rows.pull_tensors(pulls, create)
         return codec.encode(pb.PushPullHeader(caller=self.caller, step=step), tensors, kinds)
 
-    def _exchange(self, first: Sequence[tuple[int, bytes]],
-                  requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
-                  compress: bool, timeout: float | None, last: Sequence[tuple[int, bytes]] = (),
-                  push_ids: Sequence[int] = ()) -> list:
-        return self._streams.exchange(first, requests, step, compress and self.wire_dtype is not None,
-                                      timeout or self.rpc_timeout, last, push_ids)
+    def _exchange(
+        self,
+        first: Sequence[tuple[int, bytes]],
+        requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]],
+        step: int,
+        compress: bool,
+        timeout: float | None,
+        last: Sequence[tuple[int, bytes]] = (),
+        push_ids: Sequence[int] = (),
+    ) -> list:
+        return self._streams.exchange(
+            first, requests, step, compress and self.wire_dtype is not None, timeout or self.rpc_timeout, last, push_ids
+        )
 
     def reset_streams(self) -> None:
         """Forget the PushPull streams (after a ps task went away); new ones open on next use,
@@ -326,13 +382,14 @@ class PsClient:
         """
         request = pb.SaveRequest(caller=self.caller, checkpoint_dir=checkpoint_dir, step=step)
         replies = transport.call_all([(ps, "Save", request) for ps in self._ps], self.rpc_timeout)
-        return [ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes, global_step=r.global_step)
-                for k, r in enumerate(replies)]
+        return [
+            ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes, global_step=r.global_step)
+            for k, r in enumerate(replies)
+        ]
 
     def shutdown(self, ps_task: int) -> None:
         """Ask a ps task to stop serving (it exits 0)."""
-        self._ps[ps_task].call("Shutdown", pb.ShutdownRequest(caller=self.caller),
-                               timeout=min(self.rpc_timeout, 30.0))
+        self._ps[ps_task].call("Shutdown", pb.ShutdownRequest(caller=self.caller), timeout=min(self.rpc_timeout, 30.0))
 
     def finish(self) -> None:
         """Tell every ps task this worker is done; a ps that is gone is only logged."""

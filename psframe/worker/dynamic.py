@@ -57,9 +57,17 @@ class DynamicEmbedding(torch.nn.Module):
         dtype: the rows' dtype.
     """
 
-    def __init__(self, embedding_dim: int, *, mode: str | None = None,
-                 initializer: RowInitializer | None = None, max_rows: int | None = None,
-                 eviction: str = "lru", max_age: int | None = None, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        embedding_dim: int,
+        *,
+        mode: str | None = None,
+        initializer: RowInitializer | None = None,
+        max_rows: int | None = None,
+        eviction: str = "lru",
+        max_age: int | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         if not isinstance(embedding_dim, int) or embedding_dim < 1:
             raise ValueError(f"embedding_dim must be a positive int, got {embedding_dim!r}")
@@ -67,8 +75,9 @@ class DynamicEmbedding(torch.nn.Module):
             raise ValueError(f"mode must be None or one of {BAG_MODES}, got {mode!r}")
         self.embedding_dim = embedding_dim
         self.mode = mode
-        self.spec = DynamicTableSpec(initializer or RowInitializer(),
-                                     Eviction(max_rows=max_rows, policy=eviction, max_age=max_age))
+        self.spec = DynamicTableSpec(
+            initializer or RowInitializer(), Eviction(max_rows=max_rows, policy=eviction, max_age=max_age)
+        )
         # Stands for the table where a parameter would (its dtype and row width); holds no row.
         self.row_template = torch.empty((0, embedding_dim), dtype=dtype)
         self._rows: RowSource | None = None
@@ -82,11 +91,14 @@ class DynamicEmbedding(torch.nn.Module):
         self._rows = rows
         self._looked_up = []
 
-    def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None,
-                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, ids: torch.Tensor, offsets: torch.Tensor | None = None, per_sample_weights: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self._rows is None:
-            raise PsframeError("this DynamicEmbedding holds no rows: train it through psframe.Trainer (its rows "
-                               "live on the ps tasks), or in one process with psframe.DynamicTables(model, ...)")
+            raise PsframeError(
+                "this DynamicEmbedding holds no rows: train it through psframe.Trainer (its rows "
+                "live on the ps tasks), or in one process with psframe.DynamicTables(model, ...)"
+            )
         if ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"a DynamicEmbedding looks up int64 ids, got {ids.dtype}")
         distinct, position = torch.unique(ids, return_inverse=True)
@@ -100,8 +112,9 @@ class DynamicEmbedding(torch.nn.Module):
         # backward sums an nn.Embedding's, so that a ps task's update is one process's, bit for bit.
         if self.mode is None:
             return F.embedding(position, rows, sparse=True)
-        return F.embedding_bag(position, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
-                               sparse=True)
+        return F.embedding_bag(
+            position, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights, sparse=True
+        )
 
     def has_gradients(self) -> bool:
         """Whether backward reached the rows of a lookup since the last step."""
@@ -137,8 +150,9 @@ def lookup_gradients(looked_up: Sequence[Lookup]) -> tuple[torch.Tensor, torch.T
         indices.append(position[start + grad.indices()[0]])
         values.append(grad.values())
         start += ids.numel()
-    total = torch.sparse_coo_tensor(torch.cat(indices).unsqueeze(0), torch.cat(values),
-                                    (distinct.numel(), *values[0].shape[1:])).coalesce()
+    total = torch.sparse_coo_tensor(
+        torch.cat(indices).unsqueeze(0), torch.cat(values), (distinct.numel(), *values[0].shape[1:])
+    ).coalesce()
     return distinct[total.indices()[0]], total.values()
 
 
@@ -165,8 +179,10 @@ class DynamicTables:
         self.modules = find_dynamic_tables(model)
         if not self.modules:
             raise ValueError("the model has no DynamicEmbedding")
-        self.rows = {name: DynamicRows(name, (m.embedding_dim,), m.row_template.dtype, m.spec, optimizer)
-                     for name, m in self.modules.items()}
+        self.rows = {
+            name: DynamicRows(name, (m.embedding_dim,), m.row_template.dtype, m.spec, optimizer)
+            for name, m in self.modules.items()
+        }
         for name, module in self.modules.items():
             module.attach(lambda ids, create, rows=self.rows[name]: rows.read(ids, create=create))
 

@@ -103,8 +103,11 @@ class CheckpointSaverHook(Hook):
     def after_step(self, trainer: Trainer, global_step: int, loss: torch.Tensor | None) -> None:
         if not trainer.is_chief:
             return
-        due = (global_step - self._last_step >= self.save_steps if self.save_steps
-               else time.monotonic() - self._last_time >= self.save_secs)
+        due = (
+            global_step - self._last_step >= self.save_steps
+            if self.save_steps
+            else time.monotonic() - self._last_time >= self.save_secs
+        )
         if due:
             trainer.save_checkpoint()
             self._last_step, self._last_time = global_step, time.monotonic()
@@ -139,8 +142,14 @@ class LoggingHook(Hook):
         now = time.monotonic()
         rate = (global_step - step0) / max(now - time0, 1e-9)
         loss_text = f"{loss.item():.4f}" if loss is not None else "n/a"
-        self.log.info("worker %d: global step %d, local step %d, loss %s, %.1f global steps/s",
-                      trainer.task_index, global_step, trainer.local_step, loss_text, rate)
+        self.log.info(
+            "worker %d: global step %d, local step %d, loss %s, %.1f global steps/s",
+            trainer.task_index,
+            global_step,
+            trainer.local_step,
+            loss_text,
+            rate,
+        )
         self._start = (global_step, now)
 
 
@@ -161,8 +170,10 @@ class NanGuardHook(Hook):
     def before_push(self, trainer: Trainer, loss: torch.Tensor | None) -> None:
         if loss is None or bool(torch.isfinite(loss.detach()).all()):
             return
-        message = (f"worker {trainer.task_index}: loss is {loss.item()} at global step "
-                   f"{trainer.global_step}; its gradients were not sent")
+        message = (
+            f"worker {trainer.task_index}: loss is {loss.item()} at global step "
+            f"{trainer.global_step}; its gradients were not sent"
+        )
         if self.fail_on_nan:
             raise NanLossError(message)
         log.error("%s; stopping", message)
@@ -195,8 +206,9 @@ class TensorBoardHook(Hook):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
-            raise ImportError("TensorBoardHook needs the tensorboard package: "
-                              "pip install 'psframe[tensorboard]'") from e
+            raise ImportError(
+                "TensorBoardHook needs the tensorboard package: pip install 'psframe[tensorboard]'"
+            ) from e
         self._writer = SummaryWriter(self.log_dir)
         self._start = (trainer.global_step, time.monotonic())
 
@@ -207,8 +219,7 @@ class TensorBoardHook(Hook):
         now = time.monotonic()
         if loss is not None:
             self._writer.add_scalar("loss", loss.item(), global_step)
-        self._writer.add_scalar("global_steps_per_sec", (global_step - step0) / max(now - time0, 1e-9),
-                                global_step)
+        self._writer.add_scalar("global_steps_per_sec", (global_step - step0) / max(now - time0, 1e-9), global_step)
         self._start = (global_step, now)
 
     def end(self, trainer: Trainer) -> None:

@@ -59,8 +59,9 @@ class Prefetcher:
         """
         table = tables.table_of(module)
         if not isinstance(ids, torch.Tensor):
-            raise TypeError(f"prefetch of embedding table {table.name!r} takes a tensor of ids, "
-                            f"not {type(ids).__name__}")
+            raise TypeError(
+                f"prefetch of embedding table {table.name!r} takes a tensor of ids, not {type(ids).__name__}"
+            )
         ids = ids.detach()
         distinct, position = torch.unique(ids, return_inverse=True)  # numbered as Table.lookup numbers them
         host_ids = distinct.to("cpu", torch.int64)
@@ -85,13 +86,19 @@ class Prefetcher:
             rows: dict[int, Sequence[torch.Tensor]] = {}
             for ps_task, pulls in prefetch.wanted.items():
                 if ps_task in pulled:
-                    rows[ps_task] = pulled[ps_task][offset[ps_task]:offset[ps_task] + len(pulls)]
+                    rows[ps_task] = pulled[ps_task][offset[ps_task] : offset[ps_task] + len(pulls)]
                     offset[ps_task] += len(pulls)
             if len(rows) == len(prefetch.wanted):
                 count = prefetch.host_ids.numel()
-                prefetch.table.prefetched.append(Prefetched(
-                    prefetch.ids, prefetch.distinct, prefetch.position, prefetch.host_ids,
-                    assemble_parts(rows, prefetch.placed, count, prefetch.table.param)))
+                prefetch.table.prefetched.append(
+                    Prefetched(
+                        prefetch.ids,
+                        prefetch.distinct,
+                        prefetch.position,
+                        prefetch.host_ids,
+                        assemble_parts(rows, prefetch.placed, count, prefetch.table.param),
+                    )
+                )
         self._pending = []
 
     def drop(self) -> None:

@@ -95,8 +95,10 @@ class PreparedRequest:
         else:
             tensors = codec.tensors_of(envelope)
             if not header.error_class and self._reply is None:
-                self._reply = Layout(pb.PushPullReplyHeader, [(meta.name, t.dtype, tuple(t.shape))
-                                                              for meta, t in zip(header.tensors, tensors)])
+                self._reply = Layout(
+                    pb.PushPullReplyHeader,
+                    [(meta.name, t.dtype, tuple(t.shape)) for meta, t in zip(header.tensors, tensors)],
+                )
         return header, tensors
 
     def _offer_region(self) -> None:

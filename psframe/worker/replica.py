@@ -41,10 +41,19 @@ class Replica:
             names a parameter it does not have.
     """
 
-    def __init__(self, model: torch.nn.Module, num_ps: int, staging: HostStaging, *, sync: bool,
-                 variable_devices: Mapping[str, str], max_shard_bytes: int,
-                 wire_dtype: torch.dtype | None = None, table_partition: str = "mod",
-                 **placement_options) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_ps: int,
+        staging: HostStaging,
+        *,
+        sync: bool,
+        variable_devices: Mapping[str, str],
+        max_shard_bytes: int,
+        wire_dtype: torch.dtype | None = None,
+        table_partition: str = "mod",
+        **placement_options,
+    ) -> None:
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         dynamic = find_dynamic_tables(model)
         if not params and not dynamic:
@@ -57,13 +66,19 @@ class Replica:
             )
         tables = find_tables(model)
         infos = [VariableInfo(n, tuple(p.shape), p.element_size(), variable_devices.get(n)) for n, p in params]
-        dense = place([i for i in infos if i.name not in tables], num_ps, max_shard_bytes=max_shard_bytes,
-                      **placement_options)
-        table_shards = place_tables([i for i in infos if i.name in tables], num_ps, partition=table_partition,
-                                    soft_placement=placement_options.get("soft_placement", False))
+        dense = place(
+            [i for i in infos if i.name not in tables], num_ps, max_shard_bytes=max_shard_bytes, **placement_options
+        )
+        table_shards = place_tables(
+            [i for i in infos if i.name in tables],
+            num_ps,
+            partition=table_partition,
+            soft_placement=placement_options.get("soft_placement", False),
+        )
         for name, module in dynamic.items():
-            table_shards += place_dynamic(name, (module.embedding_dim,), module.row_template.element_size(),
-                                          module.spec, num_ps)
+            table_shards += place_dynamic(
+                name, (module.embedding_dim,), module.row_template.element_size(), module.spec, num_ps
+            )
         self.placement: Placement = Placement(num_ps, dense.shards + tuple(table_shards))
         by_name = {**dict(params), **{name: module.row_template for name, module in dynamic.items()}}
         self.slots = tuple(Slot(shard, by_name[shard.variable]) for shard in self.placement.shards)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 
-def resolve_device(model: torch.nn.Module, device: str | torch.device | None,
-                   gpu_memory_fraction: float | None) -> torch.device:
+def resolve_device(
+    model: torch.nn.Module, device: str | torch.device | None, gpu_memory_fraction: float | None
+) -> torch.device:
     """The device of a worker's replica: ``device``, or where the model already is.
 
     A CUDA device without an index becomes the current one (the first of

@@ -17,9 +17,18 @@ from psframe.worker.replica import Replica
 log = logging.getLogger(__name__)
 
 
-def join(client: PsClient, replica: Replica, *, is_chief: bool, optimizer: OptimizerSpec,
-         sync: SyncReplicas | None, checkpoint_dir: str | None, timeout: float,
-         table_optimizer: OptimizerSpec | None = None, global_step: int = 0) -> None:
+def join(
+    client: PsClient,
+    replica: Replica,
+    *,
+    is_chief: bool,
+    optimizer: OptimizerSpec,
+    sync: SyncReplicas | None,
+    checkpoint_dir: str | None,
+    timeout: float,
+    table_optimizer: OptimizerSpec | None = None,
+    global_step: int = 0,
+) -> None:
     """Wait for the ps tasks; the chief creates (or restores) the variables; all check the model.
 
     ``global_step``: the worker's (0 when it starts). After a ps task was lost,
@@ -37,9 +46,15 @@ def join(client: PsClient, replica: Replica, *, is_chief: bool, optimizer: Optim
     client.check_model(infos, replica.slots, sync)
 
 
-def create_variables(client: PsClient, replica: Replica, optimizer: OptimizerSpec,
-                     sync: SyncReplicas | None, checkpoint_dir: str | None,
-                     table_optimizer: OptimizerSpec | None = None, global_step: int = 0) -> None:
+def create_variables(
+    client: PsClient,
+    replica: Replica,
+    optimizer: OptimizerSpec,
+    sync: SyncReplicas | None,
+    checkpoint_dir: str | None,
+    table_optimizer: OptimizerSpec | None = None,
+    global_step: int = 0,
+) -> None:
     """The chief's part: send every ps task its variables' definitions and initial values.
 
     One message at a time, so that nobody buffers the whole model: whole
@@ -55,14 +70,29 @@ def create_variables(client: PsClient, replica: Replica, optimizer: OptimizerSpe
     options = {"table_optimizer": table_optimizer if replica.tables else None, "global_step": global_step}
     told = set()  # the ps tasks sent a definition of what they hold
     for request in replica.plan.pull:
-        created |= client.create(request.ps_task, mine(request.ps_task), replica.values(request.pull), optimizer,
-                                 sync, checkpoint_dir, **options)
+        created |= client.create(
+            request.ps_task,
+            mine(request.ps_task),
+            replica.values(request.pull),
+            optimizer,
+            sync,
+            checkpoint_dir,
+            **options,
+        )
         told.add(request.ps_task)
     for slot in replica.slots:
         if slot.shard.table and slot.shard.dynamic is None:
             for run in replica.table_rows(slot):
-                created |= client.create(slot.shard.ps_task, mine(slot.shard.ps_task), (), optimizer, sync,
-                                         checkpoint_dir, rows=[run], **options)
+                created |= client.create(
+                    slot.shard.ps_task,
+                    mine(slot.shard.ps_task),
+                    (),
+                    optimizer,
+                    sync,
+                    checkpoint_dir,
+                    rows=[run],
+                    **options,
+                )
                 told.add(slot.shard.ps_task)
     # A ps task holding only dynamic tables gets no values; one holding nothing at all (a model of
     # fewer variables than ps tasks) is told so: every ps task must hold the model to be ready.

@@ -79,8 +79,9 @@ class PushNumbers:
         counts = collections.Counter(t for t in targets if t is not None)
         if again:
             if {k: count for k, (_, count) in self._taken.items()} != dict(counts):
-                raise ValueError(f"pushes sent again must be those of the last step: {dict(counts)} "
-                                 f"against {self._taken}")
+                raise ValueError(
+                    f"pushes sent again must be those of the last step: {dict(counts)} against {self._taken}"
+                )
         elif counts:  # a pull numbers nothing, and keeps the last pushes' numbers for a resend
             self._taken = {}
             for ps_task, count in counts.items():
@@ -109,8 +110,14 @@ class PushPullStreams:
             cannot map them is sent messages from then on.
     """
 
-    def __init__(self, connections: Sequence[transport.Connection], caller: pb.Caller,
-                 wire_dtype: torch.dtype | None, *, share_with: bool) -> None:
+    def __init__(
+        self,
+        connections: Sequence[transport.Connection],
+        caller: pb.Caller,
+        wire_dtype: torch.dtype | None,
+        *,
+        share_with: bool,
+    ) -> None:
         self._ps = connections
         self._caller = caller
         self._wire_dtype = wire_dtype
@@ -122,10 +129,16 @@ class PushPullStreams:
         self._share_with = set(range(len(connections))) if share_with else set()
         self.numbers = PushNumbers(len(connections))
 
-    def exchange(self, first: Sequence[tuple[int, bytes]],
-                 requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]], step: int,
-                 compress: bool, timeout: float, last: Sequence[tuple[int, bytes]] = (),
-                 push_ids: Sequence[int] = ()) -> list:
+    def exchange(
+        self,
+        first: Sequence[tuple[int, bytes]],
+        requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]],
+        step: int,
+        compress: bool,
+        timeout: float,
+        last: Sequence[tuple[int, bytes]] = (),
+        push_ids: Sequence[int] = (),
+    ) -> list:
         """Send encoded messages (``first``, each to its ps task ahead of the rest),
         then planned requests (``compress``: in the wire dtype; ``push_ids``: their
         push numbers, 0 for one that pushes nothing, by default all 0), then
@@ -141,23 +154,46 @@ class PushPullStreams:
             PsframeError: the first error a ps task answered, or a transport
                 error naming the task; RpcTimeoutError after ``timeout`` seconds.
         """
-        return Exchange(self, [r for r, _ in requests], lambda i: requests[i][1], step, compress, timeout,
-                        first=first, last=last, push_ids=push_ids).finish()
+        return Exchange(
+            self,
+            [r for r, _ in requests],
+            lambda i: requests[i][1],
+            step,
+            compress,
+            timeout,
+            first=first,
+            last=last,
+            push_ids=push_ids,
+        ).finish()
 
-    def begin(self, requests: Sequence[Request], grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]],
-              step: int, compress: bool, timeout: float, push_ids: Sequence[int]) -> Exchange:
+    def begin(
+        self,
+        requests: Sequence[Request],
+        grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]],
+        step: int,
+        compress: bool,
+        timeout: float,
+        push_ids: Sequence[int],
+    ) -> Exchange:
         """An exchange of planned ``requests`` whose gradients are not all there yet:
         :meth:`Exchange.send_ready` sends a request as soon as ``grads_of(i)`` can give its
         gradients (while backward still runs), :meth:`Exchange.finish` the rest."""
         return Exchange(self, requests, grads_of, step, compress, timeout, push_ids=push_ids)
 
-    def _encode(self, request: Request, grads: Sequence[tuple[str, torch.Tensor]], step: int,
-                compress: bool, push_id: int) -> bytes:
+    def _encode(
+        self, request: Request, grads: Sequence[tuple[str, torch.Tensor]], step: int, compress: bool, push_id: int
+    ) -> bytes:
         prepared = self.prepared.get((request, compress))
         if prepared is None:  # every step sends the same header but for the step number
-            prepared = self.prepared[(request, compress)] = PreparedRequest(pb.PushPullHeader(
-                caller=self._caller, pull=[s.name for s in request.pull], end_of_step=request.end_of_step,
-                wire_dtype=self._wire_name if compress else ""), share=request.ps_task in self._share_with)
+            prepared = self.prepared[(request, compress)] = PreparedRequest(
+                pb.PushPullHeader(
+                    caller=self._caller,
+                    pull=[s.name for s in request.pull],
+                    end_of_step=request.end_of_step,
+                    wire_dtype=self._wire_name if compress else "",
+                ),
+                share=request.ps_task in self._share_with,
+            )
         elif prepared.share and request.ps_task not in self._share_with:
             prepared.share = False
             prepared.drop_region()
@@ -199,10 +235,19 @@ class Exchange:
     :meth:`finish` (nothing is lost: a message leaves its queue once sent).
     """
 
-    def __init__(self, streams: PushPullStreams, requests: Sequence[Request],
-                 grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]], step: int, compress: bool,
-                 timeout: float, *, first: Sequence[tuple[int, bytes]] = (),
-                 last: Sequence[tuple[int, bytes]] = (), push_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        streams: PushPullStreams,
+        requests: Sequence[Request],
+        grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]],
+        step: int,
+        compress: bool,
+        timeout: float,
+        *,
+        first: Sequence[tuple[int, bytes]] = (),
+        last: Sequence[tuple[int, bytes]] = (),
+        push_ids: Sequence[int] = (),
+    ) -> None:
         self._streams = streams
         self._requests = requests
         self._grads_of = grads_of
@@ -250,8 +295,13 @@ class Exchange:
                 i = j - self._count
                 if self._ready is not None and i not in self._ready:
                     return  # its gradients are not all there yet: it, and what follows, wait
-                data = self._streams._encode(self._requests[i], self._grads_of(i), self._step, self._compress,
-                                             self._push_ids[i] if self._push_ids else 0)
+                data = self._streams._encode(
+                    self._requests[i],
+                    self._grads_of(i),
+                    self._step,
+                    self._compress,
+                    self._push_ids[i] if self._push_ids else 0,
+                )
             self._streams._stream(ps_task).send(data, self._timeout)
             queue.popleft()  # only once sent: a failure leaves it to be sent again
             in_flight.append(j)

@@ -26,8 +26,8 @@ ps tasks (one part per ps task, by id), and its gradients are those rows'.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
 import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -68,12 +68,16 @@ def find_tables(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
             continue
         name = names[id(module.weight)]
         if module.max_norm is not None:
-            raise ValueError(f"embedding table {name!r} has max_norm={module.max_norm}: its forward renormalises "
-                             f"rows in place, which the ps tasks cannot follow; use sparse=False or no max_norm")
+            raise ValueError(
+                f"embedding table {name!r} has max_norm={module.max_norm}: its forward renormalises "
+                f"rows in place, which the ps tasks cannot follow; use sparse=False or no max_norm"
+            )
         if owners[id(module.weight)] > 1:
-            raise ValueError(f"embedding table {name!r} shares its weight with another module (tied weights); "
-                             f"a table is pulled and pushed by rows, so only its own lookups may use it: "
-                             f"use sparse=False to train it as a whole variable")
+            raise ValueError(
+                f"embedding table {name!r} shares its weight with another module (tied weights); "
+                f"a table is pulled and pushed by rows, so only its own lookups may use it: "
+                f"use sparse=False to train it as a whole variable"
+            )
         tables[name] = module
     return tables
 
@@ -92,8 +96,9 @@ class Prefetched:
     def matches(self, ids: torch.Tensor) -> bool:
         """Whether a lookup of ``ids`` is the one prefetched."""
         mine = self.ids
-        return (ids.shape == mine.shape and ids.dtype == mine.dtype and ids.device == mine.device
-                and torch.equal(ids, mine))
+        return (
+            ids.shape == mine.shape and ids.dtype == mine.dtype and ids.device == mine.device and torch.equal(ids, mine)
+        )
 
 
 @dataclass
@@ -110,8 +115,13 @@ class Table:
     def __post_init__(self) -> None:
         self._starts = torch.tensor([s.shard.row_start for s in self.slots], dtype=torch.int64)
 
-    def lookup(self, rows_of: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor,
-               offsets: torch.Tensor | None = None, per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+    def lookup(
+        self,
+        rows_of: Callable[[torch.Tensor], torch.Tensor],
+        ids: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The module's forward over the rows of the batch's distinct ids only (``rows_of(ids)`` pulls them)."""
         if not isinstance(ids, torch.Tensor):
             raise TypeError(f"embedding table {self.name!r} was called without a tensor of ids")
@@ -136,8 +146,19 @@ class Table:
             hit = torch.nonzero(distinct == module.padding_idx)
             padding = int(hit[0, 0]) if hit.numel() else None
         if isinstance(module, torch.nn.EmbeddingBag):
-            return F.embedding_bag(position, rows, offsets, None, module.norm_type, module.scale_grad_by_freq,
-                                   module.mode, True, per_sample_weights, module.include_last_offset, padding)
+            return F.embedding_bag(
+                position,
+                rows,
+                offsets,
+                None,
+                module.norm_type,
+                module.scale_grad_by_freq,
+                module.mode,
+                True,
+                per_sample_weights,
+                module.include_last_offset,
+                padding,
+            )
         return F.embedding(position, rows, padding, None, module.norm_type, module.scale_grad_by_freq, True)
 
     @property
@@ -176,8 +197,7 @@ class Table:
         """Raise RowIdError, naming the table, unless every (sorted) id is a row of it."""
         if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.rows):
             bad = int(ids[0]) if int(ids[0]) < 0 else int(ids[-1])
-            raise RowIdError(f"id {bad} looked up in embedding table {self.name!r}, which has rows "
-                             f"0..{self.rows - 1}")
+            raise RowIdError(f"id {bad} looked up in embedding table {self.name!r}, which has rows 0..{self.rows - 1}")
 
 
 class EmbeddingTables:
@@ -188,15 +208,23 @@ class EmbeddingTables:
         slots: the slots of every table part (any order).
     """
 
-    def __init__(self, tables: Mapping[str, torch.nn.Module], slots: Sequence[Slot],
-                 dynamic: Mapping[str, DynamicEmbedding] | None = None) -> None:
+    def __init__(
+        self,
+        tables: Mapping[str, torch.nn.Module],
+        slots: Sequence[Slot],
+        dynamic: Mapping[str, DynamicEmbedding] | None = None,
+    ) -> None:
         by_table: dict[str, list[Slot]] = {}
         for slot in slots:
             by_table.setdefault(slot.shard.variable, []).append(slot)
-        self.tables = [Table(name, module, sorted(by_table[name], key=lambda s: s.shard.part_index))
-                       for name, module in tables.items()]
-        self.dynamic = [DynamicTable(name, module, sorted(by_table[name], key=lambda s: s.shard.part_index))
-                        for name, module in (dynamic or {}).items()]
+        self.tables = [
+            Table(name, module, sorted(by_table[name], key=lambda s: s.shard.part_index))
+            for name, module in tables.items()
+        ]
+        self.dynamic = [
+            DynamicTable(name, module, sorted(by_table[name], key=lambda s: s.shard.part_index))
+            for name, module in (dynamic or {}).items()
+        ]
 
     def __bool__(self) -> bool:
         return bool(self.tables or self.dynamic)
@@ -228,8 +256,9 @@ class EmbeddingTables:
 
     def has_gradients(self) -> bool:
         """Whether backward reached the rows of a lookup since the last step."""
-        return any(rows.grad is not None for table in self.tables for _, rows in table.looked_up) \
-            or any(table.module.has_gradients() for table in self.dynamic)
+        return any(rows.grad is not None for table in self.tables for _, rows in table.looked_up) or any(
+            table.module.has_gradients() for table in self.dynamic
+        )
 
     def table_of(self, module: torch.nn.Module) -> Table:
         """The table ``module`` is.
@@ -241,10 +270,15 @@ class EmbeddingTables:
         for table in self.tables:
             if table.module is module:
                 return table
-        what = ("a dynamic table, whose lookups pull their rows themselves"
-                if any(dynamic.module is module for dynamic in self.dynamic) else "not an embedding table of the model")
-        raise TypeError(f"rows can be prefetched for the model's nn.Embedding/nn.EmbeddingBag tables built with "
-                        f"sparse=True; {type(module).__name__} is {what}")
+        what = (
+            "a dynamic table, whose lookups pull their rows themselves"
+            if any(dynamic.module is module for dynamic in self.dynamic)
+            else "not an embedding table of the model"
+        )
+        raise TypeError(
+            f"rows can be prefetched for the model's nn.Embedding/nn.EmbeddingBag tables built with "
+            f"sparse=True; {type(module).__name__} is {what}"
+        )
 
     @staticmethod
     def _pull(table: Table, pull: Pull, ids: torch.Tensor) -> torch.Tensor:
@@ -268,16 +302,22 @@ class EmbeddingTables:
         pushes: dict[int, list[RowPush]] = {}
         for table in self.tables:
             if table.param.grad is not None:
-                raise PsframeError(f"embedding table {table.name!r} got a gradient of its whole weight: it was "
-                                   f"used outside its module's forward")
+                raise PsframeError(
+                    f"embedding table {table.name!r} got a gradient of its whole weight: it was "
+                    f"used outside its module's forward"
+                )
             used = lookup_gradients(table.looked_up)
             table.looked_up = []
             if used is None:
                 if every_table:
                     for slot in table.slots:
                         pushes.setdefault(slot.shard.ps_task, []).append(
-                            (slot.name, torch.zeros(0, dtype=torch.int64),
-                             torch.zeros((0, *table.param.shape[1:]), dtype=table.param.dtype)))
+                            (
+                                slot.name,
+                                torch.zeros(0, dtype=torch.int64),
+                                torch.zeros((0, *table.param.shape[1:]), dtype=table.param.dtype),
+                            )
+                        )
                 continue
             ids, values = used
             for slot, positions, local in table.split(ids):
@@ -321,8 +361,14 @@ class DynamicTable:
 Placed = list[tuple[int, torch.Tensor]]  # per part asked: its ps task, and where its rows go among the ids
 
 
-def pull_parts(pull: Pull, parts: Sequence[tuple[Slot, torch.Tensor, torch.Tensor]], count: int,
-               like: torch.Tensor, *, create: bool) -> torch.Tensor:
+def pull_parts(
+    pull: Pull,
+    parts: Sequence[tuple[Slot, torch.Tensor, torch.Tensor]],
+    count: int,
+    like: torch.Tensor,
+    *,
+    create: bool,
+) -> torch.Tensor:
     """The rows of ``count`` ids, pulled from the parts that hold them, in the ids' order.
 
     Args:
@@ -345,8 +391,9 @@ def plan_parts(parts: Sequence[tuple[Slot, torch.Tensor, torch.Tensor]]) -> tupl
     return wanted, placed
 
 
-def assemble_parts(pulled: Mapping[int, Sequence[torch.Tensor]], placed: Placed, count: int,
-                   like: torch.Tensor) -> torch.Tensor:
+def assemble_parts(
+    pulled: Mapping[int, Sequence[torch.Tensor]], placed: Placed, count: int, like: torch.Tensor
+) -> torch.Tensor:
     """The rows of ``count`` ids from what each ps task answered to :func:`plan_parts`'s requests."""
     if not placed:
         return torch.empty((count, *like.shape[1:]), dtype=like.dtype)

@@ -39,13 +39,13 @@ from psframe.security import Security
 from psframe.worker import startup
 from psframe.worker.arguments import resolve_optimizer, resolve_table_optimizer
 from psframe.worker.client import PsClient, Reply, resolve_wire_dtype
-from psframe.worker.prefetch import Prefetcher
 from psframe.worker.hooks import CheckpointSaverHook, Hook
 from psframe.worker.overlap import BackwardOverlap
+from psframe.worker.prefetch import Prefetcher
 from psframe.worker.replica import Replica
 from psframe.worker.slicer import Request
-from psframe.worker.streams import Exchange
 from psframe.worker.staging import HostStaging, resolve_device
+from psframe.worker.streams import Exchange
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +189,9 @@ class Trainer:
         liveness: Liveness | None = None,
         overlap_backward: bool = False,
     ) -> None:
-        self.security = Security.resolve(auth_token=auth_token, tls_cert_file=tls_cert_file,
-                                         tls_key_file=tls_key_file, tls_ca_file=tls_ca_file)
+        self.security = Security.resolve(
+            auth_token=auth_token, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file, tls_ca_file=tls_ca_file
+        )
         self.liveness = liveness or Liveness.resolve()
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self.cluster.validate_task("worker", task_index)
@@ -231,10 +232,17 @@ class Trainer:
         self.overlap_backward = overlap_backward
         self._overlap: BackwardOverlap | None = None
         self._replica = Replica(
-            self.model, self.cluster.num_ps, HostStaging(self.device), sync=self.sync is not None,
-            variable_devices=dict(variable_devices or {}), strategy=placement,
-            min_partition_bytes=min_partition_bytes, soft_placement=soft_placement,
-            max_shard_bytes=max_shard_bytes, wire_dtype=self.wire_dtype, table_partition=table_partition,
+            self.model,
+            self.cluster.num_ps,
+            HostStaging(self.device),
+            sync=self.sync is not None,
+            variable_devices=dict(variable_devices or {}),
+            strategy=placement,
+            min_partition_bytes=min_partition_bytes,
+            soft_placement=soft_placement,
+            max_shard_bytes=max_shard_bytes,
+            wire_dtype=self.wire_dtype,
+            table_partition=table_partition,
         )
         self.placement = self._replica.placement
         self.table_optimizer = resolve_table_optimizer(table_optimizer, self.optimizer, self._replica.tables)
@@ -252,10 +260,15 @@ class Trainer:
         """
         if self.state is not TrainerState.NEW:
             raise PsframeError(f"the trainer is {self.state.value}; connect() is called once")
-        self._client = PsClient(self.cluster, self.task_index, rpc_timeout=self.rpc_timeout,
-                                wire_dtype=self.wire_dtype,
-                                shared_memory=self.shared_memory, security=self.security,
-                                liveness=self.liveness)
+        self._client = PsClient(
+            self.cluster,
+            self.task_index,
+            rpc_timeout=self.rpc_timeout,
+            wire_dtype=self.wire_dtype,
+            shared_memory=self.shared_memory,
+            security=self.security,
+            liveness=self.liveness,
+        )
         self.state = TrainerState.RUNNING
         try:
             self._join()
@@ -263,8 +276,12 @@ class Trainer:
             self._replica.tables.attach(self._pull_rows)
             if self._overlaps():
                 self._overlap = BackwardOverlap(self._replica.plan.step, self._replica.params)
-            log.info("worker %d connected to %d ps tasks at global step %d",
-                     self.task_index, self.cluster.num_ps, self.global_step)
+            log.info(
+                "worker %d connected to %d ps tasks at global step %d",
+                self.task_index,
+                self.cluster.num_ps,
+                self.global_step,
+            )
             for hook in self.hooks:
                 hook.begin(self)
         except BaseException:
@@ -280,13 +297,25 @@ class Trainer:
 
     def _overlaps(self) -> bool:
         """Whether steps send their messages during backward (see ``overlap_backward``)."""
-        return (self.overlap_backward and self.device.type == "cpu" and not self._replica.tables
-                and all(type(hook).before_push is Hook.before_push for hook in self.hooks))
+        return (
+            self.overlap_backward
+            and self.device.type == "cpu"
+            and not self._replica.tables
+            and all(type(hook).before_push is Hook.before_push for hook in self.hooks)
+        )
 
     def _join(self) -> None:
-        startup.join(self._client, self._replica, is_chief=self.is_chief, optimizer=self.optimizer,
-                     sync=self.sync, checkpoint_dir=self.checkpoint_dir, timeout=self.connect_timeout,
-                     table_optimizer=self.table_optimizer, global_step=self.global_step)
+        startup.join(
+            self._client,
+            self._replica,
+            is_chief=self.is_chief,
+            optimizer=self.optimizer,
+            sync=self.sync,
+            checkpoint_dir=self.checkpoint_dir,
+            timeout=self.connect_timeout,
+            table_optimizer=self.table_optimizer,
+            global_step=self.global_step,
+        )
 
     def close(self) -> None:
         """Tell the ps tasks this worker is done and release the channels (idempotent)."""
@@ -366,7 +395,8 @@ class Trainer:
                     replies, prefetched = exchange.finish(), {}
                 else:
                     replies, prefetched = self._client.push_pull_and_prefetch(
-                        pushes(), self.global_step, self._prefetcher.requests(), rows=rows)
+                        pushes(), self.global_step, self._prefetcher.requests(), rows=rows
+                    )
             except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
                 replies, prefetched = self._send_again(e, pushes(), rows), {}
             self._receive(requests, replies)
@@ -389,8 +419,7 @@ class Trainer:
             loss.backward()
             return None
         requests = self._replica.plan.step
-        exchange = self._client.begin_step(requests, self.global_step,
-                                           lambda i: self._replica.gradients(requests[i]))
+        exchange = self._client.begin_step(requests, self.global_step, lambda i: self._replica.gradients(requests[i]))
         self._overlap.begin(exchange)
         try:
             loss.backward()
@@ -459,8 +488,11 @@ class Trainer:
         # shard caught up; tagging the next push with the lowest step makes a
         # gradient computed on mixed versions stale everywhere, never applied.
         # A push-only request's answer carries the step before the update: skipped.
-        steps = [reply.global_step for request, reply in zip(requests, replies)
-                 if request.pull and (request.ps_task == 0 or self.sync is not None)]
+        steps = [
+            reply.global_step
+            for request, reply in zip(requests, replies)
+            if request.pull and (request.ps_task == 0 or self.sync is not None)
+        ]
         if steps:
             self.global_step = max(steps) if self.sync is None else min(steps)
 
@@ -473,11 +505,17 @@ class Trainer:
             ConnectTimeoutError: a ps task did not come back within ``connect_timeout``.
             PsframeError: the pushes kept failing for ``connect_timeout`` seconds.
         """
-        replies, _ = self._when_back(error, f"sending step {self.global_step}'s pushes again",
-                                     lambda: self._client.push_pull_and_prefetch(pushes, self.global_step, {},
-                                                                                 rows=rows, again=True))
-        log.info("worker %d: the ps tasks are back; step %d sent again (%d of its pushes had been "
-                 "applied before)", self.task_index, self.global_step, sum(reply.duplicate for reply in replies))
+        replies, _ = self._when_back(
+            error,
+            f"sending step {self.global_step}'s pushes again",
+            lambda: self._client.push_pull_and_prefetch(pushes, self.global_step, {}, rows=rows, again=True),
+        )
+        log.info(
+            "worker %d: the ps tasks are back; step %d sent again (%d of its pushes had been applied before)",
+            self.task_index,
+            self.global_step,
+            sum(reply.duplicate for reply in replies),
+        )
         return replies
 
     def _recover(self, error: PsframeError) -> None:
@@ -489,16 +527,20 @@ class Trainer:
         """
         self._replica.clear_gradients()
         self._when_back(error, "pulling the parameters", self._pull_all)
-        log.info("worker %d: the ps tasks are back; going on at global step %d",
-                 self.task_index, self.global_step)
+        log.info("worker %d: the ps tasks are back; going on at global step %d", self.task_index, self.global_step)
 
     def _when_back(self, error: PsframeError, then: str, attempt: Callable[[], T]) -> T:
         """Wait for the lost ps tasks (logging whom it waits for), then ``attempt()``; again
         while it fails on the way, for up to ``connect_timeout`` seconds. Counts a recovery."""
         deadline = time.monotonic() + self.connect_timeout
         while True:
-            log.warning("worker %d: %s; waiting up to %.0fs for the ps tasks, then %s",
-                        self.task_index, error, self.connect_timeout, then)
+            log.warning(
+                "worker %d: %s; waiting up to %.0fs for the ps tasks, then %s",
+                self.task_index,
+                error,
+                self.connect_timeout,
+                then,
+            )
             self._client.reset_streams()
             # A restarted ps restores its shard from the checkpoint (or, with
             # none, takes the chief's current values); the others ignore the chief.
@@ -543,7 +585,4 @@ class Trainer:
 
     def _require_running(self) -> None:
         if self.state is not TrainerState.RUNNING:
-            raise PsframeError(
-                f"the trainer is {self.state.value}; use it inside `with trainer:` (or after connect())"
-            )
-
+            raise PsframeError(f"the trainer is {self.state.value}; use it inside `with trainer:` (or after connect())")

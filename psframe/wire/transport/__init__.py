@@ -34,7 +34,23 @@ from psframe.wire.transport.methods import (
 from psframe.wire.transport.server import RpcServer
 
 __all__ = [
-    "CHANNEL_OPTIONS", "DEFAULT_MAX_MESSAGE_BYTES", "ERROR_METADATA_KEY", "METHODS", "SERVICE", "Connection",
-    "Method", "PeerLimiter", "PendingCall", "RpcServer", "Stream", "TokenInterceptor", "UNAUTHENTICATED_MESSAGE",
-    "Watchdog", "call_all", "call_metadata", "error_from_rpc", "open_channel", "status_code",
+    "CHANNEL_OPTIONS",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "ERROR_METADATA_KEY",
+    "METHODS",
+    "SERVICE",
+    "UNAUTHENTICATED_MESSAGE",
+    "Connection",
+    "Method",
+    "PeerLimiter",
+    "PendingCall",
+    "RpcServer",
+    "Stream",
+    "TokenInterceptor",
+    "Watchdog",
+    "call_all",
+    "call_metadata",
+    "error_from_rpc",
+    "open_channel",
+    "status_code",
 ]

@@ -88,7 +88,8 @@ def server_credentials(security: Security, task_name: str) -> grpc.ServerCredent
     if security.tls_cert_file is None:
         raise SecurityConfigError(
             f"{task_name} cannot serve TLS without a certificate: give it tls_cert_file and tls_key_file "
-            f"(--tls_cert_file/--tls_key_file), or no TLS setting at all")
+            f"(--tls_cert_file/--tls_key_file), or no TLS setting at all"
+        )
     pair = (_read(security.tls_key_file, "tls_key_file"), _read(security.tls_cert_file, "tls_cert_file"))
     root = _read(security.tls_ca_file, "tls_ca_file") if security.tls_ca_file else None
     return grpc.ssl_server_credentials([pair], root_certificates=root, require_client_auth=root is not None)
@@ -116,10 +117,12 @@ class TokenInterceptor(grpc.ServerInterceptor):
         self._last_log = 0.0
 
     def intercept_service(self, continuation: Any, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        offered = [value for key, value in handler_call_details.invocation_metadata or ()
-                   if key == TOKEN_METADATA_KEY]
-        if len(offered) == 1 and isinstance(offered[0], str) and hmac.compare_digest(
-                offered[0].encode("ascii", "replace"), self._expected):
+        offered = [value for key, value in handler_call_details.invocation_metadata or () if key == TOKEN_METADATA_KEY]
+        if (
+            len(offered) == 1
+            and isinstance(offered[0], str)
+            and hmac.compare_digest(offered[0].encode("ascii", "replace"), self._expected)
+        ):
             return continuation(handler_call_details)
         return self._deny
 

@@ -31,8 +31,9 @@ class Connection:
         SecurityConfigError: a TLS file of ``security`` cannot be read.
     """
 
-    def __init__(self, address: str, peer: str | None = None, security: Security | None = None,
-                 liveness: Liveness | None = None) -> None:
+    def __init__(
+        self, address: str, peer: str | None = None, security: Security | None = None, liveness: Liveness | None = None
+    ) -> None:
         self.address = address
         self.peer = peer or address
         security = security or Security()
@@ -56,15 +57,17 @@ class Connection:
                 (:class:`TaskUnavailableError`, :class:`RpcTimeoutError` after ``timeout``).
         """
         try:
-            return self._callable(method)(request, timeout=timeout, wait_for_ready=wait_for_ready,
-                                          metadata=self._metadata)
+            return self._callable(method)(
+                request, timeout=timeout, wait_for_ready=wait_for_ready, metadata=self._metadata
+            )
         except grpc.RpcError as e:
             raise error_from_rpc(e, self.peer, timeout) from e
 
     def start_call(self, method: str, request: Any, *, timeout: float) -> PendingCall:
         """Start a unary call and return at once; :meth:`PendingCall.result` waits for it."""
-        return PendingCall(self._callable(method).future(request, timeout=timeout, metadata=self._metadata),
-                           self.peer, timeout)
+        return PendingCall(
+            self._callable(method).future(request, timeout=timeout, metadata=self._metadata), self.peer, timeout
+        )
 
     def open_stream(self, method: str, watchdog: Watchdog) -> Stream:
         """A long-lived two-way stream of ``method``; ``watchdog`` enforces each reply's deadline."""
@@ -100,7 +103,7 @@ def call_all(calls: Sequence[tuple[Connection, str, Any]], timeout: float) -> li
     Every call is waited for; then the first failure, if any, is raised.
     """
     if len(calls) == 1:  # a blocking call costs less than a future
-        (connection, method, request), = calls
+        ((connection, method, request),) = calls
         return [connection.call(method, request, timeout=timeout)]
     pending = [connection.start_call(method, request, timeout=timeout) for connection, method, request in calls]
     replies, failure = [], None

@@ -44,18 +44,23 @@ def default_calls_per_peer(max_threads: int) -> int:
     return max(1, max_threads - max(1, max_threads // 4))
 
 
-def server_options(max_message_bytes: int, max_streams_per_connection: int, share_port: bool,
-                   liveness: Liveness) -> tuple[tuple[str, Any], ...]:
+def server_options(
+    max_message_bytes: int, max_streams_per_connection: int, share_port: bool, liveness: Liveness
+) -> tuple[tuple[str, Any], ...]:
     """gRPC server options: the receive cap, streams per connection, whether the port is
     shared (never between two tasks: gRPC would otherwise let them both listen on it),
     and keepalive (a caller that went silent is noticed, and its calls end, within
     ``liveness.detect_within`` seconds: its streams no longer count against its host)."""
     return (
-        ("grpc.max_send_message_length", -1),
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_concurrent_streams", max_streams_per_connection),
-        ("grpc.so_reuseport", int(share_port)),
-    ) + keepalive_options(liveness) + PING_POLICY_OPTIONS
+        (
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_concurrent_streams", max_streams_per_connection),
+            ("grpc.so_reuseport", int(share_port)),
+        )
+        + keepalive_options(liveness)
+        + PING_POLICY_OPTIONS
+    )
 
 
 def peer_host(peer: str) -> str:
@@ -106,9 +111,11 @@ class PeerLimiter(grpc.ServerInterceptor):
             else:
                 self.refused += 1
         if not admitted:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"{self._name} runs at most {self.max_calls} calls at once from one host; "
-                          f"{host} has that many in flight")
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self._name} runs at most {self.max_calls} calls at once from one host; "
+                f"{host} has that many in flight",
+            )
         released = []
 
         def release() -> None:

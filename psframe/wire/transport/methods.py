@@ -102,10 +102,14 @@ class Method:
         if self.carries_tensors:
             return {}
         if side == "server":
-            return {"request_deserializer": self.request_type.FromString,
-                    "response_serializer": self.reply_type.SerializeToString}
-        return {"request_serializer": self.request_type.SerializeToString,
-                "response_deserializer": self.reply_type.FromString}
+            return {
+                "request_deserializer": self.request_type.FromString,
+                "response_serializer": self.reply_type.SerializeToString,
+            }
+        return {
+            "request_serializer": self.request_type.SerializeToString,
+            "response_deserializer": self.reply_type.FromString,
+        }
 
 
 def _method(descriptor: Any) -> Method:
@@ -154,13 +158,15 @@ def error_from_rpc(error: grpc.RpcError, peer: str, timeout: float | None = None
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return errors.AuthenticationError(
             f"{peer} refused the call as unauthenticated: the auth token is missing or not the cluster's "
-            f"(give every task and command the same --auth_token_file, or PSFRAME_AUTH_TOKEN)")
+            f"(give every task and command the same --auth_token_file, or PSFRAME_AUTH_TOKEN)"
+        )
     if code == grpc.StatusCode.UNAVAILABLE:
         return errors.TaskUnavailableError(f"{peer} is unavailable: {error.details()}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return errors.RemoteError(
             f"{peer} refused the call with RESOURCE_EXHAUSTED: {error.details()} (a message over the task's "
-            f"max_message_bytes, or too many calls in flight from this host; see psframe.wire.transport.limits)")
+            f"max_message_bytes, or too many calls in flight from this host; see psframe.wire.transport.limits)"
+        )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return errors.RpcTimeoutError(f"{peer} did not answer within {timeout}s")
     return errors.RemoteError(f"{peer} failed with {code.name}: {error.details()}")

@@ -44,16 +44,18 @@ def _unary_handler(method: Method, handler: Callable[[Any], Any]) -> grpc.RpcMet
     # The request arrives as bytes and is parsed here, so that one which does not
     # parse is answered INVALID_ARGUMENT, naming the message (gRPC's own
     # deserializer would answer INTERNAL).
-    return grpc.unary_unary_rpc_method_handler(serve, response_serializer=(
-        None if method.carries_tensors else method.reply_type.SerializeToString))
+    return grpc.unary_unary_rpc_method_handler(
+        serve, response_serializer=(None if method.carries_tensors else method.reply_type.SerializeToString)
+    )
 
 
 def _parse(method: Method, data: bytes) -> Any:
     try:
         return method.request_type.FromString(data)
     except DecodeError as e:
-        raise errors.WireFormatError(f"{method.name}: the request is not a {method.request_type.__name__} "
-                                     f"message ({e})") from None
+        raise errors.WireFormatError(
+            f"{method.name}: the request is not a {method.request_type.__name__} message ({e})"
+        ) from None
 
 
 def _stream_handler(method: Method, handler: Callable[[Iterator], Iterator]) -> grpc.RpcMethodHandler:
@@ -81,7 +83,9 @@ class _Forwarder:
     def handler(self, method: Method) -> grpc.RpcMethodHandler:
         if method.streaming:
             call = self._channel.stream_stream(method.path)
-            return grpc.stream_stream_rpc_method_handler(lambda requests, context: self._stream(call, requests, context))
+            return grpc.stream_stream_rpc_method_handler(
+                lambda requests, context: self._stream(call, requests, context)
+            )
         call = self._channel.unary_unary(method.path)
         return grpc.unary_unary_rpc_method_handler(lambda request, context: self._unary(call, request, context))
 
@@ -92,8 +96,7 @@ class _Forwarder:
             _relay(e, context)
 
     def _stream(self, call: Any, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        forwarded = call(_until_closed(requests), timeout=_timeout_of(context, streaming=True),
-                         metadata=self._metadata)
+        forwarded = call(_until_closed(requests), timeout=_timeout_of(context, streaming=True), metadata=self._metadata)
         context.add_callback(forwarded.cancel)  # the caller went away: so does the forwarded stream
         try:
             yield from forwarded
@@ -158,10 +161,19 @@ class RpcServer:
         SecurityConfigError: TLS is on but the task has no certificate, or a file cannot be read.
     """
 
-    def __init__(self, handlers: Mapping[str, Callable], *, name: str, max_threads: int,
-                 forward_to: str | None = None, share_port: bool = False,
-                 security: Security | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 max_calls_per_peer: int | None = None, liveness: Liveness | None = None) -> None:
+    def __init__(
+        self,
+        handlers: Mapping[str, Callable],
+        *,
+        name: str,
+        max_threads: int,
+        forward_to: str | None = None,
+        share_port: bool = False,
+        security: Security | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_calls_per_peer: int | None = None,
+        liveness: Liveness | None = None,
+    ) -> None:
         unknown = sorted(set(handlers) - set(METHODS))
         if unknown:
             raise ValueError(f"{unknown} are not methods of {SERVICE.full_name}; expected some of {sorted(METHODS)}")
