@@ -1,1 +1,31 @@
-"""psframe's benchmarks: training throughput against torch.distributed baselines."""
+"""psframe's benchmarks: what psframe costs and how fast it trains, against its peers.
+
+Where a module lives says what it is:
+
+- ``benchmarks/suite/``: the measurements :mod:`benchmarks.run` makes and
+  ``docs/benchmarks.md`` reports, one module per section (``transport``,
+  ``security``, ``memory``, ``training``, ``scaling``, ``sparse`` with
+  ``ctr``, ``hosts``), each with its own table function and
+  ``python -m`` command line; and what they share (``train_psframe``, psframe's
+  training task; ``processes``, ``ps_cluster``). Suite modules use psframe's
+  public API; the one door below it is ``suite/psframe_internals.py``.
+- ``benchmarks/baselines/``: the systems psframe is measured against, with no
+  psframe code in them: the raw gRPC ceiling (``raw_grpc``, also the report's
+  first section), DDP over gloo and one process (``ddp``), the
+  torch.distributed.rpc parameter servers (``rpc_ps``, ``rpc_sparse``) and
+  TensorFlow's (``tf_ps``, run from its own environment found by ``tf_env``).
+- ``benchmarks/experiments/``: one-off measurements behind ``docs/decisions.md``
+  (``store_lock``, ``recovery``); they may use psframe's internals and are not
+  part of :mod:`benchmarks.run`.
+- At the top: the command (:mod:`benchmarks.run`), the report it writes
+  (:mod:`benchmarks.report`), and the leaves every other module shares:
+  :mod:`benchmarks.common` (settings, deadlines, timing, child processes;
+  standard library only, so the TensorFlow baseline can import it),
+  :mod:`benchmarks.formatting` (numbers, markdown tables, plots) and the
+  workloads (:mod:`benchmarks.mlp_workload`, :mod:`benchmarks.embedding_workload`).
+
+Imports point down that list, never up: experiments and the report may import
+the suite, the suite may import the baselines, and everything may import the
+leaves; no module imports one that imports it back
+(``tests/test_benchmark_layout.py`` checks all of this).
+"""

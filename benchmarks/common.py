@@ -1,9 +1,10 @@
-"""Shared helpers of the benchmark suite: timing, child processes, tables, units.
+"""Shared helpers of the benchmarks: settings, deadlines, timing, child processes, units.
 
 Only the standard library is imported here, so the raw gRPC echo server
-(:mod:`benchmarks.raw_grpc`) runs in a process without torch or psframe, and
-the TensorFlow baseline (:mod:`benchmarks.baseline_tf_ps`) in an environment
-that has neither.
+(:mod:`benchmarks.baselines.raw_grpc`) runs in a process without torch or
+psframe, and the TensorFlow baseline (:mod:`benchmarks.baselines.tf_ps`) in an
+environment that has neither. Numbers and tables are made in
+:mod:`benchmarks.formatting`.
 
 Conventions used by every benchmark:
 
@@ -190,6 +191,13 @@ def measure_rate(call: Callable[[], object], settings: Settings, deadline: Deadl
             call()
         samples.append(calls / (time.perf_counter() - start))
     return Rate(median(samples), samples, calls)
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    """value / base, or None where either is missing or not a number, or base is 0."""
+    if value is None or not base or math.isnan(value) or math.isnan(base):
+        return None
+    return value / base
 
 
 def gb_per_second(nbytes: int, per_second: float) -> float:
@@ -380,48 +388,7 @@ class Children:
         self.kill_all()
 
 
-# ------------------------------------------------------------------- formatting
-
-
-def format_bytes(nbytes: float) -> str:
-    """``4 KiB``, ``320 KiB``, ``4 MiB``, ``1.5 GiB`` (binary units)."""
-    for unit, size in (("GiB", 1024**3), ("MiB", MiB), ("KiB", KiB)):
-        if nbytes >= size:
-            value = nbytes / size
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{int(nbytes)} B"
-
-
-def format_number(value: float | None, digits: int = 3) -> str:
-    """A readable number with about ``digits`` significant digits; ``-`` for None."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if value == 0:
-        return "0"
-    magnitude = math.floor(math.log10(abs(value)))
-    decimals = max(0, digits - 1 - magnitude)
-    return f"{value:,.{decimals}f}"
-
-
-def format_ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A GitHub-flavoured markdown table (numbers right-aligned)."""
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    numeric = [bool(cells) and all(_looks_numeric(r[i]) for r in cells) for i in range(len(headers))]
-
-    def line(values: Sequence[str]) -> str:
-        return "| " + " | ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)) + " |"
-
-    rule = "|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2)) for w, num in zip(widths, numeric)) + "|"
-    return "\n".join([line(headers), rule, *(line(r) for r in cells)])
-
-
-def _looks_numeric(text: str) -> bool:
-    return bool(re.fullmatch(r"(\*\*)?[-+]?[\d,]*\.?\d+(x|%)?(\*\*)?|-", text))
+# ------------------------------------------------------------------ command line
 
 
 def table_main(argv: Sequence[str] | None, doc: str, quick_help: str, table_of: Callable[[bool], str]) -> int:

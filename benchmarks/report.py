@@ -1,10 +1,14 @@
-"""Tables, the markdown report (``docs/benchmarks.md``) and its plot.
+"""The report of :mod:`benchmarks.run`: ``docs/benchmarks.md``, its plots, and each section's text.
 
-Every table printed by :mod:`benchmarks.run` comes from here, so stdout and
-the report show the same numbers. :func:`write_report` writes the report and
-a PNG beside it (same name, ``.png``): throughput against payload size on the
-left, training global steps/s per system on the right; and, when the scaling
-section ran, a second PNG (``<name>-scaling.png``): throughput against workers.
+Every table printed by :mod:`benchmarks.run` comes from its section's own
+table function (``raw_table``, ``transport_table``... in the section's
+module), through :func:`section_text`, so stdout and the report show the same
+numbers. This module adds what is around the tables: titles, the paragraph
+that says how each section measures, the machine and versions.
+:func:`write_report` writes the report and a PNG beside it (same name,
+``.png``): throughput against payload size on the left, training global
+steps/s per system on the right; and, when the scaling section ran, a second
+PNG (``<name>-scaling.png``): throughput against workers.
 
 The section "Copies on the hot path" is written by hand: whatever stands
 between its two marker comments in an existing report is kept when the
@@ -13,15 +17,21 @@ report is written again.
 
 from __future__ import annotations
 
-import math
 import os
 import platform
-import re
-import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.common import MB, format_bytes, format_number, format_ratio, markdown_table
+from benchmarks.baselines import tf_env
+from benchmarks.baselines.raw_grpc import raw_table
+from benchmarks.formatting import plot_scaling, plot_throughput_and_training
+from benchmarks.suite.hosts import hosts_table
+from benchmarks.suite.memory import memory_table
+from benchmarks.suite.scaling import request_plan, scaling_table
+from benchmarks.suite.security import security_table
+from benchmarks.suite.sparse import sparse_table
+from benchmarks.suite.training import PLOT_ORDER, training_summary, training_table
+from benchmarks.suite.transport import transport_table
 
 COPIES_MARKER = "<!-- copies: filled in by maintainers -->"
 COPIES_END = "<!-- /copies -->"
@@ -30,8 +40,6 @@ COPIES_PLACEHOLDER = (
     "back (encode, gRPC send and receive buffers, decode, optimizer, the reply), and which of them "
     "the numbers above suggest removing first."
 )
-
-TRAINING_SYSTEMS = ("psframe", "psframe_grpc", "psframe_bf16", "torch_rpc_ps", "tf_ps", "ddp_gloo", "single_process")
 
 TITLES = {
     "raw": "Raw gRPC ceiling",
@@ -43,353 +51,14 @@ TITLES = {
     "sparse": "Embedding tables",
     "hosts": "Across hosts, at the link's limit",
 }
+
+
 # The order of the sections in the report.
 REPORT_SECTIONS = ("raw", "transport", "security", "training", "scaling", "memory", "sparse", "hosts")
 
 
-# ----------------------------------------------------------------------- tables
-
-
-def _pct(value: float) -> str:
-    return f"{100 * value:.0f}%"
-
-
-def raw_table(rows: Sequence[dict]) -> str:
-    """Markdown table of :func:`benchmarks.raw_grpc.run_raw_benchmarks` rows."""
-    return markdown_table(
-        ["system", "mode", "payload", "round trips/s", "GB/s each way", "spread"],
-        [
-            [
-                r["system"],
-                r["mode"],
-                format_bytes(r["payload_bytes"]),
-                format_number(r["round_trips_per_sec"]),
-                format_number(r["gb_per_sec_each_way"]),
-                _pct(r["spread"]),
-            ]
-            for r in rows
-        ],
-    )
-
-
-def transport_table(rows: Sequence[dict]) -> str:
-    """Markdown table of :func:`benchmarks.transport.run_transport_benchmarks` rows
-    (with the ratios of :func:`benchmarks.transport.add_ratios` where present)."""
-
-    def ratio(row: dict, mode: str) -> str:
-        text = format_ratio(row.get(f"vs_raw_{mode}"))
-        return f"**{text}**" if row.get("rpc") == mode and text != "-" else text
-
-    return markdown_table(
-        [
-            "system",
-            "ps tasks",
-            "tensors",
-            "payload",
-            "PushPull rpc",
-            "round trips/s",
-            "GB/s each way",
-            "vs raw unary",
-            "vs raw stream",
-            "spread",
-        ],
-        [
-            [
-                r["system"],
-                r["num_ps"],
-                f"{r['num_tensors']} ({r['layout']})",
-                format_bytes(r["payload_bytes"]),
-                r.get("rpc", "?"),
-                format_number(r["round_trips_per_sec"]),
-                format_number(r["gb_per_sec_each_way"]),
-                ratio(r, "unary"),
-                ratio(r, "stream"),
-                _pct(r["spread"]),
-            ]
-            for r in rows
-        ],
-    )
-
-
-def memory_table(rows: Sequence[dict]) -> str:
-    """Markdown table of :func:`benchmarks.memory.run_memory_benchmarks` rows (MB = 10**6 bytes)."""
-    return markdown_table(
-        [
-            "system",
-            "variables",
-            "optimizer",
-            "bytes held (MB)",
-            "baseline (MB)",
-            "idle ps (MB)",
-            "peak after init (MB)",
-            "peak (MB)",
-            "limit (MB)",
-            "peak <= 1.3 x held + idle ps",
-            "s/step",
-        ],
-        [
-            [
-                r["system"],
-                r["variables"],
-                r["optimizer"],
-                format_number(r["bytes_held"] / MB, 4),
-                format_number(r["baseline_rss"] / MB, 4),
-                format_number(r["idle_rss"] / MB, 4),
-                format_number(None if r.get("peak_rss_after_init") is None else r["peak_rss_after_init"] / MB, 4),
-                format_number(r["peak_rss"] / MB, 4),
-                format_number(r["limit"] / MB, 4),
-                "yes" if r["within_limit"] else "NO",
-                format_number(r["seconds_per_step"]),
-            ]
-            for r in rows
-        ],
-    )
-
-
-def training_ratios(rows: Sequence[dict]) -> list[dict]:
-    """Each training row with ``vs_torch_rpc_ps`` (its samples/s over torch_rpc_ps's,
-    same model and mode), ``vs_ddp_gloo`` (over ddp_gloo's, same model),
-    ``cpu_vs_torch_rpc_ps`` (CPU time per sample over torch_rpc_ps's, same model
-    and mode: below 1 is less work) and ``vs_tf_ps`` (samples/s over TensorFlow's
-    parameter server's, same model and mode: async only); None where there is no
-    such row or number.
-    Computed from the rows of one run only.
-
-    Where the rows hold every repeat's rate (``run_rates``), a throughput ratio
-    is the median of the ratios between the runs of the same repeat, which ran
-    close together in time (see :func:`paired_ratio`).
-    """
-    by_rpc = {(r["model"], r["mode"]): r for r in rows if r["system"] == "torch_rpc_ps"}
-    by_ddp = {r["model"]: r for r in rows if r["system"] == "ddp_gloo"}
-    by_tf = {(r["model"], r["mode"]): r for r in rows if r["system"] == "tf_ps"}
-    out = []
-    for row in rows:
-        rpc = by_rpc.get((row["model"], row["mode"]), {})
-        out.append(
-            {
-                **row,
-                "vs_torch_rpc_ps": paired_ratio(row, rpc),
-                "vs_ddp_gloo": paired_ratio(row, by_ddp.get(row["model"], {})),
-                "cpu_vs_torch_rpc_ps": _ratio(_cpu_per_sample(row), _cpu_per_sample(rpc)),
-                "vs_tf_ps": paired_ratio(row, by_tf.get((row["model"], row["mode"]), {})),
-            }
-        )
-    return out
-
-
-def paired_ratio(row: dict, base: dict) -> float | None:
-    """``row``'s samples/s over ``base``'s, repeat by repeat.
-
-    The systems run interleaved, so the i-th runs of two systems lie close
-    together in time: their ratio is little moved by load on the machine that
-    comes and goes over minutes, which moves the medians of the two rows
-    independently. Returns the median of those ratios over the repeats both
-    completed; the ratio of the rows' samples/s where repeats are not known.
-    """
-    per_step, base_per_step = _samples_per_step(row), _samples_per_step(base)
-    runs, base_runs = row.get("run_rates", ()), base.get("run_rates", ())
-    if per_step is None or base_per_step is None or len(runs) != len(base_runs) or len(runs) < 2:
-        return _ratio(row.get("samples_per_sec"), base.get("samples_per_sec"))
-    ratios = [r for r in (_ratio(a * per_step, b * base_per_step) for a, b in zip(runs, base_runs)) if r is not None]
-    return statistics.median(ratios) if ratios else None
-
-
-def _samples_per_step(row: dict) -> float | None:
-    """Examples one global step of the row's system consumes (100 async, 200 sync and DDP)."""
-    return _ratio(row.get("samples_per_sec"), row.get("global_steps_per_sec"))
-
-
-def _cpu_per_sample(row: dict) -> float | None:
-    return _ratio(row.get("cpu_ms_per_step"), _samples_per_step(row))
-
-
-def _ratio(value: float | None, base: float | None) -> float | None:
-    """value / base, or None where either is missing or not a number, or base is 0."""
-    if value is None or not base or math.isnan(value) or math.isnan(base):
-        return None
-    return value / base
-
-
-def training_table(rows: Sequence[dict]) -> str:
-    """Markdown table of ``benchmarks.training.run_training_benchmarks`` rows, with ratios."""
-    rows = training_ratios(rows)
-    extra = [k for k in ("note", "unavailable", "error") if any(k in r for r in rows)]
-    runs = any(len(r.get("run_rates", ())) > 1 for r in rows)
-    return markdown_table(
-        [
-            "system",
-            "model",
-            "mode",
-            "global steps/s",
-            "samples/s",
-            "steps",
-            "seconds",
-            "samples/s vs torch_rpc_ps",
-            "samples/s vs ddp_gloo",
-            "CPU ms/step",
-            "CPU/sample vs torch_rpc_ps",
-            "samples/s vs tf_ps",
-            *(["every run (global steps/s)"] if runs else []),
-            *extra,
-        ],
-        [
-            [
-                r["system"],
-                r["model"],
-                r["mode"],
-                format_number(r["global_steps_per_sec"]),
-                format_number(r["samples_per_sec"]),
-                r["steps"],
-                format_number(r["seconds"]),
-                format_ratio(r["vs_torch_rpc_ps"]),
-                format_ratio(r["vs_ddp_gloo"]),
-                format_number(r.get("cpu_ms_per_step")),
-                format_ratio(r["cpu_vs_torch_rpc_ps"]),
-                format_ratio(r["vs_tf_ps"]),
-                *([" / ".join(format_number(v) for v in r.get("run_rates", ()))] if runs else []),
-                *(str(r.get(k, "")) for k in extra),
-            ]
-            for r in rows
-        ],
-    )
-
-
-def scaling_table(rows: Sequence[dict]) -> str:
-    """Markdown table of :func:`benchmarks.scaling.run_scaling_benchmarks` rows, with ratios."""
-    from benchmarks.scaling import add_ratios
-
-    rows = add_ratios(rows)
-    notes = any("error" in r or "unavailable" in r for r in rows)
-    last = "error" if any("error" in r for r in rows) else "note"
-    return markdown_table(
-        [
-            "model",
-            "system",
-            "ps tasks",
-            "workers",
-            "global steps/s (echo: trips/s)",
-            "vs torch_rpc_ps",
-            "per-worker steps/s: median (min-max)",
-            "requests/step",
-            "request size",
-            "server CPU ms/request",
-            "CPU/request vs raw_echo",
-            "other load",
-            *([last] if notes else []),
-        ],
-        [
-            [
-                r["model"],
-                r["system"],
-                r["ps_tasks"],
-                r["workers"],
-                format_number(r["global_steps_per_sec"]),
-                format_ratio(r.get("vs_torch_rpc_ps")),
-                _spread_of(r.get("per_worker_steps_per_sec", ())),
-                r.get("requests_per_step", "-"),
-                format_bytes(r["request_bytes"]) if r.get("request_bytes") else "-",
-                format_number(r.get("server_cpu_ms_per_request")),
-                format_ratio(r.get("cpu_vs_raw_echo")),
-                "-" if r.get("other_cpu_load") is None else f"{r['other_cpu_load']:.2f}",
-                *([r.get("error") or _unavailable(r)] if notes else []),
-            ]
-            for r in rows
-        ],
-    )
-
-
-def _unavailable(row: dict) -> str:
-    return f"unavailable: {row['unavailable']}" if "unavailable" in row else ""
-
-
-def _spread_of(values: Sequence[float]) -> str:
-    """``median (min-max)`` of the workers' rates; the one rate of a single worker."""
-    values = [v for v in values if v == v]  # NaN: a worker with too few timed steps
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return format_number(values[0])
-    return f"{format_number(statistics.median(values))} ({format_number(min(values))}-{format_number(max(values))})"
-
-
-SPARSE_MEMORY_CAPTION = "ps memory of an embedding table with Adagrad on 2 ps tasks"
-SPARSE_CTR_CAPTION = "The CTR example (examples/ctr_dist.py), async and sync, against one process"
-
-
-def sparse_table(rows: Sequence[dict]) -> str:
-    """Markdown tables of :func:`benchmarks.sparse.run_sparse_benchmarks` rows: steps, then the ps
-    tasks' memory, the CTR example and partition balance (each where it has rows)."""
-    from benchmarks.ctr import ctr_table
-    from benchmarks.sparse import IDLE_ROWS, balance_table, memory_table
-    from benchmarks.sparse import sparse_table as table
-
-    steps = [r for r in rows if r.get("kind") not in ("memory", "ctr", "balance")]
-    memory, ctr, balance = ([r for r in rows if r.get("kind") == kind] for kind in ("memory", "ctr", "balance"))
-    parts = [table(steps)] if steps else []
-    if memory:
-        parts.append(
-            f"{SPARSE_MEMORY_CAPTION} (each ps task's peak resident memory, VmHWM, after "
-            f"{memory[0]['steps']} steps, against 1.3 x the table rows and optimizer state it "
-            f"holds plus the peak of the same ps task of a {IDLE_ROWS:,}-row table after the same "
-            "steps, measured in the same run; MB = 10^6 bytes):\n\n" + memory_table(memory)
-        )
-    if ctr:
-        parts.append(
-            f"{SPARSE_CTR_CAPTION} (from `benchmarks.ctr`: the same samples in every mode; "
-            "samples/s as the example's chief prints it, over its training loop; *run s* the "
-            "whole run with start-up and evaluation):\n\n" + ctr_table(ctr)
-        )
-    if balance:
-        parts.append(
-            "How evenly a table's parts share a batch's lookups (no cluster: psframe's placement "
-            "and id split over 20 power-law batches of a 10^6-row table):\n\n" + balance_table(balance)
-        )
-    return "\n\n".join(parts)
-
-
-def _signed(value: float | None) -> str:
-    return "-" if value is None else f"{value:+,.0f}"
-
-
-def security_table(rows: Sequence[dict]) -> str:
-    """Markdown table of :func:`benchmarks.security.run_security_benchmarks` rows."""
-    return markdown_table(
-        [
-            "payload",
-            "security",
-            "round trips/s",
-            "µs/step",
-            "µs/step over none",
-            "CPU µs/step",
-            "CPU µs/step over none",
-            "vs none",
-            "spread",
-        ],
-        [
-            [
-                format_bytes(r["payload_bytes"]),
-                r["security"],
-                format_number(r["round_trips_per_sec"]),
-                format_number(r["us_per_step"]),
-                _signed(r.get("us_over_none")),
-                format_number(r.get("cpu_us_per_step")),
-                _signed(r.get("cpu_us_over_none")),
-                format_ratio(r.get("vs_none")),
-                _pct(r["spread"]),
-            ]
-            for r in rows
-        ],
-    )
-
-
-def hosts_table(rows: Sequence[dict]) -> str:
-    """Markdown table of :func:`benchmarks.hosts.run_hosts_benchmark` rows."""
-    from benchmarks.hosts import format_table
-
-    return format_table(rows)
-
-
-TABLES = {
+# Each section's table, from the module that measures it.
+TABLES: dict[str, Callable[[Sequence[dict]], str]] = {
     "raw": raw_table,
     "transport": transport_table,
     "security": security_table,
@@ -405,24 +74,6 @@ def section_text(section: str, rows: Sequence[dict]) -> str:
     """A section's heading and table, as printed and as written in the report."""
     summary = training_summary(rows) if section == "training" else ""
     return f"## {TITLES[section]}\n\n{TABLES[section](rows)}\n" + (f"\n{summary}\n" if summary else "")
-
-
-def training_summary(rows: Sequence[dict]) -> str:
-    """The line the TF baseline is there for: psframe async against tf_ps on the large
-    MLP (samples/s, repeat by repeat); empty where either row is missing or not measured."""
-    ratios = training_ratios(rows)
-    lines = []
-    for system, how in (
-        ("psframe", "tensors through shared memory, psframe's default on one host"),
-        ("psframe_grpc", "every byte through gRPC, as between hosts"),
-    ):
-        row = next((r for r in ratios if (r["system"], r["mode"], r["model"]) == (system, "async", "large_mlp")), None)
-        if row is not None and row.get("vs_tf_ps") is not None:
-            lines.append(
-                f"**Large MLP, async: {system}'s samples/s over tf_ps's (TensorFlow's parameter server): "
-                f"{format_ratio(row['vs_tf_ps'])}** ({how}; the median of the ratios repeat by repeat)."
-            )
-    return "\n\n".join(lines)
 
 
 # ---------------------------------------------------------------- machine info
@@ -457,7 +108,6 @@ def versions() -> dict[str, str]:
     import torch
 
     import psframe
-    from benchmarks import tf_env
 
     return {
         "python": platform.python_version(),
@@ -490,7 +140,7 @@ _INTROS = {
         "psframe's PushPull (column *PushPull rpc*), is in bold."
     ),
     "security": (
-        "What issue 17's protections cost a worker step. The transport section's step (one float32 "
+        "What the auth token and TLS cost a worker step. The transport section's step (one float32 "
         "tensor pushed and pulled back through `PsClient.push_pull`, every byte through gRPC), to one "
         "`psframe server --serving_processes=1` ps task started with each setting's flags: **none**; "
         "**token** (`--auth_token_file`: one metadata entry per call, checked by the ps's interceptor; "
@@ -505,7 +155,7 @@ _INTROS = {
         "host moves tensor bytes through shared memory, and gRPC (so TLS) carries only the headers."
     ),
     "training": (
-        "From `benchmarks.training` (same run). Every system ran several times, interleaved (each "
+        "From `benchmarks.suite.training` (same run). Every system ran several times, interleaved (each "
         "system once, then each again...), so that other load on the machine weighs on all alike; a "
         "row is the run with the median rate (every run's rate in the last column), itself the median "
         "of 5 windows after warm-up. Ratios compare samples/s with torch_rpc_ps in the same mode and "
@@ -524,7 +174,7 @@ _INTROS = {
         "*unavailable*."
     ),
     "sparse": (
-        "From `benchmarks.sparse` (same run). One worker (`psframe.Trainer`) and 2 ps tasks train a "
+        "From `benchmarks.suite.sparse` (same run). One worker (`psframe.Trainer`) and 2 ps tasks train a "
         "CTR-shaped model: 26 categorical features looked up in one `nn.Embedding(rows, 64)`, summed "
         "per sample, and a linear head, with Adagrad; batches of 512 samples (13,312 lookups), the "
         "same for every table size: ids of a power-law frequency (Zipf over 10^4 ids) scattered over "
@@ -534,17 +184,17 @@ _INTROS = {
         "baseline's sizes): the same with `Trainer.prefetch`, each step also pulling the next batch's rows "
         "right behind its push. **dense**: `sparse=False`, the whole table "
         "each way every step (run up to 10^5 rows). **rpc**: a torch.distributed.rpc parameter server "
-        "(`benchmarks.baseline_rpc_sparse`, one ps process) with the same model and Adagrad, the trainer "
+        "(`benchmarks.baselines.rpc_sparse`, one ps process) with the same model and Adagrad, the trainer "
         "pulling the batch's rows and pushing a `torch.sparse` gradient, two `rpc_sync` calls a step; "
         "*vs rpc* divides psframe's steps/s on 1 ps task by its at the same table size. *rows/s each "
         "way* counts distinct rows (dense: the table's rows) moved per second; *step time vs smallest "
         "table* divides the step time by the smallest table's, moved the same way on as many ps tasks; "
         "*start-up s* is the trainer's connect (the chief sends the table's initial values). "
         "Below it: the ps tasks' memory with a 10^7 x 64 table and Adagrad (10^6 rows in quick mode; "
-        "`benchmarks.sparse.table_memory`), and the CTR example's samples/s and AUC (`benchmarks.ctr`)."
+        "`benchmarks.suite.sparse.table_memory`), and the CTR example's samples/s and AUC (`benchmarks.suite.ctr`)."
     ),
     "hosts": (
-        "From `benchmarks.hosts` (same run). One ps host and two worker hosts made of network "
+        "From `benchmarks.suite.hosts` (same run). One ps host and two worker hosts made of network "
         "namespaces on a bridge (`tests/hosts.py`), each with its own `/dev/shm`, so every byte crosses "
         "the network; every host's link capped with `tc tbf` (both ways) or uncapped. Async, 1 ps + 2 "
         "workers, the training section's models and data. *link limit* is the link's rate over the "
@@ -554,7 +204,7 @@ _INTROS = {
         "model; a row is *link-bound* when its limit is below what the same system reached uncapped."
     ),
     "scaling": (
-        "From `benchmarks.scaling` (same run). Each model, at each worker count N, with every system "
+        "From `benchmarks.suite.scaling` (same run). Each model, at each worker count N, with every system "
         "run once, async, back to back: **psframe** with 1 and 2 ps tasks and N workers; "
         "**torch_rpc_ps**, the RPC parameter server of the training section, with N trainers; "
         "**tf_ps**, TensorFlow's parameter server of the training section, with N workers; "
@@ -633,8 +283,6 @@ def _scaling_machine(rows: Sequence[dict]) -> str:
 
 def _psframe_messages(rows: Sequence[dict]) -> str:
     """The bytes of each message of a psframe step, per model and ps count in ``rows``."""
-    from benchmarks.scaling import request_plan
-
     cases = dict.fromkeys((r["model"], r["ps_tasks"]) for r in rows if r["system"] == "psframe")
     lines = []
     for model, ps_tasks in cases:
@@ -723,116 +371,6 @@ def render_markdown(results: dict, png_name: str, previous: str | None = None) -
     return "\n".join(parts)
 
 
-def plot(results: dict, path: Path) -> None:
-    """Write the two-panel PNG (matplotlib, Agg backend)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    lines = []
-    for r in results.get("raw") or ():
-        lines.append((f"raw gRPC {r['mode']}", "-", r))
-    for r in results.get("transport") or ():
-        lines.append((f"psframe {r['num_ps']}ps ({r['layout']})", "-" if r["layout"] == "one" else "--", r))
-    for label in dict.fromkeys(label for label, _, _ in lines):
-        points = sorted((r["payload_bytes"], r["gb_per_sec_each_way"]) for lab, _, r in lines if lab == label)
-        style = next(s for lab, s, _ in lines if lab == label)
-        left.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=label)
-    left.set_xscale("log", base=2)
-    sizes = sorted({r["payload_bytes"] for _, _, r in lines})
-    left.set_xticks(sizes, [format_bytes(s) for s in sizes])
-    left.set_yscale("log")  # 4 KiB and 64 MiB payloads differ by 1000x in GB/s
-    left.set_xlabel("payload per round trip (each way)")
-    left.set_ylabel("GB/s each way")
-    left.set_title("Throughput on loopback")
-    left.grid(True, alpha=0.3)
-    if lines:
-        left.legend(fontsize=8)
-    else:
-        left.text(0.5, 0.5, "not run", ha="center", va="center", transform=left.transAxes)
-
-    training = [r for r in results.get("training") or [] if "unavailable" not in r]
-    models = list(dict.fromkeys(r["model"] for r in training))
-    series = list(
-        dict.fromkeys((r["system"], r["mode"]) for s in TRAINING_SYSTEMS for r in training if r["system"] == s)
-    ) + list(dict.fromkeys((r["system"], r["mode"]) for r in training if r["system"] not in TRAINING_SYSTEMS))
-    width = 0.8 / max(1, len(series))
-    for i, (system, mode) in enumerate(series):
-        values = [
-            next(
-                (
-                    r["global_steps_per_sec"]
-                    for r in training
-                    if (r["system"], r["mode"], r["model"]) == (system, mode, m)
-                ),
-                0.0,
-            )
-            for m in models
-        ]
-        label = system if mode in ("-", "", None) else f"{system} ({mode})"
-        bars = right.bar(
-            [j + (i - (len(series) - 1) / 2) * width for j in range(len(models))], values, width, label=label
-        )
-        right.bar_label(bars, [format_number(v) if v else "" for v in values], fontsize=6, rotation=90, padding=2)
-    right.set_xticks(range(len(models)), models)
-    right.set_yscale("log")  # the two models differ by two orders of magnitude
-    right.set_ylabel("global steps/s (log)")
-    right.set_title("Training")
-    if series:
-        right.legend(fontsize=8)
-        right.margins(y=0.15)
-    else:
-        right.text(0.5, 0.5, "not run", ha="center", va="center", transform=right.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_scaling(rows: Sequence[dict], path: Path) -> None:
-    """Write the scaling PNG: global steps/s (echo: round trips/s) against workers,
-    one line per system and ps count, one panel per model (matplotlib, Agg backend)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = list(dict.fromkeys(r["model"] for r in rows)) or ["(not run)"]
-    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        mine = [r for r in rows if r["model"] == model and r["global_steps_per_sec"] == r["global_steps_per_sec"]]
-        for system, ps_tasks in dict.fromkeys((r["system"], r["ps_tasks"]) for r in mine):
-            points = sorted(
-                (r["workers"], r["global_steps_per_sec"])
-                for r in mine
-                if (r["system"], r["ps_tasks"]) == (system, ps_tasks)
-            )
-            label = f"{system} (trips/s)" if system == "raw_echo" else f"{system}, {ps_tasks} ps"
-            ax.plot(
-                [p[0] for p in points],
-                [p[1] for p in points],
-                "--" if system == "raw_echo" else "-",
-                marker="o",
-                label=label,
-            )
-        counts = sorted({r["workers"] for r in mine})
-        if counts:
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(counts, [str(n) for n in counts])
-            ax.set_yscale("log")  # the echo's trips/s and a large model's steps/s differ by 100x
-            ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xlabel("workers (echo: clients)")
-        ax.set_ylabel("global steps/s (echo: round trips/s)")
-        ax.set_title(model)
-        ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def write_report(results: dict, out: Path) -> tuple[Path, Path]:
     """Write the markdown report to ``out`` and its plot beside it, and the
     scaling plot (:func:`scaling_png_name`) when the scaling section has rows.
@@ -844,27 +382,8 @@ def write_report(results: dict, out: Path) -> tuple[Path, Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     png = out.with_suffix(".png")
     previous = out.read_text() if out.exists() else None
-    plot(results, png)
+    plot_throughput_and_training(results, png, PLOT_ORDER)
     if results.get("scaling"):
         plot_scaling(results["scaling"], out.parent / scaling_png_name(png.name))
     out.write_text(render_markdown(results, png.name, previous))
     return out, png
-
-
-def table_rows(text: str, heading: str) -> list[list[str]]:
-    """The body rows (cells stripped) of the first table under a ``## heading``
-    containing ``heading``, in markdown text such as :mod:`benchmarks.run`'s output."""
-    rows: list[list[str]] = []
-    inside = False
-    for line in text.splitlines():
-        if line.startswith("## "):
-            if inside and rows:
-                break
-            inside = heading in line
-        elif inside and line.startswith("|"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if not re.fullmatch(r"[-: |]+", line):
-                rows.append(cells)
-        elif inside and rows:  # the first table ended
-            break
-    return rows[1:]  # without the header row

@@ -2,18 +2,20 @@
 
     python -m benchmarks.run [--quick] [--skip training,memory,...] [--out docs/benchmarks.md]
 
-Sections, in the order they run: ``raw`` (the raw gRPC ceiling), ``transport``
-(psframe push+pull), ``security`` (what the auth token and TLS cost per step;
-from :mod:`benchmarks.security`), ``memory`` (ps memory), ``training`` (psframe against
+Sections, in the order they run: ``raw`` (the raw gRPC ceiling; from
+:mod:`benchmarks.baselines.raw_grpc`), ``transport`` (psframe push+pull; from
+:mod:`benchmarks.suite.transport`), ``security`` (what the auth token and TLS
+cost per step; from :mod:`benchmarks.suite.security`), ``memory`` (ps memory;
+from :mod:`benchmarks.suite.memory`), ``training`` (psframe against
 torch.distributed.rpc, TensorFlow's parameter server, DDP and one process; from
-:mod:`benchmarks.training`),
+:mod:`benchmarks.suite.training`),
 ``scaling`` (throughput and the servers' CPU per request against the number of
-workers; from :mod:`benchmarks.scaling`), ``sparse`` (embedding tables: step
+workers; from :mod:`benchmarks.suite.scaling`), ``sparse`` (embedding tables: step
 time against table size, rows against moving the table whole, the ps tasks'
-memory of a 10^7-row table with Adagrad; from :mod:`benchmarks.sparse`; and
-the CTR example's samples/s and AUC, from :mod:`benchmarks.ctr`), ``hosts`` (psframe and its
+memory of a 10^7-row table with Adagrad; from :mod:`benchmarks.suite.sparse`; and
+the CTR example's samples/s and AUC, from :mod:`benchmarks.suite.ctr`), ``hosts`` (psframe and its
 peers on test hosts made of network namespaces, links capped at 100 Mbit/s and 1 Gbit/s
-and uncapped, against each link's limit; from :mod:`benchmarks.hosts`; needs root).
+and uncapped, against each link's limit; from :mod:`benchmarks.suite.hosts`; needs root).
 A section that fails is reported (in the report and on stderr) and the others
 still run; the exit code is then 1. ``--quick`` is a smoke test: 4 KiB and
 320 KiB only, few repeats, one small memory case, training's and scaling's
@@ -31,7 +33,6 @@ os.environ["MKL_NUM_THREADS"] = "1"
 import argparse
 import datetime
 import faulthandler
-import importlib
 import shlex
 import sys
 import time
@@ -55,39 +56,20 @@ TIMEOUT_SCALE = {"training": 1.7}
 BUSY_LOAD_PER_CORE = 0.25  # warn when other work already loads the machine this much
 
 
-class SectionUnavailable(RuntimeError):
-    """A section's module is not there (yet)."""
-
-
-def _section_module(name: str):
-    """``benchmarks.<name>``, imported only when its section runs.
-
-    Raises:
-        SectionUnavailable: the module is not there (the message says how to skip it).
-    """
-    try:
-        return importlib.import_module(f"benchmarks.{name}")
-    except ModuleNotFoundError as e:
-        if e.name not in (f"benchmarks.{name}", "benchmarks"):
-            raise
-        raise SectionUnavailable(
-            f"benchmarks.{name} is not available (no module benchmarks.{name}); run with --skip {name}"
-        ) from e
-
-
 def run_training(quick: bool, timeout: float) -> list[dict]:
-    """``benchmarks.training.run_training_benchmarks``: every model, or the first in quick mode."""
+    """:func:`benchmarks.suite.training.run_training_benchmarks`: every model, or the first in quick mode."""
+    from benchmarks.suite.training import run_training_benchmarks
+
     models = TRAINING_MODELS[:1] if quick else TRAINING_MODELS
     return list(
-        _section_module("training").run_training_benchmarks(
-            models=models, quick=quick, timeout=timeout, repeats=1 if quick else TRAINING_REPEATS
-        )
+        run_training_benchmarks(models=models, quick=quick, timeout=timeout, repeats=1 if quick else TRAINING_REPEATS)
     )
 
 
 def run_scaling(quick: bool, timeout: float) -> list[dict]:
-    """``benchmarks.scaling.run_scaling_benchmarks``: every model, or the first in quick mode."""
-    scaling = _section_module("scaling")
+    """:func:`benchmarks.suite.scaling.run_scaling_benchmarks`: every model, or the first in quick mode."""
+    from benchmarks.suite import scaling
+
     models = scaling.MODEL_NAMES[:1] if quick else scaling.MODEL_NAMES
     return scaling.run_scaling_benchmarks(models, quick=quick, timeout=timeout)
 
@@ -126,22 +108,22 @@ def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
     start = time.monotonic()
 
     def raw() -> list[dict]:
-        from benchmarks.raw_grpc import run_raw_benchmarks
+        from benchmarks.baselines.raw_grpc import run_raw_benchmarks
 
         return run_raw_benchmarks(settings, timeout=timeout)
 
     def transport() -> list[dict]:
-        from benchmarks.transport import add_ratios, run_transport_benchmarks
+        from benchmarks.suite.transport import add_ratios, run_transport_benchmarks
 
         return add_ratios(run_transport_benchmarks(settings, timeout=timeout), results["raw"] or [])
 
     def security() -> list[dict]:
-        from benchmarks.security import run_security_benchmarks
+        from benchmarks.suite.security import run_security_benchmarks
 
         return run_security_benchmarks(settings, timeout=timeout)
 
     def memory() -> list[dict]:
-        from benchmarks.memory import run_memory_benchmarks
+        from benchmarks.suite.memory import run_memory_benchmarks
 
         return run_memory_benchmarks(quick=quick, timeout=timeout)
 
@@ -155,12 +137,12 @@ def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
         return run_scaling(quick, timeout)
 
     def sparse() -> list[dict]:
-        from benchmarks.sparse import run_sparse_benchmarks
+        from benchmarks.suite.sparse import run_sparse_benchmarks
 
         return run_sparse_benchmarks(quick=quick, timeout=timeout)
 
     def hosts() -> list[dict]:
-        from benchmarks.hosts import run_hosts_benchmark
+        from benchmarks.suite.hosts import run_hosts_benchmark
 
         models = ("mnist_mlp",) if quick else ("mnist_mlp", "large_mlp")
         links = (100,) if quick else (100, 1000, 0)
@@ -186,8 +168,7 @@ def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
         try:
             results[section] = run()
         except Exception as e:  # noqa: BLE001 - a failed section is reported, the rest still run
-            if not isinstance(e, SectionUnavailable):
-                traceback.print_exc()
+            traceback.print_exc()
             results["errors"][section] = f"{type(e).__name__}: {e}".splitlines()[0]
             print(f"[bench] {section} FAILED: {e}", file=sys.stderr, flush=True)
             continue

@@ -41,8 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctr_data import CATEGORICAL, DENSE, ClickLog, auc, ceiling_auc, click_log
 
 import psframe
-from psframe.cli import add_cluster_flags, add_security_flags, security_kwargs
-from psframe.cluster.tf_config import resolve_cluster
+from psframe.flags import add_cluster_flags, add_security_flags, cluster_from_flags, security_from_flags
 from psframe.hooks import NanGuardHook, StopAtStepHook
 
 log = logging.getLogger("ctr_dist")
@@ -252,7 +251,7 @@ def run_ps(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: i
         worker_timeout=args.worker_timeout,
         checkpoint_dir=args.checkpoint_dir,
         serving_processes=args.serving_processes,
-        **security_kwargs(args),
+        security=security_from_flags(args),
     ).join()
     return 0
 
@@ -268,12 +267,13 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         sync=psframe.SyncReplicas(args.replicas_to_aggregate, args.total_num_replicas, args.sync_timeout)
         if args.sync_replicas
         else None,
-        table_partition=args.table_partition,
+        placement=psframe.Placement(table_partition=args.table_partition),
         hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],
-        checkpoint_dir=args.checkpoint_dir,
-        save_checkpoint_steps=args.save_checkpoint_steps,
-        connect_timeout=args.connect_timeout,
-        **security_kwargs(args),
+        checkpointing=psframe.Checkpointing(args.checkpoint_dir, save_steps=args.save_checkpoint_steps)
+        if args.checkpoint_dir
+        else None,
+        transport=psframe.Transport(connect_timeout=args.connect_timeout),
+        security=security_from_flags(args),
     )
     with trainer:
         first_step, start = trainer.global_step, time.perf_counter()
@@ -313,12 +313,11 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    psframe.tune_process()  # the allocator settings of a process that moves tensors every step
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.single_process:
         return run_single_process(args)
-    cluster, job_name, task_index = resolve_cluster(
-        args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
-    )
+    cluster, job_name, task_index = cluster_from_flags(args)
     if job_name == "ps":
         return run_ps(args, cluster, task_index)
     return run_worker(args, cluster, task_index)

@@ -36,14 +36,14 @@ from mnist_data import load_mnist
 from tqdm import tqdm
 
 import psframe
-from psframe.cli import (
+from psframe.flags import (
     add_cluster_flags,
     add_liveness_flags,
     add_security_flags,
-    liveness_from_args,
-    security_kwargs,
+    cluster_from_flags,
+    liveness_from_flags,
+    security_from_flags,
 )
-from psframe.cluster.tf_config import resolve_cluster
 from psframe.hooks import NanGuardHook, StopAtStepHook
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -148,8 +148,8 @@ def run_ps(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: i
         chief_timeout=args.chief_timeout,
         checkpoint_dir=args.checkpoint_dir,
         serving_processes=args.serving_processes,
-        liveness=liveness_from_args(args),
-        **security_kwargs(args),
+        liveness=liveness_from_flags(args),
+        security=security_from_flags(args),
     )
     server.join()  # returns once every worker has finished
     return 0
@@ -185,12 +185,12 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         device=device,
         gpu_memory_fraction=args.gpu_memory_fraction,
         hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],
-        checkpoint_dir=args.checkpoint_dir,
-        save_checkpoint_steps=args.save_checkpoint_steps,
-        connect_timeout=args.connect_timeout,
-        wire_dtype=args.wire_dtype,
-        liveness=liveness_from_args(args),
-        **security_kwargs(args),
+        checkpointing=psframe.Checkpointing(args.checkpoint_dir, save_steps=args.save_checkpoint_steps)
+        if args.checkpoint_dir
+        else None,
+        transport=psframe.Transport(connect_timeout=args.connect_timeout, wire_dtype=args.wire_dtype),
+        liveness=liveness_from_flags(args),
+        security=security_from_flags(args),
     )
     progress = None
     with trainer:
@@ -241,10 +241,9 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    psframe.tune_process()  # the allocator settings of a process that moves tensors every step
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cluster, job_name, task_index = resolve_cluster(
-        args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
-    )
+    cluster, job_name, task_index = cluster_from_flags(args)
     if job_name == "ps":
         return run_ps(args, cluster, task_index)
     return run_worker(args, cluster, task_index)

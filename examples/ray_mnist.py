@@ -32,7 +32,7 @@ from mnist_data import load_mnist
 
 import psframe
 import psframe.ray
-from psframe.cli import add_liveness_flags, add_security_flags, liveness_from_args, security_kwargs
+from psframe.flags import add_liveness_flags, add_security_flags, liveness_from_flags, security_from_flags
 from psframe.hooks import StopAtStepHook
 
 log = logging.getLogger("ray_mnist")
@@ -112,9 +112,9 @@ def main_fun(args: argparse.Namespace, ctx: psframe.ray.TaskContext) -> dict | N
         sync=psframe.SyncReplicas() if args.sync_replicas else None,
         device=device,
         hooks=[StopAtStepHook(last_step=args.train_steps)],
-        checkpoint_dir=args.checkpoint_dir,
-        liveness=liveness_from_args(args),
-        **security_kwargs(args),
+        checkpointing=psframe.Checkpointing(args.checkpoint_dir) if args.checkpoint_dir else None,
+        liveness=liveness_from_flags(args),
+        security=security_from_flags(args),
     )
     with trainer:
         for indices in batches(len(train_x), args.batch_size, args.seed + 1 + ctx.task_index):

@@ -43,7 +43,7 @@ from mnist_data import load_mnist, normalise, read_idx_images, read_idx_labels  
 
 import psframe  # noqa: E402
 import psframe.spark  # noqa: E402
-from psframe.cli import add_security_flags, security_kwargs  # noqa: E402
+from psframe.flags import add_security_flags, security_from_flags  # noqa: E402
 from psframe.hooks import NanGuardHook, StopAtStepHook  # noqa: E402
 
 
@@ -92,7 +92,7 @@ def main_fun(args: argparse.Namespace, ctx: psframe.spark.NodeContext) -> dict |
     """One psframe task in a Spark task; the chief returns the final parameters."""
     if ctx.job_name == "ps":
         psframe.Server(
-            ctx.cluster, "ps", ctx.task_index, checkpoint_dir=args.checkpoint_dir, **security_kwargs(args)
+            ctx.cluster, "ps", ctx.task_index, checkpoint_dir=args.checkpoint_dir, security=security_from_flags(args)
         ).join()
         return None
     pixels, labels = zip(*ctx.input)
@@ -106,10 +106,11 @@ def main_fun(args: argparse.Namespace, ctx: psframe.spark.NodeContext) -> dict |
         task_index=ctx.task_index,
         optimizer=psframe.optim.SGD(lr=args.learning_rate),
         hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],
-        checkpoint_dir=args.checkpoint_dir,
-        save_checkpoint_steps=args.save_checkpoint_steps,
-        connect_timeout=args.connect_timeout,
-        **security_kwargs(args),
+        checkpointing=psframe.Checkpointing(args.checkpoint_dir, save_steps=args.save_checkpoint_steps)
+        if args.checkpoint_dir
+        else None,
+        transport=psframe.Transport(connect_timeout=args.connect_timeout),
+        security=security_from_flags(args),
     )
     with trainer:
         first_step, start = trainer.global_step, time.perf_counter()

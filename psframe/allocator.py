@@ -14,7 +14,7 @@ synchronous) that was half of the ps's CPU time.
 threads and the training thread share freed buffers instead of each keeping
 its own), allocations up to 256 MiB from the heap, and the heap's free top
 kept up to 512 MiB. The process's memory then stays at its working set; it
-stops being mapped and unmapped every step (``python -m benchmarks.memory``
+stops being mapped and unmapped every step (``python -m benchmarks.suite.memory``
 measures the ps's peak against what it holds).
 
 It changes nothing where the user chose the allocator: ``MALLOC_*`` or
@@ -77,11 +77,13 @@ def user_choice(environ: Mapping[str, str]) -> str | None:
 def tune_malloc(environ: Mapping[str, str] | None = None) -> bool:
     """Keep large freed buffers in this process for reuse (see the module's doc).
 
-    Called when a ps task's service (inside :class:`psframe.Server`) or a
-    :class:`psframe.Trainer` is created, before either starts a gRPC thread
-    (an arena limit applies to threads that have none yet); later calls
-    return the first's answer. Where glibc refuses a setting, the ones before
-    it stay and the answer is False, so the ps keeps trimming.
+    A setting of the whole process, so no constructor makes it: the entry
+    points do (``psframe server``, a ps task's serving processes), and a
+    script calls it through :func:`psframe.tune_process` first thing, before
+    any gRPC thread starts (an arena limit applies to threads that have none
+    yet). Later calls return the first's answer. Where glibc refuses a
+    setting, the ones before it stay and the answer is False, so the ps keeps
+    trimming.
 
     Args:
         environ: the environment to read the user's choices from; default
@@ -117,6 +119,11 @@ def tune_malloc(environ: Mapping[str, str] | None = None) -> bool:
         return _result
 
 
+def malloc_tuned() -> bool:
+    """Whether :func:`tune_malloc` changed glibc's settings in this process (it changes nothing)."""
+    return bool(_result)
+
+
 @functools.lru_cache(maxsize=1)
 def _glibc() -> ctypes.CDLL | None:
     """The C library if it is glibc, else None (musl, macOS, Windows)."""
@@ -149,7 +156,7 @@ class MemoryReturner:
     requests and replies of a few MiB are allocated and freed on many gRPC
     threads, each thread's arena keeps the freed pages, and the task's
     resident memory would grow well past what it holds (see
-    benchmarks/memory.py); ``malloc_trim`` returns them. A no-op without
+    benchmarks/suite/memory.py); ``malloc_trim`` returns them. A no-op without
     glibc, or when not ``enabled`` (where :func:`tune_malloc` applied, freed
     buffers stay in one arena for the next step, and trimming them would only
     make it fault them back in).

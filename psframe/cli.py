@@ -7,7 +7,7 @@
     psframe launch --num_ps 2 --num_workers 2 examples/mlp_mnist_dist.py -- --train_steps 2000
 
 Every command takes ``--auth_token_file`` and the ``--tls_*`` flags
-(:func:`add_security_flags`; see :mod:`psframe.security`).
+(:func:`psframe.flags.add_security_flags`; see :mod:`psframe.security`).
 """
 
 from __future__ import annotations
@@ -17,117 +17,28 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from psframe import allocator
 from psframe.cluster import ClusterSpec
-from psframe.cluster.tf_config import resolve_cluster
 from psframe.errors import AuthenticationError, PsframeError
-from psframe.liveness import Liveness
-from psframe.security import Security
+from psframe.flags import (
+    add_cluster_flags,
+    add_liveness_flags,
+    add_security_flags,
+    cluster_from_flags,
+    liveness_from_flags,
+    security_from_flags,
+)
 from psframe.version import __version__
 
 log = logging.getLogger("psframe")
 
 
-def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags that name a cluster and a task (TF's, plus --cluster_spec)."""
-    parser.add_argument("--ps_hosts", default=None, help="comma-separated host:port of the ps tasks")
-    parser.add_argument("--worker_hosts", default=None, help="comma-separated host:port of the workers")
-    parser.add_argument(
-        "--cluster_spec",
-        default=None,
-        help="the whole cluster as 'ps|h:p;h:p,worker|h:p' (instead of the *_hosts flags)",
-    )
-    parser.add_argument("--job_name", default=None, choices=("ps", "worker"), help="this task's job")
-    parser.add_argument("--task_index", type=int, default=None, help="this task's index in its job")
-
-
-def add_security_flags(parser: argparse.ArgumentParser, no_token: str = "no token") -> None:
-    """The flags of the auth token and TLS (each falls back on its ``PSFRAME_*`` environment variable;
-    ``no_token`` says what happens without either)."""
-    group = parser.add_argument_group("security", "who may talk to the cluster (see psframe.security)")
-    group.add_argument(
-        "--auth_token_file",
-        default=None,
-        help="a file holding the cluster's shared secret; every call carries it and ps tasks "
-        f"refuse calls without it (default: $PSFRAME_AUTH_TOKEN, or {no_token})",
-    )
-    group.add_argument(
-        "--tls_cert_file",
-        default=None,
-        help="this task's TLS certificate (PEM): servers listen with TLS; clients present it "
-        "(default: $PSFRAME_TLS_CERT_FILE)",
-    )
-    group.add_argument(
-        "--tls_key_file", default=None, help="the private key of --tls_cert_file (PEM; default: $PSFRAME_TLS_KEY_FILE)"
-    )
-    group.add_argument(
-        "--tls_ca_file",
-        default=None,
-        help="the CA (PEM) other tasks' certificates chain to: calls use TLS, and a server with "
-        "a certificate requires callers' certificates (mutual TLS) "
-        "(default: $PSFRAME_TLS_CA_FILE)",
-    )
-
-
-def add_liveness_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of keepalive (see :mod:`psframe.liveness`); each falls back on its
-    ``PSFRAME_KEEPALIVE_*`` environment variable, then on 5 s."""
-    group = parser.add_argument_group("liveness", "how soon a peer that went away is noticed (see psframe.liveness)")
-    group.add_argument(
-        "--keepalive_time",
-        type=float,
-        default=None,
-        help="seconds without traffic before a connection is pinged (default: $PSFRAME_KEEPALIVE_TIME, or 5)",
-    )
-    group.add_argument(
-        "--keepalive_timeout",
-        type=float,
-        default=None,
-        help="seconds a ping, or data sent, may go unacknowledged before the connection is "
-        "closed as dead (default: $PSFRAME_KEEPALIVE_TIMEOUT, or 5)",
-    )
-
-
-def liveness_from_args(args: argparse.Namespace) -> Liveness:
-    """The :class:`Liveness` of :func:`add_liveness_flags`'s flags and the environment.
-
-    Raises:
-        ValueError: a setting is not a valid number of seconds.
-    """
-    return Liveness.resolve(args.keepalive_time, args.keepalive_timeout)
-
-
-def security_from_args(args: argparse.Namespace) -> Security:
-    """The :class:`Security` of :func:`add_security_flags`'s flags and the environment.
-
-    Raises:
-        SecurityConfigError: a file cannot be read or holds no valid token.
-    """
-    return Security.resolve(
-        auth_token_file=args.auth_token_file,
-        tls_cert_file=args.tls_cert_file,
-        tls_key_file=args.tls_key_file,
-        tls_ca_file=args.tls_ca_file,
-    )
-
-
-def security_kwargs(args: argparse.Namespace) -> dict[str, str | None]:
-    """``auth_token`` and the ``tls_*`` keyword arguments of ``psframe.Server`` and
-    ``psframe.Trainer``, from :func:`add_security_flags`'s flags and the environment."""
-    security = security_from_args(args)
-    return {
-        "auth_token": security.auth_token,
-        "tls_cert_file": security.tls_cert_file,
-        "tls_key_file": security.tls_key_file,
-        "tls_ca_file": security.tls_ca_file,
-    }
-
-
 def _server(args: argparse.Namespace) -> int:
     from psframe.ps.server import Server
 
-    cluster, job_name, task_index = resolve_cluster(
-        args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
-    )
+    allocator.tune_malloc()  # a process of its own: tune it before the server starts its gRPC threads
+
+    cluster, job_name, task_index = cluster_from_flags(args)
     server = Server(
         cluster,
         job_name,
@@ -136,9 +47,9 @@ def _server(args: argparse.Namespace) -> int:
         worker_timeout=args.worker_timeout,
         chief_timeout=args.chief_timeout,
         checkpoint_dir=args.checkpoint_dir,
-        liveness=liveness_from_args(args),
+        liveness=liveness_from_flags(args),
         serving_processes=args.serving_processes,
-        **security_kwargs(args),
+        security=security_from_flags(args),
         **({} if args.max_message_bytes is None else {"max_message_bytes": args.max_message_bytes}),
     )
     print(f"psframe {__version__}: {server.task_name} serving at {server.address}", flush=True)
@@ -158,7 +69,7 @@ def _ping(args: argparse.Namespace) -> int:
     from psframe.wire import psframe_pb2 as pb
     from psframe.worker.client import ping
 
-    info = ping(args.target, timeout=args.timeout, security=security_from_args(args))
+    info = ping(args.target, timeout=args.timeout, security=security_from_flags(args))
     state = pb.TaskInfo.State.Name(info.state).lower()
     line = f"{info.address} is {ClusterSpec.caller_name(info.job_name, info.task_index)} ({state}"
     if info.job_name == "ps":
@@ -188,7 +99,7 @@ def _status(args: argparse.Namespace) -> int:
     ]
     seen: dict[int, pb.WorkerSeen] = {}
     applied: dict[int, list[int]] = {}  # a worker's steps applied, by each ps task that answered
-    client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_args(args))
+    client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))
     try:
         for k, address in enumerate(cluster.job_tasks("ps")):
             try:
@@ -257,7 +168,7 @@ def _shutdown(args: argparse.Namespace) -> int:
     from psframe.worker.client import PsClient
 
     cluster = _cluster_only(args)
-    client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_args(args))
+    client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))
     try:
         infos = [client.get_info(k) for k in range(cluster.num_ps)]
         checkpoint_dir = args.checkpoint_dir or infos[0].checkpoint_dir
@@ -272,7 +183,7 @@ def _shutdown(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bytes(n: int) -> str:
+def _bytes(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -287,7 +198,12 @@ def _launch(args: argparse.Namespace) -> int:
     if script_args and script_args[0] == "--":
         script_args = script_args[1:]
     return launch(
-        args.script, args.num_ps, args.num_workers, script_args, timeout=args.timeout, security=security_from_args(args)
+        args.script,
+        args.num_ps,
+        args.num_workers,
+        script_args,
+        timeout=args.timeout,
+        security=security_from_flags(args),
     )
 
 

@@ -26,9 +26,10 @@ from typing import Any
 import numpy
 import torch
 
-from psframe import huge_pages, optim
+from psframe import optimizer_kernels
 from psframe.cluster.table_placement import ID_MIX, DynamicTableSpec, RowInitializer
-from psframe.errors import RowIdError
+from psframe.errors import InvalidGradientError, RowIdError
+from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
 from psframe.sparse_optim import fresh_row_state
 
@@ -153,6 +154,9 @@ class DynamicRows:
         spec: the table's initializer and eviction.
         optimizer: the table optimizer (one that takes sparse gradients); None
             for rows that are only read (a reference, a loaded checkpoint).
+        slots: rows to make room for at first (doubled as ids arrive).
+        memory: where the rows' optimizer state and grown slots live
+            (:class:`psframe.memory.Memory`); plain torch by default.
     """
 
     def __init__(
@@ -164,8 +168,10 @@ class DynamicRows:
         optimizer: OptimizerSpec | None = None,
         *,
         slots: int = INITIAL_SLOTS,
+        memory: Memory | None = None,
     ) -> None:
         self.name = name
+        self._memory = memory if memory is not None else Memory()
         self.row_shape = tuple(row_shape)
         self.dtype = dtype
         self.spec = spec
@@ -227,13 +233,22 @@ class DynamicRows:
     def apply(self, ids: torch.Tensor, grads: torch.Tensor) -> None:
         """One step of the table optimizer with these rows' gradients (an id
         may repeat: its gradients are summed); an id not held is made first.
-        With no ids, the optimizer still counts a step, as for a batch that used the table."""
+        With no ids, the optimizer still counts a step, as for a batch that used the table.
+
+        Raises:
+            InvalidGradientError: this part holds rows only to read (it has no optimizer).
+        """
+        if self.optimizer is None:
+            raise InvalidGradientError(
+                f"dynamic table part {self.name!r} holds rows only to read: it has no optimizer to apply "
+                f"gradients with; nothing was applied"
+            )
         slots = self._slots(ids)
         grad = torch.sparse_coo_tensor(slots.unsqueeze(0), grads, self.weight.shape, check_invariants=False).coalesce()
         self.weight.grad = grad
         try:
-            optim.step(self.optimizer)
-            huge_pages.back_state(self.optimizer)  # state torch made at this step (SparseAdam's first)
+            optimizer_kernels.step(self.optimizer)
+            self._memory.back_state(self.optimizer)  # state torch made at this step (SparseAdam's first)
         finally:
             self.weight.grad = None
         self.clock += 1
@@ -279,7 +294,7 @@ class DynamicRows:
                     and value.shape[0] == ids.numel()
                     and tuple(value.shape[1:]) == self.row_shape
                 ):
-                    full = huge_pages.full(self.weight.shape, self._fresh.get(key, 0.0), value.dtype)
+                    full = self._memory.full(self.weight.shape, self._fresh.get(key, 0.0), value.dtype)
                     state[key] = full.index_copy_(0, slots, value)
                 else:
                     state[key] = value.clone() if isinstance(value, torch.Tensor) else value
@@ -340,7 +355,7 @@ class DynamicRows:
         old = self.slots
 
         def doubled(tensor: torch.Tensor, fill: float | bool = 0) -> torch.Tensor:
-            grown = huge_pages.full((2 * old, *tensor.shape[1:]), fill, tensor.dtype)
+            grown = self._memory.full((2 * old, *tensor.shape[1:]), fill, tensor.dtype)
             grown[:old] = tensor
             return grown
 

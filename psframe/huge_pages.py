@@ -139,4 +139,8 @@ def _is_backed(tensor: torch.Tensor) -> bool:
 
 def _remember(tensor: torch.Tensor) -> None:
     key = id(tensor)
-    _backed[key] = weakref.ref(tensor, lambda _, key=key: _backed.pop(key, None))
+
+    def forget(_: weakref.ref, key: int = key) -> None:
+        _backed.pop(key, None)
+
+    _backed[key] = weakref.ref(tensor, forget)

@@ -12,40 +12,18 @@ once over a dummy parameter, so a typo fails before any task is contacted.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import math
-import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from psframe import sparse_optim
+from psframe import optimizer_kernels, sparse_optim
 from psframe.errors import OptimizerConfigError
 
 log = logging.getLogger(__name__)
-
-# Variables up to this size share multi-tensor optimizer kernels, in groups
-# of at most this many bytes (see OptimizerSpec.build).
-FOREACH_GROUP_BYTES = 4 << 20
-
-# Whether an optimizer's multi-tensor ("foreach") kernels give the same bits
-# as its per-parameter ones depends on the torch release, the optimizer, its
-# arguments and the dtype. On torch 2.13, NAdam's differ on most float32
-# tensors of more than a few values (tensors of a dozen values may agree),
-# RAdam's and ASGD's differ, and in float16 or bfloat16 most optimizers' do
-# (their multi-tensor kernels round intermediate results differently); on
-# torch 2.11, NAdam's differ even on a dozen values. So no list is kept: the
-# first build of each optimizer, arguments and dtypes in a process steps both
-# kernels on these shapes and compares the bits (see foreach_same_results).
-# The 33,153 values of the last shape catch differences as rare as about one
-# value in 10^4 (Adadelta's in bfloat16); rarer ones could pass unseen, the
-# shapes being a sample.
-_CHECK_SHAPES = ((3,), (5, 7), (67,), (129, 257))
-_CHECK_STEPS = 5
 
 # torch.optim optimizers a ps can run: every one whose step() needs no
 # closure. LBFGS re-evaluates the loss, which only a worker can do.
@@ -101,35 +79,15 @@ class OptimizerSpec:
                 )
             clean[key] = value
         object.__setattr__(self, "kwargs", clean)
-        _check(self.name, tuple(sorted(clean.items())))
+        try:
+            optimizer_kernels.check_arguments(self.name, tuple(sorted(clean.items())))
+        except (TypeError, ValueError) as e:
+            raise OptimizerConfigError(f"torch.optim.{self.name} refused {clean}: {e}") from e
 
     def build(self, params: list[torch.Tensor], *, per_parameter: bool = False) -> torch.optim.Optimizer:
-        """Create the torch optimizer over ``params`` (done on the ps).
-
-        Unless told otherwise (``foreach=``), and where the installed torch's
-        multi-tensor ("foreach") kernels of this optimizer give the same bits
-        as its per-parameter ones for these arguments and dtypes (see
-        :func:`foreach_same_results`), variables of up to
-        :data:`FOREACH_GROUP_BYTES` are packed, in order, into parameter
-        groups of at most that many bytes that run the multi-tensor kernels:
-        one call per group instead of a Python loop over many small
-        variables. Larger variables run the per-parameter kernels: the
-        multi-tensor ones allocate temporaries as large as all the variables
-        of their group, which for large ones would double a ps task's memory.
-        Where the kernels differ, every variable runs the per-parameter ones,
-        so the values are torch's per-parameter results either way.
-        ``per_parameter`` asks for the per-parameter kernels outright (an
-        embedding table's sparse updates have no multi-tensor form).
-        """
-        cls = optimizer_class(self.name)
-        kwargs = dict(self.kwargs)
-        if "foreach" not in inspect.signature(cls.__init__).parameters or "foreach" in kwargs:
-            return cls(params, **kwargs)
-        if per_parameter:
-            return cls(params, foreach=False, **kwargs)
-        if not foreach_same_results(cls, kwargs, _trained_dtypes(params)):
-            return cls(params, foreach=False, **kwargs)
-        return cls(_foreach_groups(params), **kwargs)
+        """Create the torch optimizer over ``params``, as a ps task runs it
+        (see :func:`psframe.optimizer_kernels.build`)."""
+        return optimizer_kernels.build(self.name, self.kwargs, params, per_parameter=per_parameter)
 
     def for_tables(self) -> OptimizerSpec:
         """The optimizer that goes with this one for embedding tables (see
@@ -146,205 +104,214 @@ class OptimizerSpec:
         return f"psframe.optim.{self.name}({args})"
 
 
-def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
-    """The optimizer class of a name in :data:`SUPPORTED`: torch.optim's, or psframe's ``SparseSGD``."""
-    return sparse_optim.SparseSGD if name == "SparseSGD" else getattr(torch.optim, name)
+# The factories below name torch.optim's arguments so that editors and the
+# API reference show them. An argument left None is not sent: the ps builds
+# the optimizer with torch.optim's default for it. ``**more`` passes any other
+# keyword argument of the installed torch's optimizer (checked like the rest).
 
 
-def step(optimizer: torch.optim.Optimizer) -> None:
-    """``optimizer.step()``, without the profiler range and hook dispatch around it when nothing uses them.
-
-    torch.optim wraps every optimizer class's ``step`` in a function that
-    opens a profiler range and runs the step hooks. On a ps task, which
-    steps once per push, thousands of times a second on small models, that
-    wrapper costs about a fifth of a step of the MNIST MLP's four variables.
-    With no profiler running and no step hook registered (psframe registers
-    none, and a ps task's optimizers are its own), the wrapper does nothing
-    but call the step, so the step is called directly; with a profiler or a
-    hook, or a torch without the wrapper, ``optimizer.step()`` is.
-    """
-    unwrapped = getattr(type(optimizer).step, "__wrapped__", None)
-    if (
-        unwrapped is None
-        or torch.autograd._profiler_enabled()
-        or _global_step_hooks()
-        or getattr(optimizer, "_optimizer_step_pre_hooks", True)
-        or getattr(optimizer, "_optimizer_step_post_hooks", True)
-    ):
-        optimizer.step()
-    else:
-        unwrapped(optimizer)
+def _spec(name: str, arguments: dict[str, Any]) -> OptimizerSpec:
+    """The spec of a factory's arguments: those given, plus its ``more``."""
+    more = arguments.pop("more")
+    return OptimizerSpec(name, {**{k: v for k, v in arguments.items() if v is not None}, **more})
 
 
-def _global_step_hooks() -> bool:
-    """Whether a step hook is registered for every optimizer (True where torch does not say)."""
-    module = sys.modules.get("torch.optim.optimizer")
-    pre = getattr(module, "_global_optimizer_pre_hooks", None)
-    post = getattr(module, "_global_optimizer_post_hooks", None)
-    return pre is None or post is None or bool(pre) or bool(post)
+def SGD(
+    *,
+    lr: float | None = None,
+    momentum: float | None = None,
+    dampening: float | None = None,
+    weight_decay: float | None = None,
+    nesterov: bool | None = None,
+    maximize: bool | None = None,
+    foreach: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run ``torch.optim.SGD`` on the ps tasks.
 
-
-def foreach_same_results(
-    cls: type[torch.optim.Optimizer],
-    kwargs: Mapping[str, Any] | None = None,
-    dtypes: Iterable[torch.dtype] = (torch.float32,),
-) -> bool:
-    """Whether ``cls``'s multi-tensor kernels give the same bits as its
-    per-parameter ones on the installed torch, for these arguments and dtypes.
-
-    Decided once per process for each optimizer class, arguments and set of
-    dtypes, by running a few steps of both kernels from the same values and
-    gradients (random, from a private generator: the global random state is
-    left alone) on tensors of a few shapes, and comparing the results bit
-    for bit; a few milliseconds per dtype (the first optimizer step in a
-    process also pays torch's one-off imports, which the ps's first step
-    would pay otherwise). The answer and its reason are logged (debug when
-    they agree, info when they do not).
-
-    Args:
-        cls: a ``torch.optim.Optimizer`` subclass taking a ``foreach`` argument.
-        kwargs: its keyword arguments, other than ``foreach``.
-        dtypes: the dtypes of the variables it will update.
+    Arguments are ``torch.optim.SGD``'s; one left None takes torch's default.
 
     Returns:
-        True where every result agrees; False where one differs, or where
-        the check itself fails (an argument or dtype the multi-tensor kernels
-        refuse), so that a False only ever costs speed.
+        An :class:`OptimizerSpec` to pass to ``psframe.Trainer``.
+
+    Raises:
+        OptimizerConfigError: torch.optim.SGD refuses the arguments.
     """
-    items = tuple(sorted((kwargs or {}).items()))
-    return _decide_foreach(cls, items, tuple(sorted(set(dtypes), key=str)))
+    return _spec("SGD", locals())
 
 
-@functools.lru_cache(maxsize=64)
-def _decide_foreach(
-    cls: type[torch.optim.Optimizer], items: tuple[tuple[str, Any], ...], dtypes: tuple[torch.dtype, ...]
-) -> bool:
-    """:func:`foreach_same_results`, memoised, with the choice logged."""
-    what = f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in items)}) on {', '.join(map(str, dtypes))}"
-    try:
-        difference = _foreach_difference(cls, dict(items), dtypes)
-    except Exception as e:  # noqa: BLE001 - any failure leaves them not shown equal: the safe answer
-        difference = f"could not be compared ({type(e).__name__}: {e})"
-    if difference is None:
-        log.debug(
-            "%s: multi-tensor kernels give the same bits as per-parameter ones on torch %s; small variables share them",
-            what,
-            torch.__version__,
-        )
-        return True
-    log.info("%s: no multi-tensor groups: on torch %s its multi-tensor kernels %s", what, torch.__version__, difference)
-    return False
+def Adam(
+    *,
+    lr: float | None = None,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
+    weight_decay: float | None = None,
+    amsgrad: bool | None = None,
+    decoupled_weight_decay: bool | None = None,
+    maximize: bool | None = None,
+    foreach: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run ``torch.optim.Adam`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
+    return _spec("Adam", locals())
 
 
-def _foreach_difference(
-    cls: type[torch.optim.Optimizer], kwargs: dict[str, Any], dtypes: tuple[torch.dtype, ...]
-) -> str | None:
-    """None if both kernels of ``cls`` end on the same bits; else what differs."""
-    generator = torch.Generator().manual_seed(0)
-    start = [torch.randn(shape, dtype=dtype, generator=generator) for dtype in dtypes for shape in _CHECK_SHAPES]
-    multi = [t.clone().requires_grad_() for t in start]
-    single = [t.clone().requires_grad_() for t in start]
-    multi_opt = cls(multi, foreach=True, **kwargs)
-    single_opt = cls(single, foreach=False, **kwargs)
-    for _ in range(_CHECK_STEPS):
-        for p, q in zip(multi, single):
-            grad = torch.randn(p.shape, dtype=p.dtype, generator=generator)
-            p.grad, q.grad = grad, grad.clone()
-        multi_opt.step()
-        single_opt.step()
-    for p, q in zip(multi, single):
-        if not _same_bits(p, q):
-            count = int((p.detach() != q.detach()).sum())
-            return (
-                f"differ after {_CHECK_STEPS} steps: {count} of the {p.numel()} values of a "
-                f"{tuple(p.shape)} {p.dtype} tensor"
-            )
-    return None
+def AdamW(
+    *,
+    lr: float | None = None,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
+    weight_decay: float | None = None,
+    amsgrad: bool | None = None,
+    maximize: bool | None = None,
+    foreach: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run ``torch.optim.AdamW`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
+    return _spec("AdamW", locals())
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (unlike ``==``, a NaN equals the same NaN)."""
-    return torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
+def Adagrad(
+    *,
+    lr: float | None = None,
+    lr_decay: float | None = None,
+    weight_decay: float | None = None,
+    initial_accumulator_value: float | None = None,
+    eps: float | None = None,
+    maximize: bool | None = None,
+    foreach: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run ``torch.optim.Adagrad`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
+    return _spec("Adagrad", locals())
 
 
-def _trained_dtypes(params: list[torch.Tensor]) -> set[torch.dtype]:
-    """The dtypes of the variables an optimizer can update (floating or complex)."""
-    return {p.dtype for p in params if p.is_floating_point() or p.is_complex()} or {torch.float32}
+def RMSprop(
+    *,
+    lr: float | None = None,
+    alpha: float | None = None,
+    eps: float | None = None,
+    weight_decay: float | None = None,
+    momentum: float | None = None,
+    centered: bool | None = None,
+    maximize: bool | None = None,
+    foreach: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run ``torch.optim.RMSprop`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
+    return _spec("RMSprop", locals())
 
 
-def _foreach_groups(params: list[torch.Tensor]) -> list[dict]:
-    """Parameter groups for :meth:`OptimizerSpec.build`: small variables in
-    multi-tensor groups of bounded size, the rest in one per-parameter group."""
-    groups: list[dict] = []
-    large: list[torch.Tensor] = []
-    current: list[torch.Tensor] = []
-    current_bytes = 0
-    for param in params:
-        nbytes = param.numel() * param.element_size()
-        if nbytes > FOREACH_GROUP_BYTES:
-            large.append(param)
-            continue
-        if current and current_bytes + nbytes > FOREACH_GROUP_BYTES:
-            groups.append({"params": current, "foreach": True})
-            current, current_bytes = [], 0
-        current.append(param)
-        current_bytes += nbytes
-    if current:
-        groups.append({"params": current, "foreach": True})
-    if large:
-        groups.append({"params": large, "foreach": False})
-    return groups
+def Adadelta(
+    *,
+    lr: float | None = None,
+    rho: float | None = None,
+    eps: float | None = None,
+    weight_decay: float | None = None,
+    maximize: bool | None = None,
+    foreach: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run ``torch.optim.Adadelta`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
+    return _spec("Adadelta", locals())
 
 
-# torch.optim.Optimizer.add_param_group without its torch._disable_dynamo
-# wrapper, which imports torch._dynamo on first use: a second and some 70 MB
-# that a worker, which checks optimizer arguments but never steps an
-# optimizer, need not pay.
-_ADD_PARAM_GROUP = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", torch.optim.Optimizer.add_param_group)
+def Adamax(
+    *,
+    lr: float | None = None,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
+    weight_decay: float | None = None,
+    maximize: bool | None = None,
+    foreach: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run ``torch.optim.Adamax`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
+    return _spec("Adamax", locals())
 
 
-@functools.lru_cache(maxsize=64)
-def _check(name: str, items: tuple[tuple[str, Any], ...]) -> None:
-    """Raise OptimizerConfigError unless ``torch.optim.<name>(**items)`` accepts the arguments."""
-    cls = optimizer_class(name)
-    checked = type(f"_Checked{name}", (cls,), {"add_param_group": _ADD_PARAM_GROUP})
-    dummy = torch.zeros(1, requires_grad=True)
-    try:
-        checked([dummy], **dict(items))
-    except (TypeError, ValueError) as e:
-        raise OptimizerConfigError(f"torch.optim.{name} refused {dict(items)}: {e}") from e
+def NAdam(
+    *,
+    lr: float | None = None,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
+    weight_decay: float | None = None,
+    momentum_decay: float | None = None,
+    decoupled_weight_decay: bool | None = None,
+    maximize: bool | None = None,
+    foreach: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run ``torch.optim.NAdam`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
+    return _spec("NAdam", locals())
 
 
-def _factory(name: str):
-    def make(**kwargs: KwargValue) -> OptimizerSpec:
-        return OptimizerSpec(name, kwargs)
+def RAdam(
+    *,
+    lr: float | None = None,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
+    weight_decay: float | None = None,
+    decoupled_weight_decay: bool | None = None,
+    maximize: bool | None = None,
+    foreach: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run ``torch.optim.RAdam`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
+    return _spec("RAdam", locals())
 
-    make.__name__ = name
-    make.__qualname__ = name
-    make.__doc__ = (
-        f"Run ``torch.optim.{name}`` on the ps tasks with these keyword arguments.\n\n"
-        f"Returns:\n    An :class:`OptimizerSpec` to pass to ``psframe.Trainer``."
-    )
-    return make
+
+def ASGD(
+    *,
+    lr: float | None = None,
+    lambd: float | None = None,
+    alpha: float | None = None,
+    t0: float | None = None,
+    weight_decay: float | None = None,
+    maximize: bool | None = None,
+    foreach: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run ``torch.optim.ASGD`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
+    return _spec("ASGD", locals())
 
 
-SGD = _factory("SGD")
-Adam = _factory("Adam")
-AdamW = _factory("AdamW")
-Adagrad = _factory("Adagrad")
-RMSprop = _factory("RMSprop")
-Adadelta = _factory("Adadelta")
-Adamax = _factory("Adamax")
-NAdam = _factory("NAdam")
-RAdam = _factory("RAdam")
-ASGD = _factory("ASGD")
-Rprop = _factory("Rprop")
-SparseAdam = _factory("SparseAdam")
-SparseSGD = _factory("SparseSGD")
-SparseSGD.__doc__ = (
-    "Run :class:`psframe.sparse_optim.SparseSGD` (SGD with lazy momentum, for embedding tables) "
-    "on the ps tasks.\n\nReturns:\n    An :class:`OptimizerSpec` to pass to ``psframe.Trainer``."
-)
+def Rprop(
+    *,
+    lr: float | None = None,
+    etas: tuple[float, float] | None = None,
+    step_sizes: tuple[float, float] | None = None,
+    maximize: bool | None = None,
+    foreach: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run ``torch.optim.Rprop`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
+    return _spec("Rprop", locals())
+
+
+def SparseAdam(
+    *,
+    lr: float | None = None,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
+    maximize: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run ``torch.optim.SparseAdam`` on the ps tasks, for embedding tables
+    (see :func:`SGD` for the arguments' rules)."""
+    return _spec("SparseAdam", locals())
+
+
+def SparseSGD(
+    *,
+    lr: float | None = None,
+    momentum: float | None = None,
+    nesterov: bool | None = None,
+    **more: KwargValue,
+) -> OptimizerSpec:
+    """Run :class:`psframe.sparse_optim.SparseSGD` (SGD with lazy momentum, for embedding
+    tables) on the ps tasks (see :func:`SGD` for the arguments' rules)."""
+    return _spec("SparseSGD", locals())
 
 
 @dataclass(frozen=True)

@@ -177,9 +177,9 @@ def run(
             raise RayConfigError(f"{name} must be an int >= 1, got {value!r}")
     if placement_strategy not in STRATEGIES:
         raise RayConfigError(f"placement_strategy must be one of {list(STRATEGIES)}, got {placement_strategy!r}")
-    for name, value in (("startup_timeout", startup_timeout), ("timeout", timeout), ("ps_grace", ps_grace)):
-        if value is not None and not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
-            raise RayConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+    for name, seconds in (("startup_timeout", startup_timeout), ("timeout", timeout), ("ps_grace", ps_grace)):
+        if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)):
+            raise RayConfigError(f"{name} must be a number of seconds > 0, got {seconds!r}")
     ray = _import_ray()
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -306,7 +306,7 @@ def _wait_all(
             and not any(name.startswith("/job:worker/") for name in pending.values())
         ):
             workers_done_at = now
-        if workers_done_at is not None and now - workers_done_at >= ps_grace:
+        if workers_done_at is not None and ps_grace is not None and now - workers_done_at >= ps_grace:
             log.warning(
                 "%s still running %g s after every worker returned; stopping them",
                 ", ".join(sorted(pending.values())),

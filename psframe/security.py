@@ -7,7 +7,7 @@ the task is made with it (:mod:`psframe.wire.transport`):
 - **auth token**: a shared secret every call carries in its metadata; a ps
   task answers a call without it, or with another, ``UNAUTHENTICATED``
   and nothing else. It comes from ``--auth_token_file PATH`` (the file's
-  text, surrounding whitespace stripped), ``Server/Trainer(auth_token=...)``,
+  text, surrounding whitespace stripped), ``Server/Trainer(security=Security(auth_token=...))``,
   or the ``PSFRAME_AUTH_TOKEN`` environment variable.
 - **TLS**: ``tls_cert_file`` + ``tls_key_file`` (PEM): this task's
   certificate, which its server presents and its channels offer as a client
@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import stat
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -46,6 +47,9 @@ ENVIRONMENT = (TOKEN_ENV, CERT_ENV, KEY_ENV, CA_ENV)
 # gRPC metadata values are printable ASCII; a token is one word of it.
 _TOKEN_CHARS = frozenset(chr(c) for c in range(0x21, 0x7F))
 MIN_TOKEN_LENGTH = 16
+
+LOOSE_ARGUMENTS = ("auth_token", "tls_cert_file", "tls_key_file", "tls_ca_file")
+"""The keyword arguments ``Server`` and ``Trainer`` took before ``security=``; deprecated."""
 
 __all__ = ["AuthenticationError", "Security", "SecurityConfigError", "generate_token", "read_token_file"]
 
@@ -176,6 +180,56 @@ class Security:
             tls_key_file=tls_key_file or env.get(KEY_ENV) or None,
             tls_ca_file=tls_ca_file or env.get(CA_ENV) or None,
         )
+
+
+def accept_security(owner: str, security: Security | None, loose: Mapping[str, str | None]) -> Security:
+    """The settings a constructor was given: ``security`` whole, or the deprecated loose arguments.
+
+    ``Server`` and ``Trainer`` take ``security=Security(...)``, used as given.
+    Their older keyword arguments (:data:`LOOSE_ARGUMENTS`) still work for one
+    release, with a ``DeprecationWarning``, and are resolved as before (the
+    environment fills in those left None). Given neither, the settings come
+    from the ``PSFRAME_*`` environment variables (:meth:`Security.resolve`).
+
+    Args:
+        owner: the constructor, for messages (``"Server"``, ``"Trainer"``).
+        security: the ``security`` argument.
+        loose: the loose arguments, by name (None: not given).
+
+    Returns:
+        The task's settings.
+
+    Raises:
+        SecurityConfigError: ``security`` is not a :class:`Security`, both forms are
+            given, or a setting is invalid.
+    """
+    given = [name for name in LOOSE_ARGUMENTS if loose.get(name) is not None]
+    if security is not None:
+        if not isinstance(security, Security):
+            raise SecurityConfigError(
+                f"{owner}(security=...) must be a psframe.Security, got {type(security).__name__}"
+            )
+        if given:
+            raise SecurityConfigError(
+                f"{owner} was given security= and also {', '.join(given)}=; give the settings in "
+                f"security=psframe.Security(...) only"
+            )
+        return security
+    if given:
+        example = ", ".join(f"{name}=..." for name in given)
+        warnings.warn(
+            f"{owner}({example}) is deprecated and will be removed in the next release; pass "
+            f"security=psframe.Security({example}) instead (psframe.Security.resolve({example}) also reads "
+            f"the PSFRAME_* environment variables, as these arguments did)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    return Security.resolve(
+        auth_token=loose.get("auth_token"),
+        tls_cert_file=loose.get("tls_cert_file"),
+        tls_key_file=loose.get("tls_key_file"),
+        tls_ca_file=loose.get("tls_ca_file"),
+    )
 
 
 def is_loopback(host: str) -> bool:

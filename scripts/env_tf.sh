@@ -2,9 +2,9 @@
 # Creates (once) the TensorFlow environment of the tf_ps benchmark baseline in
 # .venv-tf: the bench extra's tensorflow-cpu requirement (setup.cfg) at the exact
 # versions of constraints.txt, and nothing else: no torch, no psframe (the
-# baseline, benchmarks/baseline_tf_ps.py, imports neither). The project's .venv,
+# baseline, benchmarks/baselines/tf_ps.py, imports neither). The project's .venv,
 # which the tests use, never gets TensorFlow. scripts/bench.sh runs this first;
-# the benchmarks find the environment by itself (benchmarks/tf_env.py).
+# the benchmarks find the environment by itself (benchmarks/baselines/tf_env.py).
 # A second run reuses it; it reinstalls only when setup.cfg or constraints.txt change.
 #   ./scripts/env_tf.sh        (exit status 1, with pip's log, if it cannot be made)
 set -euo pipefail

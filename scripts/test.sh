@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Runs the whole test suite in the project's virtual environment (made on first use).
+# Runs the whole test suite in the project's virtual environment (made on first use):
+# lint, format and types first (seconds), then the tests. Arguments go to pytest.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+# Settings of all three in pyproject.toml.
+LINTED=(psframe tests benchmarks examples scripts)
+ruff check --quiet "${LINTED[@]}"
+ruff format --check --quiet "${LINTED[@]}"
+mypy
 # One compute thread per process: the suite runs many processes on few cores.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec python -m pytest -q -ra "$@"

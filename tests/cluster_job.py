@@ -22,8 +22,7 @@ import time
 import torch
 
 import psframe
-from psframe.cli import add_cluster_flags, add_security_flags, security_kwargs
-from psframe.cluster.tf_config import resolve_cluster
+from psframe.flags import add_cluster_flags, add_security_flags, cluster_from_flags, security_from_flags
 from psframe.hooks import StopAtStepHook
 
 BIG_GRAD = 16.0  # with the default lr (2**-4) each step subtracts exactly 1.0
@@ -77,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step_delay", type=float, default=0.0, help="seconds of sleep before each step")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    cluster, job_name, task_index = resolve_cluster(
-        args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
-    )
+    cluster, job_name, task_index = cluster_from_flags(args)
     if job_name == "ps":
         psframe.Server(
             cluster,
@@ -87,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             task_index,
             worker_timeout=args.worker_timeout,
             checkpoint_dir=args.checkpoint_dir,
-            **security_kwargs(args),
+            security=security_from_flags(args),
         ).join()
         print(json.dumps({"task": f"ps{task_index}", "exit": "clean"}), flush=True)
         return 0
@@ -105,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.sync_replicas
         else None,
         hooks=[StopAtStepHook(last_step=args.train_steps)],
-        connect_timeout=args.connect_timeout,
-        checkpoint_dir=args.checkpoint_dir,
-        save_checkpoint_steps=args.save_checkpoint_steps,
-        **security_kwargs(args),
+        transport=psframe.Transport(connect_timeout=args.connect_timeout),
+        checkpointing=psframe.Checkpointing(args.checkpoint_dir, save_steps=args.save_checkpoint_steps)
+        if args.checkpoint_dir
+        else None,
+        security=security_from_flags(args),
     )
     with trainer:
         with torch.no_grad():

@@ -33,7 +33,7 @@ def train_tiny(args: dict, ctx) -> dict:
         task_index=ctx.task_index,
         optimizer=psframe.optim.SGD(lr=0.1),
         hooks=[StopAtStepHook(last_step=args["steps"])],
-        connect_timeout=60,
+        transport=psframe.Transport(connect_timeout=60),
     )
     x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
     with trainer:

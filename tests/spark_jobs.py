@@ -69,9 +69,10 @@ def regression_main(args: dict, ctx) -> dict | None:
         task_index=ctx.task_index,
         optimizer=psframe.optim.SGD(lr=0.05),
         hooks=[StopAtStepHook(last_step=args["train_steps"])],
-        checkpoint_dir=args.get("checkpoint_dir"),
-        save_checkpoint_steps=args.get("save_checkpoint_steps"),
-        connect_timeout=60.0,
+        checkpointing=psframe.Checkpointing(args["checkpoint_dir"], save_steps=args.get("save_checkpoint_steps"))
+        if args.get("checkpoint_dir")
+        else None,
+        transport=psframe.Transport(connect_timeout=60.0),
     )
     generator = torch.Generator().manual_seed(ctx.task_index)
     with trainer:

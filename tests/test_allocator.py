@@ -119,3 +119,21 @@ def test_memory_returner_trims_every_so_many_bytes_only_when_enabled():
     off = allocator.MemoryReturner(enabled=False)
     off.handled(10 * allocator.MemoryReturner.EVERY_BYTES)
     assert off._trim is None
+
+
+_CONSTRUCTORS_PROBE = r"""
+import json, torch, psframe
+from psframe import allocator
+cluster = psframe.ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]})
+psframe.Trainer(torch.nn.Linear(2, 2), cluster, task_index=0)
+after_trainer = allocator.malloc_tuned()
+server = psframe.Server(cluster, "ps", 0, start=False)
+after_server = allocator.malloc_tuned()
+print(json.dumps({"trainer": after_trainer, "server": after_server, "explicit": psframe.tune_process()}))
+"""
+
+
+@pytest.mark.skipif(allocator._glibc() is None, reason="glibc only")
+def test_constructors_leave_the_process_allocator_alone():
+    # Process-wide settings are the entry points' (psframe server) or the script's own call.
+    assert _probe(_CONSTRUCTORS_PROBE) == {"trainer": False, "server": False, "explicit": True}

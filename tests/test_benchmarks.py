@@ -15,15 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.report import (
-    COPIES_MARKER,
-    SPARSE_CTR_CAPTION,
-    SPARSE_MEMORY_CAPTION,
-    TITLES,
-    TRAINING_SYSTEMS,
-    table_rows,
-)
-from benchmarks.scaling import SERVING_PROCESSES
+from benchmarks.formatting import table_rows
+from benchmarks.report import COPIES_MARKER, TITLES
+from benchmarks.suite.scaling import SERVING_PROCESSES
+from benchmarks.suite.sparse import CTR_CAPTION, MEMORY_CAPTION
+from benchmarks.suite.training import PLOT_ORDER
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300
@@ -95,16 +91,16 @@ def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
     assert all(float(r[4].replace(",", "")) > 0 for r in sparse), stdout
     assert all(r[8].endswith("x") for r in sparse if r[3] == "1"), stdout  # psframe's rows against the RPC ps
     # The ps tasks' memory of a 10^6-row table (quick), each against its limit; the CTR example's three modes.
-    assert [(r[0], r[1]) for r in _table_after(stdout, SPARSE_MEMORY_CAPTION)] == [
+    assert [(r[0], r[1]) for r in _table_after(stdout, MEMORY_CAPTION)] == [
         ("1,000,000", "0"),
         ("1,000,000", "1"),
     ], stdout
-    ctr_rows = _table_after(stdout, SPARSE_CTR_CAPTION)
+    ctr_rows = _table_after(stdout, CTR_CAPTION)
     assert [r[0] for r in ctr_rows] == ["single_process", "async", "sync"], stdout
     assert all(_cell(r[4]) > 0 and 0.5 < float(r[6]) <= 1.0 for r in ctr_rows), stdout
 
     training = table_rows(stdout, TITLES["training"])
-    assert {r[0] for r in training} >= set(TRAINING_SYSTEMS), stdout
+    assert {r[0] for r in training} >= set(PLOT_ORDER), stdout
     # tf_ps: turned off by _run_quick, and its row says so (in the table's "unavailable" column).
     tf_rows = [r for r in training if r[0] == "tf_ps"]
     assert tf_rows and all("turned off (PSFRAME_TF_PYTHON" in " ".join(r) for r in tf_rows), stdout
@@ -123,7 +119,7 @@ def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
 
 
 def test_training_rows_report_the_median_of_interleaved_runs(monkeypatch):
-    from benchmarks import report, training
+    from benchmarks.suite import training
 
     order = []
     rates = iter([5.0, 1.0, 3.0, 9.0, 7.0, 8.0])  # per call, systems interleaved
@@ -150,13 +146,13 @@ def test_training_rows_report_the_median_of_interleaved_runs(monkeypatch):
     assert psframe_row["global_steps_per_sec"] == 5.0 and psframe_row["run_rates"] == [5.0, 3.0, 7.0]
     # A failed run is left out of the median, and its rate shows as nan.
     assert ddp_row["global_steps_per_sec"] == 1.0 and ddp_row["run_rates"][:2] == [1.0, 9.0]
-    assert "5 / 3 / 7" in report.training_table(rows).replace(".00", "")
+    assert "5 / 3 / 7" in training.training_table(rows).replace(".00", "")
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         training.run_training_benchmarks(["mnist_mlp"], quick=True, repeats=0)
 
 
 def test_training_repeats_may_differ_per_model(monkeypatch):
-    from benchmarks import training
+    from benchmarks.suite import training
 
     calls = []
 
@@ -185,7 +181,7 @@ def test_training_repeats_may_differ_per_model(monkeypatch):
 
 
 def test_cpu_in_window_interpolates_between_samples():
-    from benchmarks.training import cpu_in_window
+    from benchmarks.suite.processes import cpu_in_window
 
     trace = [[10.0, 1.0], [11.0, 1.5], [12.0, 2.5], [13.0, 2.5]]  # [perf_counter, CPU seconds]
     assert cpu_in_window(trace, [10.5, 12.0]) == pytest.approx(2.5 - 1.25)
@@ -200,7 +196,7 @@ def test_cpu_in_window_interpolates_between_samples():
 
 
 def test_training_rows_compare_cpu_per_sample_with_the_rpc_ps():
-    from benchmarks import report
+    from benchmarks.suite import training
 
     def row(system, mode, cpu_ms_per_step, samples_per_step=100):
         return {
@@ -214,7 +210,7 @@ def test_training_rows_compare_cpu_per_sample_with_the_rpc_ps():
             "cpu_ms_per_step": cpu_ms_per_step,
         }
 
-    rows = report.training_ratios(
+    rows = training.training_ratios(
         [
             row("psframe", "async", 2.0),
             row("psframe", "sync", float("nan")),
@@ -226,11 +222,11 @@ def test_training_rows_compare_cpu_per_sample_with_the_rpc_ps():
     assert rows[0]["cpu_vs_torch_rpc_ps"] == pytest.approx(0.8)
     assert rows[1]["cpu_vs_torch_rpc_ps"] is None  # not measured: no ratio rather than nan
     assert rows[2]["cpu_vs_torch_rpc_ps"] == pytest.approx(1.0)
-    assert "0.80x" in report.training_table(rows)
+    assert "0.80x" in training.training_table(rows)
 
 
 def test_throughput_ratios_pair_the_runs_of_each_repeat():
-    from benchmarks.report import paired_ratio
+    from benchmarks.suite.training import paired_ratio
 
     def row(rates, samples_per_step):  # as training._median_run makes them: the median good run
         good = sorted(r for r in rates if r == r)
@@ -301,7 +297,7 @@ def test_quick_scaling_section_runs_every_system_and_computes_the_ratios(tmp_pat
 @pytest.mark.cluster
 @pytest.mark.timeout(TIMEOUT_S + 30)
 def test_quick_security_section_times_a_step_with_every_setting(tmp_path):
-    from benchmarks.security import SETTINGS
+    from benchmarks.suite.security import SETTINGS
 
     out = tmp_path / "benchmarks.md"
     proc = _run_quick(out, "--skip", "raw,transport,memory,training,scaling,sparse")
@@ -319,7 +315,7 @@ def test_quick_security_section_times_a_step_with_every_setting(tmp_path):
 
 
 def test_security_costs_are_against_the_row_without_security_at_the_same_payload():
-    from benchmarks.security import add_costs
+    from benchmarks.suite.security import add_costs
 
     rows = add_costs(
         [
@@ -333,7 +329,7 @@ def test_security_costs_are_against_the_row_without_security_at_the_same_payload
 
 
 def test_worker_counts_double_up_to_the_cores_left_beside_the_ps():
-    from benchmarks.scaling import worker_counts
+    from benchmarks.suite.scaling import worker_counts
 
     assert worker_counts(1) == [1, 2]
     assert worker_counts(2) == [1, 2]
@@ -344,7 +340,8 @@ def test_worker_counts_double_up_to_the_cores_left_beside_the_ps():
 
 
 def test_request_plan_sends_every_byte_in_messages_of_at_most_4_mib():
-    from benchmarks.scaling import echo_payload, model_bytes, request_plan
+    from benchmarks.mlp_workload import model_bytes
+    from benchmarks.suite.scaling import echo_payload, request_plan
 
     assert model_bytes("mnist_mlp") == 318_040
     assert request_plan("mnist_mlp", 1) == [318_040]
@@ -358,8 +355,7 @@ def test_request_plan_sends_every_byte_in_messages_of_at_most_4_mib():
 
 
 def test_scaling_ratios_compare_with_the_rpc_ps_and_the_echo_per_byte():
-    from benchmarks import report
-    from benchmarks.scaling import add_ratios
+    from benchmarks.suite.scaling import add_ratios, scaling_table
 
     def row(system, ps_tasks, rate, cpu_ms, request_bytes, workers=1):
         return {
@@ -390,12 +386,12 @@ def test_scaling_ratios_compare_with_the_rpc_ps_and_the_echo_per_byte():
     assert rpc["vs_torch_rpc_ps"] is None and rpc["cpu_vs_raw_echo"] is None  # not measured: no ratio
     assert echo["vs_torch_rpc_ps"] is None and echo["cpu_vs_raw_echo"] is None
     assert other_n["vs_torch_rpc_ps"] is None and other_n["cpu_vs_raw_echo"] is None  # nothing at N = 2
-    table = report.scaling_table(rows)
+    table = scaling_table(rows)
     assert "1.20x" in table and "2.00x" in table
 
 
 def test_a_system_is_one_entry_and_a_failed_run_costs_only_its_row():
-    from benchmarks import scaling
+    from benchmarks.suite import scaling
 
     calls = []
 
@@ -432,7 +428,7 @@ def test_a_system_is_one_entry_and_a_failed_run_costs_only_its_row():
 
 
 def test_echo_trips_are_counted_in_the_window_all_clients_timed():
-    from benchmarks.scaling import common_window, trips_in_window
+    from benchmarks.suite.scaling import common_window, trips_in_window
 
     window = common_window([[1.0, 5.0], [2.0, 6.0]])
     assert window == [2.0, 5.0]
@@ -452,14 +448,14 @@ def _table_after(text: str, caption: str) -> list[list[str]]:
 @pytest.mark.cluster
 @pytest.mark.timeout(180)
 def test_table_memory_holds_each_ps_task_against_its_rows_state_and_an_idle_ps(tmp_path):
-    from benchmarks import report
     from benchmarks.common import Children, Deadline
-    from benchmarks.memory import LIMIT_FACTOR
-    from benchmarks.sparse import DIM, table_memory
+    from benchmarks.embedding_workload import DIM
+    from benchmarks.suite import sparse
+    from benchmarks.suite.memory import LIMIT_FACTOR
 
     rows = 10_000
     with Children(tmp_path) as children:
-        results = table_memory(children, rows, Deadline(150, "table memory test"), steps=2, idle_rows=1_024)
+        results = sparse.table_memory(children, rows, Deadline(150, "table memory test"), steps=2, idle_rows=1_024)
     assert [r["ps_task"] for r in results] == [0, 1], results
     # mod partition: 5,000 rows of 64 float32 on each ps task, and all of them together.
     assert [r["table_bytes"] for r in results] == [rows // 2 * DIM * 4] * 2, results
@@ -472,15 +468,15 @@ def test_table_memory_holds_each_ps_task_against_its_rows_state_and_an_idle_ps(t
         assert r["within_limit"] == (r["peak_rss"] <= r["limit"]), r
         pids.add(r["pid"])
     assert len(pids) == 2, results  # each ps task's own process
-    text = report.sparse_table(results)
-    body = _table_after(text, report.SPARSE_MEMORY_CAPTION)
+    text = sparse.sparse_table(results)
+    body = _table_after(text, sparse.MEMORY_CAPTION)
     assert [(r[0], r[1]) for r in body] == [("10,000", "0"), ("10,000", "1")], text
     assert all(r[-1] in ("yes", "NO") for r in body), text
 
 
 def test_ctr_rows_read_the_chiefs_line_and_compare_with_the_single_process():
-    from benchmarks import ctr
     from benchmarks.common import BenchmarkError
+    from benchmarks.suite import ctr
 
     output = (
         "[ps0] INFO serving\n[worker0] 2026 INFO worker 0: local step 10\n"
@@ -508,7 +504,7 @@ def test_ctr_rows_read_the_chiefs_line_and_compare_with_the_single_process():
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_ctr_benchmark_runs_every_mode_on_the_same_samples():
-    from benchmarks import ctr, report
+    from benchmarks.suite import ctr, sparse
 
     case = ctr.CtrCase(train_steps=60, batch_size=64, train_samples=4_096, test_samples=2_048, hash_buckets=4_096)
     rows = ctr.run_ctr_benchmarks(timeout=240, case=case)
@@ -526,16 +522,16 @@ def test_ctr_benchmark_runs_every_mode_on_the_same_samples():
         assert 0.5 < r["auc"] <= r["ceiling_auc"] <= 1.0 and r["ceiling_auc"] == single["ceiling_auc"], r
         assert r["auc_diff"] == pytest.approx(r["auc"] - single["auc"]), r
         assert r["vs_single"] == pytest.approx(r["samples_per_sec"] / single["samples_per_sec"]), r
-    text = report.sparse_table(rows)
-    assert report.SPARSE_CTR_CAPTION in text and "| sync " in text and "+0.0000" in text, text
+    text = sparse.sparse_table(rows)
+    assert sparse.CTR_CAPTION in text and "| sync " in text and "+0.0000" in text, text
 
 
 # ---------------------------------------------------------------- the store's lock
 
 
 def test_store_lock_times_the_requests_the_trainer_plans():
-    from benchmarks.scaling import request_plan
-    from benchmarks.store_lock import requests_of, run_store_lock_benchmarks, store_lock_table
+    from benchmarks.experiments.store_lock import requests_of, run_store_lock_benchmarks, store_lock_table
+    from benchmarks.suite.scaling import request_plan
 
     for model in ("mnist_mlp", "large_mlp"):
         planned = [sum(4 * math.prod(shape) for shape in request.values()) for request in requests_of(model)]

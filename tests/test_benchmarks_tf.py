@@ -14,7 +14,9 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import report, scaling, tf_env, training
+from benchmarks import mlp_workload, report
+from benchmarks.baselines import tf_env
+from benchmarks.suite import scaling, training
 
 
 @pytest.fixture
@@ -40,14 +42,14 @@ def test_without_tensorflow_the_rows_say_unavailable_and_nothing_fails(tf_off):
     assert "error" not in rows[0] and "turned off" in rows[0]["unavailable"]
     assert math.isnan(rows[0]["global_steps_per_sec"])
     assert "n/a" in training.format_table(rows)
-    header, _, cells = report.training_table(rows).splitlines()
+    header, _, cells = training.training_table(rows).splitlines()
     assert header.rstrip(" |").endswith("unavailable") and "turned off" in cells, header
 
     tf_ps = next(s for s in scaling.SYSTEMS if s.name == "tf_ps")
     rows = scaling.run_scaling_benchmarks(["mnist_mlp"], quick=True, timeout=60, workers=[1], systems=[tf_ps])
     assert [(r["system"], r["workers"]) for r in rows] == [("tf_ps", 1)]
     assert "error" not in rows[0] and "turned off" in rows[0]["unavailable"]
-    header = report.scaling_table(rows).splitlines()[0]
+    header = scaling.scaling_table(rows).splitlines()[0]
     assert header.rstrip(" |").endswith("note"), header  # not "error": nothing failed
 
 
@@ -59,10 +61,10 @@ def test_systems_are_picked_by_name():
 def test_the_inputs_are_the_torch_systems_numbers(tmp_path):
     path = tf_env.write_inputs("mnist_mlp", tmp_path / "inputs.npz")
     inputs = np.load(path)
-    x, y = training.make_data()
+    x, y = mlp_workload.make_data()
     np.testing.assert_array_equal(inputs["x"], x.numpy())
     np.testing.assert_array_equal(inputs["y"], y.numpy())
-    model = training.build_model("mnist_mlp")
+    model = mlp_workload.build_model("mnist_mlp")
     np.testing.assert_array_equal(inputs["w0"], model[0].weight.detach().numpy())  # torch's (out, in)
     np.testing.assert_array_equal(inputs["b1"], model[2].bias.detach().numpy())
     assert sorted(inputs.files) == ["b0", "b1", "w0", "w1", "x", "y"]
@@ -81,7 +83,7 @@ def test_psframe_rows_are_compared_with_tf_ps_in_the_same_mode():
             "run_rates": runs,
         }
 
-    rows = report.training_ratios(
+    rows = training.training_ratios(
         [
             row("psframe", "async", 4.0, [4.0, 5.0, 3.0]),
             row("tf_ps", "async", 2.0, [2.0, 2.0, 3.0]),
@@ -91,11 +93,11 @@ def test_psframe_rows_are_compared_with_tf_ps_in_the_same_mode():
     assert rows[0]["vs_tf_ps"] == pytest.approx(2.0)  # median of 2.0, 2.5 and 1.0, repeat by repeat
     assert rows[1]["vs_tf_ps"] == pytest.approx(1.0)
     assert rows[2]["vs_tf_ps"] is None  # TF runs async only
-    assert "samples/s vs tf_ps" in report.training_table(rows)
+    assert "samples/s vs tf_ps" in training.training_table(rows)
     assert "psframe's samples/s over tf_ps's (TensorFlow's parameter server): 2.00x" in (
         report.section_text("training", rows)
     )
-    assert report.training_summary(rows[1:]) == ""  # no psframe async row: nothing to say
+    assert training.training_summary(rows[1:]) == ""  # no psframe async row: nothing to say
 
 
 @pytest.mark.cluster

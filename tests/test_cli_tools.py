@@ -18,7 +18,7 @@ from psframe.wire import psframe_pb2 as pb
 from psframe.worker.client import PsClient
 from tests.conftest import assert_params_equal, free_cluster, params
 
-TIMEOUTS = {"connect_timeout": 20.0, "rpc_timeout": 30.0}
+TRANSPORT = psframe.Transport(connect_timeout=20.0, rpc_timeout=30.0)
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:
@@ -87,7 +87,7 @@ def test_status_shows_every_task_while_training_and_after(local_cluster, capsys)
     cluster = local_cluster(num_ps=1, num_workers=1)
     spec = f"--cluster_spec={cluster.to_string()}"
     model = make_model()
-    t = psframe.Trainer(model, cluster, **TIMEOUTS).connect()
+    t = psframe.Trainer(model, cluster, transport=TRANSPORT).connect()
     try:
         for step in range(3):
             t.step(loss_of(model, step))
@@ -119,7 +119,7 @@ def test_status_shows_every_task_while_training_and_after(local_cluster, capsys)
 def test_status_with_two_workers_names_chief_and_worker(local_cluster, capsys):
     cluster = local_cluster(num_ps=2, num_workers=2)
     model = make_model()
-    with psframe.Trainer(model, cluster, **TIMEOUTS) as t:
+    with psframe.Trainer(model, cluster, transport=TRANSPORT) as t:
         t.step(loss_of(model, 0))
         code, out = run_cli(capsys, "status", f"--cluster_spec={cluster.to_string()}")
     assert code == 0, out
@@ -160,7 +160,9 @@ def test_status_marks_a_ps_that_is_not_running_down_and_exits_1(servers, capsys)
 
 def train_without_closing(cluster, steps: int) -> tuple[psframe.Trainer, torch.nn.Module]:
     model = make_model()
-    t = psframe.Trainer(model, cluster, min_partition_bytes=64, **TIMEOUTS).connect()
+    t = psframe.Trainer(
+        model, cluster, placement=psframe.Placement(min_partition_bytes=64), transport=TRANSPORT
+    ).connect()
     for step in range(steps):
         t.step(loss_of(model, step))
     return t, model
@@ -247,7 +249,7 @@ def test_a_ps_started_with_a_checkpoint_dir_restores_before_any_chief(local_clus
     url = str(tmp_path / "ckpt")
     cluster = local_cluster(num_ps=1, num_workers=1)
     model = make_model()
-    with psframe.Trainer(model, cluster, checkpoint_dir=url, **TIMEOUTS) as t:
+    with psframe.Trainer(model, cluster, checkpointing=psframe.Checkpointing(url), transport=TRANSPORT) as t:
         for step in range(4):
             t.step(loss_of(model, step))
     saved = params(model)
@@ -269,7 +271,9 @@ def test_a_ps_started_with_a_checkpoint_dir_restores_before_any_chief(local_clus
 
     # A chief with another random init then finds the checkpoint's values there.
     fresh = make_model(seed=77)
-    with psframe.Trainer(fresh, cluster2, checkpoint_dir=url, save_checkpoint_steps=100, **TIMEOUTS) as t2:
+    with psframe.Trainer(
+        fresh, cluster2, checkpointing=psframe.Checkpointing(url, save_steps=100), transport=TRANSPORT
+    ) as t2:
         assert t2.global_step == 4
         assert_params_equal(params(fresh), saved)
     assert server.join(timeout=10) is True

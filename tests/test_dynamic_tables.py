@@ -113,7 +113,7 @@ def test_checkpoints_hold_the_ids_seen_and_restore_onto_another_number_of_ps_tas
 
     model = Clicks(psframe.DynamicEmbedding(DIM, initializer=INIT))
     with psframe.Trainer(
-        model, local_cluster(num_ps=2, num_workers=1), optimizer=optimizer, checkpoint_dir=url
+        model, local_cluster(num_ps=2, num_workers=1), optimizer=optimizer, checkpointing=psframe.Checkpointing(url)
     ) as trainer:
         for step in range(4):
             ids, target = batch(step)
@@ -136,7 +136,7 @@ def test_checkpoints_hold_the_ids_seen_and_restore_onto_another_number_of_ps_tas
     # Three ps tasks now: every id moves to its new part with its row and Adagrad state.
     again = Clicks(psframe.DynamicEmbedding(DIM, initializer=INIT))
     with psframe.Trainer(
-        again, local_cluster(num_ps=3, num_workers=1), optimizer=optimizer, checkpoint_dir=url
+        again, local_cluster(num_ps=3, num_workers=1), optimizer=optimizer, checkpointing=psframe.Checkpointing(url)
     ) as trainer:
         for step in range(4, 7):
             ids, target = batch(step)
@@ -339,7 +339,10 @@ def test_a_dynamic_embedding_without_rows_says_how_to_train_it():
 def test_a_cap_per_ps_task_bounds_the_rows_each_holds(local_cluster, url):
     model = Clicks(psframe.DynamicEmbedding(DIM, initializer=INIT, max_rows=12, eviction="lfu"))
     with psframe.Trainer(
-        model, local_cluster(num_ps=2, num_workers=1), optimizer=psframe.optim.SGD(lr=0.1), checkpoint_dir=url
+        model,
+        local_cluster(num_ps=2, num_workers=1),
+        optimizer=psframe.optim.SGD(lr=0.1),
+        checkpointing=psframe.Checkpointing(url),
     ) as trainer:
         for step in range(10):
             ids, target = batch(step)
@@ -357,7 +360,7 @@ def test_a_cap_per_ps_task_bounds_the_rows_each_holds(local_cluster, url):
 def test_bad_pushes_and_pulls_of_a_dynamic_table_change_nothing():
     from psframe.errors import DtypeMismatchError, ShapeMismatchError, UnknownVariableError
     from psframe.ps.store import VariableStore
-    from psframe.ps.table_rows import DynamicPart
+    from psframe.ps.table_parts import DynamicPart
 
     store = VariableStore("/job:ps/task:0")
     store.create(

@@ -259,8 +259,7 @@ def test_steps_whose_replies_were_lost_are_applied_exactly_once(sync):
             optimizer=psframe.optim.SGD(lr=0.25),
             sync=psframe.SyncReplicas(1, 1, timeout=30.0) if sync else None,
             hooks=[LoseRepliesAt(proxy, lost)],
-            connect_timeout=30.0,
-            shared_memory=False,
+            transport=psframe.Transport(connect_timeout=30.0, same_host_memory=False),
         )
         x = torch.ones(1, 4)
         with trainer:

@@ -24,7 +24,7 @@ from psframe.worker.client import PsClient
 from psframe.worker.trainer import TrainerState
 from tests.conftest import assert_params_equal, params
 
-TIMEOUTS = {"connect_timeout": 20.0, "rpc_timeout": 30.0}
+TRANSPORT = psframe.Transport(connect_timeout=20.0, rpc_timeout=30.0)
 
 
 def make_model(seed: int = 0, hidden: int = 8) -> torch.nn.Module:
@@ -43,7 +43,7 @@ def loss_of(model: torch.nn.Module, step: int) -> torch.Tensor:
 
 
 def trainer(model, cluster, task_index=0, **kwargs) -> psframe.Trainer:
-    return psframe.Trainer(model, cluster, task_index=task_index, **{**TIMEOUTS, **kwargs})
+    return psframe.Trainer(model, cluster, task_index=task_index, **{"transport": TRANSPORT, **kwargs})
 
 
 class Recorder(Hook):
@@ -402,10 +402,8 @@ def test_trainer_checkpoints_every_n_steps_keeps_the_newest_and_loads_back(local
         model,
         cluster,
         hooks=[watcher],
-        checkpoint_dir=checkpoint_url,
-        save_checkpoint_steps=3,
-        keep_checkpoints=2,
-        min_partition_bytes=64,
+        checkpointing=psframe.Checkpointing(checkpoint_url, save_steps=3, keep=2),
+        placement=psframe.Placement(min_partition_bytes=64),
     )
     assert any(s.partitioned for s in t.placement.shards)
     with t:
@@ -444,7 +442,7 @@ def test_save_checkpoint_without_a_checkpoint_dir_is_an_error(local_cluster, tmp
     model = make_model()
     with trainer(model, cluster) as t:
         t.step(loss_of(model, 0))
-        with pytest.raises(CheckpointError, match="checkpoint_dir"):
+        with pytest.raises(CheckpointError, match=re.escape("needs Trainer(checkpointing=psframe.Checkpointing(dir))")):
             t.save_checkpoint()
     with pytest.raises(CheckpointError, match="no valid checkpoint"):
         checkpoint.load(str(tmp_path / "empty"))
@@ -454,7 +452,7 @@ def test_save_checkpoint_returns_the_manifest_and_close_at_the_same_step_saves_n
     cluster = local_cluster(num_ps=2, num_workers=1)
     url = str(tmp_path / "ckpt")
     model = make_model()
-    with trainer(model, cluster, checkpoint_dir=url, save_checkpoint_steps=100) as t:
+    with trainer(model, cluster, checkpointing=psframe.Checkpointing(url, save_steps=100)) as t:
         for step in range(2):
             t.step(loss_of(model, step))
         manifest = t.save_checkpoint()
@@ -469,7 +467,7 @@ def test_a_manual_save_at_the_last_step_does_not_break_close(local_cluster, tmp_
     cluster = local_cluster(num_ps=1, num_workers=1)
     url = str(tmp_path / "ckpt")
     model = make_model()
-    with trainer(model, cluster, checkpoint_dir=url) as t:
+    with trainer(model, cluster, checkpointing=psframe.Checkpointing(url)) as t:
         for step in range(2):
             t.step(loss_of(model, step))
         t.save_checkpoint()
@@ -479,7 +477,11 @@ def test_a_manual_save_at_the_last_step_does_not_break_close(local_cluster, tmp_
 def test_restore_onto_more_ps_tasks_repartitions_and_keeps_adam_state(local_cluster, tmp_path):
     url = str(tmp_path / "ckpt")
     adam = psframe.optim.Adam(lr=0.05)
-    options = {"optimizer": adam, "checkpoint_dir": url, "min_partition_bytes": 64}
+    options = {
+        "optimizer": adam,
+        "checkpointing": psframe.Checkpointing(url),
+        "placement": psframe.Placement(min_partition_bytes=64),
+    }
 
     # The uninterrupted reference: one process, torch.optim.Adam, 5 steps.
     reference = make_model(seed=0)
@@ -537,7 +539,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(local_cluste
     url = str(tmp_path / "ckpt")
     cluster = local_cluster(num_ps=2, num_workers=1)
     model = make_model()
-    with trainer(model, cluster, checkpoint_dir=url, save_checkpoint_steps=3) as t:
+    with trainer(model, cluster, checkpointing=psframe.Checkpointing(url, save_steps=3)) as t:
         for step in range(3):
             t.step(loss_of(model, step))
         at_3 = params(model)
@@ -554,7 +556,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(local_cluste
     caplog.clear()
     cluster2 = local_cluster(num_ps=2, num_workers=1)
     restored = make_model(seed=9)
-    with trainer(restored, cluster2, checkpoint_dir=url, save_checkpoint_steps=100) as t2:
+    with trainer(restored, cluster2, checkpointing=psframe.Checkpointing(url, save_steps=100)) as t2:
         assert t2.global_step == 3
         assert_params_equal(params(restored), at_3)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -16,8 +16,9 @@ import torch
 
 import psframe
 from psframe import huge_pages
+from psframe.memory import HugePageMemory
 from psframe.ps.store import VariableStore
-from psframe.ps.table_rows import DynamicPart
+from psframe.ps.table_parts import DynamicPart
 
 ROWS = huge_pages.MIN_BYTES // (64 * 4)  # a 64-wide float32 table of exactly MIN_BYTES
 
@@ -108,7 +109,7 @@ def test_opting_out_leaves_every_tensor_on_small_pages():
 
 @needs_madvise_mode
 def test_a_ps_store_keeps_a_large_table_and_its_optimizer_state_on_huge_pages():
-    store = VariableStore("/job:ps/task:0")
+    store = VariableStore("/job:ps/task:0", memory=HugePageMemory())  # what a ps task's service gives
     table = torch.randn(ROWS, 64)
     store.create(
         {"emb": table},
@@ -126,7 +127,7 @@ def test_a_ps_store_keeps_a_large_table_and_its_optimizer_state_on_huge_pages():
 
 @needs_madvise_mode
 def test_lazy_optimizer_state_and_grown_dynamic_rows_are_on_huge_pages():
-    store = VariableStore("/job:ps/task:0")
+    store = VariableStore("/job:ps/task:0", memory=HugePageMemory())  # what a ps task's service gives
     spec = psframe.DynamicEmbedding(64).spec
     store.create(
         {"emb": torch.zeros(ROWS, 64)},
@@ -140,7 +141,7 @@ def test_lazy_optimizer_state_and_grown_dynamic_rows_are_on_huge_pages():
         [("emb", torch.tensor([1]), torch.ones(1, 64)), ("users/part_0", torch.arange(ROWS), torch.ones(ROWS, 64))]
     )
     assert all(eligible(x) for x in store.optimizer_state()["emb"].values() if torch.is_tensor(x))
-    part = store._dynamic["users/part_0"]
+    part = store._model.table_parts.dynamic_rows("users/part_0")
     assert part.slots >= ROWS and eligible(part.weight)
     assert all(eligible(x) for x in part.optimizer.state[part.weight].values() if torch.is_tensor(x))
 
@@ -156,7 +157,7 @@ def test_a_worker_keeps_a_large_tables_local_weight_on_huge_pages(local_cluster)
 
 @needs_madvise_mode
 def test_a_large_dense_variables_state_made_at_a_later_step_is_on_huge_pages():
-    store = VariableStore("/job:ps/task:0")
+    store = VariableStore("/job:ps/task:0", memory=HugePageMemory())  # what a ps task's service gives
     store.create({"small": torch.zeros(4), "big": torch.zeros(ROWS, 64)}, psframe.optim.SGD(lr=0.1, momentum=0.9))
     store.apply({"small": torch.ones(4)})  # the optimizer's first step: "big" has no state yet
     store.apply({"big": torch.ones(ROWS, 64)})

@@ -17,6 +17,7 @@ LAYER_OF = {
     "psframe.errors": "core",
     "psframe.version": "core",
     "psframe.optim": "core",
+    "psframe.optimizer_kernels": "core",
     "psframe.sparse_optim": "core",
     "psframe.dynamic_rows": "core",
     "psframe.allocator": "core",
@@ -24,6 +25,9 @@ LAYER_OF = {
     "psframe.security": "core",
     "psframe.liveness": "core",
     "psframe.cluster": "core",
+    "psframe.flags": "core",
+    "psframe.options": "core",
+    "psframe.memory": "core",
     "psframe.wire": "wire",
     "psframe.checkpoint": "storage",
     "psframe.ps": "ps",
@@ -31,6 +35,7 @@ LAYER_OF = {
     "psframe.hooks": "worker",
     "psframe.cli": "edge",
     "psframe.launch": "edge",
+    "psframe.local": "edge",
     "psframe.ray": "edge",
     "psframe.k8s": "edge",
     "psframe.spark": "edge",
@@ -44,10 +49,12 @@ ALLOWED = {
     "worker": {"worker", "storage", "wire", "core"},
     "edge": {"edge", "worker", "ps", "storage", "wire", "core"},
 }
-# Third-party packages per layer: core is stdlib only (optim wraps torch.optim).
+# Third-party packages per layer: core is stdlib only (optim and its kernels wrap torch.optim).
 THIRD_PARTY_OF_CORE = {
     "psframe.optim": {"torch"},
     "psframe.sparse_optim": {"torch"},
+    "psframe.optimizer_kernels": {"torch"},
+    "psframe.memory": {"torch"},
     "psframe.huge_pages": {"torch"},
     "psframe.dynamic_rows": {"torch", "numpy"},
 }
@@ -61,14 +68,26 @@ def module_name(path) -> str:
 
 
 def imports_of(path) -> set[str]:
+    """The modules (and names in them) ``path`` imports, relative imports made absolute."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module if node.level == 0 else _absolute(path, node.level, node.module)
+            if module:
+                names.add(module)
+                names.update(f"{module}.{alias.name}" for alias in node.names)
     return names
+
+
+def _absolute(path, level: int, module: str | None) -> str:
+    """The module a relative import (``from ..x import y``: level 2, module x) in ``path`` names."""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package.pop()
+    base = package[: len(package) - (level - 1)]
+    return ".".join([*base, module] if module else base)
 
 
 def layer(name: str) -> str | None:
@@ -135,3 +154,40 @@ def test_the_trainer_speaks_tensors_and_names_only():
             continue
         wire = {name for name in imports_of(path) if name.startswith("psframe.wire")}
         assert not wire, f"{module_name(path)} imports {sorted(wire)}"
+
+
+# DESIGN: the store and the barrier never touch the network, so they are tested
+# in milliseconds. Neither they, nor the parts the store is made of, nor the rows
+# of dynamic tables, import the wire (the service translates for them).
+PLAIN_TORCH = sorted(
+    {
+        *(PACKAGE / "ps").glob("store*.py"),
+        PACKAGE / "ps" / "optimized_variables.py",
+        PACKAGE / "ps" / "table_parts.py",
+        PACKAGE / "ps" / "sync.py",
+        PACKAGE / "dynamic_rows.py",
+    }
+)
+
+
+def _is_wire(name: str) -> bool:
+    parts = name.split(".")
+    return parts[0] == "grpc" or name.startswith("psframe.wire") or "psframe_pb2" in parts
+
+
+@pytest.mark.parametrize("path", PLAIN_TORCH, ids=module_name)
+def test_the_store_and_the_barrier_never_see_the_wire(path):
+    assert path.exists(), f"{path} is gone: update PLAIN_TORCH in tests/test_layers.py"
+    wire = sorted(name for name in imports_of(path) if _is_wire(name))
+    assert not wire, f"{module_name(path)} imports {wire}: only the service translates between the wire and the store"
+
+
+# The store and its parts are given a memory policy (psframe.memory, or the ps
+# task's shared memory: psframe.ps.store_memory) and name no memory of their own.
+MEMORY_MACHINERY = ("psframe.huge_pages", "psframe.allocator", "psframe.ps.shared")
+
+
+@pytest.mark.parametrize("path", [p for p in PLAIN_TORCH if p.stem not in ("store_memory", "sync")], ids=module_name)
+def test_the_store_names_no_memory_of_its_own(path):
+    named = sorted(name for name in imports_of(path) if name.startswith(MEMORY_MACHINERY))
+    assert not named, f"{module_name(path)} imports {named}: it is given a psframe.memory.Memory instead"

@@ -19,6 +19,8 @@ from tests.test_sync import connect_all, run_workers
 STEPS = 6
 # Small messages: each ps task gets several requests a step, as a large model does.
 MAX_SHARD_BYTES = 4096
+PLACEMENT = psframe.Placement(max_shard_bytes=MAX_SHARD_BYTES, min_partition_bytes=8192)
+TRANSPORT = psframe.Transport(connect_timeout=30.0)
 
 
 def _model(seed: int = 0, vocab: int | None = None) -> torch.nn.Module:
@@ -46,9 +48,8 @@ def _train_async(local_cluster, overlap: bool, **trainer_args) -> tuple[dict, ps
         cluster,
         optimizer=psframe.optim.Adam(lr=0.01),
         overlap_backward=overlap,
-        max_shard_bytes=MAX_SHARD_BYTES,
-        min_partition_bytes=8192,
-        connect_timeout=30.0,
+        placement=PLACEMENT,
+        transport=TRANSPORT,
         **trainer_args,
     )
     with trainer:
@@ -80,9 +81,8 @@ def test_sync_with_overlap_equals_without(local_cluster):
                 optimizer=psframe.optim.SGD(lr=0.1),
                 sync=psframe.SyncReplicas(2, 2, timeout=30.0),
                 overlap_backward=overlap,
-                max_shard_bytes=MAX_SHARD_BYTES,
-                min_partition_bytes=8192,
-                connect_timeout=30.0,
+                placement=PLACEMENT,
+                transport=TRANSPORT,
             )
             for i in range(2)
         }

@@ -11,8 +11,8 @@ from psframe.cluster.placement import (
     DEFAULT_MAX_SHARD_BYTES,
     HARD_MAX_SHARD_BYTES,
     MiB,
-    Placement,
     Shard,
+    ShardPlacement,
     VariableInfo,
     place,
 )
@@ -24,11 +24,11 @@ def v(name: str, nbytes: int, device: str | None = None) -> VariableInfo:
     return VariableInfo(name, (nbytes,), 1, device)
 
 
-def tasks(p: Placement) -> dict[str, int]:
+def tasks(p: ShardPlacement) -> dict[str, int]:
     return {s.name: s.ps_task for s in p.shards}
 
 
-def assert_covers(p: Placement, var: VariableInfo) -> None:
+def assert_covers(p: ShardPlacement, var: VariableInfo) -> None:
     """The shards of ``var`` tile its rows exactly once, in order, with right sizes."""
     shards = p.shards_of(var.name)
     assert [s.part_index for s in shards] == list(range(len(shards)))
@@ -285,7 +285,7 @@ def test_shards_on_rejects_unknown_task_and_shards_of_unknown_is_empty():
 
 def test_placement_rejects_shard_on_missing_task():
     with pytest.raises(PlacementError, match="ps task 3"):
-        Placement(2, (Shard("a", "a", 3, 0, 1, (1,), 1),))
+        ShardPlacement(2, (Shard("a", "a", 3, 0, 1, (1,), 1),))
 
 
 # -- invalid requests ----------------------------------------------------------

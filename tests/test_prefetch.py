@@ -33,7 +33,9 @@ def test_prefetched_lookups_pull_nothing_and_train_as_one_process(local_cluster,
     model, reference = Recommender(), Recommender()
     dense_opt = torch.optim.Adagrad([reference.head.weight, reference.head.bias], lr=0.1)
     table_opt = torch.optim.Adagrad([reference.emb.weight, reference.bag.weight], lr=0.1)
-    with psframe.Trainer(model, cluster, optimizer=psframe.optim.Adagrad(lr=0.1), table_partition=partition) as trainer:
+    with psframe.Trainer(
+        model, cluster, optimizer=psframe.optim.Adagrad(lr=0.1), placement=psframe.Placement(table_partition=partition)
+    ) as trainer:
         pulled = counting_pulls(trainer)
         for step in range(STEPS):
             ids, bag_ids, offsets, target = batch(step)
@@ -134,7 +136,9 @@ def test_a_request_sent_again_voids_the_prefetch_behind_it(local_cluster):
     model, reference = Recommender(), Recommender()
     dense_opt = torch.optim.Adagrad([reference.head.weight, reference.head.bias], lr=0.1)
     table_opt = torch.optim.Adagrad([reference.emb.weight, reference.bag.weight], lr=0.1)
-    with psframe.Trainer(model, cluster, optimizer=psframe.optim.Adagrad(lr=0.1), shared_memory=True) as trainer:
+    with psframe.Trainer(
+        model, cluster, optimizer=psframe.optim.Adagrad(lr=0.1), transport=psframe.Transport(same_host_memory=True)
+    ) as trainer:
         pulled = counting_pulls(trainer)
         streams = trainer._client._streams
         for step in range(STEPS):

@@ -26,7 +26,10 @@ def test_a_ps_started_again_without_a_checkpoint_takes_the_chiefs_values_and_ste
     server = psframe.Server(cluster, "ps", 0, serving_processes=1)
     try:
         trainer = psframe.Trainer(
-            model, cluster, optimizer=psframe.optim.SGD(lr=0.25), connect_timeout=30.0, shared_memory=False
+            model,
+            cluster,
+            optimizer=psframe.optim.SGD(lr=0.25),
+            transport=psframe.Transport(connect_timeout=30.0, same_host_memory=False),
         )
         with trainer:
             for _ in range(STEPS_BEFORE):

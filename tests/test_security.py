@@ -112,9 +112,9 @@ def serve(request):
     """Factory: one ps task in this process, with the given security; stopped at the end."""
     servers = []
 
-    def start(num_workers: int = 1, **security) -> psframe.Server:
+    def start(security: Security | None = None, num_workers: int = 1) -> psframe.Server:
         cluster = free_cluster(1, num_workers)
-        server = psframe.Server(cluster, "ps", 0, serving_processes=1, **security)
+        server = psframe.Server(cluster, "ps", 0, serving_processes=1, security=security)
         servers.append(server)
         return server
 
@@ -148,7 +148,7 @@ def assert_refused_saying_nothing(error: grpc.RpcError, server: psframe.Server) 
 @pytest.mark.parametrize("offered", [None, "wrong"], ids=["no_token", "wrong_token"])
 def test_every_method_refuses_a_caller_without_the_token(serve, offered):
     token = generate_token()
-    server = serve(auth_token=token)
+    server = serve(Security(auth_token=token))
     metadata = None if offered is None else (("authorization", "Bearer " + generate_token()),)
     with grpc.insecure_channel(server.address) as channel:
         for path in PATHS:
@@ -168,7 +168,7 @@ def test_every_method_refuses_a_caller_without_the_token(serve, offered):
 
 def test_psframe_clients_are_told_at_once_and_the_token_is_not_in_the_error(serve):
     token = generate_token()
-    server = serve(auth_token=token)
+    server = serve(Security(auth_token=token))
     wrong = Security(auth_token=generate_token())
     start = time.monotonic()
     with PsClient(server.cluster, 0, security=wrong) as client, pytest.raises(AuthenticationError) as e:
@@ -184,16 +184,15 @@ def test_psframe_clients_are_told_at_once_and_the_token_is_not_in_the_error(serv
 # ---- TLS
 
 
-def tls(tls_files, *, mutual: bool, token: str | None = None) -> dict:
-    """Server/Trainer keyword arguments: this task's certificate, and the CA (mutual TLS) or not."""
-    kwargs = {"tls_cert_file": tls_files.cert, "tls_key_file": tls_files.key, "auth_token": token}
-    return {**kwargs, "tls_ca_file": tls_files.ca} if mutual else kwargs
+def tls(tls_files, *, mutual: bool, token: str | None = None) -> Security:
+    """A task's settings: its certificate, and the CA (mutual TLS) or not."""
+    return Security(token, tls_files.cert, tls_files.key, tls_files.ca if mutual else None)
 
 
 @pytest.mark.parametrize("mutual", [False, True], ids=["server_tls", "mutual_tls"])
 def test_a_tls_task_refuses_plaintext_and_certificates_of_another_ca(serve, tls_files, mutual):
     token = generate_token()
-    server = serve(**tls(tls_files, mutual=mutual, token=token))
+    server = serve(tls(tls_files, mutual=mutual, token=token))
     metadata = (("authorization", "Bearer " + token),)  # the right token does not help
     callers = {
         "plaintext": grpc.insecure_channel(server.address),
@@ -227,14 +226,14 @@ def test_a_tls_task_refuses_plaintext_and_certificates_of_another_ca(serve, tls_
 
 
 def test_a_plaintext_client_of_a_tls_task_times_out_naming_the_task(serve, tls_files):
-    server = serve(**tls(tls_files, mutual=False))
+    server = serve(tls(tls_files, mutual=False))
     with PsClient(server.cluster, 0) as client, pytest.raises(ConnectTimeoutError, match="/job:ps/task:0"):
         client.wait_for_ps(timeout=1.0)
 
 
 def test_a_server_needs_a_certificate_to_serve_tls(tls_files):
     with pytest.raises(SecurityConfigError, match="tls_cert_file and tls_key_file"):
-        psframe.Server(free_cluster(1, 1), "ps", 0, serving_processes=1, tls_ca_file=tls_files.ca)
+        psframe.Server(free_cluster(1, 1), "ps", 0, serving_processes=1, security=Security(tls_ca_file=tls_files.ca))
 
 
 # ---- training gives the same values
@@ -247,8 +246,8 @@ def make_model() -> torch.nn.Module:
 
 def train(
     num_ps: int,
-    security: dict | None = None,
-    worker_security: dict | None = None,
+    security: Security | None = None,
+    worker_security: Security | None = None,
     *,
     serving_processes: int = 1,
     check=None,
@@ -256,22 +255,20 @@ def train(
     """STEPS steps of one worker against ``num_ps`` in-process ps tasks: the ps tasks with
     ``security``, the worker with ``worker_security`` (default: the same); ``check(servers)``
     runs once the worker has trained."""
-    security = security or {}
     worker_security = security if worker_security is None else worker_security
     cluster = free_cluster(num_ps, 1)
     servers = []
     try:
         for k in range(num_ps):
-            servers.append(psframe.Server(cluster, "ps", k, serving_processes=serving_processes, **security))
+            servers.append(psframe.Server(cluster, "ps", k, serving_processes=serving_processes, security=security))
         model = make_model()
         trainer = psframe.Trainer(
             model,
             cluster,
             optimizer=psframe.optim.Adam(lr=0.05),
-            connect_timeout=DEADLINE_S,
-            rpc_timeout=DEADLINE_S,
-            min_partition_bytes=64,
-            **worker_security,
+            transport=psframe.Transport(connect_timeout=DEADLINE_S, rpc_timeout=DEADLINE_S),
+            placement=psframe.Placement(min_partition_bytes=64),
+            security=worker_security,
         )
         with trainer:
             for step in range(STEPS):
@@ -291,9 +288,9 @@ def train(
 @pytest.mark.parametrize("how", ["token", "server_tls", "mutual_tls", "mutual_tls_no_token"])
 def test_training_with_security_gives_the_values_of_training_without(tls_files, how):
     token = None if how == "mutual_tls_no_token" else generate_token()
-    security = {"auth_token": token} if how == "token" else tls(tls_files, mutual=how != "server_tls", token=token)
+    security = Security(auth_token=token) if how == "token" else tls(tls_files, mutual=how != "server_tls", token=token)
     # Server-only TLS: the worker checks the ps tasks' certificate, and has none of its own.
-    worker = {"auth_token": token, "tls_ca_file": tls_files.ca} if how == "server_tls" else None
+    worker = Security(auth_token=token, tls_ca_file=tls_files.ca) if how == "server_tls" else None
     assert_params_equal(train(2, security, worker), train(2))
 
 
@@ -309,7 +306,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_status_shutdown_and_ping_need_the_token(serve, token_file, tls_files, capsys):
     token, path = token_file
-    server = serve(**tls(tls_files, mutual=True, token=token))
+    server = serve(tls(tls_files, mutual=True, token=token))
     spec = f"--cluster_spec={server.cluster.to_string()}"
     tls_flags = [
         f"--tls_cert_file={tls_files.cert}",
@@ -333,7 +330,7 @@ def test_status_shutdown_and_ping_need_the_token(serve, token_file, tls_files, c
 
 def test_commands_read_the_token_from_the_environment(serve, monkeypatch, capsys):
     token = generate_token()
-    server = serve(auth_token=token)
+    server = serve(Security(auth_token=token))
     monkeypatch.setenv(TOKEN_ENV, token)
     code, _out, err = run_cli(capsys, "status", f"--cluster_spec={server.cluster.to_string()}")
     assert code == 0, err

@@ -122,7 +122,8 @@ LAUNCHED = textwrap.dedent('''
             else:
                 sys.exit("a ps task answered a caller without the token")
     model = torch.nn.Linear(3, 1)
-    with psframe.Trainer(model, cluster, index, hooks=[StopAtStepHook(last_step=3)], connect_timeout=30) as trainer:
+    transport = psframe.Transport(connect_timeout=30)
+    with psframe.Trainer(model, cluster, index, hooks=[StopAtStepHook(last_step=3)], transport=transport) as trainer:
         while not trainer.should_stop():
             trainer.step(model(torch.ones(2, 3)).sum())
         print("trained to global step", trainer.global_step, flush=True)

@@ -13,6 +13,7 @@ import torch
 import psframe
 from psframe.ps.shared import SharedMemory, publish_store
 from psframe.ps.store import VariableStore
+from psframe.ps.store_memory import SharedStoreMemory
 
 
 @pytest.fixture
@@ -23,7 +24,9 @@ def memory():
 
 
 def _store(shared: SharedMemory) -> VariableStore:
-    return VariableStore("/job:ps/task:0", lock=shared.lock, counters=shared.counters, allocate=shared.allocate)
+    return VariableStore(
+        "/job:ps/task:0", lock=shared.lock, counters=shared.counters, memory=SharedStoreMemory(shared.allocate)
+    )
 
 
 def test_a_published_model_is_the_same_memory_in_every_view(memory):
@@ -85,7 +88,7 @@ def test_state_that_is_not_a_tensor_is_never_published(memory):
     store.create({"w": torch.zeros(3)}, psframe.optim.SGD(lr=0.1, momentum=0.9))
     store.apply({"w": torch.ones(3)})
     with store.lock:
-        store._optimizer.state[store._variables["w"]]["calls"] = 1  # as an optimizer with a Python counter would
+        store._model.state_of("w")["calls"] = 1  # as an optimizer with a Python counter would
     assert publish_store(memory, store, "/job:ps/task:0") is False and memory.version == 0
 
 
@@ -108,8 +111,8 @@ def test_folders_of_owners_that_died_are_removed(memory):
 def test_initial_values_are_copied_into_shared_memory_once(memory):
     store = _store(memory)
     made = []
-    allocate = store._allocate
-    store._allocate = lambda dtype, shape: made.append(allocate(dtype, shape)) or made[-1]
+    allocate = store._memory.allocate
+    store._memory.allocate = lambda dtype, shape: made.append(allocate(dtype, shape)) or made[-1]
     value = store.copy_in(torch.arange(6.0))  # what the service keeps of an Init request
     store.create({"w": value}, psframe.optim.SGD(lr=0.1), copy=False)
     assert len(made) == 1 and store.read(["w"])[0].data_ptr() == made[0].data_ptr()
@@ -135,7 +138,7 @@ def test_state_goes_to_shared_memory_at_each_variables_first_step(memory):
     for store in (shared, private):
         store.create({"a": torch.zeros(5), "b": torch.zeros(3)}, psframe.optim.SGD(lr=0.5, momentum=0.9))
         store.apply({"a": torch.ones(5)})
-    momentum = shared._optimizer.state[shared.variables(["a"])[0]]["momentum_buffer"]
+    momentum = shared._model.state_of("a")["momentum_buffer"]
     assert momentum.is_shared() and shared.optimizer_state() is None  # "b" has no state yet
     for store in (shared, private):
         store.apply({"a": torch.full((5,), 2.0), "b": torch.ones(3)})

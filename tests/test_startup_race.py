@@ -66,7 +66,12 @@ def test_get_info_never_sees_ready_without_the_whole_model(monkeypatch, local_cl
         answers, threads = _info_asked_right_after_create(monkeypatch, server)
         model = _model()
         with psframe.Trainer(
-            model, cluster, task_index=0, optimizer=psframe.optim.SGD(lr=0.1), sync=sync, connect_timeout=30.0
+            model,
+            cluster,
+            task_index=0,
+            optimizer=psframe.optim.SGD(lr=0.1),
+            sync=sync,
+            transport=psframe.Transport(connect_timeout=30.0),
         ):
             pass
         _check(answers, threads, expected_variables=len(list(model.parameters())))

@@ -85,7 +85,12 @@ def test_two_workers_two_ps_one_update_is_v_minus_lr_mean_exactly(local_cluster)
     initial = [p.detach().clone() for p in linear_model(seed=0).parameters()]  # the chief's
     trainers = {
         i: psframe.Trainer(
-            models[i], cluster, task_index=i, optimizer=psframe.optim.SGD(lr=lr), sync=sync, min_partition_bytes=64
+            models[i],
+            cluster,
+            task_index=i,
+            optimizer=psframe.optim.SGD(lr=lr),
+            sync=sync,
+            placement=psframe.Placement(min_partition_bytes=64),
         )
         for i in range(2)
     }
@@ -175,8 +180,7 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
             task_index=i,
             optimizer=optimizer,
             sync=psframe.SyncReplicas(timeout=30),
-            min_partition_bytes=32,
-            max_shard_bytes=max_shard_bytes,
+            placement=psframe.Placement(min_partition_bytes=32, max_shard_bytes=max_shard_bytes),
         )
         for i in range(num_workers)
     }
@@ -221,7 +225,7 @@ def test_a_step_skipped_by_the_nan_guard_is_no_member_of_the_round(local_cluster
             task_index=i,
             optimizer=optimizer,
             sync=psframe.SyncReplicas(timeout=30),
-            min_partition_bytes=32,
+            placement=psframe.Placement(min_partition_bytes=32),
             hooks=[NanGuardHook(fail_on_nan=False)] if i == 2 else [],
         )
         for i in range(num_workers)
@@ -280,7 +284,9 @@ def test_a_worker_set_up_differently_is_refused(local_cluster):
     cluster = local_cluster(num_ps=1, num_workers=2)
     with psframe.Trainer(linear_model(), cluster, task_index=0, sync=psframe.SyncReplicas(timeout=30)):
         with pytest.raises(ClusterMismatchError, match="SyncReplicas|synchronous|asynchronous"):
-            psframe.Trainer(linear_model(), cluster, task_index=1, connect_timeout=5).connect()
+            psframe.Trainer(
+                linear_model(), cluster, task_index=1, transport=psframe.Transport(connect_timeout=5)
+            ).connect()
 
 
 def test_sync_arguments_are_checked():

@@ -96,7 +96,11 @@ def test_tables_train_as_one_process(local_cluster, partition, optimizer, table_
     dense_opt = dense_local[0]([reference.head.weight, reference.head.bias], **dense_local[1])
     table_opt = table_local[0](tables, **table_local[1])
     with psframe.Trainer(
-        model, cluster, optimizer=optimizer, table_optimizer=table_optimizer, table_partition=partition
+        model,
+        cluster,
+        optimizer=optimizer,
+        table_optimizer=table_optimizer,
+        placement=psframe.Placement(table_partition=partition),
     ) as trainer:
         parts = [s for s in trainer.placement.shards if s.table]
         assert {s.ps_task for s in parts} == {0, 1} and {s.variable for s in parts} == TABLES
@@ -231,7 +235,7 @@ def test_checkpoints_hold_whole_tables_and_restore_onto_another_number_of_ps_tas
     table_opt = torch.optim.Adagrad([reference.emb.weight, reference.bag.weight], lr=0.3)
     model = Recommender()
     with psframe.Trainer(
-        model, local_cluster(num_ps=2, num_workers=1), optimizer=optimizer, checkpoint_dir=url
+        model, local_cluster(num_ps=2, num_workers=1), optimizer=optimizer, checkpointing=psframe.Checkpointing(url)
     ) as trainer:
         for step in range(3):
             trainer.step(loss_of(model, step))
@@ -244,7 +248,7 @@ def test_checkpoints_hold_whole_tables_and_restore_onto_another_number_of_ps_tas
     # Three ps tasks now: each table part takes every third row of the checkpoint, with its optimizer state.
     again = Recommender(seed=5)
     with psframe.Trainer(
-        again, local_cluster(num_ps=3, num_workers=1), optimizer=optimizer, checkpoint_dir=url
+        again, local_cluster(num_ps=3, num_workers=1), optimizer=optimizer, checkpointing=psframe.Checkpointing(url)
     ) as trainer:
         assert {s.ps_task for s in trainer.placement.shards if s.table} == {0, 1, 2}
         pull_every_row(again)
@@ -280,7 +284,7 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
             cluster,
             task_index=i,
             optimizer=optimizer,
-            variable_devices=devices,
+            placement=psframe.Placement(variable_devices=devices),
             sync=psframe.SyncReplicas(timeout=30),
         )
         for i in range(num_workers)
@@ -315,7 +319,7 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
 
 
 def test_mod_spreads_a_frequency_sorted_vocabulary_where_range_does_not():
-    from benchmarks.sparse import partition_balance
+    from benchmarks.suite.sparse import partition_balance
 
     imbalance = {
         (r["numbering"], r["partition"], r["num_ps"]): r["imbalance"]

@@ -36,12 +36,12 @@ def loss_of(model: torch.nn.Module, step: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "options",
+    "placement",
     [
-        {},
-        {"placement": "round_robin"},
+        psframe.Placement(),
+        psframe.Placement(strategy="round_robin"),
         # Force every weight matrix to be partitioned along dim 0 across both ps tasks.
-        {"min_partition_bytes": 64, "max_shard_bytes": 160},
+        psframe.Placement(min_partition_bytes=64, max_shard_bytes=160),
     ],
     ids=["greedy", "round_robin", "partitioned"],
 )
@@ -50,12 +50,12 @@ def loss_of(model: torch.nn.Module, step: int) -> torch.Tensor:
     [psframe.optim.SGD(lr=0.1, momentum=0.9, nesterov=True), psframe.optim.Adam(lr=0.01)],
     ids=["sgd_nesterov", "adam"],
 )
-def test_one_worker_matches_local_torch_optim_exactly(local_cluster, options, optimizer):
+def test_one_worker_matches_local_torch_optim_exactly(local_cluster, placement, optimizer):
     cluster = local_cluster(num_ps=2, num_workers=1)
     model, reference = make_model(), make_model()
     local_opt = getattr(torch.optim, optimizer.name)(reference.parameters(), **optimizer.kwargs)
-    with psframe.Trainer(model, cluster, optimizer=optimizer, **options) as trainer:
-        if "min_partition_bytes" in options:
+    with psframe.Trainer(model, cluster, optimizer=optimizer, placement=placement) as trainer:
+        if placement.min_partition_bytes == 64:
             assert any(s.partitioned for s in trainer.placement.shards)
         for step in range(5):
             assert trainer.step(loss_of(model, step)) == step + 1
@@ -106,7 +106,7 @@ def test_explicit_device_strings_win(local_cluster):
     cluster = local_cluster(num_ps=2, num_workers=1)
     model = make_model()
     devices = {"0.weight": "/job:ps/task:1", "0.bias": "/job:ps/task:1", "2.weight": "/job:ps/task:1"}
-    with psframe.Trainer(model, cluster, variable_devices=devices) as trainer:
+    with psframe.Trainer(model, cluster, placement=psframe.Placement(variable_devices=devices)) as trainer:
         client = PsClient(cluster, 0)
         try:
             on_ps1 = {d.name for d in client.get_info(1).variables}
@@ -119,10 +119,14 @@ def test_explicit_device_strings_win(local_cluster):
 def test_a_device_string_for_a_missing_ps_task_is_an_error_unless_soft(local_cluster):
     cluster = free_cluster(2, 1)  # nothing started: placement fails before any connection
     with pytest.raises(PlacementError, match="/job:ps/task:5"):
-        psframe.Trainer(make_model(), cluster, variable_devices={"0.weight": "/job:ps/task:5"})
+        psframe.Trainer(
+            make_model(), cluster, placement=psframe.Placement(variable_devices={"0.weight": "/job:ps/task:5"})
+        )
     with pytest.warns(UserWarning, match="/job:ps/task:5"):
         trainer = psframe.Trainer(
-            make_model(), cluster, variable_devices={"0.weight": "/job:ps/task:5"}, soft_placement=True
+            make_model(),
+            cluster,
+            placement=psframe.Placement(variable_devices={"0.weight": "/job:ps/task:5"}, soft=True),
         )
     assert trainer.placement.shards_of("0.weight")[0].ps_task in (0, 1)
 
@@ -133,7 +137,7 @@ def test_bad_trainer_arguments_fail_up_front():
     with pytest.raises(TypeError, match="psframe.optim"):
         psframe.Trainer(model, cluster, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(ValueError, match="not trainable parameters"):
-        psframe.Trainer(model, cluster, variable_devices={"nope.weight": "/job:ps/task:0"})
+        psframe.Trainer(model, cluster, placement=psframe.Placement(variable_devices={"nope.weight": "/job:ps/task:0"}))
     with pytest.raises(psframe.ClusterSpecError, match="task_index"):
         psframe.Trainer(model, cluster, task_index=3)
     frozen = torch.nn.Linear(2, 2).requires_grad_(False)
@@ -154,7 +158,7 @@ def test_missing_ps_gives_up_within_the_deadline_naming_it():
     cluster = free_cluster(2, 1)
     started = time.monotonic()
     with pytest.raises(ConnectTimeoutError) as error:
-        psframe.Trainer(make_model(), cluster, connect_timeout=1.0).connect()
+        psframe.Trainer(make_model(), cluster, transport=psframe.Transport(connect_timeout=1.0)).connect()
     assert time.monotonic() - started < 10
     message = str(error.value)
     for i in range(2):
@@ -164,7 +168,7 @@ def test_missing_ps_gives_up_within_the_deadline_naming_it():
 def test_non_chief_waits_for_the_model_and_says_so(local_cluster):
     cluster = local_cluster(num_ps=1, num_workers=2)
     with pytest.raises(ConnectTimeoutError, match="hold the model"):
-        psframe.Trainer(make_model(), cluster, task_index=1, connect_timeout=1.0).connect()
+        psframe.Trainer(make_model(), cluster, task_index=1, transport=psframe.Transport(connect_timeout=1.0)).connect()
 
 
 def test_workers_with_another_cluster_are_refused(local_cluster):
@@ -173,36 +177,43 @@ def test_workers_with_another_cluster_are_refused(local_cluster):
         {"ps": cluster.job_tasks("ps"), "worker": cluster.job_tasks("worker") + ["127.0.0.1:1"]}
     )
     with pytest.raises(ClusterMismatchError, match="cluster"):
-        psframe.Trainer(make_model(), other, connect_timeout=5).connect()
+        psframe.Trainer(make_model(), other, transport=psframe.Transport(connect_timeout=5)).connect()
 
 
 def test_a_worker_with_another_model_is_refused(local_cluster):
     cluster = local_cluster(num_ps=1, num_workers=2)
     with psframe.Trainer(make_model(hidden=16), cluster, task_index=0):
         with pytest.raises(ClusterMismatchError, match="does not match"):
-            psframe.Trainer(make_model(hidden=8), cluster, task_index=1, connect_timeout=5).connect()
+            psframe.Trainer(
+                make_model(hidden=8), cluster, task_index=1, transport=psframe.Transport(connect_timeout=5)
+            ).connect()
 
 
 def test_a_restarted_chief_adopts_the_variables_already_there(local_cluster):
     cluster = local_cluster(num_ps=1, num_workers=2)
     first = make_model(seed=0)
-    crashed = psframe.Trainer(first, cluster, connect_timeout=10).connect()
+    crashed = psframe.Trainer(first, cluster, transport=psframe.Transport(connect_timeout=10)).connect()
     crashed.step(loss_of(first, 0))  # then "dies": never reports that it finished
     again = make_model(seed=7)
-    with psframe.Trainer(again, cluster, connect_timeout=10) as trainer:
+    with psframe.Trainer(again, cluster, transport=psframe.Transport(connect_timeout=10)) as trainer:
         assert trainer.global_step == 1
         for p, q in zip(again.parameters(), first.parameters()):
             assert torch.equal(p, q)
         with pytest.raises(ClusterMismatchError, match="SGD"):
-            psframe.Trainer(make_model(), cluster, optimizer=psframe.optim.Adam(lr=1.0), connect_timeout=10).connect()
+            psframe.Trainer(
+                make_model(),
+                cluster,
+                optimizer=psframe.optim.Adam(lr=1.0),
+                transport=psframe.Transport(connect_timeout=10),
+            ).connect()
 
 
 def test_no_training_after_every_worker_finished(local_cluster):
     cluster = local_cluster(num_ps=1, num_workers=1)
-    with psframe.Trainer(make_model(), cluster, connect_timeout=10):
+    with psframe.Trainer(make_model(), cluster, transport=psframe.Transport(connect_timeout=10)):
         pass
     with pytest.raises(psframe.errors.TrainingFinishedError, match="training is over"):
-        psframe.Trainer(make_model(), cluster, connect_timeout=10).connect()
+        psframe.Trainer(make_model(), cluster, transport=psframe.Transport(connect_timeout=10)).connect()
 
 
 def test_port_in_use_is_a_clear_error():

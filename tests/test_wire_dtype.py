@@ -7,6 +7,8 @@ receives exactly the bfloat16-rounded variables; nothing else changes.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -108,7 +110,8 @@ def test_trainer_with_wire_dtype_matches_local_sgd_on_rounded_values(local_clust
     cluster = local_cluster(num_ps=2, num_workers=1)
     model, reference = make_model(), make_model()
     ps_values = {n: p.detach().clone() for n, p in reference.named_parameters()}
-    with psframe.Trainer(model, cluster, optimizer=psframe.optim.SGD(lr=LR), wire_dtype=wire_dtype) as trainer:
+    transport = psframe.Transport(wire_dtype=wire_dtype)
+    with psframe.Trainer(model, cluster, optimizer=psframe.optim.SGD(lr=LR), transport=transport) as trainer:
         for step in range(3):
             trainer.step(loss_of(model, step))
             # The reference model holds what the worker should hold: the ps's
@@ -129,5 +132,9 @@ def test_trainer_with_wire_dtype_matches_local_sgd_on_rounded_values(local_clust
 
 @pytest.mark.parametrize("bad", ["int8", torch.int8, "fp16", 16])
 def test_trainer_refuses_an_unknown_wire_dtype(bad):
-    with pytest.raises(ValueError, match="wire_dtype must be None"):
-        psframe.Trainer(make_model(), {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}, wire_dtype=bad)
+    with pytest.raises(ValueError, match=rf"wire_dtype must be one of .* or None, got {re.escape(repr(bad))}$"):
+        psframe.Trainer(
+            make_model(),
+            {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
+            transport=psframe.Transport(wire_dtype=bad),
+        )

@@ -9,13 +9,14 @@ id goes to the part that holds it now
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from psframe.checkpoint.shard import ShardData, VariableData
 from psframe.dynamic_rows import part_of
+from psframe.errors import CheckpointError
 
 
 def dynamic_parts_of(shards: Sequence[ShardData]) -> dict[str, list[VariableData]]:
@@ -33,7 +34,8 @@ def gather(parts: Sequence[VariableData], part_index: int = 0, num_parts: int = 
     its saved parts, as :meth:`psframe.dynamic_rows.DynamicRows.export` gives them
     (ids sorted). Per-row state keys saved by every part are kept; other state
     (a step count) is the largest saved, and so is the clock."""
-    ids = torch.cat([p.dynamic["ids"] for p in parts])
+    tables = [_table_of(p) for p in parts]
+    ids = torch.cat([t["ids"] for t in tables])
     keep = part_of(ids, num_parts) == part_index
     order = torch.argsort(ids[keep])
 
@@ -42,7 +44,7 @@ def gather(parts: Sequence[VariableData], part_index: int = 0, num_parts: int = 
 
     state: dict[str, Any] = {}
     for key in parts[0].state:
-        values = [p.state.get(key) for p in parts]
+        values: list[Any] = [p.state.get(key) for p in parts]
         if all(
             isinstance(v, torch.Tensor)
             and v.dim()
@@ -59,7 +61,14 @@ def gather(parts: Sequence[VariableData], part_index: int = 0, num_parts: int = 
         "ids": ids[keep][order],
         "rows": rows_of([p.value for p in parts]),
         "state": state,
-        "updated": rows_of([p.dynamic["updated"] for p in parts]),
-        "updates": rows_of([p.dynamic["updates"] for p in parts]),
-        "clock": max(int(p.dynamic["clock"]) for p in parts),
+        "updated": rows_of([t["updated"] for t in tables]),
+        "updates": rows_of([t["updates"] for t in tables]),
+        "clock": max(int(t["clock"]) for t in tables),
     }
+
+
+def _table_of(part: VariableData) -> Mapping[str, Any]:
+    """A dynamic table's saved part: its ids, update times and counts, clock."""
+    if part.dynamic is None:
+        raise CheckpointError(f"{part.name!r} is saved as a plain variable, not a part of a dynamic table")
+    return part.dynamic

@@ -15,7 +15,7 @@ rows (``row_stride`` > 1: rows ``row_start``, ``row_start + row_stride``,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -91,7 +91,7 @@ def slice_rows(shards: Sequence[ShardData], variable: str, row_start: int, row_e
     if not full_shape:
         part = _single(variable, parts)
         return part.value.clone(), _copy_state(part.state)
-    pieces = []
+    pieces: list[tuple[VariableData, int, int]] = []
     cursor = row_start
     for part in parts:
         start, end = part.row_start, part.row_start + part.shape[0]
@@ -246,7 +246,7 @@ def _single(variable: str, parts: list[VariableData]) -> VariableData:
     return parts[0]
 
 
-def _elementwise(x: Any, part: VariableData) -> bool:
+def _elementwise(x: Any, part: VariableData) -> TypeGuard[torch.Tensor]:
     return isinstance(x, torch.Tensor) and x.shape == part.value.shape
 
 

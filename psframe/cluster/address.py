@@ -17,12 +17,14 @@ def _describe(value: object) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
-def parse_address(address: str) -> tuple[str, int]:
+def parse_address(address: str, *, any_port: bool = False) -> tuple[str, int]:
     """Splits a task address into host and port.
 
     Args:
         address: ``"host:port"``, ``"1.2.3.4:2222"`` or ``"[::1]:2222"`` (an
             IPv6 host goes in brackets). Surrounding whitespace is ignored.
+        any_port: also accept port 0, "any free port" (a task address in a
+            cluster: the server of that task picks its port; see ``psframe.Server``).
 
     Returns:
         ``(host, port)``; an IPv6 host is returned without its brackets.
@@ -30,7 +32,7 @@ def parse_address(address: str) -> tuple[str, int]:
     Raises:
         ClusterSpecError: the address is not a string, is empty, contains
             whitespace, has no port, an empty or malformed host, or a port that
-            is not an integer in 1..65535.
+            is not an integer in 1..65535 (0..65535 with ``any_port``).
 
     Example:
         >>> parse_address("[::1]:2222")
@@ -70,6 +72,9 @@ def parse_address(address: str) -> tuple[str, int]:
                 f"task address {address!r} has host {host!r}; expected letters, digits, '.', '-' and '_' only"
             )
     # isdigit() alone would accept '²' and int() would accept '+1' or '1_0'.
-    if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
-        raise ClusterSpecError(f"task address {address!r} has port {port_text!r}; expected an integer in 1..65535")
+    lowest = 0 if any_port else 1
+    if not (port_text.isascii() and port_text.isdigit()) or not lowest <= int(port_text) <= 65535:
+        raise ClusterSpecError(
+            f"task address {address!r} has port {port_text!r}; expected an integer in {lowest}..65535"
+        )
     return host, int(port_text)

@@ -139,7 +139,7 @@ class Shard:
 
 
 @dataclass(frozen=True)
-class Placement:
+class ShardPlacement:
     """The result of :func:`place`: every shard and the ps task holding it.
 
     ``shards`` are in variable order, then part order.
@@ -303,7 +303,7 @@ def place(
     min_partition_bytes: int | None = DEFAULT_MIN_PARTITION_BYTES,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     soft_placement: bool = False,
-) -> Placement:
+) -> ShardPlacement:
     """Decides which ps task holds each variable, partitioning large ones.
 
     A variable of more than ``min_partition_bytes`` (and more than one row) is
@@ -386,7 +386,10 @@ def place(
             tasks[i] = task
             heapq.heappush(heap, (nbytes + shards[i].nbytes, task))
 
-    return Placement(num_ps, tuple(replace(s, ps_task=t) for s, t in zip(shards, tasks)))
+    placed: list[int] = [t for t in tasks if t is not None]
+    if len(placed) != len(shards):
+        raise PlacementError(f"{len(shards) - len(placed)} of {len(shards)} shards were left without a ps task")
+    return ShardPlacement(num_ps, tuple(replace(s, ps_task=t) for s, t in zip(shards, placed)))
 
 
 __all__ = [
@@ -394,8 +397,8 @@ __all__ = [
     "DEFAULT_MIN_PARTITION_BYTES",
     "HARD_MAX_SHARD_BYTES",
     "MiB",
-    "Placement",
     "Shard",
+    "ShardPlacement",
     "VariableInfo",
     "place",
 ]

@@ -75,7 +75,7 @@ def _job_addresses(job: str, tasks: object) -> list[str]:
         )
     addresses = []
     for address in tasks:
-        parse_address(address)
+        parse_address(address, any_port=True)
         addresses.append(address.strip())
     return addresses
 
@@ -85,7 +85,9 @@ class ClusterSpec:
 
     psframe's counterpart of ``tf.train.ClusterSpec``. Both jobs, ``"ps"`` and
     ``"worker"``, must be present and non-empty, and no address may be used by
-    two tasks.
+    two tasks. Port 0 (``"localhost:0"``) asks for any free port: the server of
+    that task picks one, and its :attr:`psframe.Server.cluster` holds the real
+    address, which the other tasks must be given (see ``psframe.local_cluster``).
 
     Args:
         cluster: a mapping from job name to a list of ``"host:port"`` strings,
@@ -125,9 +127,11 @@ class ClusterSpec:
         owner: dict[tuple[str, int], str] = {}
         for job in JOBS:
             for index, address in enumerate(given[job]):
-                host, port = parse_address(address)
+                host, port = parse_address(address, any_port=True)
                 key = (host.lower(), port)  # host names are case-insensitive
                 name = self.task_name(job, index)
+                if port == 0:
+                    continue  # each such task gets a port of its own when its server binds
                 if key in owner:
                     raise ClusterSpecError(
                         f"address {address!r} is given twice, to {owner[key]} and {name}; every task needs its own port"
@@ -258,6 +262,30 @@ class ClusterSpec:
         """
         self.validate_task(job_name, task_index)
         return self._tasks[job_name][operator.index(task_index)]
+
+    def tasks_on_any_port(self, job_name: str) -> list[int]:
+        """Returns the indices of ``job_name``'s tasks whose address has port 0 (any free port).
+
+        Example:
+            >>> ClusterSpec.from_string("ps|h0:0;h0:2223,worker|h1:2224").tasks_on_any_port("ps")
+            [0]
+        """
+        return [i for i, a in enumerate(self.job_tasks(job_name)) if parse_address(a, any_port=True)[1] == 0]
+
+    def with_task_address(self, job_name: str, task_index: int, address: str) -> ClusterSpec:
+        """Returns this cluster with one task's address replaced (e.g. by the port its server picked).
+
+        Raises:
+            ClusterSpecError: as :meth:`validate_task`, or anything :class:`ClusterSpec` refuses.
+
+        Example:
+            >>> ClusterSpec.from_string("ps|h0:0,worker|h1:2224").with_task_address("ps", 0, "h0:40123")
+            ClusterSpec('ps|h0:40123,worker|h1:2224')
+        """
+        self.validate_task(job_name, task_index)
+        jobs = self.as_dict()
+        jobs[job_name][operator.index(task_index)] = address
+        return ClusterSpec(jobs)
 
     def validate_task(self, job_name: str, task_index: int) -> None:
         """Checks that ``(job_name, task_index)`` names a task of this cluster.

@@ -131,7 +131,7 @@ def cluster_from_tf_config(
     elif task_type == "worker" and chief is not None:
         n = cluster.num_workers - 1
     else:
-        n = cluster.num_tasks(task_type)
+        n = cluster.num_tasks(str(task_type))
     if n is None:
         if task_index < 0:
             raise ClusterSpecError(f"TF_CONFIG task index {task_index} of the evaluator must be >= 0")

@@ -11,7 +11,7 @@ field names with ``pb.VariableDef`` and ``pb.SyncDef``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from psframe.checkpoint import files as checkpoint_io
 from psframe.checkpoint.dynamic import dynamic_parts_of, gather
 from psframe.checkpoint.shard import OptimizerData, ShardData, SyncData, VariableData
 from psframe.checkpoint.slices import slice_rows, strided_rows
+from psframe.errors import CheckpointError
 from psframe.optim import OptimizerSpec
 from psframe.ps.ledger import PushLedger
 from psframe.ps.store import VariableStore
@@ -39,7 +40,7 @@ class Restored:
     optimizer: OptimizerSpec
     sync: pb.SyncDef | None
     values: dict[str, torch.Tensor]
-    states: dict[str, dict]
+    states: Mapping[str, Mapping[str, Any]]
     table_optimizer: OptimizerSpec | None = None  # of the embedding tables, if any
     dynamic: dict[str, dict] = field(default_factory=dict)  # dynamic table parts' exports, by name
     pushes: dict | None = None  # the workers' pushes the values hold (psframe.ps.ledger), if recorded
@@ -83,18 +84,20 @@ def save_shard(
         pushes = None if ledger is None else ledger.state_dict()
         dynamic = store.export_dynamic()
     spec, table_spec = store.optimizer_spec, store.table_optimizer_spec
+    if spec is None:
+        raise CheckpointError(f"ps task {ps_task} holds no model yet: there is nothing to save")
     shard = ShardData(
         global_step=global_step,
         ps_task=ps_task,
         num_shards=num_shards,
         optimizer=OptimizerData(spec.name, dict(spec.kwargs)),
         sync=None if sync is None else _record(SyncData, sync),
-        variables=[
+        variables=tuple(
             _dynamic_record(d, dynamic[d.name])
             if d.HasField("dynamic")
             else _record(VariableData, d, value=values[d.name], state=states[d.name], dynamic=None)
             for d in defs
-        ],
+        ),
         table_optimizer=None if table_spec is None else OptimizerData(table_spec.name, dict(table_spec.kwargs)),
         pushes=pushes,
     )
@@ -205,7 +208,7 @@ def _record(cls: type, message: Any, **rest: Any) -> Any:
     return cls(**shared, **rest)
 
 
-def _message(cls: type, record: Any) -> Any:
+def _message(cls: Any, record: Any) -> Any:
     """A ``cls`` wire message with its fields taken from ``record`` by name."""
     return cls(**{f.name: getattr(record, f.name) for f in cls.DESCRIPTOR.fields})
 

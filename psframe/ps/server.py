@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from psframe.cluster import ClusterSpec, parse_address
-from psframe.errors import PsframeError
+from psframe.errors import ClusterSpecError, NotReadyError, PsframeError
 from psframe.liveness import Liveness
 from psframe.ps.service import ParameterServerService
 from psframe.ps.serving import ServingProcesses, default_serving_processes
 from psframe.ps.shared import PortLock, SharedMemory
 from psframe.ps.task_service import TaskService
-from psframe.security import Security
-from psframe.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, RpcServer
+from psframe.security import Security, accept_security
+from psframe.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, METHODS, RpcServer
 
 MIN_MESSAGE_BYTES = 64 << 10  # below, not even an Init of a small model or a status call's reply fits
 
@@ -30,6 +32,15 @@ class Server:
     workers push; :meth:`join` returns once every worker has finished, so a ps
     process ends with exit code 0 on its own. A worker task's server only
     answers who it is (``psframe ping``).
+
+    A task's address with port 0 (``"localhost:0"``, as for TF's
+    ``Server.create_local_server()``) asks for any free port: the server
+    binds one and reports it in :attr:`port`, :attr:`address`, :attr:`target`
+    and :attr:`cluster`, the cluster with the real address. The workers need
+    that address: give them ``server.cluster`` (in this process, as
+    :func:`psframe.local_cluster` does), or the address ``psframe server``
+    prints when it starts. Only the task's own address may have port 0 in a
+    ps task's cluster, since ps tasks call each other.
 
     Args:
         cluster: the cluster, as a :class:`ClusterSpec` or a dict of job name to
@@ -64,27 +75,35 @@ class Server:
             this process may use, at most 8 (1 on up to 7 cores, 4 on 16;
             :func:`psframe.ps.serving.default_serving_processes`); 1 serves
             from this process alone. A worker task always uses 1.
-        auth_token: the cluster's shared secret: every call must carry it
-            (the task's own calls to other ps tasks do). None: the
-            ``PSFRAME_AUTH_TOKEN`` environment variable, or no token.
-        tls_cert_file, tls_key_file: this task's certificate and private key
-            (PEM): the server listens with TLS, and presents them as a client
-            certificate to other ps tasks.
-        tls_ca_file: the CA (PEM) the other tasks' certificates chain to;
-            with a certificate, callers must present one it signed (mutual
-            TLS). Each TLS setting left None is read from
-            ``PSFRAME_TLS_CERT_FILE``/``_KEY_FILE``/``_CA_FILE`` if set
-            (see :mod:`psframe.security`).
+        security: who may talk to the task, a :class:`psframe.Security`: the
+            cluster's shared auth token, which every call must carry (the
+            task's own calls to other ps tasks do); this task's certificate
+            and key (PEM), with which the server listens with TLS and which it
+            presents as a client certificate to other ps tasks; the CA (PEM)
+            the other tasks' certificates chain to (with a certificate,
+            callers must present one it signed: mutual TLS). Used as given.
+            None: from the ``PSFRAME_AUTH_TOKEN`` and ``PSFRAME_TLS_*``
+            environment variables (:meth:`Security.resolve`), or none.
+        auth_token, tls_cert_file, tls_key_file, tls_ca_file: deprecated (a
+            ``DeprecationWarning``; removed in the next release): the same
+            settings one by one, those left None read from the environment.
+            Give ``security=`` instead.
 
     Raises:
-        ClusterSpecError: the cluster, job or index is invalid.
+        ClusterSpecError: the cluster, job or index is invalid, or another ps
+            task's address has port 0.
         PortInUseError: the address cannot be listened on.
-        SecurityConfigError: a security setting is invalid or its file cannot be read.
+        SecurityConfigError: a security setting is invalid or its file cannot be read,
+            or ``security`` is given together with the deprecated arguments.
 
     Example::
 
         cluster = psframe.ClusterSpec({"ps": ["localhost:2222"], "worker": ["localhost:2223"]})
         psframe.Server(cluster, "ps", 0).join()
+
+        server = psframe.Server({"ps": ["localhost:0"], "worker": ["localhost:0"]}, "ps", 0)
+        server.port, server.target    # (40123, 'grpc://localhost:40123')
+        trainer = psframe.Trainer(model, server.cluster)
     """
 
     def __init__(
@@ -100,6 +119,7 @@ class Server:
         chief_timeout: float | None = None,
         checkpoint_dir: str | None = None,
         serving_processes: int | None = None,
+        security: Security | None = None,
         auth_token: str | None = None,
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
@@ -107,16 +127,30 @@ class Server:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         liveness: Liveness | None = None,
     ) -> None:
-        self.security = Security.resolve(
-            auth_token=auth_token, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file, tls_ca_file=tls_ca_file
+        self.security = accept_security(
+            "Server",
+            security,
+            {
+                "auth_token": auth_token,
+                "tls_cert_file": tls_cert_file,
+                "tls_key_file": tls_key_file,
+                "tls_ca_file": tls_ca_file,
+            },
         )
         self.liveness = liveness or Liveness.resolve()
-        self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
-        self.cluster.validate_task(job_name, task_index)
+        cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
+        cluster.validate_task(job_name, task_index)
         self.job_name = job_name
         self.task_index = task_index
         self.task_name = ClusterSpec.task_name(job_name, task_index)
-        self.address = self.cluster.task_address(job_name, task_index)
+        if job_name == "ps":
+            others = [k for k in cluster.tasks_on_any_port("ps") if k != task_index]
+            if others:
+                raise ClusterSpecError(
+                    f"{self.task_name}: {ClusterSpec.task_name('ps', others[0])} has address "
+                    f"{cluster.task_address('ps', others[0])!r}; port 0 (any free port) may be given only for "
+                    f"this task's own address, since ps tasks call each other: give the other ps tasks' real addresses"
+                )
         if serving_processes is None:
             serving_processes = default_serving_processes() if job_name == "ps" else 1
         if isinstance(serving_processes, bool) or not isinstance(serving_processes, int) or serving_processes < 1:
@@ -133,26 +167,15 @@ class Server:
                 f"(gRPC's limit), got {max_message_bytes!r}"
             )
         # Several serving processes share the variables, in shared memory.
-        self._shared = SharedMemory.create(self.cluster.num_workers) if serving_processes > 1 else None
-        if job_name == "ps":
-            self.service: TaskService = ParameterServerService(
-                self.cluster,
-                task_index,
-                worker_timeout=worker_timeout,
-                checkpoint_dir=checkpoint_dir,
-                shared=self._shared,
-                security=self.security,
-                chief_timeout=chief_timeout,
-                liveness=self.liveness,
-            )
-        else:
-            self.service = TaskService(self.cluster, job_name, task_index)
-        threads = max_threads or max(16, 4 * self.cluster.num_workers + 8)
-        bind = bind_address or self.address
+        self._shared = SharedMemory.create(cluster.num_workers) if serving_processes > 1 else None
+        threads = max_threads or max(16, 4 * cluster.num_workers + 8)
+        bind = (bind_address or cluster.task_address(job_name, task_index)).strip()
         self._port_lock: PortLock | None = None
+        slot = _ServiceSlot(_methods_answered(job_name))
+        rpc: RpcServer | None = None
         try:
-            self._rpc = RpcServer(
-                self.service.handlers(),
+            self._rpc = rpc = RpcServer(
+                slot.handlers(),
                 name=self.task_name,
                 max_threads=threads,
                 share_port=serving_processes > 1,
@@ -160,21 +183,47 @@ class Server:
                 max_message_bytes=max_message_bytes,
                 liveness=self.liveness,
             )
-            host, port = parse_address(bind)
+            host, port = parse_address(bind, any_port=True)
             if warning := self.security.clear_token_warning(host):
                 log.warning("%s: %s", self.task_name, warning)
-            if serving_processes > 1:
+            if serving_processes > 1 and port != 0:
                 # SO_REUSEPORT lets any process of this user listen beside us: take the port first.
                 self._port_lock = PortLock(port, self.task_name)
-            self._rpc.bind(bind)
+            self._port = self._rpc.bind(bind)
+            if port == 0:
+                bind = _with_port(bind, self._port)
+                if serving_processes > 1:  # a port the kernel just picked: nobody else listens there
+                    self._port_lock = PortLock(self._port, self.task_name)
+            own = cluster.task_address(job_name, task_index)
+            if parse_address(own, any_port=True)[1] == 0:
+                cluster = cluster.with_task_address(job_name, task_index, _with_port(own, self._port))
+            self.cluster = cluster
+            self.address = cluster.task_address(job_name, task_index)
+            # Made once the port is bound: the service's cluster holds the real address.
+            if job_name == "ps":
+                self.service: TaskService = ParameterServerService(
+                    self.cluster,
+                    task_index,
+                    worker_timeout=worker_timeout,
+                    checkpoint_dir=checkpoint_dir,
+                    shared=self._shared,
+                    security=self.security,
+                    chief_timeout=chief_timeout,
+                    liveness=self.liveness,
+                )
+            else:
+                self.service = TaskService(self.cluster, job_name, task_index)
+            slot.fill(self.service)
         except BaseException:
+            if rpc is not None:
+                _release_port(rpc)
             if self._shared is not None:
                 self._shared.close()  # nothing else holds the folder yet
             if self._port_lock is not None:
                 self._port_lock.release()
             raise
         self._serving: ServingProcesses | None = None
-        if serving_processes > 1:
+        if self._shared is not None:  # several serving processes
             # The other serving processes reach this one on a socket in the shared folder,
             # which only this user may enter (as the variables there).
             owner = self._rpc.bind_local(os.path.join(self._shared.folder, "owner.sock"))
@@ -196,8 +245,13 @@ class Server:
             self.start()
 
     @property
+    def port(self) -> int:
+        """The port this server listens on: the one it picked if it was given port 0."""
+        return self._port
+
+    @property
     def target(self) -> str:
-        """The address to reach this task, as ``grpc://host:port``."""
+        """The address to reach this task, as ``grpc://host:port`` (the real port, if it picked one)."""
         return f"grpc://{self.address}"
 
     def start(self) -> None:
@@ -272,3 +326,53 @@ class Server:
 
     def __repr__(self) -> str:
         return f"Server({self.task_name} at {self.address})"
+
+
+def _methods_answered(job_name: str) -> Collection[str]:
+    """The methods a task of ``job_name`` answers: a ps task every method of the
+    service, another task who it is (see the services' ``handlers()``)."""
+    return tuple(METHODS) if job_name == "ps" else ("GetInfo", "Shutdown")
+
+
+def _release_port(rpc: RpcServer) -> None:
+    """Give up the port of a server that never served (the error being raised wins over any here)."""
+    try:
+        # gRPC lets go of a bound port only once the server has started and stopped;
+        # a call in between finds no service and is refused as not ready.
+        rpc.start()
+        rpc.stop(0.0)
+    except Exception:
+        log.exception("could not release the port of a server that failed to start")
+
+
+def _with_port(address: str, port: int) -> str:
+    """``address`` (``host:port``, ``[ipv6]:port``) with another port."""
+    return f"{address.strip().rpartition(':')[0]}:{port}"
+
+
+class _ServiceSlot:
+    """A task's RPC handlers, calling its service once :meth:`fill` gave it.
+
+    The server binds its port before it makes the service: a task asked to pick
+    a free port learns its address only then, and the service's cluster holds it
+    (every call compares clusters).
+    """
+
+    def __init__(self, names: Collection[str]) -> None:
+        self._names = frozenset(names)
+        self._handlers: dict[str, Callable] = {}
+
+    def handlers(self) -> dict[str, Callable]:
+        return {name: functools.partial(self._call, name) for name in self._names}
+
+    def fill(self, service: TaskService) -> None:
+        handlers = service.handlers()
+        if set(handlers) != self._names:
+            raise TypeError(f"{service.task_name} answers {sorted(handlers)}, expected {sorted(self._names)}")
+        self._handlers = handlers
+
+    def _call(self, name: str, request: Any) -> Any:
+        handler = self._handlers.get(name)
+        if handler is None:
+            raise NotReadyError(f"{name}: the task is not serving (it failed to start)")
+        return handler(request)

@@ -22,10 +22,13 @@ from psframe.errors import (
     ClusterMismatchError,
     NotReadyError,
     PsframeError,
+    SharedRegionError,
 )
 from psframe.liveness import Liveness
+from psframe.memory import HugePageMemory
 from psframe.optim import OptimizerSpec
 from psframe.ps import recovery
+from psframe.ps.definitions import dynamic_parts
 from psframe.ps.ledger import PushLedger
 from psframe.ps.peers import PsPeers
 from psframe.ps.pending import PendingModel
@@ -34,13 +37,14 @@ from psframe.ps.replies import RoundReplies, outgoing
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.shared import SharedMemory, publish_store
 from psframe.ps.store import VariableStore
+from psframe.ps.store_memory import SharedStoreMemory
 from psframe.ps.sync import SyncAggregator
-from psframe.ps.table_rows import dynamic_parts
 from psframe.ps.task_service import TaskService
 from psframe.security import Security
 from psframe.wire import codec, messages, table_rows
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.shared_region import SharedRegion
+from psframe.wire.transport.error_codec import encode_error
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +77,14 @@ class ParameterServerService(TaskService):
         self._shared = shared
         self._publishing = shared is not None and shared.owner
         self.store = store or (
-            VariableStore(self.task_name)
+            VariableStore(self.task_name, memory=HugePageMemory())
             if shared is None
-            else VariableStore(self.task_name, lock=shared.lock, counters=shared.counters, allocate=shared.allocate)
+            else VariableStore(
+                self.task_name,
+                lock=shared.lock,
+                counters=shared.counters,
+                memory=SharedStoreMemory(shared.allocate),
+            )
         )
         self._variable_defs: list[pb.VariableDef] = []
         self._init_lock = threading.Lock()
@@ -94,7 +103,7 @@ class ParameterServerService(TaskService):
         self._round_replies = RoundReplies(self.store)
         self._peers = PsPeers(cluster, task_index, security, liveness)
         # Where psframe may not tune malloc, freed message buffers are trimmed instead.
-        self._memory = allocator.MemoryReturner(enabled=not allocator.tune_malloc())
+        self._memory = allocator.MemoryReturner(enabled=not allocator.malloc_tuned())
         if checkpoint_dir:
             restored = recovery.restore_own_shard(checkpoint_dir, task_index, cluster.num_ps)
             if restored is not None:
@@ -179,6 +188,7 @@ class ParameterServerService(TaskService):
             info.finished_workers.extend(self.roster.finished)
             if self._sync_def is not None:
                 info.sync.CopyFrom(self._sync_def)
+            if self.aggregator is not None:
                 info.dropped_gradients = self.aggregator.dropped_gradients
             info.restored_step = self.restored_step
             info.checkpoint_dir = self.checkpoint_dir or ""
@@ -287,7 +297,7 @@ class ParameterServerService(TaskService):
 
     def _restore_for_chief(
         self,
-        url: str,
+        url: str | None,
         defs: list[pb.VariableDef],
         optimizer: OptimizerSpec,
         sync: pb.SyncDef | None,
@@ -377,14 +387,21 @@ class ParameterServerService(TaskService):
     def answer_push_pull(self, data: bytes, plans: StreamPlans | None = None) -> bytes:
         """The reply to one PushPull request: a refused one names the error, and the stream goes on.
 
+        A request whose shared region cannot be used is answered with the
+        reason in ``shared_unusable``: nothing was applied, and the worker
+        sends it again with its tensors in the message.
+
         ``plans`` are those of the request's stream: an asynchronous request
         of a kind seen before on it takes the fast path (see :mod:`psframe.ps.plans`).
         Anything else (a bug) ends the stream, with the status the transport gives it.
         """
         try:
             return self._handle_push_pull(data, plans)
+        except SharedRegionError as e:
+            return codec.encode(pb.PushPullReplyHeader(shared_unusable=str(e)), ())
         except PsframeError as e:
-            return codec.encode(pb.PushPullReplyHeader(error_class=type(e).__name__, error_message=str(e)), ())
+            name, message = encode_error(e)
+            return codec.encode(pb.PushPullReplyHeader(error_class=name, error_message=message), ())
 
     def _handle_push_pull(self, data: bytes, plans: StreamPlans | None = None) -> bytes:
         self._memory.handled(len(data))
@@ -399,7 +416,7 @@ class ParameterServerService(TaskService):
         if plan is None:
             self._check_caller(header.caller)
         with self.roster.call(header.caller.task_index):
-            if plan is not None:
+            if plan is not None and plans is not None:
                 reply = self._push_pull_planned(plan, header, envelope, region)
                 if reply is not None:
                     return reply
@@ -524,7 +541,11 @@ class ParameterServerService(TaskService):
     def _publish(self) -> None:
         """Share the model with the serving processes once it can be (asynchronous training
         only: a sync round lives in this process, and every sync push is forwarded here)."""
-        if self.aggregator is not None or publish_store(self._shared, self.store, self.task_name) is not None:
+        if (
+            self._shared is None
+            or self.aggregator is not None
+            or publish_store(self._shared, self.store, self.task_name) is not None
+        ):
             self._publishing = False
 
     def _start_sync(self, sync: pb.SyncDef) -> None:

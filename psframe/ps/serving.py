@@ -40,9 +40,11 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from psframe import allocator
 from psframe.cluster import ClusterSpec
 from psframe.errors import PsframeError
 from psframe.liveness import Liveness
+from psframe.memory import HugePageMemory
 from psframe.ps.plans import StreamPlans
 from psframe.ps.service import ParameterServerService
 from psframe.ps.shared import SharedMemory
@@ -161,12 +163,15 @@ class ServingProcesses:
 
     def _wait_listening(self, index: int, proc: subprocess.Popen, deadline: float, timeout: float) -> None:
         lines: list[str] = []
+        stdout = proc.stdout
+        if stdout is None:
+            raise PsframeError(f"serving process {index} was started without a pipe for its output")
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, min(0.5, deadline - time.monotonic())))
+            ready, _, _ = select.select([stdout], [], [], max(0.0, min(0.5, deadline - time.monotonic())))
             if ready:
-                line = proc.stdout.readline()
+                line = stdout.readline()
                 if line.startswith(_READY):
-                    threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
+                    threading.Thread(target=_drain, args=(stdout,), daemon=True).start()
                     return
                 if line:
                     lines.append(line.rstrip())
@@ -251,7 +256,12 @@ class SharedPushPull:
             with self._lock, self._shared.lock:
                 if self._shared.version != self._version:
                     variables, states, optimizer, tables, table_optimizer = self._shared.load()
-                    store = VariableStore(self._service_name(), lock=self._shared.lock, counters=self._shared.counters)
+                    store = VariableStore(
+                        self._service_name(),
+                        lock=self._shared.lock,
+                        counters=self._shared.counters,
+                        memory=HugePageMemory(),
+                    )
                     store.adopt(variables, states, optimizer, tables, table_optimizer)
                     self._service = ParameterServerService(
                         self._cluster, self._task_index, store=store, shared=self._shared
@@ -345,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keepalive_time", type=float, default=None)
     parser.add_argument("--keepalive_timeout", type=float, default=None)
     args = parser.parse_args(argv)
+    allocator.tune_malloc()  # before any gRPC thread: a serving process moves the task's messages
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         # The task's token and TLS files, from the owner through the environment.

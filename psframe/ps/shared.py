@@ -81,18 +81,19 @@ class SharedLock:
 
     # What threading.Condition needs of a reentrant lock (the sync barrier waits on one
     # over this lock): release every level while waiting, take them all back after.
+    # The stubs of threading.RLock leave these private methods out.
 
     def _is_owned(self) -> bool:
-        return self._threads._is_owned()
+        return self._threads._is_owned()  # type: ignore[attr-defined]
 
     def _release_save(self) -> tuple[int, Any]:
         depth, self._depth = self._depth, 0
         fcntl.flock(self._fd, fcntl.LOCK_UN)
-        return depth, self._threads._release_save()
+        return depth, self._threads._release_save()  # type: ignore[attr-defined]
 
     def _acquire_restore(self, saved: tuple[int, Any]) -> None:
         depth, state = saved
-        self._threads._acquire_restore(state)
+        self._threads._acquire_restore(state)  # type: ignore[attr-defined]
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         self._depth = depth
 

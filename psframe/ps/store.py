@@ -1,4 +1,4 @@
-"""The variables a ps task holds, and the optimizer that updates them.
+"""The variables a ps task holds, and the optimizers that update them.
 
 Plain torch, no network: the servicer translates requests into calls here.
 A store is empty until the chief creates its variables, then ready::
@@ -10,25 +10,30 @@ variable before any variable changes, so a bad push leaves the store as it
 was.
 
 Embedding tables are variables too, updated row by row: a push carries the
-ids of the rows it touched and their gradients (:meth:`apply_rows`), a pull
-names the rows it wants (:meth:`read_rows`), and a second optimizer, one
-that takes sparse gradients (:mod:`psframe.sparse_optim`), updates them.
+ids of the rows it touched and their gradients (:meth:`VariableStore.apply_rows`),
+a pull names the rows it wants (:meth:`VariableStore.read_rows`), and a
+second optimizer, one that takes sparse gradients
+(:mod:`psframe.sparse_optim`), updates them.
+
+The store is made of parts that each own their state: the model the chief
+created (:class:`~psframe.ps.store_model.StoreModel`: the dense variables
+with their optimizer, the embedding tables with theirs) and the memory it
+lives in (a :class:`psframe.memory.Memory` policy it is given). The store adds
+what spans them: the lock, the counters, checking a whole request before
+any part changes, and the state a checkpoint keeps.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy
 import torch
 
-from psframe import huge_pages, optim
-from psframe.dynamic_rows import DynamicRows
 from psframe.errors import (
-    ClusterMismatchError,
     DtypeMismatchError,
     InvalidGradientError,
     NotReadyError,
@@ -36,16 +41,17 @@ from psframe.errors import (
     ShapeMismatchError,
     UnknownVariableError,
 )
+from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
-from psframe.ps.store_state import StoreState
-from psframe.ps.table_rows import DynamicPart
-from psframe.wire import messages
+from psframe.ps.optimized_variables import OptimizedVariables
+from psframe.ps.store_model import StoreModel
+from psframe.ps.table_parts import DynamicPart, RowPush
 
 # Generations of variables, unique in the process (see VariableStore.generation).
 _GENERATIONS = itertools.count(1)
 
 
-class VariableStore(StoreState):
+class VariableStore:
     """Variables plus a ``torch.optim`` optimizer over them.
 
     Callers that read variables while others may push hold :attr:`lock`
@@ -60,8 +66,11 @@ class VariableStore(StoreState):
         lock: a reentrant lock; one of this process's by default.
         counters: global step, applied pushes and refused pushes, as an int64
             array of 3; this process's own by default.
-        allocate: ``allocate(dtype, shape)`` makes the memory of a variable
-            (and, in :meth:`share_state`, of optimizer state); torch's by default.
+        memory: where the variables and their optimizer state live, a
+            :class:`psframe.memory.Memory`: this process's memory, plain torch,
+            by default; a ps task's service gives huge pages
+            (:class:`~psframe.memory.HugePageMemory`) or the task's shared
+            memory (:class:`~psframe.ps.store_memory.SharedStoreMemory`).
     """
 
     def __init__(
@@ -70,19 +79,13 @@ class VariableStore(StoreState):
         *,
         lock: Any = None,
         counters: numpy.ndarray | None = None,
-        allocate: Callable[[torch.dtype, tuple[int, ...]], torch.Tensor] | None = None,
+        memory: Memory | None = None,
     ) -> None:
         self.owner = owner
         self.lock = lock if lock is not None else threading.RLock()
         self._counters = counters if counters is not None else numpy.zeros(3, dtype=numpy.int64)
-        self._allocate = allocate
-        self._variables: dict[str, torch.Tensor] = {}
-        self._optimizer: torch.optim.Optimizer | None = None  # of the dense variables (None: there are none)
-        self._optimizer_spec: OptimizerSpec | None = None
-        self._tables: frozenset[str] = frozenset()  # the variables that are embedding tables
-        self._table_optimizer: torch.optim.Optimizer | None = None
-        self._table_optimizer_spec: OptimizerSpec | None = None
-        self._dynamic: dict[str, DynamicRows] = {}  # the dynamic tables' parts, each with its optimizer
+        self._memory = memory if memory is not None else Memory()
+        self._model = StoreModel(owner)  # made anew by create() and adopt()
         self._ready = False
         # Bumped whenever a variable's value changes: two reads under the lock
         # that see the same version read the same values.
@@ -94,13 +97,29 @@ class VariableStore(StoreState):
         self._stepped = False  # an optimizer step went through in this store
 
     # Counted in an array that several processes may share (see `counters`).
-    global_step = property(
-        lambda self: int(self._counters[0]), lambda self, value: self._counters.__setitem__(0, value)
-    )
-    pushes = property(lambda self: int(self._counters[1]), lambda self, value: self._counters.__setitem__(1, value))
-    rejected_pushes = property(
-        lambda self: int(self._counters[2]), lambda self, value: self._counters.__setitem__(2, value)
-    )
+    @property
+    def global_step(self) -> int:
+        return int(self._counters[0])
+
+    @global_step.setter
+    def global_step(self, value: int) -> None:
+        self._counters[0] = value
+
+    @property
+    def pushes(self) -> int:
+        return int(self._counters[1])
+
+    @pushes.setter
+    def pushes(self, value: int) -> None:
+        self._counters[1] = value
+
+    @property
+    def rejected_pushes(self) -> int:
+        return int(self._counters[2])
+
+    @rejected_pushes.setter
+    def rejected_pushes(self, value: int) -> None:
+        self._counters[2] = value
 
     # ---- creation
 
@@ -111,17 +130,23 @@ class VariableStore(StoreState):
 
     @property
     def optimizer_spec(self) -> OptimizerSpec | None:
-        return self._optimizer_spec
+        """The dense variables' optimizer; None before the variables exist."""
+        return self._model.optimizer_spec
 
     @property
     def table_optimizer_spec(self) -> OptimizerSpec | None:
         """The embedding tables' optimizer; None when the store holds no table."""
-        return self._table_optimizer_spec
+        return self._model.table_parts.optimizer_spec
 
     @property
     def tables(self) -> frozenset[str]:
         """The names of the variables that are embedding tables."""
-        return self._tables
+        return self._model.table_parts.fixed_names
+
+    @property
+    def dynamic_tables(self) -> frozenset[str]:
+        """The names of the dynamic tables' parts this store holds."""
+        return self._model.table_parts.dynamic_names
 
     def create(
         self,
@@ -133,26 +158,34 @@ class VariableStore(StoreState):
         table_optimizer: OptimizerSpec | None = None,
         dynamic: Mapping[str, DynamicPart] | None = None,
     ) -> bool:
-        """Create the variables (copies of ``values``, or ``values`` themselves
-        with ``copy=False``: tensors from :meth:`copy_in`, where the store has
-        memory of its own) and the optimizer.
+        """Create the variables and the optimizers.
 
         Creating again with the same names, shapes, dtypes and optimizer is a
         no-op (the chief restarted, or the store was restored); anything else
-        is refused. ``tables`` name the variables that are embedding tables,
-        updated by ``table_optimizer``; ``dynamic`` defines the parts of
-        dynamic tables, which start empty (:mod:`psframe.dynamic_rows`).
+        is refused.
+
+        Args:
+            values: the variables' initial values, by name.
+            optimizer: the dense variables' optimizer.
+            copy: copy ``values`` into the store's memory; without, the
+                tensors are used as they are (from :meth:`copy_in` or
+                :meth:`empty`, where the store has memory of its own).
+            tables: the variables that are embedding tables, updated by ``table_optimizer``.
+            table_optimizer: the tables' optimizer, one that takes sparse gradients.
+            dynamic: the parts of dynamic tables, which start empty (:mod:`psframe.dynamic_rows`).
 
         Returns:
             True if the variables were created, False if they already existed.
 
         Raises:
-            ClusterMismatchError: the store already holds a different model.
+            ClusterMismatchError: the store already holds a different model,
+                or tables are given without a table optimizer.
+            UnknownVariableError: a table is not among ``values``.
         """
         with self.lock:
             dynamic = dict(dynamic or {})
             if self.ready:
-                self._check_same_model(values, optimizer, tables, table_optimizer, dynamic)
+                self._model.check_same(values, optimizer, tables, table_optimizer, dynamic)
                 return False
             variables = {}
             for name, value in values.items():
@@ -160,91 +193,13 @@ class VariableStore(StoreState):
                     variable = self.copy_in(value)
                 else:  # made by copy_in or empty already, or a tensor of the request
                     variable = value.detach().to("cpu").contiguous()
-                    huge_pages.back([variable])
+                    self._memory.keep(variable)
                 variable.requires_grad_(variable.is_floating_point() or variable.is_complex())
                 variables[name] = variable
-            self._build_optimizers(variables, optimizer, tables, table_optimizer, dynamic)
-            self._variables = variables
+            self._build(StoreModel(self.owner, variables, optimizer, tables, table_optimizer, dynamic, self._memory))
             self.version += 1
             self.generation = next(_GENERATIONS)
             return True
-
-    def _build_optimizers(
-        self,
-        variables: Mapping[str, torch.Tensor],
-        optimizer: OptimizerSpec,
-        tables: Sequence[str],
-        table_optimizer: OptimizerSpec | None,
-        dynamic: Mapping[str, DynamicPart] | None = None,
-    ) -> None:
-        unknown = sorted(set(tables) - set(variables))
-        if unknown:
-            raise UnknownVariableError(f"{self.owner}: tables {unknown} are not among the variables created")
-        if (tables or dynamic) and table_optimizer is None:
-            raise ClusterMismatchError(
-                f"{self.owner}: embedding tables {sorted([*tables, *(dynamic or ())])} need a table optimizer"
-            )
-        self._dynamic = {
-            name: DynamicRows(name, part.row_shape, part.dtype, part.spec, table_optimizer)
-            for name, part in (dynamic or {}).items()
-        }
-        dense = [v for name, v in variables.items() if name not in tables]
-        self._optimizer = optimizer.build(dense) if dense else None
-        self._optimizer_spec = optimizer
-        self._tables = frozenset(tables)
-        self._table_optimizer = (
-            table_optimizer.build([variables[n] for n in tables], per_parameter=True) if tables else None
-        )
-        self._table_optimizer_spec = table_optimizer if tables or dynamic else None
-        self._back_state()
-        self._ready = True
-
-    def _back_state(self) -> None:
-        """Put the optimizers' large state tensors on huge pages (:mod:`psframe.huge_pages`):
-        torch makes them, some at build, some at their variable's first step."""
-        for optimizer in self._optimizers():
-            huge_pages.back_state(optimizer)
-
-    def _optimizer_of(self, name: str) -> torch.optim.Optimizer:
-        return self._table_optimizer if name in self._tables else self._optimizer
-
-    def _optimizers(self) -> list[torch.optim.Optimizer]:
-        return [o for o in (self._optimizer, self._table_optimizer) if o is not None]
-
-    def empty(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        """Uninitialised memory for a variable, in the store's memory
-        (shared memory, where it was given ``allocate``)."""
-        return huge_pages.empty(shape, dtype) if self._allocate is None else self._allocate(dtype, shape)
-
-    def copy_in(self, value: torch.Tensor) -> torch.Tensor:
-        """A copy of ``value`` in the store's memory (shared memory, where it was given ``allocate``)."""
-        if self._allocate is None:
-            return huge_pages.copy(value)
-        return self._allocate(value.dtype, tuple(value.shape)).copy_(value.detach())
-
-    def _check_same_model(
-        self,
-        values: Mapping[str, torch.Tensor],
-        optimizer: OptimizerSpec,
-        tables: Sequence[str],
-        table_optimizer: OptimizerSpec | None,
-        dynamic: Mapping[str, DynamicPart],
-    ) -> None:
-        messages.check_same_variables(
-            f"{self.owner} already holds a different model",
-            messages.keys_of_tensors(values),
-            messages.keys_of_tensors(self._variables),
-        )
-        held = {name: DynamicPart(rows.spec, rows.row_shape, rows.dtype) for name, rows in self._dynamic.items()}
-        if dict(dynamic) != held:
-            raise ClusterMismatchError(f"{self.owner} holds dynamic tables {held}, not {dict(dynamic)}")
-        if optimizer != self._optimizer_spec:
-            raise ClusterMismatchError(f"{self.owner} already runs {self._optimizer_spec!r}, not {optimizer!r}")
-        if frozenset(tables) != self._tables or ((tables or dynamic) and table_optimizer != self._table_optimizer_spec):
-            raise ClusterMismatchError(
-                f"{self.owner} holds embedding tables {sorted(self._tables)} updated by "
-                f"{self._table_optimizer_spec!r}, not {sorted(tables)} by {table_optimizer!r}"
-            )
 
     def adopt(
         self,
@@ -264,39 +219,47 @@ class VariableStore(StoreState):
                 name: value.requires_grad_(value.is_floating_point() or value.is_complex())
                 for name, value in values.items()
             }
-            self._build_optimizers(variables, optimizer, tables, table_optimizer)
-            self._variables = variables
+            self._build(StoreModel(self.owner, variables, optimizer, tables, table_optimizer, memory=self._memory))
+            # After _build, whose memory looks after new optimizer state: shared state is taken as it is.
             for name, state in states.items():
                 if state:
-                    self._optimizer_of(name).state[variables[name]] = dict(state)
+                    self._model.set_state(name, dict(state))
             self.version += 1
             self.generation = next(_GENERATIONS)
+
+    def _build(self, model: StoreModel) -> None:
+        """Hold ``model``, its optimizers' state looked after by the store's memory."""
+        for group in model.groups:
+            self._memory.back_state(group.optimizer)
+        self._model = model
+        self._ready = True
+
+    def empty(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """Uninitialised memory for a variable, in the store's memory
+        (see ``memory``)."""
+        return self._memory.empty(dtype, shape)
+
+    def copy_in(self, value: torch.Tensor) -> torch.Tensor:
+        """A copy of ``value`` in the store's memory (see ``memory``)."""
+        return self._memory.copy_in(value)
 
     # ---- the hot path
 
     @property
     def names(self) -> list[str]:
-        return list(self._variables)
+        """Every variable's name, dense or fixed table, in the order created (dynamic parts aside)."""
+        return list(self._model.names)
 
     def _require_ready(self) -> None:
         if not self.ready:
             raise NotReadyError(f"{self.owner} holds no variables yet: the chief has not created them")
-
-    def _variable(self, name: str) -> torch.Tensor:
-        try:
-            return self._variables[name]
-        except KeyError:
-            raise UnknownVariableError(
-                f"{self.owner} holds no variable {name!r}; it holds {len(self._variables)}: "
-                f"{', '.join(list(self._variables)[:8])}{'...' if len(self._variables) > 8 else ''}"
-            ) from None
 
     def check_names(self, names: Sequence[str]) -> None:
         """Raise unless every name is a variable of this store."""
         with self.lock:
             self._require_ready()
             for name in names:
-                self._variable(name)
+                self._model.variable(name)
 
     def check_gradients(self, grads: Mapping[str, torch.Tensor]) -> None:
         """Raise if any gradient does not fit its variable; changes nothing
@@ -311,8 +274,9 @@ class VariableStore(StoreState):
     def _check_gradients(self, grads: Mapping[str, torch.Tensor]) -> None:
         self._require_ready()
         for name, grad in grads.items():
-            variable = self._variable(name)
-            if name in self._tables:
+            variable = self._model.dense.get(name)
+            if variable is None:
+                self._model.variable(name)  # names what this store holds
                 raise InvalidGradientError(
                     f"{name!r} on {self.owner} is an embedding table: it takes the rows a batch touched "
                     f"(ids and rows), not a whole gradient; nothing was applied"
@@ -338,7 +302,7 @@ class VariableStore(StoreState):
         with self.lock:
             widened = {}
             for name, grad in grads.items():
-                variable = self._variables.get(name)
+                variable = self._model.get(name)
                 if (
                     variable is not None
                     and grad.dtype == wire_dtype
@@ -364,45 +328,35 @@ class VariableStore(StoreState):
             self.check_gradients(grads)
             if not grads:
                 return
-            self._step([self._variables[name] for name in grads], list(grads.values()))
+            self._step(self._model.dense, [self._model.variable(name) for name in grads], list(grads.values()))
 
     def _step(
-        self,
-        variables: Sequence[torch.Tensor],
-        grads: Sequence[torch.Tensor],
-        optimizer: torch.optim.Optimizer | None = None,
+        self, group: OptimizedVariables, variables: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
     ) -> None:
-        """One step of ``optimizer`` (the dense variables' by default) with these gradients; counts a push."""
-        for variable, grad in zip(variables, grads):
-            variable.grad = grad
+        """One step of ``group``'s optimizer with these gradients; counts a push."""
         try:
-            optim.step(optimizer or self._optimizer)
-            state = (optimizer or self._optimizer).state
-            for variable in variables:  # torch makes some state at a variable's first step
-                self._place_state(state.get(variable))
+            group.step(variables, grads, self._memory)
             self._stepped = True
         finally:
             self.version += 1  # even a step that failed halfway may have changed some
-            for variable in variables:
-                variable.grad = None
         self.pushes += 1
 
     def variables(self, names: Sequence[str]) -> list[torch.Tensor]:
         """The live variables named (those :meth:`update` takes); hold :attr:`lock` while using them."""
         with self.lock:
             self._require_ready()
-            return [self._variable(name) for name in names]
+            return [self._model.variable(name) for name in names]
 
     def update(self, variables: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], end_of_step: bool) -> int:
         """:meth:`push_pull` without its checks, for gradients already checked
-        against these variables of the current :attr:`generation` (a request
+        against these dense variables of the current :attr:`generation` (a request
         plan's); the caller holds :attr:`lock`.
 
         Returns:
             The global step after the request.
         """
         if grads:
-            self._step(variables, grads)
+            self._step(self._model.dense, variables, grads)
             if end_of_step:
                 return self.advance_step()
         return self.global_step
@@ -412,7 +366,7 @@ class VariableStore(StoreState):
         grads: Mapping[str, torch.Tensor],
         pull: Sequence[str],
         end_of_step: bool,
-        rows: Sequence[tuple[str, torch.Tensor, torch.Tensor]] = (),
+        rows: Sequence[RowPush] = (),
     ) -> tuple[int, list[torch.Tensor]]:
         """One worker request: apply ``grads`` (and the gradients of table
         ``rows``, see :meth:`apply_rows`), count the step, read ``pull``.
@@ -435,10 +389,151 @@ class VariableStore(StoreState):
         """The live variables named; valid while the caller holds :attr:`lock`."""
         with self.lock:
             self._require_ready()
-            return [self._variable(name).detach() for name in names]
+            variable = self._model.variable
+            return [variable(name).detach() for name in names]
 
     def advance_step(self) -> int:
         """Count one finished worker step; returns the new global step."""
         with self.lock:
             self.global_step += 1
             return self.global_step
+
+    # ---- embedding tables, row by row
+
+    def _require_table(self, name: str) -> None:
+        if name not in self._model.table_parts:
+            self._model.variable(name)  # names what this store holds
+            raise UnknownVariableError(
+                f"{name!r} on {self.owner} is not an embedding table; its rows cannot be pulled or pushed one by one"
+            )
+
+    def check_rows(self, rows: Sequence[RowPush]) -> None:
+        """Raise unless every ``(table, ids, gradient rows)`` fits its table; changes
+        nothing but the count of rejected pushes."""
+        with self.lock:
+            try:
+                self._require_ready()
+                for name, ids, values in rows:
+                    self._require_table(name)
+                    self._model.table_parts.check_push(name, ids, values)
+            except PsframeError:
+                self.rejected_pushes += 1
+                raise
+
+    def apply_rows(self, rows: Sequence[RowPush]) -> None:
+        """One step of the table optimizer with the gradients of these rows,
+        given as ``(table, ids, rows)``: only those rows (and their optimizer
+        state) change. A table may appear with no rows: its optimizer still
+        counts a step (as one process's would, for a batch that used the table).
+
+        Raises:
+            NotReadyError, UnknownVariableError, RowIdError, ShapeMismatchError,
+            DtypeMismatchError: nothing was applied.
+        """
+        with self.lock:
+            self.check_rows(rows)
+            if not rows:
+                return
+            parts = self._model.table_parts
+            dynamic_names = parts.dynamic_names
+            dynamic = [row for row in rows if row[0] in dynamic_names]
+            fixed = [row for row in rows if row[0] not in dynamic_names]
+            if fixed:
+                tables, grads = parts.sparse_gradients(fixed)
+                self._step(parts.fixed, tables, grads)
+            if dynamic:
+                try:
+                    parts.apply_dynamic(dynamic)
+                    self._stepped = True
+                finally:
+                    self.version += 1
+                if not fixed:
+                    self.pushes += 1
+
+    def check_row_ids(self, name: str, ids: torch.Tensor) -> None:
+        """Raise unless ``name`` is a table of this store and ``ids`` are rows of it."""
+        with self.lock:
+            self._require_ready()
+            self._require_table(name)
+            self._model.table_parts.check_ids(name, ids)
+
+    def read_rows(self, name: str, ids: torch.Tensor, create: bool = True) -> torch.Tensor:
+        """A copy of rows ``ids`` of table ``name``. A dynamic table makes the
+        rows of ids it does not hold, unless not ``create`` (then it gives
+        their initial values and keeps nothing).
+
+        Raises:
+            NotReadyError, UnknownVariableError, RowIdError.
+        """
+        with self.lock:
+            self.check_row_ids(name, ids)
+            return self._model.table_parts.read(name, ids, create)
+
+    # ---- the state taken whole: accounting, checkpoints, shared memory
+
+    def nbytes(self) -> int:
+        """Bytes of the variables plus the optimizers' tensor state."""
+        with self.lock:
+            return self._model.nbytes()
+
+    def optimizer_state(self) -> dict[str, dict[str, Any]] | None:
+        """Each variable's live optimizer state (empty for a stateless optimizer such as
+        plain SGD); None while some variable has none yet, before its first update."""
+        with self.lock:
+            self._require_ready()
+            state = {name: self._model.state_of(name) for name in self._model.names}
+            # No state at all is stateless only once an update went through without making any.
+            if not all(state.values()) and (any(state.values()) or not self._stepped):
+                return None
+            return {name: dict(s or {}) for name, s in state.items()}
+
+    def share_state(self) -> None:
+        """Move the optimizers' state where the store's memory keeps state (shared memory),
+        in place: the optimizers go on with the same values, now where other processes map them.
+
+        State already there stays. The private memory of each variable's
+        state is given back to the OS once moved (:func:`psframe.allocator.trim`):
+        the heap would keep it resident, and the task would hold its state twice.
+        """
+        with self.lock:
+            for name in self._model.names:
+                self._memory.place_state(self._model.state_of(name))
+
+    def snapshot(self) -> tuple[int, dict[str, torch.Tensor], dict[str, dict]]:
+        """Copies of the global step, the variables and each one's optimizer state."""
+        with self.lock:
+            self._require_ready()
+            values, states = self._model.copies()
+            return self.global_step, values, states
+
+    def restore(self, values: Mapping[str, torch.Tensor], states: Mapping[str, Mapping], global_step: int) -> None:
+        """Overwrite variables, optimizer state and global step (from a checkpoint).
+
+        Everything is checked before anything changes.
+
+        Raises:
+            UnknownVariableError, ShapeMismatchError, DtypeMismatchError.
+        """
+        with self.lock:
+            self._check_gradients(values)  # same rules: known name, same shape and dtype
+            self.version += 1
+            for name, value in values.items():
+                with torch.no_grad():
+                    self._model.variable(name).copy_(value)
+            for name, state in states.items():
+                self._model.set_state(
+                    name,
+                    {k: self._memory.copy_state(x) if isinstance(x, torch.Tensor) else x for k, x in state.items()},
+                )
+            self.global_step = global_step
+
+    def export_dynamic(self) -> dict[str, dict[str, Any]]:
+        """What a checkpoint keeps of each dynamic table part (:meth:`DynamicRows.export`)."""
+        with self.lock:
+            return self._model.table_parts.export_dynamic()
+
+    def load_dynamic(self, saved: Mapping[str, Mapping[str, Any]]) -> None:
+        """Refill dynamic table parts from a checkpoint's exports (the parts start over empty)."""
+        with self.lock:
+            self._model.table_parts.load_dynamic(saved)
+            self.version += 1

@@ -28,11 +28,12 @@ workers that arrived and the ones missing.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +41,7 @@ import torch
 from psframe.cluster import ClusterSpec
 from psframe.errors import BarrierTimeoutError, PsframeError, RemoteError
 from psframe.ps.store import VariableStore
+from psframe.ps.table_parts import RowPush
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +52,23 @@ Decide = Callable[[int, float], tuple[int, ...]]
 
 
 @dataclass
+class _Contribution:
+    """One worker's gradients for a round: whole ones by variable, and rows (ids, gradients) by table."""
+
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.grads) + len(self.rows)
+
+    def __iter__(self) -> Iterator[str]:
+        return itertools.chain(self.grads, self.rows)
+
+
+@dataclass
 class _Round:
     step: int
-    # worker -> variable -> its gradient (a table: its rows' ids and gradients)
-    contributions: dict[int, dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    contributions: dict[int, _Contribution] = field(default_factory=dict)  # by worker
     completed: list[int] = field(default_factory=list)  # in order of completion
     members: tuple[int, ...] | None = None
     late: set[int] = field(default_factory=set)  # pushed after the members were chosen
@@ -108,7 +123,7 @@ class SyncAggregator:
         *,
         count_drop: bool = True,
         wait: bool = True,
-        rows: Sequence[tuple[str, torch.Tensor, torch.Tensor]] = (),
+        rows: Sequence[RowPush] = (),
     ) -> bool:
         """Add a worker's gradients for ``step`` and wait until that step is applied.
 
@@ -156,9 +171,9 @@ class SyncAggregator:
             if round_.members is not None and worker not in round_.members:
                 round_.late.add(worker)
             else:
-                mine = round_.contributions.setdefault(worker, {})
-                mine.update(grads)
-                mine.update((name, (ids, values)) for name, ids, values in rows)
+                mine = round_.contributions.setdefault(worker, _Contribution())
+                mine.grads.update(grads)
+                mine.rows.update((name, (ids, values)) for name, ids, values in rows)
                 if (
                     len(mine) == len(self.store.names) + len(self.store.dynamic_tables)
                     and worker not in round_.completed
@@ -176,7 +191,7 @@ class SyncAggregator:
         with self._cond:
             self._try_apply(round_)
             self._wait_until_applied(round_, started, deadline)
-            return worker not in round_.members
+            return worker not in (round_.members or ())  # chosen once the round was applied
 
     def worker_finished(self, worker: int) -> None:
         """A worker left: later steps need at most as many gradients as remain."""
@@ -247,8 +262,11 @@ class SyncAggregator:
             self._cond.notify_all()
 
     def _ask_members(self, round_: _Round, deadline: float) -> None:
+        decide = self._decide
+        if decide is None:  # this is ps 0: it decides, nobody to ask
+            return
         try:
-            members = tuple(sorted(self._decide(round_.step, max(0.0, deadline - time.monotonic()))))
+            members = tuple(sorted(decide(round_.step, max(0.0, deadline - time.monotonic()))))
         except Exception as e:  # noqa: BLE001 - whatever went wrong, the next push must ask again
             failure = (
                 e
@@ -275,12 +293,13 @@ class SyncAggregator:
         mean = {}
         tables = self.store.tables | self.store.dynamic_tables
         mean_rows = []
+        contributions = [round_.contributions[worker] for worker in members]
         for name in [*self.store.names, *sorted(self.store.dynamic_tables)]:
             # Sum in task-index order: the result does not depend on arrival order.
-            grads = [round_.contributions[worker][name] for worker in members]
             if name in tables:
-                mean_rows.append(_mean_rows(name, grads))
+                mean_rows.append(_mean_rows(name, [c.rows[name] for c in contributions]))
                 continue
+            grads = [c.grads[name] for c in contributions]
             if len(grads) == 1:
                 mean[name] = grads[0]  # the optimizer only reads it, as an async push
                 continue
@@ -325,7 +344,7 @@ class SyncAggregator:
         )
 
 
-def _mean_rows(name: str, grads: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[str, torch.Tensor, torch.Tensor]:
+def _mean_rows(name: str, grads: list[tuple[torch.Tensor, torch.Tensor]]) -> RowPush:
     """The members' row gradients of one table (in task-index order), repeated rows summed, over their number."""
     ids = torch.cat([ids for ids, _ in grads])
     values = torch.cat([values for _, values in grads])

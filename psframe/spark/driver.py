@@ -112,7 +112,7 @@ def run(
                                checkpoint_dir=args.checkpoint_dir).join()
                 return None
             trainer = psframe.Trainer(model, ctx.cluster, task_index=ctx.task_index,
-                                      checkpoint_dir=args.checkpoint_dir, ...)
+                                      checkpointing=psframe.Checkpointing(args.checkpoint_dir), ...)
             ...
             return {"global_step": trainer.global_step}     # the chief's comes back
 
@@ -126,10 +126,11 @@ def run(
     When a task fails (an exception in ``main_fun``, a crashed or killed
     process), Spark kills the other tasks of the stage and starts all of them
     again, up to ``spark.stage.maxConsecutiveAttempts`` (4 by default) times
-    in all: give the ps tasks and the trainer a ``checkpoint_dir`` so that a
-    new attempt resumes from the latest checkpoint instead of step 0. The
+    in all: give the ps tasks a ``checkpoint_dir`` and the trainer the same
+    folder (``checkpointing=psframe.Checkpointing(dir)``) so that a new
+    attempt resumes from the latest checkpoint instead of step 0. The
     address exchange waits at most ``spark.barrier.sync.timeout``; psframe's
-    own waits have their deadlines (``connect_timeout``...).
+    own waits have their deadlines (``psframe.Transport(connect_timeout=...)``...).
 
     Only Spark's public API is used, so any master works (local, standalone,
     YARN, Kubernetes), given ``num_ps + num_workers`` task slots at once

@@ -9,7 +9,7 @@ what a ps task holds, used by both sides.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -141,15 +141,12 @@ def keys_of_defs(defs: Iterable[pb.VariableDef]) -> list[VariableKey]:
     return [(d.name, d.dtype, tuple(d.shape)) for d in defs]
 
 
-def keys_of_tensors(values: Mapping[str, torch.Tensor]) -> list[VariableKey]:
-    return [(name, dtype_name(v.dtype), tuple(v.shape)) for name, v in values.items()]
-
-
 def check_same_variables(where: str, expected: Sequence[VariableKey], found: Sequence[VariableKey]) -> None:
-    """The one check that two tasks hold the same model: the same variables, by name, dtype and shape.
+    """The check that a worker and a ps task hold the same model: the same variables, by name, dtype and shape.
 
-    Used by a worker against each ps task (:meth:`PsClient.check_model`) and by
-    a ps task against a chief's request to create what it holds already.
+    Used by a worker against each ps task (:meth:`PsClient.check_model`); a ps
+    task checks a chief's request to create what it holds already in its store
+    (:meth:`psframe.ps.store_model.StoreModel.check_same`).
 
     Raises:
         ClusterMismatchError: ``where`` (e.g. "A does not match B") and the first differences.

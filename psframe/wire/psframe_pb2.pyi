@@ -311,7 +311,7 @@ class PushPullRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[PushPullHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PushPullReplyHeader(_message.Message):
-    __slots__ = ("global_step", "tensors", "dropped", "error_class", "error_message", "shared", "shared_refused", "duplicate")
+    __slots__ = ("global_step", "tensors", "dropped", "error_class", "error_message", "shared", "shared_refused", "duplicate", "shared_unusable")
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +320,7 @@ class PushPullReplyHeader(_message.Message):
     SHARED_FIELD_NUMBER: _ClassVar[int]
     SHARED_REFUSED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_UNUSABLE_FIELD_NUMBER: _ClassVar[int]
     global_step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     dropped: bool
@@ -328,7 +329,8 @@ class PushPullReplyHeader(_message.Message):
     shared: bool
     shared_refused: str
     duplicate: bool
-    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., dropped: _Optional[bool] = ..., error_class: _Optional[str] = ..., error_message: _Optional[str] = ..., shared: _Optional[bool] = ..., shared_refused: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    shared_unusable: str
+    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., dropped: _Optional[bool] = ..., error_class: _Optional[str] = ..., error_message: _Optional[str] = ..., shared: _Optional[bool] = ..., shared_refused: _Optional[str] = ..., duplicate: _Optional[bool] = ..., shared_unusable: _Optional[str] = ...) -> None: ...
 
 class PushPullResponse(_message.Message):
     __slots__ = ("header", "payload")

@@ -71,7 +71,7 @@ def split(
 
 def reply_kinds(values: int, rows: int) -> list[int]:
     """The kinds of a reply's tensors: ``values`` whole variables, then ``rows`` pulled rows."""
-    return [VALUE] * values + [ROWS] * rows
+    return [int(VALUE)] * values + [int(ROWS)] * rows
 
 
 def push_tensors(pushes: Sequence[RowPush]) -> tuple[list[tuple[str, torch.Tensor]], list[int]]:

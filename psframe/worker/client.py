@@ -435,7 +435,7 @@ def ping(target: str, timeout: float = 5.0, security: Security | None = None) ->
 
 
 def resolve_wire_dtype(wire_dtype: str | torch.dtype | None) -> torch.dtype | None:
-    """The compression dtype asked for (``Trainer(wire_dtype=...)``), or None; a clear error for anything else.
+    """The compression dtype asked for (``Transport(wire_dtype=...)``), or None; a clear error for anything else.
 
     Raises:
         ValueError: not None, float32, or one of :data:`psframe.wire.codec.WIRE_DTYPES`.

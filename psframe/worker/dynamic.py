@@ -23,6 +23,7 @@ held returns its initial row without making it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from psframe.cluster.table_placement import DynamicTableSpec, Eviction, RowInitializer
 from psframe.dynamic_rows import DynamicRows
 from psframe.errors import PsframeError
+from psframe.memory import HugePageMemory
 from psframe.optim import OptimizerSpec
 
 # rows(ids, create) -> the rows of ids (int64, on the host), made where missing if `create`.
@@ -180,11 +182,13 @@ class DynamicTables:
         if not self.modules:
             raise ValueError("the model has no DynamicEmbedding")
         self.rows = {
-            name: DynamicRows(name, (m.embedding_dim,), m.row_template.dtype, m.spec, optimizer)
+            name: DynamicRows(
+                name, (m.embedding_dim,), m.row_template.dtype, m.spec, optimizer, memory=HugePageMemory()
+            )
             for name, m in self.modules.items()
         }
         for name, module in self.modules.items():
-            module.attach(lambda ids, create, rows=self.rows[name]: rows.read(ids, create=create))
+            module.attach(functools.partial(_read_rows, self.rows[name]))
 
     def step(self) -> None:
         """Apply the gradients of the rows each table's lookups used since the last step."""
@@ -197,3 +201,8 @@ class DynamicTables:
         """Forget the lookups since the last step, without applying their gradients."""
         for module in self.modules.values():
             module.take_gradients()
+
+
+def _read_rows(rows: DynamicRows, ids: torch.Tensor, create: bool) -> torch.Tensor:
+    """A :data:`RowSource` over a table held in this process."""
+    return rows.read(ids, create=create)

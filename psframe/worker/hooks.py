@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from psframe.errors import NanLossError
+from psframe.errors import NanLossError, PsframeError
 
 if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
     from psframe.worker.trainer import Trainer
 
 log = logging.getLogger("psframe.hooks")  # the public name of these hooks
@@ -68,18 +70,24 @@ class StopAtStepHook(Hook):
     def begin(self, trainer: Trainer) -> None:
         if self._num_steps is not None:
             self.last_step = trainer.global_step + self._num_steps
-        if trainer.global_step >= self.last_step:
+        if trainer.global_step >= self._last():
             trainer.request_stop()
 
     def after_step(self, trainer: Trainer, global_step: int, loss: torch.Tensor | None) -> None:
-        if global_step >= self.last_step:
+        if global_step >= self._last():
             trainer.request_stop()
+
+    def _last(self) -> int:
+        """The step to stop at (known once ``begin`` has run)."""
+        if self.last_step is None:
+            raise PsframeError("StopAtStepHook(num_steps=...) knows its last step only once training begins")
+        return self.last_step
 
 
 class CheckpointSaverHook(Hook):
     """Saves a checkpoint every N global steps or S seconds, and at the end (chief only).
 
-    ``Trainer(checkpoint_dir=...)`` adds one on the chief; add it yourself
+    ``Trainer(checkpointing=psframe.Checkpointing(...))`` adds one on the chief; add it yourself
     only to change when it saves.
 
     Args:
@@ -103,11 +111,10 @@ class CheckpointSaverHook(Hook):
     def after_step(self, trainer: Trainer, global_step: int, loss: torch.Tensor | None) -> None:
         if not trainer.is_chief:
             return
-        due = (
-            global_step - self._last_step >= self.save_steps
-            if self.save_steps
-            else time.monotonic() - self._last_time >= self.save_secs
-        )
+        if self.save_steps is not None:
+            due = global_step - self._last_step >= self.save_steps
+        else:
+            due = time.monotonic() - self._last_time >= (self.save_secs or 0.0)
         if due:
             trainer.save_checkpoint()
             self._last_step, self._last_time = global_step, time.monotonic()
@@ -197,7 +204,7 @@ class TensorBoardHook(Hook):
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.log_dir = log_dir
         self.every_n_steps = every_n_steps
-        self._writer = None
+        self._writer: SummaryWriter | None = None
         self._start = (0, 0.0)
 
     def begin(self, trainer: Trainer) -> None:

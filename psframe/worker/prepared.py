@@ -64,6 +64,7 @@ class PreparedRequest:
             header.CopyFrom(self.header)
             return codec.encode(header, grads)
         if self._in_region:
+            assert self._region is not None  # in a region only while it holds one (drop_region clears both)
             self._region.write_request(self._request, buffers)
             return self._request.encode_header(self.header)
         if self._region is None and self.share and self._reply is not None:
@@ -94,7 +95,7 @@ class PreparedRequest:
             tensors = self._reply.tensors(envelope)
         else:
             tensors = codec.tensors_of(envelope)
-            if not header.error_class and self._reply is None:
+            if not (header.error_class or header.shared_unusable) and self._reply is None:  # a refusal has no tensors
                 self._reply = Layout(
                     pb.PushPullReplyHeader,
                     [(meta.name, t.dtype, tuple(t.shape)) for meta, t in zip(header.tensors, tensors)],

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
-from psframe.cluster.placement import Placement, VariableInfo, place
+from psframe.cluster.placement import ShardPlacement, VariableInfo, place
 from psframe.cluster.table_placement import place_dynamic, place_tables
 from psframe.wire import codec
 from psframe.worker.client import Reply
@@ -79,7 +79,7 @@ class Replica:
             table_shards += place_dynamic(
                 name, (module.embedding_dim,), module.row_template.element_size(), module.spec, num_ps
             )
-        self.placement: Placement = Placement(num_ps, dense.shards + tuple(table_shards))
+        self.placement: ShardPlacement = ShardPlacement(num_ps, dense.shards + tuple(table_shards))
         by_name = {**dict(params), **{name: module.row_template for name, module in dynamic.items()}}
         self.slots = tuple(Slot(shard, by_name[shard.variable]) for shard in self.placement.shards)
         self.dense_slots = tuple(s for s in self.slots if not s.shard.table)

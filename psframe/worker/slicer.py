@@ -27,7 +27,7 @@ class Slot:
     """One stored variable as seen from the worker: the part of a local parameter it mirrors."""
 
     shard: Shard
-    param: torch.nn.Parameter
+    param: torch.Tensor  # a model's parameter, or a dynamic table's row template
 
     @property
     def name(self) -> str:

@@ -8,6 +8,7 @@ the one they built, with the same sync settings.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from psframe.optim import OptimizerSpec, SyncReplicas
@@ -67,23 +68,24 @@ def create_variables(
     def mine(ps_task: int) -> list:
         return [s for s in replica.slots if s.shard.ps_task == ps_task]
 
-    options = {"table_optimizer": table_optimizer if replica.tables else None, "global_step": global_step}
+    create = functools.partial(
+        client.create, table_optimizer=table_optimizer if replica.tables else None, global_step=global_step
+    )
     told = set()  # the ps tasks sent a definition of what they hold
     for request in replica.plan.pull:
-        created |= client.create(
+        created |= create(
             request.ps_task,
             mine(request.ps_task),
             replica.values(request.pull),
             optimizer,
             sync,
             checkpoint_dir,
-            **options,
         )
         told.add(request.ps_task)
     for slot in replica.slots:
         if slot.shard.table and slot.shard.dynamic is None:
             for run in replica.table_rows(slot):
-                created |= client.create(
+                created |= create(
                     slot.shard.ps_task,
                     mine(slot.shard.ps_task),
                     (),
@@ -91,11 +93,10 @@ def create_variables(
                     sync,
                     checkpoint_dir,
                     rows=[run],
-                    **options,
                 )
                 told.add(slot.shard.ps_task)
     # A ps task holding only dynamic tables gets no values; one holding nothing at all (a model of
     # fewer variables than ps tasks) is told so: every ps task must hold the model to be ready.
     for ps_task in sorted(set(range(client.num_ps)) - told):
-        created |= client.create(ps_task, mine(ps_task), (), optimizer, sync, checkpoint_dir, **options)
+        created |= create(ps_task, mine(ps_task), (), optimizer, sync, checkpoint_dir)
     log.info("chief %s the model on %d ps tasks", "created" if created else "found (or restored)", client.num_ps)

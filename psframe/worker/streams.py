@@ -89,12 +89,12 @@ class PushNumbers:
                 self._next[ps_task] += count
         following = {k: first for k, (first, _) in self._taken.items()} if counts else {}
         numbers = []
-        for ps_task in targets:
-            if ps_task is None:
+        for target in targets:
+            if target is None:
                 numbers.append(0)
             else:
-                numbers.append(following[ps_task])
-                following[ps_task] += 1
+                numbers.append(following[target])
+                following[target] += 1
         return numbers
 
 
@@ -264,7 +264,7 @@ class Exchange:
             self._unsent.setdefault(request.ps_task, collections.deque()).append(self._count + i)
         for k, (ps_task, _) in enumerate(last):
             self._unsent.setdefault(ps_task, collections.deque()).append(self._end + k)
-        self._in_flight = {ps_task: collections.deque() for ps_task in self._unsent}
+        self._in_flight: dict[int, collections.deque[int]] = {ps_task: collections.deque() for ps_task in self._unsent}
         # Requests refused for a shared region, sent again (in messages) before the
         # rest, in the order first sent: a ps task applies a worker's pushes in order.
         self._again: dict[int, collections.deque[int]] = {ps_task: collections.deque() for ps_task in self._unsent}
@@ -329,35 +329,38 @@ class Exchange:
                     self._unsent[ps_task].clear()
                     self._again[ps_task].clear()
                     continue
+                peer = streams._ps[ps_task].peer
                 if j in self._encoded:  # a message of `first` or `last`
                     header, tensors = replies[j] = codec.decode(data, pb.PushPullReplyHeader)
-                    if header.error_class:
-                        failure = failure or errors.error_from_name(header.error_class, header.error_message)
+                    if header.shared_unusable:  # refused behind a push refused for its region: not sent again
+                        failure = failure or errors.SharedRegionError(header.shared_unusable)
+                    elif header.error_class:
+                        failure = failure or transport.decode_error(header.error_class, header.error_message, peer)
                     self._send_more(ps_task)
                     continue
                 prepared = streams.prepared[(self._requests[j - count], self._compress)]
                 header, tensors = prepared.decode(data)
                 if header.shared_refused:
                     streams._share_with.discard(ps_task)
-                if header.error_class == errors.SharedRegionError.__name__:
+                if header.shared_unusable:
                     # The task could not map the region (it was replaced, or another of its
                     # processes answered), or refused a push that came after one it could
                     # not map: nothing was applied; send the tensors in the message.
-                    log.debug("%s: %s", streams._ps[ps_task].peer, header.error_message)
+                    log.debug("%s: %s", peer, header.shared_unusable)
                     prepared.drop_region()
                     self._again[ps_task].append(j)
                     resent = True
                 elif header.error_class:
-                    failure = failure or errors.error_from_name(header.error_class, header.error_message)
+                    failure = failure or transport.decode_error(header.error_class, header.error_message, peer)
                 replies[j] = Reply(header.global_step, header.dropped, tensors, header.duplicate)
                 self._send_more(ps_task)
         if failure is not None:
             # A ps task may still hold the gradients a failed step left in regions
             # (a sync round waits for them): the next requests get regions of their own.
             for request in self._requests:
-                prepared = streams.prepared.get((request, self._compress))
-                if prepared is not None:
-                    prepared.drop_region()
+                left = streams.prepared.get((request, self._compress))
+                if left is not None:
+                    left.drop_region()
             raise failure
         if resent:  # a message of `last` may have been answered before a request sent again ahead of it
             replies[end:] = [None] * self._last

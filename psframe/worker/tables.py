@@ -43,13 +43,14 @@ TABLE_MODULES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 
 RowPush = tuple[str, torch.Tensor, torch.Tensor]  # table part, row ids within it, rows
 RowPull = tuple[str, torch.Tensor]  # table part, row ids within it
+EmbeddingModule = torch.nn.Embedding | torch.nn.EmbeddingBag  # what a table of a model is
 
 # pull(wanted, create) -> rows: per ps task, (part, ids) pairs in, their rows out (PsClient.pull_rows);
 # `create`: dynamic tables make the rows of ids they lack.
 Pull = Callable[[Mapping[int, Sequence[RowPull]], bool], Mapping[int, Sequence[torch.Tensor]]]
 
 
-def find_tables(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+def find_tables(model: torch.nn.Module) -> dict[str, EmbeddingModule]:
     """The model's embedding tables: parameter name -> module, for every
     ``nn.Embedding``/``nn.EmbeddingBag`` with ``sparse=True`` and a trainable weight.
 
@@ -62,7 +63,7 @@ def find_tables(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     for module in model.modules():
         for param in module.parameters(recurse=False):
             owners[id(param)] = owners.get(id(param), 0) + 1
-    tables = {}
+    tables: dict[str, EmbeddingModule] = {}
     for module in model.modules():
         if not isinstance(module, TABLE_MODULES) or not module.sparse or not module.weight.requires_grad:
             continue
@@ -106,7 +107,7 @@ class Table:
     """One embedding table as the worker sees it: its module and the slots of its parts."""
 
     name: str
-    module: torch.nn.Module
+    module: EmbeddingModule
     slots: list[Slot]  # by part index
     _starts: torch.Tensor = field(init=False)
     looked_up: list[Lookup] = field(init=False, default_factory=list)  # this step's lookups
@@ -143,7 +144,7 @@ class Table:
             self.looked_up.append((host_ids, rows))
         padding = None
         if module.padding_idx is not None:
-            hit = torch.nonzero(distinct == module.padding_idx)
+            hit = torch.nonzero(torch.eq(distinct, module.padding_idx))
             padding = int(hit[0, 0]) if hit.numel() else None
         if isinstance(module, torch.nn.EmbeddingBag):
             return F.embedding_bag(
@@ -162,7 +163,7 @@ class Table:
         return F.embedding(position, rows, padding, None, module.norm_type, module.scale_grad_by_freq, True)
 
     @property
-    def param(self) -> torch.nn.Parameter:
+    def param(self) -> torch.Tensor:
         return self.module.weight
 
     @property
@@ -210,7 +211,7 @@ class EmbeddingTables:
 
     def __init__(
         self,
-        tables: Mapping[str, torch.nn.Module],
+        tables: Mapping[str, EmbeddingModule],
         slots: Sequence[Slot],
         dynamic: Mapping[str, DynamicEmbedding] | None = None,
     ) -> None:
@@ -236,9 +237,12 @@ class EmbeddingTables:
         # huge pages, as on the ps tasks, a large table costs a step about what a small one does.
         huge_pages.back(table.param for table in self.tables)
         for table in self.tables:
-            table.module.forward = functools.partial(table.lookup, functools.partial(self._pull, table, pull))
+            # This module's own forward, for as long as it is attached (detach() removes it).
+            table.module.forward = functools.partial(  # type: ignore[method-assign]
+                table.lookup, functools.partial(self._pull, table, pull)
+            )
         for dynamic in self.dynamic:
-            dynamic.module.attach(lambda ids, create, table=dynamic: table.pull(ids, create, pull))
+            dynamic.module.attach(functools.partial(dynamic.pull, pull=pull))
 
     def detach(self) -> None:
         """Give the table modules their own forward back (the local weights keep the rows last pulled)."""

@@ -25,19 +25,26 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-from psframe import allocator, checkpoint
+from psframe import checkpoint
 from psframe.cluster import ClusterSpec
-from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, DEFAULT_MIN_PARTITION_BYTES
-from psframe.errors import CheckpointError, NotReadyError, PsframeError, RpcTimeoutError, TaskUnavailableError
+from psframe.errors import (
+    CheckpointError,
+    ClusterSpecError,
+    NotReadyError,
+    PsframeError,
+    RpcTimeoutError,
+    TaskUnavailableError,
+)
 from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
-from psframe.security import Security
+from psframe.options import DEFAULT_KEEP_CHECKPOINTS, Checkpointing, Placement, Transport
+from psframe.security import LOOSE_ARGUMENTS, Security, accept_security
 from psframe.worker import startup
-from psframe.worker.arguments import resolve_optimizer, resolve_table_optimizer
+from psframe.worker.arguments import groups_from_deprecated, resolve_optimizer, resolve_table_optimizer
 from psframe.worker.client import PsClient, Reply, resolve_wire_dtype
 from psframe.worker.hooks import CheckpointSaverHook, Hook
 from psframe.worker.overlap import BackwardOverlap
@@ -75,33 +82,15 @@ class Trainer:
             the model is moved there. Defaults to the model's device.
         gpu_memory_fraction: cap this process's share of the GPU's memory
             (TF's ``per_process_gpu_memory_fraction``); CUDA only.
-        placement: ``"greedy"`` (balance bytes, the default) or ``"round_robin"``.
-        variable_devices: explicit TF device strings for some parameters,
-            e.g. ``{"embedding.weight": "/job:ps/task:1"}``; they win.
-        soft_placement: fall back to automatic placement, with a warning, when
-            an explicit device names a ps task that does not exist.
-        min_partition_bytes: parameters larger than this are partitioned along
-            dim 0 across the ps tasks; None never partitions for balance.
-        max_shard_bytes: no stored part is larger than this (one message).
-        log_placement: log where each parameter went and the bytes per ps task.
+        placement: where the variables go, a :class:`psframe.Placement`
+            (greedy by bytes, explicit devices, partitioning); default ``Placement()``.
         hooks: :class:`psframe.hooks.Hook` instances.
-        checkpoint_dir: where checkpoints go (a folder or any fsspec URL:
-            ``memory://``, ``s3://``, ``hdfs://`` where installed). The chief
-            saves every ``save_checkpoint_steps`` global steps or
-            ``save_checkpoint_secs`` seconds (600 s if neither is given) and at
-            the end, keeping the newest ``keep_checkpoints``; a ps task that
-            restarts restores its shard from the latest valid one.
-        connect_timeout: seconds to wait for the ps tasks (and for the chief to
-            create the model) before giving up with an error naming them.
-        rpc_timeout: seconds each call may take once connected.
-        wire_dtype: optional compression of what travels each step:
-            ``"bfloat16"`` (or ``torch.bfloat16``) or ``"float16"``. Float32
-            gradients are sent, and parameters received, in that dtype: half
-            the bytes. The ps keeps and updates its variables in their own
-            dtype, and the local model keeps its dtype too; only the values
-            exchanged are rounded. bfloat16 keeps float32's range; float16
-            keeps more mantissa but gradients below ~6e-8 become zero. None
-            (the default) sends everything exactly as stored.
+        checkpointing: a :class:`psframe.Checkpointing` (folder or fsspec URL,
+            interval, how many kept): the chief saves there every interval
+            and at the end, and a ps task that restarts restores its shard
+            from it. None: no checkpoints.
+        transport: timeouts, wire compression and same-host shared memory, a
+            :class:`psframe.Transport`; default ``Transport()``.
         table_optimizer: the optimizer of the model's embedding tables
             (``nn.Embedding``/``nn.EmbeddingBag`` with ``sparse=True``, see
             :mod:`psframe.worker.tables`): one that updates only the rows a
@@ -109,22 +98,19 @@ class Trainer:
             momentum), ``Adagrad`` or ``SparseAdam``. Defaults to the row-by-row
             form of ``optimizer`` (``SGD`` with momentum: ``SparseSGD``;
             ``Adam``: ``SparseAdam``).
-        table_partition: how a table's rows are shared out among the ps
-            tasks: ``"mod"`` (row ``i`` on ps task ``i % P``, the default:
-            frequent ids spread whatever their numbering) or ``"range"``.
-        shared_memory: the tensors of every step exchanged with a ps task
-            on this worker's host travel through shared memory
-            (``/dev/shm``) and gRPC carries the headers, one copy each way
-            instead of about five (on by default; ps tasks on other hosts,
-            and hosts without ``/dev/shm``, use messages).
-        auth_token: the cluster's shared secret, sent with every call. None:
-            the ``PSFRAME_AUTH_TOKEN`` environment variable, or no token.
-        tls_cert_file, tls_key_file: this worker's certificate and private
-            key (PEM), presented to ps tasks that require one (mutual TLS).
-        tls_ca_file: the CA (PEM) the ps tasks' certificates chain to: calls
-            use TLS. Each TLS setting left None is read from
-            ``PSFRAME_TLS_CERT_FILE``/``_KEY_FILE``/``_CA_FILE`` if set
-            (see :mod:`psframe.security`).
+        security: who may talk to the cluster, a :class:`psframe.Security`:
+            the cluster's shared auth token, sent with every call; this
+            worker's certificate and key (PEM), presented to ps tasks that
+            require one (mutual TLS); the CA (PEM) the ps tasks' certificates
+            chain to (calls use TLS). Used as given. None: from the
+            ``PSFRAME_AUTH_TOKEN`` and ``PSFRAME_TLS_*`` environment variables
+            (:meth:`Security.resolve`; ``psframe launch`` sets them), or none.
+        **deprecated: the keyword arguments of earlier releases that the
+            groups replace (``checkpoint_dir``, ``rpc_timeout``,
+            ``max_shard_bytes``, ``auth_token``...; see
+            :data:`DEPRECATED_ARGUMENTS`), each with a ``DeprecationWarning``
+            naming its place in a group; removed in the next release. Those
+            left None read the environment, as before.
         liveness: how this worker's connections are probed for a ps task
             that went away (keepalive pings; see :mod:`psframe.liveness`):
             a dead connection is noticed within ``keepalive_time +
@@ -141,9 +127,10 @@ class Trainer:
             that act before the push (``NanGuardHook``).
 
     Raises:
-        ClusterSpecError: the cluster or task index is invalid.
+        ClusterSpecError: the cluster or task index is invalid, or a ps task's address has port 0.
         ValueError: the model has no trainable parameter, or an argument is out of range.
-        SecurityConfigError: a security setting is invalid or its file cannot be read.
+        SecurityConfigError: a security setting is invalid or its file cannot be read,
+            or ``security`` is given together with the deprecated arguments.
 
     Example::
 
@@ -163,60 +150,51 @@ class Trainer:
         *,
         optimizer: OptimizerSpec | SyncReplicasOptimizer | None = None,
         sync: SyncReplicas | None = None,
+        table_optimizer: OptimizerSpec | None = None,
         device: str | torch.device | None = None,
         gpu_memory_fraction: float | None = None,
-        placement: str = "greedy",
-        variable_devices: Mapping[str, str] | None = None,
-        soft_placement: bool = False,
-        min_partition_bytes: int | None = DEFAULT_MIN_PARTITION_BYTES,
-        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-        log_placement: bool = False,
         hooks: Iterable[Hook] = (),
-        checkpoint_dir: str | None = None,
-        save_checkpoint_steps: int | None = None,
-        save_checkpoint_secs: float | None = None,
-        keep_checkpoints: int = 5,
-        connect_timeout: float = 120.0,
-        rpc_timeout: float = 300.0,
-        wire_dtype: str | torch.dtype | None = None,
-        table_optimizer: OptimizerSpec | None = None,
-        table_partition: str = "mod",
-        shared_memory: bool = True,
-        auth_token: str | None = None,
-        tls_cert_file: str | None = None,
-        tls_key_file: str | None = None,
-        tls_ca_file: str | None = None,
+        placement: Placement | None = None,
+        checkpointing: Checkpointing | None = None,
+        transport: Transport | None = None,
+        security: Security | None = None,
         liveness: Liveness | None = None,
         overlap_backward: bool = False,
+        **deprecated: Any,
     ) -> None:
-        self.security = Security.resolve(
-            auth_token=auth_token, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file, tls_ca_file=tls_ca_file
-        )
+        loose_security = {name: deprecated.pop(name, None) for name in LOOSE_ARGUMENTS}
+        placement, checkpointing, transport = groups_from_deprecated(placement, checkpointing, transport, deprecated)
+        self.security = accept_security("Trainer", security, loose_security)
         self.liveness = liveness or Liveness.resolve()
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self.cluster.validate_task("worker", task_index)
-        allocator.tune_malloc()  # gradients and replies of every step reuse freed buffers
+        if unbound := self.cluster.tasks_on_any_port("ps"):
+            k = unbound[0]
+            raise ClusterSpecError(
+                f"{ClusterSpec.task_name('ps', k)} has address {self.cluster.task_address('ps', k)!r}: port 0 asks "
+                f"its server to pick a free port, and a worker must be given the port it picked (the cluster of "
+                f"the running server, psframe.Server(...).cluster, or psframe.local_cluster(...).cluster)"
+            )
         self.task_index = task_index
         self.is_chief = task_index == 0
         self.optimizer, self.sync = resolve_optimizer(optimizer, sync, self.cluster.num_workers)
+        rpc_timeout = transport.rpc_timeout
         if self.sync is not None:
             # A call may wait at the barrier for as long as the sync timeout.
             rpc_timeout = max(rpc_timeout, self.sync.timeout + 30.0)
-        self.wire_dtype = resolve_wire_dtype(wire_dtype)
-        self.shared_memory = shared_memory
+        self.wire_dtype = resolve_wire_dtype(transport.wire_dtype)
+        self.shared_memory = transport.same_host_memory
         self.device = resolve_device(model, device, gpu_memory_fraction)
         self.model = model.to(self.device)
         self.hooks = list(hooks)
-        self.checkpoint_dir = checkpoint_dir
-        if keep_checkpoints < 1:
-            raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
-        self.keep_checkpoints = keep_checkpoints
-        if checkpoint_dir and self.is_chief:
-            if save_checkpoint_steps is None and save_checkpoint_secs is None:
-                save_checkpoint_secs = 600.0
-            self.hooks.append(CheckpointSaverHook(save_checkpoint_steps, save_checkpoint_secs))
+        self.checkpointing = checkpointing
+        self.checkpoint_dir = checkpointing.dir if checkpointing is not None else None
+        self.keep_checkpoints = checkpointing.keep if checkpointing is not None else DEFAULT_KEEP_CHECKPOINTS
+        if checkpointing is not None and self.is_chief:
+            self.hooks.append(CheckpointSaverHook(*checkpointing.interval))
         self.recoveries = 0  # times this worker waited for a lost ps task and went on
-        self.connect_timeout = connect_timeout
+        self.transport = transport
+        self.connect_timeout = transport.connect_timeout
         self.rpc_timeout = rpc_timeout
         self.global_step = 0
         self.local_step = 0
@@ -236,17 +214,17 @@ class Trainer:
             self.cluster.num_ps,
             HostStaging(self.device),
             sync=self.sync is not None,
-            variable_devices=dict(variable_devices or {}),
-            strategy=placement,
-            min_partition_bytes=min_partition_bytes,
-            soft_placement=soft_placement,
-            max_shard_bytes=max_shard_bytes,
+            variable_devices=dict(placement.variable_devices),
+            strategy=placement.strategy,
+            min_partition_bytes=placement.min_partition_bytes,
+            soft_placement=placement.soft,
+            max_shard_bytes=placement.max_shard_bytes,
             wire_dtype=self.wire_dtype,
-            table_partition=table_partition,
+            table_partition=placement.table_partition,
         )
         self.placement = self._replica.placement
         self.table_optimizer = resolve_table_optimizer(table_optimizer, self.optimizer, self._replica.tables)
-        if log_placement:
+        if placement.log:
             log.info("placement of worker %d:\n%s", task_index, self.placement.describe())
 
     # ---- lifecycle
@@ -295,6 +273,13 @@ class Trainer:
             raise
         return self
 
+    @property
+    def _ps(self) -> PsClient:
+        """The client of the ps tasks, made by connect()."""
+        if self._client is None:
+            raise PsframeError("the trainer is not connected: call connect() first, or use it in a with block")
+        return self._client
+
     def _overlaps(self) -> bool:
         """Whether steps send their messages during backward (see ``overlap_backward``)."""
         return (
@@ -306,7 +291,7 @@ class Trainer:
 
     def _join(self) -> None:
         startup.join(
-            self._client,
+            self._ps,
             self._replica,
             is_chief=self.is_chief,
             optimizer=self.optimizer,
@@ -334,8 +319,8 @@ class Trainer:
                 self._overlap.close()
                 self._overlap = None
             self._replica.tables.detach()
-            self._client.finish()
-            self._client.close()
+            self._ps.finish()
+            self._ps.close()
             self.state = TrainerState.CLOSED
         if failure is not None:
             raise failure
@@ -388,13 +373,14 @@ class Trainer:
         def pushes() -> list:  # the gradients each request carries (views, no copies on a CPU replica)
             return [(r, self._replica.gradients(r) if pushed else ()) for r in requests]
 
+        prefetched: dict[int, list[torch.Tensor]]
         try:
             try:
                 if exchange is not None:  # some requests went during backward; the rest go now
                     self.sent_during_backward += exchange.sent_early
                     replies, prefetched = exchange.finish(), {}
                 else:
-                    replies, prefetched = self._client.push_pull_and_prefetch(
+                    replies, prefetched = self._ps.push_pull_and_prefetch(
                         pushes(), self.global_step, self._prefetcher.requests(), rows=rows
                     )
             except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
@@ -419,7 +405,7 @@ class Trainer:
             loss.backward()
             return None
         requests = self._replica.plan.step
-        exchange = self._client.begin_step(requests, self.global_step, lambda i: self._replica.gradients(requests[i]))
+        exchange = self._ps.begin_step(requests, self.global_step, lambda i: self._replica.gradients(requests[i]))
         self._overlap.begin(exchange)
         try:
             loss.backward()
@@ -468,17 +454,17 @@ class Trainer:
 
     def _pull_all(self) -> None:
         requests = self._replica.plan.pull
-        replies = self._client.push_pull([(r, ()) for r in requests], self.global_step, compress=False)
+        replies = self._ps.push_pull([(r, ()) for r in requests], self.global_step, compress=False)
         self._receive(requests, replies)
 
     def _pull_rows(self, wanted, create: bool = True):
         """Rows of embedding tables for a lookup (see :mod:`psframe.worker.tables`); a lost
         ps task is waited for, as in :meth:`step`, and the rows asked of it again."""
         try:
-            return self._client.pull_rows(wanted, self.global_step, create)
+            return self._ps.pull_rows(wanted, self.global_step, create)
         except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
             self._recover(e)
-            return self._client.pull_rows(wanted, self.global_step, create)
+            return self._ps.pull_rows(wanted, self.global_step, create)
 
     def _receive(self, requests: Sequence[Request], replies: Sequence[Reply]) -> None:
         self._replica.assign(requests, replies)
@@ -508,7 +494,7 @@ class Trainer:
         replies, _ = self._when_back(
             error,
             f"sending step {self.global_step}'s pushes again",
-            lambda: self._client.push_pull_and_prefetch(pushes, self.global_step, {}, rows=rows, again=True),
+            lambda: self._ps.push_pull_and_prefetch(pushes, self.global_step, {}, rows=rows, again=True),
         )
         log.info(
             "worker %d: the ps tasks are back; step %d sent again (%d of its pushes had been applied before)",
@@ -541,7 +527,7 @@ class Trainer:
                 self.connect_timeout,
                 then,
             )
-            self._client.reset_streams()
+            self._ps.reset_streams()
             # A restarted ps restores its shard from the checkpoint (or, with
             # none, takes the chief's current values); the others ignore the chief.
             self._join()
@@ -566,12 +552,12 @@ class Trainer:
         """
         self._require_running()
         if not self.checkpoint_dir:
-            raise CheckpointError("save_checkpoint() needs Trainer(checkpoint_dir=...)")
+            raise CheckpointError("save_checkpoint() needs Trainer(checkpointing=psframe.Checkpointing(dir))")
         try:
-            manifest = checkpoint.save(self._client, self.checkpoint_dir, self.global_step, self.keep_checkpoints)
+            manifest = checkpoint.save(self._ps, self.checkpoint_dir, self.global_step, self.keep_checkpoints)
         except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
             self._recover(e)  # a ps task was lost as it saved: wait for it, then save again
-            manifest = checkpoint.save(self._client, self.checkpoint_dir, self.global_step, self.keep_checkpoints)
+            manifest = checkpoint.save(self._ps, self.checkpoint_dir, self.global_step, self.keep_checkpoints)
         log.info("checkpoint of global step %d committed in %s", manifest.step, manifest.folder)
         return manifest
 

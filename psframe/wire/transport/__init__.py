@@ -1,10 +1,12 @@
 """The one place psframe meets gRPC: nothing outside this package imports ``grpc``.
 
 - :mod:`~psframe.wire.transport.methods`: the method table read from the
-  ``.proto``'s service, the channel and server options, and errors both ways
-  (a handler's :class:`~psframe.errors.PsframeError` becomes a status code
-  with its class name; a failed call becomes that class again, or a named
-  transport error);
+  ``.proto``'s service, and the channel and server options;
+- :mod:`~psframe.wire.transport.error_codec`: errors both ways, one codec
+  for every path (a handler's :class:`~psframe.errors.PsframeError` becomes
+  its class name and message, with a status code when it ends the call, or
+  in a PushPull reply that refuses its request; the caller rebuilds the same
+  class, or gets a named transport error);
 - :mod:`~psframe.wire.transport.server`: :class:`RpcServer`, a task's server
   (handlers take a request and return a reply, or a stream of requests and
   yield replies; methods it does not handle may be forwarded, as bytes, to
@@ -21,16 +23,15 @@
 
 from psframe.wire.transport.auth import UNAUTHENTICATED_MESSAGE, TokenInterceptor, call_metadata, open_channel
 from psframe.wire.transport.client import Connection, PendingCall, Stream, Watchdog, call_all
-from psframe.wire.transport.limits import DEFAULT_MAX_MESSAGE_BYTES, PeerLimiter
-from psframe.wire.transport.methods import (
-    CHANNEL_OPTIONS,
+from psframe.wire.transport.error_codec import (
     ERROR_METADATA_KEY,
-    METHODS,
-    SERVICE,
-    Method,
+    decode_error,
+    encode_error,
     error_from_rpc,
     status_code,
 )
+from psframe.wire.transport.limits import DEFAULT_MAX_MESSAGE_BYTES, PeerLimiter
+from psframe.wire.transport.methods import CHANNEL_OPTIONS, METHODS, SERVICE, Method
 from psframe.wire.transport.server import RpcServer
 
 __all__ = [
@@ -50,6 +51,8 @@ __all__ = [
     "Watchdog",
     "call_all",
     "call_metadata",
+    "decode_error",
+    "encode_error",
     "error_from_rpc",
     "open_channel",
     "status_code",

@@ -49,7 +49,9 @@ def call_metadata(security: Security) -> tuple[tuple[str, str], ...] | None:
     return ((TOKEN_METADATA_KEY, _BEARER + security.auth_token),)
 
 
-def _read(path: str, what: str) -> bytes:
+def _read(path: str | None, what: str) -> bytes:
+    if path is None:
+        raise SecurityConfigError(f"TLS needs {what}: it is not set")
     try:
         with open(path, "rb") as f:
             return f.read()

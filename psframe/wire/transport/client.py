@@ -15,7 +15,8 @@ from psframe.errors import PsframeError
 from psframe.liveness import Liveness
 from psframe.security import Security
 from psframe.wire.transport.auth import call_metadata, open_channel
-from psframe.wire.transport.methods import METHODS, error_from_rpc
+from psframe.wire.transport.error_codec import error_from_rpc
+from psframe.wire.transport.methods import METHODS
 
 
 class Connection:

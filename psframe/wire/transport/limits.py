@@ -116,7 +116,7 @@ class PeerLimiter(grpc.ServerInterceptor):
                 f"{self._name} runs at most {self.max_calls} calls at once from one host; "
                 f"{host} has that many in flight",
             )
-        released = []
+        released: list[bool] = []
 
         def release() -> None:
             with self._lock:

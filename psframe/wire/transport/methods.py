@@ -1,4 +1,4 @@
-"""The service's methods, options and errors as gRPC sees them.
+"""The service's methods and options as gRPC sees them.
 
 - :data:`METHODS`: the methods of the ``ParameterServer`` service of
   ``psframe.proto`` (names, message types, streaming), read from its
@@ -7,33 +7,23 @@
   envelope) travel as the bytes :mod:`psframe.wire.codec` made, untouched;
   the others as their generated message classes.
 - the channel options (no 4 MiB message cap, quick reconnects, keepalive
-  pings: see :mod:`psframe.liveness`);
-- errors both ways: a :class:`PsframeError` raised by a handler becomes a
-  status code plus the error's class name in trailing metadata, and a failed
-  call becomes that same error class (or a named transport error) again.
+  pings: see :mod:`psframe.liveness`).
+
+Errors cross in :mod:`psframe.wire.transport.error_codec`.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 from google.protobuf.message import Message
 
-from psframe import errors
-from psframe.errors import PsframeError
 from psframe.liveness import Liveness
 from psframe.wire import psframe_pb2 as pb
 
-log = logging.getLogger(__name__)
-
 SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"]
-# A failing call carries the psframe error's class name in this trailing
-# metadata key, so the caller can raise the same class.
-ERROR_METADATA_KEY = "psframe-error"
 # A channel has no gRPC message limit of its own (its default is 4 MiB): large
 # variables are split into parts that each fit a message (see
 # psframe.cluster.placement). Servers cap what they receive
@@ -125,58 +115,3 @@ def _method(descriptor: Any) -> Method:
 
 
 METHODS: dict[str, Method] = {d.name: _method(d) for d in SERVICE.methods}
-
-# ---- errors, both ways
-
-_STATUS_OF = (
-    (errors.InvalidGradientError, grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.WireFormatError, grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.OptimizerConfigError, grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.ClusterMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
-    (errors.NotReadyError, grpc.StatusCode.FAILED_PRECONDITION),
-    (errors.CheckpointError, grpc.StatusCode.FAILED_PRECONDITION),
-    (errors.BarrierTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
-)
-
-
-def status_code(error: PsframeError) -> grpc.StatusCode:
-    """The gRPC status code a psframe error is answered with."""
-    return next((code for cls, code in _STATUS_OF if isinstance(error, cls)), grpc.StatusCode.UNKNOWN)
-
-
-def error_from_rpc(error: grpc.RpcError, peer: str, timeout: float | None = None) -> PsframeError:
-    """The psframe error for a failed call to ``peer``.
-
-    A handler's psframe error comes back as the same class (its name travels
-    in trailing metadata); transport failures get named ones.
-    """
-    metadata = dict(error.trailing_metadata() or ())
-    name = metadata.get(ERROR_METADATA_KEY)
-    if name:
-        return errors.error_from_name(str(name), error.details())
-    code = error.code()
-    if code == grpc.StatusCode.UNAUTHENTICATED:
-        return errors.AuthenticationError(
-            f"{peer} refused the call as unauthenticated: the auth token is missing or not the cluster's "
-            f"(give every task and command the same --auth_token_file, or PSFRAME_AUTH_TOKEN)"
-        )
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return errors.TaskUnavailableError(f"{peer} is unavailable: {error.details()}")
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return errors.RemoteError(
-            f"{peer} refused the call with RESOURCE_EXHAUSTED: {error.details()} (a message over the task's "
-            f"max_message_bytes, or too many calls in flight from this host; see psframe.wire.transport.limits)"
-        )
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return errors.RpcTimeoutError(f"{peer} did not answer within {timeout}s")
-    return errors.RemoteError(f"{peer} failed with {code.name}: {error.details()}")
-
-
-def abort(context: grpc.ServicerContext, error: BaseException, method: str) -> None:
-    """End a call with the status of ``error`` (raises, as ``context.abort`` does)."""
-    if isinstance(error, PsframeError):
-        context.set_trailing_metadata(((ERROR_METADATA_KEY, type(error).__name__),))
-        context.abort(status_code(error), str(error))
-    # A bug, not bad input: say so, keep serving.
-    log.error("%s failed", method, exc_info=error)
-    context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")

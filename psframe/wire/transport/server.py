@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -19,13 +19,14 @@ from psframe import errors
 from psframe.liveness import Liveness
 from psframe.security import Security
 from psframe.wire.transport.auth import call_metadata, interceptors, open_channel, server_credentials
+from psframe.wire.transport.error_codec import abort
 from psframe.wire.transport.limits import (
     DEFAULT_MAX_MESSAGE_BYTES,
     PeerLimiter,
     default_calls_per_peer,
     server_options,
 )
-from psframe.wire.transport.methods import METHODS, SERVICE, Method, abort
+from psframe.wire.transport.methods import METHODS, SERVICE, Method
 
 # The longest a forwarded unary call may wait when its caller set no deadline.
 # A stream keeps its caller's (none, for PushPull: its replies are timed by
@@ -125,10 +126,11 @@ def _until_closed(requests: Iterator[bytes]) -> Iterator[bytes]:
         return
 
 
-def _relay(error: grpc.RpcError, context: grpc.ServicerContext) -> None:
+def _relay(error: grpc.RpcError, context: grpc.ServicerContext) -> NoReturn:
     """End a forwarded call as the task it was forwarded to ended it (raises)."""
     context.set_trailing_metadata(error.trailing_metadata() or ())
     context.abort(error.code(), error.details())
+    raise AssertionError("grpc's context.abort returned")  # it raises; said for the type checker
 
 
 class RpcServer:
@@ -209,6 +211,7 @@ class RpcServer:
         Raises:
             PortInUseError: the address cannot be listened on.
         """
+        cause: RuntimeError | None = None
         try:
             if self._credentials is None:
                 port = self._server.add_insecure_port(address)
@@ -216,8 +219,6 @@ class RpcServer:
                 port = self._server.add_secure_port(address, self._credentials)
         except RuntimeError as e:
             port, cause = 0, e
-        else:
-            cause = None
         if port == 0:
             raise errors.PortInUseError(
                 f"{self.name} cannot listen on {address}: the port is in use by another process "
@@ -236,12 +237,11 @@ class RpcServer:
             PortInUseError: the socket cannot be made.
         """
         address = f"unix:{path}"
+        cause: RuntimeError | None = None
         try:
             bound = self._server.add_insecure_port(address)
         except RuntimeError as e:
             bound, cause = 0, e
-        else:
-            cause = None
         if bound == 0:
             raise errors.PortInUseError(f"{self.name} cannot listen on {address}") from cause
         return address

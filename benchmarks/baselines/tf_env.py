@@ -4,14 +4,14 @@ TensorFlow runs in a virtual environment of its own, ``.venv-tf`` in the
 repository, made by ``scripts/env_tf.sh`` (which ``scripts/bench.sh`` runs
 first): the bench extra's ``tensorflow-cpu`` at the versions of
 constraints.txt, and neither torch nor psframe. The test environment never has
-it. :mod:`benchmarks.baseline_tf_ps` runs under that environment's python; the
+it. :mod:`benchmarks.baselines.tf_ps` runs under that environment's python; the
 parent (this side, with torch) writes the model's initial values and the data
 for it with :func:`write_inputs`.
 
 ``PSFRAME_TF_PYTHON`` names another python to run it with; set to the empty
 string, it turns the ``tf_ps`` system off (the tests do, to stay fast and
 independent of whether ``.venv-tf`` exists). Where TensorFlow cannot run,
-``tf_ps`` rows say why (:class:`benchmarks.training.SystemUnavailable`) and
+``tf_ps`` rows say why (:class:`benchmarks.suite.training.SystemUnavailable`) and
 the other systems still run.
 """
 
@@ -22,9 +22,11 @@ import os
 import subprocess
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import ROOT
+from benchmarks.mlp_workload import build_model, make_data
+
 TF_PYTHON_VARIABLE = "PSFRAME_TF_PYTHON"
-DEFAULT_VENV = REPO_ROOT / ".venv-tf"
+DEFAULT_VENV = ROOT / ".venv-tf"
 # Importing TensorFlow takes about 5 s on one core; more on a loaded machine.
 _CHECK_TIMEOUT_S = 120.0
 
@@ -80,13 +82,11 @@ def write_inputs(model: str, path: Path) -> Path:
     """Write ``model``'s initial values and the data set to ``path`` (``.npz``) for the TF tasks.
 
     The same numbers every torch system starts from
-    (:func:`benchmarks.training.build_model` and
-    :func:`benchmarks.training.make_data`): ``x`` (float32), ``y`` (int64),
+    (:func:`benchmarks.mlp_workload.build_model` and
+    :func:`benchmarks.mlp_workload.make_data`): ``x`` (float32), ``y`` (int64),
     and each Linear's ``w<i>`` (torch's ``(out, in)`` layout) and ``b<i>``.
     """
     import numpy as np
-
-    from benchmarks.training import build_model, make_data
 
     x, y = make_data()
     linears = [m for m in build_model(model) if hasattr(m, "weight")]

@@ -1,6 +1,6 @@
 """Embedding tables: a step's cost follows the rows a batch uses, not the table's size.
 
-    python -m benchmarks.sparse [--quick]
+    python -m benchmarks.suite.sparse [--quick]
 
 One worker (this process, ``psframe.Trainer``) and 2 ps tasks (``psframe
 server`` processes) train a CTR-shaped model: 26 categorical features looked
@@ -22,7 +22,7 @@ Rows, one per table size and way of moving it:
 - **dense** (the naive way, ``sparse=False``): the whole table is pushed and
   pulled every step, in 4 MiB messages; run up to 10^5 rows (10^7 would
   move 2.56 GB each way per step).
-- **rpc** (:mod:`benchmarks.baseline_rpc_sparse`): a torch.distributed.rpc
+- **rpc** (:mod:`benchmarks.baselines.rpc_sparse`): a torch.distributed.rpc
   parameter server (one ps process) holding the same model, the trainer
   pulling the batch's rows and pushing a ``torch.sparse`` gradient, two
   ``rpc_sync`` calls a step; compared with psframe's rows on 1 ps task
@@ -42,7 +42,7 @@ count, id 0 the most frequent) and for hashed ids.
 with Adagrad on 2 ps tasks against what it costs them: each ps task's peak
 resident memory (``VmHWM``) after a few steps, against 1.3 x the rows and
 Adagrad state it holds plus the peak of an idle ps task (a 1,024-row table,
-the same steps), measured in the same run. :mod:`benchmarks.ctr` adds the CTR
+the same steps), measured in the same run. :mod:`benchmarks.suite.ctr` adds the CTR
 example's rows (samples/s and AUC, async and sync, against one process).
 """
 
@@ -54,70 +54,31 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
 import psframe
-from benchmarks.common import (
-    MB,
-    BenchmarkError,
-    Children,
-    Deadline,
-    Settings,
-    format_number,
-    format_ratio,
-    markdown_table,
-    measure_rate,
-    single_thread,
-    table_main,
-)
-from benchmarks.memory import LIMIT_FACTOR, MemorySampler, vm_hwm
-from benchmarks.transport import PsCluster
+from benchmarks.common import MB, BenchmarkError, Children, Deadline, Settings, measure_rate, single_thread, table_main
+from benchmarks.embedding_workload import BATCH, BATCHES, DIM, FEATURES, HASH, LEARNING_RATE, CtrModel, batches
+from benchmarks.formatting import format_number, format_ratio, markdown_table
+from benchmarks.suite.ctr import ctr_table, run_ctr_benchmarks
+from benchmarks.suite.memory import LIMIT_FACTOR, MemorySampler, vm_hwm
+from benchmarks.suite.ps_cluster import PsCluster
+from benchmarks.suite.psframe_internals import table_split_loads, tool_client
+from psframe.launch import pick_free_ports
 
-DIM = 64
-FEATURES = 26
-BATCH = 512
-BATCHES = 8  # distinct batches, cycled
 TABLE_ROWS = (10**4, 10**5, 10**6, 10**7)
 QUICK_TABLE_ROWS = (10**4, 10**5)
 DENSE_MAX_ROWS = 10**5
 RPC_ROWS = (10**5, 10**7)  # the table sizes the RPC baseline runs at (psframe's rows then also on 1 ps task)
 QUICK_RPC_ROWS = (10**5,)
-LEARNING_RATE = 0.05
 STARTUP_S = 120.0  # the chief sends a 10^7-row table (2.56 GB) at Init
 MEMORY_ROWS = 10**7  # the table whose ps memory is held against the limit
 QUICK_MEMORY_ROWS = 10**6
 IDLE_ROWS = 1_024  # the idle ps tasks' table: 512 rows each, 128 KiB and as much Adagrad state
 MEMORY_STEPS = BATCHES  # every batch once: Adagrad's state exists and has been updated
-
-
-class CtrModel(torch.nn.Module):
-    def __init__(self, rows: int, sparse: bool) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.table = torch.nn.Embedding(rows, DIM, sparse=sparse)
-        self.head = torch.nn.Linear(DIM, 1)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.table(ids).sum(1)).squeeze(1)
-
-
-VOCABULARY = 10**4  # the ids a batch draws from, whatever the table's size
-HASH = 2654435761  # a prime: k -> k * HASH mod rows is a bijection for every table size here
-
-
-def power_law_ids(rows: int, generator: torch.Generator) -> torch.Tensor:
-    """A batch of ids: the ``k``-th most frequent drawn about as often as ``1 / (k + 1)``
-    (Zipf over :data:`VOCABULARY` ids), scattered over the table as hashed features are."""
-    u = torch.rand(BATCH, FEATURES, generator=generator, dtype=torch.float64)
-    ranks = torch.floor(torch.exp(u * torch.log(torch.tensor(float(VOCABULARY))))).long() - 1
-    return (ranks * HASH) % rows
-
-
-def batches(rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(7)
-    return [(power_law_ids(rows, generator), torch.rand(BATCH, generator=generator)) for _ in range(BATCHES)]
 
 
 def partition_balance(rows: int = 10**6, ps_counts: tuple[int, ...] = (2, 4, 8), batches_drawn: int = 20) -> list[dict]:
@@ -127,11 +88,6 @@ def partition_balance(rows: int = 10**6, ps_counts: tuple[int, ...] = (2, 4, 8),
         One row per id numbering (``frequency-sorted``, ``hashed``), partition and ps count:
         ``imbalance`` (the busiest ps task's lookups over the mean; 1.0 is even).
     """
-    from psframe.cluster.placement import VariableInfo
-    from psframe.cluster.table_placement import place_tables
-    from psframe.worker.slicer import Slot
-    from psframe.worker.tables import Table
-
     generator = torch.Generator().manual_seed(11)
     u = torch.rand(batches_drawn * BATCH, FEATURES, generator=generator, dtype=torch.float64)
     ranks = (torch.floor(torch.exp(u * torch.log(torch.tensor(float(rows))))).long() - 1).flatten()
@@ -141,9 +97,7 @@ def partition_balance(rows: int = 10**6, ps_counts: tuple[int, ...] = (2, 4, 8),
         ids = ids.sort().values
         for partition in ("mod", "range"):
             for num_ps in ps_counts:
-                shards = place_tables([VariableInfo("table", (rows, DIM), 4)], num_ps, partition=partition)
-                table = Table("table", None, [Slot(shard, None) for shard in shards])
-                loads = torch.tensor([float(p.numel()) for _, p, _ in table.split(ids)])
+                loads = torch.tensor(table_split_loads(rows, DIM, num_ps, partition, ids))
                 out.append(
                     {
                         "kind": "balance",
@@ -157,6 +111,7 @@ def partition_balance(rows: int = 10**6, ps_counts: tuple[int, ...] = (2, 4, 8),
 
 
 def balance_table(results: list[dict]) -> str:
+    """Markdown table of :func:`partition_balance` rows."""
     headers = ["ids", "partition", "ps tasks", "busiest ps task's lookups / mean"]
     return markdown_table(
         headers, [[r["numbering"], r["partition"], r["num_ps"], f"{r['imbalance']:.2f}"] for r in results]
@@ -165,8 +120,6 @@ def balance_table(results: list[dict]) -> str:
 
 def measure_rpc(children: Children, rows: int, quick: bool, deadline: Deadline) -> dict:
     """The RPC baseline at ``rows``: its trainer's steps/s."""
-    from psframe.launch import pick_free_ports
-
     (port,) = pick_free_ports(1)
     steps = ["--steps=40", "--warmup=5"] if quick else ["--steps=300", "--warmup=30"]
     names = [f"rpc-{rows}-ps", f"rpc-{rows}-trainer"]
@@ -176,7 +129,7 @@ def measure_rpc(children: Children, rows: int, quick: bool, deadline: Deadline) 
             [
                 sys.executable,
                 "-m",
-                "benchmarks.baseline_rpc_sparse",
+                "benchmarks.baselines.rpc_sparse",
                 f"--port={port}",
                 f"--rank={rank}",
                 f"--rows={rows}",
@@ -228,7 +181,7 @@ def measure(
         model,
         cluster.cluster,
         optimizer=psframe.optim.Adagrad(lr=LEARNING_RATE),
-        connect_timeout=min(STARTUP_S, deadline.remaining()),
+        transport=psframe.Transport(connect_timeout=min(STARTUP_S, deadline.remaining())),
     )
     with trainer:
         connect_s = time.monotonic() - started
@@ -268,11 +221,9 @@ def ps_memory(children: Children, rows: int, steps: int, deadline: Deadline) -> 
         ``peak_rss_after_init`` (VmHWM once the model exists, before the first step),
         ``peak_rss`` and ``peak_source``.
     """
-    from psframe.worker.client import PsClient
-
     cluster = PsCluster(children, 2, f"sparse-memory-{rows}", timeout=deadline.remaining() + 60)
     # A tool's client: it asks the ps tasks what they hold and who serves, and is no worker.
-    tool = PsClient(cluster.cluster, 0, job_name="tool", rpc_timeout=min(60.0, deadline.remaining(1.0)))
+    tool = tool_client(cluster.cluster, rpc_timeout=min(60.0, deadline.remaining(1.0)))
     samplers: list[MemorySampler] = []
     try:
         try:
@@ -290,7 +241,7 @@ def ps_memory(children: Children, rows: int, steps: int, deadline: Deadline) -> 
             model,
             cluster.cluster,
             optimizer=psframe.optim.Adagrad(lr=LEARNING_RATE),
-            connect_timeout=min(STARTUP_S, deadline.remaining()),
+            transport=psframe.Transport(connect_timeout=min(STARTUP_S, deadline.remaining())),
         )
         with trainer:
             init_peaks = [vm_hwm(pid) for pid in pids]
@@ -386,9 +337,7 @@ def memory_table(results: list[dict]) -> str:
 def run_sparse_benchmarks(quick: bool = False, timeout: float = 1200.0) -> list[dict]:
     """Every table size with rows, and the small ones dense; each row's ratio to the 10^4-row table's;
     then the ps tasks' memory of a large table (:func:`table_memory`), the CTR example's rows
-    (:func:`benchmarks.ctr.run_ctr_benchmarks`) and :func:`partition_balance`."""
-    from benchmarks.ctr import run_ctr_benchmarks
-
+    (:func:`benchmarks.suite.ctr.run_ctr_benchmarks`) and :func:`partition_balance`."""
     single_thread()
     torch.set_num_threads(1)
     settings = Settings.for_mode(quick)
@@ -418,7 +367,8 @@ def run_sparse_benchmarks(quick: bool = False, timeout: float = 1200.0) -> list[
     return results + partition_balance()
 
 
-def sparse_table(results: list[dict]) -> str:
+def steps_table(results: list[dict]) -> str:
+    """Markdown table of :func:`measure` and :func:`measure_rpc` rows: steps/s per table size and way."""
     headers = [
         "table rows",
         "table",
@@ -451,14 +401,46 @@ def sparse_table(results: list[dict]) -> str:
     return markdown_table(headers, rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from benchmarks import report
+# The captions of the tables below the steps table (tests find the tables by them).
+MEMORY_CAPTION = "ps memory of an embedding table with Adagrad on 2 ps tasks"
+CTR_CAPTION = "The CTR example (examples/ctr_dist.py), async and sync, against one process"
 
+
+def sparse_table(rows: Sequence[dict]) -> str:
+    """The section's markdown tables of :func:`run_sparse_benchmarks` rows: steps, then the ps
+    tasks' memory, the CTR example and partition balance (each where it has rows)."""
+    steps = [r for r in rows if r.get("kind") not in ("memory", "ctr", "balance")]
+    memory, ctr, balance = ([r for r in rows if r.get("kind") == kind] for kind in ("memory", "ctr", "balance"))
+    parts = [steps_table(steps)] if steps else []
+    if memory:
+        parts.append(
+            f"{MEMORY_CAPTION} (each ps task's peak resident memory, VmHWM, after "
+            f"{memory[0]['steps']} steps, against 1.3 x the table rows and optimizer state it "
+            f"holds plus the peak of the same ps task of a {IDLE_ROWS:,}-row table after the same "
+            "steps, measured in the same run; MB = 10^6 bytes):\n\n" + memory_table(memory)
+        )
+    if ctr:
+        parts.append(
+            f"{CTR_CAPTION} (from `benchmarks.suite.ctr`: the same samples in every mode; "
+            "samples/s as the example's chief prints it, over its training loop; *run s* the "
+            "whole run with start-up and evaluation):\n\n" + ctr_table(ctr)
+        )
+    if balance:
+        parts.append(
+            "How evenly a table's parts share a batch's lookups (no cluster: psframe's placement "
+            "and id split over 20 power-law batches of a 10^6-row table):\n\n" + balance_table(balance)
+        )
+    return "\n\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    # As psframe's own entry points do: the settings of a process that moves tensors every step.
+    psframe.tune_process()
     return table_main(
         argv,
         __doc__,
         "10^4 and 10^5 rows only, short repeats; memory of 10^6 rows; the CTR example's quick case",
-        lambda quick: report.sparse_table(run_sparse_benchmarks(quick)),
+        lambda quick: sparse_table(run_sparse_benchmarks(quick)),
     )
 
 

@@ -22,9 +22,9 @@ updates after warm-up (median of a few windows). TensorPipe runs over TCP on
 cross-memory-attach shortcuts, like a gRPC channel on loopback). Each rank
 prints one JSON line.
 
-    python -m benchmarks.baseline_rpc_ps --port=29500 --num_trainers=2 --rank=0 [--sync]
-    python -m benchmarks.baseline_rpc_ps --port=29500 --num_trainers=2 --rank=1 [--sync]
-    python -m benchmarks.baseline_rpc_ps --port=29500 --num_trainers=2 --rank=2 [--sync]
+    python -m benchmarks.baselines.rpc_ps --port=29500 --num_trainers=2 --rank=0 [--sync]
+    python -m benchmarks.baselines.rpc_ps --port=29500 --num_trainers=2 --rank=1 [--sync]
+    python -m benchmarks.baselines.rpc_ps --port=29500 --num_trainers=2 --rank=2 [--sync]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe listens on loopback only
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -46,17 +46,15 @@ import torch
 import torch.distributed.rpc as rpc
 import torch.nn.functional as F
 
-from benchmarks.training import (
+from benchmarks.common import NUM_WINDOWS, emit, timed_windows
+from benchmarks.mlp_workload import (
     BATCH_SIZE,
     LEARNING_RATE,
     MODELS,
-    NUM_WINDOWS,
     batches,
     build_model,
-    emit,
     make_data,
     set_single_thread,
-    timed_windows,
 )
 
 PS_NAME = "ps"

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """One task of a psframe training benchmark (ps or worker), as in examples/mlp_mnist_dist.py.
 
-    python -m benchmarks.train_psframe --ps_hosts=127.0.0.1:2222 \\
+    python -m benchmarks.suite.train_psframe --ps_hosts=127.0.0.1:2222 \\
         --worker_hosts=127.0.0.1:2223,127.0.0.1:2224 --job_name=ps --task_index=0
-    python -m benchmarks.train_psframe ... --job_name=worker --task_index=0 --model=mnist_mlp [--sync]
-    python -m benchmarks.train_psframe ... --job_name=worker --task_index=1 --model=mnist_mlp [--sync]
+    python -m benchmarks.suite.train_psframe ... --job_name=worker --task_index=0 --model=mnist_mlp [--sync]
+    python -m benchmarks.suite.train_psframe ... --job_name=worker --task_index=1 --model=mnist_mlp [--sync]
 
 Every worker trains until the global step reaches the warm-up plus the timed
 steps of all workers (async: (warmup + steps) x workers; sync: warmup + steps),
 so every worker is busy until the end. The chief measures global steps/s over
 the steps after warm-up, as the median of a few windows. Each task prints one
-JSON line. ``benchmarks.training`` starts these processes.
+JSON line. :mod:`benchmarks.suite.training` starts these processes.
 """
 
 from __future__ import annotations
@@ -22,32 +22,28 @@ import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch.nn.functional as F
 
 import psframe
-from benchmarks.training import (
+from benchmarks.common import NUM_WINDOWS, emit, file_barrier, timed_windows
+from benchmarks.mlp_workload import (
     BATCH_SIZE,
     LEARNING_RATE,
     MODELS,
-    NUM_WINDOWS,
     batches,
     build_model,
-    emit,
-    file_barrier,
     make_data,
     set_single_thread,
-    timed_windows,
 )
-from psframe.cli import add_cluster_flags
-from psframe.cluster.tf_config import resolve_cluster
+from psframe import flags
 from psframe.hooks import StopAtStepHook
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_cluster_flags(parser)
+    flags.add_cluster_flags(parser)
     parser.add_argument("--model", default="mnist_mlp", choices=sorted(MODELS))
     parser.add_argument("--steps", type=int, default=2000, help="timed steps per worker")
     parser.add_argument("--warmup", type=int, default=200, help="untimed steps per worker first")
@@ -105,12 +101,12 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         optimizer=psframe.optim.SGD(lr=args.learning_rate),
         sync=psframe.SyncReplicas(timeout=min(args.sync_timeout, args.timeout)) if args.sync else None,
         hooks=[StopAtStepHook(last_step=last_step)],
-        connect_timeout=args.timeout,
-        wire_dtype=args.wire_dtype,
-        shared_memory=not args.no_shared_memory,
+        transport=psframe.Transport(
+            connect_timeout=args.timeout, wire_dtype=args.wire_dtype, same_host_memory=not args.no_shared_memory
+        ),
+        placement=psframe.Placement(max_shard_bytes=args.max_shard_bytes) if args.max_shard_bytes else None,
         overlap_backward=args.overlap,
         device=args.device,
-        **({"max_shard_bytes": args.max_shard_bytes} if args.max_shard_bytes else {}),
     )
     times: list[float] = []
     global_steps: list[int] = []
@@ -157,10 +153,9 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_single_thread()
+    psframe.tune_process()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cluster, job_name, task_index = resolve_cluster(
-        args.ps_hosts, args.worker_hosts, args.cluster_spec, args.job_name, args.task_index
-    )
+    cluster, job_name, task_index = flags.cluster_from_flags(args)
     if job_name == "ps":
         server = psframe.Server(cluster, "ps", task_index, serving_processes=args.serving_processes)
         if not server.join(timeout=args.timeout):

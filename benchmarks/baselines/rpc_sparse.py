@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""A torch.distributed.rpc parameter server for embedding tables: the baseline of ``benchmarks.sparse``.
+"""A torch.distributed.rpc parameter server for embedding tables: the baseline of :mod:`benchmarks.suite.sparse`.
 
 What a PyTorch user writes without psframe, after the RPC parameter-server
-tutorial: rank 0 (the ps) holds :class:`benchmarks.sparse.CtrModel`'s table
+tutorial: rank 0 (the ps) holds :class:`benchmarks.embedding_workload.CtrModel`'s table
 and head, with ``torch.optim.Adagrad`` (which takes the table's sparse
 gradient); rank 1 trains. Each step is two ``rpc_sync`` calls, as psframe's
 are two round trips:
@@ -17,8 +17,8 @@ TensorPipe over TCP on 127.0.0.1 only (transport ``uv``, channel ``basic``).
 The trainer times its steps after warm-up (the median of a few windows) and
 prints one JSON line.
 
-    python -m benchmarks.baseline_rpc_sparse --port=29500 --rows=100000 --rank=0
-    python -m benchmarks.baseline_rpc_sparse --port=29500 --rows=100000 --rank=1
+    python -m benchmarks.baselines.rpc_sparse --port=29500 --rows=100000 --rank=0
+    python -m benchmarks.baselines.rpc_sparse --port=29500 --rows=100000 --rank=1
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe listens on loopback only
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -42,7 +42,7 @@ import torch.distributed.rpc as rpc
 import torch.nn.functional as F
 
 from benchmarks.common import emit, median
-from benchmarks.sparse import LEARNING_RATE, CtrModel, batches
+from benchmarks.embedding_workload import LEARNING_RATE, CtrModel, batches
 
 PS_NAME = "ps"
 

@@ -6,7 +6,7 @@ plain SGD (lr 0.01), batch 100 per worker, one compute thread per process:
 =================  =====  ==========================================================
 system             mode   processes, and what one step is
 =================  =====  ==========================================================
-psframe            async  1 ps + 2 workers (:mod:`benchmarks.train_psframe`); a
+psframe            async  1 ps + 2 workers (:mod:`benchmarks.suite.train_psframe`); a
                           worker pushes its gradients and pulls the parameters in
                           one gRPC call; the ps applies each push at once. On one
                           host (here) the tensors themselves travel through shared
@@ -18,22 +18,22 @@ psframe            sync   the same with ``SyncReplicas()`` (R = N = 2): one upda
 psframe_bf16       async  psframe async with ``wire_dtype="bfloat16"``: gradients
                           and parameters travel in bfloat16 (half the bytes; the
                           ps keeps float32). Optional, off by default in psframe.
-torch_rpc_ps       async  1 ps + 2 trainers (:mod:`benchmarks.baseline_rpc_ps`), the
+torch_rpc_ps       async  1 ps + 2 trainers (:mod:`benchmarks.baselines.rpc_ps`), the
                           RPC parameter-server tutorial's design: one ``rpc_sync``
                           per step sends the gradients and returns the parameters;
                           the ps applies them under a lock with ``torch.optim.SGD``.
 torch_rpc_ps       sync   the batch-RPC tutorial's design: the ps waits for both
                           trainers' gradients, averages, steps once and answers both.
 tf_ps              async  1 ps + 2 workers of TensorFlow 1.x-style between-graph
-                          replication (:mod:`benchmarks.baseline_tf_ps`,
+                          replication (:mod:`benchmarks.baselines.tf_ps`,
                           ``replica_device_setter``, ``GradientDescentOptimizer``):
                           one ``session.run`` per step reads the variables from
                           the ps and has the ps apply the gradients (no lock, TF's
                           default). Runs in its own environment
-                          (:mod:`benchmarks.tf_env`); where that is missing its
+                          (:mod:`benchmarks.baselines.tf_env`); where that is missing its
                           rows say "unavailable".
 ddp_gloo           -      2 ranks of ``DistributedDataParallel`` over gloo
-                          (:mod:`benchmarks.baseline_ddp`): all-reduce, local step.
+                          (:mod:`benchmarks.baselines.ddp`): all-reduce, local step.
 single_process     -      the same loop in one process (the upper bound).
 =================  =====  ==========================================================
 
@@ -58,43 +58,29 @@ It says where a system's work is done, and how much of it there is per step.
 
 Run it::
 
-    python -m benchmarks.training [--quick] [--models mnist_mlp large_mlp] [--systems psframe tf_ps]
+    python -m benchmarks.suite.training [--quick] [--models mnist_mlp large_mlp] [--systems psframe tf_ps]
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
-import faulthandler
-import functools
 import json
 import math
-import os
 import signal
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import psutil
+from benchmarks.baselines import tf_env
+from benchmarks.common import NUM_WINDOWS, ratio
+from benchmarks.formatting import format_number, format_ratio, markdown_table
+from benchmarks.mlp_workload import BATCH_SIZE, LEARNING_RATE, MODELS
+from benchmarks.suite.processes import Placement, cpu_in_window, load_mark, other_load_since, run_processes
+from psframe.launch import pick_free_ports
 
-# Shared with the children, which import them from here (the TF baseline, from common).
-from benchmarks.common import NUM_WINDOWS, emit, file_barrier, timed_windows  # noqa: F401
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# Layer sizes of each model; every one is Linear-ReLU-...-Linear.
-MODELS: dict[str, tuple[int, ...]] = {
-    "mnist_mlp": (784, 100, 10),
-    "large_mlp": (784, 4096, 4096, 10),  # 20.0M parameters, 80 MB of float32
-}
-BATCH_SIZE = 100
-LEARNING_RATE = 0.01
-NUM_EXAMPLES = 10_000
-DATA_SEED = 1234
-MODEL_SEED = 0
 NUM_WORKERS = 2  # psframe workers, RPC trainers and DDP ranks
 # (timed steps, warm-up steps) per worker
 FULL_STEPS = {"mnist_mlp": (2000, 200), "large_mlp": (30, 5)}
@@ -112,81 +98,8 @@ SYSTEMS = (
     ("ddp_gloo", "-"),
     ("single_process", "-"),
 )
-# Children never leave loopback, and never get more than one compute thread.
-CHILD_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "PYTHONUNBUFFERED": "1",
-    "TP_SOCKET_IFNAME": "lo",
-    "GLOO_SOCKET_IFNAME": "lo",
-    "MASTER_ADDR": "127.0.0.1",
-    "no_proxy": "127.0.0.1,localhost",
-    "NO_PROXY": "127.0.0.1,localhost",
-}
-_POLL_S = 0.05
-_KILL_GRACE_S = 3.0
-
-
-# ---------------------------------------------------------------- shared by the child processes
-
-
-def set_single_thread() -> None:
-    """One compute thread in this process, and stacks on SIGUSR1 (call first in every child)."""
-    import torch
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # The parent sends SIGUSR1 before killing a child that ran past its
-    # deadline: the stacks in its stderr say where it was stuck.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    torch.set_num_threads(1)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:  # already set, or parallel work already ran
-        pass
-
-
-def build_model(name: str):
-    """The model ``name`` (see :data:`MODELS`), initialised from :data:`MODEL_SEED`."""
-    import torch
-
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; expected one of {sorted(MODELS)}")
-    sizes = MODELS[name]
-    torch.manual_seed(MODEL_SEED)
-    layers: list[torch.nn.Module] = []
-    for i, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):
-        if i:
-            layers.append(torch.nn.ReLU())
-        layers.append(torch.nn.Linear(fan_in, fan_out))
-    return torch.nn.Sequential(*layers)
-
-
-def make_data():
-    """The fixed synthetic data set: :data:`NUM_EXAMPLES` random inputs and labels 0..9."""
-    import torch
-
-    generator = torch.Generator().manual_seed(DATA_SEED)
-    x = torch.rand(NUM_EXAMPLES, MODELS["mnist_mlp"][0], generator=generator)
-    y = torch.randint(0, 10, (NUM_EXAMPLES,), generator=generator)
-    return x, y
-
-
-def batches(num_examples: int, batch_size: int, seed: int) -> Iterator:
-    """Endless mini-batches of indices, reshuffled every epoch (seed: the worker's rank)."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    while True:
-        order = torch.randperm(num_examples, generator=generator)
-        for start in range(0, num_examples - batch_size + 1, batch_size):
-            yield order[start : start + batch_size]
-
-
-# ---------------------------------------------------------------- running children
-
-
-class ChildError(RuntimeError):
-    """A benchmark process failed, printed no result, or ran past the deadline."""
+# The systems in the order the report's plot shows them.
+PLOT_ORDER = ("psframe", "psframe_grpc", "psframe_bf16", "torch_rpc_ps", "tf_ps", "ddp_gloo", "single_process")
 
 
 class SystemUnavailable(RuntimeError):
@@ -194,190 +107,14 @@ class SystemUnavailable(RuntimeError):
     why, and it is not counted as a failure."""
 
 
-@dataclass
-class _Child:
-    name: str
-    proc: subprocess.Popen
-    stdout: Path
-    stderr: Path
-
-    def tail(self, lines: int = 15) -> str:
-        text = self.stderr.read_text(errors="replace").strip().splitlines()
-        out = self.stdout.read_text(errors="replace").strip().splitlines()
-        return "\n".join(f"    {line}" for line in (out[-3:] + text[-lines:]))
-
-
 def _python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a system's processes run, when not all on this machine's loopback.
-
-    Args:
-        address: the IP address of the host a process (by its name in
-            :func:`run_processes`: ``ps0``, ``worker1``, ``trainer0``...) runs on.
-        popen: starts a process on its host: ``popen(name, argv, **Popen's keyword arguments)``.
-        interface: the hosts' network interface (TensorPipe's and gloo's).
-        port: the port every server listens on (the hosts are apart: ports never clash).
-    """
-
-    address: Callable[[str], str]
-    popen: Callable[..., subprocess.Popen]
-    interface: str = "eth0"
-    port: int = 29500
-
-    def environment(self) -> dict[str, str]:
-        return {"TP_SOCKET_IFNAME": self.interface, "GLOO_SOCKET_IFNAME": self.interface}
-
-
-def run_processes(
-    tasks: Sequence[tuple[str, list[str]]], deadline: float, placement: Placement | None = None
-) -> dict[str, dict]:
-    """Run the child processes ``tasks`` (name, argv) together until all exit.
-
-    Every child runs in the repository root with :data:`CHILD_ENV`; its stdout
-    and stderr go to files (so a chatty child never blocks on a pipe). On the
-    first failure or at ``deadline`` (a ``time.monotonic()`` value) every child
-    still running gets SIGTERM, then SIGKILL, by PID. With a ``placement``,
-    each child starts on its host.
-
-    Returns:
-        The last JSON object each child printed, by name, with ``cpu_trace``
-        added: ``[time.perf_counter(), CPU seconds]`` samples of the child,
-        taken every :data:`_POLL_S` while it ran (see :func:`cpu_in_window`).
-
-    Raises:
-        ChildError: a child exited non-zero, printed no JSON, or the deadline passed.
-    """
-    env = {**os.environ, **CHILD_ENV, **(placement.environment() if placement else {})}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    children: list[_Child] = []
-    traces: dict[str, list[list[float]]] = {}
-    with tempfile.TemporaryDirectory(prefix="psframe-bench-") as tmp:
-        try:
-            for name, argv in tasks:
-                out, err = Path(tmp, f"{name}.out"), Path(tmp, f"{name}.err")
-                with open(out, "wb") as fout, open(err, "wb") as ferr:
-                    start = subprocess.Popen if placement is None else functools.partial(placement.popen, name)
-                    proc = start(argv, stdin=subprocess.DEVNULL, stdout=fout, stderr=ferr, cwd=REPO_ROOT, env=env)
-                children.append(_Child(name, proc, out, err))
-            while True:
-                for child in children:
-                    code = child.proc.poll()
-                    if code not in (None, 0):
-                        raise ChildError(f"{child.name} exited with code {code}:\n{child.tail()}")
-                running = [c.name for c in children if c.proc.poll() is None]
-                if not running:
-                    break
-                for child in children:
-                    if child.proc.returncode is None:  # never a reaped child's PID: it may be reused
-                        _sample_cpu(child, traces.setdefault(child.name, []))
-                if time.monotonic() >= deadline:
-                    _dump_stacks(children)
-                    raise ChildError(
-                        f"deadline passed with {', '.join(running)} still running "
-                        f"(each one's stacks at the end of its stderr):\n"
-                        + "\n".join(f"  {c.name}:\n{c.tail(25)}" for c in children)
-                    )
-                time.sleep(_POLL_S)
-            results = {}
-            for child in children:
-                result = _last_json(child.stdout.read_text(errors="replace"))
-                if result is None:
-                    raise ChildError(f"{child.name} exited 0 but printed no JSON result:\n{child.tail()}")
-                results[child.name] = {**result, "cpu_trace": traces.get(child.name, [])}
-            return results
-        finally:
-            _stop(children)
-
-
-def _sample_cpu(child: _Child, trace: list[list[float]]) -> None:
-    """Append ``[now, CPU seconds so far]`` of a running child and the processes it started
-    (a ps task's serving processes), nothing once it is gone."""
-    try:
-        process = psutil.Process(child.proc.pid)
-        total = _cpu_seconds(process)
-        for descendant in process.children(recursive=True):
-            try:
-                total += _cpu_seconds(descendant)
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
-                continue  # ended between the listing and the reading
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-        return
-    trace.append([time.perf_counter(), total])
-
-
-def _cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
-
-
-def cpu_in_window(trace: Sequence[Sequence[float]], window: Sequence[float]) -> float | None:
-    """CPU seconds a process spent between ``window``'s two ``perf_counter`` times.
-
-    ``trace`` holds ``[time, CPU seconds]`` samples in time order; the CPU
-    time at each end of the window is interpolated linearly between the
-    samples around it (an end past the last sample takes the last one: the
-    process was ending). None when no sample falls inside the window or after
-    it, or the window starts before the first one: nothing to measure from.
-    """
-    if not trace or window[0] < trace[0][0] or window[0] >= trace[-1][0]:
-        return None
-    times = [sample[0] for sample in trace]
-
-    def at(t: float) -> float:
-        if t >= times[-1]:
-            return trace[-1][1]
-        i = bisect.bisect_right(times, t)
-        (t0, c0), (t1, c1) = trace[i - 1], trace[i]
-        return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
-
-    return max(0.0, at(window[1]) - at(window[0]))
-
-
-def _dump_stacks(children: list[_Child]) -> None:
-    alive = [c for c in children if c.proc.poll() is None]
-    for c in alive:
-        c.proc.send_signal(signal.SIGUSR1)  # faulthandler (see set_single_thread) prints the stacks
-    if alive:
-        time.sleep(1.0)
-
-
-def _stop(children: list[_Child]) -> None:
-    alive = [c for c in children if c.proc.poll() is None]
-    for c in alive:
-        c.proc.terminate()
-    end = time.monotonic() + _KILL_GRACE_S
-    while any(c.proc.poll() is None for c in alive) and time.monotonic() < end:
-        time.sleep(_POLL_S)
-    for c in alive:
-        if c.proc.poll() is None:
-            c.proc.kill()
-    for c in alive:
-        c.proc.wait(timeout=10)
-
-
-def _last_json(text: str) -> dict | None:
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, dict):
-                return value
-    return None
 
 
 # ---------------------------------------------------------------- one system
 
 
 def _free_ports(count: int) -> list[int]:
-    from psframe.launch import pick_free_ports
-
     return pick_free_ports(count, "127.0.0.1")
 
 
@@ -404,7 +141,7 @@ def run_psframe_processes(
     num_ps: int = 1,
     placement: Placement | None = None,
 ) -> dict:
-    """``num_ps`` ps tasks and ``num_workers`` workers of :mod:`benchmarks.train_psframe`
+    """``num_ps`` ps tasks and ``num_workers`` workers of :mod:`benchmarks.suite.train_psframe`
     (children ``ps0``..., ``worker0``...); the chief times the global steps."""
     hosts = _addresses([f"ps{i}" for i in range(num_ps)] + [f"worker{i}" for i in range(num_workers)], placement)
     timeout = max(10.0, deadline - time.monotonic())
@@ -420,11 +157,14 @@ def run_psframe_processes(
             *extra_flags,
         ]
         tasks = [
-            (f"ps{i}", _python_module("benchmarks.train_psframe", *flags, "--job_name=ps", f"--task_index={i}"))
+            (f"ps{i}", _python_module("benchmarks.suite.train_psframe", *flags, "--job_name=ps", f"--task_index={i}"))
             for i in range(num_ps)
         ]
         tasks += [
-            (f"worker{i}", _python_module("benchmarks.train_psframe", *flags, "--job_name=worker", f"--task_index={i}"))
+            (
+                f"worker{i}",
+                _python_module("benchmarks.suite.train_psframe", *flags, "--job_name=worker", f"--task_index={i}"),
+            )
             for i in range(num_workers)
         ]
         results = run_processes(tasks, deadline, placement)
@@ -452,7 +192,7 @@ def run_rpc_processes(
     num_workers: int = NUM_WORKERS,
     placement: Placement | None = None,
 ) -> dict:
-    """The RPC ps (child ``ps``) and ``num_workers`` trainers of :mod:`benchmarks.baseline_rpc_ps`;
+    """The RPC ps (child ``ps``) and ``num_workers`` trainers of :mod:`benchmarks.baselines.rpc_ps`;
     the ps times its updates."""
     (master,) = _addresses(["ps"], placement)
     host, port = master.rsplit(":", 1)
@@ -468,7 +208,7 @@ def run_rpc_processes(
     tasks = [
         (
             ("ps" if rank == 0 else f"trainer{rank - 1}"),
-            _python_module("benchmarks.baseline_rpc_ps", *flags, f"--rank={rank}"),
+            _python_module("benchmarks.baselines.rpc_ps", *flags, f"--rank={rank}"),
         )
         for rank in range(1 + num_workers)
     ]
@@ -494,14 +234,13 @@ def run_tf_processes(
     num_workers: int = NUM_WORKERS,
     placement: Placement | None = None,
 ) -> dict:
-    """The TF ps (child ``ps``) and ``num_workers`` workers of :mod:`benchmarks.baseline_tf_ps`,
+    """The TF ps (child ``ps``) and ``num_workers`` workers of :mod:`benchmarks.baselines.tf_ps`,
     async, run by the TensorFlow environment's python; the chief times the global steps.
 
     Raises:
-        SystemUnavailable: no TensorFlow environment here (:func:`benchmarks.tf_env.unavailable_reason`).
+        SystemUnavailable: no TensorFlow environment here
+            (:func:`benchmarks.baselines.tf_env.unavailable_reason`).
     """
-    from benchmarks import tf_env
-
     reason = tf_env.unavailable_reason()
     if reason:
         raise SystemUnavailable(reason)
@@ -522,7 +261,7 @@ def run_tf_processes(
             f"--barrier_dir={barrier}",
             f"--timeout={timeout:.0f}",
         ]
-        argv = [python, "-m", "benchmarks.baseline_tf_ps", *flags]
+        argv = [python, "-m", "benchmarks.baselines.tf_ps", *flags]
         tasks = [("ps", [*argv, "--job_name=ps", "--task_index=0"])]
         tasks += [(f"worker{i}", [*argv, "--job_name=worker", f"--task_index={i}"]) for i in range(num_workers)]
         results = run_processes(tasks, deadline, placement)
@@ -547,7 +286,9 @@ def _run_ddp(model: str, steps: int, warmup: int, deadline: float) -> dict:
         *_common_flags(model, steps, warmup),
         f"--timeout={timeout:.0f}",
     ]
-    tasks = [(f"rank{r}", _python_module("benchmarks.baseline_ddp", *flags, f"--rank={r}")) for r in range(NUM_WORKERS)]
+    tasks = [
+        (f"rank{r}", _python_module("benchmarks.baselines.ddp", *flags, f"--rank={r}")) for r in range(NUM_WORKERS)
+    ]
     results = run_processes(tasks, deadline)
     rank0 = results["rank0"]
     return _row(
@@ -562,7 +303,7 @@ def _run_ddp(model: str, steps: int, warmup: int, deadline: float) -> dict:
 
 
 def _run_single(model: str, steps: int, warmup: int, deadline: float) -> dict:
-    tasks = [("single", _python_module("benchmarks.baseline_ddp", "--single", *_common_flags(model, steps, warmup)))]
+    tasks = [("single", _python_module("benchmarks.baselines.ddp", "--single", *_common_flags(model, steps, warmup)))]
     results = run_processes(tasks, deadline)
     result = results["single"]
     return _row(
@@ -610,8 +351,7 @@ def _row(
 
 def run_system(system: str, model: str, mode: str, steps: int, warmup: int, deadline: float) -> dict:
     """Run one system on one model; returns its row (see :func:`run_training_benchmarks`)."""
-    started = time.monotonic()
-    busy_before, mine_before = _busy_cpu_seconds(), _children_cpu_seconds()
+    started, mark = time.monotonic(), load_mark()
     if system == "psframe":
         measured = run_psframe_processes(model, mode == "sync", steps, warmup, deadline)
     elif system == "psframe_grpc":
@@ -639,51 +379,8 @@ def run_system(system: str, model: str, mode: str, steps: int, warmup: int, dead
         "warmup_steps": warmup,
         "batch_size": BATCH_SIZE,
         "wall_seconds": round(time.monotonic() - started, 2),
-        "other_cpu_load": _other_load(busy_before, mine_before, time.monotonic() - started),
+        "other_cpu_load": other_load_since(mark),
     }
-
-
-def _busy_cpu_seconds() -> float | None:
-    """CPU seconds the whole machine spent busy since boot (Linux), None elsewhere."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _children_cpu_seconds() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # children reaped so far
-    return usage.ru_utime + usage.ru_stime
-
-
-def _other_load(busy_before: float | None, mine_before: float, seconds: float) -> float | None:
-    """Cores kept busy by other work than this benchmark's processes, on average, while it ran.
-
-    Rates measured while it is well above 0 are skewed by the competition.
-    """
-    busy_after = _busy_cpu_seconds()
-    if busy_before is None or busy_after is None or seconds <= 0:
-        return None
-    mine = _children_cpu_seconds() - mine_before
-    return round(max(0.0, (busy_after - busy_before - mine) / seconds), 2)
-
-
-def load_mark() -> tuple[float | None, float, float]:
-    """Where the machine's busy CPU time and this process's reaped children's stand now,
-    and when: pass it to :func:`other_load_since` once the work is done."""
-    return _busy_cpu_seconds(), _children_cpu_seconds(), time.monotonic()
-
-
-def other_load_since(mark: tuple[float | None, float, float]) -> float | None:
-    """Cores kept busy by work other than this process's children since ``mark``
-    (:func:`load_mark`), on average; None where it cannot be told."""
-    busy_before, mine_before, started = mark
-    return _other_load(busy_before, mine_before, time.monotonic() - started)
 
 
 def run_training_benchmarks(
@@ -795,6 +492,131 @@ def _median_run(runs: list[dict]) -> dict:
     if not good:
         return runs[-1]
     return {**good[(len(good) - 1) // 2], "run_rates": [r["global_steps_per_sec"] for r in runs]}
+
+
+# ---------------------------------------------------------------- the table and its ratios
+
+
+def training_ratios(rows: Sequence[dict]) -> list[dict]:
+    """Each training row with ``vs_torch_rpc_ps`` (its samples/s over torch_rpc_ps's,
+    same model and mode), ``vs_ddp_gloo`` (over ddp_gloo's, same model),
+    ``cpu_vs_torch_rpc_ps`` (CPU time per sample over torch_rpc_ps's, same model
+    and mode: below 1 is less work) and ``vs_tf_ps`` (samples/s over TensorFlow's
+    parameter server's, same model and mode: async only); None where there is no
+    such row or number.
+    Computed from the rows of one run only.
+
+    Where the rows hold every repeat's rate (``run_rates``), a throughput ratio
+    is the median of the ratios between the runs of the same repeat, which ran
+    close together in time (see :func:`paired_ratio`).
+    """
+    by_rpc = {(r["model"], r["mode"]): r for r in rows if r["system"] == "torch_rpc_ps"}
+    by_ddp = {r["model"]: r for r in rows if r["system"] == "ddp_gloo"}
+    by_tf = {(r["model"], r["mode"]): r for r in rows if r["system"] == "tf_ps"}
+    out = []
+    for row in rows:
+        rpc = by_rpc.get((row["model"], row["mode"]), {})
+        out.append(
+            {
+                **row,
+                "vs_torch_rpc_ps": paired_ratio(row, rpc),
+                "vs_ddp_gloo": paired_ratio(row, by_ddp.get(row["model"], {})),
+                "cpu_vs_torch_rpc_ps": ratio(_cpu_per_sample(row), _cpu_per_sample(rpc)),
+                "vs_tf_ps": paired_ratio(row, by_tf.get((row["model"], row["mode"]), {})),
+            }
+        )
+    return out
+
+
+def paired_ratio(row: dict, base: dict) -> float | None:
+    """``row``'s samples/s over ``base``'s, repeat by repeat.
+
+    The systems run interleaved, so the i-th runs of two systems lie close
+    together in time: their ratio is little moved by load on the machine that
+    comes and goes over minutes, which moves the medians of the two rows
+    independently. Returns the median of those ratios over the repeats both
+    completed; the ratio of the rows' samples/s where repeats are not known.
+    """
+    per_step, base_per_step = _samples_per_step(row), _samples_per_step(base)
+    runs, base_runs = row.get("run_rates", ()), base.get("run_rates", ())
+    if per_step is None or base_per_step is None or len(runs) != len(base_runs) or len(runs) < 2:
+        return ratio(row.get("samples_per_sec"), base.get("samples_per_sec"))
+    ratios = [r for r in (ratio(a * per_step, b * base_per_step) for a, b in zip(runs, base_runs)) if r is not None]
+    return statistics.median(ratios) if ratios else None
+
+
+def _samples_per_step(row: dict) -> float | None:
+    """Examples one global step of the row's system consumes (100 async, 200 sync and DDP)."""
+    return ratio(row.get("samples_per_sec"), row.get("global_steps_per_sec"))
+
+
+def _cpu_per_sample(row: dict) -> float | None:
+    return ratio(row.get("cpu_ms_per_step"), _samples_per_step(row))
+
+
+def training_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`run_training_benchmarks` rows, with ratios."""
+    rows = training_ratios(rows)
+    extra = [k for k in ("note", "unavailable", "error") if any(k in r for r in rows)]
+    runs = any(len(r.get("run_rates", ())) > 1 for r in rows)
+    return markdown_table(
+        [
+            "system",
+            "model",
+            "mode",
+            "global steps/s",
+            "samples/s",
+            "steps",
+            "seconds",
+            "samples/s vs torch_rpc_ps",
+            "samples/s vs ddp_gloo",
+            "CPU ms/step",
+            "CPU/sample vs torch_rpc_ps",
+            "samples/s vs tf_ps",
+            *(["every run (global steps/s)"] if runs else []),
+            *extra,
+        ],
+        [
+            [
+                r["system"],
+                r["model"],
+                r["mode"],
+                format_number(r["global_steps_per_sec"]),
+                format_number(r["samples_per_sec"]),
+                r["steps"],
+                format_number(r["seconds"]),
+                format_ratio(r["vs_torch_rpc_ps"]),
+                format_ratio(r["vs_ddp_gloo"]),
+                format_number(r.get("cpu_ms_per_step")),
+                format_ratio(r["cpu_vs_torch_rpc_ps"]),
+                format_ratio(r["vs_tf_ps"]),
+                *([" / ".join(format_number(v) for v in r.get("run_rates", ()))] if runs else []),
+                *(str(r.get(k, "")) for k in extra),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def training_summary(rows: Sequence[dict]) -> str:
+    """The line the TF baseline is there for: psframe async against tf_ps on the large
+    MLP (samples/s, repeat by repeat); empty where either row is missing or not measured."""
+    ratios = training_ratios(rows)
+    lines = []
+    for system, how in (
+        ("psframe", "tensors through shared memory, psframe's default on one host"),
+        ("psframe_grpc", "every byte through gRPC, as between hosts"),
+    ):
+        row = next((r for r in ratios if (r["system"], r["mode"], r["model"]) == (system, "async", "large_mlp")), None)
+        if row is not None and row.get("vs_tf_ps") is not None:
+            lines.append(
+                f"**Large MLP, async: {system}'s samples/s over tf_ps's (TensorFlow's parameter server): "
+                f"{format_ratio(row['vs_tf_ps'])}** ({how}; the median of the ratios repeat by repeat)."
+            )
+    return "\n\n".join(lines)
+
+
+# ---------------------------------------------------------------- command line
 
 
 def format_table(rows: Sequence[dict]) -> str:

@@ -17,7 +17,7 @@ variables (and their updates) on the ps and the rest on the worker, and runs
 
 The model, its initial values and the data are the torch ones: the parent
 (which has torch) writes them to an ``.npz`` file (``--inputs``; see
-:func:`benchmarks.tf_env.write_inputs`) with the Linear weights in torch's
+:func:`benchmarks.baselines.tf_env.write_inputs`) with the Linear weights in torch's
 ``(out, in)`` layout; here they are transposed to TF's ``(in, out)``. Batches
 are drawn from that data with numpy (a new permutation each epoch, seeded by
 the task index), not with torch's generator: the same data, another order.
@@ -31,7 +31,7 @@ until killed (``server.join()`` never returns): here it waits, with a deadline,
 for one "done" token from every worker in a queue on the ps (the TF 1.x idiom
 for a ps that ends), then exits. One compute thread per process
 (``intra_op``/``inter_op_parallelism_threads`` = 1). Each task prints one JSON
-line, as :mod:`benchmarks.baseline_rpc_ps` does.
+line, as :mod:`benchmarks.baselines.rpc_ps` does.
 
 Every address in the cluster is 127.0.0.1, so all traffic stays on loopback;
 TF's gRPC server itself offers no bind address and listens on the port on
@@ -41,9 +41,9 @@ This runs in the TensorFlow environment (``scripts/env_tf.sh``), which has
 neither torch nor psframe: it imports only numpy, tensorflow and
 :mod:`benchmarks.common`.
 
-    .venv-tf/bin/python -m benchmarks.baseline_tf_ps --ps_hosts=127.0.0.1:2222 \\
+    .venv-tf/bin/python -m benchmarks.baselines.tf_ps --ps_hosts=127.0.0.1:2222 \\
         --worker_hosts=127.0.0.1:2223,127.0.0.1:2224 --job_name=ps --task_index=0 --inputs=in.npz
-    .venv-tf/bin/python -m benchmarks.baseline_tf_ps ... --job_name=worker --task_index=0 --inputs=in.npz
+    .venv-tf/bin/python -m benchmarks.baselines.tf_ps ... --job_name=worker --task_index=0 --inputs=in.npz
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import NoReturn
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # Warnings and errors only: TF's start-up INFO lines would fill the logs.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")

@@ -1,9 +1,9 @@
 """psframe push+pull round trips through real ps processes.
 
-The same payloads as the raw ceiling (:mod:`benchmarks.raw_grpc`), sent the
-way a worker sends them: the trainer's plan of requests
-(:class:`psframe.worker.slicer.StepPlan`) through ``PsClient.push_pull``,
-which encodes them, sends them to every ps task in parallel (the ps applies
+The same payloads as the raw ceiling (:mod:`benchmarks.baselines.raw_grpc`),
+sent the way a worker sends them: the trainer's plan of requests (its
+``StepPlan``) through ``PsClient.push_pull`` (both reached through
+:mod:`benchmarks.suite.psframe_internals`), which encodes them, sends them to every ps task in parallel (the ps applies
 SGD with lr 0, so values stay put but the update runs) and decodes the
 replies, which carry the same bytes back. PushPull is whatever kind
 of RPC ``psframe.proto`` declares (unary, or one long-lived bidirectional
@@ -19,7 +19,7 @@ Each configuration gets its own fresh ps processes (``psframe server``), so
 a ps holds only the variables it is timed on (a ps optimizer visits every
 variable it holds on each step); the cluster has one worker, this process.
 
-    python -m benchmarks.transport [--quick]
+    python -m benchmarks.suite.transport [--quick]
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ from __future__ import annotations
 import functools
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
-from concurrent import futures
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 
@@ -46,193 +44,24 @@ from benchmarks.common import (
     single_thread,
     table_main,
 )
+from benchmarks.formatting import format_bytes, format_number, format_percent, format_ratio, markdown_table
+from benchmarks.suite.ps_cluster import PsCluster, finish_clusters, in_parallel
+from benchmarks.suite.psframe_internals import (
+    Step,
+    Tensors,
+    create_variables,
+    push_pull,
+    push_pull_rpc_kind,
+    shard_requests,
+)
 from psframe import optim
-from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, Shard
 from psframe.launch import pick_free_ports
-from psframe.optim import OptimizerSpec
-from psframe.security import Security
-from psframe.wire import transport
-from psframe.worker.client import PsClient
-from psframe.worker.slicer import Request, Slot, StepPlan, batches
 
 MAX_TENSORS = 256
 SMALL_TENSOR_BYTES = 4 * KiB
-RPC_TIMEOUT_S = 120.0
 # Ps processes of several payload sizes run at once (idle but for the one timed).
 MAX_PROCESSES_AT_ONCE = 12
 MAX_BYTES_AT_ONCE = 8 * 1024 * 1024
-Tensors = list[tuple[str, torch.Tensor]]
-Step = list[tuple[Request, Tensors]]  # a step's planned requests, each with its gradients
-T = TypeVar("T")
-
-
-# ---------------------------------------------------------------- ps processes
-
-
-class PsCluster:
-    """``num_ps`` ps tasks (``python -m psframe.cli server``) and one worker (us).
-
-    Args:
-        children: where the ps processes are started (and killed at the end).
-        num_ps: how many ps tasks.
-        name: prefix of the children's names.
-        timeout: the ps tasks give up (exit 1) after this many seconds.
-        ports: the ``num_ps + 1`` ports to use (ps tasks, then the worker);
-            default: picked now. Clusters started together take theirs from
-            one :func:`pick_free_ports` call: ports picked apart are each free
-            when picked, and the OS may hand one out twice before any process
-            binds it.
-        extra_flags: more flags of ``psframe server`` for every ps task
-            (e.g. ``--serving_processes=2``).
-        security: the worker's auth token and TLS settings (the ps tasks'
-            are in ``extra_flags``); default: none.
-    """
-
-    def __init__(
-        self,
-        children: Children,
-        num_ps: int,
-        name: str,
-        timeout: float,
-        ports: Sequence[int] | None = None,
-        extra_flags: Sequence[str] = (),
-        security: Security | None = None,
-    ) -> None:
-        ports = pick_free_ports(num_ps + 1) if ports is None else list(ports)
-        if len(ports) != num_ps + 1:
-            raise ValueError(f"a cluster of {num_ps} ps tasks needs {num_ps + 1} ports, got {len(ports)}")
-        self.cluster = psframe.ClusterSpec(
-            {
-                "ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
-                "worker": [f"127.0.0.1:{ports[-1]}"],
-            }
-        )
-        self.children = children
-        self.names = [f"{name}-ps{i}" for i in range(num_ps)]
-        self.procs = [
-            children.start(
-                task,
-                [
-                    sys.executable,
-                    "-m",
-                    "psframe.cli",
-                    "server",
-                    f"--cluster_spec={self.cluster.to_string()}",
-                    "--job_name=ps",
-                    f"--task_index={i}",
-                    f"--timeout={timeout:.0f}",
-                    *extra_flags,
-                ],
-            )
-            for i, task in enumerate(self.names)
-        ]
-        self.client: PsClient | None = None
-        self.security = security
-
-    @property
-    def num_ps(self) -> int:
-        return len(self.names)
-
-    def connect(self, deadline: Deadline) -> PsClient:
-        """Worker 0's client, once every ps task answers."""
-        self.client = PsClient(
-            self.cluster, 0, rpc_timeout=min(RPC_TIMEOUT_S, deadline.remaining(1.0)), security=self.security
-        )
-        try:
-            self.client.wait_for_ps(deadline.remaining())
-        except psframe.PsframeError as e:
-            logs = "\n".join(f"--- {n}:\n{self.children.log_tail(n)}" for n in self.names)
-            raise BenchmarkError(f"ps tasks did not come up: {e}\n{logs}") from e
-        return self.client
-
-    def finish(self, timeout: float = 15.0) -> list[int | None]:
-        """Tell the ps tasks the worker is done and wait for them to exit (0 expected).
-
-        Returns:
-            Each ps task's exit code (None: still running; it is killed later).
-        """
-        return finish_clusters([self], timeout)
-
-
-def finish_clusters(clusters: Sequence[PsCluster], timeout: float = 15.0) -> list[int | None]:
-    """Finish the worker of every cluster, then wait (at most ``timeout`` s in
-    all) for every ps task to exit; a code other than 0 is reported on stderr.
-
-    Returns:
-        The exit code of each ps task, cluster by cluster (None: still running).
-    """
-    for cluster in clusters:
-        if cluster.client is not None:
-            cluster.client.finish()
-            cluster.client.close()
-            cluster.client = None
-    deadline = Deadline(timeout, "ps tasks exiting")
-    codes = []
-    for cluster in clusters:
-        for name in cluster.names:
-            code = cluster.children.wait_exit(name, deadline.remaining(0.0))
-            if code != 0:
-                print(
-                    f"[bench] warning: {name} ended with {code} (expected 0); log:\n"
-                    f"{cluster.children.log_tail(name, 10)}",
-                    file=sys.stderr,
-                )
-            codes.append(code)
-    return codes
-
-
-def in_parallel(calls: Sequence[Callable[[], T]], deadline: Deadline) -> list[T]:
-    """Run ``calls`` in threads (e.g. Init of several clusters); their results in order."""
-    if not calls:
-        return []
-    with futures.ThreadPoolExecutor(max_workers=len(calls)) as pool:
-        pending = [pool.submit(call) for call in calls]
-        return [f.result(timeout=deadline.remaining()) for f in pending]
-
-
-def _slots(shards: Sequence[Tensors]) -> list[Slot]:
-    """``shards[i]``'s tensors as whole variables held by ps task i."""
-    return [
-        Slot(
-            Shard(name, name, ps, 0, tensor.shape[0] if tensor.dim() else 1, tuple(tensor.shape), tensor.nbytes), tensor
-        )
-        for ps, tensors in enumerate(shards)
-        for name, tensor in tensors
-    ]
-
-
-def shard_requests(shards: Sequence[Tensors], max_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Step:
-    """The requests of one asynchronous worker step, as the trainer plans them
-    (:class:`psframe.worker.slicer.StepPlan`), each with its gradients: ``shards[i]``."""
-    by_name = {name: tensor for tensors in shards for name, tensor in tensors}
-    plan = StepPlan.make(_slots(shards), len(shards), max_bytes, sync=False)
-    return [(request, [(s.name, by_name[s.name]) for s in request.push]) for request in plan.step]
-
-
-def create_variables(client: PsClient, shards: Sequence[Tensors], optimizer: OptimizerSpec) -> None:
-    """Create ``shards[i]`` on ps task i with ``optimizer`` (one Init request at a time, as the trainer does)."""
-    slots = _slots(shards)
-    for ps, batch in batches(slots, len(shards), DEFAULT_MAX_SHARD_BYTES):
-        client.create(
-            ps,
-            [s for s in slots if s.shard.ps_task == ps],
-            [(s.name, s.param) for s in batch],
-            optimizer,
-            sync=None,
-            checkpoint_dir=None,
-        )
-    # Every ps task holds its variables once its last Init request is in.
-    client.wait_for_ps(timeout=30.0, ready=True)
-
-
-def push_pull(client: PsClient, requests: Step) -> list[list[torch.Tensor]]:
-    """One worker step: push the gradients of ``requests``, pull the same variables back."""
-    return [reply.values for reply in client.push_pull(requests, step=0)]
-
-
-def push_pull_rpc_kind() -> str:
-    """ "stream" if PushPull is a bidirectional streaming RPC in psframe.proto, else "unary"."""
-    return "stream" if transport.METHODS["PushPull"].streaming else "unary"
 
 
 # ------------------------------------------------------------------- the cases
@@ -400,14 +229,53 @@ def add_ratios(rows: list[dict], raw_rows: Sequence[dict]) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    from benchmarks import report
+def transport_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`run_transport_benchmarks` rows
+    (with the ratios of :func:`add_ratios` where present)."""
 
+    def ratio(row: dict, mode: str) -> str:
+        text = format_ratio(row.get(f"vs_raw_{mode}"))
+        return f"**{text}**" if row.get("rpc") == mode and text != "-" else text
+
+    return markdown_table(
+        [
+            "system",
+            "ps tasks",
+            "tensors",
+            "payload",
+            "PushPull rpc",
+            "round trips/s",
+            "GB/s each way",
+            "vs raw unary",
+            "vs raw stream",
+            "spread",
+        ],
+        [
+            [
+                r["system"],
+                r["num_ps"],
+                f"{r['num_tensors']} ({r['layout']})",
+                format_bytes(r["payload_bytes"]),
+                r.get("rpc", "?"),
+                format_number(r["round_trips_per_sec"]),
+                format_number(r["gb_per_sec_each_way"]),
+                ratio(r, "unary"),
+                ratio(r, "stream"),
+                format_percent(r["spread"]),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    # As psframe's own entry points do: the settings of a process that moves tensors every step.
+    psframe.tune_process()
     return table_main(
         argv,
         __doc__,
         "small sizes, few repeats",
-        lambda quick: report.transport_table(run_transport_benchmarks(Settings.for_mode(quick))),
+        lambda quick: transport_table(run_transport_benchmarks(Settings.for_mode(quick))),
     )
 
 

@@ -7,22 +7,22 @@ machine has beside its ps tasks; see :func:`worker_counts`), every system of
 ==============  ========  =====================================================
 system          ps tasks  what runs
 ==============  ========  =====================================================
-psframe         1 and 2   N workers of :mod:`benchmarks.train_psframe`; a worker
+psframe         1 and 2   N workers of :mod:`benchmarks.suite.train_psframe`; a worker
                           pushes its gradients and pulls the parameters on one
                           PushPull stream per ps task.
 psframe_kK      1         the same, with the ps task served from K processes
                           (:mod:`psframe.ps.serving`; K = a quarter of the
                           cores, 2 to 4): its server CPU counts them all.
-torch_rpc_ps    1         N trainers of :mod:`benchmarks.baseline_rpc_ps`: one
+torch_rpc_ps    1         N trainers of :mod:`benchmarks.baselines.rpc_ps`: one
                           ``rpc_sync`` per step carries the whole model each way.
 tf_ps           1         N workers of TensorFlow's between-graph replication
-                          (:mod:`benchmarks.baseline_tf_ps`): one ``session.run``
+                          (:mod:`benchmarks.baselines.tf_ps`): one ``session.run``
                           per step reads every variable from the ps and has it
                           apply every gradient. In its own environment
-                          (:mod:`benchmarks.tf_env`); "unavailable" rows where
+                          (:mod:`benchmarks.baselines.tf_env`); "unavailable" rows where
                           that is missing.
 raw_echo        1         N clients of the raw gRPC echo server
-                          (:mod:`benchmarks.raw_grpc`), each one stream with one
+                          (:mod:`benchmarks.baselines.raw_grpc`), each one stream with one
                           request in flight, at the payload of psframe's
                           average request on that model with 1 ps task.
 ==============  ========  =====================================================
@@ -51,7 +51,7 @@ The CPU per request is compared with the echo server's CPU per round trip at
 the same model and N (:func:`add_ratios`). A system is one entry of
 :data:`SYSTEMS`: a name, its ps counts, and a function that runs it.
 
-    python -m benchmarks.scaling [--quick] [--models mnist_mlp] [--workers 1 2] [--systems tf_ps raw_echo]
+    python -m benchmarks.suite.scaling [--quick] [--models mnist_mlp] [--workers 1 2] [--systems tf_ps raw_echo]
                                  [--plot scaling.png]
 """
 
@@ -63,6 +63,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -70,8 +71,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import training
-from benchmarks.training import MODELS, cpu_in_window, run_processes
+from benchmarks.common import ratio
+from benchmarks.formatting import format_bytes, format_number, format_ratio, markdown_table, plot_scaling
+from benchmarks.mlp_workload import MODELS, model_bytes, parameter_shapes
+from benchmarks.suite import training
+from benchmarks.suite.processes import cpu_in_window, load_mark, other_load_since, run_processes
+from benchmarks.suite.psframe_internals import step_message_bytes
+from psframe.launch import pick_free_ports
 
 MODEL_NAMES = ("mnist_mlp", "large_mlp")
 # (timed steps, warm-up steps) per worker
@@ -129,34 +135,14 @@ class System:
 # ---------------------------------------------------------------- what a step sends
 
 
-def model_bytes(model: str) -> int:
-    """Bytes of the model's float32 parameters."""
-    sizes = MODELS[model]
-    return 4 * sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(sizes, sizes[1:]))
-
-
 def request_plan(model: str, num_ps: int) -> list[int]:
     """The bytes pushed by each request of one async psframe step, as its worker plans them.
 
     Asks psframe's placement and step plan with the trainer's defaults
-    (4 MiB messages), for the parameters :func:`benchmarks.training.build_model`
-    makes (``Sequential`` of Linear and ReLU: Linears at even indices).
+    (4 MiB messages), for the parameters :func:`benchmarks.mlp_workload.build_model`
+    makes.
     """
-    from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, VariableInfo, place
-    from psframe.worker.slicer import Slot, StepPlan
-
-    sizes = MODELS[model]
-    variables = []
-    for i, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):
-        variables += [
-            VariableInfo(f"{2 * i}.weight", (fan_out, fan_in), 4),
-            VariableInfo(f"{2 * i}.bias", (fan_out,), 4),
-        ]
-    placement = place(variables, num_ps)
-    # The plan reads only the shards: no parameter is needed to count messages.
-    slots = [Slot(shard, None) for shard in placement.shards]
-    plan = StepPlan.make(slots, num_ps, DEFAULT_MAX_SHARD_BYTES, sync=False)
-    return [sum(slot.shard.nbytes for slot in request.push) for request in plan.step]
+    return step_message_bytes(parameter_shapes(model), num_ps)
 
 
 def echo_payload(model: str) -> int:
@@ -191,7 +177,7 @@ def _from_training_row(row: dict, servers: Sequence[str], requests_per_step: int
 
 def run_psframe(case: Case, deadline: float, extra_flags: Sequence[str] = ()) -> dict:
     """psframe async: ``case.ps_tasks`` ps tasks, ``case.workers`` workers; ``extra_flags``
-    go to every :mod:`benchmarks.train_psframe` task (a variant is ``functools.partial`` of this)."""
+    go to every :mod:`benchmarks.suite.train_psframe` task (a variant is ``functools.partial`` of this)."""
     row = training.run_psframe_processes(
         case.model,
         False,
@@ -224,8 +210,6 @@ def run_tf(case: Case, deadline: float) -> dict:
 
 def run_echo(case: Case, deadline: float) -> dict:
     """The raw gRPC echo server and ``case.workers`` clients, one stream each."""
-    from psframe.launch import pick_free_ports
-
     (port,) = pick_free_ports(1, "127.0.0.1")
     payload = echo_payload(case.model)
     timeout = max(10.0, deadline - time.monotonic())
@@ -237,7 +221,7 @@ def run_echo(case: Case, deadline: float) -> dict:
                 [
                     sys.executable,
                     "-m",
-                    "benchmarks.raw_grpc",
+                    "benchmarks.baselines.raw_grpc",
                     "--serve",
                     f"--port={port}",
                     f"--clients={case.workers}",
@@ -251,7 +235,7 @@ def run_echo(case: Case, deadline: float) -> dict:
                 [
                     sys.executable,
                     "-m",
-                    "benchmarks.raw_grpc",
+                    "benchmarks.baselines.raw_grpc",
                     f"--client=127.0.0.1:{port}",
                     f"--bytes={payload}",
                     f"--trips={case.steps}",
@@ -337,7 +321,7 @@ def case_timeout(case: Case) -> float:
 
 def run_case(system: System, case: Case, deadline: float) -> dict:
     """One row: ``system`` run on ``case`` (see :func:`run_scaling_benchmarks`)."""
-    started, mark = time.monotonic(), training.load_mark()
+    started, mark = time.monotonic(), load_mark()
     measured = system.run(case, min(deadline, started + case_timeout(case)))
     cpu, requests = measured["server_cpu_seconds"], measured["requests"]
     return {
@@ -351,7 +335,7 @@ def run_case(system: System, case: Case, deadline: float) -> dict:
         "warmup_steps": case.warmup,
         "cores": usable_cores(),
         "wall_seconds": round(time.monotonic() - started, 2),
-        "other_cpu_load": training.other_load_since(mark),
+        "other_cpu_load": other_load_since(mark),
     }
 
 
@@ -398,7 +382,7 @@ def run_scaling_benchmarks(
     """Run every system at every worker count on every model.
 
     Args:
-        models: names from :data:`benchmarks.training.MODELS`.
+        models: names from :data:`benchmarks.mlp_workload.MODELS`.
         quick: few steps and N in :data:`QUICK_WORKERS` (a smoke test).
         timeout: seconds for the whole run; what is not done by then is
             reported with an ``error``.
@@ -467,22 +451,71 @@ def add_ratios(rows: Sequence[dict]) -> list[dict]:
                 **row,
                 "vs_torch_rpc_ps": None
                 if row["system"] in (BASELINE, CEILING)
-                else _ratio(row.get("global_steps_per_sec"), base.get("global_steps_per_sec")),
-                "cpu_vs_raw_echo": None if row["system"] == CEILING else _ratio(_per_byte(row), _per_byte(echo)),
+                else ratio(row.get("global_steps_per_sec"), base.get("global_steps_per_sec")),
+                "cpu_vs_raw_echo": None if row["system"] == CEILING else ratio(_per_byte(row), _per_byte(echo)),
             }
         )
     return out
 
 
 def _per_byte(row: dict) -> float | None:
-    return _ratio(row.get("server_cpu_ms_per_request"), row.get("request_bytes"))
+    return ratio(row.get("server_cpu_ms_per_request"), row.get("request_bytes"))
 
 
-def _ratio(value: float | None, base: float | None) -> float | None:
-    """value / base, or None where either is missing or not a number, or base is 0."""
-    if value is None or not base or math.isnan(value) or math.isnan(base):
-        return None
-    return value / base
+def scaling_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`run_scaling_benchmarks` rows, with ratios."""
+    rows = add_ratios(rows)
+    notes = any("error" in r or "unavailable" in r for r in rows)
+    last = "error" if any("error" in r for r in rows) else "note"
+    return markdown_table(
+        [
+            "model",
+            "system",
+            "ps tasks",
+            "workers",
+            "global steps/s (echo: trips/s)",
+            "vs torch_rpc_ps",
+            "per-worker steps/s: median (min-max)",
+            "requests/step",
+            "request size",
+            "server CPU ms/request",
+            "CPU/request vs raw_echo",
+            "other load",
+            *([last] if notes else []),
+        ],
+        [
+            [
+                r["model"],
+                r["system"],
+                r["ps_tasks"],
+                r["workers"],
+                format_number(r["global_steps_per_sec"]),
+                format_ratio(r.get("vs_torch_rpc_ps")),
+                _spread_of(r.get("per_worker_steps_per_sec", ())),
+                r.get("requests_per_step", "-"),
+                format_bytes(r["request_bytes"]) if r.get("request_bytes") else "-",
+                format_number(r.get("server_cpu_ms_per_request")),
+                format_ratio(r.get("cpu_vs_raw_echo")),
+                "-" if r.get("other_cpu_load") is None else f"{r['other_cpu_load']:.2f}",
+                *([r.get("error") or _unavailable(r)] if notes else []),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def _unavailable(row: dict) -> str:
+    return f"unavailable: {row['unavailable']}" if "unavailable" in row else ""
+
+
+def _spread_of(values: Sequence[float]) -> str:
+    """``median (min-max)`` of the workers' rates; the one rate of a single worker."""
+    values = [v for v in values if v == v]  # NaN: a worker with too few timed steps
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return format_number(values[0])
+    return f"{format_number(statistics.median(values))} ({format_number(min(values))}-{format_number(max(values))})"
 
 
 # ---------------------------------------------------------------- command line
@@ -494,7 +527,7 @@ def _raise_on_sigterm(signum, frame) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the scaling benchmark and print its table; 1 if a run failed."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.suite.scaling", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few steps, 1 and 2 workers, mnist_mlp (smoke test)")
     parser.add_argument(
         "--models", nargs="+", default=None, choices=sorted(MODELS), help="default: both (mnist_mlp only with --quick)"
@@ -523,14 +556,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     systems = None if args.systems is None else [s for s in SYSTEMS if s.name in args.systems]
     rows = run_scaling_benchmarks(models, quick=args.quick, timeout=args.timeout, workers=args.workers, systems=systems)
-    from benchmarks import report
-
-    print(report.scaling_table(rows))
+    print(scaling_table(rows))
     print(f"\n({time.monotonic() - started:.0f}s in all on {usable_cores()} usable cores)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.plot:
-        report.plot_scaling(rows, args.plot)
+        plot_scaling(rows, args.plot)
     return 1 if any("error" in r for r in rows) else 0
 
 

@@ -1,6 +1,6 @@
 """What the auth token and TLS cost per step: push+pull round trips with each setting.
 
-The transport benchmark's step (:mod:`benchmarks.transport`: the trainer's
+The transport benchmark's step (:mod:`benchmarks.suite.transport`: the trainer's
 planned requests through ``PsClient.push_pull``, SGD with lr 0 on the ps,
 the same tensors back), one float32 tensor on one ps task (``psframe
 server --serving_processes=1``, started with the security flags; the worker
@@ -20,13 +20,14 @@ the worker and the ps process spent per step, which other work on the
 machine disturbs less. A row's *µs/step over
 none* is its step time minus the step time without security at that payload.
 
-    python -m benchmarks.security [--quick]
+    python -m benchmarks.suite.security [--quick]
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import secrets
 import statistics
 import sys
 import tempfile
@@ -38,9 +39,19 @@ import psutil
 import torch
 
 from benchmarks.common import BenchmarkError, Children, Deadline, Settings, single_thread, table_main
-from benchmarks.transport import Case, PsCluster, finish_clusters, in_parallel, prepare_case, push_pull
+from benchmarks.formatting import (
+    format_bytes,
+    format_number,
+    format_percent,
+    format_ratio,
+    format_signed,
+    markdown_table,
+)
+from benchmarks.suite.ps_cluster import PsCluster, finish_clusters, in_parallel
+from benchmarks.suite.psframe_internals import push_pull
+from benchmarks.suite.transport import Case, prepare_case
+from psframe import Security
 from psframe.launch import pick_free_ports
-from psframe.security import Security, generate_token
 
 SETTINGS = ("none", "token", "TLS + token", "mutual TLS + token")
 # ps processes started at once (idle but for the one timed): payload sizes are
@@ -64,7 +75,7 @@ def write_secrets(folder: Path) -> dict[str, str]:
     leaf.private_key_pem.write_to_path(paths["key"])
     paths["token"] = str(folder / "token")
     with open(paths["token"], "w") as f:
-        f.write(generate_token())
+        f.write(secrets.token_urlsafe(32))  # 256 random bits, as `psframe launch` makes a token
     for path in paths.values():
         Path(path).chmod(0o600)
     return paths
@@ -74,7 +85,7 @@ def setting(name: str, paths: dict[str, str]) -> tuple[list[str], Security]:
     """The ps task's flags and the worker's :class:`Security` for one of :data:`SETTINGS`."""
     if name == "none":
         return [], Security()
-    token = Security.resolve(auth_token_file=paths["token"], environ={}).auth_token
+    token = Path(paths["token"]).read_text().strip()  # what `--auth_token_file` gives the ps task
     flags = [f"--auth_token_file={paths['token']}"]
     if name == "token":
         return flags, Security(auth_token=token)
@@ -211,14 +222,43 @@ def add_costs(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    from benchmarks import report
+def security_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`run_security_benchmarks` rows."""
+    return markdown_table(
+        [
+            "payload",
+            "security",
+            "round trips/s",
+            "µs/step",
+            "µs/step over none",
+            "CPU µs/step",
+            "CPU µs/step over none",
+            "vs none",
+            "spread",
+        ],
+        [
+            [
+                format_bytes(r["payload_bytes"]),
+                r["security"],
+                format_number(r["round_trips_per_sec"]),
+                format_number(r["us_per_step"]),
+                format_signed(r.get("us_over_none")),
+                format_number(r.get("cpu_us_per_step")),
+                format_signed(r.get("cpu_us_over_none")),
+                format_ratio(r.get("vs_none")),
+                format_percent(r["spread"]),
+            ]
+            for r in rows
+        ],
+    )
 
+
+def main(argv: list[str] | None = None) -> int:
     return table_main(
         argv,
         __doc__,
         "small sizes, few repeats",
-        lambda quick: report.security_table(run_security_benchmarks(Settings.for_mode(quick))),
+        lambda quick: security_table(run_security_benchmarks(Settings.for_mode(quick))),
     )
 
 

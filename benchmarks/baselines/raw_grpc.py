@@ -9,17 +9,18 @@ message size limit) runs in a child process; this process calls it
 
 with requests and responses of the same size. Whatever psframe adds on top
 of gRPC in Python (encode, decode, the store, the optimizer) can only make
-it slower than this.
+it slower than this. :mod:`benchmarks.run` reports it as its first section,
+and the transport section's ratios are against it.
 
-    python -m benchmarks.raw_grpc [--quick]      # measure and print the table
-    python -m benchmarks.raw_grpc --serve        # the server (started by the above)
+    python -m benchmarks.baselines.raw_grpc [--quick]   # measure and print the table
+    python -m benchmarks.baselines.raw_grpc --serve     # the server (started by the above)
 
-:mod:`benchmarks.scaling` runs the server and its clients as separate
+:mod:`benchmarks.suite.scaling` runs the server and its clients as separate
 processes, N clients at once (each one stream, one request in flight, as a
 psframe worker's PushPull stream to one ps task)::
 
-    python -m benchmarks.raw_grpc --serve --port=P --clients=N
-    python -m benchmarks.raw_grpc --client=127.0.0.1:P --bytes=B --trips=T --warmup=W \\
+    python -m benchmarks.baselines.raw_grpc --serve --port=P --clients=N
+    python -m benchmarks.baselines.raw_grpc --client=127.0.0.1:P --bytes=B --trips=T --warmup=W \\
         --barrier_dir=D --index=I --clients=N
 """
 
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from concurrent import futures
 
 import grpc
@@ -42,9 +44,12 @@ from benchmarks.common import (
     Children,
     Deadline,
     Settings,
+    file_barrier,
     gb_per_second,
     measure_rate,
+    timed_windows,
 )
+from benchmarks.formatting import format_bytes, format_number, format_percent, markdown_table
 
 SERVICE = "bench.Echo"
 # No limit on message size either way (gRPC's default receive limit is 4 MiB).
@@ -163,7 +168,14 @@ def serve(host: str = "127.0.0.1", timeout: float = 3600.0, port: int = 0, clien
 def start_server(children: Children, deadline: Deadline, name: str = "raw-echo") -> str:
     """Start the echo server as a child process; its ``host:port`` once it serves."""
     children.start(
-        name, [sys.executable, "-m", "benchmarks.raw_grpc", "--serve", f"--timeout={deadline.remaining() + 60:.0f}"]
+        name,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.baselines.raw_grpc",
+            "--serve",
+            f"--timeout={deadline.remaining() + 60:.0f}",
+        ],
     )
     return children.wait_for_output(name, READY_PATTERN, timeout=min(60.0, deadline.remaining())).group(1)
 
@@ -238,7 +250,7 @@ def run_client(
     at least ``trips`` more and for at least ``seconds``.
 
     Returns:
-        :func:`benchmarks.training.timed_windows` of the timed round trips
+        :func:`benchmarks.common.timed_windows` of the timed round trips
         (``steps_per_sec``: this client's round trips/s; ``window``), plus
         ``trip_times``: ``time.perf_counter()`` after each timed round trip,
         for counting the trips of several clients in a common window.
@@ -248,8 +260,6 @@ def run_client(
             TimeoutError, grpc.RpcError: the server was not reached, the
             others did not come, or the stream failed, within ``timeout``.
     """
-    from benchmarks.training import file_barrier, timed_windows  # psutil, never torch
-
     end = time.monotonic() + timeout
     payload = os.urandom(nbytes)
     with grpc.insecure_channel(target, options=CLIENT_OPTIONS) as channel:
@@ -314,6 +324,24 @@ def run_raw_benchmarks(settings: Settings, timeout: float = 900.0) -> list[dict]
     return rows
 
 
+def raw_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`run_raw_benchmarks` rows."""
+    return markdown_table(
+        ["system", "mode", "payload", "round trips/s", "GB/s each way", "spread"],
+        [
+            [
+                r["system"],
+                r["mode"],
+                format_bytes(r["payload_bytes"]),
+                format_number(r["round_trips_per_sec"]),
+                format_number(r["gb_per_sec_each_way"]),
+                format_percent(r["spread"]),
+            ]
+            for r in rows
+        ],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", action="store_true", help="run the echo server (a child process)")
@@ -356,9 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(json.dumps(result), flush=True)
         return 0
-    from benchmarks import report
-
-    print(report.raw_table(run_raw_benchmarks(Settings.for_mode(args.quick), args.timeout)))
+    print(raw_table(run_raw_benchmarks(Settings.for_mode(args.quick), args.timeout)))
     return 0
 
 

@@ -9,7 +9,7 @@ starts the same ps command again at once, and reports:
 - global steps lost (the step worker 0 had reached minus the restored one),
 - the final global step and test accuracy.
 
-    python -m benchmarks.recovery [--kill_at 1500] [--data_dir data]
+    python -m benchmarks.experiments.recovery [--kill_at 1500] [--data_dir data]
 
 MNIST must be in --data_dir (``python scripts/fetch_mnist.py`` puts it there).
 """
@@ -28,9 +28,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from benchmarks.common import ROOT
 from psframe.launch import pick_free_ports
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "mlp_mnist_dist.py"
 DEADLINE_SECONDS = 600
 

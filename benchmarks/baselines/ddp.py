@@ -8,9 +8,9 @@ the identical loop in one process without a process group (the upper bound).
 Each rank prints one JSON line: its steps/s after warm-up (median of a few
 windows).
 
-    python -m benchmarks.baseline_ddp --port=29500 --world_size=2 --rank=0 --model=mnist_mlp
-    python -m benchmarks.baseline_ddp --port=29500 --world_size=2 --rank=1 --model=mnist_mlp
-    python -m benchmarks.baseline_ddp --single --model=mnist_mlp
+    python -m benchmarks.baselines.ddp --port=29500 --world_size=2 --rank=0 --model=mnist_mlp
+    python -m benchmarks.baselines.ddp --port=29500 --world_size=2 --rank=1 --model=mnist_mlp
+    python -m benchmarks.baselines.ddp --single --model=mnist_mlp
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo connects over loopback only
 
@@ -31,17 +31,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from benchmarks.training import (
+from benchmarks.common import NUM_WINDOWS, emit, timed_windows
+from benchmarks.mlp_workload import (
     BATCH_SIZE,
     LEARNING_RATE,
     MODELS,
-    NUM_WINDOWS,
     batches,
     build_model,
-    emit,
     make_data,
     set_single_thread,
-    timed_windows,
 )
 
 

@@ -1,6 +1,6 @@
 """How long an asynchronous request holds a ps task's one lock: the ceiling that lock puts on updates.
 
-    python -m benchmarks.store_lock
+    python -m benchmarks.experiments.store_lock
 
 A ps task applies an asynchronous push and reads the reply's values under
 one lock (the store's; across serving processes, one ``flock``), so that a
@@ -12,7 +12,7 @@ replies that may mix two updates; per-variable locks would sit between the two.
 
 This measures ``hold`` in one process, with nothing else running, for the
 requests psframe's workers send: the training benchmark's models
-(:mod:`benchmarks.training`) placed on one ps task and cut into requests
+(:mod:`benchmarks.mlp_workload`) placed on one ps task and cut into requests
 by psframe's own placement and step plan, with the trainer's defaults
 (messages of at most ``DEFAULT_MAX_SHARD_BYTES``).
 Under the lock a request runs the optimizer step on its variables
@@ -31,8 +31,9 @@ import time
 import torch
 
 import psframe
-from benchmarks.common import format_number, markdown_table, single_thread, table_main
-from benchmarks.training import MODELS
+from benchmarks.common import single_thread, table_main
+from benchmarks.formatting import format_number, markdown_table
+from benchmarks.mlp_workload import MODELS, parameter_shapes
 from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, VariableInfo, place
 from psframe.ps.store import VariableStore
 from psframe.wire import psframe_pb2 as pb
@@ -45,13 +46,7 @@ REPEATS = 5  # the best of so many timed rounds
 def requests_of(model_name: str) -> list[dict[str, tuple[int, ...]]]:
     """Each request of one async step of ``model_name`` with 1 ps task, as its worker plans it
     (psframe's placement and step plan, the trainer's defaults): shard name -> shape."""
-    sizes = MODELS[model_name]
-    variables = []
-    for i, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):  # Linears at even indices
-        variables += [
-            VariableInfo(f"{2 * i}.weight", (fan_out, fan_in), 4),
-            VariableInfo(f"{2 * i}.bias", (fan_out,), 4),
-        ]
+    variables = [VariableInfo(name, shape, 4) for name, shape in parameter_shapes(model_name)]
     slots = [Slot(shard, None) for shard in place(variables, 1).shards]  # the plan reads the shards only
     plan = StepPlan.make(slots, 1, DEFAULT_MAX_SHARD_BYTES, sync=False)
     return [{slot.shard.name: tuple(slot.shard.shape) for slot in request.push} for request in plan.step]
@@ -105,7 +100,7 @@ def measure(model_name: str, rounds: int) -> dict:
 
 
 def run_store_lock_benchmarks(quick: bool = False) -> list[dict]:
-    """One row per model of :data:`benchmarks.training.MODELS`."""
+    """One row per model of :data:`benchmarks.mlp_workload.MODELS`."""
     single_thread()
     torch.set_num_threads(1)
     rounds = {"mnist_mlp": 50 if quick else 1000, "large_mlp": 1 if quick else 5}
@@ -113,6 +108,7 @@ def run_store_lock_benchmarks(quick: bool = False) -> list[dict]:
 
 
 def store_lock_table(results: list[dict]) -> str:
+    """Markdown table of :func:`run_store_lock_benchmarks` rows."""
     headers = [
         "model",
         "requests/step",
@@ -136,6 +132,8 @@ def store_lock_table(results: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # As psframe's own entry points do: the settings of a process that moves tensors every step.
+    psframe.tune_process()
     return table_main(
         argv, __doc__, "a few rounds (smoke test)", lambda quick: store_lock_table(run_store_lock_benchmarks(quick))
     )

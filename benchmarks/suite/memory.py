@@ -27,7 +27,7 @@ them (requests of at most that size, on one stream). Then:
   the first step (does the peak come from creating them, or from training?);
 - **within limit**: peak memory <= 1.3 x bytes held + the idle ps's.
 
-    python -m benchmarks.memory [--quick]
+    python -m benchmarks.suite.memory [--quick]
 """
 
 from __future__ import annotations
@@ -36,16 +36,19 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import torch
 
-from benchmarks.common import Children, Deadline, MiB, format_bytes, single_thread, table_main
-from benchmarks.transport import PsCluster, create_variables, push_pull, shard_requests
+import psframe
+from benchmarks.common import MB, Children, Deadline, MiB, single_thread, table_main
+from benchmarks.formatting import format_bytes, format_number, markdown_table
+from benchmarks.suite.ps_cluster import PsCluster
+from benchmarks.suite.psframe_internals import DEFAULT_MAX_SHARD_BYTES, create_variables, push_pull, shard_requests
 from psframe import optim
-from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES
 from psframe.optim import OptimizerSpec
 
 TENSOR_BYTES = DEFAULT_MAX_SHARD_BYTES  # the trainer's parts
@@ -219,10 +222,45 @@ def run_memory_benchmarks(quick: bool = False, timeout: float = 900.0) -> list[d
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    from benchmarks import report
+def memory_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`run_memory_benchmarks` rows (MB = 10**6 bytes)."""
+    return markdown_table(
+        [
+            "system",
+            "variables",
+            "optimizer",
+            "bytes held (MB)",
+            "baseline (MB)",
+            "idle ps (MB)",
+            "peak after init (MB)",
+            "peak (MB)",
+            "limit (MB)",
+            "peak <= 1.3 x held + idle ps",
+            "s/step",
+        ],
+        [
+            [
+                r["system"],
+                r["variables"],
+                r["optimizer"],
+                format_number(r["bytes_held"] / MB, 4),
+                format_number(r["baseline_rss"] / MB, 4),
+                format_number(r["idle_rss"] / MB, 4),
+                format_number(None if r.get("peak_rss_after_init") is None else r["peak_rss_after_init"] / MB, 4),
+                format_number(r["peak_rss"] / MB, 4),
+                format_number(r["limit"] / MB, 4),
+                "yes" if r["within_limit"] else "NO",
+                format_number(r["seconds_per_step"]),
+            ]
+            for r in rows
+        ],
+    )
 
-    return table_main(argv, __doc__, "one small case", lambda quick: report.memory_table(run_memory_benchmarks(quick)))
+
+def main(argv: list[str] | None = None) -> int:
+    # As psframe's own entry points do: the settings of a process that moves tensors every step.
+    psframe.tune_process()
+    return table_main(argv, __doc__, "one small case", lambda quick: memory_table(run_memory_benchmarks(quick)))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The CTR example's samples/s, async and sync, and its AUC against one process.
 
-    python -m benchmarks.ctr [--quick]
+    python -m benchmarks.suite.ctr [--quick]
 
 ``examples/ctr_dist.py`` (a wide & deep model over two embedding tables,
 Adagrad, a generated click log with a planted ground truth) run three ways on
@@ -32,17 +32,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from benchmarks.common import (
-    ROOT,
-    BenchmarkError,
-    Children,
-    Deadline,
-    format_number,
-    format_ratio,
-    markdown_table,
-    single_thread,
-    table_main,
-)
+from benchmarks.common import ROOT, BenchmarkError, Children, Deadline, single_thread, table_main
+from benchmarks.formatting import format_number, format_ratio, markdown_table
 
 EXAMPLE = ROOT / "examples" / "ctr_dist.py"
 NUM_PS = 2

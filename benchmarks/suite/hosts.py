@@ -3,7 +3,7 @@
 One ps host and two worker hosts (network namespaces on a bridge, each with
 its own ``/dev/shm``: every byte crosses the network; :mod:`tests.hosts`),
 every host's link capped at 100 Mbit/s, 1 Gbit/s (``tc tbf``, both ways) or
-left uncapped. On each, the models of :mod:`benchmarks.training` (the MNIST
+left uncapped. On each, the models of :mod:`benchmarks.suite.training` (the MNIST
 MLP, 0.32 MB of float32, and the large MLP, 80 MB) train asynchronously with:
 
 =================  ==========================================================
@@ -11,7 +11,7 @@ psframe            float32 on the wire (psframe's default)
 psframe_bf16       ``wire_dtype="bfloat16"``: half the bytes each way
 torch_rpc_ps       the torch.distributed.rpc parameter server (TensorPipe over TCP)
 tf_ps              TensorFlow 1.x's between-graph parameter server, where its
-                   environment exists (:mod:`benchmarks.tf_env`)
+                   environment exists (:mod:`benchmarks.baselines.tf_env`)
 =================  ==========================================================
 
 Each async global step is one worker's step: its gradients go into the ps
@@ -24,7 +24,7 @@ the limit is below what the same system reached uncapped.
 
 Run it::
 
-    python -m benchmarks.hosts [--quick] [--models mnist_mlp large_mlp] [--links 100 1000 0] [--device cuda]
+    python -m benchmarks.suite.hosts [--quick] [--models mnist_mlp large_mlp] [--links 100 1000 0] [--device cuda]
 
 (0: uncapped); ``--systems psframe psframe_overlap`` gives the A/B of sending a
 step's messages during backward (``Trainer(overlap_backward=True)``);
@@ -41,17 +41,12 @@ import sys
 import time
 from collections.abc import Sequence
 
-from benchmarks.training import (
-    MODELS,
-    Placement,
-    SystemUnavailable,
-    run_psframe_processes,
-    run_rpc_processes,
-    run_tf_processes,
-)
+from benchmarks.mlp_workload import MODELS, model_bytes
+from benchmarks.suite.processes import Placement
+from benchmarks.suite.training import SystemUnavailable, run_psframe_processes, run_rpc_processes, run_tf_processes
 
 HOST_NAMES = ("ps0", "w0", "w1")
-# Each process of every system, by the name training.run_processes gives it, on its host.
+# Each process of every system, by the name the training section gives it (ps0, worker1, trainer0...), on its host.
 TASK_HOSTS = {"ps0": "ps0", "ps": "ps0", "worker0": "w0", "worker1": "w1", "trainer0": "w0", "trainer1": "w1"}
 LINKS_MBIT = (100, 1000, 0)  # 0: uncapped
 SYSTEMS = ("psframe", "psframe_bf16", "torch_rpc_ps", "tf_ps")
@@ -66,12 +61,6 @@ QUICK_MIN_STEPS = {"mnist_mlp": (20, 5), "large_mlp": (2, 1)}
 ROW_TIMEOUT_S = 600.0
 # Global steps/s to size an uncapped row by, before it is measured (2 cores, 1 ps + 2 workers).
 UNCAPPED_GUESS = {"mnist_mlp": 300.0, "large_mlp": 2.0}
-
-
-def model_bytes(model: str) -> int:
-    """The float32 bytes of ``model``'s parameters: what one push (or pull) moves."""
-    sizes = MODELS[model]
-    return 4 * sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(sizes, sizes[1:]))
 
 
 def link_limit(model: str, link_mbit: float) -> float:
@@ -182,8 +171,8 @@ def _line(row: dict) -> str:
     )
 
 
-def format_table(rows: Sequence[dict]) -> str:
-    """The rows as a Markdown table."""
+def hosts_table(rows: Sequence[dict]) -> str:
+    """Markdown table of :func:`run_hosts_benchmark` rows."""
     lines = [
         "| link | model | system | global steps/s | link limit | of the limit | vs best peer | "
         "CPU ms/step | link-bound |",
@@ -229,10 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     reason = hosts_unavailable()
     if reason:
-        print(f"benchmarks.hosts cannot make test hosts here: {reason}", file=sys.stderr)
+        print(f"benchmarks.suite.hosts cannot make test hosts here: {reason}", file=sys.stderr)
         return 1
     rows = run_hosts_benchmark(args.models, args.links, args.systems, args.quick, args.device)
-    print(format_table(rows))
+    print(hosts_table(rows))
     return 0
 
 

@@ -1,0 +1,202 @@
+"""Command-line flags for training scripts: the cluster, the task, security and liveness.
+
+The flags of TF's ``mnist_replica.py`` (``--ps_hosts``, ``--worker_hosts``,
+``--job_name``, ``--task_index``), plus ``--cluster_spec``, ``TF_CONFIG`` as
+TensorFlow reads it, the auth token and TLS files (:mod:`psframe.security`)
+and keepalive (:mod:`psframe.liveness`). ``psframe launch`` and the
+``psframe`` command speak the same flags.
+
+Example::
+
+    import argparse
+    import psframe
+    from psframe import flags
+
+    parser = argparse.ArgumentParser()
+    flags.add_cluster_flags(parser)
+    flags.add_security_flags(parser)
+    args = parser.parse_args()
+    cluster, job_name, task_index = flags.cluster_from_flags(args)
+    security = flags.security_from_flags(args)
+    if job_name == "ps":
+        psframe.Server(cluster, "ps", task_index, security=security).join()
+    else:
+        trainer = psframe.Trainer(model, cluster, task_index, security=security)
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+from psframe.cluster import ClusterSpec
+from psframe.cluster.tf_config import resolve_cluster
+from psframe.liveness import Liveness
+from psframe.security import Security
+
+CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "cluster_spec", "job_name", "task_index")
+SECURITY_FLAGS = ("auth_token_file", "tls_cert_file", "tls_key_file", "tls_ca_file")
+LIVENESS_FLAGS = ("keepalive_time", "keepalive_timeout")
+
+__all__ = [
+    "add_cluster_flags",
+    "add_liveness_flags",
+    "add_security_flags",
+    "cluster_from_flags",
+    "liveness_from_flags",
+    "security_from_flags",
+]
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds the flags that name a cluster and this process's task.
+
+    ``--ps_hosts``/``--worker_hosts`` (comma-separated ``host:port``), or
+    ``--cluster_spec`` (``'ps|h0:2222;h0:2223,worker|h1:2224'``); and
+    ``--job_name``/``--task_index``. All default to unset: without them the
+    cluster and task come from ``TF_CONFIG`` (:func:`cluster_from_flags`).
+
+    Args:
+        parser: the script's parser.
+    """
+    parser.add_argument("--ps_hosts", default=None, help="comma-separated host:port of the ps tasks")
+    parser.add_argument("--worker_hosts", default=None, help="comma-separated host:port of the workers")
+    parser.add_argument(
+        "--cluster_spec",
+        default=None,
+        help="the whole cluster as 'ps|h:p;h:p,worker|h:p' (instead of the *_hosts flags)",
+    )
+    parser.add_argument("--job_name", default=None, choices=("ps", "worker"), help="this task's job")
+    parser.add_argument("--task_index", type=int, default=None, help="this task's index in its job")
+
+
+def add_security_flags(parser: argparse.ArgumentParser, no_token: str = "no token") -> None:
+    """Adds the flags of the auth token and TLS, in a group of their own.
+
+    ``--auth_token_file``, ``--tls_cert_file``, ``--tls_key_file`` and
+    ``--tls_ca_file``; each left unset falls back on its ``PSFRAME_*``
+    environment variable (which ``psframe launch`` sets for its tasks).
+
+    Args:
+        parser: the script's parser.
+        no_token: what happens with neither a token file nor the variable, for the help text.
+    """
+    group = parser.add_argument_group("security", "who may talk to the cluster (see psframe.security)")
+    group.add_argument(
+        "--auth_token_file",
+        default=None,
+        help="a file holding the cluster's shared secret; every call carries it and ps tasks "
+        f"refuse calls without it (default: $PSFRAME_AUTH_TOKEN, or {no_token})",
+    )
+    group.add_argument(
+        "--tls_cert_file",
+        default=None,
+        help="this task's TLS certificate (PEM): servers listen with TLS; clients present it "
+        "(default: $PSFRAME_TLS_CERT_FILE)",
+    )
+    group.add_argument(
+        "--tls_key_file", default=None, help="the private key of --tls_cert_file (PEM; default: $PSFRAME_TLS_KEY_FILE)"
+    )
+    group.add_argument(
+        "--tls_ca_file",
+        default=None,
+        help="the CA (PEM) other tasks' certificates chain to: calls use TLS, and a server with "
+        "a certificate requires callers' certificates (mutual TLS) "
+        "(default: $PSFRAME_TLS_CA_FILE)",
+    )
+
+
+def add_liveness_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds the keepalive flags, in a group of their own (see :mod:`psframe.liveness`).
+
+    ``--keepalive_time`` and ``--keepalive_timeout``; each left unset falls
+    back on its ``PSFRAME_KEEPALIVE_*`` environment variable, then on 5 s.
+
+    Args:
+        parser: the script's parser.
+    """
+    group = parser.add_argument_group("liveness", "how soon a peer that went away is noticed (see psframe.liveness)")
+    group.add_argument(
+        "--keepalive_time",
+        type=float,
+        default=None,
+        help="seconds without traffic before a connection is pinged (default: $PSFRAME_KEEPALIVE_TIME, or 5)",
+    )
+    group.add_argument(
+        "--keepalive_timeout",
+        type=float,
+        default=None,
+        help="seconds a ping, or data sent, may go unacknowledged before the connection is "
+        "closed as dead (default: $PSFRAME_KEEPALIVE_TIMEOUT, or 5)",
+    )
+
+
+def cluster_from_flags(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> tuple[ClusterSpec, str, int]:
+    """This process's cluster and task, from :func:`add_cluster_flags`'s flags or ``TF_CONFIG``.
+
+    The cluster comes from ``--ps_hosts``/``--worker_hosts`` (both needed),
+    else ``--cluster_spec``, else ``TF_CONFIG`` (as TensorFlow reads it: a
+    ``"chief"`` becomes worker 0). ``--job_name``/``--task_index`` win over
+    ``TF_CONFIG``'s ``"task"``.
+
+    Args:
+        args: the parsed flags of a parser given :func:`add_cluster_flags`.
+        environ: where ``TF_CONFIG`` is read; default: ``os.environ``.
+
+    Returns:
+        ``(cluster, job_name, task_index)``, the task valid in the cluster.
+
+    Raises:
+        TypeError: ``args`` lacks the flags (the parser was not given them).
+        ClusterSpecError: the flags define no cluster, or two, or no task; the
+            task is not in the cluster; or ``TF_CONFIG`` is malformed.
+    """
+    values = _flags(args, CLUSTER_FLAGS, "add_cluster_flags")
+    return resolve_cluster(**values, environ=environ)
+
+
+def security_from_flags(args: argparse.Namespace) -> Security:
+    """The :class:`~psframe.security.Security` of :func:`add_security_flags`'s flags and the environment.
+
+    Pass it whole: ``psframe.Server(..., security=...)``, ``psframe.Trainer(..., security=...)``.
+
+    Args:
+        args: the parsed flags of a parser given :func:`add_security_flags`.
+
+    Returns:
+        The settings; those not given by a flag come from ``PSFRAME_*`` variables.
+
+    Raises:
+        TypeError: ``args`` lacks the flags (the parser was not given them).
+        SecurityConfigError: a file cannot be read or holds no valid token.
+    """
+    return Security.resolve(**_flags(args, SECURITY_FLAGS, "add_security_flags"))
+
+
+def liveness_from_flags(args: argparse.Namespace) -> Liveness:
+    """The :class:`~psframe.liveness.Liveness` of :func:`add_liveness_flags`'s flags and the environment.
+
+    Args:
+        args: the parsed flags of a parser given :func:`add_liveness_flags`.
+
+    Returns:
+        The settings; those not given by a flag come from ``PSFRAME_KEEPALIVE_*``, then 5 s.
+
+    Raises:
+        TypeError: ``args`` lacks the flags (the parser was not given them).
+        ValueError: a setting is not a valid number of seconds.
+    """
+    return Liveness.resolve(**_flags(args, LIVENESS_FLAGS, "add_liveness_flags"))
+
+
+def _flags(args: argparse.Namespace, names: tuple[str, ...], adder: str) -> dict[str, Any]:
+    missing = [name for name in names if not hasattr(args, name)]
+    if missing:
+        raise TypeError(
+            f"the parsed flags have no {', '.join('--' + n for n in missing)}; expected a parser given "
+            f"psframe.flags.{adder}(parser)"
+        )
+    return {name: getattr(args, name) for name in names}

@@ -1,0 +1,180 @@
+"""A worker's option groups: where variables go, checkpoints, and the transport.
+
+Each group is a frozen dataclass checked when it is made, so a bad value
+fails where it was written, with the value and what was expected::
+
+    trainer = psframe.Trainer(
+        model, cluster, task_index,
+        placement=psframe.Placement(max_shard_bytes=8 << 20),
+        checkpointing=psframe.Checkpointing("s3://bucket/run", save_steps=1000),
+        transport=psframe.Transport(wire_dtype="bfloat16"),
+    )
+
+``psframe.Security`` and ``psframe.Liveness`` are groups of the same kind,
+accepted whole by ``Trainer`` and ``Server``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, DEFAULT_MIN_PARTITION_BYTES
+
+STRATEGIES = ("greedy", "round_robin")
+DEFAULT_KEEP_CHECKPOINTS = 5
+TABLE_PARTITIONS = ("mod", "range")
+WIRE_DTYPES = ("bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which ps task holds each variable (TF's ``replica_device_setter``).
+
+    Args:
+        strategy: ``"greedy"`` (balance the bytes per ps task, the default) or
+            ``"round_robin"``.
+        variable_devices: explicit TF device strings for some parameters,
+            e.g. ``{"embedding.weight": "/job:ps/task:1"}``; they win.
+        soft: fall back to automatic placement, with a warning, when an
+            explicit device names a ps task that does not exist (TF's
+            ``allow_soft_placement``).
+        min_partition_bytes: parameters larger than this are partitioned along
+            dim 0 across the ps tasks; None never partitions for balance.
+        max_shard_bytes: no stored part is larger than this (one message).
+        table_partition: how an embedding table's rows are shared out among
+            the ps tasks: ``"mod"`` (row ``i`` on ps task ``i % P``, the default:
+            frequent ids spread whatever their numbering) or ``"range"``.
+        log: log where each parameter went and the bytes per ps task.
+
+    Raises:
+        ValueError: a name or size out of range.
+    """
+
+    strategy: str = "greedy"
+    variable_devices: Mapping[str, str] = field(default_factory=dict)
+    soft: bool = False
+    min_partition_bytes: int | None = DEFAULT_MIN_PARTITION_BYTES
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    table_partition: str = "mod"
+    log: bool = False
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"placement strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.table_partition not in TABLE_PARTITIONS:
+            raise ValueError(f"table_partition must be one of {TABLE_PARTITIONS}, got {self.table_partition!r}")
+        _check_int("max_shard_bytes", self.max_shard_bytes, minimum=1)
+        if self.min_partition_bytes is not None:
+            _check_int("min_partition_bytes", self.min_partition_bytes, minimum=0)
+        devices = dict(self.variable_devices or {})
+        for name, device in devices.items():
+            if not isinstance(name, str) or not isinstance(device, str):
+                raise ValueError(
+                    f"variable_devices maps parameter names to TF device strings, got {name!r}: {device!r}"
+                )
+        object.__setattr__(self, "variable_devices", devices)
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Where and how often the chief saves checkpoints (TF's ``CheckpointSaverHook``).
+
+    Args:
+        dir: a folder or any fsspec URL (``memory://``, ``s3://``,
+            ``hdfs://`` where installed). A ps task that restarts restores its
+            shard from the latest valid checkpoint there.
+        save_steps: save every this many global steps;
+        save_secs: or every this many seconds (600 when neither is given).
+            The chief also saves at the end.
+        keep: how many of the newest checkpoints are kept.
+
+    Raises:
+        ValueError: an empty ``dir``, both intervals, or a count out of range.
+    """
+
+    dir: str
+    save_steps: int | None = None
+    save_secs: float | None = None
+    keep: int = DEFAULT_KEEP_CHECKPOINTS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dir, str) or not self.dir:
+            raise ValueError(f"Checkpointing needs a folder or URL, got {self.dir!r}")
+        if self.save_steps is not None and self.save_secs is not None:
+            raise ValueError(f"give save_steps or save_secs, not both (got {self.save_steps} and {self.save_secs})")
+        if self.save_steps is not None:
+            _check_int("save_steps", self.save_steps, minimum=1)
+        if self.save_secs is not None and not 0 < self.save_secs < math.inf:
+            raise ValueError(f"save_secs must be a finite number of seconds > 0, got {self.save_secs!r}")
+        _check_int("keep", self.keep, minimum=1)
+
+    @property
+    def interval(self) -> tuple[int | None, float | None]:
+        """``(save_steps, save_secs)``, with the 600 s default filled in."""
+        if self.save_steps is None and self.save_secs is None:
+            return None, 600.0
+        return self.save_steps, self.save_secs
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How a worker talks to the ps tasks.
+
+    Args:
+        connect_timeout: seconds to wait for the ps tasks (and for the chief to
+            create the model) before giving up with an error naming them.
+        rpc_timeout: seconds each call may take once connected (in sync
+            training at least the barrier's timeout plus 30 s).
+        wire_dtype: optional compression of what travels each step:
+            ``"bfloat16"`` (or ``torch.bfloat16``) or ``"float16"``. Float32
+            gradients are sent, and parameters received, in that dtype: half
+            the bytes. The ps keeps and updates its variables in their own
+            dtype, and the local model keeps its dtype too; only the values
+            exchanged are rounded. bfloat16 keeps float32's range; float16
+            keeps more mantissa but gradients below ~6e-8 become zero. None
+            (the default, or ``"float32"``) sends everything exactly as stored.
+        same_host_memory: the tensors of every step exchanged with a ps task
+            on this worker's host travel through shared memory (``/dev/shm``)
+            and gRPC carries the headers: one copy each way instead of about
+            five (on by default; ps tasks on other hosts, and hosts without
+            ``/dev/shm``, use messages).
+
+    Raises:
+        ValueError: a timeout that is not a finite number > 0, or another wire dtype.
+    """
+
+    connect_timeout: float = 120.0
+    rpc_timeout: float = 300.0
+    wire_dtype: str | None = None
+    same_host_memory: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout", "rpc_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        object.__setattr__(self, "wire_dtype", _wire_dtype_name(self.wire_dtype))
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _wire_dtype_name(dtype: Any) -> str | None:
+    """``"bfloat16"``, ``"float16"`` or None, from a name or a torch dtype (read by its name:
+    this layer does not import torch)."""
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    if name == "float32":  # as stored: no compression
+        return None
+    if name not in WIRE_DTYPES:
+        raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES} or None, got {dtype!r}")
+    return name
+
+
+__all__ = ["Checkpointing", "Placement", "Transport"]
