@@ -27,7 +27,7 @@ from benchmarks.baselines.raw_grpc import raw_table
 from benchmarks.formatting import plot_scaling, plot_throughput_and_training
 from benchmarks.suite.hosts import hosts_table
 from benchmarks.suite.memory import memory_table
-from benchmarks.suite.scaling import request_plan, scaling_table
+from benchmarks.suite.scaling import scaling_table, step_plan_sizes
 from benchmarks.suite.security import security_table
 from benchmarks.suite.sparse import sparse_table
 from benchmarks.suite.training import PLOT_ORDER, training_summary, training_table
@@ -286,7 +286,7 @@ def _psframe_messages(rows: Sequence[dict]) -> str:
     cases = dict.fromkeys((r["model"], r["ps_tasks"]) for r in rows if r["system"] == "psframe")
     lines = []
     for model, ps_tasks in cases:
-        plan = request_plan(model, ps_tasks)
+        plan = step_plan_sizes(model, ps_tasks)
         sizes = ", ".join(f"{count} x {n:,}" for n, count in _runs(plan))
         lines.append(f"- {model}, {ps_tasks} ps: {len(plan)} message(s) per step, bytes each way: {sizes}")
     return "psframe's messages per async step (from its step plan):\n\n" + "\n".join(lines) if lines else ""

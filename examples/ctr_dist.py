@@ -41,7 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctr_data import CATEGORICAL, DENSE, ClickLog, auc, ceiling_auc, click_log
 
 import psframe
-from psframe.flags import add_cluster_flags, add_security_flags, cluster_from_flags, security_from_flags
+from psframe.flags import (
+    add_cluster_flags,
+    add_security_flags,
+    add_sync_flags,
+    cluster_from_flags,
+    security_from_flags,
+    sync_from_flags,
+)
 from psframe.hooks import NanGuardHook, StopAtStepHook
 
 log = logging.getLogger("ctr_dist")
@@ -51,6 +58,7 @@ EVAL_BATCH = 8192
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_cluster_flags(parser)
+    add_sync_flags(parser)
     add_security_flags(parser)  # --auth_token_file, --tls_cert_file, --tls_key_file, --tls_ca_file
     parser.add_argument(
         "--single_process",
@@ -87,29 +95,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="mod",
         choices=["mod", "range"],
         help="how table rows are shared out among the ps tasks",
-    )
-    parser.add_argument(
-        "--sync_replicas",
-        action="store_true",
-        help="synchronous training: each update averages replicas_to_aggregate gradients",
-    )
-    parser.add_argument(
-        "--replicas_to_aggregate",
-        type=int,
-        default=None,
-        help="gradients per synchronous update (default: the number of workers)",
-    )
-    parser.add_argument(
-        "--total_num_replicas",
-        type=int,
-        default=None,
-        help="workers taking part in sync training (default: the number of workers)",
-    )
-    parser.add_argument(
-        "--sync_timeout",
-        type=float,
-        default=300.0,
-        help="seconds a synchronous step may wait for gradients before failing",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the planted model and the model")
     parser.add_argument("--log_every", type=int, default=1000, help="log progress every N local steps")
@@ -264,9 +249,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         cluster,
         task_index=task_index,
         optimizer=psframe.optim.Adagrad(lr=args.learning_rate),  # and, row by row, for the tables
-        sync=psframe.SyncReplicas(args.replicas_to_aggregate, args.total_num_replicas, args.sync_timeout)
-        if args.sync_replicas
-        else None,
+        sync=sync_from_flags(args),
         placement=psframe.Placement(table_partition=args.table_partition),
         hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],
         checkpointing=psframe.Checkpointing(args.checkpoint_dir, save_steps=args.save_checkpoint_steps)

@@ -40,9 +40,11 @@ from psframe.flags import (
     add_cluster_flags,
     add_liveness_flags,
     add_security_flags,
+    add_sync_flags,
     cluster_from_flags,
     liveness_from_flags,
     security_from_flags,
+    sync_from_flags,
 )
 from psframe.hooks import NanGuardHook, StopAtStepHook
 
@@ -53,6 +55,7 @@ log = logging.getLogger("mlp_mnist_dist")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_cluster_flags(parser)
+    add_sync_flags(parser)
     add_security_flags(parser)  # --auth_token_file, --tls_cert_file, --tls_key_file, --tls_ca_file
     add_liveness_flags(parser)  # --keepalive_time, --keepalive_timeout
     parser.add_argument("--train_steps", type=int, default=6000, help="the global step at which training stops")
@@ -60,29 +63,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning_rate", type=float, default=0.1, help="SGD learning rate (on the ps)")
     parser.add_argument("--hidden_units", type=int, default=100, help="units of the hidden layer")
     parser.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="folder holding MNIST/raw/")
-    parser.add_argument(
-        "--sync_replicas",
-        action="store_true",
-        help="synchronous training: each update averages replicas_to_aggregate gradients",
-    )
-    parser.add_argument(
-        "--replicas_to_aggregate",
-        type=int,
-        default=None,
-        help="gradients per synchronous update (default: the number of workers)",
-    )
-    parser.add_argument(
-        "--total_num_replicas",
-        type=int,
-        default=None,
-        help="workers taking part in sync training (default: the number of workers)",
-    )
-    parser.add_argument(
-        "--sync_timeout",
-        type=float,
-        default=300.0,
-        help="seconds a synchronous step may wait for gradients before failing",
-    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N for the worker's replica")
     parser.add_argument(
         "--gpu_memory_fraction", type=float, default=None, help="cap on this worker's share of GPU memory (CUDA only)"
@@ -179,9 +159,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         cluster,
         task_index=task_index,
         optimizer=psframe.optim.SGD(lr=args.learning_rate),
-        sync=psframe.SyncReplicas(args.replicas_to_aggregate, args.total_num_replicas, args.sync_timeout)
-        if args.sync_replicas
-        else None,
+        sync=sync_from_flags(args),
         device=device,
         gpu_memory_fraction=args.gpu_memory_fraction,
         hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],

@@ -67,7 +67,7 @@ def _server(args: argparse.Namespace) -> int:
 
 def _ping(args: argparse.Namespace) -> int:
     from psframe.wire import psframe_pb2 as pb
-    from psframe.worker.client import ping
+    from psframe.worker.ps_client import ping
 
     info = ping(args.target, timeout=args.timeout, security=security_from_flags(args))
     state = pb.TaskInfo.State.Name(info.state).lower()
@@ -91,7 +91,7 @@ def _cluster_only(args: argparse.Namespace):
 
 def _status(args: argparse.Namespace) -> int:
     from psframe.wire import psframe_pb2 as pb
-    from psframe.worker.client import PsClient
+    from psframe.worker.ps_client import PsClient
 
     cluster = _cluster_only(args)
     rows = [
@@ -165,7 +165,7 @@ def _status(args: argparse.Namespace) -> int:
 def _shutdown(args: argparse.Namespace) -> int:
     from psframe import checkpoint
     from psframe.wire import psframe_pb2 as pb
-    from psframe.worker.client import PsClient
+    from psframe.worker.ps_client import PsClient
 
     cluster = _cluster_only(args)
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))

@@ -33,19 +33,23 @@ from typing import Any
 from psframe.cluster import ClusterSpec
 from psframe.cluster.tf_config import resolve_cluster
 from psframe.liveness import Liveness
+from psframe.optim import SyncReplicas
 from psframe.security import Security
 
 CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "cluster_spec", "job_name", "task_index")
 SECURITY_FLAGS = ("auth_token_file", "tls_cert_file", "tls_key_file", "tls_ca_file")
 LIVENESS_FLAGS = ("keepalive_time", "keepalive_timeout")
+SYNC_FLAGS = ("sync_replicas", "replicas_to_aggregate", "total_num_replicas", "sync_timeout")
 
 __all__ = [
     "add_cluster_flags",
     "add_liveness_flags",
     "add_security_flags",
+    "add_sync_flags",
     "cluster_from_flags",
     "liveness_from_flags",
     "security_from_flags",
+    "sync_from_flags",
 ]
 
 
@@ -132,6 +136,41 @@ def add_liveness_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_sync_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds synchronous training's flags, as TF's ``mnist_replica.py`` names them, in a group of their own.
+
+    ``--sync_replicas`` (off: asynchronous training), ``--replicas_to_aggregate``,
+    ``--total_num_replicas`` and ``--sync_timeout``; see :class:`psframe.SyncReplicas`.
+
+    Args:
+        parser: the script's parser.
+    """
+    group = parser.add_argument_group("synchronous training", "SyncReplicas (see psframe.SyncReplicas)")
+    group.add_argument(
+        "--sync_replicas",
+        action="store_true",
+        help="synchronous training: each update averages replicas_to_aggregate gradients",
+    )
+    group.add_argument(
+        "--replicas_to_aggregate",
+        type=int,
+        default=None,
+        help="gradients per synchronous update (default: the number of workers)",
+    )
+    group.add_argument(
+        "--total_num_replicas",
+        type=int,
+        default=None,
+        help="workers taking part in sync training (default: the number of workers)",
+    )
+    group.add_argument(
+        "--sync_timeout",
+        type=float,
+        default=300.0,
+        help="seconds a synchronous step may wait for gradients before failing",
+    )
+
+
 def cluster_from_flags(
     args: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> tuple[ClusterSpec, str, int]:
@@ -190,6 +229,24 @@ def liveness_from_flags(args: argparse.Namespace) -> Liveness:
         ValueError: a setting is not a valid number of seconds.
     """
     return Liveness.resolve(**_flags(args, LIVENESS_FLAGS, "add_liveness_flags"))
+
+
+def sync_from_flags(args: argparse.Namespace) -> SyncReplicas | None:
+    """The :class:`~psframe.SyncReplicas` of :func:`add_sync_flags`'s flags; None without ``--sync_replicas``.
+
+    Pass it as ``psframe.Trainer(..., sync=...)``.
+
+    Args:
+        args: the parsed flags of a parser given :func:`add_sync_flags`.
+
+    Raises:
+        TypeError: ``args`` lacks the flags (the parser was not given them).
+        ValueError: a count is not positive, or ``replicas_to_aggregate`` > ``total_num_replicas``.
+    """
+    values = _flags(args, SYNC_FLAGS, "add_sync_flags")
+    if not values["sync_replicas"]:
+        return None
+    return SyncReplicas(values["replicas_to_aggregate"], values["total_num_replicas"], values["sync_timeout"])
 
 
 def _flags(args: argparse.Namespace, names: tuple[str, ...], adder: str) -> dict[str, Any]:

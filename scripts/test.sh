@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite in the project's virtual environment (made on first use):
-# lint, format and types first (seconds), then the tests. Arguments go to pytest.
+# lint, format and types first (seconds), then the tests. --quick runs the unit and service
+# tiers only (a few minutes; tests/conftest.py says what each tier holds); other arguments go
+# to pytest.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 # Settings of all three in pyproject.toml.
@@ -10,4 +12,12 @@ ruff format --check --quiet "${LINTED[@]}"
 mypy
 # One compute thread per process: the suite runs many processes on few cores.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec python -m pytest -q -ra "$@"
+ARGS=()
+for arg in "$@"; do
+    if [ "$arg" = --quick ]; then
+        ARGS+=(-m "unit or service")
+    else
+        ARGS+=("$arg")
+    fi
+done
+exec python -m pytest -q -ra "${ARGS[@]}"

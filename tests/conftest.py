@@ -1,17 +1,34 @@
-"""Fixtures that start real clusters on free loopback ports, with deadlines."""
+"""Fixtures that start real clusters on free loopback ports, with deadlines; and the test tiers.
+
+Every test is in exactly one tier (a marker; ``pytest -m unit``, ``-m "unit or service"``, ...):
+
+- ``unit``: plain torch/protobuf in this process; no gRPC server or channel, no child process.
+- ``service``: gRPC servers in this process on free loopback ports; no child process.
+- ``cluster``: child processes (tasks of a cluster on loopback ports, or a fresh Python).
+- ``hosts``: tasks on test hosts made of network namespaces (``tests/hosts.py``).
+- ``engines``: Spark or Ray (a test marked ``spark`` or ``ray`` is in it).
+
+A test marked with a tier is in that tier; an unmarked one is put in a tier by the fixtures it
+uses (:data:`FIXTURE_TIERS`), else it is ``unit``. A test that serves gRPC or starts processes
+in its own body is marked by hand. The unit and service tiers are enforced while they run
+(:func:`tier_guard`): what they must not start fails the test, naming the tier it belongs to.
+"""
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import fsspec
+import grpc
 import pytest
 import torch
 
@@ -20,6 +37,113 @@ from psframe.launch import pick_free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_JOB = Path(__file__).resolve().parent / "cluster_job.py"
+
+TIERS = ("unit", "service", "cluster", "hosts", "engines")
+ENGINE_MARKERS = ("spark", "ray")
+# Fixtures that put a test using them (directly or through another fixture) in a tier, by name;
+# for a parametrized fixture, the tier of the params listed (the others leave the test unit).
+FIXTURE_TIERS: dict[str, tuple[str, frozenset[str] | None]] = {
+    "processes": ("cluster", None),  # child processes (below)
+    "host_set": ("hosts", None),  # tests/hosts.py
+    "local_cluster": ("service", None),  # ps tasks in this process (below)
+    "servers": ("service", None),  # test_cli_tools: psframe.Server by hand
+    "serve": ("service", None),  # test_security: psframe.Server; test_transport: a bare RpcServer
+    "served": ("service", None),  # test_error_codec: an RpcServer for the whole module
+    "target": ("service", None),  # test_fuzz: a ps task and its chief, for the whole module
+    "grpc_backend": ("service", None),  # test_store_contract: the store through gRPC
+    "backend": ("service", frozenset({"grpc"})),  # test_store_contract: memory or grpc; test_wire_dtype: grpc
+}
+
+
+def _tier_of_fixtures(item: pytest.Item) -> str | None:
+    params = getattr(item, "callspec", None)
+    params = params.params if params is not None else {}
+    found = []
+    for name in getattr(item, "fixturenames", ()):
+        if name in FIXTURE_TIERS:
+            tier, only = FIXTURE_TIERS[name]
+            if only is None or name not in params or params[name] in only:
+                found.append(tier)
+    # The heaviest wins: a test with child processes and an in-process server is cluster.
+    return max(found, key=TIERS.index) if found else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the markers added here
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every test its tier; fail the collection naming each test marked with several."""
+    wrong = []
+    for item in items:
+        names = {mark.name for mark in item.iter_markers()}
+        if names & set(ENGINE_MARKERS) and "engines" not in names:
+            item.add_marker("engines")
+            names.add("engines")
+        tiers = [tier for tier in TIERS if tier in names]
+        if not tiers:
+            tier = _tier_of_fixtures(item) or "unit"
+            item.add_marker(tier)
+            tiers = [tier]
+        if len(tiers) != 1:
+            wrong.append(f"  {item.nodeid}: {', '.join(tiers)}")
+    if wrong:
+        raise pytest.UsageError(
+            "every test must be in exactly one tier (" + ", ".join(TIERS) + "; spark and ray are engines), "
+            "but these are in several:\n" + "\n".join(wrong)
+        )
+
+
+def _tier_of(item: pytest.Item) -> str:
+    return next(tier for tier in TIERS if item.get_closest_marker(tier) is not None)
+
+
+# What each tier must not start, and where such a test belongs. psframe's own ways are
+# subprocess.Popen and, for every server and channel, grpc.server and grpc.*_channel
+# (psframe/wire/transport). Not os.system: tests pickle it by name to see it refused.
+_NO_PROCESSES = (
+    (subprocess.Popen, "__init__", "a child process (subprocess)"),
+    (os, "fork", "a child process (os.fork)"),
+    (multiprocessing.process.BaseProcess, "start", "a child process (multiprocessing)"),
+)
+_NO_GRPC = (
+    (grpc, "server", "a gRPC server"),
+    (grpc, "insecure_channel", "a gRPC channel"),
+    (grpc, "secure_channel", "a gRPC channel"),
+)
+_FORBIDDEN = {
+    "unit": (
+        _NO_GRPC + _NO_PROCESSES,
+        "a unit test runs plain torch/protobuf in this process: mark it service (gRPC in this process) "
+        "or cluster (child processes)",
+    ),
+    "service": (_NO_PROCESSES, "a service test serves gRPC in this process, no more: mark it cluster"),
+}
+
+
+@pytest.fixture(autouse=True)
+def tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Fail a unit or service test that starts what its tier must not (at the call, and at the
+    end if the call was in another thread, whose error the test may never see)."""
+    tier = _tier_of(request.node)
+    if tier not in _FORBIDDEN:
+        yield
+        return
+    forbidden, hint = _FORBIDDEN[tier]
+    elsewhere: list[str] = []
+
+    def refuse(what: str):
+        def refused(*args, **kwargs):
+            message = f"{request.node.nodeid} started {what}, but {hint}"
+            if threading.current_thread() is not threading.main_thread():
+                elsewhere.append(message)
+            pytest.fail(message)
+
+        return refused
+
+    for owner, name, what in forbidden:
+        if hasattr(owner, name):
+            monkeypatch.setattr(owner, name, refuse(what))
+    yield
+    if elsewhere:
+        pytest.fail("\n".join(elsewhere))
 
 
 def free_cluster(num_ps: int, num_workers: int) -> psframe.ClusterSpec:
@@ -149,13 +273,17 @@ def processes(tmp_path: Path):
 
 @pytest.fixture
 def local_cluster():
-    """Factory: a cluster on free ports plus in-process ps servers, stopped at the end."""
+    """Factory: a cluster on free ports plus in-process ps servers, stopped at the end.
+
+    Each ps task serves from this process alone (as ``psframe.local_cluster``'s do), whatever
+    the number of cores, so that a test using it starts no child process (the service tier).
+    """
     servers: list[psframe.Server] = []
 
     def make(num_ps: int = 1, num_workers: int = 1, start_ps: bool = True) -> psframe.ClusterSpec:
         cluster = free_cluster(num_ps, num_workers)
         if start_ps:
-            servers.extend(psframe.Server(cluster, "ps", i) for i in range(num_ps))
+            servers.extend(psframe.Server(cluster, "ps", i, serving_processes=1) for i in range(num_ps))
         return cluster
 
     yield make

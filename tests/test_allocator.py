@@ -67,6 +67,7 @@ def test_docstring_examples():
     assert result.failed == 0
 
 
+@pytest.mark.cluster
 @pytest.mark.skipif(allocator._glibc() is None, reason="needs glibc")
 def test_tuned_process_keeps_large_buffers_in_the_heap_for_reuse():
     tuned = _probe(_HEAP_PROBE)
@@ -77,6 +78,7 @@ def test_tuned_process_keeps_large_buffers_in_the_heap_for_reuse():
     assert untuned["mapped"] >= BUFFER_BYTES, untuned
 
 
+@pytest.mark.cluster
 @pytest.mark.skipif(allocator._glibc() is None, reason="needs glibc")
 def test_opting_out_keeps_glibcs_defaults():
     untuned = _probe(PSFRAME_TUNE_MALLOC="0")
@@ -133,6 +135,7 @@ print(json.dumps({"trainer": after_trainer, "server": after_server, "explicit": 
 """
 
 
+@pytest.mark.cluster
 @pytest.mark.skipif(allocator._glibc() is None, reason="glibc only")
 def test_constructors_leave_the_process_allocator_alone():
     # Process-wide settings are the entry points' (psframe server) or the script's own call.

@@ -341,17 +341,17 @@ def test_worker_counts_double_up_to_the_cores_left_beside_the_ps():
 
 def test_request_plan_sends_every_byte_in_messages_of_at_most_4_mib():
     from benchmarks.mlp_workload import model_bytes
-    from benchmarks.suite.scaling import echo_payload, request_plan
+    from benchmarks.suite.scaling import echo_payload, step_plan_sizes
 
     assert model_bytes("mnist_mlp") == 318_040
-    assert request_plan("mnist_mlp", 1) == [318_040]
-    assert len(request_plan("mnist_mlp", 2)) == 2  # one message per ps task
+    assert step_plan_sizes("mnist_mlp", 1) == [318_040]
+    assert len(step_plan_sizes("mnist_mlp", 2)) == 2  # one message per ps task
     for num_ps in (1, 2):
-        plan = request_plan("large_mlp", num_ps)
+        plan = step_plan_sizes("large_mlp", num_ps)
         assert sum(plan) == model_bytes("large_mlp") and max(plan) <= 4 * 2**20, plan
         assert len(plan) >= -(-model_bytes("large_mlp") // (4 * 2**20))
     assert echo_payload("mnist_mlp") == 318_040
-    assert echo_payload("large_mlp") == round(model_bytes("large_mlp") / len(request_plan("large_mlp", 1)))
+    assert echo_payload("large_mlp") == round(model_bytes("large_mlp") / len(step_plan_sizes("large_mlp", 1)))
 
 
 def test_scaling_ratios_compare_with_the_rpc_ps_and_the_echo_per_byte():
@@ -531,11 +531,11 @@ def test_ctr_benchmark_runs_every_mode_on_the_same_samples():
 
 def test_store_lock_times_the_requests_the_trainer_plans():
     from benchmarks.experiments.store_lock import requests_of, run_store_lock_benchmarks, store_lock_table
-    from benchmarks.suite.scaling import request_plan
+    from benchmarks.suite.scaling import step_plan_sizes
 
     for model in ("mnist_mlp", "large_mlp"):
         planned = [sum(4 * math.prod(shape) for shape in request.values()) for request in requests_of(model)]
-        assert planned == request_plan(model, 1), model
+        assert planned == step_plan_sizes(model, 1), model
     rows = run_store_lock_benchmarks(quick=True)
     assert [(r["model"], r["requests_per_step"]) for r in rows] == [("mnist_mlp", 1), ("large_mlp", 21)]
     assert all(
@@ -546,7 +546,6 @@ def test_store_lock_times_the_requests_the_trainer_plans():
 
 
 @pytest.mark.hosts
-@pytest.mark.cluster
 @pytest.mark.timeout(TIMEOUT_S + 30)
 def test_quick_hosts_section_trains_every_system_across_test_hosts(tmp_path):
     """1 ps host + 2 worker hosts at 100 Mbit/s: each row against the link's limit (no timed assertion:

@@ -23,8 +23,8 @@ import psframe
 from psframe.cluster import ClusterSpec
 from psframe.errors import SharedRegionError
 from psframe.launch import pick_free_ports
+from psframe.ps.fast_path import StreamCache
 from psframe.ps.ledger import PushLedger
-from psframe.ps.plans import StreamPlans
 from psframe.ps.service import ParameterServerService
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
@@ -40,7 +40,7 @@ def _push(step: int, push_id: int, value: float, *, worker: int = 0, end_of_step
     return codec.encode(header, [("w", torch.full((4,), value))])
 
 
-def _answer(service: ParameterServerService, data: bytes, plans: StreamPlans | None = None):
+def _answer(service: ParameterServerService, data: bytes, plans: StreamCache | None = None):
     return codec.decode(service.answer_push_pull(data, plans), pb.PushPullReplyHeader)
 
 
@@ -67,7 +67,7 @@ def test_the_ledger_applies_each_number_once_and_counts_steps():
 @pytest.mark.parametrize("planned", [False, True], ids=["general", "fast path"])
 def test_an_async_push_sent_again_is_answered_not_applied_twice(planned):
     service = _async_service()
-    plans = StreamPlans() if planned else None
+    plans = StreamCache() if planned else None
     for push_id in (1, 2):  # the second of a kind takes the fast path, when planned
         header, _ = _answer(service, _push(push_id - 1, push_id, 1.0), plans)
         assert not header.duplicate and not header.error_class
@@ -105,7 +105,7 @@ def test_a_sync_push_sent_again_after_its_round_is_answered_as_applied():
 
 
 def test_pushes_after_one_refused_for_its_region_wait_for_it():
-    plans = StreamPlans()
+    plans = StreamCache()
     region = pb.SharedRegion(path="/dev/shm/psframe-missing-region", key=b"k", size=64, in_region=True)
     caller = pb.Caller(job_name="worker", task_index=0, cluster_fingerprint=CLUSTER.fingerprint)
     refused = codec.parse(
@@ -281,8 +281,8 @@ def test_a_worker_started_again_numbers_its_pushes_above_its_earlier_runs(local_
     """A new process of worker 0 starts numbering at 1; the ps remembers the old run's
     numbers: the new run's pushes must still be applied, each once."""
     from psframe.cluster.placement import Shard
-    from psframe.worker.client import PsClient
-    from psframe.worker.slicer import Request, Slot
+    from psframe.worker.ps_client import PsClient
+    from psframe.worker.step_plan import Request, Slot
 
     cluster = local_cluster(num_ps=1, num_workers=1)
     start = torch.zeros(4)

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 import psframe
 from psframe.errors import WireFormatError
 from psframe.security import generate_token
-from psframe.wire import codec, table_rows, transport
+from psframe.wire import codec, row_tensors, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.transport import limits
 from tests.conftest import free_cluster
@@ -107,7 +107,7 @@ class Target:
         dense = sorted(name for name, d in self.defs.items() if not d.table)
         ids = torch.arange(self.defs[TABLE].shape[0])
         header = pb.PushPullHeader(caller=self.caller, pull=dense)
-        tensors, kinds = table_rows.pull_tensors([(TABLE, ids)])
+        tensors, kinds = row_tensors.pull_tensors([(TABLE, ids)])
         (reply,) = self.stream([codec.encode(header, tensors, kinds)])
         head, values = codec.decode(reply, pb.PushPullReplyHeader)
         assert not head.error_class, head.error_message
@@ -281,11 +281,11 @@ ROW_CASES = {
 @pytest.mark.parametrize("case", sorted(ROW_CASES))
 def test_pushes_of_bad_rows_are_refused(unchanged, case):
     pulls, rows = ROW_CASES[case]
-    tensors, kinds = table_rows.push_tensors([(name, ids, r) for (name, ids), r in zip(pulls, rows)])
+    tensors, kinds = row_tensors.push_tensors([(name, ids, r) for (name, ids), r in zip(pulls, rows)])
     header = unchanged.push_pull(pb.PushPullHeader(caller=unchanged.caller, end_of_step=True), tensors, kinds)
     assert header.error_class, case
     if "ids" in case:  # nor can they be pulled
-        pull_tensors, pull_kinds = table_rows.pull_tensors(pulls)
+        pull_tensors, pull_kinds = row_tensors.pull_tensors(pulls)
         assert unchanged.push_pull(pb.PushPullHeader(caller=unchanged.caller), pull_tensors, pull_kinds).error_class
 
 
@@ -403,6 +403,7 @@ def test_init_requests_declaring_absurd_models_are_refused(unchanged, case):
     assert_refused(target, "Init", codec.encode(header, []))
 
 
+@pytest.mark.service
 def test_a_ps_waiting_for_its_model_allocates_nothing_absurd():
     """Before its model exists, a ps task would make what the chief declares: absurd
     declarations are refused first, and the task still takes a sane model afterwards."""
@@ -426,7 +427,7 @@ def test_a_ps_waiting_for_its_model_allocates_nothing_absurd():
                 metadata=(("authorization", "Bearer " + token),),
             )
 
-        rows, kinds = table_rows.push_tensors([("t", torch.tensor([0]), torch.ones(1, 2))])
+        rows, kinds = row_tensors.push_tensors([("t", torch.tensor([0]), torch.ones(1, 2))])
         for declared, sync in [
             ([2**39, 2**39], None),
             ([1] * 65, None),
@@ -439,7 +440,7 @@ def test_a_ps_waiting_for_its_model_allocates_nothing_absurd():
             assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
             assert server.service.info().state == pb.TaskInfo.WAITING_FOR_MODEL
         table.shape[:] = table.full_shape[:] = [2, 2]
-        rows, kinds = table_rows.push_tensors([("t", torch.tensor([0, 1]), torch.ones(2, 2))])
+        rows, kinds = row_tensors.push_tensors([("t", torch.tensor([0, 1]), torch.ones(2, 2))])
         reply = codec.decode(init(pb.InitHeader(variables=[table]), rows, kinds), pb.InitReplyHeader)[0]
         assert reply.created and reply.state == pb.TaskInfo.READY
 
@@ -542,6 +543,7 @@ def test_a_message_over_the_cap_is_refused_before_it_is_read(unchanged):
         assert_refused(target, method, data, codes={grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
+@pytest.mark.service
 def test_one_host_cannot_take_every_thread(tmp_path):
     """A host's calls in flight are capped below the server's threads: its next one is refused
     RESOURCE_EXHAUSTED at once, and callers on another host (here a Unix socket) are still served."""
@@ -594,6 +596,7 @@ def test_peer_hosts():
 # ---- NaN and Inf gradients
 
 
+@pytest.mark.service
 def test_nan_and_inf_gradients_are_applied_as_torch_would_and_the_task_serves_on():
     """A ps task does not look at the values of gradients: NaN and Inf reach the optimizer,
     as they would in one process (NanGuardHook keeps a worker from sending them)."""

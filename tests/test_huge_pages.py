@@ -89,6 +89,7 @@ def test_back_moves_a_touched_tensor_in_place():
     assert eligible(tensor) and tensor.data_ptr() == address and torch.equal(tensor, before)
 
 
+@pytest.mark.cluster
 @needs_madvise_mode
 def test_opting_out_leaves_every_tensor_on_small_pages():
     code = (

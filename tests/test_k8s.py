@@ -334,6 +334,7 @@ def test_entrypoint_prints_tf_config_or_refuses_the_pod(capsys, monkeypatch):
     assert "pod 'job-ps-9' is ps 9" in capsys.readouterr().err
 
 
+@pytest.mark.cluster
 def test_entrypoint_runs_the_command_with_tf_config():
     proc = _entrypoint(
         "--hostname",
@@ -347,6 +348,7 @@ def test_entrypoint_runs_the_command_with_tf_config():
     assert proc.returncode == 0 and out.strip().endswith("('ps', 0)"), out
 
 
+@pytest.mark.cluster
 def test_entrypoint_stays_up_after_success_until_sigterm():
     proc = _entrypoint(
         "--hostname",
@@ -373,6 +375,7 @@ def test_entrypoint_stays_up_after_success_until_sigterm():
             proc.wait(timeout=10)
 
 
+@pytest.mark.cluster
 def test_entrypoint_ends_with_a_failed_tasks_code():
     proc = _entrypoint(
         "--hostname", "job-worker-0", "--stay_after_success", "--", sys.executable, "-c", "raise SystemExit(3)"

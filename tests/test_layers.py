@@ -28,6 +28,7 @@ LAYER_OF = {
     "psframe.flags": "core",
     "psframe.options": "core",
     "psframe.memory": "core",
+    "psframe.rows": "core",
     "psframe.wire": "wire",
     "psframe.checkpoint": "storage",
     "psframe.ps": "ps",
@@ -55,6 +56,7 @@ THIRD_PARTY_OF_CORE = {
     "psframe.sparse_optim": {"torch"},
     "psframe.optimizer_kernels": {"torch"},
     "psframe.memory": {"torch"},
+    "psframe.rows": {"torch"},
     "psframe.huge_pages": {"torch"},
     "psframe.dynamic_rows": {"torch", "numpy"},
 }
@@ -133,6 +135,7 @@ def _stdlib() -> set[str]:
     return set(sys.stdlib_module_names) | {"__future__"}
 
 
+@pytest.mark.cluster
 def test_a_worker_process_loads_nothing_of_the_ps_side():
     import subprocess
     import sys
@@ -150,7 +153,7 @@ def test_a_worker_process_loads_nothing_of_the_ps_side():
 def test_the_trainer_speaks_tensors_and_names_only():
     for path in (PACKAGE / "worker").glob("*.py"):
         # The client, its streams and prepared requests (and the replica's on-GPU compression) speak wire.
-        if path.stem in ("client", "streams", "prepared", "replica"):
+        if path.stem in ("ps_client", "streams", "prepared", "replica"):
             continue
         wire = {name for name in imports_of(path) if name.startswith("psframe.wire")}
         assert not wire, f"{module_name(path)} imports {sorted(wire)}"
@@ -184,7 +187,7 @@ def test_the_store_and_the_barrier_never_see_the_wire(path):
 
 # The store and its parts are given a memory policy (psframe.memory, or the ps
 # task's shared memory: psframe.ps.store_memory) and name no memory of their own.
-MEMORY_MACHINERY = ("psframe.huge_pages", "psframe.allocator", "psframe.ps.shared")
+MEMORY_MACHINERY = ("psframe.huge_pages", "psframe.allocator", "psframe.ps.shared_store")
 
 
 @pytest.mark.parametrize("path", [p for p in PLAIN_TORCH if p.stem not in ("store_memory", "sync")], ids=module_name)

@@ -20,7 +20,7 @@ import psframe
 from psframe.errors import ClusterSpecError, SecurityConfigError
 from psframe.launch import pick_free_ports
 from psframe.security import generate_token
-from psframe.worker.client import ping
+from psframe.worker.ps_client import ping
 from tests.conftest import ROOT
 from tests.test_trainer import loss_of, make_model
 
@@ -47,6 +47,7 @@ def test_a_cluster_address_with_port_0_asks_for_any_free_port():
         cluster.with_task_address("ps", 0, "h0:2222")
 
 
+@pytest.mark.service
 def test_a_server_on_port_0_binds_a_free_port_and_reports_it():
     with psframe.Server({"ps": ["127.0.0.1:0"], "worker": ["127.0.0.1:0"]}, "ps", 0, serving_processes=1) as server:
         assert server.port > 0
@@ -59,6 +60,7 @@ def test_a_server_on_port_0_binds_a_free_port_and_reports_it():
     assert refuses_connections(server.port)
 
 
+@pytest.mark.service
 def test_a_worker_task_on_port_0_and_a_fixed_bind_address_use_the_port_bound():
     with psframe.Server({"ps": ["127.0.0.1:1"], "worker": ["localhost:0"]}, "worker", 0) as worker:
         assert worker.address == f"localhost:{worker.port}"
@@ -83,6 +85,7 @@ def test_a_worker_given_a_ps_address_with_port_0_is_told_at_once():
 # ---- local_cluster
 
 
+@pytest.mark.service
 @pytest.mark.parametrize(
     "num_ps, placement",
     [(1, psframe.Placement()), (2, psframe.Placement(min_partition_bytes=64, max_shard_bytes=160))],
@@ -111,6 +114,7 @@ def test_a_trainer_against_a_local_cluster_matches_local_torch_optim_exactly(num
     local.stop()  # again: nothing to do
 
 
+@pytest.mark.service
 def test_a_local_cluster_ends_when_its_workers_finish():
     with psframe.local_cluster(num_ps=1, num_workers=2) as local:
         chief_model, other_model = make_model(seed=0), make_model(seed=1)
@@ -123,6 +127,7 @@ def test_a_local_cluster_ends_when_its_workers_finish():
         assert local.join(timeout=DEADLINE_S)  # every worker finished: the ps task stopped on its own
 
 
+@pytest.mark.cluster
 def test_a_local_clusters_servers_stop_at_interpreter_exit():
     code = (
         "import atexit, psframe\n"
@@ -144,6 +149,7 @@ def test_a_local_clusters_servers_stop_at_interpreter_exit():
     assert all(refuses_connections(int(a.rpartition(":")[2])) for a in cluster.job_tasks("ps"))
 
 
+@pytest.mark.service
 def test_a_local_cluster_starts_again_if_a_picked_port_was_taken(monkeypatch):
     import psframe.local
 
@@ -179,6 +185,7 @@ def test_a_local_cluster_refuses_bad_arguments(kwargs, match):
         psframe.local_cluster(**kwargs)
 
 
+@pytest.mark.service
 def test_a_local_cluster_passes_server_options_to_every_ps_task():
     token = generate_token()
     with psframe.local_cluster(num_ps=2, security=psframe.Security(auth_token=token), worker_timeout=5.0) as local:
@@ -193,6 +200,7 @@ def test_a_local_cluster_passes_server_options_to_every_ps_task():
 # ---- security=
 
 
+@pytest.mark.service
 def test_server_and_trainer_take_security_whole(monkeypatch):
     token = generate_token()
     monkeypatch.setenv("PSFRAME_AUTH_TOKEN", generate_token())  # a given Security is used as given
@@ -209,7 +217,7 @@ def test_server_and_trainer_take_security_whole(monkeypatch):
     assert psframe.Trainer(make_model(), local.cluster).security.auth_token != token
 
 
-@pytest.mark.parametrize("owner", ["Server", "Trainer"])
+@pytest.mark.parametrize("owner", [pytest.param("Server", marks=pytest.mark.service), "Trainer"])
 def test_the_loose_security_arguments_still_work_with_a_deprecation_warning(owner, monkeypatch):
     token = generate_token()
     monkeypatch.delenv("PSFRAME_AUTH_TOKEN", raising=False)

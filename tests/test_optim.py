@@ -190,6 +190,7 @@ def test_refusals_are_psframe_value_errors():
             make()
 
 
+@pytest.mark.cluster
 def test_checking_arguments_does_not_import_dynamo():
     # A worker checks its optimizer's arguments but never steps it: it should
     # not pay for torch._dynamo (a second and ~70 MB), which stepping imports.

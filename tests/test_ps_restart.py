@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 import psframe
 from psframe.launch import pick_free_ports
+
+pytestmark = pytest.mark.service
 
 STEPS_BEFORE, STEPS_AFTER = 5, 6
 

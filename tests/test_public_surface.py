@@ -117,17 +117,34 @@ def test_security_and_liveness_come_from_the_flags_then_the_environment(token_fi
         flags.security_from_flags(parser().parse_args([f"--auth_token_file={path}.missing"]))
 
 
+def test_sync_comes_from_tf_s_flags():
+    parser = argparse.ArgumentParser()
+    flags.add_sync_flags(parser)
+    assert flags.sync_from_flags(parser.parse_args([])) is None
+    assert flags.sync_from_flags(parser.parse_args(["--sync_replicas"])) == psframe.SyncReplicas(timeout=300.0)
+    given = parser.parse_args(
+        ["--sync_replicas", "--replicas_to_aggregate=2", "--total_num_replicas=3", "--sync_timeout=30"]
+    )
+    assert flags.sync_from_flags(given) == psframe.SyncReplicas(2, 3, 30.0)
+    with pytest.raises(ValueError, match=r"replicas_to_aggregate \(3\) must be <= total_num_replicas \(2\)"):
+        flags.sync_from_flags(
+            parser.parse_args(["--sync_replicas", "--replicas_to_aggregate=3", "--total_num_replicas=2"])
+        )
+
+
 def test_flags_not_added_to_the_parser_are_named():
     bare = argparse.ArgumentParser().parse_args([])
     for read, adder in (
         (flags.cluster_from_flags, "add_cluster_flags"),
         (flags.security_from_flags, "add_security_flags"),
         (flags.liveness_from_flags, "add_liveness_flags"),
+        (flags.sync_from_flags, "add_sync_flags"),
     ):
         with pytest.raises(TypeError, match=rf"have no --.*psframe\.flags\.{adder}\(parser\)"):
             read(bare)
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("example", ["mlp_mnist_dist.py", "ctr_dist.py"])
 def test_the_examples_show_their_flags(example):
     import subprocess

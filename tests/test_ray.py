@@ -151,7 +151,6 @@ def test_task_context():
 
 
 @pytest.mark.ray
-@pytest.mark.cluster
 def test_a_cluster_of_actors_trains_and_returns_the_chiefs_result(local_ray, caplog):
     caplog.set_level(logging.INFO, logger="psframe.ray")
     result = run(
@@ -177,7 +176,6 @@ def test_a_cluster_of_actors_trains_and_returns_the_chiefs_result(local_ray, cap
 
 
 @pytest.mark.ray
-@pytest.mark.cluster
 @pytest.mark.parametrize(
     "how, match",
     [
@@ -202,7 +200,6 @@ def test_a_task_that_fails_or_dies_ends_the_run_with_its_name(local_ray, how, ma
 
 
 @pytest.mark.ray
-@pytest.mark.cluster
 def test_a_ps_task_still_running_after_ps_grace_is_stopped(local_ray, caplog):
     start = time.monotonic()
     assert (
@@ -215,7 +212,6 @@ def test_a_ps_task_still_running_after_ps_grace_is_stopped(local_ray, caplog):
 
 
 @pytest.mark.ray
-@pytest.mark.cluster
 def test_the_timeout_stops_every_task(local_ray):
     start = time.monotonic()
     with pytest.raises(
@@ -227,7 +223,6 @@ def test_the_timeout_stops_every_task(local_ray):
 
 
 @pytest.mark.ray
-@pytest.mark.cluster
 def test_resources_the_cluster_lacks_fail_at_the_startup_timeout(local_ray):
     with pytest.raises(RayRunError, match=r"Ray could not place 3 tasks \(SPREAD, bundles .*'CPU': 64\.0.* within 2 s"):
         run(
@@ -243,7 +238,6 @@ def test_resources_the_cluster_lacks_fail_at_the_startup_timeout(local_ray):
 
 
 @pytest.mark.ray
-@pytest.mark.cluster
 @pytest.mark.mnist
 def test_ray_mnist_example_reaches_97_percent(local_ray, mnist_dir, capsys):
     sys.path.insert(0, str(ROOT / "examples"))

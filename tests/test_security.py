@@ -23,7 +23,7 @@ from psframe.errors import AuthenticationError, ConnectTimeoutError, SecurityCon
 from psframe.security import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, Security, generate_token, read_token_file
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire import transport
-from psframe.worker.client import PsClient, ping
+from psframe.worker.ps_client import PsClient, ping
 from tests.conftest import assert_params_equal, free_cluster, params
 
 DEADLINE_S = 20.0
@@ -285,6 +285,7 @@ def train(
             server.stop(grace=0.1)
 
 
+@pytest.mark.service
 @pytest.mark.parametrize("how", ["token", "server_tls", "mutual_tls", "mutual_tls_no_token"])
 def test_training_with_security_gives_the_values_of_training_without(tls_files, how):
     token = None if how == "mutual_tls_no_token" else generate_token()

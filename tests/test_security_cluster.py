@@ -100,7 +100,7 @@ LAUNCHED = textwrap.dedent('''
     from psframe.errors import AuthenticationError
     from psframe.hooks import StopAtStepHook
     from psframe.security import Security
-    from psframe.worker.client import PsClient
+    from psframe.worker.ps_client import PsClient
     import argparse
 
     parser = argparse.ArgumentParser()

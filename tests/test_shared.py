@@ -1,4 +1,4 @@
-"""psframe.ps.shared: one model, one lock and one set of counters for a ps task's processes. No network."""
+"""psframe.ps.shared_store: one model, one lock and one set of counters for a ps task's processes. No network."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ import pytest
 import torch
 
 import psframe
-from psframe.ps.shared import SharedMemory, publish_store
+from psframe.ps.shared_store import SharedStore, publish_store
 from psframe.ps.store import VariableStore
 from psframe.ps.store_memory import SharedStoreMemory
 
 
 @pytest.fixture
 def memory():
-    shared = SharedMemory.create(num_workers=2)
+    shared = SharedStore.create(num_workers=2)
     yield shared
     shared.close()
 
 
-def _store(shared: SharedMemory) -> VariableStore:
+def _store(shared: SharedStore) -> VariableStore:
     return VariableStore(
         "/job:ps/task:0", lock=shared.lock, counters=shared.counters, memory=SharedStoreMemory(shared.allocate)
     )
@@ -36,7 +36,7 @@ def test_a_published_model_is_the_same_memory_in_every_view(memory):
     owner.apply({"w": torch.ones(4), "b": torch.ones(())})
     assert publish_store(memory, owner, "/job:ps/task:0") is True and memory.version == 1
     other = VariableStore("/job:ps/task:0", lock=memory.lock, counters=memory.counters)
-    other.adopt(*SharedMemory.attach(memory.folder, 2).load())
+    other.adopt(*SharedStore.attach(memory.folder, 2).load())
     other.apply({"w": torch.ones(4), "b": torch.ones(())})  # the second Adam step, through the other view
     reference = [torch.arange(4.0).requires_grad_(True), torch.zeros(()).requires_grad_(True)]
     local = torch.optim.Adam(reference, lr=0.5)
@@ -48,6 +48,7 @@ def test_a_published_model_is_the_same_memory_in_every_view(memory):
     assert owner.pushes == other.pushes == 2
 
 
+@pytest.mark.cluster
 def test_the_lock_is_reentrant_and_waitable_and_excludes_other_processes(memory):
     condition = threading.Condition(memory.lock)
     with memory.lock, memory.lock:  # reentrant
@@ -92,6 +93,7 @@ def test_state_that_is_not_a_tensor_is_never_published(memory):
     assert publish_store(memory, store, "/job:ps/task:0") is False and memory.version == 0
 
 
+@pytest.mark.cluster
 def test_folders_of_owners_that_died_are_removed(memory):
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=60, check=True
@@ -99,7 +101,7 @@ def test_folders_of_owners_that_died_are_removed(memory):
     base = os.path.dirname(memory.folder)
     orphan = os.path.join(base, f"psframe-ps-{dead}-test")
     os.makedirs(orphan)
-    other = SharedMemory.create(num_workers=1)
+    other = SharedStore.create(num_workers=1)
     try:
         assert not os.path.exists(orphan)
         assert os.path.exists(memory.folder)  # this process is alive: its folder stays

@@ -1,4 +1,4 @@
-"""Tensors through a same-host shared region (psframe.wire.shared_region), against messages.
+"""Tensors through a same-host shared region (psframe.wire.same_host), against messages.
 
 Oracles: a worker's requests answered through a region give the replies and
 variables that messages give, bit for bit, and after the offer carry no
@@ -15,24 +15,22 @@ import torch
 
 import psframe
 from psframe.errors import SharedRegionError
-from psframe.ps.plans import StreamPlans
+from psframe.ps.fast_path import StreamCache
 from psframe.ps.service import ParameterServerService
-from psframe.wire import codec, shared_region
+from psframe.wire import codec, same_host
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.layout import Layout
-from psframe.wire.shared_region import SharedRegion
+from psframe.wire.same_host import SameHostRegion
 from psframe.worker.prepared import PreparedRequest
 from tests.conftest import assert_params_equal, params
-from tests.test_plans import CLUSTER, VALUES, _service, _variables
+from tests.test_fast_path import CLUSTER, VALUES, _service, _variables
 from tests.test_trainer import loss_of, make_model
 
-pytestmark = pytest.mark.skipif(not shared_region.available(), reason="no writable /dev/shm on this host")
+pytestmark = pytest.mark.skipif(not same_host.available(), reason="no writable /dev/shm on this host")
 
 
 def _region_files() -> set[str]:
-    return {
-        name for name in os.listdir(shared_region.DIRECTORY) if name.startswith(f"{shared_region.PREFIX}{os.getpid()}-")
-    }
+    return {name for name in os.listdir(same_host.DIRECTORY) if name.startswith(f"{same_host.PREFIX}{os.getpid()}-")}
 
 
 def _layouts():
@@ -43,13 +41,13 @@ def _layouts():
 
 def test_a_region_carries_both_parts_aligned_between_a_maker_and_a_mapper():
     request, reply = _layouts()
-    made = SharedRegion.create(request, reply)
+    made = SameHostRegion.create(request, reply)
     try:
         grads = [torch.arange(5, dtype=torch.float32), torch.randn(3, 3).to(torch.bfloat16)]
         made.write_request(request, request.buffers(grads))
         header = pb.PushPullHeader()
         header.tensors.extend(request._metas)
-        mapped = SharedRegion.attach(made.message)
+        mapped = SameHostRegion.attach(made.message)
         received = request.tensors(mapped.request_envelope(header))
         assert all(torch.equal(a, b) for a, b in zip(received, grads))
         assert all(t.data_ptr() % 8 == 0 for t in received)  # views of the region, not copies
@@ -68,7 +66,7 @@ def test_a_region_carries_both_parts_aligned_between_a_maker_and_a_mapper():
     assert not os.path.exists(made.message.path)
 
 
-def _named(region: SharedRegion, **changes) -> pb.SharedRegion:
+def _named(region: SameHostRegion, **changes) -> pb.SharedRegion:
     message = pb.SharedRegion()
     message.CopyFrom(region.message)
     for field, value in changes.items():
@@ -78,8 +76,8 @@ def _named(region: SharedRegion, **changes) -> pb.SharedRegion:
 
 def test_a_region_that_is_not_what_the_request_says_is_refused(tmp_path):
     request, reply = _layouts()
-    made = SharedRegion.create(request, reply)
-    link = os.path.join(shared_region.DIRECTORY, f"{shared_region.PREFIX}{os.getpid()}-link-{os.urandom(4).hex()}")
+    made = SameHostRegion.create(request, reply)
+    link = os.path.join(same_host.DIRECTORY, f"{same_host.PREFIX}{os.getpid()}-link-{os.urandom(4).hex()}")
     os.symlink(made.message.path, link)
     try:
         outside = tmp_path / "psframe-x"
@@ -90,14 +88,14 @@ def test_a_region_that_is_not_what_the_request_says_is_refused(tmp_path):
             "wrong size": _named(made, size=made.message.size + 8),
             "parts past the end": _named(made, reply_start=made.message.size + 1),
             "outside /dev/shm": _named(made, path=str(outside)),
-            "not a psframe file": _named(made, path=os.path.join(shared_region.DIRECTORY, "other")),
+            "not a psframe file": _named(made, path=os.path.join(same_host.DIRECTORY, "other")),
             "a symlink": _named(made, path=link),
             "gone": _named(made, path=made.message.path + "-gone"),
-            "climbing out": _named(made, path=os.path.join(shared_region.DIRECTORY, "psframe-../../etc/passwd")),
+            "climbing out": _named(made, path=os.path.join(same_host.DIRECTORY, "psframe-../../etc/passwd")),
         }
         for why, message in bad.items():
             with pytest.raises(SharedRegionError):
-                SharedRegion.attach(message)
+                SameHostRegion.attach(message)
                 pytest.fail(why)
     finally:
         os.unlink(link)
@@ -116,7 +114,7 @@ def _header(worker: int = 0) -> pb.PushPullHeader:
     return pb.PushPullHeader(caller=caller, pull=["w", "b", "n"], end_of_step=True)
 
 
-def _train(service: ParameterServerService, prepared: PreparedRequest, steps: range, plans: StreamPlans):
+def _train(service: ParameterServerService, prepared: PreparedRequest, steps: range, plans: StreamCache):
     replies, sizes = [], []
     for step in steps:
         data = prepared.encode(step, _grads(step))
@@ -129,8 +127,8 @@ def _train(service: ParameterServerService, prepared: PreparedRequest, steps: ra
 def test_requests_through_a_region_give_what_messages_give():
     through_region, in_messages = _service(), _service()
     shared, plain = PreparedRequest(_header(), share=True), PreparedRequest(_header())
-    region_replies, sizes = _train(through_region, shared, range(6), StreamPlans())
-    message_replies, _ = _train(in_messages, plain, range(6), StreamPlans())
+    region_replies, sizes = _train(through_region, shared, range(6), StreamCache())
+    message_replies, _ = _train(in_messages, plain, range(6), StreamCache())
     # The second request offers the region (tensors still in the message), the ps answers in it.
     assert [s for _, s, _ in region_replies] == [False, True, True, True, True, True]
     assert sizes[2:] == [0] * 4 and min(sizes[:2]) > 0  # then the requests carry the header only
@@ -145,21 +143,21 @@ def test_requests_through_a_region_give_what_messages_give():
 def test_a_region_the_ps_cannot_map_is_refused_and_the_worker_goes_back_to_messages():
     service, reference = _service(), _service()
     prepared = PreparedRequest(_header(), share=True)
-    _train(service, prepared, range(2), StreamPlans())  # the second request offers a region
-    _train(reference, PreparedRequest(_header()), range(2), StreamPlans())
+    _train(service, prepared, range(2), StreamCache())  # the second request offers a region
+    _train(reference, PreparedRequest(_header()), range(2), StreamCache())
     assert prepared.in_region
     # A new stream (the ps task was replaced, or another of its processes answers):
     # the file is gone, so a request whose tensors lie in it is refused, nothing applied.
     before = _variables(service)
     data = prepared.encode(2, _grads(2))
-    header, _ = prepared.decode(service.answer_push_pull(data, StreamPlans()))
+    header, _ = prepared.decode(service.answer_push_pull(data, StreamCache()))
     assert "cannot be" in header.shared_unusable and not header.error_class and not header.tensors
     after = _variables(service)
     assert all(torch.equal(before[k], after[k]) for k in before)
     # The worker sends the tensors in the message instead, and offers a new region.
     prepared.drop_region()
-    replies, _sizes = _train(service, prepared, range(2, 4), StreamPlans())
-    reference_replies, _ = _train(reference, PreparedRequest(_header()), range(2, 4), StreamPlans())
+    replies, _sizes = _train(service, prepared, range(2, 4), StreamCache())
+    reference_replies, _ = _train(reference, PreparedRequest(_header()), range(2, 4), StreamCache())
     assert [s for _, s, _ in replies] == [False, True]  # a message, then an offer taken
     for (_, _, a), (_, _, b) in zip(replies, reference_replies):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
@@ -182,14 +180,14 @@ def test_an_offer_the_ps_cannot_map_is_answered_in_the_message_and_refused():
         )
     )
     offer = codec.encode(header, list(zip([m.name for m in header.tensors], codec.tensors_of(envelope))))
-    reply_header, values = codec.decode(service.answer_push_pull(offer, StreamPlans()), pb.PushPullReplyHeader)
+    reply_header, values = codec.decode(service.answer_push_pull(offer, StreamCache()), pb.PushPullReplyHeader)
     assert "cannot be opened" in reply_header.shared_refused and not reply_header.shared
-    expected_header, expected = codec.decode(reference.answer_push_pull(data, StreamPlans()), pb.PushPullReplyHeader)
+    expected_header, expected = codec.decode(reference.answer_push_pull(data, StreamCache()), pb.PushPullReplyHeader)
     assert reply_header.global_step == expected_header.global_step
     assert all(torch.equal(a, b) for a, b in zip(values, expected))
     prepared = PreparedRequest(_header(), share=True)
     prepared.encode(0, _grads(0))
-    prepared.decode(service.answer_push_pull(offer, StreamPlans()))
+    prepared.decode(service.answer_push_pull(offer, StreamCache()))
     assert not prepared.share  # it offers no more
 
 
@@ -316,7 +314,7 @@ def test_a_sync_member_whose_region_cannot_be_mapped_is_told_so_and_stops_offeri
     replies = {}
     member = threading.Thread(target=lambda: replies.update(first=push(0, 0, 4.0)), daemon=True)
     member.start()
-    replies["offer"] = service.answer_push_pull(offer, StreamPlans())
+    replies["offer"] = service.answer_push_pull(offer, StreamCache())
     member.join(30)
     assert not member.is_alive()
     refused, values = decoded(replies["offer"])

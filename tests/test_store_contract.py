@@ -30,8 +30,8 @@ from psframe.optim import OptimizerSpec
 from psframe.ps.store import VariableStore
 from psframe.wire import codec, messages, transport
 from psframe.wire import psframe_pb2 as pb
-from psframe.worker.client import PsClient
-from psframe.worker.slicer import Request, Slot
+from psframe.worker.ps_client import PsClient
+from psframe.worker.step_plan import Request, Slot
 
 DEADLINE_S = 30.0  # a wait that never ends is a failure, not a hang
 

@@ -14,7 +14,7 @@ import torch
 import psframe
 from psframe.errors import BarrierTimeoutError, ClusterMismatchError
 from psframe.hooks import NanGuardHook
-from psframe.worker.client import PsClient
+from psframe.worker.ps_client import PsClient
 from tests.conftest import ROOT, free_cluster
 
 THREAD_DEADLINE = 60.0

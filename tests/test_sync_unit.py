@@ -135,7 +135,7 @@ def grads_for(values: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Ten
 
 
 def make_store(values: dict[str, torch.Tensor], owner: str = "/job:ps/task:0") -> VariableStore:
-    store = VariableStore(owner)
+    store = VariableStore(task_name=owner)
     assert store.create(values, psframe.optim.SGD(lr=LR))
     return store
 

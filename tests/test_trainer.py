@@ -16,7 +16,7 @@ from psframe.errors import (
     PlacementError,
     PortInUseError,
 )
-from psframe.worker.client import PsClient
+from psframe.worker.ps_client import PsClient
 from tests.conftest import free_cluster
 
 
@@ -154,6 +154,7 @@ def test_step_outside_the_with_block_is_refused():
         trainer.step()
 
 
+@pytest.mark.service
 def test_missing_ps_gives_up_within_the_deadline_naming_it():
     cluster = free_cluster(2, 1)
     started = time.monotonic()
@@ -216,6 +217,7 @@ def test_no_training_after_every_worker_finished(local_cluster):
         psframe.Trainer(make_model(), cluster, transport=psframe.Transport(connect_timeout=10)).connect()
 
 
+@pytest.mark.service
 def test_port_in_use_is_a_clear_error():
     cluster = free_cluster(1, 1)
     host, port = cluster.task_address("ps", 0).split(":")
@@ -238,6 +240,7 @@ def test_ping_prints_who_answers(local_cluster, capsys):
     assert cluster.to_string() in out
 
 
+@pytest.mark.service
 def test_ping_of_nothing_fails_with_a_message(capsys):
     address = free_cluster(1, 1).task_address("ps", 0)
     assert cli.main(["ping", address, "--timeout", "0.5"]) == 1
@@ -278,6 +281,7 @@ def test_cuda_worker_matches_local_sgd_exactly(local_cluster):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.service
 def test_a_ps_stops_waiting_for_workers_silent_after_others_finished():
     cluster = free_cluster(1, 2)
     server = psframe.Server(cluster, "ps", 0, worker_timeout=0.5)

@@ -183,6 +183,7 @@ def test_a_stream_the_caller_closes_ends_quietly(serve, caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
+@pytest.mark.service
 def test_nothing_listening_is_task_unavailable():
     (port,) = pick_free_ports(1)
     with transport.Connection(f"127.0.0.1:{port}", "/job:ps/task:0") as connection:

@@ -18,7 +18,7 @@ by psframe's own placement and step plan, with the trainer's defaults
 Under the lock a request runs the optimizer step on its variables
 (``VariableStore.update``, ``torch.optim.SGD``) and copies the values it
 pulls into the worker's shared region (``Layout.write``): exactly what the
-ps's planned path (``ParameterServerService._push_pull_planned``) does.
+ps's planned path (``ParameterServerService._push_pull_cached``) does.
 Rows: the time held per request, the requests a step sends, and the
 ceiling that follows, in requests/s and global steps/s.
 """
@@ -38,7 +38,7 @@ from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, VariableInfo, pla
 from psframe.ps.store import VariableStore
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.layout import Layout
-from psframe.worker.slicer import Slot, StepPlan
+from psframe.worker.step_plan import Slot, StepPlan
 
 REPEATS = 5  # the best of so many timed rounds
 

@@ -29,8 +29,8 @@ from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, Shard, VariableIn
 from psframe.cluster.table_placement import place_tables
 from psframe.optim import OptimizerSpec
 from psframe.wire import transport
-from psframe.worker.client import PsClient
-from psframe.worker.slicer import Request, Slot, StepPlan, batches
+from psframe.worker.ps_client import PsClient
+from psframe.worker.step_plan import Request, Slot, StepPlan, batches
 from psframe.worker.tables import Table
 
 __all__ = [
@@ -81,7 +81,7 @@ def _slots(shards: Sequence[Tensors]) -> list[Slot]:
 
 def shard_requests(shards: Sequence[Tensors], max_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Step:
     """The requests of one asynchronous worker step, as the trainer plans them
-    (:class:`psframe.worker.slicer.StepPlan`), each with its gradients: ``shards[i]``."""
+    (:class:`psframe.worker.step_plan.StepPlan`), each with its gradients: ``shards[i]``."""
     by_name = {name: tensor for tensors in shards for name, tensor in tensors}
     plan = StepPlan.make(_slots(shards), len(shards), max_bytes, sync=False)
     return [(request, [(s.name, by_name[s.name]) for s in request.push]) for request in plan.step]

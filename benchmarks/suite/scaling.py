@@ -11,7 +11,7 @@ psframe         1 and 2   N workers of :mod:`benchmarks.suite.train_psframe`; a 
                           pushes its gradients and pulls the parameters on one
                           PushPull stream per ps task.
 psframe_kK      1         the same, with the ps task served from K processes
-                          (:mod:`psframe.ps.serving`; K = a quarter of the
+                          (:mod:`psframe.ps.serving_processes`; K = a quarter of the
                           cores, 2 to 4): its server CPU counts them all.
 torch_rpc_ps    1         N trainers of :mod:`benchmarks.baselines.rpc_ps`: one
                           ``rpc_sync`` per step carries the whole model each way.
@@ -36,7 +36,7 @@ they answered:
   each ps task its variables in messages of at most 4 MiB (psframe's
   ``max_shard_bytes``): the MNIST MLP is one message with 1 ps task and two
   (313,600 and 4,440 bytes) with 2; the large MLP is 21 messages with 1 ps
-  task and 22 with 2 (11 each). :func:`request_plan` asks psframe's own
+  task and 22 with 2 (11 each). :func:`step_plan_sizes` asks psframe's own
   placement and step plan, so requests = timed global steps x messages per step.
 - torch_rpc_ps: one request per global step (the whole model each way).
 - tf_ps: one request per global step, that is per worker step, the whole
@@ -135,7 +135,7 @@ class System:
 # ---------------------------------------------------------------- what a step sends
 
 
-def request_plan(model: str, num_ps: int) -> list[int]:
+def step_plan_sizes(model: str, num_ps: int) -> list[int]:
     """The bytes pushed by each request of one async psframe step, as its worker plans them.
 
     Asks psframe's placement and step plan with the trainer's defaults
@@ -147,7 +147,7 @@ def request_plan(model: str, num_ps: int) -> list[int]:
 
 def echo_payload(model: str) -> int:
     """The echo's payload for ``model``: psframe's mean request with 1 ps task."""
-    plan = request_plan(model, 1)
+    plan = step_plan_sizes(model, 1)
     return round(sum(plan) / len(plan))
 
 
@@ -188,7 +188,7 @@ def run_psframe(case: Case, deadline: float, extra_flags: Sequence[str] = ()) ->
         num_workers=case.workers,
         num_ps=case.ps_tasks,
     )
-    plan = request_plan(case.model, case.ps_tasks)
+    plan = step_plan_sizes(case.model, case.ps_tasks)
     return _from_training_row(row, [f"ps{i}" for i in range(case.ps_tasks)], len(plan), sum(plan) / len(plan))
 
 
@@ -284,7 +284,7 @@ def trips_in_window(times: Sequence[float], window: Sequence[float]) -> int:
 # that the rows compared meet the same load. Another system is one more entry.
 SYSTEMS: tuple[System, ...] = (
     System("psframe", (1, 2), run_psframe),
-    # One ps task served from SERVING_PROCESSES processes (psframe.ps.serving).
+    # One ps task served from SERVING_PROCESSES processes (psframe.ps.serving_processes).
     System(
         f"psframe_k{SERVING_PROCESSES}",
         (1,),

@@ -81,7 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="every byte through gRPC, as across hosts (default: shared memory on one host)",
     )
     parser.add_argument(
-        "--serving_processes", type=int, default=1, help="ps: processes serving the task's port (psframe.ps.serving)"
+        "--serving_processes",
+        type=int,
+        default=1,
+        help="ps: processes serving the task's port (psframe.ps.serving_processes)",
     )
     parser.add_argument("--log_level", default="WARNING", help="logging level (INFO shows psframe's progress)")
     return parser.parse_args(argv)

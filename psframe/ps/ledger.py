@@ -17,7 +17,7 @@ of the last push it applied:
 Check and record happen under the store's lock, with the update, so two
 copies of one push (the lost stream's and the new one's) never both apply.
 The ledger lives in shared memory when the task serves from several
-processes (:mod:`psframe.ps.shared`: a worker's reconnected stream may
+processes (:mod:`psframe.ps.shared_store`: a worker's reconnected stream may
 reach another process), and in checkpoints (a push whose effect a
 checkpoint holds is a duplicate after a restore too).
 

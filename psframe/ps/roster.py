@@ -41,7 +41,7 @@ class WorkerRoster:
             which an unfinished worker other than the chief is presumed dead.
         last_seen: when each worker was last heard from (``time.monotonic()``,
             one float64 per worker), shared with the task's other serving
-            processes (:mod:`psframe.ps.shared`); this roster's own by default.
+            processes (:mod:`psframe.ps.shared_store`); this roster's own by default.
         chief_timeout: seconds of silence after which the chief too is
             presumed dead (default: ten times ``worker_timeout``); never less
             than ``worker_timeout``.

@@ -14,8 +14,8 @@ from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import ClusterSpecError, NotReadyError, PsframeError
 from psframe.liveness import Liveness
 from psframe.ps.service import ParameterServerService
-from psframe.ps.serving import ServingProcesses, default_serving_processes
-from psframe.ps.shared import PortLock, SharedMemory
+from psframe.ps.serving_processes import ServingProcesses, default_serving_processes
+from psframe.ps.shared_store import PortLock, SharedStore
 from psframe.ps.task_service import TaskService
 from psframe.security import Security, accept_security
 from psframe.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, METHODS, RpcServer
@@ -70,10 +70,10 @@ class Server:
             started again after a crash restores its shard from the latest
             valid checkpoint there on its own.
         serving_processes: (ps) how many processes listen on the task's port
-            (see :mod:`psframe.ps.serving`); this process holds the variables
+            (see :mod:`psframe.ps.serving_processes`); this process holds the variables
             and the others share them. None (the default): one per 4 cores
             this process may use, at most 8 (1 on up to 7 cores, 4 on 16;
-            :func:`psframe.ps.serving.default_serving_processes`); 1 serves
+            :func:`psframe.ps.serving_processes.default_serving_processes`); 1 serves
             from this process alone. A worker task always uses 1.
         security: who may talk to the task, a :class:`psframe.Security`: the
             cluster's shared auth token, which every call must carry (the
@@ -167,7 +167,7 @@ class Server:
                 f"(gRPC's limit), got {max_message_bytes!r}"
             )
         # Several serving processes share the variables, in shared memory.
-        self._shared = SharedMemory.create(cluster.num_workers) if serving_processes > 1 else None
+        self._shared = SharedStore.create(cluster.num_workers) if serving_processes > 1 else None
         threads = max_threads or max(16, 4 * cluster.num_workers + 8)
         bind = (bind_address or cluster.task_address(job_name, task_index)).strip()
         self._port_lock: PortLock | None = None

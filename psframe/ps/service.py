@@ -29,21 +29,21 @@ from psframe.memory import HugePageMemory
 from psframe.optim import OptimizerSpec
 from psframe.ps import recovery
 from psframe.ps.definitions import dynamic_parts
+from psframe.ps.fast_path import CachedRequest, StreamCache
+from psframe.ps.incoming_model import PendingModel
 from psframe.ps.ledger import PushLedger
 from psframe.ps.peers import PsPeers
-from psframe.ps.pending import PendingModel
-from psframe.ps.plans import RequestPlan, StreamPlans
-from psframe.ps.replies import RoundReplies, outgoing
 from psframe.ps.roster import WorkerRoster
-from psframe.ps.shared import SharedMemory, publish_store
+from psframe.ps.round_replies import RoundReplies, outgoing
+from psframe.ps.shared_store import SharedStore, publish_store
 from psframe.ps.store import VariableStore
 from psframe.ps.store_memory import SharedStoreMemory
 from psframe.ps.sync import SyncAggregator
 from psframe.ps.task_service import TaskService
 from psframe.security import Security
-from psframe.wire import codec, messages, table_rows
+from psframe.wire import codec, messages, row_tensors
 from psframe.wire import psframe_pb2 as pb
-from psframe.wire.shared_region import SharedRegion
+from psframe.wire.same_host import SameHostRegion
 from psframe.wire.transport.error_codec import encode_error
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class ParameterServerService(TaskService):
         *,
         worker_timeout: float = 60.0,
         checkpoint_dir: str | None = None,
-        shared: SharedMemory | None = None,
+        shared: SharedStore | None = None,
         security: Security | None = None,
         chief_timeout: float | None = None,
         liveness: Liveness | None = None,
@@ -72,7 +72,7 @@ class ParameterServerService(TaskService):
         self.worker_timeout = worker_timeout
         self.checkpoint_dir = checkpoint_dir
         self.restored_step = -1
-        # With serving processes (psframe.ps.serving), the model lives in `shared`:
+        # With serving processes (psframe.ps.serving_processes), the model lives in `shared`:
         # the owner publishes it once it can be shared, and they apply updates too.
         self._shared = shared
         self._publishing = shared is not None and shared.owner
@@ -380,87 +380,87 @@ class ParameterServerService(TaskService):
     def push_pull(self, requests: Iterator[bytes]) -> Iterator[bytes]:
         """PushPull on a long-lived stream: requests are answered in order, and
         a refused one gets the error's name in its reply; the stream goes on."""
-        plans = StreamPlans()
+        cache = StreamCache()
         for data in requests:
-            yield self.answer_push_pull(data, plans)
+            yield self.answer_push_pull(data, cache)
 
-    def answer_push_pull(self, data: bytes, plans: StreamPlans | None = None) -> bytes:
+    def answer_push_pull(self, data: bytes, cache: StreamCache | None = None) -> bytes:
         """The reply to one PushPull request: a refused one names the error, and the stream goes on.
 
         A request whose shared region cannot be used is answered with the
         reason in ``shared_unusable``: nothing was applied, and the worker
         sends it again with its tensors in the message.
 
-        ``plans`` are those of the request's stream: an asynchronous request
-        of a kind seen before on it takes the fast path (see :mod:`psframe.ps.plans`).
+        ``cache`` holds the cached requests of the request's stream: an asynchronous request
+        of a kind seen before on it takes the fast path (see :mod:`psframe.ps.fast_path`).
         Anything else (a bug) ends the stream, with the status the transport gives it.
         """
         try:
-            return self._handle_push_pull(data, plans)
+            return self._handle_push_pull(data, cache)
         except SharedRegionError as e:
             return codec.encode(pb.PushPullReplyHeader(shared_unusable=str(e)), ())
         except PsframeError as e:
             name, message = encode_error(e)
             return codec.encode(pb.PushPullReplyHeader(error_class=name, error_message=message), ())
 
-    def _handle_push_pull(self, data: bytes, plans: StreamPlans | None = None) -> bytes:
+    def _handle_push_pull(self, data: bytes, cache: StreamCache | None = None) -> bytes:
         self._memory.handled(len(data))
         envelope = codec.parse(data, pb.PushPullHeader)
         header = envelope.header
         region, refused = None, ""
-        if plans is not None and header.push_id:
-            plans.check_order(header.push_id)
+        if cache is not None and header.push_id:
+            cache.check_order(header.push_id)
         if header.HasField("shared"):  # a worker on this host: its tensors may lie in a shared region
-            envelope, region, refused = (plans if plans is not None else StreamPlans()).shared(envelope)
-        plan = plans.find(header) if plans is not None and self.aggregator is None else None
-        if plan is None:
+            envelope, region, refused = (cache if cache is not None else StreamCache()).shared(envelope)
+        cached = cache.find(header) if cache is not None and self.aggregator is None else None
+        if cached is None:
             self._check_caller(header.caller)
         with self.roster.call(header.caller.task_index):
-            if plan is not None and plans is not None:
-                reply = self._push_pull_planned(plan, header, envelope, region)
+            if cached is not None and cache is not None:
+                reply = self._push_pull_cached(cached, header, envelope, region)
                 if reply is not None:
                     return reply
-                plans.drop(plan)
-            return self._push_pull(header, codec.tensors_of(envelope), plans, refused, region)
+                cache.drop(cached)
+            return self._push_pull(header, codec.tensors_of(envelope), cache, refused, region)
 
-    def _push_pull_planned(
-        self, plan: RequestPlan, header: pb.PushPullHeader, envelope: codec.Envelope, region: SharedRegion | None
+    def _push_pull_cached(
+        self, cached: CachedRequest, header: pb.PushPullHeader, envelope: codec.Envelope, region: SameHostRegion | None
     ) -> bytes | None:
-        """The reply to an asynchronous request of a planned kind; None if the plan no longer holds.
+        """The reply to an asynchronous request of a kind cached before; None if the cached request no longer holds.
 
         With a shared ``region`` (a worker on this host), the reply's tensors go there.
         """
-        grads = plan.request.tensors(envelope)
+        grads = cached.request.tensors(envelope)
         store = self.store
         worker = header.caller.task_index
         with store.lock:
-            if plan.generation != store.generation or self.aggregator is not None:
+            if cached.generation != store.generation or self.aggregator is not None:
                 return None
             duplicate = bool(grads) and self.ledger.is_duplicate(worker, header.push_id)
             if duplicate:
                 grads = []  # applied already: answered with the values it pulls, not applied again
-            step = store.update(plan.variables, grads, header.end_of_step)
+            step = store.update(cached.variables, grads, header.end_of_step)
             if grads:
                 self.ledger.record(worker, header.push_id, header.end_of_step)
                 if self._publishing:
                     self._publish()
             # Encode under the lock, as below: one consistent version, one copy.
             reply = pb.PushPullReplyHeader(global_step=step, duplicate=duplicate)
-            if region is not None and region.fits_reply(plan.reply):
-                region.write_reply(plan.reply, plan.reply_buffers)
+            if region is not None and region.fits_reply(cached.reply):
+                region.write_reply(cached.reply, cached.reply_buffers)
                 reply.shared = True
-                return plan.reply.encode_header(reply)
-            return plan.reply.encode(reply, plan.reply_buffers)
+                return cached.reply.encode_header(reply)
+            return cached.reply.encode(reply, cached.reply_buffers)
 
     def _push_pull(
         self,
         header: pb.PushPullHeader,
         tensors: list[torch.Tensor],
-        plans: StreamPlans | None = None,
+        cache: StreamCache | None = None,
         refused: str = "",
-        region: SharedRegion | None = None,
+        region: SameHostRegion | None = None,
     ) -> bytes:
-        grads, rows, row_pulls = table_rows.split(header.tensors, tensors)
+        grads, rows, row_pulls = row_tensors.split(header.tensors, tensors)
         wire_dtype = codec.wire_dtype_from_name(header.wire_dtype)
         if wire_dtype is not None:
             grads = self.store.widen(grads, wire_dtype)
@@ -483,13 +483,13 @@ class ParameterServerService(TaskService):
                     if self._publishing:
                         self._publish()
                 if (
-                    plans is not None
+                    cache is not None
                     and wire_dtype is None
                     and self.aggregator is None
                     and not (rows or row_pulls)
                     and not duplicate
                 ):
-                    self._plan(plans, header, list(grads), values)
+                    self._cache_request(cache, header, list(grads), values)
                 # Encode under the lock: the reply is one consistent version, and
                 # the only copy of the variables is the one into the reply.
                 reply = pb.PushPullReplyHeader(global_step=step, shared_refused=refused, duplicate=duplicate)
@@ -497,7 +497,7 @@ class ParameterServerService(TaskService):
                 if not row_pulls:
                     return codec.encode(reply, sent)
                 pulled = [(name, store.read_rows(name, ids, create)) for name, ids, create in row_pulls]
-                return codec.encode(reply, sent + pulled, table_rows.reply_kinds(len(sent), len(pulled)))
+                return codec.encode(reply, sent + pulled, row_tensors.reply_kinds(len(sent), len(pulled)))
         self.store.check_names(pull)
         # A push that pulls nothing is one of several messages of a worker's
         # step: it is recorded and answered at once (see Trainer._step_plan).
@@ -525,16 +525,16 @@ class ParameterServerService(TaskService):
                 self.ledger.record(worker, header.push_id, header.end_of_step)
             return self._round_replies.reply(pull, wire_dtype, dropped, region, refused)
 
-    def _plan(
-        self, plans: StreamPlans, header: pb.PushPullHeader, pushed: list[str], pulled: list[torch.Tensor]
+    def _cache_request(
+        self, cache: StreamCache, header: pb.PushPullHeader, pushed: list[str], pulled: list[torch.Tensor]
     ) -> None:
         """Let requests of this kind take the fast way from now on (the caller holds the store's lock)."""
         try:
-            plan = RequestPlan.make(header, self.store.variables(pushed), pulled, self.store.generation)
+            cached = CachedRequest.make(header, self.store.variables(pushed), pulled, self.store.generation)
         except PsframeError as e:  # a request psframe's workers do not make: it stays on the general path
-            log.debug("%s: no plan for a request: %s", self.task_name, e)
+            log.debug("%s: a request that cannot be cached: %s", self.task_name, e)
         else:
-            plans.add(plan)
+            cache.add(cached)
 
     # ---- sync
 

@@ -58,11 +58,11 @@ class VariableStore:
     around both, so that what they read is one consistent version.
 
     A ps task served from several processes gives every process's store the
-    same lock, counters and memory (:mod:`psframe.ps.shared`): their variables
+    same lock, counters and memory (:mod:`psframe.ps.shared_store`): their variables
     and optimizer state are then one, in shared memory.
 
     Args:
-        owner: the task name used in error messages, e.g. ``/job:ps/task:0``.
+        task_name: the task name used in error messages, e.g. ``/job:ps/task:0``.
         lock: a reentrant lock; one of this process's by default.
         counters: global step, applied pushes and refused pushes, as an int64
             array of 3; this process's own by default.
@@ -75,23 +75,23 @@ class VariableStore:
 
     def __init__(
         self,
-        owner: str = "this ps task",
+        task_name: str = "this ps task",
         *,
         lock: Any = None,
         counters: numpy.ndarray | None = None,
         memory: Memory | None = None,
     ) -> None:
-        self.owner = owner
+        self.task_name = task_name
         self.lock = lock if lock is not None else threading.RLock()
         self._counters = counters if counters is not None else numpy.zeros(3, dtype=numpy.int64)
         self._memory = memory if memory is not None else Memory()
-        self._model = StoreModel(owner)  # made anew by create() and adopt()
+        self._model = StoreModel(task_name)  # made anew by create() and adopt()
         self._ready = False
         # Bumped whenever a variable's value changes: two reads under the lock
         # that see the same version read the same values.
         self.version = 0
         # Changes whenever the variables are made anew (create, adopt): what was
-        # checked against one generation's variables (a request plan, views of
+        # checked against one generation's variables (a cached request, views of
         # them) holds until it changes. Unique among the stores of a process.
         self.generation = 0
         self._stepped = False  # an optimizer step went through in this store
@@ -196,7 +196,9 @@ class VariableStore:
                     self._memory.keep(variable)
                 variable.requires_grad_(variable.is_floating_point() or variable.is_complex())
                 variables[name] = variable
-            self._build(StoreModel(self.owner, variables, optimizer, tables, table_optimizer, dynamic, self._memory))
+            self._build(
+                StoreModel(self.task_name, variables, optimizer, tables, table_optimizer, dynamic, self._memory)
+            )
             self.version += 1
             self.generation = next(_GENERATIONS)
             return True
@@ -219,7 +221,7 @@ class VariableStore:
                 name: value.requires_grad_(value.is_floating_point() or value.is_complex())
                 for name, value in values.items()
             }
-            self._build(StoreModel(self.owner, variables, optimizer, tables, table_optimizer, memory=self._memory))
+            self._build(StoreModel(self.task_name, variables, optimizer, tables, table_optimizer, memory=self._memory))
             # After _build, whose memory looks after new optimizer state: shared state is taken as it is.
             for name, state in states.items():
                 if state:
@@ -252,7 +254,7 @@ class VariableStore:
 
     def _require_ready(self) -> None:
         if not self.ready:
-            raise NotReadyError(f"{self.owner} holds no variables yet: the chief has not created them")
+            raise NotReadyError(f"{self.task_name} holds no variables yet: the chief has not created them")
 
     def check_names(self, names: Sequence[str]) -> None:
         """Raise unless every name is a variable of this store."""
@@ -278,18 +280,18 @@ class VariableStore:
             if variable is None:
                 self._model.variable(name)  # names what this store holds
                 raise InvalidGradientError(
-                    f"{name!r} on {self.owner} is an embedding table: it takes the rows a batch touched "
+                    f"{name!r} on {self.task_name} is an embedding table: it takes the rows a batch touched "
                     f"(ids and rows), not a whole gradient; nothing was applied"
                 )
             if grad.dtype != variable.dtype:
                 raise DtypeMismatchError(
                     f"gradient for {name!r} has dtype {grad.dtype} but the variable on "
-                    f"{self.owner} has dtype {variable.dtype}; nothing was applied"
+                    f"{self.task_name} has dtype {variable.dtype}; nothing was applied"
                 )
             if grad.shape != variable.shape:
                 raise ShapeMismatchError(
                     f"gradient for {name!r} has shape {tuple(grad.shape)} but the variable on "
-                    f"{self.owner} has shape {tuple(variable.shape)}; nothing was applied"
+                    f"{self.task_name} has shape {tuple(variable.shape)}; nothing was applied"
                 )
 
     def widen(self, grads: Mapping[str, torch.Tensor], wire_dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -349,8 +351,8 @@ class VariableStore:
 
     def update(self, variables: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], end_of_step: bool) -> int:
         """:meth:`push_pull` without its checks, for gradients already checked
-        against these dense variables of the current :attr:`generation` (a request
-        plan's); the caller holds :attr:`lock`.
+        against these dense variables of the current :attr:`generation` (a
+        cached request's); the caller holds :attr:`lock`.
 
         Returns:
             The global step after the request.
@@ -404,7 +406,8 @@ class VariableStore:
         if name not in self._model.table_parts:
             self._model.variable(name)  # names what this store holds
             raise UnknownVariableError(
-                f"{name!r} on {self.owner} is not an embedding table; its rows cannot be pulled or pushed one by one"
+                f"{name!r} on {self.task_name} is not an embedding table; "
+                "its rows cannot be pulled or pushed one by one"
             )
 
     def check_rows(self, rows: Sequence[RowPush]) -> None:

@@ -1,7 +1,7 @@
 """Memory shared by the serving processes of one ps task, as a store's memory policy.
 
 A ps task served from several processes gives its store a
-:class:`SharedStoreMemory` (:mod:`psframe.ps.shared` makes its ``allocate``):
+:class:`SharedStoreMemory` (:mod:`psframe.ps.shared_store` makes its ``allocate``):
 variables are made by it, and each variable's optimizer state moves there as
 soon as torch makes it, so every process updates the same bytes. Private
 copies (state read from a checkpoint, before it moves) stay on huge pages,

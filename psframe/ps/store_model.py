@@ -28,7 +28,7 @@ class StoreModel:
     """Variables by name, in two groups, plus the dynamic tables' parts.
 
     Args:
-        owner: the task name used in error messages, e.g. ``/job:ps/task:0``.
+        task_name: the task name used in error messages, e.g. ``/job:ps/task:0``.
         variables: the store's own tensors, by name, used as they are.
         optimizer: the dense variables' optimizer.
         tables: the variables that are embedding tables, updated by ``table_optimizer``.
@@ -42,7 +42,7 @@ class StoreModel:
 
     def __init__(
         self,
-        owner: str,
+        task_name: str,
         variables: Mapping[str, torch.Tensor] | None = None,
         optimizer: OptimizerSpec | None = None,
         tables: Sequence[str] = (),
@@ -53,16 +53,16 @@ class StoreModel:
         variables = variables or {}
         unknown = sorted(set(tables) - set(variables))
         if unknown:
-            raise UnknownVariableError(f"{owner}: tables {unknown} are not among the variables created")
+            raise UnknownVariableError(f"{task_name}: tables {unknown} are not among the variables created")
         if (tables or dynamic) and table_optimizer is None:
             raise ClusterMismatchError(
-                f"{owner}: embedding tables {sorted([*tables, *(dynamic or ())])} need a table optimizer"
+                f"{task_name}: embedding tables {sorted([*tables, *(dynamic or ())])} need a table optimizer"
             )
-        self.owner = owner
+        self.task_name = task_name
         self.optimizer_spec = optimizer
         self.names = tuple(variables)  # dense and fixed tables, in the order created
         fixed = set(tables)
-        self.table_parts = TableParts(owner, {n: variables[n] for n in tables}, dynamic, table_optimizer, memory)
+        self.table_parts = TableParts(task_name, {n: variables[n] for n in tables}, dynamic, table_optimizer, memory)
         self.dense = OptimizedVariables({n: v for n, v in variables.items() if n not in fixed}, optimizer)
 
     @property
@@ -87,7 +87,7 @@ class StoreModel:
             if variable is None:
                 names = self.names
                 raise UnknownVariableError(
-                    f"{self.owner} holds no variable {name!r}; it holds {len(names)}: "
+                    f"{self.task_name} holds no variable {name!r}; it holds {len(names)}: "
                     f"{', '.join(names[:8])}{'...' if len(names) > 8 else ''}"
                 )
         return variable
@@ -135,20 +135,20 @@ class StoreModel:
         held = {_key(name, self.variable(name)) for name in self.names}
         if expected != held:
             raise ClusterMismatchError(
-                f"{self.owner} already holds a different model: {len(values)} variables expected, "
+                f"{self.task_name} already holds a different model: {len(values)} variables expected, "
                 f"{len(self.names)} held; (name, shape, dtype) expected but not held: "
                 f"{sorted(expected - held)[:4]}, held but not expected: {sorted(held - expected)[:4]} "
                 f"(every worker must build the same model with the same placement options)"
             )
         parts = self.table_parts.dynamic_parts()
         if dict(dynamic) != parts:
-            raise ClusterMismatchError(f"{self.owner} holds dynamic tables {parts}, not {dict(dynamic)}")
+            raise ClusterMismatchError(f"{self.task_name} holds dynamic tables {parts}, not {dict(dynamic)}")
         if optimizer != self.optimizer_spec:
-            raise ClusterMismatchError(f"{self.owner} already runs {self.optimizer_spec!r}, not {optimizer!r}")
+            raise ClusterMismatchError(f"{self.task_name} already runs {self.optimizer_spec!r}, not {optimizer!r}")
         held_tables, table_spec = self.table_parts.fixed_names, self.table_parts.optimizer_spec
         if frozenset(tables) != held_tables or ((tables or dynamic) and table_optimizer != table_spec):
             raise ClusterMismatchError(
-                f"{self.owner} holds embedding tables {sorted(held_tables)} updated by "
+                f"{self.task_name} holds embedding tables {sorted(held_tables)} updated by "
                 f"{table_spec!r}, not {sorted(tables)} by {table_optimizer!r}"
             )
 

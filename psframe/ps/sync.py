@@ -102,7 +102,7 @@ class SyncAggregator:
                 f"replicas_to_aggregate ({replicas_to_aggregate}) must be in 1..{num_workers} (total_num_replicas)"
             )
         self.store = store
-        self.owner = store.owner
+        self.task_name = store.task_name
         self.num_workers = num_workers
         self.replicas_to_aggregate = replicas_to_aggregate
         self.timeout = timeout
@@ -160,7 +160,7 @@ class SyncAggregator:
                     log.warning(
                         "%s: worker %d pushed gradients for step %d, but this ps is at step %d "
                         "(restored from a checkpoint); dropped",
-                        self.owner,
+                        self.task_name,
                         worker,
                         step,
                         current,
@@ -203,7 +203,7 @@ class SyncAggregator:
                 log.warning(
                     "%s: %d workers still training, fewer than replicas_to_aggregate=%d; "
                     "from step %d each update averages the gradients of all %d",
-                    self.owner,
+                    self.task_name,
                     len(self._live),
                     self.replicas_to_aggregate,
                     self._round.step,
@@ -229,14 +229,14 @@ class SyncAggregator:
             PsframeError: the step is too old to be remembered, or not ps 0.
         """
         if self._decide is not None:
-            raise PsframeError(f"{self.owner} does not decide the members of a step; ps 0 does")
+            raise PsframeError(f"{self.task_name} does not decide the members of a step; ps 0 does")
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._cond:
             while True:
                 if step in self._decisions:
                     return self._decisions[step]
                 if step < self._round.step:
-                    raise PsframeError(f"{self.owner} no longer remembers the members of step {step}")
+                    raise PsframeError(f"{self.task_name} no longer remembers the members of step {step}")
                 if step == self._round.step and self._round.members is not None:
                     return self._round.members
                 if self._round.failure is not None:
@@ -272,7 +272,7 @@ class SyncAggregator:
                 e
                 if isinstance(e, PsframeError)
                 else RemoteError(
-                    f"{self.owner} could not learn the members of step {round_.step} from /job:ps/task:0: {e!r}"
+                    f"{self.task_name} could not learn the members of step {round_.step} from /job:ps/task:0: {e!r}"
                 )
             )
             with self._cond:
@@ -339,7 +339,7 @@ class SyncAggregator:
             if self._decide is not None:
                 wanted += " (ps 0 had not said which)"
         return BarrierTimeoutError(
-            f"sync step {step} on {self.owner}: waited {time.monotonic() - started:.1f}s for "
+            f"sync step {step} on {self.task_name}: waited {time.monotonic() - started:.1f}s for "
             f"{wanted}; arrived: {_workers(arrived)}; missing: {_workers(missing)}"
         )
 

@@ -30,8 +30,7 @@ from psframe.errors import DtypeMismatchError, RowIdError, ShapeMismatchError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
 from psframe.ps.optimized_variables import OptimizedVariables
-
-RowPush = tuple[str, torch.Tensor, torch.Tensor]  # table, ids, the gradients of those rows
+from psframe.rows import RowPush
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ class TableParts:
     """The fixed tables and dynamic tables' parts of one ps task, with the table optimizer's state.
 
     Args:
-        owner: the task name used in error messages, e.g. ``/job:ps/task:0``.
+        task_name: the task name used in error messages, e.g. ``/job:ps/task:0``.
         fixed: the fixed tables' variables by name, used as they are.
         dynamic: the dynamic tables' parts by name; they start empty.
         optimizer: the table optimizer; None when there are no tables.
@@ -55,14 +54,14 @@ class TableParts:
 
     def __init__(
         self,
-        owner: str,
+        task_name: str,
         fixed: Mapping[str, torch.Tensor] | None = None,
         dynamic: Mapping[str, DynamicPart] | None = None,
         optimizer: OptimizerSpec | None = None,
         memory: Memory | None = None,
     ) -> None:
         fixed, dynamic = fixed or {}, dynamic or {}
-        self.owner = owner
+        self.task_name = task_name
         self._memory = memory if memory is not None else Memory()
         self.optimizer_spec = optimizer if fixed or dynamic else None
         self._dynamic = {
@@ -101,7 +100,7 @@ class TableParts:
             return dynamic.dtype, dynamic.row_shape, None
         table = self.fixed.get(name)
         if table is None:
-            raise KeyError(f"{name!r} is no embedding table on {self.owner}")
+            raise KeyError(f"{name!r} is no embedding table on {self.task_name}")
         return table.dtype, tuple(table.shape[1:]), table.shape[0]
 
     def check_ids(self, name: str, ids: torch.Tensor) -> None:
@@ -123,7 +122,7 @@ class TableParts:
             bad = low if low < 0 else high if high >= rows else None
             if bad is not None:
                 raise RowIdError(
-                    f"row id {bad} is outside table {name!r} on {self.owner}, which holds "
+                    f"row id {bad} is outside table {name!r} on {self.task_name}, which holds "
                     f"rows 0..{rows - 1}; nothing was applied"
                 )
 
@@ -138,7 +137,7 @@ class TableParts:
         if values.dtype != dtype:
             raise DtypeMismatchError(
                 f"rows pushed to table {name!r} have dtype {values.dtype} but the table on "
-                f"{self.owner} has dtype {dtype}; nothing was applied"
+                f"{self.task_name} has dtype {dtype}; nothing was applied"
             )
         expected = (ids.shape[0], *row_shape)
         if tuple(values.shape) != expected:
@@ -156,7 +155,7 @@ class TableParts:
         for name, ids, values in rows:
             table = self.fixed.get(name)
             if table is None:
-                raise KeyError(f"{name!r} is no fixed embedding table on {self.owner}")
+                raise KeyError(f"{name!r} is no fixed embedding table on {self.task_name}")
             tables.append(table)
             # Rows may repeat (two pushes' worth, or a worker's own duplicates):
             # coalescing sums them, as backward does for one process.
@@ -179,7 +178,7 @@ class TableParts:
             return dynamic.read(ids, create=create)
         table = self.fixed.get(name)
         if table is None:
-            raise KeyError(f"{name!r} is no embedding table on {self.owner}")
+            raise KeyError(f"{name!r} is no embedding table on {self.task_name}")
         return table.detach().index_select(0, ids)
 
     # ---- accounting and checkpoints

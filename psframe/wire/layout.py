@@ -128,7 +128,7 @@ class Layout:
 
     def encode_header(self, header: Message) -> bytes:
         """An envelope of ``header`` listing the laid-out tensors, without a payload:
-        the tensors travel elsewhere (a shared region, :mod:`psframe.wire.shared_region`)."""
+        the tensors travel elsewhere (a shared region, :mod:`psframe.wire.same_host`)."""
         if header.tensors:
             raise ValueError("the header given to Layout.encode_header lists tensors already; the layout adds them")
         header_bytes = header.SerializeToString() + self._metas_bytes

@@ -3,7 +3,7 @@ and the keyword arguments of earlier releases turned into option groups, or refu
 
 Each names what it expected when it refuses: a wrong type, or two ways of
 giving the same thing. (The wire dtype is resolved by the client, which
-speaks the wire: :func:`psframe.worker.client.resolve_wire_dtype`.)
+speaks the wire: :func:`psframe.worker.ps_client.resolve_wire_dtype`.)
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from psframe.worker.slicer import Request
+from psframe.worker.step_plan import Request
 from psframe.worker.streams import Exchange
 
 

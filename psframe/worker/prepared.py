@@ -7,7 +7,7 @@ values from the first message of each, so that later ones that fit are
 encoded and decoded without per-tensor work (:mod:`psframe.wire.layout`).
 
 On the ps task's host it also moves the tensors through a shared region
-(:mod:`psframe.wire.shared_region`): the second request of its kind (both
+(:mod:`psframe.wire.same_host`): the second request of its kind (both
 layouts known) offers one; once the ps task answered in it, the requests
 leave their gradients there and carry only the header.
 """
@@ -23,7 +23,7 @@ from psframe.errors import WireFormatError
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.layout import Layout
-from psframe.wire.shared_region import SharedRegion
+from psframe.wire.same_host import SameHostRegion
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class PreparedRequest:
         self.share = share
         self._request: Layout | None = None
         self._reply: Layout | None = None
-        self._region: SharedRegion | None = None
+        self._region: SameHostRegion | None = None
         self._in_region = False  # the ps task answered in the region: requests leave their tensors there
 
     @property
@@ -106,7 +106,7 @@ class PreparedRequest:
         if not self.share or self._request is None or self._reply is None or self.header.wire_dtype:
             return
         try:
-            self._region = SharedRegion.create(self._request, self._reply)
+            self._region = SameHostRegion.create(self._request, self._reply)
         except OSError as e:
             log.debug("no shared region (%s): tensors travel in messages", e)
             self.share = False

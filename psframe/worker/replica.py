@@ -1,7 +1,7 @@
 """A worker's replica of the model, bound to the shards the ps tasks hold.
 
 :class:`Replica` knows which part of which local parameter each stored
-shard mirrors (:class:`~psframe.worker.slicer.Slot`), hands out the
+shard mirrors (:class:`~psframe.worker.step_plan.Slot`), hands out the
 gradients a request pushes (on the host, ready for the wire) and writes the
 values a reply carries back into the parameters. It never talks to a ps.
 """
@@ -15,10 +15,10 @@ import torch
 from psframe.cluster.placement import ShardPlacement, VariableInfo, place
 from psframe.cluster.table_placement import place_dynamic, place_tables
 from psframe.wire import codec
-from psframe.worker.client import Reply
 from psframe.worker.dynamic import find_dynamic_tables
-from psframe.worker.slicer import Request, Slot, StepPlan
+from psframe.worker.ps_client import Reply
 from psframe.worker.staging import HostStaging
+from psframe.worker.step_plan import Request, Slot, StepPlan
 from psframe.worker.tables import EmbeddingTables, find_tables
 
 

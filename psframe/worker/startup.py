@@ -12,7 +12,7 @@ import functools
 import logging
 
 from psframe.optim import OptimizerSpec, SyncReplicas
-from psframe.worker.client import PsClient
+from psframe.worker.ps_client import PsClient
 from psframe.worker.replica import Replica
 
 log = logging.getLogger(__name__)

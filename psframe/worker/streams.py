@@ -1,6 +1,6 @@
 """A worker's PushPull streams: one long-lived stream per ps task, a window of requests on each.
 
-:class:`PushPullStreams` is what :class:`psframe.worker.client.PsClient`
+:class:`PushPullStreams` is what :class:`psframe.worker.ps_client.PsClient`
 sends a step through. Each ps task is reached over one bidirectional stream
 (opened on first use, reopened after a failure) that answers its messages
 in order; at most :data:`WINDOW` requests are in flight on a stream: enough
@@ -25,7 +25,7 @@ from psframe.errors import PsframeError
 from psframe.wire import codec, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker.prepared import PreparedRequest
-from psframe.worker.slicer import Request
+from psframe.worker.step_plan import Request
 
 log = logging.getLogger(__name__)
 

@@ -36,13 +36,12 @@ import torch.nn.functional as F
 from psframe import huge_pages
 from psframe.dynamic_rows import part_of
 from psframe.errors import PsframeError, RowIdError
+from psframe.rows import RowPull, RowPush
 from psframe.worker.dynamic import DynamicEmbedding, Lookup, lookup_gradients
-from psframe.worker.slicer import Slot
+from psframe.worker.step_plan import Slot
 
 TABLE_MODULES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 
-RowPush = tuple[str, torch.Tensor, torch.Tensor]  # table part, row ids within it, rows
-RowPull = tuple[str, torch.Tensor]  # table part, row ids within it
 EmbeddingModule = torch.nn.Embedding | torch.nn.EmbeddingBag  # what a table of a model is
 
 # pull(wanted, create) -> rows: per ps task, (part, ids) pairs in, their rows out (PsClient.pull_rows);

@@ -12,10 +12,10 @@ the variables it holds and receives their updated values in the same call,
 to all ps tasks in parallel.
 
 The parts, each readable alone: :mod:`psframe.worker.replica` (the local
-model bound to its shards), :mod:`psframe.worker.slicer` (which message
+model bound to its shards), :mod:`psframe.worker.step_plan` (which message
 carries which shard), :mod:`psframe.worker.startup` (the chief's
 initialisation, and joining the model after a lost ps task),
-:mod:`psframe.worker.client` (tensors to and from the ps tasks) and
+:mod:`psframe.worker.ps_client` (tensors to and from the ps tasks) and
 :mod:`psframe.checkpoint` (saving).
 """
 
@@ -45,13 +45,13 @@ from psframe.options import DEFAULT_KEEP_CHECKPOINTS, Checkpointing, Placement, 
 from psframe.security import LOOSE_ARGUMENTS, Security, accept_security
 from psframe.worker import startup
 from psframe.worker.arguments import groups_from_deprecated, resolve_optimizer, resolve_table_optimizer
-from psframe.worker.client import PsClient, Reply, resolve_wire_dtype
 from psframe.worker.hooks import CheckpointSaverHook, Hook
 from psframe.worker.overlap import BackwardOverlap
 from psframe.worker.prefetch import Prefetcher
+from psframe.worker.ps_client import PsClient, Reply, resolve_wire_dtype
 from psframe.worker.replica import Replica
-from psframe.worker.slicer import Request
 from psframe.worker.staging import HostStaging, resolve_device
+from psframe.worker.step_plan import Request
 from psframe.worker.streams import Exchange
 
 log = logging.getLogger(__name__)

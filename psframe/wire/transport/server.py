@@ -3,7 +3,7 @@
 A server may forward the methods it does not handle to another task, as
 the bytes it received and with the caller's deadline: the reply, or the
 error with its status code and class name, comes back unchanged. A ps task
-served from several processes does this (see :mod:`psframe.ps.serving`).
+served from several processes does this (see :mod:`psframe.ps.serving_processes`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The memory a ps task's serving processes share: variables, optimizer state, counters, one lock.
 
-A ps task served from several processes (:mod:`psframe.ps.serving`) keeps
+A ps task served from several processes (:mod:`psframe.ps.serving_processes`) keeps
 its variables and their optimizer state in files of a folder in shared
 memory (``/dev/shm``), which every one of its processes maps
 (``torch.from_file(..., shared=True)``): an update applied by any process is
@@ -129,7 +129,7 @@ class PortLock:
         os.close(self._fd)
 
 
-class SharedMemory:
+class SharedStore:
     """One ps task's shared folder, as its owner (``create``) or a serving process (:meth:`attach`) sees it.
 
     Args:
@@ -154,7 +154,7 @@ class SharedMemory:
         self._next = 0
 
     @classmethod
-    def create(cls, num_workers: int) -> SharedMemory:
+    def create(cls, num_workers: int) -> SharedStore:
         """A new folder, in ``/dev/shm`` where there is one, for the owner.
 
         Folders left by owners that died without stopping (SIGKILL) are removed
@@ -165,7 +165,7 @@ class SharedMemory:
         return cls(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base), num_workers, owner=True)
 
     @classmethod
-    def attach(cls, folder: str, num_workers: int) -> SharedMemory:
+    def attach(cls, folder: str, num_workers: int) -> SharedStore:
         return cls(folder, num_workers, owner=False)
 
     def _map(self, name: str, dtype: torch.dtype, numel: int) -> torch.Tensor:
@@ -285,7 +285,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def publish_store(memory: SharedMemory, store: Any, task_name: str) -> bool | None:
+def publish_store(memory: SharedStore, store: Any, task_name: str) -> bool | None:
     """Publish a store's model once every variable has its optimizer state (owner, under the store's lock).
 
     Returns:

@@ -5,7 +5,7 @@ the same version. A member on another host gets a message: the first to
 answer encodes it and the others send the same bytes (the step goes on when
 the last worker has its reply, so this takes one encode, and a wait for the
 store's lock, out of every step's critical path). A member on the ps task's
-host that gave its request a shared region (:mod:`psframe.wire.shared_region`)
+host that gave its request a shared region (:mod:`psframe.wire.same_host`)
 gets the values written into that region and a header alone.
 """
 
@@ -19,7 +19,7 @@ from psframe.ps.store import VariableStore
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.layout import Layout
-from psframe.wire.shared_region import SharedRegion
+from psframe.wire.same_host import SameHostRegion
 
 
 class RoundReplies:
@@ -36,7 +36,7 @@ class RoundReplies:
         pull: list[str],
         wire_dtype: torch.dtype | None,
         dropped: bool,
-        region: SharedRegion | None = None,
+        region: SameHostRegion | None = None,
         refused: str = "",
     ) -> bytes:
         """A released member's reply (the caller holds the store's lock): in ``region`` where
@@ -71,7 +71,7 @@ class RegionReplies:
 
     The layout of a reply and the views of the variables it pulls are made
     once per set of names and generation of the store's variables, as a
-    :class:`RequestPlan` makes them for asynchronous requests.
+    :class:`CachedRequest` makes them for asynchronous requests.
     """
 
     def __init__(self) -> None:
@@ -79,7 +79,7 @@ class RegionReplies:
 
     def reply(
         self,
-        region: SharedRegion,
+        region: SameHostRegion,
         pull: Sequence[str],
         values: Sequence[torch.Tensor],
         generation: int,

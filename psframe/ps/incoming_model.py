@@ -3,7 +3,7 @@
 A large model takes several Init requests, each repeating every variable's
 definition and carrying some initial values: whole variables, or (for an
 embedding table's part, which may be far larger than a message) runs of
-rows as ids plus rows (:mod:`psframe.wire.table_rows`). The values are
+rows as ids plus rows (:mod:`psframe.wire.row_tensors`). The values are
 copied into the store's memory as they come, so a request's buffer can go.
 """
 
@@ -15,7 +15,7 @@ import torch
 
 from psframe.errors import RowIdError, WireFormatError
 from psframe.ps.store import VariableStore
-from psframe.wire import codec, messages, table_rows
+from psframe.wire import codec, messages, row_tensors
 from psframe.wire import psframe_pb2 as pb
 
 
@@ -38,7 +38,7 @@ class PendingModel:
             WireFormatError: a value for no variable defined, or of another dtype or shape.
             RowIdError: rows of a table part outside it.
         """
-        values, rows, pulls = table_rows.split(metas, tensors)
+        values, rows, pulls = row_tensors.split(metas, tensors)
         if pulls:
             raise WireFormatError(f"an Init request to {self.owner} asks for rows; it only gives values")
         for name, value in values.items():

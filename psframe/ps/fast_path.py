@@ -1,17 +1,17 @@
 """A stream's PushPull requests, worked out once: the ps task's fast path.
 
 A worker's PushPull stream repeats a few kinds of request, one per message
-of its step plan (:mod:`psframe.worker.slicer`): the same gradients, the same
+of its step plan (:mod:`psframe.worker.step_plan`): the same gradients, the same
 pulls, every step. The first request of a kind is handled the general way,
 every name, dtype and shape checked against the store, and leaves a
-:class:`RequestPlan` behind: the request's layout, the variables its
+:class:`CachedRequest` behind: the request's layout, the variables its
 gradients update, and the reply's layout with views of the variables it
-pulls. A later request that matches a plan skips all of that: its gradients
+pulls. A later request that matches a cached one skips all of that: its gradients
 are read in place, applied, and the reply is written from the views.
 
-A plan holds for one generation of the store's variables
+A cached request holds for one generation of the store's variables
 (:attr:`VariableStore.generation`); when the store makes its variables anew
-(the chief created them again, a checkpoint was adopted), plans of the
+(the chief created them again, a checkpoint was adopted), cached requests of the
 generation before are dropped and made again.
 """
 
@@ -26,15 +26,15 @@ from psframe.errors import SharedRegionError
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.layout import Layout
-from psframe.wire.shared_region import SharedRegion
+from psframe.wire.same_host import SameHostRegion
 
 
 @dataclass(eq=False)
-class RequestPlan:
+class CachedRequest:
     """One kind of asynchronous PushPull request, checked once against a store.
 
     Attributes:
-        caller: who sends it (checked when the plan was made).
+        caller: who sends it (checked when it was cached).
         pull: the names it pulls.
         request: where its gradients lie in the request.
         variables: the variables its gradients update, in request order.
@@ -58,8 +58,8 @@ class RequestPlan:
         variables: Sequence[torch.Tensor],
         pulled: Sequence[torch.Tensor],
         generation: int,
-    ) -> RequestPlan:
-        """The plan of a request the store just answered: ``variables`` are those its
+    ) -> CachedRequest:
+        """The cached form of a request the store just answered: ``variables`` are those its
         gradients updated, ``pulled`` those it read (live, updated in place)."""
         request = Layout(
             pb.PushPullHeader,
@@ -83,20 +83,20 @@ class RequestPlan:
         )
 
 
-class StreamPlans:
-    """The plans of one PushPull stream, tried from the one after the last used,
-    and the shared regions its requests named (:mod:`psframe.wire.shared_region`).
+class StreamCache:
+    """The cached requests of one PushPull stream, tried from the one after the last used,
+    and the shared regions its requests named (:mod:`psframe.wire.same_host`).
 
     A stream's requests come in the same order every step, so the next
     request is almost always of the kind after the last one.
     """
 
-    MAX_PLANS = 256  # a step of 1 GiB in 4 MiB messages; beyond, the general path
+    MAX_REQUESTS = 256  # a step of 1 GiB in 4 MiB messages; beyond, the general path
 
     def __init__(self) -> None:
-        self._plans: list[RequestPlan] = []
+        self._requests: list[CachedRequest] = []
         self._next = 0
-        self._regions: dict[str, SharedRegion] = {}
+        self._regions: dict[str, SameHostRegion] = {}
         # The number of a push refused for its region, until it comes again: the pushes
         # after it on this stream are refused too, so that a worker's pushes are applied
         # in the order it numbered them (the ledger's rule, psframe.ps.ledger).
@@ -116,7 +116,7 @@ class StreamPlans:
         if push_id == self._refused_push:
             self._refused_push = 0
 
-    def shared(self, envelope: codec.Envelope) -> tuple[codec.Envelope, SharedRegion | None, str]:
+    def shared(self, envelope: codec.Envelope) -> tuple[codec.Envelope, SameHostRegion | None, str]:
         """Where the tensors of a request that names a shared region lie, the region, and why
         the region is refused (empty if it is not).
 
@@ -136,7 +136,7 @@ class StreamPlans:
             return envelope, None, str(e)  # an offer: the tensors came in the message
         return (region.request_envelope(envelope.header) if message.in_region else envelope), region, ""
 
-    def region(self, message: pb.SharedRegion) -> SharedRegion:
+    def region(self, message: pb.SharedRegion) -> SameHostRegion:
         """The region ``message`` names, mapped on first use.
 
         Raises:
@@ -145,32 +145,32 @@ class StreamPlans:
         region = self._regions.get(message.path)
         if region is not None and region.matches(message):
             return region
-        region = SharedRegion.attach(message)
-        if len(self._regions) >= self.MAX_PLANS:  # a worker makes one per kind of request
+        region = SameHostRegion.attach(message)
+        if len(self._regions) >= self.MAX_REQUESTS:  # a worker makes one per kind of request
             self._regions.clear()
         self._regions[message.path] = region
         return region
 
-    def find(self, header: pb.PushPullHeader) -> RequestPlan | None:
-        """The plan ``header`` matches, or None."""
-        plans = self._plans
-        count = len(plans)
+    def find(self, header: pb.PushPullHeader) -> CachedRequest | None:
+        """The cached request ``header`` matches, or None."""
+        cache = self._requests
+        count = len(cache)
         for i in range(count):
             index = (self._next + i) % count
-            if plans[index].matches(header):
+            if cache[index].matches(header):
                 self._next = (index + 1) % count
-                return plans[index]
+                return cache[index]
         return None
 
-    def add(self, plan: RequestPlan) -> None:
-        """Keep ``plan`` (dropping any of an older generation)."""
-        plans = [p for p in self._plans if p.generation == plan.generation]
-        if len(plans) < self.MAX_PLANS:
-            plans.append(plan)
-        self._plans = plans
-        self._next = len(plans)  # the next request is of a kind after this one
+    def add(self, cached: CachedRequest) -> None:
+        """Keep ``cached`` (dropping any of an older generation)."""
+        cache = [p for p in self._requests if p.generation == cached.generation]
+        if len(cache) < self.MAX_REQUESTS:
+            cache.append(cached)
+        self._requests = cache
+        self._next = len(cache)  # the next request is of a kind after this one
 
-    def drop(self, plan: RequestPlan) -> None:
-        """Forget ``plan`` (its store's variables were made anew)."""
-        self._plans = [p for p in self._plans if p is not plan]
+    def drop(self, cached: CachedRequest) -> None:
+        """Forget ``cached`` (its store's variables were made anew)."""
+        self._requests = [p for p in self._requests if p is not cached]
         self._next = 0

@@ -23,10 +23,10 @@ from psframe.errors import ConnectTimeoutError
 from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.security import Security
-from psframe.wire import codec, messages, shared_region, table_rows, transport
+from psframe.wire import codec, messages, row_tensors, same_host, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker import streams
-from psframe.worker.slicer import Request, Slot
+from psframe.worker.step_plan import Request, Slot
 from psframe.worker.streams import PushPullStreams, Reply
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class PsClient:
         wire_dtype: compress floating-point tensors to this dtype on the
             wire (``torch.bfloat16`` or ``torch.float16``); None sends them as they are.
         shared_memory: move the tensors of PushPull requests to a ps task
-            on this host through shared memory (:mod:`psframe.wire.shared_region`);
+            on this host through shared memory (:mod:`psframe.wire.same_host`);
             gRPC carries the headers. Tasks on other hosts refuse, and get messages.
         security: the auth token every call carries, and TLS (default: none;
             :meth:`psframe.security.Security.resolve` reads them from flags and the environment).
@@ -83,7 +83,7 @@ class PsClient:
             for k, address in enumerate(cluster.job_tasks("ps"))
         ]
         # The tasks on this host may take shared regions until one says it cannot map them.
-        share = shared_memory and shared_region.available()
+        share = shared_memory and same_host.available()
         self._streams = PushPullStreams(self._ps, self.caller, wire_dtype, share_with=share)
 
     @property
@@ -160,7 +160,7 @@ class PsClient:
         sync: SyncReplicas | None,
         checkpoint_dir: str | None,
         *,
-        rows: Sequence[table_rows.RowPush] = (),
+        rows: Sequence[row_tensors.RowPush] = (),
         table_optimizer: OptimizerSpec | None = None,
         global_step: int = 0,
     ) -> bool:
@@ -189,11 +189,11 @@ class PsClient:
         )
         if table_optimizer is not None:
             header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
-        row_tensors, row_kinds = table_rows.push_tensors(rows)
-        tensors = list(values) + row_tensors
+        pushed_rows, row_kinds = row_tensors.push_tensors(rows)
+        tensors = list(values) + pushed_rows
         data = self._ps[ps_task].call(
             "Init",
-            codec.encode(header, tensors, [table_rows.VALUE] * len(values) + row_kinds),
+            codec.encode(header, tensors, [row_tensors.VALUE] * len(values) + row_kinds),
             timeout=self.rpc_timeout,
         )
         return codec.decode(data, pb.InitReplyHeader)[0].created
@@ -219,7 +219,7 @@ class PsClient:
         *,
         compress: bool = True,
         timeout: float | None = None,
-        rows: Mapping[int, Sequence[table_rows.RowPush]] | None = None,
+        rows: Mapping[int, Sequence[row_tensors.RowPush]] | None = None,
     ) -> list[Reply]:
         """Send planned requests, each with its gradients, and wait for every reply.
 
@@ -250,9 +250,9 @@ class PsClient:
         self,
         requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]],
         step: int,
-        prefetch: Mapping[int, Sequence[table_rows.RowPull]],
+        prefetch: Mapping[int, Sequence[row_tensors.RowPull]],
         *,
-        rows: Mapping[int, Sequence[table_rows.RowPush]] | None = None,
+        rows: Mapping[int, Sequence[row_tensors.RowPush]] | None = None,
         again: bool = False,
     ) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
         """:meth:`push_pull`, then rows of embedding tables read behind the step's messages.
@@ -282,8 +282,8 @@ class PsClient:
         step: int,
         compress: bool,
         timeout: float | None,
-        rows: Mapping[int, Sequence[table_rows.RowPush]] | None,
-        prefetch: Mapping[int, Sequence[table_rows.RowPull]],
+        rows: Mapping[int, Sequence[row_tensors.RowPush]] | None,
+        prefetch: Mapping[int, Sequence[row_tensors.RowPull]],
         again: bool = False,
     ) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
         # Every message that pushes takes a number, in the order it is sent to its
@@ -294,7 +294,7 @@ class PsClient:
         first = []
         ends_step = {request.ps_task for request, _ in requests if request.end_of_step} if rows else set()
         for (ps_task, pushes), push_id in zip(rows.items(), row_ids):
-            tensors, kinds = table_rows.push_tensors(pushes)
+            tensors, kinds = row_tensors.push_tensors(pushes)
             header = pb.PushPullHeader(
                 caller=self.caller, step=step, end_of_step=ps_task not in ends_step, push_id=push_id
             )
@@ -303,7 +303,7 @@ class PsClient:
         answers = self._exchange(first, requests, step, compress, timeout, last, push_ids)
         tail = len(first) + len(requests)
         pulled = {
-            ps_task: table_rows.pulled_rows(answer[0].tensors, answer[1])
+            ps_task: row_tensors.pulled_rows(answer[0].tensors, answer[1])
             for (ps_task, _), answer in zip(last, answers[tail:])
             if answer is not None
         }
@@ -326,7 +326,7 @@ class PsClient:
         return self._streams.begin(requests, grads_of, step, self.wire_dtype is not None, self.rpc_timeout, push_ids)
 
     def pull_rows(
-        self, wanted: Mapping[int, Sequence[table_rows.RowPull]], step: int, create: bool = True
+        self, wanted: Mapping[int, Sequence[row_tensors.RowPull]], step: int, create: bool = True
     ) -> dict[int, list[torch.Tensor]]:
         """The current values of some rows of embedding tables, from every ps task asked, in parallel.
 
@@ -345,12 +345,12 @@ class PsClient:
         first = [(ps_task, self._pull_message(pulls, step, create)) for ps_task, pulls in wanted.items()]
         answers = self._exchange(first, (), step, False, self.rpc_timeout)
         return {
-            ps_task: table_rows.pulled_rows(header.tensors, tensors)
+            ps_task: row_tensors.pulled_rows(header.tensors, tensors)
             for (ps_task, _), (header, tensors) in zip(first, answers)
         }
 
-    def _pull_message(self, pulls: Sequence[table_rows.RowPull], step: int, create: bool = True) -> bytes:
-        tensors, kinds = table_rows.pull_tensors(pulls, create)
+    def _pull_message(self, pulls: Sequence[row_tensors.RowPull], step: int, create: bool = True) -> bytes:
+        tensors, kinds = row_tensors.pull_tensors(pulls, create)
         return codec.encode(pb.PushPullHeader(caller=self.caller, step=step), tensors, kinds)
 
     def _exchange(

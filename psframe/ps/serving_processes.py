@@ -4,7 +4,7 @@
 ``SO_REUSEPORT`` and starts K - 1 serving processes that listen on the same
 port: the kernel spreads the workers' connections among the K processes
 (gRPC's multiprocessing pattern). The task's own process (the owner) creates
-the variables in shared memory (:mod:`psframe.ps.shared`). A serving process
+the variables in shared memory (:mod:`psframe.ps.shared_store`). A serving process
 answers asynchronous PushPull requests itself, over the same variables and
 optimizer state under one lock, once the owner published them; every other
 call (and every push before that, and every synchronous push) it forwards
@@ -23,7 +23,7 @@ Lifecycle: the owner starts the serving processes once it listens and waits
 SIGKILL) when it stops; a serving process that dies is reported by
 :meth:`ServingProcesses.check`, and one whose owner dies exits on its own.
 
-    python -m psframe.ps.serving --cluster_spec=... --task_index=0 --bind=h0:2222 \\
+    python -m psframe.ps.serving_processes --cluster_spec=... --task_index=0 --bind=h0:2222 \\
         --owner=unix:/dev/shm/psframe-ps-.../owner.sock --shared=/dev/shm/psframe-ps-... --index=1  # by the owner
 """
 
@@ -45,9 +45,9 @@ from psframe.cluster import ClusterSpec
 from psframe.errors import PsframeError
 from psframe.liveness import Liveness
 from psframe.memory import HugePageMemory
-from psframe.ps.plans import StreamPlans
+from psframe.ps.fast_path import StreamCache
 from psframe.ps.service import ParameterServerService
-from psframe.ps.shared import SharedMemory
+from psframe.ps.shared_store import SharedStore
 from psframe.ps.store import VariableStore
 from psframe.security import Security
 from psframe.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, Connection, RpcServer, Watchdog
@@ -113,7 +113,7 @@ class ServingProcesses:
             [
                 sys.executable,
                 "-m",
-                "psframe.ps.serving",
+                "psframe.ps.serving_processes",
                 f"--cluster_spec={cluster.to_string()}",
                 f"--task_index={task_index}",
                 f"--bind={bind}",
@@ -237,7 +237,7 @@ class SharedPushPull:
         self,
         cluster: ClusterSpec,
         task_index: int,
-        shared: SharedMemory,
+        shared: SharedStore,
         owner: str,
         security: Security,
         liveness: Liveness | None = None,
@@ -274,12 +274,12 @@ class SharedPushPull:
 
     def push_pull(self, requests: Iterator[bytes]) -> Iterator[bytes]:
         forwarded = None
-        plans = StreamPlans()
+        cache = StreamCache()
         try:
             for data in requests:
                 service = self._local()
                 if service is not None:
-                    yield service.answer_push_pull(data, plans)
+                    yield service.answer_push_pull(data, cache)
                     continue
                 forwarded = forwarded or self._owner.open_stream("PushPull", self._watchdog)
                 forwarded.send(data, FORWARD_REPLY_TIMEOUT_S)
@@ -316,7 +316,7 @@ def serve(
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     task_name = ClusterSpec.task_name("ps", task_index)
-    shared = SharedMemory.attach(shared_folder, cluster.num_workers)
+    shared = SharedStore.attach(shared_folder, cluster.num_workers)
     security = security or Security()
     push_pull = SharedPushPull(cluster, task_index, shared, owner, security, liveness)
     server = RpcServer(

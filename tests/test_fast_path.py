@@ -1,6 +1,6 @@
-"""The ps task's fast path (psframe.ps.plans), against its general path. No network.
+"""The ps task's fast path (psframe.ps.fast_path), against its general path. No network.
 
-Oracle: two services fed the same requests, one with a stream's plans and one
+Oracle: two services fed the same requests, one with a stream's cached requests and one
 without, give the same replies and end with the same variables, bit for bit;
 requests the fast path must not take (another caller, a compressed one, a bad
 one, a store made anew) are answered as the general path answers them.
@@ -13,7 +13,7 @@ import torch
 
 import psframe
 from psframe.cluster import ClusterSpec
-from psframe.ps.plans import StreamPlans
+from psframe.ps.fast_path import StreamCache
 from psframe.ps.service import ParameterServerService
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
@@ -55,7 +55,7 @@ def _request(
     return codec.encode(header, grads)
 
 
-def _replies(requests: list[bytes], service: ParameterServerService, plans: StreamPlans | None):
+def _replies(requests: list[bytes], service: ParameterServerService, plans: StreamCache | None):
     return [codec.decode(service.answer_push_pull(r, plans), pb.PushPullReplyHeader) for r in requests]
 
 
@@ -72,9 +72,9 @@ def _variables(service: ParameterServerService) -> dict[str, torch.Tensor]:
     return values
 
 
-def _planned_equals_general(requests: list[bytes], optimizer=None) -> StreamPlans:
+def _planned_equals_general(requests: list[bytes], optimizer=None) -> StreamCache:
     planned, general = _service(optimizer), _service(optimizer)
-    plans = StreamPlans()
+    plans = StreamCache()
     _same(_replies(requests, planned, plans), _replies(requests, general, None))
     a, b = _variables(planned), _variables(general)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -92,7 +92,7 @@ def test_a_step_plan_repeated_gives_what_the_general_path_gives(optimizer):
     for step in range(6):
         requests += [_request(step, ["w"], ["w"], end_of_step=False), _request(step, ["b", "n"], ["b", "n", "w"])]
     plans = _planned_equals_general(requests, optimizer)
-    assert len(plans._plans) == 2  # one per kind of request, made once
+    assert len(plans._requests) == 2  # one per kind of request, made once
 
 
 def test_requests_the_fast_path_must_not_take_are_answered_the_general_way():
@@ -114,7 +114,7 @@ def test_requests_the_fast_path_must_not_take_are_answered_the_general_way():
 
 def test_a_bad_request_after_a_plan_is_refused_and_changes_nothing():
     service = _service()
-    plans = StreamPlans()
+    plans = StreamCache()
     good = _request(0, ["w", "b"], ["w", "b"])
     service.answer_push_pull(good, plans)
     service.answer_push_pull(good, plans)
@@ -133,26 +133,26 @@ def test_a_bad_request_after_a_plan_is_refused_and_changes_nothing():
 
 def test_a_plan_of_variables_made_anew_is_dropped_not_used():
     service = _service(psframe.optim.SGD(lr=1.0))
-    plans = StreamPlans()
+    plans = StreamCache()
     request = _request(0, ["w"], ["w"])
     service.answer_push_pull(request, plans)
-    (plan,) = plans._plans
+    (plan,) = plans._requests
     # The store's variables made anew (as when a checkpoint is adopted): new tensors.
     _, values, states = service.store.snapshot()
     service.store.adopt({k: v.clone().fill_(5.0) for k, v in values.items()}, states, psframe.optim.SGD(lr=1.0))
     reply, (w,) = codec.decode(service.answer_push_pull(request, plans), pb.PushPullReplyHeader)
     assert not reply.error_class
     assert torch.equal(w, torch.full((4, 3), 5.0) - 1.0)  # the new variable, updated once
-    assert plan not in plans._plans and len(plans._plans) == 1
+    assert plan not in plans._requests and len(plans._requests) == 1
 
 
 def test_stream_plans_are_tried_from_the_one_after_the_last_used():
     service = _service()
-    plans = StreamPlans()
+    plans = StreamCache()
     kinds = [_request(0, [name], [name]) for name in ("w", "b", "n")]
     for data in kinds:
         service.answer_push_pull(data, plans)
     headers = [codec.parse(data, pb.PushPullHeader).header for data in kinds]
-    for header, plan in zip(headers * 2, plans._plans * 2):
+    for header, plan in zip(headers * 2, plans._requests * 2):
         assert plans.find(header) is plan
-        assert plans._next == (plans._plans.index(plan) + 1) % 3
+        assert plans._next == (plans._requests.index(plan) + 1) % 3

@@ -9,7 +9,7 @@ instead write its gradients into a file in ``/dev/shm`` that both processes
 map, and the ps task write its reply there; gRPC then carries the headers
 only. One copy each way.
 
-A worker makes one :class:`SharedRegion` per kind of planned request (the
+A worker makes one :class:`SameHostRegion` per kind of planned request (the
 same tensors every step), once it has seen the request's and the reply's
 layouts, and *offers* it: the next request names the region but still carries
 its tensors. A ps task that can map the file, finds it begins with the
@@ -55,7 +55,7 @@ def available() -> bool:
     return os.path.isdir(DIRECTORY) and os.access(DIRECTORY, os.W_OK | os.X_OK)
 
 
-class SharedRegion:
+class SameHostRegion:
     """One mapped region file: a request's tensors, then its reply's.
 
     Made by a worker with :meth:`create` (which owns the file) or mapped by a
@@ -72,7 +72,7 @@ class SharedRegion:
         self._targets: dict[tuple[int, int], list[numpy.ndarray]] = {}
 
     @classmethod
-    def create(cls, request: Layout, reply: Layout) -> SharedRegion:
+    def create(cls, request: Layout, reply: Layout) -> SameHostRegion:
         """A new region for requests of layout ``request`` answered in layout ``reply`` (worker side).
 
         Raises:
@@ -104,7 +104,7 @@ class SharedRegion:
         return cls(mapping, message, owner=True)
 
     @classmethod
-    def attach(cls, message: pb.SharedRegion) -> SharedRegion:
+    def attach(cls, message: pb.SharedRegion) -> SameHostRegion:
         """Map the region a request names (ps side), after checking that it is what it says.
 
         Raises:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from psframe.errors import WireFormatError
+from psframe.rows import RowPull, RowPush
 from psframe.wire import psframe_pb2 as pb
 
 VALUE = pb.TensorMeta.VALUE
@@ -29,8 +30,6 @@ ROWS = pb.TensorMeta.ROWS
 PULL_ROW_IDS = pb.TensorMeta.PULL_ROW_IDS
 PEEK_ROW_IDS = pb.TensorMeta.PEEK_ROW_IDS
 
-RowPush = tuple[str, torch.Tensor, torch.Tensor]  # table part, ids, rows
-RowPull = tuple[str, torch.Tensor]  # table part, ids
 RowRead = tuple[str, torch.Tensor, bool]  # table part, ids, whether a dynamic table makes rows it lacks
 
 
