@@ -106,13 +106,13 @@ def test_a_sync_push_sent_again_after_its_round_is_answered_as_applied():
 
 def test_pushes_after_one_refused_for_its_region_wait_for_it():
     plans = StreamCache()
-    region = pb.SharedRegion(path="/dev/shm/psframe-missing-region", key=b"k", size=64, in_region=True)
+    region = pb.SameHostRegion(path="/dev/shm/psframe-missing-region", key=b"k", size=64, in_region=True)
     caller = pb.Caller(job_name="worker", task_index=0, cluster_fingerprint=CLUSTER.fingerprint)
     refused = codec.parse(
-        codec.encode(pb.PushPullHeader(caller=caller, push_id=5, shared=region), []), pb.PushPullHeader
+        codec.encode(pb.PushPullHeader(caller=caller, push_id=5, same_host=region), []), pb.PushPullHeader
     )
     with pytest.raises(SharedRegionError):
-        plans.shared(refused)
+        plans.open_region(refused)
     with pytest.raises(SharedRegionError, match="push 6 follows push 5"):
         plans.check_order(6)  # sent behind it: refused, to come again after it
     plans.check_order(5)  # push 5 again (in its message)

@@ -162,7 +162,7 @@ def assert_refused(target: Target, method: str, data: bytes, metadata=(), codes=
         assert e.code() in codes, (method, e.code(), e.details())
         return
     header, _ = codec.decode(replies[0], pb.PushPullReplyHeader)
-    assert header.error_class or header.shared_unusable, f"PushPull answered {data[:40]!r}... without naming an error"
+    assert header.error_class or header.region_unusable, f"PushPull answered {data[:40]!r}... without naming an error"
 
 
 # ---- every method, junk bytes
@@ -297,7 +297,7 @@ def test_bad_headers_and_shared_regions_are_refused(unchanged):
         "pull_unknown": pb.PushPullHeader(caller=target.caller, pull=["nope"]),
         "region_elsewhere": pb.PushPullHeader(
             caller=target.caller,
-            shared=pb.SharedRegion(
+            same_host=pb.SameHostRegion(
                 path="/etc/passwd",
                 key=bytes(16),
                 size=64,
@@ -309,7 +309,7 @@ def test_bad_headers_and_shared_regions_are_refused(unchanged):
         ),
         "region_nul": pb.PushPullHeader(
             caller=target.caller,
-            shared=pb.SharedRegion(
+            same_host=pb.SameHostRegion(
                 path="/dev/shm/psframe-\x00x",
                 key=bytes(16),
                 size=64,
@@ -321,7 +321,7 @@ def test_bad_headers_and_shared_regions_are_refused(unchanged):
         ),
         "region_offsets": pb.PushPullHeader(
             caller=target.caller,
-            shared=pb.SharedRegion(
+            same_host=pb.SameHostRegion(
                 path="/dev/shm/psframe-none",
                 key=bytes(16),
                 size=64,
@@ -333,7 +333,7 @@ def test_bad_headers_and_shared_regions_are_refused(unchanged):
         ),
         "region_missing": pb.PushPullHeader(
             caller=target.caller,
-            shared=pb.SharedRegion(
+            same_host=pb.SameHostRegion(
                 path="/dev/shm/psframe-none",
                 key=bytes(16),
                 size=2**62,
@@ -347,19 +347,19 @@ def test_bad_headers_and_shared_regions_are_refused(unchanged):
     for name, header in cases.items():
         reply = target.push_pull(header, grads)
         if name.startswith("region_"):  # the worker would send the tensors in the message instead
-            assert reply.shared_unusable and not reply.error_class and not reply.tensors, name
+            assert reply.region_unusable and not reply.error_class and not reply.tensors, name
         else:
             assert reply.error_class, name
     # An offered region the task cannot use is declined, and the tensors in the message are used.
     offer = pb.PushPullHeader(
         caller=target.caller,
         pull=["fc.bias"],
-        shared=pb.SharedRegion(
+        same_host=pb.SameHostRegion(
             path="/dev/shm/psframe-none", key=bytes(16), size=64, request_start=16, request_length=24, reply_start=48
         ),
     )
     reply = target.push_pull(offer)
-    assert not reply.error_class and reply.shared_refused
+    assert not reply.error_class and reply.region_refused
 
 
 @pytest.mark.parametrize(

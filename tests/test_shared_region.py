@@ -66,8 +66,8 @@ def test_a_region_carries_both_parts_aligned_between_a_maker_and_a_mapper():
     assert not os.path.exists(made.message.path)
 
 
-def _named(region: SameHostRegion, **changes) -> pb.SharedRegion:
-    message = pb.SharedRegion()
+def _named(region: SameHostRegion, **changes) -> pb.SameHostRegion:
+    message = pb.SameHostRegion()
     message.CopyFrom(region.message)
     for field, value in changes.items():
         setattr(message, field, value)
@@ -120,7 +120,7 @@ def _train(service: ParameterServerService, prepared: PreparedRequest, steps: ra
         data = prepared.encode(step, _grads(step))
         sizes.append(codec.parse(data, pb.PushPullHeader).payload_length)
         header, tensors = prepared.decode(service.answer_push_pull(data, plans))
-        replies.append((header.global_step, header.shared, [t.clone() for t in tensors]))
+        replies.append((header.global_step, header.in_region, [t.clone() for t in tensors]))
     return replies, sizes
 
 
@@ -136,7 +136,7 @@ def test_requests_through_a_region_give_what_messages_give():
         assert step_a == step_b and all(torch.equal(x, y) for x, y in zip(a, b))
     a, b = _variables(through_region), _variables(in_messages)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert shared.in_region and not os.path.exists(shared.header.shared.path)  # unlinked once accepted
+    assert shared.in_region and not os.path.exists(shared.header.same_host.path)  # unlinked once accepted
     shared.drop_region()
 
 
@@ -151,7 +151,7 @@ def test_a_region_the_ps_cannot_map_is_refused_and_the_worker_goes_back_to_messa
     before = _variables(service)
     data = prepared.encode(2, _grads(2))
     header, _ = prepared.decode(service.answer_push_pull(data, StreamCache()))
-    assert "cannot be" in header.shared_unusable and not header.error_class and not header.tensors
+    assert "cannot be" in header.region_unusable and not header.error_class and not header.tensors
     after = _variables(service)
     assert all(torch.equal(before[k], after[k]) for k in before)
     # The worker sends the tensors in the message instead, and offers a new region.
@@ -169,8 +169,8 @@ def test_an_offer_the_ps_cannot_map_is_answered_in_the_message_and_refused():
     data = PreparedRequest(_header()).encode(0, _grads(0))
     envelope = codec.parse(data, pb.PushPullHeader)
     header = envelope.header
-    header.shared.CopyFrom(
-        pb.SharedRegion(
+    header.same_host.CopyFrom(
+        pb.SameHostRegion(
             path="/dev/shm/psframe-on-another-host",
             key=bytes(16),
             size=4096,
@@ -181,7 +181,7 @@ def test_an_offer_the_ps_cannot_map_is_answered_in_the_message_and_refused():
     )
     offer = codec.encode(header, list(zip([m.name for m in header.tensors], codec.tensors_of(envelope))))
     reply_header, values = codec.decode(service.answer_push_pull(offer, StreamCache()), pb.PushPullReplyHeader)
-    assert "cannot be opened" in reply_header.shared_refused and not reply_header.shared
+    assert "cannot be opened" in reply_header.region_refused and not reply_header.in_region
     expected_header, expected = codec.decode(reference.answer_push_pull(data, StreamCache()), pb.PushPullReplyHeader)
     assert reply_header.global_step == expected_header.global_step
     assert all(torch.equal(a, b) for a, b in zip(values, expected))
@@ -300,8 +300,8 @@ def test_a_sync_member_whose_region_cannot_be_mapped_is_told_so_and_stops_offeri
     service, push, decoded = _sync_service()
     caller = pb.Caller(job_name="worker", task_index=1, cluster_fingerprint=service.cluster.fingerprint)
     header = pb.PushPullHeader(caller=caller, step=0, pull=["w", "b"], end_of_step=True)
-    header.shared.CopyFrom(
-        pb.SharedRegion(
+    header.same_host.CopyFrom(
+        pb.SameHostRegion(
             path="/dev/shm/psframe-on-another-host",
             key=bytes(16),
             size=4096,
@@ -318,10 +318,10 @@ def test_a_sync_member_whose_region_cannot_be_mapped_is_told_so_and_stops_offeri
     member.join(30)
     assert not member.is_alive()
     refused, values = decoded(replies["offer"])
-    assert "cannot be opened" in refused.shared_refused and not refused.shared and refused.global_step == 1
+    assert "cannot be opened" in refused.region_refused and not refused.in_region and refused.global_step == 1
     assert torch.equal(values[0], torch.full((3,), -3.0))  # 0 - 1.0 x mean(4, 2)
     other, _ = decoded(replies["first"])
-    assert not other.shared_refused  # the member on this host is told nothing of it
+    assert not other.region_refused  # the member on this host is told nothing of it
     prepared = PreparedRequest(pb.PushPullHeader(caller=caller, pull=["w", "b"], end_of_step=True), share=True)
     prepared.encode(0, [("w", torch.zeros(3)), ("b", torch.zeros(2))])
     prepared.decode(replies["offer"])

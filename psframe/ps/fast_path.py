@@ -116,7 +116,7 @@ class StreamCache:
         if push_id == self._refused_push:
             self._refused_push = 0
 
-    def shared(self, envelope: codec.Envelope) -> tuple[codec.Envelope, SameHostRegion | None, str]:
+    def open_region(self, envelope: codec.Envelope) -> tuple[codec.Envelope, SameHostRegion | None, str]:
         """Where the tensors of a request that names a shared region lie, the region, and why
         the region is refused (empty if it is not).
 
@@ -124,7 +124,7 @@ class StreamCache:
             SharedRegionError: the tensors are in a region that cannot be used
                 (the worker then sends them in the message).
         """
-        message = envelope.header.shared
+        message = envelope.header.same_host
         try:
             region = self.region(message)
         except SharedRegionError as e:
@@ -136,7 +136,7 @@ class StreamCache:
             return envelope, None, str(e)  # an offer: the tensors came in the message
         return (region.request_envelope(envelope.header) if message.in_region else envelope), region, ""
 
-    def region(self, message: pb.SharedRegion) -> SameHostRegion:
+    def region(self, message: pb.SameHostRegion) -> SameHostRegion:
         """The region ``message`` names, mapped on first use.
 
         Raises:

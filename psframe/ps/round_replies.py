@@ -60,7 +60,7 @@ class RoundReplies:
         key = (tuple(pull), wire_dtype, dropped, refused)
         data = replies.get(key)
         if data is None:
-            reply = pb.PushPullReplyHeader(global_step=store.global_step, dropped=dropped, shared_refused=refused)
+            reply = pb.PushPullReplyHeader(global_step=store.global_step, dropped=dropped, region_refused=refused)
             data = replies[key] = codec.encode(reply, outgoing(pull, store.read(pull), wire_dtype))
         return data
 
@@ -100,7 +100,7 @@ class RegionReplies:
         if not region.fits_reply(layout):
             return None
         region.write_reply(layout, buffers)
-        header.shared = True
+        header.in_region = True
         return layout.encode_header(header)
 
 

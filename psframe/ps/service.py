@@ -388,7 +388,7 @@ class ParameterServerService(TaskService):
         """The reply to one PushPull request: a refused one names the error, and the stream goes on.
 
         A request whose shared region cannot be used is answered with the
-        reason in ``shared_unusable``: nothing was applied, and the worker
+        reason in ``region_unusable``: nothing was applied, and the worker
         sends it again with its tensors in the message.
 
         ``cache`` holds the cached requests of the request's stream: an asynchronous request
@@ -398,7 +398,7 @@ class ParameterServerService(TaskService):
         try:
             return self._handle_push_pull(data, cache)
         except SharedRegionError as e:
-            return codec.encode(pb.PushPullReplyHeader(shared_unusable=str(e)), ())
+            return codec.encode(pb.PushPullReplyHeader(region_unusable=str(e)), ())
         except PsframeError as e:
             name, message = encode_error(e)
             return codec.encode(pb.PushPullReplyHeader(error_class=name, error_message=message), ())
@@ -410,8 +410,8 @@ class ParameterServerService(TaskService):
         region, refused = None, ""
         if cache is not None and header.push_id:
             cache.check_order(header.push_id)
-        if header.HasField("shared"):  # a worker on this host: its tensors may lie in a shared region
-            envelope, region, refused = (cache if cache is not None else StreamCache()).shared(envelope)
+        if header.HasField("same_host"):  # a worker on this host: its tensors may lie in a shared region
+            envelope, region, refused = (cache if cache is not None else StreamCache()).open_region(envelope)
         cached = cache.find(header) if cache is not None and self.aggregator is None else None
         if cached is None:
             self._check_caller(header.caller)
@@ -448,7 +448,7 @@ class ParameterServerService(TaskService):
             reply = pb.PushPullReplyHeader(global_step=step, duplicate=duplicate)
             if region is not None and region.fits_reply(cached.reply):
                 region.write_reply(cached.reply, cached.reply_buffers)
-                reply.shared = True
+                reply.in_region = True
                 return cached.reply.encode_header(reply)
             return cached.reply.encode(reply, cached.reply_buffers)
 
@@ -492,7 +492,7 @@ class ParameterServerService(TaskService):
                     self._cache_request(cache, header, list(grads), values)
                 # Encode under the lock: the reply is one consistent version, and
                 # the only copy of the variables is the one into the reply.
-                reply = pb.PushPullReplyHeader(global_step=step, shared_refused=refused, duplicate=duplicate)
+                reply = pb.PushPullReplyHeader(global_step=step, region_refused=refused, duplicate=duplicate)
                 sent = outgoing(pull, values, wire_dtype)
                 if not row_pulls:
                     return codec.encode(reply, sent)

@@ -265,14 +265,14 @@ class InitResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[InitReplyHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PushPullHeader(_message.Message):
-    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "shared", "push_id")
+    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     PULL_FIELD_NUMBER: _ClassVar[int]
     END_OF_STEP_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
-    SHARED_FIELD_NUMBER: _ClassVar[int]
+    SAME_HOST_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     step: int
@@ -280,11 +280,11 @@ class PushPullHeader(_message.Message):
     pull: _containers.RepeatedScalarFieldContainer[str]
     end_of_step: bool
     wire_dtype: str
-    shared: SharedRegion
+    same_host: SameHostRegion
     push_id: int
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., shared: _Optional[_Union[SharedRegion, _Mapping]] = ..., push_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ...) -> None: ...
 
-class SharedRegion(_message.Message):
+class SameHostRegion(_message.Message):
     __slots__ = ("path", "key", "size", "request_start", "request_length", "reply_start", "in_region")
     PATH_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -311,26 +311,26 @@ class PushPullRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[PushPullHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PushPullReplyHeader(_message.Message):
-    __slots__ = ("global_step", "tensors", "dropped", "error_class", "error_message", "shared", "shared_refused", "duplicate", "shared_unusable")
+    __slots__ = ("global_step", "tensors", "dropped", "error_class", "error_message", "in_region", "region_refused", "duplicate", "region_unusable")
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    SHARED_FIELD_NUMBER: _ClassVar[int]
-    SHARED_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    IN_REGION_FIELD_NUMBER: _ClassVar[int]
+    REGION_REFUSED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
-    SHARED_UNUSABLE_FIELD_NUMBER: _ClassVar[int]
+    REGION_UNUSABLE_FIELD_NUMBER: _ClassVar[int]
     global_step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     dropped: bool
     error_class: str
     error_message: str
-    shared: bool
-    shared_refused: str
+    in_region: bool
+    region_refused: str
     duplicate: bool
-    shared_unusable: str
-    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., dropped: _Optional[bool] = ..., error_class: _Optional[str] = ..., error_message: _Optional[str] = ..., shared: _Optional[bool] = ..., shared_refused: _Optional[str] = ..., duplicate: _Optional[bool] = ..., shared_unusable: _Optional[str] = ...) -> None: ...
+    region_unusable: str
+    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., dropped: _Optional[bool] = ..., error_class: _Optional[str] = ..., error_message: _Optional[str] = ..., in_region: _Optional[bool] = ..., region_refused: _Optional[str] = ..., duplicate: _Optional[bool] = ..., region_unusable: _Optional[str] = ...) -> None: ...
 
 class PushPullResponse(_message.Message):
     __slots__ = ("header", "payload")

@@ -63,7 +63,7 @@ class SameHostRegion:
     to it: tensors read from it keep it mapped.
     """
 
-    def __init__(self, mapping: mmap.mmap, message: pb.SharedRegion, owner: bool) -> None:
+    def __init__(self, mapping: mmap.mmap, message: pb.SameHostRegion, owner: bool) -> None:
         self.message = message
         self._mapping = mapping
         self._view = memoryview(mapping)
@@ -93,7 +93,7 @@ class SameHostRegion:
             os.close(fd)
         key = secrets.token_bytes(KEY_BYTES)
         mapping[:KEY_BYTES] = key
-        message = pb.SharedRegion(
+        message = pb.SameHostRegion(
             path=path,
             key=key,
             size=size,
@@ -104,7 +104,7 @@ class SameHostRegion:
         return cls(mapping, message, owner=True)
 
     @classmethod
-    def attach(cls, message: pb.SharedRegion) -> SameHostRegion:
+    def attach(cls, message: pb.SameHostRegion) -> SameHostRegion:
         """Map the region a request names (ps side), after checking that it is what it says.
 
         Raises:
@@ -144,12 +144,12 @@ class SameHostRegion:
         if not hmac.compare_digest(mapping[:KEY_BYTES], message.key):
             mapping.close()
             raise SharedRegionError(f"shared region {path} does not begin with the key named")
-        attached = pb.SharedRegion()
+        attached = pb.SameHostRegion()
         attached.CopyFrom(message)
         attached.in_region = False
         return cls(mapping, attached, owner=False)
 
-    def matches(self, message: pb.SharedRegion) -> bool:
+    def matches(self, message: pb.SameHostRegion) -> bool:
         """Whether ``message`` names this region, as it was mapped."""
         mine = self.message
         return (

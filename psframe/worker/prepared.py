@@ -80,22 +80,22 @@ class PreparedRequest:
         """
         envelope = codec.parse(data, pb.PushPullReplyHeader)
         header = envelope.header
-        if header.shared:
+        if header.in_region:
             if self._region is None:
                 raise WireFormatError("a reply in a shared region this request did not offer")
             envelope = self._region.reply_envelope(header)
             if not self._in_region:  # accepted: both sides have it mapped, the file can go
-                self._in_region = self.header.shared.in_region = True
+                self._in_region = self.header.same_host.in_region = True
                 self._region.unlink()
-        elif header.shared_refused:
-            log.debug("the ps task will not share a region: %s", header.shared_refused)
+        elif header.region_refused:
+            log.debug("the ps task will not share a region: %s", header.region_refused)
             self.share = False
             self.drop_region()
         if self._reply is not None and self._reply.matches(header):
             tensors = self._reply.tensors(envelope)
         else:
             tensors = codec.tensors_of(envelope)
-            if not (header.error_class or header.shared_unusable) and self._reply is None:  # a refusal has no tensors
+            if not (header.error_class or header.region_unusable) and self._reply is None:  # a refusal has no tensors
                 self._reply = Layout(
                     pb.PushPullReplyHeader,
                     [(meta.name, t.dtype, tuple(t.shape)) for meta, t in zip(header.tensors, tensors)],
@@ -111,7 +111,7 @@ class PreparedRequest:
             log.debug("no shared region (%s): tensors travel in messages", e)
             self.share = False
             return
-        self.header.shared.CopyFrom(self._region.message)
+        self.header.same_host.CopyFrom(self._region.message)
 
     def drop_region(self) -> None:
         """Send the tensors in messages again (the ps task could not use the region, or was
@@ -120,4 +120,4 @@ class PreparedRequest:
             self._region.unlink()
             self._region = None
         self._in_region = False
-        self.header.ClearField("shared")
+        self.header.ClearField("same_host")

@@ -332,21 +332,21 @@ class Exchange:
                 peer = streams._ps[ps_task].peer
                 if j in self._encoded:  # a message of `first` or `last`
                     header, tensors = replies[j] = codec.decode(data, pb.PushPullReplyHeader)
-                    if header.shared_unusable:  # refused behind a push refused for its region: not sent again
-                        failure = failure or errors.SharedRegionError(header.shared_unusable)
+                    if header.region_unusable:  # refused behind a push refused for its region: not sent again
+                        failure = failure or errors.SharedRegionError(header.region_unusable)
                     elif header.error_class:
                         failure = failure or transport.decode_error(header.error_class, header.error_message, peer)
                     self._send_more(ps_task)
                     continue
                 prepared = streams.prepared[(self._requests[j - count], self._compress)]
                 header, tensors = prepared.decode(data)
-                if header.shared_refused:
+                if header.region_refused:
                     streams._share_with.discard(ps_task)
-                if header.shared_unusable:
+                if header.region_unusable:
                     # The task could not map the region (it was replaced, or another of its
                     # processes answered), or refused a push that came after one it could
                     # not map: nothing was applied; send the tensors in the message.
-                    log.debug("%s: %s", peer, header.shared_unusable)
+                    log.debug("%s: %s", peer, header.region_unusable)
                     prepared.drop_region()
                     self._again[ps_task].append(j)
                     resent = True

@@ -23,8 +23,8 @@ re-export it), and, if it is answered with another status than
 
 Not every failure is an error on the wire. A request whose tensors lie in a
 shared region the ps task cannot use is answered with the typed reply field
-``shared_unusable`` (the worker sends the tensors in the message instead),
-as an offered region the task declines is with ``shared_refused``.
+``region_unusable`` (the worker sends the tensors in the message instead),
+as an offered region the task declines is with ``region_refused``.
 """
 
 from __future__ import annotations
