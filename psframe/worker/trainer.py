@@ -183,18 +183,14 @@ class Trainer:
             # A call may wait at the barrier for as long as the sync timeout.
             rpc_timeout = max(rpc_timeout, self.sync.timeout + 30.0)
         self.wire_dtype = resolve_wire_dtype(transport.wire_dtype)
-        self.shared_memory = transport.same_host_memory
         self.device = resolve_device(model, device, gpu_memory_fraction)
         self.model = model.to(self.device)
         self.hooks = list(hooks)
         self.checkpointing = checkpointing
-        self.checkpoint_dir = checkpointing.dir if checkpointing is not None else None
-        self.keep_checkpoints = checkpointing.keep if checkpointing is not None else DEFAULT_KEEP_CHECKPOINTS
         if checkpointing is not None and self.is_chief:
             self.hooks.append(CheckpointSaverHook(*checkpointing.interval))
         self.recoveries = 0  # times this worker waited for a lost ps task and went on
         self.transport = transport
-        self.connect_timeout = transport.connect_timeout
         self.rpc_timeout = rpc_timeout
         self.global_step = 0
         self.local_step = 0
@@ -272,6 +268,29 @@ class Trainer:
             self.state = TrainerState.CLOSED
             raise
         return self
+
+    # Read from the option groups, never kept twice.
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        """Where the chief saves checkpoints; None without :class:`psframe.Checkpointing`."""
+        return self.checkpointing.dir if self.checkpointing is not None else None
+
+    @property
+    def keep_checkpoints(self) -> int:
+        """How many of the newest checkpoints are kept."""
+        return self.checkpointing.keep if self.checkpointing is not None else DEFAULT_KEEP_CHECKPOINTS
+
+    @property
+    def connect_timeout(self) -> float:
+        """Seconds to wait for the ps tasks (:attr:`psframe.Transport.connect_timeout`)."""
+        return self.transport.connect_timeout
+
+    @property
+    def shared_memory(self) -> bool:
+        """Whether tensors to a ps task on this host go through shared memory
+        (:attr:`psframe.Transport.same_host_memory`)."""
+        return self.transport.same_host_memory
 
     @property
     def _ps(self) -> PsClient:
