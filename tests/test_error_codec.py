@@ -13,6 +13,7 @@ import ast
 
 import grpc
 import pytest
+import torch
 
 import psframe.launch
 import psframe.ray
@@ -23,6 +24,7 @@ from psframe.ps.service import ParameterServerService
 from psframe.wire import codec, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.transport import error_codec
+from psframe.worker.operations import PullRows
 from psframe.worker.streams import PushPullStreams
 from tests.conftest import ROOT
 
@@ -135,7 +137,7 @@ class _Served:
         raise cls(_message(cls))
 
     def _raise_named(self, data: bytes, plans=None) -> bytes:
-        self._raise(codec.parse(data, pb.PushPullHeader).header.pull[0])
+        self._raise(codec.parse(data, pb.PushPullHeader).header.tensors[0].name)
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -161,9 +163,9 @@ def test_every_error_class_comes_back_from_a_unary_call(served, cls):
 
 @pytest.mark.parametrize("cls", ALL_ERRORS, ids=lambda cls: cls.__name__)
 def test_every_error_class_comes_back_from_a_push_pull_reply(served, cls):
-    data = codec.encode(pb.PushPullHeader(caller=pb.Caller(job_name="worker"), pull=[cls.__name__]), ())
+    pull = PullRows(0, [(cls.__name__, torch.tensor([0]))])
     with pytest.raises(cls) as info:
-        served.streams.exchange([(0, data)], [], step=0, compress=False, timeout=DEADLINE_S)
+        served.streams.exchange([pull], step=0, compress=False, timeout=DEADLINE_S)
     assert info.type is cls and str(info.value) == _message(cls)
 
 
@@ -194,11 +196,10 @@ def test_an_unknown_error_name_in_a_push_pull_reply_is_a_remote_error_naming_it(
     connection = transport.Connection(f"127.0.0.1:{port}", "/job:ps/task:1 under test")
     streams = PushPullStreams([connection], pb.Caller(job_name="worker"), None, share_with=False)
     try:
-        data = codec.encode(pb.PushPullHeader(caller=pb.Caller(job_name="worker")), ())
         with pytest.raises(
             errors.RemoteError, match=r"/job:ps/task:1 under test failed with 'ErrorOfANewerPsframe'.*boom"
         ):
-            streams.exchange([(0, data)], [], step=0, compress=False, timeout=DEADLINE_S)
+            streams.exchange([PullRows(0, [("w", torch.tensor([0]))])], step=0, compress=False, timeout=DEADLINE_S)
     finally:
         streams.close()
         connection.close()

@@ -152,8 +152,9 @@ def test_a_worker_process_loads_nothing_of_the_ps_side():
 
 def test_the_trainer_speaks_tensors_and_names_only():
     for path in (PACKAGE / "worker").glob("*.py"):
-        # The client, its streams and prepared requests (and the replica's on-GPU compression) speak wire.
-        if path.stem in ("ps_client", "streams", "prepared", "replica"):
+        # The client, its streams, the operations encoder and prepared requests (and the replica's
+        # on-GPU compression) speak wire.
+        if path.stem in ("ps_client", "streams", "operations", "prepared", "replica"):
             continue
         wire = {name for name in imports_of(path) if name.startswith("psframe.wire")}
         assert not wire, f"{module_name(path)} imports {sorted(wire)}"

@@ -143,7 +143,7 @@ def test_a_request_sent_again_voids_the_prefetch_behind_it(local_cluster):
         streams = trainer._client._streams
         for step in range(STEPS):
             if step == 3:
-                assert any(p.in_region for p in streams.prepared.values())
+                assert any(p.in_region for p in streams.encoder.prepared.values())
                 # New streams, as if another process of the task answered: the regions the
                 # requests lie in were unlinked once taken, so the ps task cannot map them.
                 for stream in streams._streams.values():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -26,8 +27,19 @@ from psframe.security import Security
 from psframe.wire import codec, messages, row_tensors, same_host, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker import streams
+from psframe.worker.operations import (
+    DenseReply,
+    Operation,
+    PullRows,
+    PushPull,
+    PushRows,
+    Reply,
+    RowsPulled,
+)
 from psframe.worker.step_plan import Request, Slot
-from psframe.worker.streams import PushPullStreams, Reply
+from psframe.worker.streams import PushPullStreams
+
+ReplyT = TypeVar("ReplyT", DenseReply, RowsPulled)
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +232,7 @@ class PsClient:
         compress: bool = True,
         timeout: float | None = None,
         rows: Mapping[int, Sequence[row_tensors.RowPush]] | None = None,
-    ) -> list[Reply]:
+    ) -> list[DenseReply]:
         """Send planned requests, each with its gradients, and wait for every reply.
 
         Each ps task is reached over one long-lived stream, with a few
@@ -254,7 +266,7 @@ class PsClient:
         *,
         rows: Mapping[int, Sequence[row_tensors.RowPush]] | None = None,
         again: bool = False,
-    ) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
+    ) -> tuple[list[DenseReply], dict[int, list[torch.Tensor]]]:
         """:meth:`push_pull`, then rows of embedding tables read behind the step's messages.
 
         Each ps task in ``prefetch`` gets one more message on its stream after
@@ -285,29 +297,22 @@ class PsClient:
         rows: Mapping[int, Sequence[row_tensors.RowPush]] | None,
         prefetch: Mapping[int, Sequence[row_tensors.RowPull]],
         again: bool = False,
-    ) -> tuple[list[Reply], dict[int, list[torch.Tensor]]]:
-        # Every message that pushes takes a number, in the order it is sent to its
-        # ps task: the rows of tables first, then the requests with gradients.
+    ) -> tuple[list[DenseReply], dict[int, list[torch.Tensor]]]:
+        # Each ps task gets its rows' gradients first (ending the step where it has
+        # no planned request that does), then the planned requests, then the pulls.
         rows = rows or {}
-        numbers = self._streams.numbers.assign([*rows, *_targets(r for r, _ in requests)], again)
-        row_ids, push_ids = numbers[: len(rows)], numbers[len(rows) :]
-        first = []
-        ends_step = {request.ps_task for request, _ in requests if request.end_of_step} if rows else set()
-        for (ps_task, pushes), push_id in zip(rows.items(), row_ids):
-            tensors, kinds = row_tensors.push_tensors(pushes)
-            header = pb.PushPullHeader(
-                caller=self.caller, step=step, end_of_step=ps_task not in ends_step, push_id=push_id
-            )
-            first.append((ps_task, codec.encode(header, tensors, kinds)))
-        last = [(ps_task, self._pull_message(pulls, step)) for ps_task, pulls in prefetch.items()]
-        answers = self._exchange(first, requests, step, compress, timeout, last, push_ids)
-        tail = len(first) + len(requests)
+        ends_step = {request.ps_task for request, _ in requests if request.end_of_step}
+        pushed_rows = [PushRows(ps_task, pushes, ps_task not in ends_step) for ps_task, pushes in rows.items()]
+        planned = [PushPull(request, grads) for request, grads in requests]
+        pulls = [PullRows(ps_task, wanted) for ps_task, wanted in prefetch.items()]
+        replies = self._exchange([*pushed_rows, *planned, *pulls], step, compress, timeout, again)
+        dense = replies[len(pushed_rows) : len(pushed_rows) + len(planned)]
         pulled = {
-            ps_task: row_tensors.pulled_rows(answer[0].tensors, answer[1])
-            for (ps_task, _), answer in zip(last, answers[tail:])
-            if answer is not None
+            pull.ps_task: reply.rows
+            for pull, reply in zip(pulls, replies[len(pushed_rows) + len(planned) :])
+            if isinstance(reply, RowsPulled)
         }
-        return answers[len(first) : tail], pulled
+        return [_expect(reply, DenseReply) for reply in dense], pulled
 
     def begin_step(
         self, requests: Sequence[Request], step: int, grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]]
@@ -322,8 +327,20 @@ class PsClient:
         number now; sent again after a failure (:meth:`push_pull_and_prefetch` with
         ``again``), the same pushes keep them.
         """
-        push_ids = self._streams.numbers.assign(_targets(requests))
-        return self._streams.begin(requests, grads_of, step, self.wire_dtype is not None, self.rpc_timeout, push_ids)
+        operations = [PushPull(request) for request in requests]
+        push_ids = self._streams.numbers.assign(_targets(operations))
+        return self._streams.begin(operations, grads_of, step, self.wire_dtype is not None, self.rpc_timeout, push_ids)
+
+    def finish_step(self, exchange: streams.Exchange) -> list[DenseReply]:
+        """Send what :meth:`begin_step`'s ``exchange`` has left and wait for every reply.
+
+        Returns:
+            The replies, in the order of the step's requests.
+
+        Raises:
+            PsframeError: as :meth:`push_pull`.
+        """
+        return [_expect(reply, DenseReply) for reply in exchange.finish()]
 
     def pull_rows(
         self, wanted: Mapping[int, Sequence[row_tensors.RowPull]], step: int, create: bool = True
@@ -342,29 +359,23 @@ class PsClient:
         Raises:
             PsframeError: the error a ps task raised (e.g. ``RowIdError``), or a transport error.
         """
-        first = [(ps_task, self._pull_message(pulls, step, create)) for ps_task, pulls in wanted.items()]
-        answers = self._exchange(first, (), step, False, self.rpc_timeout)
-        return {
-            ps_task: row_tensors.pulled_rows(header.tensors, tensors)
-            for (ps_task, _), (header, tensors) in zip(first, answers)
-        }
-
-    def _pull_message(self, pulls: Sequence[row_tensors.RowPull], step: int, create: bool = True) -> bytes:
-        tensors, kinds = row_tensors.pull_tensors(pulls, create)
-        return codec.encode(pb.PushPullHeader(caller=self.caller, step=step), tensors, kinds)
+        pulls = [PullRows(ps_task, pairs, create) for ps_task, pairs in wanted.items()]
+        replies = self._exchange(pulls, step, False, self.rpc_timeout)
+        return {pull.ps_task: _expect(reply, RowsPulled).rows for pull, reply in zip(pulls, replies)}
 
     def _exchange(
         self,
-        first: Sequence[tuple[int, bytes]],
-        requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]],
+        operations: Sequence[Operation],
         step: int,
         compress: bool,
         timeout: float | None,
-        last: Sequence[tuple[int, bytes]] = (),
-        push_ids: Sequence[int] = (),
-    ) -> list:
+        again: bool = False,
+    ) -> list[Reply | None]:
+        """Send ``operations``, every push numbered in the order it is sent to its ps task
+        (``again``: the pushes of the last step that pushed, with the numbers they had)."""
+        push_ids = self._streams.numbers.assign(_targets(operations), again)
         return self._streams.exchange(
-            first, requests, step, compress and self.wire_dtype is not None, timeout or self.rpc_timeout, last, push_ids
+            operations, step, compress and self.wire_dtype is not None, timeout or self.rpc_timeout, push_ids
         )
 
     def reset_streams(self) -> None:
@@ -412,9 +423,16 @@ class PsClient:
         self.close()
 
 
-def _targets(requests: Iterable[Request]) -> list[int | None]:
-    """Per request, the ps task it pushes to, or None if it pushes nothing (for push numbers)."""
-    return [request.ps_task if request.push else None for request in requests]
+def _targets(operations: Iterable[Operation]) -> list[int | None]:
+    """Per operation, the ps task it pushes to, or None if it pushes nothing (for push numbers)."""
+    return [operation.ps_task if operation.pushes else None for operation in operations]
+
+
+def _expect(reply: Reply | None, kind: type[ReplyT]) -> ReplyT:
+    """``reply``, which answers an operation whose reply is of type ``kind``."""
+    if not isinstance(reply, kind):
+        raise errors.WireFormatError(f"expected a {kind.__name__} reply, got {reply!r}")
+    return reply
 
 
 def ping(target: str, timeout: float = 5.0, security: Security | None = None) -> pb.TaskInfo:

@@ -16,7 +16,7 @@ from psframe.cluster.placement import ShardPlacement, VariableInfo, place
 from psframe.cluster.table_placement import place_dynamic, place_tables
 from psframe.wire import codec
 from psframe.worker.dynamic import find_dynamic_tables
-from psframe.worker.ps_client import Reply
+from psframe.worker.operations import DenseReply
 from psframe.worker.staging import HostStaging
 from psframe.worker.step_plan import Request, Slot, StepPlan
 from psframe.worker.tables import EmbeddingTables, find_tables
@@ -139,7 +139,7 @@ class Replica:
             grads = [(name, codec.to_wire(grad, self._device_wire_dtype)) for name, grad in grads]
         return self.staging.grads_to_host(grads)
 
-    def assign(self, requests: Sequence[Request], replies: Sequence[Reply]) -> None:
+    def assign(self, requests: Sequence[Request], replies: Sequence[DenseReply]) -> None:
         """Write the values the replies carry into the parameters, and clear the gradients."""
         with torch.no_grad():
             for request, reply in zip(requests, replies):

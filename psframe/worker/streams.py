@@ -1,14 +1,15 @@
 """A worker's PushPull streams: one long-lived stream per ps task, a window of requests on each.
 
 :class:`PushPullStreams` is what :class:`psframe.worker.ps_client.PsClient`
-sends a step through. Each ps task is reached over one bidirectional stream
-(opened on first use, reopened after a failure) that answers its messages
-in order; at most :data:`WINDOW` requests are in flight on a stream: enough
-to keep sending while the ps task works, few enough that neither side
-buffers a whole large model. Planned requests are encoded through their
-:class:`~psframe.worker.prepared.PreparedRequest` (made once per request and
-compression), which on the ps task's host moves their tensors through a
-shared region until the task says it cannot map it.
+sends a step's operations through (:mod:`psframe.worker.operations`). Each
+ps task is reached over one bidirectional stream (opened on first use,
+reopened after a failure) that answers its messages in order; at most
+:data:`WINDOW` messages are in flight on a stream: enough to keep sending
+while the ps task works, few enough that neither side buffers a whole large
+model. The operations' messages and replies go through one
+:class:`~psframe.worker.operations.OperationEncoder`, which on the ps task's
+host moves planned requests' tensors through a shared region until the task
+says it cannot map it.
 """
 
 from __future__ import annotations
@@ -16,31 +17,19 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from psframe import errors
 from psframe.errors import PsframeError
-from psframe.wire import codec, transport
 from psframe.wire import psframe_pb2 as pb
-from psframe.worker.prepared import PreparedRequest
-from psframe.worker.step_plan import Request
+from psframe.wire import transport
+from psframe.worker.operations import Gradients, Operation, OperationEncoder, PullRows, PushPull, Reply
 
 log = logging.getLogger(__name__)
 
 # PushPull requests in flight on one stream.
 WINDOW = 4
-
-
-@dataclass(slots=True)
-class Reply:
-    """A ps task's answer to one request: its global step and the values pulled."""
-
-    global_step: int
-    dropped: bool  # sync: the gradients were stale or late, and not applied
-    values: list[torch.Tensor]  # in the order of the request's ``pull``; read-only views of the reply
-    duplicate: bool = False  # a push sent again whose first copy the ps task had applied (not applied again)
 
 
 class PushNumbers:
@@ -119,87 +108,53 @@ class PushPullStreams:
         share_with: bool,
     ) -> None:
         self._ps = connections
-        self._caller = caller
-        self._wire_dtype = wire_dtype
-        self._wire_name = codec.dtype_name(wire_dtype) if wire_dtype is not None else ""
         self._streams: dict[int, transport.Stream] = {}
         self._watchdog = transport.Watchdog()
-        # Made once per planned request (and compression): see PreparedRequest.
-        self.prepared: dict[tuple[Request, bool], PreparedRequest] = {}
-        self._share_with = set(range(len(connections))) if share_with else set()
+        self.encoder = OperationEncoder(caller, wire_dtype, set(range(len(connections))) if share_with else set())
         self.numbers = PushNumbers(len(connections))
 
     def exchange(
         self,
-        first: Sequence[tuple[int, bytes]],
-        requests: Sequence[tuple[Request, Sequence[tuple[str, torch.Tensor]]]],
+        operations: Sequence[Operation],
         step: int,
         compress: bool,
         timeout: float,
-        last: Sequence[tuple[int, bytes]] = (),
         push_ids: Sequence[int] = (),
-    ) -> list:
-        """Send encoded messages (``first``, each to its ps task ahead of the rest),
-        then planned requests (``compress``: in the wire dtype; ``push_ids``: their
-        push numbers, 0 for one that pushes nothing, by default all 0), then
-        encoded messages ``last``, and wait for every reply.
+    ) -> list[Reply | None]:
+        """Send ``operations``, each ps task's in the order given, and wait for every reply.
+
+        Args:
+            operations: what to ask, each of one ps task.
+            step: the global step the worker is at (gradients were computed at).
+            compress: :class:`~psframe.worker.operations.PushPull` tensors travel in the wire dtype.
+            timeout: the deadline of each message, in seconds.
+            push_ids: per operation, its push number (0 for one that pushes nothing); by default all 0.
 
         Returns:
-            For each message of ``first``, its reply's ``(header, tensors)``;
-            then a :class:`Reply` for each request; then ``(header, tensors)``
-            for each message of ``last``, or None for each if a request had to
-            be sent again (its answer may then have come first).
+            Per operation, its reply (:class:`~psframe.worker.operations.DenseReply`,
+            ``RowsPushed`` or ``RowsPulled``, as the operation); None for a
+            :class:`~psframe.worker.operations.PullRows` sent behind a planned
+            request that had to be sent again (its answer may have come first).
 
         Raises:
-            PsframeError: the first error a ps task answered, or a transport
-                error naming the task; RpcTimeoutError after ``timeout`` seconds.
+            PsframeError: the first error a ps task answered, or a transport error
+                naming the task; RpcTimeoutError after ``timeout`` seconds.
         """
-        return Exchange(
-            self,
-            [r for r, _ in requests],
-            lambda i: requests[i][1],
-            step,
-            compress,
-            timeout,
-            first=first,
-            last=last,
-            push_ids=push_ids,
-        ).finish()
+        return Exchange(self, operations, step, compress, timeout, push_ids).finish()
 
     def begin(
         self,
-        requests: Sequence[Request],
-        grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]],
+        operations: Sequence[PushPull],
+        grads_of: Callable[[int], Gradients],
         step: int,
         compress: bool,
         timeout: float,
         push_ids: Sequence[int],
     ) -> Exchange:
-        """An exchange of planned ``requests`` whose gradients are not all there yet:
-        :meth:`Exchange.send_ready` sends a request as soon as ``grads_of(i)`` can give its
+        """An exchange of planned requests whose gradients are not all there yet:
+        :meth:`Exchange.send_ready` sends operation ``i`` as soon as ``grads_of(i)`` can give its
         gradients (while backward still runs), :meth:`Exchange.finish` the rest."""
-        return Exchange(self, requests, grads_of, step, compress, timeout, push_ids=push_ids)
-
-    def _encode(
-        self, request: Request, grads: Sequence[tuple[str, torch.Tensor]], step: int, compress: bool, push_id: int
-    ) -> bytes:
-        prepared = self.prepared.get((request, compress))
-        if prepared is None:  # every step sends the same header but for the step number
-            prepared = self.prepared[(request, compress)] = PreparedRequest(
-                pb.PushPullHeader(
-                    caller=self._caller,
-                    pull=[s.name for s in request.pull],
-                    end_of_step=request.end_of_step,
-                    wire_dtype=self._wire_name if compress else "",
-                ),
-                share=request.ps_task in self._share_with,
-            )
-        elif prepared.share and request.ps_task not in self._share_with:
-            prepared.share = False
-            prepared.drop_region()
-        if compress:
-            grads = [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
-        return prepared.encode(step, grads, push_id)
+        return Exchange(self, operations, step, compress, timeout, push_ids, grads_of=grads_of)
 
     def _stream(self, ps_task: int) -> transport.Stream:
         stream = self._streams.get(ps_task)
@@ -213,8 +168,7 @@ class PushPullStreams:
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
-        for prepared in self.prepared.values():
-            prepared.drop_region()
+        self.encoder.drop_all_regions()
 
     def close(self) -> None:
         """Close the streams and stop their deadlines' watchdog."""
@@ -223,60 +177,52 @@ class PushPullStreams:
 
 
 class Exchange:
-    """The messages of one step (or pull) and their replies, each ps task's in order.
+    """The operations of one step (or pull) and their replies, each ps task's in order.
 
-    Each ps task is sent ``first`` (encoded messages), then the planned
-    ``requests``, then ``last``, at most :data:`WINDOW` in flight; a request is
-    encoded when it is sent, from ``grads_of(i)``. :meth:`send_ready` may send
-    a request before :meth:`finish` (its gradients are ready while backward
-    still runs: :mod:`psframe.worker.overlap`), as long as every message ahead
-    of it on its stream has gone and the window allows; :meth:`finish` sends
-    the rest and waits for every reply. A failure to send early is left to
-    :meth:`finish` (nothing is lost: a message leaves its queue once sent).
+    Each operation is encoded when it is sent, at most :data:`WINDOW` in
+    flight per ps task. With ``grads_of``, a planned request's gradients come
+    from ``grads_of(i)`` once :meth:`send_ready` says they are complete: it may
+    send a request before :meth:`finish` (while backward still runs:
+    :mod:`psframe.worker.overlap`), as long as every message ahead of it on its
+    stream has gone and the window allows; :meth:`finish` sends the rest and
+    waits for every reply. A failure to send early is left to :meth:`finish`
+    (nothing is lost: a message leaves its queue once sent).
     """
 
     def __init__(
         self,
         streams: PushPullStreams,
-        requests: Sequence[Request],
-        grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]],
+        operations: Sequence[Operation],
         step: int,
         compress: bool,
         timeout: float,
-        *,
-        first: Sequence[tuple[int, bytes]] = (),
-        last: Sequence[tuple[int, bytes]] = (),
         push_ids: Sequence[int] = (),
+        *,
+        grads_of: Callable[[int], Gradients] | None = None,
     ) -> None:
         self._streams = streams
-        self._requests = requests
+        self._encoder = streams.encoder
+        self._operations = operations
         self._grads_of = grads_of
         self._step, self._compress, self._timeout = step, compress, timeout
         self._push_ids = push_ids
-        self._count, self._end = len(first), len(first) + len(requests)
-        self._last = len(last)
-        self._encoded = {j: data for j, (_, data) in enumerate(first)}
-        self._encoded.update({self._end + k: data for k, (_, data) in enumerate(last)})
         self._unsent: dict[int, collections.deque[int]] = {}
-        for j, (ps_task, _) in enumerate(first):
-            self._unsent.setdefault(ps_task, collections.deque()).append(j)
-        for i, request in enumerate(requests):
-            self._unsent.setdefault(request.ps_task, collections.deque()).append(self._count + i)
-        for k, (ps_task, _) in enumerate(last):
-            self._unsent.setdefault(ps_task, collections.deque()).append(self._end + k)
+        for i, operation in enumerate(operations):
+            self._unsent.setdefault(operation.ps_task, collections.deque()).append(i)
         self._in_flight: dict[int, collections.deque[int]] = {ps_task: collections.deque() for ps_task in self._unsent}
         # Requests refused for a shared region, sent again (in messages) before the
         # rest, in the order first sent: a ps task applies a worker's pushes in order.
         self._again: dict[int, collections.deque[int]] = {ps_task: collections.deque() for ps_task in self._unsent}
-        self._ready: set[int] | None = set()  # requests whose gradients are there; None: all
+        # Operations whose gradients are there; None: all (always, without grads_of).
+        self._ready: set[int] | None = set() if grads_of is not None else None
         self.sent_early = 0  # requests sent before finish()
 
     def send_ready(self, i: int) -> None:
-        """Request ``i``'s gradients are complete: send it now if its turn and the window allow."""
+        """Operation ``i``'s gradients are complete: send it now if its turn and the window allow."""
         if self._ready is None:
             return
         self._ready.add(i)
-        ps_task = self._requests[i].ps_task
+        ps_task = self._operations[i].ps_task
         before = len(self._in_flight[ps_task])
         try:
             self._send_more(ps_task)
@@ -288,38 +234,30 @@ class Exchange:
         again, unsent, in_flight = self._again[ps_task], self._unsent[ps_task], self._in_flight[ps_task]
         while (again or unsent) and len(in_flight) < WINDOW:
             queue = again or unsent
-            j = queue[0]
-            if j in self._encoded:
-                data = self._encoded[j]
-            else:
-                i = j - self._count
-                if self._ready is not None and i not in self._ready:
-                    return  # its gradients are not all there yet: it, and what follows, wait
-                data = self._streams._encode(
-                    self._requests[i],
-                    self._grads_of(i),
-                    self._step,
-                    self._compress,
-                    self._push_ids[i] if self._push_ids else 0,
-                )
+            i = queue[0]
+            if self._ready is not None and i not in self._ready:
+                return  # its gradients are not all there yet: it, and what follows, wait
+            grads = self._grads_of(i) if self._grads_of is not None else ()
+            push_id = self._push_ids[i] if self._push_ids else 0
+            data = self._encoder.encode(self._operations[i], self._step, self._compress, push_id, grads)
             self._streams._stream(ps_task).send(data, self._timeout)
             queue.popleft()  # only once sent: a failure leaves it to be sent again
-            in_flight.append(j)
+            in_flight.append(i)
 
-    def finish(self) -> list:
+    def finish(self) -> list[Reply | None]:
         """Send what is left and wait for every reply (see :meth:`PushPullStreams.exchange`)."""
-        streams, count, end = self._streams, self._count, self._end
+        streams, operations = self._streams, self._operations
         self._ready = None
-        replies: list = [None] * (end + self._last)
+        replies: list[Reply | None] = [None] * len(operations)
         failure: PsframeError | None = None
-        resent = False
+        resent: set[int] = set()  # ps tasks to which a planned request went again
         for ps_task in self._unsent:
             self._send_more(ps_task)
         while any(self._in_flight.values()):
             for ps_task, waiting in self._in_flight.items():
                 if not waiting:
                     continue
-                j = waiting.popleft()
+                i = waiting.popleft()
                 try:
                     data = streams._streams[ps_task].receive()
                 except PsframeError as e:
@@ -330,38 +268,30 @@ class Exchange:
                     self._again[ps_task].clear()
                     continue
                 peer = streams._ps[ps_task].peer
-                if j in self._encoded:  # a message of `first` or `last`
-                    header, tensors = replies[j] = codec.decode(data, pb.PushPullReplyHeader)
-                    if header.region_unusable:  # refused behind a push refused for its region: not sent again
-                        failure = failure or errors.SharedRegionError(header.region_unusable)
-                    elif header.error_class:
-                        failure = failure or transport.decode_error(header.error_class, header.error_message, peer)
-                    self._send_more(ps_task)
-                    continue
-                prepared = streams.prepared[(self._requests[j - count], self._compress)]
-                header, tensors = prepared.decode(data)
-                if header.region_refused:
-                    streams._share_with.discard(ps_task)
+                operation = operations[i]
+                header, replies[i] = self._encoder.decode(operation, data, self._compress)
                 if header.region_unusable:
-                    # The task could not map the region (it was replaced, or another of its
-                    # processes answered), or refused a push that came after one it could
-                    # not map: nothing was applied; send the tensors in the message.
-                    log.debug("%s: %s", peer, header.region_unusable)
-                    prepared.drop_region()
-                    self._again[ps_task].append(j)
-                    resent = True
+                    if isinstance(operation, PushPull):
+                        # The task could not map the region (it was replaced, or another of its
+                        # processes answered), or refused a push that came after one it could
+                        # not map: nothing was applied; the tensors go in the message.
+                        log.debug("%s: %s", peer, header.region_unusable)
+                        self._again[ps_task].append(i)
+                        resent.add(ps_task)
+                    else:  # refused behind a push refused for its region: not sent again
+                        failure = failure or errors.SharedRegionError(header.region_unusable)
                 elif header.error_class:
                     failure = failure or transport.decode_error(header.error_class, header.error_message, peer)
-                replies[j] = Reply(header.global_step, header.dropped, tensors, header.duplicate)
                 self._send_more(ps_task)
         if failure is not None:
-            # A ps task may still hold the gradients a failed step left in regions
-            # (a sync round waits for them): the next requests get regions of their own.
-            for request in self._requests:
-                left = streams.prepared.get((request, self._compress))
-                if left is not None:
-                    left.drop_region()
+            self._encoder.drop_regions(operations, self._compress)
             raise failure
-        if resent:  # a message of `last` may have been answered before a request sent again ahead of it
-            replies[end:] = [None] * self._last
+        for i, operation in enumerate(operations):
+            # Rows read on a stream where a request went again may have been read before it was applied.
+            if isinstance(operation, PullRows) and operation.ps_task in resent and self._behind_request(i):
+                replies[i] = None
         return replies
+
+    def _behind_request(self, i: int) -> bool:
+        ps_task = self._operations[i].ps_task
+        return any(isinstance(op, PushPull) and op.ps_task == ps_task for op in self._operations[:i])

@@ -46,9 +46,10 @@ from psframe.security import LOOSE_ARGUMENTS, Security, accept_security
 from psframe.worker import startup
 from psframe.worker.arguments import groups_from_deprecated, resolve_optimizer, resolve_table_optimizer
 from psframe.worker.hooks import CheckpointSaverHook, Hook
+from psframe.worker.operations import DenseReply
 from psframe.worker.overlap import BackwardOverlap
 from psframe.worker.prefetch import Prefetcher
-from psframe.worker.ps_client import PsClient, Reply, resolve_wire_dtype
+from psframe.worker.ps_client import PsClient, resolve_wire_dtype
 from psframe.worker.replica import Replica
 from psframe.worker.staging import HostStaging, resolve_device
 from psframe.worker.step_plan import Request
@@ -397,7 +398,7 @@ class Trainer:
             try:
                 if exchange is not None:  # some requests went during backward; the rest go now
                     self.sent_during_backward += exchange.sent_early
-                    replies, prefetched = exchange.finish(), {}
+                    replies, prefetched = self._ps.finish_step(exchange), {}
                 else:
                     replies, prefetched = self._ps.push_pull_and_prefetch(
                         pushes(), self.global_step, self._prefetcher.requests(), rows=rows
@@ -485,7 +486,7 @@ class Trainer:
             self._recover(e)
             return self._ps.pull_rows(wanted, self.global_step, create)
 
-    def _receive(self, requests: Sequence[Request], replies: Sequence[Reply]) -> None:
+    def _receive(self, requests: Sequence[Request], replies: Sequence[DenseReply]) -> None:
         self._replica.assign(requests, replies)
         self.dropped_steps += any(reply.dropped for reply in replies)
         # Async: global_step lives on /job:ps/task:0, as in TF. Sync: every ps
@@ -501,7 +502,7 @@ class Trainer:
         if steps:
             self.global_step = max(steps) if self.sync is None else min(steps)
 
-    def _send_again(self, error: PsframeError, pushes, rows) -> list[Reply]:
+    def _send_again(self, error: PsframeError, pushes, rows) -> list[DenseReply]:
         """Wait for the lost ps tasks, then send this step's pushes again, with the numbers
         they had: a ps task that applied one before the stream died answers it without
         applying it twice, and none is lost (see :mod:`psframe.ps.ledger`).

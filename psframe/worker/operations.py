@@ -1,0 +1,208 @@
+"""What a worker asks of a ps task, and what it gets back: named operations, one encoder.
+
+Every operation travels as one PushPull message on the ps task's stream
+(:mod:`psframe.worker.streams`), and is answered by one reply of its own type:
+
+=================  =====================================  ================================  ===============
+operation          pushes                                 pulls                             reply
+=================  =====================================  ================================  ===============
+:class:`PushPull`  gradients of dense shards (or none)    their values, after the update    :class:`DenseReply`
+:class:`PushRows`  gradients of some rows of table parts  nothing                           :class:`RowsPushed`
+:class:`PullRows`  nothing                                rows of table parts, by id        :class:`RowsPulled`
+=================  =====================================  ================================  ===============
+
+*End of step* is a field of the operations that push (a :class:`PushPull`'s
+planned request, or :attr:`PushRows.end_of_step`): the worker's last push of
+its step to that ps task, which counts the step (and, in synchronous
+training, closes the worker's part of the round).
+
+:class:`OperationEncoder` is the one place that turns an operation into a
+message and a reply back into its type. A :class:`PushPull` is sent every
+step, so its header is made once (:class:`~psframe.worker.prepared.PreparedRequest`),
+and on the ps task's host its tensors may move through a shared region.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from psframe.rows import RowPull, RowPush
+from psframe.wire import codec, row_tensors
+from psframe.wire import psframe_pb2 as pb
+from psframe.worker.prepared import PreparedRequest
+from psframe.worker.step_plan import Request
+
+log = logging.getLogger(__name__)
+
+Gradients = Sequence[tuple[str, torch.Tensor]]
+"""Tensors by shard name: the gradients a :class:`PushPull` sends."""
+
+
+@dataclass(frozen=True, slots=True)
+class PushPull:
+    """A planned request of a step (:class:`~psframe.worker.step_plan.Request`) with its gradients.
+
+    ``grads`` may be empty for a request that only pulls, or left to the
+    exchange that sends it (its gradients are not all there yet: see
+    :meth:`psframe.worker.streams.PushPullStreams.begin`).
+    """
+
+    request: Request
+    grads: Gradients = ()
+
+    @property
+    def ps_task(self) -> int:
+        return self.request.ps_task
+
+    @property
+    def pushes(self) -> bool:
+        return bool(self.request.push)
+
+
+@dataclass(frozen=True, slots=True)
+class PushRows:
+    """Gradients of rows of embedding table parts held by one ps task."""
+
+    ps_task: int
+    rows: Sequence[RowPush]
+    end_of_step: bool  # no PushPull of the step to this ps task ends it: this message does
+
+    @property
+    def pushes(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class PullRows:
+    """The current values of rows of embedding table parts held by one ps task.
+
+    ``create``: a dynamic table makes the rows of ids it does not hold (else
+    it answers their initial rows and keeps nothing).
+    """
+
+    ps_task: int
+    rows: Sequence[RowPull]
+    create: bool = True
+
+    @property
+    def pushes(self) -> bool:
+        return False
+
+
+Operation = PushPull | PushRows | PullRows
+
+
+@dataclass(slots=True)
+class DenseReply:
+    """The answer to a :class:`PushPull`: the ps task's global step and the values pulled."""
+
+    global_step: int
+    dropped: bool  # sync: the gradients were stale or late, and not applied
+    values: list[torch.Tensor]  # in the order of the request's ``pull``; read-only views of the reply
+    duplicate: bool = False  # a push sent again whose first copy the ps task had applied (not applied again)
+
+
+@dataclass(slots=True)
+class RowsPushed:
+    """The answer to a :class:`PushRows`."""
+
+    global_step: int
+    duplicate: bool  # sent again after its first copy was applied (not applied again)
+
+
+@dataclass(slots=True)
+class RowsPulled:
+    """The answer to a :class:`PullRows`: the rows of each ``(part, ids)`` pair, in order (read-only views)."""
+
+    rows: list[torch.Tensor]
+
+
+Reply = DenseReply | RowsPushed | RowsPulled
+
+
+class OperationEncoder:
+    """Operations to PushPull messages, and replies to their types, for one client.
+
+    Args:
+        caller: who sends (every header names it).
+        wire_dtype: the dtype compressed :class:`PushPull` gradients move in; None: none.
+        share_with: the ps tasks that may take shared regions (on this host, with
+            shared memory available); one that says it cannot map them is dropped.
+    """
+
+    def __init__(self, caller: pb.Caller, wire_dtype: torch.dtype | None, share_with: set[int]) -> None:
+        self._caller = caller
+        self._wire_dtype = wire_dtype
+        self._wire_name = codec.dtype_name(wire_dtype) if wire_dtype is not None else ""
+        self.share_with = share_with
+        # Made once per planned request (and compression): see PreparedRequest.
+        self.prepared: dict[tuple[Request, bool], PreparedRequest] = {}
+
+    def encode(self, operation: Operation, step: int, compress: bool, push_id: int, grads: Gradients = ()) -> bytes:
+        """The message of ``operation`` at ``step``, numbered ``push_id`` (0 for one that pushes nothing).
+
+        ``compress``: a :class:`PushPull`'s tensors travel in the wire dtype; ``grads``:
+        its gradients, where the operation does not hold them.
+        """
+        if isinstance(operation, PushPull):
+            return self._encode_planned(operation.request, grads or operation.grads, step, compress, push_id)
+        if isinstance(operation, PushRows):
+            tensors, kinds = row_tensors.push_tensors(operation.rows)
+            header = pb.PushPullHeader(
+                caller=self._caller, step=step, end_of_step=operation.end_of_step, push_id=push_id
+            )
+            return codec.encode(header, tensors, kinds)
+        tensors, kinds = row_tensors.pull_tensors(operation.rows, operation.create)
+        return codec.encode(pb.PushPullHeader(caller=self._caller, step=step), tensors, kinds)
+
+    def _encode_planned(self, request: Request, grads: Gradients, step: int, compress: bool, push_id: int) -> bytes:
+        prepared = self.prepared.get((request, compress))
+        if prepared is None:  # every step sends the same header but for the step number
+            prepared = self.prepared[(request, compress)] = PreparedRequest(
+                pb.PushPullHeader(
+                    caller=self._caller,
+                    pull=[s.name for s in request.pull],
+                    end_of_step=request.end_of_step,
+                    wire_dtype=self._wire_name if compress else "",
+                ),
+                share=request.ps_task in self.share_with,
+            )
+        elif prepared.share and request.ps_task not in self.share_with:
+            prepared.share = False
+            prepared.drop_region()
+        if compress:
+            grads = [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
+        return prepared.encode(step, grads, push_id)
+
+    def decode(self, operation: Operation, data: bytes, compress: bool) -> tuple[pb.PushPullReplyHeader, Reply]:
+        """The reply to ``operation``: its header (errors and region fields) and its typed answer."""
+        if isinstance(operation, PushPull):
+            prepared = self.prepared[(operation.request, compress)]
+            header, tensors = prepared.decode(data)
+            if header.region_refused:
+                self.share_with.discard(operation.ps_task)
+            if header.region_unusable:  # nothing was applied: the tensors go again in the message
+                prepared.drop_region()
+            return header, DenseReply(header.global_step, header.dropped, tensors, header.duplicate)
+        header, tensors = codec.decode(data, pb.PushPullReplyHeader)
+        if isinstance(operation, PushRows):
+            return header, RowsPushed(header.global_step, header.duplicate)
+        return header, RowsPulled(row_tensors.pulled_rows(header.tensors, tensors))
+
+    def drop_regions(self, operations: Sequence[Operation], compress: bool) -> None:
+        """Give the planned requests among ``operations`` regions of their own next time (a step that failed
+        may have left gradients in theirs that a ps task still holds: a sync round waits for them)."""
+        for operation in operations:
+            if isinstance(operation, PushPull):
+                prepared = self.prepared.get((operation.request, compress))
+                if prepared is not None:
+                    prepared.drop_region()
+
+    def drop_all_regions(self) -> None:
+        """Offer shared regions anew (the streams were closed)."""
+        for prepared in self.prepared.values():
+            prepared.drop_region()
