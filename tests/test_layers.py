@@ -195,3 +195,15 @@ MEMORY_MACHINERY = ("psframe.huge_pages", "psframe.allocator", "psframe.ps.share
 def test_the_store_names_no_memory_of_its_own(path):
     named = sorted(name for name in imports_of(path) if name.startswith(MEMORY_MACHINERY))
     assert not named, f"{module_name(path)} imports {named}: it is given a psframe.memory.Memory instead"
+
+
+# Serving processes wrap the plain service (psframe.ps.shared_service), never the other way round.
+SERVING_MACHINERY = ("psframe.ps.shared_store", "psframe.ps.store_memory", "psframe.ps.serving_processes")
+
+
+def test_the_service_knows_nothing_of_serving_processes():
+    path = PACKAGE / "ps" / "service.py"
+    named = sorted(
+        name for name in imports_of(path) if name.startswith(SERVING_MACHINERY + ("psframe.ps.shared_service",))
+    )
+    assert not named, f"psframe.ps.service imports {named}: serving processes wrap the service instead"

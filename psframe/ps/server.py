@@ -15,6 +15,7 @@ from psframe.errors import ClusterSpecError, NotReadyError, PsframeError
 from psframe.liveness import Liveness
 from psframe.ps.service import ParameterServerService
 from psframe.ps.serving_processes import ServingProcesses, default_serving_processes
+from psframe.ps.shared_service import Publisher, shared_service
 from psframe.ps.shared_store import PortLock, SharedStore
 from psframe.ps.task_service import TaskService
 from psframe.security import Security, accept_security
@@ -201,19 +202,23 @@ class Server:
             self.address = cluster.task_address(job_name, task_index)
             # Made once the port is bound: the service's cluster holds the real address.
             if job_name == "ps":
-                self.service: TaskService = ParameterServerService(
-                    self.cluster,
-                    task_index,
+                options: dict[str, Any] = dict(
                     worker_timeout=worker_timeout,
                     checkpoint_dir=checkpoint_dir,
-                    shared=self._shared,
                     security=self.security,
                     chief_timeout=chief_timeout,
                     liveness=self.liveness,
                 )
+                if self._shared is None:
+                    self.service: TaskService = ParameterServerService(self.cluster, task_index, **options)
+                    handlers = self.service.handlers()
+                else:  # the model lives in the shared folder; the serving processes get it once published
+                    self.service = service = shared_service(self._shared, self.cluster, task_index, **options)
+                    handlers = Publisher(service, self._shared).handlers()
             else:
                 self.service = TaskService(self.cluster, job_name, task_index)
-            slot.fill(self.service)
+                handlers = self.service.handlers()
+            slot.fill(self.task_name, handlers)
         except BaseException:
             if rpc is not None:
                 _release_port(rpc)
@@ -365,10 +370,9 @@ class _ServiceSlot:
     def handlers(self) -> dict[str, Callable]:
         return {name: functools.partial(self._call, name) for name in self._names}
 
-    def fill(self, service: TaskService) -> None:
-        handlers = service.handlers()
+    def fill(self, task_name: str, handlers: dict[str, Callable]) -> None:
         if set(handlers) != self._names:
-            raise TypeError(f"{service.task_name} answers {sorted(handlers)}, expected {sorted(self._names)}")
+            raise TypeError(f"{task_name} answers {sorted(handlers)}, expected {sorted(self._names)}")
         self._handlers = handlers
 
     def _call(self, name: str, request: Any) -> Any:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import numpy
 import torch
 
 from psframe import allocator, errors
@@ -33,11 +34,10 @@ from psframe.ps.fast_path import CachedRequest, StreamCache
 from psframe.ps.incoming_model import PendingModel
 from psframe.ps.ledger import PushLedger
 from psframe.ps.peers import PsPeers
+from psframe.ps.push_pull_request import PushPullRequest
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.round_replies import RoundReplies, outgoing
-from psframe.ps.shared_store import SharedStore, publish_store
 from psframe.ps.store import VariableStore
-from psframe.ps.store_memory import SharedStoreMemory
 from psframe.ps.sync import SyncAggregator
 from psframe.ps.task_service import TaskService
 from psframe.security import Security
@@ -53,7 +53,19 @@ CHIEF_LOG_EVERY_S = 5.0
 
 
 class ParameterServerService(TaskService):
-    """The servicer of a ps task over its :class:`VariableStore`."""
+    """The servicer of a ps task over its :class:`VariableStore`.
+
+    Args:
+        cluster, task_index: the task.
+        store: the variables; default: an empty store in huge pages where the system has them.
+        worker_timeout: seconds after which a silent worker is presumed dead.
+        checkpoint_dir: where this task restores its shard from, when it starts or loses its model.
+        security: how it reaches the other ps tasks (sync rounds ask task 0 who is in them).
+        chief_timeout: seconds to wait for the chief to create the variables; None: forever, logging.
+        liveness: the keepalive of its connections to the other ps tasks.
+        ledger, last_seen: the record of each worker's pushes and when each was last heard
+            from, where other processes share them (:mod:`psframe.ps.shared_service`); default: its own.
+    """
 
     def __init__(
         self,
@@ -63,39 +75,24 @@ class ParameterServerService(TaskService):
         *,
         worker_timeout: float = 60.0,
         checkpoint_dir: str | None = None,
-        shared: SharedStore | None = None,
         security: Security | None = None,
         chief_timeout: float | None = None,
         liveness: Liveness | None = None,
+        ledger: PushLedger | None = None,
+        last_seen: numpy.ndarray | None = None,
     ) -> None:
         super().__init__(cluster, "ps", task_index)
         self.worker_timeout = worker_timeout
         self.checkpoint_dir = checkpoint_dir
         self.restored_step = -1
-        # With serving processes (psframe.ps.serving_processes), the model lives in `shared`:
-        # the owner publishes it once it can be shared, and they apply updates too.
-        self._shared = shared
-        self._publishing = shared is not None and shared.owner
-        self.store = store or (
-            VariableStore(self.task_name, memory=HugePageMemory())
-            if shared is None
-            else VariableStore(
-                self.task_name,
-                lock=shared.lock,
-                counters=shared.counters,
-                memory=SharedStoreMemory(shared.allocate),
-            )
-        )
+        self.store = store if store is not None else VariableStore(self.task_name, memory=HugePageMemory())
         self._variable_defs: list[pb.VariableDef] = []
         self._init_lock = threading.Lock()
         self._pending: PendingModel | None = None  # the chief's initial values, while they arrive
         # Each worker's pushes applied once, whatever is sent again after a reconnect.
-        self.ledger = PushLedger(cluster.num_workers, None if shared is None else shared.push_counts)
+        self.ledger = ledger if ledger is not None else PushLedger(cluster.num_workers)
         self.roster = WorkerRoster(
-            cluster.num_workers,
-            worker_timeout,
-            last_seen=None if shared is None else shared.last_seen,
-            chief_timeout=chief_timeout,
+            cluster.num_workers, worker_timeout, last_seen=last_seen, chief_timeout=chief_timeout
         )
         self._next_chief_log = 0.0
         self._sync_def: pb.SyncDef | None = None
@@ -339,9 +336,6 @@ class ParameterServerService(TaskService):
             self.restored_step = restored.step
             if restored.sync is not None:
                 self._start_sync(restored.sync)
-        if restored.sync is None and self._shared is not None and self._shared.owner:
-            self._publishing = True  # the restored state replaced what was shared
-            self._publish()
         log.info(
             "%s: restored %d variables from checkpoint step %d (its global step %d); going on at global step %d",
             self.task_name,
@@ -404,6 +398,25 @@ class ParameterServerService(TaskService):
             return codec.encode(pb.PushPullReplyHeader(error_class=name, error_message=message), ())
 
     def _handle_push_pull(self, data: bytes, cache: StreamCache | None = None) -> bytes:
+        """Read one request and answer it by the one path its kind and the training take.
+
+        =========  =================================================  =========================
+        training   request                                            path
+        =========  =================================================  =========================
+        async      dense, of a kind cached on this stream             :meth:`_apply_cached`
+        async      any other: dense or rows, pushing or pulling       :meth:`_apply_now`
+        sync       pulls only: dense values, rows                     :meth:`_apply_now`
+        sync       pushes: dense gradients, rows' gradients           :meth:`_join_round`
+        =========  =================================================  =========================
+
+        A cached request the model no longer fits (its variables were made
+        anew) is dropped from the cache and takes the general path. Asynchronous
+        pushes are applied at once; synchronous ones join their step's round,
+        and a request that pulls (or ends the worker's step) is answered once
+        the round is applied. A request's tensors may lie in the sender's shared
+        region (a worker on this host): a reply on the fast path or of a round
+        goes back there too.
+        """
         self._memory.handled(len(data))
         envelope = codec.parse(data, pb.PushPullHeader)
         header = envelope.header
@@ -417,16 +430,21 @@ class ParameterServerService(TaskService):
             self._check_caller(header.caller)
         with self.roster.call(header.caller.task_index):
             if cached is not None and cache is not None:
-                reply = self._push_pull_cached(cached, header, envelope, region)
+                reply = self._apply_cached(cached, header, envelope, region)
                 if reply is not None:
                     return reply
                 cache.drop(cached)
-            return self._push_pull(header, codec.tensors_of(envelope), cache, refused, region)
+            request = PushPullRequest.decode(header, codec.tensors_of(envelope))
+            if request.wire_dtype is not None:
+                request.grads = self.store.widen(request.grads, request.wire_dtype)
+            if self.aggregator is None or not request.pushes:
+                return self._apply_now(request, header, cache, refused)
+            return self._join_round(self.aggregator, request, region, refused)
 
-    def _push_pull_cached(
+    def _apply_cached(
         self, cached: CachedRequest, header: pb.PushPullHeader, envelope: codec.Envelope, region: SameHostRegion | None
     ) -> bytes | None:
-        """The reply to an asynchronous request of a kind cached before; None if the cached request no longer holds.
+        """The fast path: an asynchronous request of a kind cached before; None if the cached request no longer holds.
 
         With a shared ``region`` (a worker on this host), the reply's tensors go there.
         """
@@ -442,8 +460,6 @@ class ParameterServerService(TaskService):
             step = store.update(cached.variables, grads, header.end_of_step)
             if grads:
                 self.ledger.record(worker, header.push_id, header.end_of_step)
-                if self._publishing:
-                    self._publish()
             # Encode under the lock, as below: one consistent version, one copy.
             reply = pb.PushPullReplyHeader(global_step=step, duplicate=duplicate)
             if region is not None and region.fits_reply(cached.reply):
@@ -452,52 +468,51 @@ class ParameterServerService(TaskService):
                 return cached.reply.encode_header(reply)
             return cached.reply.encode(reply, cached.reply_buffers)
 
-    def _push_pull(
-        self,
-        header: pb.PushPullHeader,
-        tensors: list[torch.Tensor],
-        cache: StreamCache | None = None,
-        refused: str = "",
-        region: SameHostRegion | None = None,
+    def _apply_now(
+        self, request: PushPullRequest, header: pb.PushPullHeader, cache: StreamCache | None, refused: str
     ) -> bytes:
-        grads, rows, row_pulls = row_tensors.split(header.tensors, tensors)
-        wire_dtype = codec.wire_dtype_from_name(header.wire_dtype)
-        if wire_dtype is not None:
-            grads = self.store.widen(grads, wire_dtype)
-        pull = list(header.pull)
-        pushes = bool(grads or rows)
-        worker = header.caller.task_index
-        if self.aggregator is None or not pushes:
-            store = self.store
-            with store.lock:
-                for name, ids, _ in row_pulls:  # every row asked for exists before anything changes
-                    store.check_row_ids(name, ids)
-                duplicate = pushes and self.ledger.is_duplicate(worker, header.push_id)
-                if duplicate:  # applied already: answered with the values it pulls, not applied again
-                    store.check_gradients(grads)
-                    store.check_rows(rows)
-                    grads, rows, pushes = {}, [], False
-                step, values = store.push_pull(grads, pull, header.end_of_step and pushes, rows)
-                if pushes:
-                    self.ledger.record(worker, header.push_id, header.end_of_step)
-                    if self._publishing:
-                        self._publish()
-                if (
-                    cache is not None
-                    and wire_dtype is None
-                    and self.aggregator is None
-                    and not (rows or row_pulls)
-                    and not duplicate
-                ):
-                    self._cache_request(cache, header, list(grads), values)
-                # Encode under the lock: the reply is one consistent version, and
-                # the only copy of the variables is the one into the reply.
-                reply = pb.PushPullReplyHeader(global_step=step, region_refused=refused, duplicate=duplicate)
-                sent = outgoing(pull, values, wire_dtype)
-                if not row_pulls:
-                    return codec.encode(reply, sent)
-                pulled = [(name, store.read_rows(name, ids, create)) for name, ids, create in row_pulls]
-                return codec.encode(reply, sent + pulled, row_tensors.reply_kinds(len(sent), len(pulled)))
+        """The general path: apply an asynchronous push (or none) and answer what it pulls, under the store's lock.
+
+        A dense asynchronous request of full precision is cached on its stream
+        (``cache``), so that the next of its kind takes the fast path.
+        """
+        store = self.store
+        grads, rows, pull = request.grads, request.rows, request.pull
+        pushes, worker = request.pushes, request.worker
+        with store.lock:
+            for name, ids, _ in request.row_pulls:  # every row asked for exists before anything changes
+                store.check_row_ids(name, ids)
+            duplicate = pushes and self.ledger.is_duplicate(worker, request.push_id)
+            if duplicate:  # applied already: answered with the values it pulls, not applied again
+                store.check_gradients(grads)
+                store.check_rows(rows)
+                grads, rows, pushes = {}, [], False
+            step, values = store.push_pull(grads, pull, request.end_of_step and pushes, rows)
+            if pushes:
+                self.ledger.record(worker, request.push_id, request.end_of_step)
+            if (
+                cache is not None
+                and request.wire_dtype is None
+                and self.aggregator is None
+                and not (rows or request.row_pulls)
+                and not duplicate
+            ):
+                self._cache_request(cache, header, list(grads), values)
+            # Encode under the lock: the reply is one consistent version, and
+            # the only copy of the variables is the one into the reply.
+            reply = pb.PushPullReplyHeader(global_step=step, region_refused=refused, duplicate=duplicate)
+            sent = outgoing(pull, values, request.wire_dtype)
+            if not request.row_pulls:
+                return codec.encode(reply, sent)
+            pulled = [(name, store.read_rows(name, ids, create)) for name, ids, create in request.row_pulls]
+            return codec.encode(reply, sent + pulled, row_tensors.reply_kinds(len(sent), len(pulled)))
+
+    def _join_round(
+        self, aggregator: SyncAggregator, request: PushPullRequest, region: SameHostRegion | None, refused: str
+    ) -> bytes:
+        """The synchronous path: add a push to its step's round, and answer once the round is
+        applied if it pulls or ends the worker's step (at once otherwise)."""
+        worker, pull = request.worker, request.pull
         self.store.check_names(pull)
         # A push that pulls nothing is one of several messages of a worker's
         # step: it is recorded and answered at once (see Trainer._step_plan).
@@ -510,20 +525,25 @@ class ParameterServerService(TaskService):
         # is keyed by step and worker); the ledger counts the worker's step once, and
         # tells a push sent again after a lost reply from a stale one.
         if (
-            header.step < self.store.global_step
-            and self.ledger.is_duplicate(worker, header.push_id)
-            and self.aggregator.was_member(worker, header.step)
+            request.step < self.store.global_step
+            and self.ledger.is_duplicate(worker, request.push_id)
+            and aggregator.was_member(worker, request.step)
         ):
             with self.store.lock:
-                return self._round_replies.reply(pull, wire_dtype, False, region, refused)
-        dropped = self.aggregator.push(
-            worker, header.step, grads, rows=rows, count_drop=header.end_of_step, wait=bool(pull) or header.end_of_step
+                return self._round_replies.reply(pull, request.wire_dtype, False, region, refused)
+        dropped = aggregator.push(
+            worker,
+            request.step,
+            request.grads,
+            rows=request.rows,
+            count_drop=request.end_of_step,
+            wait=bool(pull) or request.end_of_step,
         )
         with self.store.lock:
-            duplicate = self.ledger.is_duplicate(worker, header.push_id)
+            duplicate = self.ledger.is_duplicate(worker, request.push_id)
             if not dropped and not duplicate:
-                self.ledger.record(worker, header.push_id, header.end_of_step)
-            return self._round_replies.reply(pull, wire_dtype, dropped, region, refused)
+                self.ledger.record(worker, request.push_id, request.end_of_step)
+            return self._round_replies.reply(pull, request.wire_dtype, dropped, region, refused)
 
     def _cache_request(
         self, cache: StreamCache, header: pb.PushPullHeader, pushed: list[str], pulled: list[torch.Tensor]
@@ -537,16 +557,6 @@ class ParameterServerService(TaskService):
             cache.add(cached)
 
     # ---- sync
-
-    def _publish(self) -> None:
-        """Share the model with the serving processes once it can be (asynchronous training
-        only: a sync round lives in this process, and every sync push is forwarded here)."""
-        if (
-            self._shared is None
-            or self.aggregator is not None
-            or publish_store(self._shared, self.store, self.task_name) is not None
-        ):
-            self._publishing = False
 
     def _start_sync(self, sync: pb.SyncDef) -> None:
         decide = None if self.task_index == 0 else self._peers.step_members

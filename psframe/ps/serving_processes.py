@@ -47,6 +47,7 @@ from psframe.liveness import Liveness
 from psframe.memory import HugePageMemory
 from psframe.ps.fast_path import StreamCache
 from psframe.ps.service import ParameterServerService
+from psframe.ps.shared_service import shared_service
 from psframe.ps.shared_store import SharedStore
 from psframe.ps.store import VariableStore
 from psframe.security import Security
@@ -263,9 +264,7 @@ class SharedPushPull:
                         memory=HugePageMemory(),
                     )
                     store.adopt(variables, states, optimizer, tables, table_optimizer)
-                    self._service = ParameterServerService(
-                        self._cluster, self._task_index, store=store, shared=self._shared
-                    )
+                    self._service = shared_service(self._shared, self._cluster, self._task_index, store)
                     self._version = self._shared.version
         return self._service
 
