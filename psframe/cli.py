@@ -66,11 +66,10 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def _ping(args: argparse.Namespace) -> int:
-    from psframe.wire import psframe_pb2 as pb
     from psframe.worker.ps_client import ping
 
     info = ping(args.target, timeout=args.timeout, security=security_from_flags(args))
-    state = pb.TaskInfo.State.Name(info.state).lower()
+    state = info.state.value
     line = f"{info.address} is {ClusterSpec.caller_name(info.job_name, info.task_index)} ({state}"
     if info.job_name == "ps":
         line += f", global step {info.global_step}, {len(info.variables)} variables, {info.bytes_held} bytes"
@@ -90,14 +89,14 @@ def _cluster_only(args: argparse.Namespace):
 
 
 def _status(args: argparse.Namespace) -> int:
-    from psframe.wire import psframe_pb2 as pb
+    from psframe.status import WorkerStatus
     from psframe.worker.ps_client import PsClient
 
     cluster = _cluster_only(args)
     rows = [
         ("task", "address", "role", "state", "global_step", "variables", "bytes_held", "pushes", "dropped", "last_seen")
     ]
-    seen: dict[int, pb.WorkerSeen] = {}
+    seen: dict[int, WorkerStatus] = {}
     applied: dict[int, list[int]] = {}  # a worker's steps applied, by each ps task that answered
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))
     try:
@@ -111,14 +110,14 @@ def _status(args: argparse.Namespace) -> int:
                 continue
             for worker in info.workers:  # the freshest word from any ps task
                 applied.setdefault(worker.task_index, []).append(worker.applied_steps)
-                if worker.task_index not in seen or 0 <= worker.seconds_ago < seen[worker.task_index].seconds_ago:
+                if worker.task_index not in seen or _fresher(worker, seen[worker.task_index]):
                     seen[worker.task_index] = worker
             rows.append(
                 (
                     ClusterSpec.task_name("ps", k),
                     address,
                     "ps",
-                    pb.TaskInfo.State.Name(info.state).lower(),
+                    info.state.value,
                     str(info.global_step),
                     str(len(info.variables)),
                     _bytes(info.bytes_held),
@@ -130,16 +129,16 @@ def _status(args: argparse.Namespace) -> int:
     finally:
         client.close()
     for w, address in enumerate(cluster.job_tasks("worker")):
-        worker = seen.get(w)
-        if worker is None:
+        heard = seen.get(w)
+        if heard is None:
             state, last = "unknown", ""
-        elif worker.finished:
-            state, last = "finished", f"{worker.seconds_ago:.1f}s ago"
-        elif worker.seconds_ago < 0:
-            state, last = "not seen", "never"
+        elif heard.seconds_ago is None:
+            state, last = ("finished" if heard.finished else "not seen"), "never"
+        elif heard.finished:
+            state, last = "finished", f"{heard.seconds_ago:.1f}s ago"
         else:
-            state = "training" if worker.seconds_ago < 10 else "silent"
-            last = f"{worker.seconds_ago:.1f}s ago"
+            state = "training" if heard.seconds_ago < 10 else "silent"
+            last = f"{heard.seconds_ago:.1f}s ago"
         # A worker's pushes: its steps applied on every ps task (each once, however often sent).
         pushes = str(min(applied[w])) if applied.get(w) else ""
         rows.append(
@@ -162,9 +161,14 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if all(row[3] != "down" for row in rows[1:]) else 1
 
 
+def _fresher(worker, than) -> bool:
+    """Whether ``worker`` (a :class:`~psframe.status.WorkerStatus`) was heard from more recently than ``than``."""
+    return worker.seconds_ago is not None and (than.seconds_ago is None or worker.seconds_ago < than.seconds_ago)
+
+
 def _shutdown(args: argparse.Namespace) -> int:
     from psframe import checkpoint
-    from psframe.wire import psframe_pb2 as pb
+    from psframe.status import TaskState
     from psframe.worker.ps_client import PsClient
 
     cluster = _cluster_only(args)
@@ -172,7 +176,7 @@ def _shutdown(args: argparse.Namespace) -> int:
     try:
         infos = [client.get_info(k) for k in range(cluster.num_ps)]
         checkpoint_dir = args.checkpoint_dir or infos[0].checkpoint_dir
-        if checkpoint_dir and not args.no_save and all(i.state == pb.TaskInfo.READY for i in infos):
+        if checkpoint_dir and not args.no_save and all(i.state is TaskState.READY for i in infos):
             manifest = checkpoint.save(client, checkpoint_dir, infos[0].global_step, args.keep_checkpoints)
             print(f"saved checkpoint of global step {manifest.step} in {manifest.folder}")
         for k in range(cluster.num_ps):

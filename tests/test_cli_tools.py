@@ -14,6 +14,7 @@ import torch
 import psframe
 from psframe import checkpoint, cli
 from psframe.checkpoint import files as checkpoint_io
+from psframe.status import TaskState
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker.ps_client import PsClient
 from tests.conftest import assert_params_equal, free_cluster, params
@@ -237,7 +238,7 @@ def test_shutdown_without_any_checkpoint_dir_only_stops(local_cluster, capsys):
         assert "saved" not in out
         assert out.splitlines() == [f"/job:ps/task:0 at {cluster.task_address('ps', 0)} is shutting down"]
         with PsClient(cluster, 0) as client:
-            assert client.get_info(0).state == pb.TaskInfo.FINISHED
+            assert client.get_info(0).state is TaskState.FINISHED
     finally:
         t.close()
 

@@ -29,6 +29,7 @@ LAYER_OF = {
     "psframe.options": "core",
     "psframe.memory": "core",
     "psframe.rows": "core",
+    "psframe.status": "core",
     "psframe.wire": "wire",
     "psframe.checkpoint": "storage",
     "psframe.ps": "ps",

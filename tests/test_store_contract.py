@@ -28,7 +28,8 @@ from psframe.errors import (
 from psframe.launch import pick_free_ports
 from psframe.optim import OptimizerSpec
 from psframe.ps.store import VariableStore
-from psframe.wire import codec, messages, transport
+from psframe.status import TaskState
+from psframe.wire import codec, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker.ps_client import PsClient
 from psframe.worker.step_plan import Request, Slot
@@ -111,7 +112,7 @@ class GrpcBackend:
         client = client or self.client
         slots = [_slot(name, value) for name, value in values.items()]
         created = client.create(0, slots, list(values.items()), optimizer_spec, sync=None, checkpoint_dir=None)
-        assert client.get_info(0).state == pb.TaskInfo.READY
+        assert client.get_info(0).state is TaskState.READY
         return created
 
     def push_pull(
@@ -540,19 +541,19 @@ def test_grpc_init_from_worker_1_is_refused(grpc_backend):
 def test_grpc_info_reports_the_store(grpc_backend):
     values = _initial()
     info = grpc_backend.client.get_info(0)
-    assert info.state == pb.TaskInfo.WAITING_FOR_MODEL and info.global_step == 0
+    assert info.state is TaskState.WAITING_FOR_MODEL and info.global_step == 0
     spec = optim.RMSprop(lr=0.01, momentum=0.5)
     grpc_backend.create(values, spec)
     grpc_backend.push_pull(_grads(values, 1), [])
     with pytest.raises(ShapeMismatchError):
         grpc_backend.push_pull({"scale": torch.zeros(2)}, [])
     info = grpc_backend.client.get_info(0)
-    assert info.state == pb.TaskInfo.READY
+    assert info.state is TaskState.READY
     assert (info.global_step, info.pushes, info.rejected_pushes) == (1, 1, 1)
     assert [(v.name, v.dtype, list(v.shape)) for v in info.variables] == [
         (n, "float32", list(v.shape)) for n, v in values.items()
     ]
-    assert messages.optimizer_from_proto(info.optimizer) == spec
+    assert info.optimizer == spec
 
 
 def test_errors_are_psframe_errors(backend):

@@ -39,6 +39,7 @@ class TaskService:
             state=pb.TaskInfo.READY,
             version=__version__,
             pid=os.getpid(),
+            restored_step=-1,
         )
 
     def get_info(self, request: pb.InfoRequest) -> pb.TaskInfo:

@@ -1,7 +1,8 @@
 """psframe's settings as wire messages, and the checks that two tasks agree on them.
 
 The optimizer, the sync settings and the variables' definitions travel in
-``InitHeader`` and come back in ``TaskInfo``; this module converts them, and
+``InitHeader`` and come back in ``TaskInfo`` (read as a plain
+:class:`~psframe.status.TaskStatus`); this module converts them, and
 holds the one check that a worker's model (or a chief's request) matches
 what a ps task holds, used by both sides.
 """
@@ -19,6 +20,7 @@ from psframe.cluster.placement import Shard
 from psframe.cluster.table_placement import DynamicTableSpec, Eviction, RowInitializer
 from psframe.errors import ClusterMismatchError, WireFormatError
 from psframe.optim import KwargValue, OptimizerSpec, SyncReplicas
+from psframe.status import TaskState, TaskStatus, VariableStatus, WorkerStatus
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.codec import check_shape, dtype_from_name, dtype_name
 
@@ -174,7 +176,47 @@ def check_same_sync(where: str, expected: pb.SyncDef | None, found: pb.SyncDef |
         )
 
 
-def check_identity(info: pb.TaskInfo, cluster: ClusterSpec, job_name: str, task_index: int, address: str) -> None:
+def task_status(info: pb.TaskInfo) -> TaskStatus:
+    """A task's ``TaskInfo`` as the plain :class:`~psframe.status.TaskStatus` its callers read."""
+    return TaskStatus(
+        job_name=info.job_name,
+        task_index=info.task_index,
+        address=info.address,
+        cluster_spec=info.cluster_spec,
+        cluster_fingerprint=info.cluster_fingerprint,
+        state=TaskState[pb.TaskInfo.State.Name(info.state)],
+        version=info.version,
+        pid=info.pid,
+        global_step=info.global_step,
+        variables=tuple(VariableStatus(d.name, d.dtype, tuple(d.shape)) for d in info.variables),
+        bytes_held=info.bytes_held,
+        optimizer=optimizer_from_proto(info.optimizer) if info.HasField("optimizer") else None,
+        table_optimizer=optimizer_from_proto(info.table_optimizer) if info.HasField("table_optimizer") else None,
+        sync=(
+            SyncReplicas(info.sync.replicas_to_aggregate, info.sync.total_num_replicas, info.sync.timeout_seconds)
+            if info.HasField("sync")
+            else None
+        ),
+        pushes=info.pushes,
+        rejected_pushes=info.rejected_pushes,
+        dropped_gradients=info.dropped_gradients,
+        finished_workers=tuple(info.finished_workers),
+        workers=tuple(
+            WorkerStatus(
+                w.task_index,
+                None if w.seconds_ago < 0 else w.seconds_ago,
+                w.finished,
+                w.applied_steps,
+                w.last_push_id,
+            )
+            for w in info.workers
+        ),
+        restored_step=info.restored_step if info.restored_step >= 0 else None,
+        checkpoint_dir=info.checkpoint_dir or None,
+    )
+
+
+def check_identity(info: TaskStatus, cluster: ClusterSpec, job_name: str, task_index: int, address: str) -> None:
     """Check that the task answering at ``address`` is the one ``cluster`` puts there.
 
     Raises:

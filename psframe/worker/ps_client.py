@@ -24,6 +24,7 @@ from psframe.errors import ConnectTimeoutError
 from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.security import Security
+from psframe.status import TaskState, TaskStatus
 from psframe.wire import codec, messages, row_tensors, same_host, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker import streams
@@ -108,13 +109,13 @@ class PsClient:
 
     # ---- waiting for peers
 
-    def wait_for_ps(self, timeout: float, *, ready: bool = False) -> list[pb.TaskInfo]:
+    def wait_for_ps(self, timeout: float, *, ready: bool = False) -> list[TaskStatus]:
         """Wait until every ps task answers (and, with ``ready``, holds the model).
 
         Logs whom it waits for every few seconds.
 
         Returns:
-            Each ps task's :class:`TaskInfo`, by task index.
+            Each ps task's :class:`~psframe.status.TaskStatus`, by task index.
 
         Raises:
             ConnectTimeoutError: naming the tasks still missing after ``timeout``.
@@ -124,24 +125,26 @@ class PsClient:
         start = time.monotonic()
         deadline = start + timeout
         next_log = start  # say at once whom we wait for, then every few seconds
-        infos: dict[int, pb.TaskInfo] = {}
+        infos: dict[int, TaskStatus] = {}
         pending = list(range(self.num_ps))
         request = pb.InfoRequest(caller=self.caller)
         while True:
             for k in list(pending):
                 try:
-                    info = self._ps[k].call("GetInfo", request, timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+                    info = messages.task_status(
+                        self._ps[k].call("GetInfo", request, timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+                    )
                 except (errors.TaskUnavailableError, errors.RpcTimeoutError):
                     continue
                 messages.check_identity(info, self.cluster, "ps", k, self._ps[k].address)
                 if self.caller.job_name == "worker":  # number pushes above those the task applied already
                     last = next((w.last_push_id for w in info.workers if w.task_index == self.task_index), 0)
                     self._streams.numbers.start_after(k, last)
-                if info.state == pb.TaskInfo.FINISHED:
+                if info.state is TaskState.FINISHED:
                     raise errors.TrainingFinishedError(
                         f"{self.describe(k)} has seen every worker finish; training is over"
                     )
-                if ready and info.state != pb.TaskInfo.READY:
+                if ready and info.state is not TaskState.READY:
                     continue
                 infos[k] = info
                 pending.remove(k)
@@ -157,9 +160,10 @@ class PsClient:
                 next_log = now + LOG_EVERY_SECONDS
             time.sleep(min(0.1, max(0.0, deadline - now)))
 
-    def get_info(self, ps_task: int) -> pb.TaskInfo:
-        """One ps task's :class:`TaskInfo` (who it is, what it holds, its counters)."""
-        return self._ps[ps_task].call("GetInfo", pb.InfoRequest(caller=self.caller), timeout=self.rpc_timeout)
+    def get_info(self, ps_task: int) -> TaskStatus:
+        """One ps task's :class:`~psframe.status.TaskStatus` (who it is, what it holds, its counters)."""
+        info = self._ps[ps_task].call("GetInfo", pb.InfoRequest(caller=self.caller), timeout=self.rpc_timeout)
+        return messages.task_status(info)
 
     # ---- the model
 
@@ -210,7 +214,7 @@ class PsClient:
         )
         return codec.decode(data, pb.InitReplyHeader)[0].created
 
-    def check_model(self, infos: Sequence[pb.TaskInfo], slots: Sequence[Slot], sync: SyncReplicas | None) -> None:
+    def check_model(self, infos: Sequence[TaskStatus], slots: Sequence[Slot], sync: SyncReplicas | None) -> None:
         """Check that every ps task holds exactly these variables, trained with these sync settings.
 
         Raises:
@@ -218,9 +222,9 @@ class PsClient:
         """
         for ps_task, info in enumerate(infos):
             where = f"the model of {self.name} does not match {self.describe(ps_task)}"
-            messages.check_same_sync(where, messages.sync_def(sync), info.sync if info.HasField("sync") else None)
+            messages.check_same_sync(where, messages.sync_def(sync), messages.sync_def(info.sync))
             mine = messages.variable_defs(s for s in slots if s.shard.ps_task == ps_task)
-            messages.check_same_variables(where, messages.keys_of_defs(mine), messages.keys_of_defs(info.variables))
+            messages.check_same_variables(where, messages.keys_of_defs(mine), [v.key for v in info.variables])
 
     # ---- a step
 
@@ -435,7 +439,7 @@ def _expect(reply: Reply | None, kind: type[ReplyT]) -> ReplyT:
     return reply
 
 
-def ping(target: str, timeout: float = 5.0, security: Security | None = None) -> pb.TaskInfo:
+def ping(target: str, timeout: float = 5.0, security: Security | None = None) -> TaskStatus:
     """Ask the task at ``target`` (``grpc://host:port`` or ``host:port``) who it is.
 
     Raises:
@@ -447,9 +451,10 @@ def ping(target: str, timeout: float = 5.0, security: Security | None = None) ->
     parse_address(address)
     with transport.Connection(address, security=security) as connection:
         try:
-            return connection.call("GetInfo", pb.InfoRequest(), timeout=timeout, wait_for_ready=True)
+            info = connection.call("GetInfo", pb.InfoRequest(), timeout=timeout, wait_for_ready=True)
         except errors.RpcTimeoutError as e:
             raise ConnectTimeoutError(f"no psframe task answered at {address} within {timeout}s") from e
+    return messages.task_status(info)
 
 
 def resolve_wire_dtype(wire_dtype: str | torch.dtype | None) -> torch.dtype | None:

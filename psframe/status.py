@@ -1,0 +1,82 @@
+"""What a task says of itself when asked (``psframe status``, ``psframe ping``, :meth:`PsClient.get_info`).
+
+Plain, frozen dataclasses: a caller reads names and Python values, never the
+wire's messages (:func:`psframe.wire.messages.task_status` converts them).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from psframe.optim import OptimizerSpec, SyncReplicas
+
+
+class TaskState(enum.Enum):
+    """Where a task stands."""
+
+    STARTING = "starting"
+    WAITING_FOR_MODEL = "waiting_for_model"  # a ps task whose variables the chief has not created yet
+    READY = "ready"
+    FINISHED = "finished"  # every worker finished; the task is exiting
+
+
+@dataclass(frozen=True, slots=True)
+class VariableStatus:
+    """One variable (or part of one) a ps task holds."""
+
+    name: str  # stored name: "fc1.weight", or "emb.weight/part_1"
+    dtype: str  # "float32", ...
+    shape: tuple[int, ...]  # of what this task holds
+
+    @property
+    def key(self) -> tuple[str, str, tuple[int, ...]]:
+        """What two tasks holding the same variable agree on: name, dtype and shape."""
+        return (self.name, self.dtype, self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """One worker as a ps task saw it."""
+
+    task_index: int
+    seconds_ago: float | None  # since it was last heard from; None: never
+    finished: bool
+    applied_steps: int  # its steps whose gradients this ps task applied (each once)
+    last_push_id: int  # the number of its last push applied
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStatus:
+    """A task's answer to "who are you, and how are you?".
+
+    The counters (``global_step``, ``pushes``...) are a ps task's; a worker's
+    task answers who it is and its state only.
+    """
+
+    job_name: str
+    task_index: int
+    address: str
+    cluster_spec: str  # ClusterSpec.to_string()
+    cluster_fingerprint: str
+    state: TaskState
+    version: str  # of psframe
+    pid: int
+    global_step: int = 0
+    variables: tuple[VariableStatus, ...] = ()
+    bytes_held: int = 0  # variables and optimizer state
+    optimizer: OptimizerSpec | None = None  # None: no model yet
+    table_optimizer: OptimizerSpec | None = None  # None: no embedding table
+    sync: SyncReplicas | None = None  # None: asynchronous training (or no model yet)
+    pushes: int = 0  # gradient pushes applied
+    rejected_pushes: int = 0  # pushes refused as invalid
+    dropped_gradients: int = 0  # stale or late gradients dropped (sync)
+    finished_workers: tuple[int, ...] = ()
+    workers: tuple[WorkerStatus, ...] = ()
+    restored_step: int | None = None  # the checkpoint step it restored from; None: none
+    checkpoint_dir: str | None = None  # where it restores from (and saves to)
+
+    @property
+    def name(self) -> str:
+        """``/job:ps/task:0``."""
+        return f"/job:{self.job_name}/task:{self.task_index}"
