@@ -128,6 +128,11 @@ def test_an_unknown_keyword_argument_is_refused():
         psframe.Trainer(model(), CLUSTER, rpc_timout=5.0)
 
 
+def test_an_unknown_keyword_argument_of_the_server_is_refused_before_it_binds():
+    with pytest.raises(TypeError, match="Server.. got an unexpected keyword argument 'auth_tokn'"):
+        psframe.Server(CLUSTER, "ps", 0, auth_tokn="x" * 32)
+
+
 def test_a_group_of_the_wrong_kind_is_refused():
     with pytest.raises(TypeError, match="transport must be a psframe.Transport"):
         psframe.Trainer(model(), CLUSTER, transport={"rpc_timeout": 5.0})  # type: ignore[arg-type]
@@ -137,3 +142,14 @@ def test_the_groups_alone_raise_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         psframe.Trainer(model(), CLUSTER, transport=psframe.Transport(rpc_timeout=5.0))
+
+
+def test_the_trainer_s_settings_and_counters_are_read_only():
+    trainer = psframe.Trainer(model(), CLUSTER)
+    names = [name for name, value in vars(psframe.Trainer).items() if isinstance(value, property)]
+    assert {"global_step", "local_step", "state", "sync", "hooks", "model", "checkpoint_dir"} <= set(names)
+    for name in names:
+        if name.startswith("_"):
+            continue
+        with pytest.raises(AttributeError):
+            setattr(trainer, name, getattr(trainer, name))

@@ -18,7 +18,7 @@ from psframe.ps.serving_processes import ServingProcesses, default_serving_proce
 from psframe.ps.shared_service import Publisher, shared_service
 from psframe.ps.shared_store import PortLock, SharedStore
 from psframe.ps.task_service import TaskService
-from psframe.security import Security, accept_security
+from psframe.security import LOOSE_ARGUMENTS, Security, accept_security
 from psframe.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, METHODS, RpcServer
 
 MIN_MESSAGE_BYTES = 64 << 10  # below, not even an Init of a small model or a status call's reply fits
@@ -85,10 +85,10 @@ class Server:
             callers must present one it signed: mutual TLS). Used as given.
             None: from the ``PSFRAME_AUTH_TOKEN`` and ``PSFRAME_TLS_*``
             environment variables (:meth:`Security.resolve`), or none.
-        auth_token, tls_cert_file, tls_key_file, tls_ca_file: deprecated (a
-            ``DeprecationWarning``; removed in the next release): the same
-            settings one by one, those left None read from the environment.
-            Give ``security=`` instead.
+        **deprecated: ``auth_token``, ``tls_cert_file``, ``tls_key_file`` and
+            ``tls_ca_file``, the settings of ``security`` one by one, as earlier
+            releases took them (a ``DeprecationWarning``; removed in the next
+            release; those left None are read from the environment).
 
     Raises:
         ClusterSpecError: the cluster, job or index is invalid, or another ps
@@ -96,6 +96,7 @@ class Server:
         PortInUseError: the address cannot be listened on.
         SecurityConfigError: a security setting is invalid or its file cannot be read,
             or ``security`` is given together with the deprecated arguments.
+        TypeError: an unknown keyword argument.
 
     Example::
 
@@ -121,23 +122,13 @@ class Server:
         checkpoint_dir: str | None = None,
         serving_processes: int | None = None,
         security: Security | None = None,
-        auth_token: str | None = None,
-        tls_cert_file: str | None = None,
-        tls_key_file: str | None = None,
-        tls_ca_file: str | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         liveness: Liveness | None = None,
+        **deprecated: str | None,
     ) -> None:
-        self.security = accept_security(
-            "Server",
-            security,
-            {
-                "auth_token": auth_token,
-                "tls_cert_file": tls_cert_file,
-                "tls_key_file": tls_key_file,
-                "tls_ca_file": tls_ca_file,
-            },
-        )
+        if unknown := sorted(set(deprecated) - set(LOOSE_ARGUMENTS)):
+            raise TypeError(f"Server() got an unexpected keyword argument {unknown[0]!r}")
+        self.security = accept_security("Server", security, deprecated)
         self.liveness = liveness or Liveness.resolve()
         cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         cluster.validate_task(job_name, task_index)

@@ -31,6 +31,7 @@ import torch
 
 from psframe import checkpoint
 from psframe.cluster import ClusterSpec
+from psframe.cluster.placement import ShardPlacement
 from psframe.errors import (
     CheckpointError,
     ClusterSpecError,
@@ -165,64 +166,64 @@ class Trainer:
     ) -> None:
         loose_security = {name: deprecated.pop(name, None) for name in LOOSE_ARGUMENTS}
         placement, checkpointing, transport = groups_from_deprecated(placement, checkpointing, transport, deprecated)
-        self.security = accept_security("Trainer", security, loose_security)
-        self.liveness = liveness or Liveness.resolve()
-        self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
-        self.cluster.validate_task("worker", task_index)
-        if unbound := self.cluster.tasks_on_any_port("ps"):
+        self._security = accept_security("Trainer", security, loose_security)
+        self._liveness = liveness or Liveness.resolve()
+        self._cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
+        self._cluster.validate_task("worker", task_index)
+        if unbound := self._cluster.tasks_on_any_port("ps"):
             k = unbound[0]
             raise ClusterSpecError(
-                f"{ClusterSpec.task_name('ps', k)} has address {self.cluster.task_address('ps', k)!r}: port 0 asks "
+                f"{ClusterSpec.task_name('ps', k)} has address {self._cluster.task_address('ps', k)!r}: port 0 asks "
                 f"its server to pick a free port, and a worker must be given the port it picked (the cluster of "
                 f"the running server, psframe.Server(...).cluster, or psframe.local_cluster(...).cluster)"
             )
-        self.task_index = task_index
-        self.is_chief = task_index == 0
-        self.optimizer, self.sync = resolve_optimizer(optimizer, sync, self.cluster.num_workers)
+        self._task_index = task_index
+        self._is_chief = task_index == 0
+        self._optimizer, self._sync = resolve_optimizer(optimizer, sync, self._cluster.num_workers)
         rpc_timeout = transport.rpc_timeout
-        if self.sync is not None:
+        if self._sync is not None:
             # A call may wait at the barrier for as long as the sync timeout.
-            rpc_timeout = max(rpc_timeout, self.sync.timeout + 30.0)
-        self.wire_dtype = resolve_wire_dtype(transport.wire_dtype)
-        self.device = resolve_device(model, device, gpu_memory_fraction)
-        self.model = model.to(self.device)
-        self.hooks = list(hooks)
-        self.checkpointing = checkpointing
-        if checkpointing is not None and self.is_chief:
-            self.hooks.append(CheckpointSaverHook(*checkpointing.interval))
-        self.recoveries = 0  # times this worker waited for a lost ps task and went on
-        self.transport = transport
-        self.rpc_timeout = rpc_timeout
-        self.global_step = 0
-        self.local_step = 0
-        self.dropped_steps = 0  # sync: steps whose gradients came too late and were dropped
-        self.skipped_steps = 0  # steps that pushed no gradient (e.g. NanGuardHook dropped them)
+            rpc_timeout = max(rpc_timeout, self._sync.timeout + 30.0)
+        self._wire_dtype = resolve_wire_dtype(transport.wire_dtype)
+        self._device = resolve_device(model, device, gpu_memory_fraction)
+        self._model = model.to(self._device)
+        self._hooks = list(hooks)
+        self._checkpointing = checkpointing
+        if checkpointing is not None and self._is_chief:
+            self._hooks.append(CheckpointSaverHook(*checkpointing.interval))
+        self._recoveries = 0  # times this worker waited for a lost ps task and went on
+        self._transport = transport
+        self._rpc_timeout = rpc_timeout
+        self._global_step = 0
+        self._local_step = 0
+        self._dropped_steps = 0  # sync: steps whose gradients came too late and were dropped
+        self._skipped_steps = 0  # steps that pushed no gradient (e.g. NanGuardHook dropped them)
         # Steps whose gradients every ps task answered as applied (once, however often sent).
-        self.pushed_steps = 0
-        self.sent_during_backward = 0  # requests sent before backward ended (overlap_backward)
-        self.state = TrainerState.NEW
+        self._pushed_steps = 0
+        self._sent_during_backward = 0  # requests sent before backward ended (overlap_backward)
+        self._state = TrainerState.NEW
         self._stop_requested = False
         self._client: PsClient | None = None
         self._prefetcher = Prefetcher()
-        self.overlap_backward = overlap_backward
+        self._overlap_backward = overlap_backward
         self._overlap: BackwardOverlap | None = None
         self._replica = Replica(
-            self.model,
-            self.cluster.num_ps,
-            HostStaging(self.device),
-            sync=self.sync is not None,
+            self._model,
+            self._cluster.num_ps,
+            HostStaging(self._device),
+            sync=self._sync is not None,
             variable_devices=dict(placement.variable_devices),
             strategy=placement.strategy,
             min_partition_bytes=placement.min_partition_bytes,
             soft_placement=placement.soft,
             max_shard_bytes=placement.max_shard_bytes,
-            wire_dtype=self.wire_dtype,
+            wire_dtype=self._wire_dtype,
             table_partition=placement.table_partition,
         )
-        self.placement = self._replica.placement
-        self.table_optimizer = resolve_table_optimizer(table_optimizer, self.optimizer, self._replica.tables)
+        self._placement = self._replica.placement
+        self._table_optimizer = resolve_table_optimizer(table_optimizer, self._optimizer, self._replica.tables)
         if placement.log:
-            log.info("placement of worker %d:\n%s", task_index, self.placement.describe())
+            log.info("placement of worker %d:\n%s", task_index, self._placement.describe())
 
     # ---- lifecycle
 
@@ -233,18 +234,18 @@ class Trainer:
             ConnectTimeoutError: a ps task (or the model) did not come up in time.
             ClusterMismatchError: a ps task holds another model or cluster.
         """
-        if self.state is not TrainerState.NEW:
-            raise PsframeError(f"the trainer is {self.state.value}; connect() is called once")
+        if self._state is not TrainerState.NEW:
+            raise PsframeError(f"the trainer is {self._state.value}; connect() is called once")
         self._client = PsClient(
-            self.cluster,
-            self.task_index,
-            rpc_timeout=self.rpc_timeout,
-            wire_dtype=self.wire_dtype,
+            self._cluster,
+            self._task_index,
+            rpc_timeout=self._rpc_timeout,
+            wire_dtype=self._wire_dtype,
             shared_memory=self.shared_memory,
-            security=self.security,
-            liveness=self.liveness,
+            security=self._security,
+            liveness=self._liveness,
         )
-        self.state = TrainerState.RUNNING
+        self._state = TrainerState.RUNNING
         try:
             self._join()
             self.pull()
@@ -253,11 +254,11 @@ class Trainer:
                 self._overlap = BackwardOverlap(self._replica.plan.step, self._replica.params)
             log.info(
                 "worker %d connected to %d ps tasks at global step %d",
-                self.task_index,
-                self.cluster.num_ps,
-                self.global_step,
+                self._task_index,
+                self._cluster.num_ps,
+                self._global_step,
             )
-            for hook in self.hooks:
+            for hook in self._hooks:
                 hook.begin(self)
         except BaseException:
             # Never started training: release the channels, report nothing.
@@ -266,32 +267,159 @@ class Trainer:
                 self._overlap = None
             self._replica.tables.detach()
             self._client.close()
-            self.state = TrainerState.CLOSED
+            self._state = TrainerState.CLOSED
             raise
         return self
+
+    # Read-only: set by the trainer, read by hooks and callers.
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The local model (on :attr:`device`), whose parameters mirror the ps tasks' variables."""
+        return self._model
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        """The cluster."""
+        return self._cluster
+
+    @property
+    def task_index(self) -> int:
+        """This worker's index."""
+        return self._task_index
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this is worker 0, which creates the model and writes checkpoints."""
+        return self._is_chief
+
+    @property
+    def optimizer(self) -> OptimizerSpec:
+        """The optimizer the ps tasks apply to the dense variables."""
+        return self._optimizer
+
+    @property
+    def table_optimizer(self) -> OptimizerSpec | None:
+        """The optimizer of the embedding tables' rows; None without tables."""
+        return self._table_optimizer
+
+    @property
+    def sync(self) -> SyncReplicas | None:
+        """The synchronous settings, resolved for the cluster; None: asynchronous."""
+        return self._sync
+
+    @property
+    def device(self) -> torch.device:
+        """Where the local model computes."""
+        return self._device
+
+    @property
+    def hooks(self) -> tuple[Hook, ...]:
+        """The hooks called around each step (with the chief's checkpoint saver, if any)."""
+        return tuple(self._hooks)
+
+    @property
+    def placement(self) -> ShardPlacement:
+        """Which ps task holds each shard (:class:`psframe.cluster.placement.ShardPlacement`)."""
+        return self._placement
+
+    @property
+    def checkpointing(self) -> Checkpointing | None:
+        """The checkpoint settings; None: the chief saves none."""
+        return self._checkpointing
+
+    @property
+    def transport(self) -> Transport:
+        """How the worker talks to the ps tasks."""
+        return self._transport
+
+    @property
+    def security(self) -> Security:
+        """The auth token and TLS settings every call carries."""
+        return self._security
+
+    @property
+    def liveness(self) -> Liveness:
+        """How the worker's connections are probed for a ps task that went away."""
+        return self._liveness
+
+    @property
+    def rpc_timeout(self) -> float:
+        """Deadline in seconds of each call (raised to outlast a sync round's timeout)."""
+        return self._rpc_timeout
+
+    @property
+    def wire_dtype(self) -> torch.dtype | None:
+        """The dtype gradients and values travel in; None: as stored."""
+        return self._wire_dtype
+
+    @property
+    def overlap_backward(self) -> bool:
+        """Whether a step's requests are sent while backward still runs."""
+        return self._overlap_backward
+
+    @property
+    def state(self) -> TrainerState:
+        """new, running, stopped or closed."""
+        return self._state
+
+    @property
+    def global_step(self) -> int:
+        """The global step of the values last received."""
+        return self._global_step
+
+    @property
+    def local_step(self) -> int:
+        """Steps this worker took."""
+        return self._local_step
+
+    @property
+    def pushed_steps(self) -> int:
+        """Steps whose gradients every ps task answered as applied (once, however often sent)."""
+        return self._pushed_steps
+
+    @property
+    def dropped_steps(self) -> int:
+        """Sync: steps whose gradients came too late and were dropped."""
+        return self._dropped_steps
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps that pushed no gradient (e.g. NanGuardHook dropped them)."""
+        return self._skipped_steps
+
+    @property
+    def sent_during_backward(self) -> int:
+        """Requests sent before backward ended (``overlap_backward``)."""
+        return self._sent_during_backward
+
+    @property
+    def recoveries(self) -> int:
+        """Times this worker waited for a lost ps task and went on."""
+        return self._recoveries
 
     # Read from the option groups, never kept twice.
 
     @property
     def checkpoint_dir(self) -> str | None:
         """Where the chief saves checkpoints; None without :class:`psframe.Checkpointing`."""
-        return self.checkpointing.dir if self.checkpointing is not None else None
+        return self._checkpointing.dir if self._checkpointing is not None else None
 
     @property
     def keep_checkpoints(self) -> int:
         """How many of the newest checkpoints are kept."""
-        return self.checkpointing.keep if self.checkpointing is not None else DEFAULT_KEEP_CHECKPOINTS
+        return self._checkpointing.keep if self._checkpointing is not None else DEFAULT_KEEP_CHECKPOINTS
 
     @property
     def connect_timeout(self) -> float:
         """Seconds to wait for the ps tasks (:attr:`psframe.Transport.connect_timeout`)."""
-        return self.transport.connect_timeout
+        return self._transport.connect_timeout
 
     @property
     def shared_memory(self) -> bool:
         """Whether tensors to a ps task on this host go through shared memory
         (:attr:`psframe.Transport.same_host_memory`)."""
-        return self.transport.same_host_memory
+        return self._transport.same_host_memory
 
     @property
     def _ps(self) -> PsClient:
@@ -303,33 +431,33 @@ class Trainer:
     def _overlaps(self) -> bool:
         """Whether steps send their messages during backward (see ``overlap_backward``)."""
         return (
-            self.overlap_backward
-            and self.device.type == "cpu"
+            self._overlap_backward
+            and self._device.type == "cpu"
             and not self._replica.tables
-            and all(type(hook).before_push is Hook.before_push for hook in self.hooks)
+            and all(type(hook).before_push is Hook.before_push for hook in self._hooks)
         )
 
     def _join(self) -> None:
         startup.join(
             self._ps,
             self._replica,
-            is_chief=self.is_chief,
-            optimizer=self.optimizer,
-            sync=self.sync,
+            is_chief=self._is_chief,
+            optimizer=self._optimizer,
+            sync=self._sync,
             checkpoint_dir=self.checkpoint_dir,
             timeout=self.connect_timeout,
-            table_optimizer=self.table_optimizer,
-            global_step=self.global_step,
+            table_optimizer=self._table_optimizer,
+            global_step=self._global_step,
         )
 
     def close(self) -> None:
         """Tell the ps tasks this worker is done and release the channels (idempotent)."""
-        if self.state is not TrainerState.RUNNING:
-            self.state = TrainerState.CLOSED
+        if self._state is not TrainerState.RUNNING:
+            self._state = TrainerState.CLOSED
             return
         failure: BaseException | None = None
         try:
-            for hook in self.hooks:  # every hook ends, even if one fails
+            for hook in self._hooks:  # every hook ends, even if one fails
                 try:
                     hook.end(self)
                 except BaseException as e:  # noqa: BLE001 - re-raised below
@@ -341,7 +469,7 @@ class Trainer:
             self._replica.tables.detach()
             self._ps.finish()
             self._ps.close()
-            self.state = TrainerState.CLOSED
+            self._state = TrainerState.CLOSED
         if failure is not None:
             raise failure
 
@@ -350,7 +478,7 @@ class Trainer:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc is not None:
-            log.error("worker %d stops on %s: %s", self.task_index, type(exc).__name__, exc)
+            log.error("worker %d stops on %s: %s", self._task_index, type(exc).__name__, exc)
         self.close()
 
     # ---- training
@@ -374,19 +502,19 @@ class Trainer:
             PsframeError: a ps task refused the gradients or could not be reached.
         """
         self._require_running()
-        for hook in self.hooks:
+        for hook in self._hooks:
             hook.before_step(self)
         exchange = self._backward(loss)
-        for hook in self.hooks:
+        for hook in self._hooks:
             hook.before_push(self, loss)
         self._replica.tables.drop_prefetched()  # rows pulled ahead for this step's lookups, not taken
         rows = None
         pushed = self._replica.has_gradients()
         if pushed:
             requests = self._replica.plan.step
-            rows = self._replica.tables.gradients(every_table=self.sync is not None)
+            rows = self._replica.tables.gradients(every_table=self._sync is not None)
         else:  # nothing was sent during backward either: no parameter had a gradient
-            self.skipped_steps += 1
+            self._skipped_steps += 1
             requests = self._replica.plan.pull
             exchange = None
 
@@ -397,24 +525,24 @@ class Trainer:
         try:
             try:
                 if exchange is not None:  # some requests went during backward; the rest go now
-                    self.sent_during_backward += exchange.sent_early
+                    self._sent_during_backward += exchange.sent_early
                     replies, prefetched = self._ps.finish_step(exchange), {}
                 else:
                     replies, prefetched = self._ps.push_pull_and_prefetch(
-                        pushes(), self.global_step, self._prefetcher.requests(), rows=rows
+                        pushes(), self._global_step, self._prefetcher.requests(), rows=rows
                     )
             except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
                 replies, prefetched = self._send_again(e, pushes(), rows), {}
             self._receive(requests, replies)
             if pushed and not any(reply.dropped for reply in replies):
-                self.pushed_steps += 1
+                self._pushed_steps += 1
             self._prefetcher.deliver(prefetched)
         finally:
             self._prefetcher.drop()
-        self.local_step += 1
-        for hook in self.hooks:
-            hook.after_step(self, self.global_step, loss)
-        return self.global_step
+        self._local_step += 1
+        for hook in self._hooks:
+            hook.after_step(self, self._global_step, loss)
+        return self._global_step
 
     def _backward(self, loss: torch.Tensor | None) -> Exchange | None:
         """Run backward on ``loss``; with overlap, the step's requests whose gradients are
@@ -425,7 +553,7 @@ class Trainer:
             loss.backward()
             return None
         requests = self._replica.plan.step
-        exchange = self._ps.begin_step(requests, self.global_step, lambda i: self._replica.gradients(requests[i]))
+        exchange = self._ps.begin_step(requests, self._global_step, lambda i: self._replica.gradients(requests[i]))
         self._overlap.begin(exchange)
         try:
             loss.backward()
@@ -470,25 +598,25 @@ class Trainer:
             self._pull_all()
         except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
             self._recover(e)  # waits for the lost ps tasks, and pulls
-        return self.global_step
+        return self._global_step
 
     def _pull_all(self) -> None:
         requests = self._replica.plan.pull
-        replies = self._ps.push_pull([(r, ()) for r in requests], self.global_step, compress=False)
+        replies = self._ps.push_pull([(r, ()) for r in requests], self._global_step, compress=False)
         self._receive(requests, replies)
 
     def _pull_rows(self, wanted, create: bool = True):
         """Rows of embedding tables for a lookup (see :mod:`psframe.worker.tables`); a lost
         ps task is waited for, as in :meth:`step`, and the rows asked of it again."""
         try:
-            return self._ps.pull_rows(wanted, self.global_step, create)
+            return self._ps.pull_rows(wanted, self._global_step, create)
         except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
             self._recover(e)
-            return self._ps.pull_rows(wanted, self.global_step, create)
+            return self._ps.pull_rows(wanted, self._global_step, create)
 
     def _receive(self, requests: Sequence[Request], replies: Sequence[DenseReply]) -> None:
         self._replica.assign(requests, replies)
-        self.dropped_steps += any(reply.dropped for reply in replies)
+        self._dropped_steps += any(reply.dropped for reply in replies)
         # Async: global_step lives on /job:ps/task:0, as in TF. Sync: every ps
         # advances in lockstep, but a reply may have been read just before a
         # shard caught up; tagging the next push with the lowest step makes a
@@ -497,10 +625,10 @@ class Trainer:
         steps = [
             reply.global_step
             for request, reply in zip(requests, replies)
-            if request.pull and (request.ps_task == 0 or self.sync is not None)
+            if request.pull and (request.ps_task == 0 or self._sync is not None)
         ]
         if steps:
-            self.global_step = max(steps) if self.sync is None else min(steps)
+            self._global_step = max(steps) if self._sync is None else min(steps)
 
     def _send_again(self, error: PsframeError, pushes, rows) -> list[DenseReply]:
         """Wait for the lost ps tasks, then send this step's pushes again, with the numbers
@@ -513,13 +641,13 @@ class Trainer:
         """
         replies, _ = self._when_back(
             error,
-            f"sending step {self.global_step}'s pushes again",
-            lambda: self._ps.push_pull_and_prefetch(pushes, self.global_step, {}, rows=rows, again=True),
+            f"sending step {self._global_step}'s pushes again",
+            lambda: self._ps.push_pull_and_prefetch(pushes, self._global_step, {}, rows=rows, again=True),
         )
         log.info(
             "worker %d: the ps tasks are back; step %d sent again (%d of its pushes had been applied before)",
-            self.task_index,
-            self.global_step,
+            self._task_index,
+            self._global_step,
             sum(reply.duplicate for reply in replies),
         )
         return replies
@@ -533,7 +661,7 @@ class Trainer:
         """
         self._replica.clear_gradients()
         self._when_back(error, "pulling the parameters", self._pull_all)
-        log.info("worker %d: the ps tasks are back; going on at global step %d", self.task_index, self.global_step)
+        log.info("worker %d: the ps tasks are back; going on at global step %d", self._task_index, self._global_step)
 
     def _when_back(self, error: PsframeError, then: str, attempt: Callable[[], T]) -> T:
         """Wait for the lost ps tasks (logging whom it waits for), then ``attempt()``; again
@@ -542,7 +670,7 @@ class Trainer:
         while True:
             log.warning(
                 "worker %d: %s; waiting up to %.0fs for the ps tasks, then %s",
-                self.task_index,
+                self._task_index,
                 error,
                 self.connect_timeout,
                 then,
@@ -558,7 +686,7 @@ class Trainer:
                     raise
                 error = e
                 continue
-            self.recoveries += 1
+            self._recoveries += 1
             return result
 
     def save_checkpoint(self) -> checkpoint.Manifest:
@@ -574,10 +702,10 @@ class Trainer:
         if not self.checkpoint_dir:
             raise CheckpointError("save_checkpoint() needs Trainer(checkpointing=psframe.Checkpointing(dir))")
         try:
-            manifest = checkpoint.save(self._ps, self.checkpoint_dir, self.global_step, self.keep_checkpoints)
+            manifest = checkpoint.save(self._ps, self.checkpoint_dir, self._global_step, self.keep_checkpoints)
         except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
             self._recover(e)  # a ps task was lost as it saved: wait for it, then save again
-            manifest = checkpoint.save(self._ps, self.checkpoint_dir, self.global_step, self.keep_checkpoints)
+            manifest = checkpoint.save(self._ps, self.checkpoint_dir, self._global_step, self.keep_checkpoints)
         log.info("checkpoint of global step %d committed in %s", manifest.step, manifest.folder)
         return manifest
 
@@ -590,5 +718,7 @@ class Trainer:
         self._stop_requested = True
 
     def _require_running(self) -> None:
-        if self.state is not TrainerState.RUNNING:
-            raise PsframeError(f"the trainer is {self.state.value}; use it inside `with trainer:` (or after connect())")
+        if self._state is not TrainerState.RUNNING:
+            raise PsframeError(
+                f"the trainer is {self._state.value}; use it inside `with trainer:` (or after connect())"
+            )
