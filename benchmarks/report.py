@@ -30,7 +30,8 @@ from benchmarks.suite.memory import memory_table
 from benchmarks.suite.scaling import scaling_table, step_plan_sizes
 from benchmarks.suite.security import security_table
 from benchmarks.suite.sparse import sparse_table
-from benchmarks.suite.training import PLOT_ORDER, training_summary, training_table
+from benchmarks.suite.training import PLOT_ORDER
+from benchmarks.suite.training_tables import training_summary, training_table
 from benchmarks.suite.transport import transport_table
 
 COPIES_MARKER = "<!-- copies: filled in by maintainers -->"

@@ -28,6 +28,9 @@ class VariableStatus:
     name: str  # stored name: "fc1.weight", or "emb.weight/part_1"
     dtype: str  # "float32", ...
     shape: tuple[int, ...]  # of what this task holds
+    variable: str = ""  # the model's parameter it belongs to
+    table: bool = False  # an embedding table's part: pushed and pulled by rows
+    dynamic: bool = False  # a dynamic table's part: its rows are made on first touch
 
     @property
     def key(self) -> tuple[str, str, tuple[int, ...]]:

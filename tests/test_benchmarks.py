@@ -119,7 +119,7 @@ def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
 
 
 def test_training_rows_report_the_median_of_interleaved_runs(monkeypatch):
-    from benchmarks.suite import training
+    from benchmarks.suite import training, training_tables
 
     order = []
     rates = iter([5.0, 1.0, 3.0, 9.0, 7.0, 8.0])  # per call, systems interleaved
@@ -146,7 +146,7 @@ def test_training_rows_report_the_median_of_interleaved_runs(monkeypatch):
     assert psframe_row["global_steps_per_sec"] == 5.0 and psframe_row["run_rates"] == [5.0, 3.0, 7.0]
     # A failed run is left out of the median, and its rate shows as nan.
     assert ddp_row["global_steps_per_sec"] == 1.0 and ddp_row["run_rates"][:2] == [1.0, 9.0]
-    assert "5 / 3 / 7" in training.training_table(rows).replace(".00", "")
+    assert "5 / 3 / 7" in training_tables.training_table(rows).replace(".00", "")
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         training.run_training_benchmarks(["mnist_mlp"], quick=True, repeats=0)
 
@@ -196,7 +196,7 @@ def test_cpu_in_window_interpolates_between_samples():
 
 
 def test_training_rows_compare_cpu_per_sample_with_the_rpc_ps():
-    from benchmarks.suite import training
+    from benchmarks.suite import training_tables
 
     def row(system, mode, cpu_ms_per_step, samples_per_step=100):
         return {
@@ -210,7 +210,7 @@ def test_training_rows_compare_cpu_per_sample_with_the_rpc_ps():
             "cpu_ms_per_step": cpu_ms_per_step,
         }
 
-    rows = training.training_ratios(
+    rows = training_tables.training_ratios(
         [
             row("psframe", "async", 2.0),
             row("psframe", "sync", float("nan")),
@@ -222,11 +222,11 @@ def test_training_rows_compare_cpu_per_sample_with_the_rpc_ps():
     assert rows[0]["cpu_vs_torch_rpc_ps"] == pytest.approx(0.8)
     assert rows[1]["cpu_vs_torch_rpc_ps"] is None  # not measured: no ratio rather than nan
     assert rows[2]["cpu_vs_torch_rpc_ps"] == pytest.approx(1.0)
-    assert "0.80x" in training.training_table(rows)
+    assert "0.80x" in training_tables.training_table(rows)
 
 
 def test_throughput_ratios_pair_the_runs_of_each_repeat():
-    from benchmarks.suite.training import paired_ratio
+    from benchmarks.suite.training_tables import paired_ratio
 
     def row(rates, samples_per_step):  # as training._median_run makes them: the median good run
         good = sorted(r for r in rates if r == r)

@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks import mlp_workload, report
 from benchmarks.baselines import tf_env
-from benchmarks.suite import scaling, training
+from benchmarks.suite import scaling, training, training_tables
 
 
 @pytest.fixture
@@ -41,8 +41,8 @@ def test_without_tensorflow_the_rows_say_unavailable_and_nothing_fails(tf_off):
     assert len(rows) == 1 and rows[0]["system"] == "tf_ps" and rows[0]["mode"] == "async"
     assert "error" not in rows[0] and "turned off" in rows[0]["unavailable"]
     assert math.isnan(rows[0]["global_steps_per_sec"])
-    assert "n/a" in training.format_table(rows)
-    header, _, cells = training.training_table(rows).splitlines()
+    assert "n/a" in training_tables.format_table(rows)
+    header, _, cells = training_tables.training_table(rows).splitlines()
     assert header.rstrip(" |").endswith("unavailable") and "turned off" in cells, header
 
     tf_ps = next(s for s in scaling.SYSTEMS if s.name == "tf_ps")
@@ -83,7 +83,7 @@ def test_psframe_rows_are_compared_with_tf_ps_in_the_same_mode():
             "run_rates": runs,
         }
 
-    rows = training.training_ratios(
+    rows = training_tables.training_ratios(
         [
             row("psframe", "async", 4.0, [4.0, 5.0, 3.0]),
             row("tf_ps", "async", 2.0, [2.0, 2.0, 3.0]),
@@ -93,11 +93,11 @@ def test_psframe_rows_are_compared_with_tf_ps_in_the_same_mode():
     assert rows[0]["vs_tf_ps"] == pytest.approx(2.0)  # median of 2.0, 2.5 and 1.0, repeat by repeat
     assert rows[1]["vs_tf_ps"] == pytest.approx(1.0)
     assert rows[2]["vs_tf_ps"] is None  # TF runs async only
-    assert "samples/s vs tf_ps" in training.training_table(rows)
+    assert "samples/s vs tf_ps" in training_tables.training_table(rows)
     assert "psframe's samples/s over tf_ps's (TensorFlow's parameter server): 2.00x" in (
         report.section_text("training", rows)
     )
-    assert training.training_summary(rows[1:]) == ""  # no psframe async row: nothing to say
+    assert training_tables.training_summary(rows[1:]) == ""  # no psframe async row: nothing to say
 
 
 @pytest.mark.cluster

@@ -36,7 +36,12 @@ def test_every_field_of_a_ps_task_s_info_reads_as_python_values():
         finished_workers=[0],
         restored_step=5,
         checkpoint_dir="/ckpt",
-        variables=[pb.VariableDef(name="w/part_1", dtype="float32", shape=[3, 4])],
+        variables=[
+            pb.VariableDef(name="w/part_1", variable="w", dtype="float32", shape=[3, 4]),
+            pb.VariableDef(
+                name="t", variable="t", dtype="float32", shape=[0, 4], table=True, dynamic=pb.DynamicTableDef()
+            ),
+        ],
         optimizer=messages.optimizer_to_proto(optim.Adam(lr=0.5)),
         table_optimizer=messages.optimizer_to_proto(optim.Adagrad(lr=0.1)),
         sync=pb.SyncDef(replicas_to_aggregate=1, total_num_replicas=2, timeout_seconds=30.0),
@@ -56,7 +61,10 @@ def test_every_field_of_a_ps_task_s_info_reads_as_python_values():
         version="1.2.3",
         pid=42,
         global_step=7,
-        variables=(VariableStatus("w/part_1", "float32", (3, 4)),),
+        variables=(
+            VariableStatus("w/part_1", "float32", (3, 4), "w"),
+            VariableStatus("t", "float32", (0, 4), "t", table=True, dynamic=True),
+        ),
         bytes_held=4096,
         optimizer=optim.Adam(lr=0.5),
         table_optimizer=optim.Adagrad(lr=0.1),

@@ -188,7 +188,10 @@ def task_status(info: pb.TaskInfo) -> TaskStatus:
         version=info.version,
         pid=info.pid,
         global_step=info.global_step,
-        variables=tuple(VariableStatus(d.name, d.dtype, tuple(d.shape)) for d in info.variables),
+        variables=tuple(
+            VariableStatus(d.name, d.dtype, tuple(d.shape), d.variable, d.table, d.HasField("dynamic"))
+            for d in info.variables
+        ),
         bytes_held=info.bytes_held,
         optimizer=optimizer_from_proto(info.optimizer) if info.HasField("optimizer") else None,
         table_optimizer=optimizer_from_proto(info.table_optimizer) if info.HasField("table_optimizer") else None,
