@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from psframe import allocator
 from psframe.cluster import ClusterSpec
 from psframe.errors import RayConfigError, RayRunError
 
@@ -106,6 +107,8 @@ class _TaskActor:
             self._socket.close()
             self._socket = None
         ctx = TaskContext(ClusterSpec.from_string(cluster_spec), self.job_name, self.task_index)
+        # The actor's process is this task's alone: tuned as `psframe server` tunes its own.
+        allocator.tune_malloc()
         return main_fun(args, ctx)
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import psframe
+from psframe import allocator
 from psframe.checkpoint import files as checkpoint_files
 from psframe.hooks import StopAtStepHook
 
@@ -96,6 +97,9 @@ def regression_main(args: dict, ctx) -> dict | None:
                 (model.weight.detach()[0] - TRUE_WEIGHT).abs().max().item(), abs(model.bias.item() - TRUE_BIAS)
             ),
             "cluster": ctx.cluster.to_string(),
+            # The Python worker runs the task for the whole job: tuned before main_fun.
+            "malloc_tuned": allocator.malloc_tuned(),
+            "malloc_tunable": allocator.user_choice(os.environ) is None and allocator._glibc() is not None,
         }
 
 

@@ -165,6 +165,7 @@ def test_a_cluster_of_actors_trains_and_returns_the_chiefs_result(local_ray, cap
     )
     assert result["is_chief"] and (result["job_name"], result["task_index"]) == ("worker", 0)
     assert result["global_step"] >= 40
+    assert result["malloc_tuned"] == result["malloc_tunable"]
     cluster = psframe.ClusterSpec.from_string(result["cluster"])
     assert (cluster.num_ps, cluster.num_workers) == (2, 2)
     addresses = cluster.job_tasks("ps") + cluster.job_tasks("worker")

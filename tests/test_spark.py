@@ -113,6 +113,7 @@ def test_run_trains_a_cluster_on_file_shards_and_returns_the_chiefs_result(spark
     assert result["global_step"] >= 150
     assert result["rows"] == 256 * 4 // num_workers  # the chief read its shards only
     assert result["weight_error"] < 1e-3
+    assert result["malloc_tuned"] == result["malloc_tunable"]
     cluster = ClusterSpec.from_string(result["cluster"])
     assert (cluster.num_ps, cluster.num_workers) == (num_ps, num_workers)
     addresses = [parse_address(a) for job in ("ps", "worker") for a in cluster.job_tasks(job)]

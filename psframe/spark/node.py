@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from psframe import allocator
 from psframe.cluster import ClusterSpec, parse_address
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,8 @@ def run_node(
         address,
         cluster.to_string(),
     )
+    # The Python worker runs this task for the whole job: tuned as `psframe server` tunes its own.
+    allocator.tune_malloc()
     result = main_fun(args, ctx)
     if ctx.is_chief:
         yield RESULT_KEY, result
