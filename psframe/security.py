@@ -161,7 +161,9 @@ class Security:
         Args:
             auth_token: the token itself; wins over ``auth_token_file``.
             auth_token_file: a file holding the token (surrounding whitespace ignored).
-            tls_cert_file, tls_key_file, tls_ca_file: see :class:`Security`.
+            tls_cert_file: this task's certificate (PEM); see :class:`Security`.
+            tls_key_file: the private key of ``tls_cert_file`` (PEM).
+            tls_ca_file: the CA certificate(s) (PEM) the other tasks' certificates chain to.
             environ: where ``PSFRAME_*`` variables are read (default: ``os.environ``);
                 an empty variable counts as not set.
 

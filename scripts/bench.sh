@@ -6,6 +6,7 @@
 # cannot be made, the tf_ps rows say so and everything else still runs.
 #   ./scripts/bench.sh [--quick] [--skip training,memory,...] [--out docs/benchmarks.md]
 set -euo pipefail
+export PSFRAME_EXTRAS="${PSFRAME_EXTRAS-test}"  # matplotlib, psutil, trustme; TensorFlow lives in .venv-tf
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 if [ -z "${PSFRAME_TF_PYTHON+set}" ]; then
     "$ROOT/scripts/env_tf.sh" || echo "[bench] no TensorFlow environment: tf_ps will be reported unavailable" >&2

@@ -4,6 +4,7 @@
 # tiers only (a few minutes; tests/conftest.py says what each tier holds); other arguments go
 # to pytest.
 set -euo pipefail
+export PSFRAME_EXTRAS="${PSFRAME_EXTRAS-test,docs}"  # the tests, lint and types, and the docs build
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 # Settings of all three in pyproject.toml.
 LINTED=(psframe tests benchmarks examples scripts)
