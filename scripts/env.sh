@@ -19,7 +19,10 @@ fi
 
 stamp="$VENV/.psframe-installed"  # "<hash of setup.cfg and constraints.txt> <extras installed>"
 want="$(cd "$ROOT" && sha256sum setup.cfg constraints.txt | sha256sum | cut -c1-16)"
-read -r have have_extras < "$stamp" 2>/dev/null || { have=""; have_extras=""; }
+have="" have_extras=""
+if [ -f "$stamp" ]; then
+    read -r have have_extras < "$stamp" || true
+fi
 all_extras="$(printf '%s\n' ${have_extras//,/ } ${EXTRAS//,/ } | sort -u | paste -sd, -)"
 if [ "$have" != "$want" ] || [ "$all_extras" != "$have_extras" ]; then
     target="$ROOT"
