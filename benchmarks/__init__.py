@@ -15,7 +15,7 @@ Where a module lives says what it is:
   torch.distributed.rpc parameter servers (``rpc_ps``, ``rpc_sparse``) and
   TensorFlow's (``tf_ps``, run from its own environment found by ``tf_env``).
 - ``benchmarks/experiments/``: one-off measurements behind ``docs/decisions.md``
-  (``store_lock``, ``recovery``); they may use psframe's internals and are not
+  (``store_lock``, ``recovery``, ``step_cpu``); they may use psframe's internals and are not
   part of :mod:`benchmarks.run`.
 - At the top: the command (:mod:`benchmarks.run`), the report it writes
   (:mod:`benchmarks.report`), and the leaves every other module shares:

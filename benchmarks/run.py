@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=1200.0,
         help="deadline of each section in seconds (training's timeout too; "
-        "training gets 1.5 times this outside --quick)",
+        "training gets 1.7 times this outside --quick)",
     )
     args = parser.parse_args(argv)
     single_thread()

@@ -11,7 +11,7 @@ psframe            async  1 ps + 2 workers (:mod:`benchmarks.suite.train_psframe
                           one gRPC call; the ps applies each push at once. On one
                           host (here) the tensors themselves travel through shared
                           memory, gRPC carrying the headers (psframe's default).
-psframe_grpc       async  the same with ``shared_memory=False``: every byte
+psframe_grpc       async  the same with ``Transport(same_host_memory=False)``: every byte
                           through gRPC, as between hosts.
 psframe            sync   the same with ``SyncReplicas()`` (R = N = 2): one update
                           averages both workers' gradients.

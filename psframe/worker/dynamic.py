@@ -167,7 +167,7 @@ class DynamicTables:
     """The dynamic tables of a model trained in one process, without ps tasks.
 
     Holds each table's rows and updates them with ``optimizer`` (a table
-    optimizer, e.g. ``OptimizerSpec("Adagrad", lr=0.1)``; see
+    optimizer, e.g. ``psframe.optim.Adagrad(lr=0.1)``; see
     :mod:`psframe.sparse_optim`), exactly as a ps task would::
 
         tables = psframe.DynamicTables(model, psframe.optim.Adagrad(lr=0.05))

@@ -129,7 +129,7 @@ class LoggingHook(Hook):
 
     Args:
         every_n_steps: log every this many local steps.
-        logger: where to log; defaults to ``psframe.worker.hooks``.
+        logger: where to log; defaults to the ``psframe.hooks`` logger.
     """
 
     def __init__(self, every_n_steps: int = 100, logger: logging.Logger | None = None) -> None:
