@@ -46,6 +46,7 @@ from psframe.flags import (
     add_security_flags,
     add_sync_flags,
     cluster_from_flags,
+    run,
     security_from_flags,
     sync_from_flags,
 )
@@ -307,4 +308,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # An expected failure (no ps task came up, a port in use, a bad flag...) or Ctrl-C
+    # ends the task with one line saying what to do, and exit code 1 or 130.
+    sys.exit(run(main))

@@ -43,6 +43,7 @@ from psframe.flags import (
     add_sync_flags,
     cluster_from_flags,
     liveness_from_flags,
+    run,
     security_from_flags,
     sync_from_flags,
 )
@@ -227,5 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     return run_worker(args, cluster, task_index)
 
 
+# --8<-- [start:run]
 if __name__ == "__main__":
-    sys.exit(main())
+    # An expected failure (no ps task came up, a port in use, a bad flag, missing data...) or
+    # Ctrl-C ends the task with one line saying what to do, and exit code 1 or 130.
+    sys.exit(run(main, expected=(FileNotFoundError,)))
+# --8<-- [end:run]

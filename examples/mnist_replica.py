@@ -49,6 +49,7 @@ from psframe.flags import (
     add_security_flags,
     add_sync_flags,
     cluster_from_flags,
+    run,
     security_from_flags,
 )
 from psframe.hooks import StopAtStepHook
@@ -340,4 +341,6 @@ def run_worker(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # An expected failure (no ps task came up, a port in use, a bad flag, missing data...) or
+    # Ctrl-C ends the task with one line saying what to do, and exit code 1 or 130.
+    sys.exit(run(main, expected=(FileNotFoundError,)))

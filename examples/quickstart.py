@@ -81,4 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from psframe import flags
+
+    # An expected failure (no ps task came up, a port in use, a bad flag...) or Ctrl-C ends
+    # the task with one line saying what to do, and exit code 1 or 130.
+    raise SystemExit(flags.run(main))

@@ -8,6 +8,9 @@
 
 Every command takes ``--auth_token_file`` and the ``--tls_*`` flags
 (:func:`psframe.flags.add_security_flags`; see :mod:`psframe.security`).
+An expected failure ends a command with one line, ``psframe COMMAND: error:
+...``, and exit code 1; Ctrl-C with one line and 130, as a script's
+:func:`psframe.flags.run` does.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from collections.abc import Sequence
 
 from psframe import allocator
 from psframe.cluster import ClusterSpec
-from psframe.errors import AuthenticationError, PsframeError
+from psframe.errors import AuthenticationError, PsframeError, RpcTimeoutError, TaskUnavailableError
 from psframe.flags import (
     add_cluster_flags,
     add_liveness_flags,
     add_security_flags,
     cluster_from_flags,
     liveness_from_flags,
+    run,
     security_from_flags,
 )
 from psframe.version import __version__
@@ -53,11 +57,7 @@ def _server(args: argparse.Namespace) -> int:
         **({} if args.max_message_bytes is None else {"max_message_bytes": args.max_message_bytes}),
     )
     print(f"psframe {__version__}: {server.task_name} serving at {server.address}", flush=True)
-    try:
-        finished = server.join(timeout=args.timeout)
-    except KeyboardInterrupt:
-        server.stop(grace=0.5)
-        return 130
+    finished = server.join(timeout=args.timeout)  # Ctrl-C: join stops the server; main says so, exit 130
     if not finished:
         log.error("%s: --timeout of %ss ran out before every worker finished", server.task_name, args.timeout)
         server.stop(grace=0.5)
@@ -174,7 +174,10 @@ def _shutdown(args: argparse.Namespace) -> int:
     cluster = _cluster_only(args)
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))
     try:
-        infos = [client.get_info(k) for k in range(cluster.num_ps)]
+        try:
+            infos = [client.get_info(k) for k in range(cluster.num_ps)]
+        except (TaskUnavailableError, RpcTimeoutError) as e:
+            raise type(e)(f"{e}; is it running, and is the cluster the one it was started with?") from e
         checkpoint_dir = args.checkpoint_dir or infos[0].checkpoint_dir
         if checkpoint_dir and not args.no_save and all(i.state is TaskState.READY for i in infos):
             manifest = checkpoint.save(client, checkpoint_dir, infos[0].global_step, args.keep_checkpoints)
@@ -304,11 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        return args.run(args)
-    except (PsframeError, ValueError) as e:  # ValueError: a setting out of range (Server checks them)
-        print(f"psframe {args.command}: error: {e}", file=sys.stderr)
-        return 1
+    # An expected failure is one line and exit code 1, Ctrl-C one line and 130 (as a script's, through
+    # flags.run); ValueError: a setting out of range (Server checks them).
+    return run(lambda: args.run(args), expected=(ValueError,), prog=f"psframe {args.command}")
 
 
 if __name__ == "__main__":

@@ -22,16 +22,23 @@ Example::
         psframe.Server(cluster, "ps", task_index, security=security).join()
     else:
         trainer = psframe.Trainer(model, cluster, task_index, security=security)
+
+A script ends with ``sys.exit(flags.run(main))``: :func:`run` turns an expected
+failure (a :class:`~psframe.errors.PsframeError`, Ctrl-C) into one line on
+stderr and an exit code, as ``psframe server`` does.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import os
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from psframe.cluster import ClusterSpec
 from psframe.cluster.tf_config import resolve_cluster
+from psframe.errors import PsframeError
 from psframe.liveness import Liveness
 from psframe.optim import SyncReplicas
 from psframe.security import Security
@@ -41,13 +48,21 @@ SECURITY_FLAGS = ("auth_token_file", "tls_cert_file", "tls_key_file", "tls_ca_fi
 LIVENESS_FLAGS = ("keepalive_time", "keepalive_timeout")
 SYNC_FLAGS = ("sync_replicas", "replicas_to_aggregate", "total_num_replicas", "sync_timeout")
 
+EXIT_FAILURE = 1
+"""The exit code of a task that stopped on an expected failure, after one line saying what to do (:func:`run`)."""
+EXIT_INTERRUPTED = 130
+"""The exit code after Ctrl-C (SIGINT): 128 + 2, as a shell reports a process that SIGINT ended."""
+
 __all__ = [
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
     "add_cluster_flags",
     "add_liveness_flags",
     "add_security_flags",
     "add_sync_flags",
     "cluster_from_flags",
     "liveness_from_flags",
+    "run",
     "security_from_flags",
     "sync_from_flags",
 ]
@@ -247,6 +262,75 @@ def sync_from_flags(args: argparse.Namespace) -> SyncReplicas | None:
     if not values["sync_replicas"]:
         return None
     return SyncReplicas(values["replicas_to_aggregate"], values["total_num_replicas"], values["sync_timeout"])
+
+
+def run(
+    main: Callable[[], int | None],
+    *,
+    expected: tuple[type[BaseException], ...] = (),
+    prog: str | None = None,
+) -> int:
+    """Runs a script's ``main``; an expected failure ends it with one line on stderr and an exit code.
+
+    A :class:`~psframe.errors.PsframeError` (no ps task came up in time, a
+    port in use, a malformed ``--ps_hosts``, a task index out of range, tasks
+    given different clusters, ...) or an exception of a class in ``expected``
+    prints ``"PROG: error: MESSAGE"`` on stderr, as one line, and gives
+    :data:`EXIT_FAILURE` (1): psframe's messages say what was expected and
+    what to do, so no traceback follows. Ctrl-C (``KeyboardInterrupt``)
+    prints ``"PROG: interrupted by Ctrl-C (SIGINT); stopped"`` and gives
+    :data:`EXIT_INTERRUPTED` (130). Any other exception is a bug (the script's or
+    psframe's): it propagates with its traceback. ``SystemExit`` (argparse's
+    usage errors, exit code 2) passes through unchanged.
+
+    Args:
+        main: the script's entry point, called with no arguments (a lambda
+            passes some); it returns the exit code, None counting as 0.
+        expected: more exception classes to report in one line, such as
+            ``FileNotFoundError`` for a data set that is not there, when
+            their messages say what to do.
+        prog: the name the line starts with; default: the file name of the
+            script (``sys.argv[0]``), as argparse names it.
+
+    Returns:
+        ``main``'s exit code; :data:`EXIT_FAILURE` after an expected failure;
+        :data:`EXIT_INTERRUPTED` after Ctrl-C.
+
+    Raises:
+        BaseException: whatever ``main`` raises that is neither a
+            ``PsframeError``, one of ``expected``, nor ``KeyboardInterrupt``.
+
+    Example::
+
+        def main(argv: list[str] | None = None) -> int:
+            args = parse_args(argv)
+            cluster, job_name, task_index = flags.cluster_from_flags(args)
+            ...
+
+        if __name__ == "__main__":
+            sys.exit(flags.run(main))
+    """
+    name = prog or os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "python")
+    reported: tuple[type[BaseException], ...] = (PsframeError, *expected)
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        _say(f"{name}: interrupted by Ctrl-C (SIGINT); stopped")
+        return EXIT_INTERRUPTED
+    except reported as e:
+        _say(f"{name}: error: {_one_line(e)}")
+        return EXIT_FAILURE
+    return 0 if code is None else code
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return text or type(error).__name__
+
+
+def _say(line: str) -> None:
+    sys.stdout.flush()  # what the script printed comes first
+    print(line, file=sys.stderr, flush=True)
 
 
 def _flags(args: argparse.Namespace, names: tuple[str, ...], adder: str) -> dict[str, Any]:

@@ -13,7 +13,10 @@ One launch goes through these states::
                         -> KeyboardInterrupt    -> STOPPING -> return 130
 
 STOPPING sends SIGTERM to every child still running, waits ``kill_grace``
-seconds, sends SIGKILL to those left, and reaps them all.
+seconds, sends SIGKILL to those left, and reaps them all. After Ctrl-C, which
+a terminal sends to every task as well, the children first get ``kill_grace``
+seconds to stop on their own (a psframe script prints its one line and exits
+130, see :func:`psframe.flags.run`); a second Ctrl-C stops them at once.
 """
 
 from __future__ import annotations
@@ -144,7 +147,8 @@ def launch(
             Without ``OMP_NUM_THREADS`` there, each task gets an equal share
             of this machine's cores as its number of compute threads.
         out: where the children's lines go; defaults to ``sys.stdout``.
-        kill_grace: seconds between SIGTERM and SIGKILL when stopping.
+        kill_grace: seconds between SIGTERM and SIGKILL when stopping; after
+            Ctrl-C, also the time the children get to stop on their own first.
         security: the token and TLS files for every task; None: the
             ``PSFRAME_*`` variables of the environment (and ``env``).
 
@@ -190,6 +194,7 @@ def launch(
         )
     deadline = None if timeout is None else time.monotonic() + timeout
     tasks: list[_Task] = []
+    interrupted = False
     try:
         for job_name, count in (("ps", num_ps), ("worker", num_workers)):
             for index in range(count):
@@ -203,7 +208,10 @@ def launch(
     except KeyboardInterrupt:
         log("interrupted; stopping every task")
         code = EXIT_INTERRUPTED
+        interrupted = True
     finally:
+        if interrupted:
+            _wait_for_exit(tasks, kill_grace)  # a terminal's Ctrl-C reached them too: let them stop cleanly
         _stop(tasks, kill_grace)
         _drain(tasks)
     results = [TaskResult(t.name, t.job_name, t.task_index, _exit_code(t.proc.returncode)) for t in tasks]
@@ -302,6 +310,15 @@ def _stop(tasks: list[_Task], kill_grace: float) -> None:
             t.proc.kill()
     for t in alive:
         t.proc.wait()
+
+
+def _wait_for_exit(tasks: list[_Task], seconds: float) -> None:
+    end = time.monotonic() + seconds
+    try:
+        while any(t.proc.poll() is None for t in tasks) and time.monotonic() < end:
+            time.sleep(_POLL_S)
+    except KeyboardInterrupt:  # a second Ctrl-C: stop them now
+        pass
 
 
 def _drain(tasks: list[_Task]) -> None:

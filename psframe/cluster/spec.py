@@ -367,6 +367,11 @@ def _split_hosts(hosts: str | Sequence[str], flag: str) -> list[str]:
             raise ClusterSpecError(
                 f"--{flag}={hosts!r} has an empty address at position {i}; expected 'h0:2222,h0:2223'"
             )
+        try:
+            parse_address(item, any_port=True)
+        except ClusterSpecError as e:  # name the flag: the user typed it, not the ClusterSpec
+            hint = f" (--{flag} separates addresses with ',', not ';')" if ";" in str(item) else ""
+            raise ClusterSpecError(f"--{flag}={hosts!r}: {e}{hint}") from e
     return items
 
 

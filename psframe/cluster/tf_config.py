@@ -242,7 +242,17 @@ def resolve_cluster(
         raise ClusterSpecError(
             f'no task index for job {job!r}; give --task_index or a TF_CONFIG "task" (cluster from {source})'
         )
-    cluster.validate_task(job, index)
+    try:
+        cluster.validate_task(job, index)
+    except ClusterSpecError as e:
+        n = cluster.num_tasks(job) if job in JOBS else 0
+        if not n or isinstance(index, bool) or not isinstance(index, int):
+            raise
+        # Out of range: say which flag to change, and where the job's addresses come from.
+        where = f"--{job}_hosts" if source.startswith("--ps_hosts") else source
+        raise ClusterSpecError(
+            f"{e}: give --task_index from 0 to {n - 1}, or add this task's address to {where}"
+        ) from e
     return cluster, job, operator.index(index)
 
 

@@ -274,7 +274,16 @@ class Server:
 
         Raises:
             PsframeError: one of the task's serving processes died (the task stops).
+            KeyboardInterrupt: Ctrl-C; the server is stopped first (its port and
+                serving processes released).
         """
+        try:
+            return self._join(timeout)
+        except KeyboardInterrupt:
+            self.stop(grace=0.5)
+            raise
+
+    def _join(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._stopped.wait(0.1):
             if self._serving is not None:

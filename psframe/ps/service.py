@@ -113,7 +113,8 @@ class ParameterServerService(TaskService):
             raise ClusterMismatchError(
                 f"{ClusterSpec.caller_name(caller.job_name, caller.task_index)} was started with a different "
                 f"cluster (fingerprint {caller.cluster_fingerprint or 'none'}) than {self.task_name}, "
-                f"whose cluster is {self.cluster.to_string()!r} (fingerprint {self.cluster.fingerprint})"
+                f"whose cluster is {self.cluster.to_string()!r} (fingerprint {self.cluster.fingerprint}); "
+                f"{messages.SAME_CLUSTER}"
             )
         if caller.job_name != job_name or not 0 <= caller.task_index < self.cluster.num_tasks(job_name):
             caller_name = ClusterSpec.caller_name(caller.job_name, caller.task_index)

@@ -144,8 +144,18 @@ class ServingProcesses:
         env = self._security.child_environment()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         for argv in self._argv:
+            # A session of their own: a terminal's Ctrl-C goes to the owner alone, which stops them
+            # (a KeyboardInterrupt in each would print a traceback apiece); they still exit with the owner.
             self._procs.append(
-                subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+                subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    env=env,
+                    text=True,
+                    bufsize=1,
+                    start_new_session=True,
+                )
             )
         deadline = time.monotonic() + timeout
         try:

@@ -122,7 +122,7 @@ class PortLock:
             os.close(self._fd)
             raise PortInUseError(
                 f"{task_name} cannot listen on port {port}: another ps task served from "
-                f"several processes on this host holds it"
+                f"several processes on this host holds it; stop it or give this task a free port"
             ) from None
 
     def release(self) -> None:

@@ -54,7 +54,8 @@ class TaskService:
             raise ClusterMismatchError(
                 f"{self.task_name} takes this call only from a worker or tool of cluster "
                 f"{self.cluster.to_string()!r} (fingerprint {self.cluster.fingerprint}); the caller has "
-                f"job {caller.job_name!r} and fingerprint {caller.cluster_fingerprint or 'none'}"
+                f"job {caller.job_name!r} and fingerprint {caller.cluster_fingerprint or 'none'}: give it "
+                f"the cluster the tasks were started with"
             )
 
     def shutdown(self, request: pb.ShutdownRequest) -> pb.ShutdownReply:

@@ -219,6 +219,12 @@ def task_status(info: pb.TaskInfo) -> TaskStatus:
     )
 
 
+SAME_CLUSTER = (
+    "give every task the same cluster (the same --ps_hosts and --worker_hosts, or --cluster_spec, in the same order)"
+)
+"""What to do about tasks given different clusters, for the errors that find them."""
+
+
 def check_identity(info: TaskStatus, cluster: ClusterSpec, job_name: str, task_index: int, address: str) -> None:
     """Check that the task answering at ``address`` is the one ``cluster`` puts there.
 
@@ -229,7 +235,7 @@ def check_identity(info: TaskStatus, cluster: ClusterSpec, job_name: str, task_i
         raise ClusterMismatchError(
             f"{address} should be {ClusterSpec.task_name(job_name, task_index)} of cluster "
             f"{cluster.to_string()!r}, but it is {ClusterSpec.task_name(info.job_name, info.task_index)} "
-            f"of cluster {info.cluster_spec!r}"
+            f"of cluster {info.cluster_spec!r}; {SAME_CLUSTER}"
         )
 
 

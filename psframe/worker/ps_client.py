@@ -154,7 +154,9 @@ class PsClient:
             what = "hold the model (the chief creates it)" if ready else "come up"
             missing = ", ".join(self.describe(k) for k in pending)
             if now >= deadline:
-                raise ConnectTimeoutError(f"{self.name} waited {now - start:.1f}s for {missing} to {what}; giving up")
+                raise ConnectTimeoutError(
+                    f"{self.name} waited {now - start:.1f}s for {missing} to {what}; {_what_to_check(ready, pending)}"
+                )
             if now >= next_log:
                 log.info("%s waiting for %s to %s (%.0fs of %.0fs)", self.name, missing, what, now - start, timeout)
                 next_log = now + LOG_EVERY_SECONDS
@@ -427,6 +429,15 @@ class PsClient:
         self.close()
 
 
+def _what_to_check(ready: bool, pending: Sequence[int]) -> str:
+    """What to do about ps tasks that did not come up (or hold no model) in time, for the error."""
+    if ready:
+        return f"is the chief, {ClusterSpec.task_name('worker', 0)}, running? (raise connect_timeout to wait longer)"
+    if len(pending) == 1:
+        return "is it started, and is the address right? (raise connect_timeout to wait longer)"
+    return "are they started, and are the addresses right? (raise connect_timeout to wait longer)"
+
+
 def _targets(operations: Iterable[Operation]) -> list[int | None]:
     """Per operation, the ps task it pushes to, or None if it pushes nothing (for push numbers)."""
     return [operation.ps_task if operation.pushes else None for operation in operations]
@@ -453,7 +464,9 @@ def ping(target: str, timeout: float = 5.0, security: Security | None = None) ->
         try:
             info = connection.call("GetInfo", pb.InfoRequest(), timeout=timeout, wait_for_ready=True)
         except errors.RpcTimeoutError as e:
-            raise ConnectTimeoutError(f"no psframe task answered at {address} within {timeout}s") from e
+            raise ConnectTimeoutError(
+                f"no psframe task answered at {address} within {timeout}s; is it started, and is the address right?"
+            ) from e
     return messages.task_status(info)
 
 

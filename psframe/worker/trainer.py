@@ -360,7 +360,7 @@ class Trainer:
 
     @property
     def state(self) -> TrainerState:
-        """new, running, stopped or closed."""
+        """new (not connected yet), running, or closed."""
         return self._state
 
     @property
@@ -477,6 +477,13 @@ class Trainer:
         return self.connect()
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if isinstance(exc, KeyboardInterrupt):  # no failure: the user stopped it, and the interrupt goes on
+            log.info("worker %d interrupted; telling the ps tasks it stopped", self._task_index)
+            try:
+                self.close()
+            except PsframeError as e:  # the ps tasks were interrupted too, as a terminal's Ctrl-C does
+                log.warning("worker %d could not tell the ps tasks it stopped: %s", self._task_index, e)
+            return
         if exc is not None:
             log.error("worker %d stops on %s: %s", self._task_index, type(exc).__name__, exc)
         self.close()

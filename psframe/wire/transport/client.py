@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import queue
+import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -17,6 +18,64 @@ from psframe.security import Security
 from psframe.wire.transport.auth import call_metadata, open_channel
 from psframe.wire.transport.error_codec import error_from_rpc
 from psframe.wire.transport.methods import METHODS
+
+
+class _InterruptGuard:
+    """Holds Ctrl-C off while the main thread runs gRPC's code, and raises it as that code returns.
+
+    A ``KeyboardInterrupt`` raised inside gRPC's Python code can leave one of its
+    locks held, and then every later call (the one that tells the ps tasks this
+    worker stopped, too) and the channel's own threads hang. So the first call
+    from the main thread installs a SIGINT handler (where SIGINT still has
+    Python's own): outside gRPC's code it raises ``KeyboardInterrupt`` at once,
+    as Python's would; inside, it notes the interrupt, runs ``cancel`` (on a
+    thread of its own, as the watchdog's cancels do: it ends a wait that may be
+    long, a stream's reply at a sync barrier) and the interrupt is raised as the
+    code returns. Entering and leaving costs a counter, not a system call: the
+    step path goes through here for every reply. A program whose SIGINT handler
+    is its own at that first call keeps it (the guard then stays out of the way).
+    """
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._pending = False
+        self._cancel: Callable[[], object] | None = None
+        self._guarding: bool | None = None  # decided at the main thread's first call: None until then
+
+    def __call__(self, cancel: Callable[[], object] | None = None) -> _InterruptGuard:
+        self._cancel = cancel
+        return self
+
+    def __enter__(self) -> None:
+        if threading.get_ident() != _MAIN_THREAD:
+            return
+        if self._guarding is None:  # once: reading and setting a handler costs microseconds
+            self._guarding = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            if self._guarding:
+                signal.signal(signal.SIGINT, self._on_interrupt)
+        if self._guarding:
+            self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self._depth == 0 or threading.get_ident() != _MAIN_THREAD:
+            return
+        self._depth -= 1
+        if self._depth == 0:
+            self._cancel = None
+            if self._pending:
+                self._pending = False
+                raise KeyboardInterrupt
+
+    def _on_interrupt(self, signum: int, frame: object) -> None:
+        if self._depth == 0:
+            raise KeyboardInterrupt
+        if not self._pending and self._cancel is not None:
+            threading.Thread(target=self._cancel, name="psframe-interrupt", daemon=True).start()
+        self._pending = True
+
+
+_MAIN_THREAD = threading.main_thread().ident
+_interrupt_after = _InterruptGuard()
 
 
 class Connection:
@@ -58,24 +117,26 @@ class Connection:
                 (:class:`TaskUnavailableError`, :class:`RpcTimeoutError` after ``timeout``).
         """
         try:
-            return self._callable(method)(
-                request, timeout=timeout, wait_for_ready=wait_for_ready, metadata=self._metadata
-            )
+            with _interrupt_after():
+                return self._callable(method)(
+                    request, timeout=timeout, wait_for_ready=wait_for_ready, metadata=self._metadata
+                )
         except grpc.RpcError as e:
             raise error_from_rpc(e, self.peer, timeout) from e
 
     def start_call(self, method: str, request: Any, *, timeout: float) -> PendingCall:
         """Start a unary call and return at once; :meth:`PendingCall.result` waits for it."""
-        return PendingCall(
-            self._callable(method).future(request, timeout=timeout, metadata=self._metadata), self.peer, timeout
-        )
+        with _interrupt_after():
+            future = self._callable(method).future(request, timeout=timeout, metadata=self._metadata)
+        return PendingCall(future, self.peer, timeout)
 
     def open_stream(self, method: str, watchdog: Watchdog) -> Stream:
         """A long-lived two-way stream of ``method``; ``watchdog`` enforces each reply's deadline."""
         return Stream(self._callable(method), self.peer, watchdog, self._metadata)
 
     def close(self) -> None:
-        self._channel.close()
+        with _interrupt_after():
+            self._channel.close()
 
     def __enter__(self) -> Connection:
         return self
@@ -93,7 +154,8 @@ class PendingCall:
     def result(self) -> Any:
         """The reply, once it came (the call's own deadline bounds the wait)."""
         try:
-            return self._future.result()
+            with _interrupt_after(self._future.cancel):
+                return self._future.result()
         except grpc.RpcError as e:
             raise error_from_rpc(e, self._peer, self._timeout) from e
 
@@ -131,7 +193,8 @@ class Stream:
 
     def __init__(self, method: Any, peer: str, watchdog: Watchdog, metadata: Any = None) -> None:
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._call = method(iter(self._requests.get, self._CLOSE), metadata=metadata)
+        with _interrupt_after():
+            self._call = method(iter(self._requests.get, self._CLOSE), metadata=metadata)
         self._peer = peer
         self._watchdog = watchdog
         self._timeout = 0.0
@@ -151,7 +214,8 @@ class Stream:
             PsframeError: the stream failed (the task went away, or a bug there).
         """
         try:
-            return next(self._call)
+            with _interrupt_after(self._call.cancel):
+                return next(self._call)
         except grpc.RpcError as e:
             if self._expired:
                 raise errors.RpcTimeoutError(f"{self._peer} did not answer within {self._timeout}s") from e
@@ -167,7 +231,8 @@ class Stream:
 
     def close(self) -> None:
         self._requests.put(self._CLOSE)
-        self._call.cancel()
+        with _interrupt_after():
+            self._call.cancel()
 
 
 class Watchdog:

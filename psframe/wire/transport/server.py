@@ -8,6 +8,8 @@ served from several processes does this (see :mod:`psframe.ps.serving_processes`
 
 from __future__ import annotations
 
+import errno
+import socket
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from typing import Any, NoReturn
@@ -16,6 +18,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from psframe import errors
+from psframe.cluster import parse_address
 from psframe.liveness import Liveness
 from psframe.security import Security
 from psframe.wire.transport.auth import call_metadata, interceptors, open_channel, server_credentials
@@ -133,6 +136,50 @@ def _relay(error: grpc.RpcError, context: grpc.ServicerContext) -> NoReturn:
     raise AssertionError("grpc's context.abort returned")  # it raises; said for the type checker
 
 
+_GENERIC_BIND_FAILURE = "the port is in use by another process, or the host is not an address of this machine"
+
+
+def _why_not_listening(address: str, share_port: bool = False) -> str | None:
+    """Why ``address`` (``host:port``) cannot be listened on, and what to do; None if it can.
+
+    Asked of a plain socket, before gRPC (which says nothing but logs a line of its own),
+    bound as gRPC binds: ``SO_REUSEADDR``, and ``SO_REUSEPORT`` for a port shared by the
+    processes of one task. An address psframe cannot parse is left for gRPC to judge (None).
+    """
+    try:
+        host, port = parse_address(address, any_port=True)
+    except errors.ClusterSpecError:
+        return None
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:  # a host name that does not resolve
+        return f"host {host!r} has no address; is the host name right?"
+    failure: OSError | None = None
+    for family, kind, proto, _, sockaddr in found:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if share_port and hasattr(socket, "SO_REUSEPORT"):
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                probe.bind(sockaddr)
+            return None  # gRPC listens on every address of the host it can bind
+        except OSError as e:
+            failure = failure or e
+    if failure is not None and failure.errno == errno.EADDRINUSE:
+        return (
+            f"port {port} is in use by another process (an earlier run still going?); stop it "
+            f"(`ss -ltnp 'sport = :{port}'` names it) or give this task a free port"
+        )
+    if failure is not None and failure.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"{host} is not an address of this machine; give this task an address of its own host, "
+            f"or listen on every address with --bind_address=0.0.0.0:{port}"
+        )
+    if failure is not None and failure.errno == errno.EACCES:
+        return f"port {port} is privileged (below 1024); give this task a port of 1024 or more"
+    return _GENERIC_BIND_FAILURE if failure is None else f"{failure.strerror or failure}"
+
+
 class RpcServer:
     """A task's gRPC server, answering the methods in ``handlers``.
 
@@ -190,6 +237,7 @@ class RpcServer:
         if self._forwarder is not None:
             table.update({name_: self._forwarder.handler(m) for name_, m in METHODS.items() if name_ not in table})
         self.name = name
+        self._share_port = share_port
         self._interceptors = interceptors(security)
         per_peer = max_calls_per_peer or default_calls_per_peer(max_threads)
         # After the token check: a refused caller's calls end at once and are not counted.
@@ -211,6 +259,9 @@ class RpcServer:
         Raises:
             PortInUseError: the address cannot be listened on.
         """
+        reason = _why_not_listening(address, self._share_port)
+        if reason is not None:
+            raise errors.PortInUseError(f"{self.name} cannot listen on {address}: {reason}")
         cause: RuntimeError | None = None
         try:
             if self._credentials is None:
@@ -219,11 +270,9 @@ class RpcServer:
                 port = self._server.add_secure_port(address, self._credentials)
         except RuntimeError as e:
             port, cause = 0, e
-        if port == 0:
-            raise errors.PortInUseError(
-                f"{self.name} cannot listen on {address}: the port is in use by another process "
-                f"or the host is not an address of this machine"
-            ) from cause
+        if port == 0:  # taken since the probe, or refused for a reason of gRPC's own
+            reason = _why_not_listening(address, self._share_port) or _GENERIC_BIND_FAILURE
+            raise errors.PortInUseError(f"{self.name} cannot listen on {address}: {reason}") from cause
         return port
 
     def bind_local(self, path: str) -> str:
