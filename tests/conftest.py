@@ -157,6 +157,18 @@ def free_cluster(num_ps: int, num_workers: int) -> psframe.ClusterSpec:
     )
 
 
+def psframe_command(*argv: str) -> list[str]:
+    """The command line of ``psframe ARGV...`` run by this Python (the checkout's psframe)."""
+    return [sys.executable, "-m", "psframe.cli", *argv]
+
+
+def psframe_server_command(cluster: psframe.ClusterSpec, task_index: int = 0, *argv: str) -> list[str]:
+    """The command line of ``psframe server`` for ps task ``task_index`` of ``cluster``, with more flags ``argv``."""
+    return psframe_command(
+        "server", f"--cluster_spec={cluster.to_string()}", "--job_name=ps", f"--task_index={task_index}", *argv
+    )
+
+
 def cluster_flags(cluster: psframe.ClusterSpec, job_name: str, task_index: int) -> list[str]:
     return [
         f"--ps_hosts={','.join(cluster.job_tasks('ps'))}",

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, psframe_command
 
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
@@ -96,9 +96,8 @@ def test_the_quick_start_trains_alone():
 
 @pytest.mark.cluster
 def test_the_quick_start_trains_as_a_cluster_under_launch():
-    psframe_command = [sys.executable, "-m", "psframe.cli"]
     done = _run(
-        [*psframe_command, "launch", "--num_ps", "2", "--num_workers", "2", "--timeout", "180"]
+        psframe_command("launch", "--num_ps", "2", "--num_workers", "2", "--timeout", "180")
         + [str(QUICKSTART), "--", "--train_steps", "200"]
     )
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])

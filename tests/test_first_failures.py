@@ -36,7 +36,7 @@ import psframe
 from psframe import cli, flags
 from psframe.errors import ClusterSpecError, ConnectTimeoutError, PsframeError
 from psframe.launch import pick_free_ports
-from tests.conftest import ROOT
+from tests.conftest import ROOT, psframe_command
 
 EXAMPLES = ROOT / "examples"
 MNIST = EXAMPLES / "mlp_mnist_dist.py"
@@ -364,10 +364,6 @@ def children(tmp_path: Path) -> Iterator[Callable[..., Child]]:
 
 def script(path: Path, *argv: str) -> list[str]:
     return [sys.executable, str(path), *argv]
-
-
-def psframe_command(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "psframe.cli", *argv]
 
 
 @pytest.mark.cluster

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, free_cluster
+from tests.conftest import ROOT, free_cluster, psframe_server_command
 
 pytestmark = pytest.mark.cluster
 
@@ -110,19 +110,7 @@ def test_one_ps_and_two_workers_train_and_exit_0(processes, data_dir, sync):
 
 def test_workers_with_existing_servers_train_against_psframe_server(processes, data_dir):
     cluster = free_cluster(1, 2)
-    processes.start(
-        "ps0",
-        [
-            sys.executable,
-            "-m",
-            "psframe.cli",
-            "server",
-            f"--cluster_spec={cluster.to_string()}",
-            "--job_name=ps",
-            "--task_index=0",
-            "--serving_processes=1",
-        ],
-    )
+    processes.start("ps0", psframe_server_command(cluster, 0, "--serving_processes=1"))
     for i in range(2):
         processes.start_task(
             cluster, "worker", i, f"--data_dir={data_dir}", *FLAGS, "--existing_servers", script=EXAMPLE
