@@ -20,7 +20,8 @@ new id, whose values and optimizer state start fresh.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy
@@ -157,6 +158,8 @@ class DynamicRows:
         slots: rows to make room for at first (doubled as ids arrive).
         memory: where the rows' optimizer state and grown slots live
             (:class:`psframe.memory.Memory`); plain torch by default.
+        wall_clock: the time in seconds, for ``ttl_seconds`` eviction (default:
+            ``time.time``, which checkpoints keep meaning across restarts).
     """
 
     def __init__(
@@ -169,6 +172,7 @@ class DynamicRows:
         *,
         slots: int = INITIAL_SLOTS,
         memory: Memory | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.name = name
         self._memory = memory if memory is not None else Memory()
@@ -185,6 +189,9 @@ class DynamicRows:
         self._used = torch.zeros(slots, dtype=torch.bool)
         self._updated = torch.zeros(slots, dtype=torch.int64)  # the update that last touched the row
         self._updates = torch.zeros(slots, dtype=torch.int64)  # how many updates touched it
+        self._wall_clock = wall_clock
+        self._seen = torch.zeros(slots, dtype=torch.float64)  # when it was last looked up or updated (seconds)
+        self._next_sweep = 0.0  # wall-clock time of the next sweep for rows not seen for ttl_seconds
         self._free: list[int] = []  # slots whose row was evicted
         self._next = 0  # slots from here on were never used
         self.clock = 0  # updates of this part so far
@@ -221,7 +228,9 @@ class DynamicRows:
         """
         if create:
             slots = self._slots(ids)  # first: making rows may grow the weight
-            return self.weight.detach().index_select(0, slots)
+            rows = self.weight.detach().index_select(0, slots)
+            self._saw(slots)
+            return rows
         slots = self._lookup(ids)
         rows = torch.empty((ids.numel(), *self.row_shape), dtype=self.dtype)
         held = slots >= 0
@@ -256,6 +265,7 @@ class DynamicRows:
         self._updated[touched] = self.clock
         self._updates[touched] += 1
         self._age_out()
+        self._saw(touched)
 
     # ---- checkpoints
 
@@ -277,6 +287,7 @@ class DynamicRows:
             "updated": self._updated[slots],
             "updates": self._updates[slots],
             "clock": self.clock,
+            "seen": self._seen[slots],
         }
 
     def load(self, saved: Mapping[str, Any]) -> None:
@@ -301,6 +312,9 @@ class DynamicRows:
         self._updated[slots] = saved["updated"]
         self._updates[slots] = saved["updates"]
         self.clock = int(saved["clock"])
+        # Saved before rows were timed (or by an older psframe): seen now, so a TTL starts from the restore.
+        seen = saved.get("seen")
+        self._seen[slots] = seen.to(torch.float64) if seen is not None else self._wall_clock()
 
     # ---- slots
 
@@ -327,6 +341,7 @@ class DynamicRows:
         self._used[new_slots] = True
         self._updated[new_slots] = self.clock
         self._updates[new_slots] = 0
+        self._seen[new_slots] = self._wall_clock()
         if fill:
             with torch.no_grad():
                 self.weight.index_copy_(
@@ -366,6 +381,7 @@ class DynamicRows:
             self.weight.data = doubled(self.weight.detach())
         self._id_of, self._used = doubled(self._id_of), doubled(self._used, False)
         self._updated, self._updates = doubled(self._updated), doubled(self._updates)
+        self._seen = doubled(self._seen)
 
     def _make_room(self, new: int, keep: torch.Tensor) -> None:
         """Evict rows (never those in ``keep``) until ``new`` more fit under the cap."""
@@ -391,6 +407,18 @@ class DynamicRows:
         if max_age is None or self.clock % max(1, max_age // 8):
             return  # swept every eighth of max_age updates: a row lives max_age to 1.125 * max_age updates
         self._evict(torch.nonzero(self._used & (self._updated < self.clock - max_age)).squeeze(1))
+
+    def _saw(self, slots: torch.Tensor) -> None:
+        """Mark the rows of ``slots`` seen now; then, once in a while, evict those not seen for ``ttl_seconds``."""
+        ttl = self.spec.eviction.ttl_seconds
+        if ttl is None:
+            return
+        now = self._wall_clock()
+        self._seen[slots] = now
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + ttl / 8  # a row lives ttl to 1.125 * ttl seconds since last seen
+        self._evict(torch.nonzero(self._used & (self._seen < now - ttl)).squeeze(1))
 
     def _evict(self, slots: torch.Tensor) -> None:
         self._index.remove(self._id_of[slots])

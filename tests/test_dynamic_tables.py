@@ -8,6 +8,8 @@ parts must train exactly as that table does.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -297,6 +299,81 @@ def test_rows_age_out():
     assert set(part.export()["ids"].tolist()) == {2}
 
 
+class FakeClock:
+    """Wall-clock seconds a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rows_not_seen_for_the_ttl_are_evicted_and_made_fresh_again():
+    clock = FakeClock()
+    part = DynamicRows("t", (DIM,), torch.float32, spec(ttl_seconds=80.0), psframe.optim.SGD(lr=0.1), wall_clock=clock)
+    part.apply(torch.tensor([1, 2, 3]), torch.ones(3, DIM))
+    clock.now += 50
+    part.read(torch.tensor([2]))  # a training lookup keeps 2 alive
+    part.apply(torch.tensor([3]), torch.ones(1, DIM))  # an update keeps 3 alive
+    clock.now += 50  # 1 unseen for 100 s, 2 and 3 for 50 s
+    part.read(torch.tensor([3]))
+    assert part.export()["ids"].tolist() == [2, 3] and part.evicted == 1
+    assert torch.equal(
+        part.read(torch.tensor([1]), create=False), initial_rows(INIT, torch.tensor([1]), (DIM,), torch.float32)
+    )
+    clock.now += 90  # 2 unseen for 140 s, 3 for 90 s
+    part.apply(torch.tensor([4]), torch.ones(1, DIM))
+    assert part.export()["ids"].tolist() == [4]
+
+
+def test_an_evaluation_s_lookup_does_not_keep_a_row_alive():
+    clock = FakeClock()
+    part = DynamicRows("t", (DIM,), torch.float32, spec(ttl_seconds=10.0), psframe.optim.SGD(lr=0.1), wall_clock=clock)
+    part.apply(torch.tensor([7, 8]), torch.ones(2, DIM))
+    clock.now += 8
+    part.read(torch.tensor([7]), create=False)  # a peek: makes nothing, refreshes nothing
+    part.read(torch.tensor([8]))
+    clock.now += 8
+    part.read(torch.tensor([8]))
+    assert part.export()["ids"].tolist() == [8]
+
+
+def test_when_rows_were_seen_survives_a_checkpoint_and_older_checkpoints_start_it_at_the_restore():
+    clock = FakeClock()
+    make = lambda: DynamicRows(  # noqa: E731
+        "t", (DIM,), torch.float32, spec(ttl_seconds=60.0), psframe.optim.SGD(lr=0.1), wall_clock=clock
+    )
+    part = make()
+    part.apply(torch.tensor([1]), torch.ones(1, DIM))
+    clock.now += 40
+    part.apply(torch.tensor([2]), torch.ones(1, DIM))
+    saved = part.export()
+    assert saved["seen"].tolist() == [1_000_000.0, 1_000_040.0]
+    restored, older = make(), make()
+    restored.load(saved)
+    older.load({k: v for k, v in saved.items() if k != "seen"})  # written before rows were timed
+    clock.now += 30  # 1 unseen for 70 s, 2 for 30 s; restored "now" in the older file: 0 s
+    for copy in (restored, older):
+        copy.read(torch.tensor([2]))
+    assert restored.export()["ids"].tolist() == [2]
+    assert older.export()["ids"].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("ttl", [0, -1.0, float("inf"), float("nan"), True, "60"])
+def test_a_bad_ttl_is_refused(ttl):
+    with pytest.raises(PsframeError, match="ttl_seconds must be a finite number of seconds > 0"):
+        Eviction(ttl_seconds=ttl)
+
+
+def test_the_ttl_travels_in_the_table_s_definition():
+    from psframe.wire import messages
+
+    with_ttl = spec(max_rows=10, policy="lfu", ttl_seconds=3600.0)
+    assert messages.dynamic_spec(messages.dynamic_def(with_ttl)) == with_ttl
+    assert messages.dynamic_spec(messages.dynamic_def(spec())).eviction.ttl_seconds is None
+
+
 def test_a_request_needing_more_rows_than_the_cap_changes_nothing():
     part = DynamicRows("t", (DIM,), torch.float32, spec(max_rows=2), psframe.optim.SGD(lr=0.1))
     part.read(torch.tensor([1, 2]))
@@ -334,6 +411,29 @@ def test_a_dynamic_embedding_without_rows_says_how_to_train_it():
         psframe.DynamicEmbedding(DIM)(torch.tensor([1]))
     with pytest.raises(ValueError, match="mode"):
         psframe.DynamicEmbedding(DIM, mode="median")
+
+
+def test_a_ttl_reaches_the_ps_tasks_and_checkpoints_keep_when_rows_were_seen(local_cluster, url):
+    model = Clicks(psframe.DynamicEmbedding(DIM, initializer=INIT, ttl_seconds=3600.0))
+    before = time.time()
+    with psframe.Trainer(
+        model,
+        local_cluster(num_ps=2, num_workers=1),
+        optimizer=psframe.optim.SGD(lr=0.1),
+        checkpointing=psframe.Checkpointing(url),
+    ) as trainer:
+        for step in range(3):
+            ids, target = batch(step)
+            trainer.step(F.mse_loss(model(ids), target))
+    after = time.time()
+    manifest = checkpoint_files.latest_valid(url)
+    for k in range(2):
+        shard = checkpoint_files.read_shard(manifest, k)
+        (part,) = [v for v in shard.variables if v.dynamic is not None]
+        assert part.dynamic["spec"]["ttl_seconds"] == 3600.0
+        seen = part.dynamic["seen"]
+        assert seen.dtype == torch.float64 and seen.shape == part.dynamic["ids"].shape
+        assert bool(((seen >= before) & (seen <= after)).all())
 
 
 def test_a_cap_per_ps_task_bounds_the_rows_each_holds(local_cluster, url):

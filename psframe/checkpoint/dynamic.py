@@ -57,7 +57,7 @@ def gather(parts: Sequence[VariableData], part_index: int = 0, num_parts: int = 
             state[key] = max(values, key=float).clone()
         elif all(isinstance(v, (int, float)) for v in values):
             state[key] = max(values)
-    return {
+    gathered = {
         "ids": ids[keep][order],
         "rows": rows_of([p.value for p in parts]),
         "state": state,
@@ -65,6 +65,9 @@ def gather(parts: Sequence[VariableData], part_index: int = 0, num_parts: int = 
         "updates": rows_of([t["updates"] for t in tables]),
         "clock": max(int(t["clock"]) for t in tables),
     }
+    if all(t.get("seen") is not None for t in tables):  # absent where a part was saved before rows were timed
+        gathered["seen"] = rows_of([t["seen"] for t in tables])
+    return gathered
 
 
 def _table_of(part: VariableData) -> Mapping[str, Any]:

@@ -24,9 +24,11 @@ state. ``row_stride`` (0 or 1: contiguous rows) and ``table`` are those of
 ``pb.VariableDef``: an embedding table shared out by id modulo its parts
 holds every ``row_stride``-th row. A dynamic table's part has ``dynamic``:
 ``{"spec": {...the fields of pb.DynamicTableDef}, "ids": Tensor, "updated":
-Tensor, "updates": Tensor, "clock": int}``; its ``value`` holds the rows of
+Tensor, "updates": Tensor, "clock": int, "seen": Tensor}``; its ``value`` holds the rows of
 ``ids`` (``shape`` ``[len(ids), ...]``, ``full_shape`` ``[0, ...]``), ``state``
-their optimizer state, ``updated``/``updates`` their ages (see
+their optimizer state, ``updated``/``updates`` their ages, ``seen`` (float64
+seconds of wall-clock time; absent in files written before it) when each was
+last looked up or updated, for ``ttl_seconds`` eviction (see
 :class:`psframe.dynamic_rows.DynamicRows`). ``pushes`` holds, by worker, the
 last push the ps task had applied and the steps it applied, at the instant
 of the values (:mod:`psframe.ps.ledger`). Format 4 differs only in having no
@@ -288,8 +290,8 @@ def _check_variable(var: Any, index: int) -> None:
 def _check_dynamic(var: VariableData, label: str, shape: list[int], full_shape: list[int]) -> None:
     held = var.dynamic
     keys = {"spec", "ids", "updated", "updates", "clock"}
-    if not isinstance(held, Mapping) or set(held) != keys:
-        raise CheckpointError(f"{label}: dynamic must be a dict of {sorted(keys)}, got {held!r}")
+    if not isinstance(held, Mapping) or not keys <= set(held) <= keys | {"seen"}:
+        raise CheckpointError(f"{label}: dynamic must be a dict of {sorted(keys)} (and seen), got {held!r}")
     _check_plain(dict(held["spec"]) if isinstance(held["spec"], Mapping) else held["spec"], f"{label} dynamic spec")
     if not (len(shape) >= 1 and full_shape == [0, *shape[1:]]):
         raise CheckpointError(
@@ -301,6 +303,11 @@ def _check_dynamic(var: VariableData, label: str, shape: list[int], full_shape: 
             raise CheckpointError(f"{label}: dynamic {key} must be an int64 tensor of shape {shape[:1]}")
     if not _is_int(held["clock"]):
         raise CheckpointError(f"{label}: dynamic clock must be an int, got {held['clock']!r}")
+    seen = held.get("seen")
+    if seen is not None and not (
+        isinstance(seen, torch.Tensor) and seen.dtype == torch.float64 and list(seen.shape) == shape[:1]
+    ):
+        raise CheckpointError(f"{label}: dynamic seen must be a float64 tensor of shape {shape[:1]}")
 
 
 def _check_state(var: VariableData, label: str) -> None:

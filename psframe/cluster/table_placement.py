@@ -21,6 +21,7 @@ Like :mod:`psframe.cluster.placement`, this works on sizes only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -141,11 +142,17 @@ class Eviction:
             those updated the fewest times (the oldest among equals).
         max_age: rows not updated in this many of the part's updates are
             evicted (None: rows never age out).
+        ttl_seconds: rows not seen — looked up for training or updated — for
+            this many seconds of wall-clock time are evicted (None: no such
+            limit). Evaluation's lookups, which make no rows, do not count.
+            The part sweeps every eighth of it, on its next lookup or update:
+            a row lives ``ttl_seconds`` to 1.125 times that since last seen.
     """
 
     max_rows: int | None = None
     policy: str = "lru"
     max_age: int | None = None
+    ttl_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in EVICTION_POLICIES:
@@ -154,6 +161,9 @@ class Eviction:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise PlacementError(f"eviction {name} must be a positive int or None, got {value!r}")
+        ttl = self.ttl_seconds
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < math.inf):
+            raise PlacementError(f"eviction ttl_seconds must be a finite number of seconds > 0 or None, got {ttl!r}")
 
 
 @dataclass(frozen=True)

@@ -228,6 +228,7 @@ def _dynamic_record(definition: pb.VariableDef, held: dict) -> VariableData:
             "updated": held["updated"],
             "updates": held["updates"],
             "clock": held["clock"],
+            "seen": held["seen"],
         },
     )
 

@@ -115,6 +115,7 @@ def dynamic_def(spec: DynamicTableSpec) -> pb.DynamicTableDef:
         max_rows=eviction.max_rows or 0,
         policy=eviction.policy,
         max_age=eviction.max_age or 0,
+        ttl_seconds=eviction.ttl_seconds or 0.0,
     )
 
 
@@ -127,7 +128,12 @@ def dynamic_spec(definition: pb.DynamicTableDef) -> DynamicTableSpec:
     d = definition
     return DynamicTableSpec(
         RowInitializer(d.distribution, mean=d.mean, std=d.std, low=d.low, high=d.high, value=d.value, seed=d.seed),
-        Eviction(max_rows=d.max_rows or None, policy=d.policy, max_age=d.max_age or None),
+        Eviction(
+            max_rows=d.max_rows or None,
+            policy=d.policy,
+            max_age=d.max_age or None,
+            ttl_seconds=d.ttl_seconds or None,
+        ),
     )
 
 

@@ -62,7 +62,7 @@ class VariableDef(_message.Message):
     def __init__(self, name: _Optional[str] = ..., variable: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., full_shape: _Optional[_Iterable[int]] = ..., row_start: _Optional[int] = ..., part_index: _Optional[int] = ..., num_parts: _Optional[int] = ..., row_stride: _Optional[int] = ..., table: _Optional[bool] = ..., dynamic: _Optional[_Union[DynamicTableDef, _Mapping]] = ...) -> None: ...
 
 class DynamicTableDef(_message.Message):
-    __slots__ = ("distribution", "mean", "std", "low", "high", "value", "seed", "max_rows", "policy", "max_age")
+    __slots__ = ("distribution", "mean", "std", "low", "high", "value", "seed", "max_rows", "policy", "max_age", "ttl_seconds")
     DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     MEAN_FIELD_NUMBER: _ClassVar[int]
     STD_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class DynamicTableDef(_message.Message):
     MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     MAX_AGE_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     distribution: str
     mean: float
     std: float
@@ -83,7 +84,8 @@ class DynamicTableDef(_message.Message):
     max_rows: int
     policy: str
     max_age: int
-    def __init__(self, distribution: _Optional[str] = ..., mean: _Optional[float] = ..., std: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., value: _Optional[float] = ..., seed: _Optional[int] = ..., max_rows: _Optional[int] = ..., policy: _Optional[str] = ..., max_age: _Optional[int] = ...) -> None: ...
+    ttl_seconds: float
+    def __init__(self, distribution: _Optional[str] = ..., mean: _Optional[float] = ..., std: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., value: _Optional[float] = ..., seed: _Optional[int] = ..., max_rows: _Optional[int] = ..., policy: _Optional[str] = ..., max_age: _Optional[int] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
 
 class Value(_message.Message):
     __slots__ = ("number", "integer", "flag", "text", "numbers")

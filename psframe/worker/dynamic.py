@@ -56,6 +56,9 @@ class DynamicEmbedding(torch.nn.Module):
         eviction: which rows go first when the cap is reached: ``"lru"``
             (updated longest ago) or ``"lfu"`` (updated fewest times).
         max_age: forget rows not updated in this many updates of their part (None: never).
+        ttl_seconds: forget rows not looked up for training or updated for this
+            many seconds of wall-clock time (None: never); evaluation's lookups
+            do not count. A forgotten id gets a fresh row when it comes back.
         dtype: the rows' dtype.
     """
 
@@ -68,6 +71,7 @@ class DynamicEmbedding(torch.nn.Module):
         max_rows: int | None = None,
         eviction: str = "lru",
         max_age: int | None = None,
+        ttl_seconds: float | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
@@ -78,7 +82,8 @@ class DynamicEmbedding(torch.nn.Module):
         self.embedding_dim = embedding_dim
         self.mode = mode
         self.spec = DynamicTableSpec(
-            initializer or RowInitializer(), Eviction(max_rows=max_rows, policy=eviction, max_age=max_age)
+            initializer or RowInitializer(),
+            Eviction(max_rows=max_rows, policy=eviction, max_age=max_age, ttl_seconds=ttl_seconds),
         )
         # Stands for the table where a parameter would (its dtype and row width); holds no row.
         self.row_template = torch.empty((0, embedding_dim), dtype=dtype)
