@@ -19,6 +19,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from psframe import allocator
 from psframe.cluster import ClusterSpec
@@ -33,6 +34,9 @@ from psframe.flags import (
     security_from_flags,
 )
 from psframe.version import __version__
+
+if TYPE_CHECKING:
+    from psframe.status import WorkerStatus
 
 log = logging.getLogger("psframe")
 
@@ -89,7 +93,6 @@ def _cluster_only(args: argparse.Namespace):
 
 
 def _status(args: argparse.Namespace) -> int:
-    from psframe.status import WorkerStatus
     from psframe.worker.ps_client import PsClient
 
     cluster = _cluster_only(args)
@@ -161,8 +164,8 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if all(row[3] != "down" for row in rows[1:]) else 1
 
 
-def _fresher(worker, than) -> bool:
-    """Whether ``worker`` (a :class:`~psframe.status.WorkerStatus`) was heard from more recently than ``than``."""
+def _fresher(worker: WorkerStatus, than: WorkerStatus) -> bool:
+    """Whether ``worker`` was heard from more recently than ``than``."""
     return worker.seconds_ago is not None and (than.seconds_ago is None or worker.seconds_ago < than.seconds_ago)
 
 

@@ -43,7 +43,8 @@ class _InterruptGuard:
         self._guarding: bool | None = None  # decided at the main thread's first call: None until then
 
     def __call__(self, cancel: Callable[[], object] | None = None) -> _InterruptGuard:
-        self._cancel = cancel
+        if threading.get_ident() == _MAIN_THREAD:  # another thread's call is not the main thread's to cancel
+            self._cancel = cancel
         return self
 
     def __enter__(self) -> None:
