@@ -101,6 +101,7 @@ def _status(args: argparse.Namespace) -> int:
     ]
     seen: dict[int, WorkerStatus] = {}
     applied: dict[int, list[int]] = {}  # a worker's steps applied, by each ps task that answered
+    tables: list[tuple[str, ...]] = [("dynamic table part", "task", "rows", "admitted", "filtered", "evicted")]
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))
     try:
         for k, address in enumerate(cluster.job_tasks("ps")):
@@ -111,6 +112,9 @@ def _status(args: argparse.Namespace) -> int:
             except PsframeError:
                 rows.append((ClusterSpec.task_name("ps", k), address, "ps", "down", "", "", "", "", "", ""))
                 continue
+            for t in info.dynamic_tables:
+                counts = (t.rows, t.admitted, t.filtered, t.evicted)
+                tables.append((t.name, ClusterSpec.task_name("ps", k), *(str(n) for n in counts)))
             for worker in info.workers:  # the freshest word from any ps task
                 applied.setdefault(worker.task_index, []).append(worker.applied_steps)
                 if worker.task_index not in seen or _fresher(worker, seen[worker.task_index]):
@@ -158,10 +162,17 @@ def _status(args: argparse.Namespace) -> int:
                 last,
             )
         )
+    _print_table(rows)
+    if len(tables) > 1:
+        print()
+        _print_table(tables)
+    return 0 if all(row[3] != "down" for row in rows[1:]) else 1
+
+
+def _print_table(rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
-    return 0 if all(row[3] != "down" for row in rows[1:]) else 1
 
 
 def _fresher(worker: WorkerStatus, than: WorkerStatus) -> bool:

@@ -5,9 +5,12 @@ any int64 id (a hashed feature, a user id) and makes that id's row the first
 time it is looked up or updated, from the table's
 :class:`~psframe.cluster.table_placement.RowInitializer` (the same id always
 gets the same row). Its memory follows the ids it holds, never the id
-space, and :class:`~psframe.cluster.table_placement.Eviction` bounds it:
-a cap on rows, least recently or least frequently updated rows first, and
-an age after which an untouched row is forgotten.
+space. :class:`~psframe.cluster.table_placement.Admission` may hold a new
+id back until it was seen often enough (:mod:`psframe.admission`), and
+:class:`~psframe.cluster.table_placement.Eviction` bounds the rows: a cap,
+least recently or least frequently updated rows first; an age, in updates
+or in wall-clock time, after which an untouched row is forgotten; a norm
+below which an updated row is dropped.
 
 :class:`DynamicRows` holds one part of such a table: on a ps task (one part
 per ps task, :func:`~psframe.cluster.table_placement.place_dynamic`), or
@@ -28,6 +31,7 @@ import numpy
 import torch
 
 from psframe import optimizer_kernels
+from psframe.admission import AdmissionFilter
 from psframe.cluster.table_placement import ID_MIX, DynamicTableSpec, RowInitializer
 from psframe.errors import InvalidGradientError, RowIdError
 from psframe.memory import Memory
@@ -38,6 +42,7 @@ INITIAL_SLOTS = 1024
 _MASK = 0xFFFFFFFFFFFFFFFF
 _SEED_MIX = 0xD1B54A32D192ED03
 _NEVER = torch.iinfo(torch.int64).max
+COUNTS = ("admitted", "filtered", "evicted")  # what became of new ids, kept in status and checkpoints
 
 
 def part_of(ids: torch.Tensor, num_parts: int) -> torch.Tensor:
@@ -194,8 +199,11 @@ class DynamicRows:
         self._next_sweep = 0.0  # wall-clock time of the next sweep for rows not seen for ttl_seconds
         self._free: list[int] = []  # slots whose row was evicted
         self._next = 0  # slots from here on were never used
+        self._admission = AdmissionFilter(spec.admission, spec.initializer.seed)
         self.clock = 0  # updates of this part so far
-        self.evicted = 0
+        self.admitted = 0  # ids given a row (a restore's rows aside)
+        self.filtered = 0  # training lookups' ids refused a row by the admission
+        self.evicted = 0  # rows evicted, for any reason
 
     def __len__(self) -> int:
         return len(self._index)
@@ -218,30 +226,37 @@ class DynamicRows:
     def read(self, ids: torch.Tensor, *, create: bool = True) -> torch.Tensor:
         """A copy of the rows of ``ids`` (1-d int64, any values, distinct or not).
 
-        With ``create`` an id not held is given its row (and counts against
-        the cap); without, its initial row is returned and nothing is kept
-        (an evaluation's lookup).
+        With ``create`` (a training lookup) an id not held is given its row,
+        if the table's admission lets it in, and counts against the cap;
+        without (an evaluation's lookup), nothing is kept. An id with no row
+        reads as its initial row.
 
         Raises:
             RowIdError: making the new rows would evict rows this read uses
                 (more distinct new ids than the cap allows).
         """
         if create:
-            slots = self._slots(ids)  # first: making rows may grow the weight
-            rows = self.weight.detach().index_select(0, slots)
-            self._saw(slots)
-            return rows
-        slots = self._lookup(ids)
+            slots = self._slots(ids, admit=True)  # first: making rows may grow the weight
+            if not self.spec.admission.filters:
+                rows = self.weight.detach().index_select(0, slots)
+                self._saw(slots)
+                return rows
+        else:
+            slots = self._lookup(ids)
         rows = torch.empty((ids.numel(), *self.row_shape), dtype=self.dtype)
         held = slots >= 0
         rows[held] = self.weight.detach().index_select(0, slots[held])
         if not bool(held.all()):
             rows[~held] = initial_rows(self.spec.initializer, ids[~held], self.row_shape, self.dtype)
+        if create:
+            self._saw(slots[held])
         return rows
 
     def apply(self, ids: torch.Tensor, grads: torch.Tensor) -> None:
         """One step of the table optimizer with these rows' gradients (an id
-        may repeat: its gradients are summed); an id not held is made first.
+        may repeat: its gradients are summed); an id not held is made first,
+        unless the table admits new ids by count or chance: then its lookup
+        did not admit it, and its gradient is dropped.
         With no ids, the optimizer still counts a step, as for a batch that used the table.
 
         Raises:
@@ -252,7 +267,14 @@ class DynamicRows:
                 f"dynamic table part {self.name!r} holds rows only to read: it has no optimizer to apply "
                 f"gradients with; nothing was applied"
             )
-        slots = self._slots(ids)
+        if self.spec.admission.filters:
+            # Ids the admission refused at their lookup have no row: their gradients are dropped.
+            slots = self._lookup(ids)
+            held = slots >= 0
+            if not bool(held.all()):
+                slots, grads = slots[held], grads[held]
+        else:
+            slots = self._slots(ids)
         grad = torch.sparse_coo_tensor(slots.unsqueeze(0), grads, self.weight.shape, check_invariants=False).coalesce()
         self.weight.grad = grad
         try:
@@ -266,6 +288,7 @@ class DynamicRows:
         self._updates[touched] += 1
         self._age_out()
         self._saw(touched)
+        self._drop_small(touched)
 
     # ---- checkpoints
 
@@ -288,7 +311,13 @@ class DynamicRows:
             "updates": self._updates[slots],
             "clock": self.clock,
             "seen": self._seen[slots],
+            "counts": self.counts(),
+            "admission": self._admission.state_dict(),
         }
+
+    def counts(self) -> dict[str, int]:
+        """The ids this part admitted (gave a row), filtered (refused a row) and evicted so far."""
+        return dict(zip(COUNTS, (self.admitted, self.filtered, self.evicted)))
 
     def load(self, saved: Mapping[str, Any]) -> None:
         """Take rows, state and ages as :meth:`export` gave them (this part must be empty)."""
@@ -315,6 +344,9 @@ class DynamicRows:
         # Saved before rows were timed (or by an older psframe): seen now, so a TTL starts from the restore.
         seen = saved.get("seen")
         self._seen[slots] = seen.to(torch.float64) if seen is not None else self._wall_clock()
+        counts = saved.get("counts") or {}  # absent in older files: counted from the restore
+        self.admitted, self.filtered, self.evicted = (int(counts.get(k, 0)) for k in COUNTS)
+        self._admission.load_state_dict(saved.get("admission") or {})
 
     # ---- slots
 
@@ -327,13 +359,24 @@ class DynamicRows:
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         return self._index.find(ids)
 
-    def _slots(self, ids: torch.Tensor, *, fill: bool = True) -> torch.Tensor:
-        """The slots of ``ids``, making those not held (their initial rows and fresh state, unless not ``fill``)."""
+    def _slots(self, ids: torch.Tensor, *, fill: bool = True, admit: bool = False) -> torch.Tensor:
+        """The slots of ``ids``, making those not held (their initial rows and fresh state, unless not ``fill``).
+
+        With ``admit`` (a training lookup) the table's admission decides which
+        new ids get a row; the slot of an id refused is -1.
+        """
         slots = self._lookup(ids)
         missing = slots < 0
         if not bool(missing.any()):
             return slots
-        new_ids = torch.unique(ids[missing])
+        wanted = ids[missing]
+        new_ids, occurrences = torch.unique(wanted, return_counts=True)
+        if admit and self.spec.admission.filters:
+            admitted = self._admission.admit(new_ids, occurrences)
+            self.filtered += int(new_ids.numel() - int(admitted.sum()))
+            new_ids = new_ids[admitted]
+            if not new_ids.numel():
+                return slots
         self._make_room(new_ids.numel(), keep=slots[~missing])
         new_slots = self._take_slots(new_ids.numel())
         self._index.add(new_ids, new_slots)
@@ -350,7 +393,9 @@ class DynamicRows:
             for key, value in self._state().items():
                 if self._per_row(value):
                     value.index_fill_(0, new_slots, self._fresh.get(key, 0.0))
-        slots[missing] = new_slots[torch.searchsorted(new_ids, ids[missing])]
+            self.admitted += new_ids.numel()
+        at = torch.searchsorted(new_ids, wanted).clamp_(max=new_ids.numel() - 1)
+        slots[missing] = torch.where(new_ids[at] == wanted, new_slots[at], -1)
         return slots
 
     def _take_slots(self, count: int) -> torch.Tensor:
@@ -419,6 +464,14 @@ class DynamicRows:
             return
         self._next_sweep = now + ttl / 8  # a row lives ttl to 1.125 * ttl seconds since last seen
         self._evict(torch.nonzero(self._used & (self._seen < now - ttl)).squeeze(1))
+
+    def _drop_small(self, slots: torch.Tensor) -> None:
+        """Evict the rows of ``slots`` whose L2 norm is below the eviction's ``min_norm``."""
+        min_norm = self.spec.eviction.min_norm
+        if min_norm is None or not slots.numel():
+            return
+        norms = self.weight.detach().index_select(0, slots).flatten(1).float().norm(dim=1)
+        self._evict(slots[norms < min_norm])
 
     def _evict(self, slots: torch.Tensor) -> None:
         self._index.remove(self._id_of[slots])

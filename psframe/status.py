@@ -50,6 +50,17 @@ class WorkerStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class DynamicTableStatus:
+    """A dynamic table's part on a ps task: the rows it holds, and what became of new ids so far."""
+
+    name: str  # stored name: "emb/part_1"
+    rows: int  # held now
+    admitted: int  # ids given a row
+    filtered: int  # ids refused a row by the table's admission (counted at each lookup)
+    evicted: int  # rows evicted: by cap, age, time or norm
+
+
+@dataclass(frozen=True, slots=True)
 class TaskStatus:
     """A task's answer to "who are you, and how are you?".
 
@@ -78,6 +89,7 @@ class TaskStatus:
     workers: tuple[WorkerStatus, ...] = ()
     restored_step: int | None = None  # the checkpoint step it restored from; None: none
     checkpoint_dir: str | None = None  # where it restores from (and saves to)
+    dynamic_tables: tuple[DynamicTableStatus, ...] = ()  # a ps task's dynamic tables' parts
 
     @property
     def name(self) -> str:

@@ -40,8 +40,9 @@ def run_cli(capsys, *argv: str) -> tuple[int, str]:
 
 
 def status_table(out: str) -> dict[str, dict[str, str]]:
-    """The status table by task name, each row by column name (columns located from the header)."""
-    lines = [line for line in out.splitlines() if line.strip()]
+    """The status table by task name, each row by column name (columns located from the header).
+    The table ends at the first blank line (dynamic tables' counts follow it)."""
+    lines = out.split("\n\n")[0].splitlines()
     header = lines[0]
     columns = [(m.group(), m.start()) for m in re.finditer(r"\S+", header)]
     assert [c for c, _ in columns] == [
@@ -115,6 +116,31 @@ def test_status_shows_every_task_while_training_and_after(local_cluster, capsys)
     assert rows["/job:worker/task:0"]["role"] == "chief"
     assert rows["/job:ps/task:0"]["state"] == "finished"  # every worker finished
     assert rows["/job:ps/task:0"]["global_step"] == "3"
+
+
+def test_status_counts_the_rows_of_dynamic_tables(local_cluster, capsys):
+    class Users(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.users = psframe.DynamicEmbedding(4, admit_after=2, admission_counters=1 << 10)
+            self.head = torch.nn.Linear(4, 1)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.users(ids)).sum()
+
+    cluster = local_cluster(num_ps=2, num_workers=1)
+    model = Users()
+    with psframe.Trainer(model, cluster, transport=TRANSPORT) as t:
+        for ids in ([1, 2, 3], [1, 2, 4]):  # 1 and 2 admitted on their second lookup
+            t.step(model(torch.tensor(ids)))
+        code, out = run_cli(capsys, "status", f"--cluster_spec={cluster.to_string()}")
+    assert code == 0, out
+    header, *parts = out.split("\n\n")[1].splitlines()
+    assert header.split() == ["dynamic", "table", "part", "task", "rows", "admitted", "filtered", "evicted"]
+    cells = sorted(line.split() for line in parts)
+    assert [c[:2] for c in cells] == [["users/part_0", "/job:ps/task:0"], ["users/part_1", "/job:ps/task:1"]]
+    totals = [sum(int(c[i]) for c in cells) for i in range(2, 6)]
+    assert totals == [2, 2, 4, 0]  # rows, admitted; filtered: 1, 2, 3 then 4; evicted
 
 
 def test_status_with_two_workers_names_chief_and_worker(local_cluster, capsys):

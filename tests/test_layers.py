@@ -20,6 +20,7 @@ LAYER_OF = {
     "psframe.optimizer_kernels": "core",
     "psframe.sparse_optim": "core",
     "psframe.dynamic_rows": "core",
+    "psframe.admission": "core",
     "psframe.allocator": "core",
     "psframe.huge_pages": "core",
     "psframe.security": "core",
@@ -60,6 +61,7 @@ THIRD_PARTY_OF_CORE = {
     "psframe.rows": {"torch"},
     "psframe.huge_pages": {"torch"},
     "psframe.dynamic_rows": {"torch", "numpy"},
+    "psframe.admission": {"torch", "numpy"},
 }
 
 
@@ -171,6 +173,7 @@ PLAIN_TORCH = sorted(
         PACKAGE / "ps" / "table_parts.py",
         PACKAGE / "ps" / "sync.py",
         PACKAGE / "dynamic_rows.py",
+        PACKAGE / "admission.py",
     }
 )
 

@@ -33,7 +33,11 @@ def gather(parts: Sequence[VariableData], part_index: int = 0, num_parts: int = 
     """The rows of one table that part ``part_index`` of ``num_parts`` holds, from
     its saved parts, as :meth:`psframe.dynamic_rows.DynamicRows.export` gives them
     (ids sorted). Per-row state keys saved by every part are kept; other state
-    (a step count) is the largest saved, and so is the clock."""
+    (a step count) is the largest saved, and so is the clock.
+
+    The counts of ids admitted, filtered and evicted add up, in part 0 (the
+    table's totals stay right whatever the parts); admission counters take
+    their largest value over the parts (an id's count is never underestimated)."""
     tables = [_table_of(p) for p in parts]
     ids = torch.cat([t["ids"] for t in tables])
     keep = part_of(ids, num_parts) == part_index
@@ -67,7 +71,23 @@ def gather(parts: Sequence[VariableData], part_index: int = 0, num_parts: int = 
     }
     if all(t.get("seen") is not None for t in tables):  # absent where a part was saved before rows were timed
         gathered["seen"] = rows_of([t["seen"] for t in tables])
+    counts = [t.get("counts") or {} for t in tables]
+    keys = sorted({k for c in counts for k in c})
+    gathered["counts"] = {k: sum(int(c.get(k, 0)) for c in counts) if part_index == 0 else 0 for k in keys}
+    gathered["admission"] = _admission_of([t.get("admission") or {} for t in tables], part_index)
     return gathered
+
+
+def _admission_of(saved: Sequence[Mapping[str, Any]], part_index: int) -> dict[str, Any]:
+    """One part's admission state from the saved parts' (see :func:`gather`)."""
+    state: dict[str, Any] = {}
+    counts = [s["counts"] for s in saved if isinstance(s.get("counts"), torch.Tensor)]
+    if counts and all(c.shape == counts[0].shape for c in counts):
+        state["counts"] = torch.stack(counts).amax(0)
+    randoms = [s["random"] for s in saved if isinstance(s.get("random"), torch.Tensor)]
+    if randoms:
+        state["random"] = randoms[min(part_index, len(randoms) - 1)].clone()
+    return state
 
 
 def _table_of(part: VariableData) -> Mapping[str, Any]:

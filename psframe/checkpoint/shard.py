@@ -24,12 +24,16 @@ state. ``row_stride`` (0 or 1: contiguous rows) and ``table`` are those of
 ``pb.VariableDef``: an embedding table shared out by id modulo its parts
 holds every ``row_stride``-th row. A dynamic table's part has ``dynamic``:
 ``{"spec": {...the fields of pb.DynamicTableDef}, "ids": Tensor, "updated":
-Tensor, "updates": Tensor, "clock": int, "seen": Tensor}``; its ``value`` holds the rows of
+Tensor, "updates": Tensor, "clock": int, "seen": Tensor, "counts": {...}, "admission":
+{...}}``; its ``value`` holds the rows of
 ``ids`` (``shape`` ``[len(ids), ...]``, ``full_shape`` ``[0, ...]``), ``state``
 their optimizer state, ``updated``/``updates`` their ages, ``seen`` (float64
 seconds of wall-clock time; absent in files written before it) when each was
-last looked up or updated, for ``ttl_seconds`` eviction (see
-:class:`psframe.dynamic_rows.DynamicRows`). ``pushes`` holds, by worker, the
+last looked up or updated, for ``ttl_seconds`` eviction, ``counts`` the
+ids the part ``admitted``, ``filtered`` and ``evicted`` (ints), and
+``admission`` the admission filter's ``counts`` (uint8) and ``random``
+(a generator's state), those in use; the last three are absent in older
+files (see :class:`psframe.dynamic_rows.DynamicRows`). ``pushes`` holds, by worker, the
 last push the ps task had applied and the steps it applied, at the instant
 of the values (:mod:`psframe.ps.ledger`). Format 4 differs only in having no
 ``pushes``, format 3 also in having no dynamic tables, format 2 also in having no tables at all (nor
@@ -289,9 +293,11 @@ def _check_variable(var: Any, index: int) -> None:
 
 def _check_dynamic(var: VariableData, label: str, shape: list[int], full_shape: list[int]) -> None:
     held = var.dynamic
-    keys = {"spec", "ids", "updated", "updates", "clock"}
-    if not isinstance(held, Mapping) or not keys <= set(held) <= keys | {"seen"}:
-        raise CheckpointError(f"{label}: dynamic must be a dict of {sorted(keys)} (and seen), got {held!r}")
+    keys, optional = {"spec", "ids", "updated", "updates", "clock"}, {"seen", "counts", "admission"}
+    if not isinstance(held, Mapping) or not keys <= set(held) <= keys | optional:
+        raise CheckpointError(
+            f"{label}: dynamic must be a dict of {sorted(keys)} (and {sorted(optional)}), got {held!r}"
+        )
     _check_plain(dict(held["spec"]) if isinstance(held["spec"], Mapping) else held["spec"], f"{label} dynamic spec")
     if not (len(shape) >= 1 and full_shape == [0, *shape[1:]]):
         raise CheckpointError(
@@ -308,6 +314,17 @@ def _check_dynamic(var: VariableData, label: str, shape: list[int], full_shape: 
         isinstance(seen, torch.Tensor) and seen.dtype == torch.float64 and list(seen.shape) == shape[:1]
     ):
         raise CheckpointError(f"{label}: dynamic seen must be a float64 tensor of shape {shape[:1]}")
+    counts = held.get("counts")
+    if counts is not None and not (
+        isinstance(counts, Mapping) and all(isinstance(k, str) and _is_int(v) and v >= 0 for k, v in counts.items())
+    ):
+        raise CheckpointError(f"{label}: dynamic counts must be a dict of counts by name, got {counts!r}")
+    admission = held.get("admission")
+    if admission is not None and not (
+        isinstance(admission, Mapping)
+        and all(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in admission.values())
+    ):
+        raise CheckpointError(f"{label}: dynamic admission must be a dict of uint8 tensors, got {admission!r}")
 
 
 def _check_state(var: VariableData, label: str) -> None:

@@ -147,12 +147,17 @@ class Eviction:
             limit). Evaluation's lookups, which make no rows, do not count.
             The part sweeps every eighth of it, on its next lookup or update:
             a row lives ``ttl_seconds`` to 1.125 times that since last seen.
+        min_norm: a row that an update leaves with an L2 norm below this is
+            evicted at once (None: rows are never evicted for their norm).
+            Rows whose weights have decayed towards zero carry little, and an
+            id that comes back starts again from the initializer.
     """
 
     max_rows: int | None = None
     policy: str = "lru"
     max_age: int | None = None
     ttl_seconds: float | None = None
+    min_norm: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in EVICTION_POLICIES:
@@ -162,16 +167,71 @@ class Eviction:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise PlacementError(f"eviction {name} must be a positive int or None, got {value!r}")
         ttl = self.ttl_seconds
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < math.inf):
+        if ttl is not None and not _positive_number(ttl):
             raise PlacementError(f"eviction ttl_seconds must be a finite number of seconds > 0 or None, got {ttl!r}")
+        if self.min_norm is not None and not _positive_number(self.min_norm):
+            raise PlacementError(f"eviction min_norm must be a finite number > 0 or None, got {self.min_norm!r}")
+
+
+def _positive_number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
+
+
+@dataclass(frozen=True)
+class Admission:
+    """When a dynamic table gives a new id a row.
+
+    Most ids of a click log are seen once or twice and never again; a row
+    for each would take memory and train on almost nothing. A table that
+    admits by count or by chance makes rows only for ids that pass; until
+    then a lookup of the id reads the initializer's row, its gradients are
+    dropped, and it takes no memory beyond its share of the counters.
+
+    Args:
+        min_count: an id gets a row once it was looked up for training this
+            many times (1: at once, the default). The counts live in a
+            counting Bloom filter of ``counters`` one-byte counters per ps
+            task (three per id, saturating at 255), so an id's count may be
+            overestimated when many ids share its counters, never
+            underestimated; its counters are not cleared when the row is
+            evicted, so an evicted id that comes back is admitted again at once.
+        probability: each training lookup of an id not held admits it with
+            this probability (1.0: always). Not with ``min_count`` above 1.
+        counters: the counting filter's size, a power of two (memory: this
+            many bytes per ps task; used only with ``min_count`` above 1).
+    """
+
+    min_count: int = 1
+    probability: float = 1.0
+    counters: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_count, bool) or not isinstance(self.min_count, int) or not 1 <= self.min_count <= 255:
+            raise PlacementError(f"admission min_count must be an int from 1 to 255, got {self.min_count!r}")
+        if not _positive_number(self.probability) or self.probability > 1:
+            raise PlacementError(f"admission probability must be a number in (0, 1], got {self.probability!r}")
+        if self.min_count > 1 and self.probability < 1:
+            raise PlacementError(
+                f"a table admits new ids by count or by probability, not both: got min_count={self.min_count} "
+                f"and probability={self.probability}"
+            )
+        c = self.counters
+        if isinstance(c, bool) or not isinstance(c, int) or c < 64 or c & (c - 1):
+            raise PlacementError(f"admission counters must be a power of two >= 64, got {c!r}")
+
+    @property
+    def filters(self) -> bool:
+        """Whether some new ids are refused (a count above 1 or a probability below 1)."""
+        return self.min_count > 1 or self.probability < 1
 
 
 @dataclass(frozen=True)
 class DynamicTableSpec:
-    """What defines a dynamic table besides its row width and dtype: its rows' initializer and eviction."""
+    """What defines a dynamic table besides its row width and dtype: its rows' initializer, eviction and admission."""
 
     initializer: RowInitializer = RowInitializer()
     eviction: Eviction = Eviction()
+    admission: Admission = Admission()
 
 
 # A 64-bit odd multiplier (the golden ratio's): multiplying by it mixes an id's bits into its top bits.

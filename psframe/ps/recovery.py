@@ -229,6 +229,8 @@ def _dynamic_record(definition: pb.VariableDef, held: dict) -> VariableData:
             "updates": held["updates"],
             "clock": held["clock"],
             "seen": held["seen"],
+            "counts": held["counts"],
+            "admission": held["admission"],
         },
     )
 

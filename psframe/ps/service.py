@@ -190,6 +190,8 @@ class ParameterServerService(TaskService):
                 info.dropped_gradients = self.aggregator.dropped_gradients
             info.restored_step = self.restored_step
             info.checkpoint_dir = self.checkpoint_dir or ""
+            for name, counts in sorted(store.dynamic_counts().items()):
+                info.dynamic_tables.add(name=name, **counts)
         for worker, seconds_ago, finished in self.roster.seen():
             info.workers.add(
                 task_index=worker,

@@ -530,6 +530,11 @@ class VariableStore:
                 )
             self.global_step = global_step
 
+    def dynamic_counts(self) -> dict[str, dict[str, int]]:
+        """Each dynamic table part's rows held and ids admitted, filtered and evicted, by name."""
+        with self.lock:
+            return self._model.table_parts.dynamic_counts()
+
     def export_dynamic(self) -> dict[str, dict[str, Any]]:
         """What a checkpoint keeps of each dynamic table part (:meth:`DynamicRows.export`)."""
         with self.lock:

@@ -187,6 +187,10 @@ class TableParts:
         """Bytes of the tables and their optimizer state."""
         return self.fixed.nbytes() + sum(rows.nbytes() for rows in self._dynamic.values())
 
+    def dynamic_counts(self) -> dict[str, dict[str, int]]:
+        """Each dynamic table part's rows held and ids admitted, filtered and evicted, by name."""
+        return {name: {"rows": len(part), **part.counts()} for name, part in self._dynamic.items()}
+
     def export_dynamic(self) -> dict[str, dict[str, Any]]:
         """What a checkpoint keeps of each dynamic table part (:meth:`DynamicRows.export`)."""
         return {name: part.export() for name, part in self._dynamic.items()}

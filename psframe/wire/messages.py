@@ -17,10 +17,10 @@ import torch
 
 from psframe.cluster import ClusterSpec
 from psframe.cluster.placement import Shard
-from psframe.cluster.table_placement import DynamicTableSpec, Eviction, RowInitializer
+from psframe.cluster.table_placement import Admission, DynamicTableSpec, Eviction, RowInitializer
 from psframe.errors import ClusterMismatchError, WireFormatError
 from psframe.optim import KwargValue, OptimizerSpec, SyncReplicas
-from psframe.status import TaskState, TaskStatus, VariableStatus, WorkerStatus
+from psframe.status import DynamicTableStatus, TaskState, TaskStatus, VariableStatus, WorkerStatus
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.codec import check_shape, dtype_from_name, dtype_name
 
@@ -102,8 +102,8 @@ def variable_def(shard: Shard, dtype: torch.dtype, full_shape: Sequence[int]) ->
 
 
 def dynamic_def(spec: DynamicTableSpec) -> pb.DynamicTableDef:
-    """The wire form of a dynamic table's initializer and eviction."""
-    init, eviction = spec.initializer, spec.eviction
+    """The wire form of a dynamic table's initializer, eviction and admission."""
+    init, eviction, admission = spec.initializer, spec.eviction, spec.admission
     return pb.DynamicTableDef(
         distribution=init.distribution,
         mean=init.mean,
@@ -116,11 +116,15 @@ def dynamic_def(spec: DynamicTableSpec) -> pb.DynamicTableDef:
         policy=eviction.policy,
         max_age=eviction.max_age or 0,
         ttl_seconds=eviction.ttl_seconds or 0.0,
+        min_norm=eviction.min_norm or 0.0,
+        admit_after=admission.min_count,
+        admit_probability=admission.probability,
+        admission_counters=admission.counters,
     )
 
 
 def dynamic_spec(definition: pb.DynamicTableDef) -> DynamicTableSpec:
-    """A dynamic table's initializer and eviction from their wire form.
+    """A dynamic table's initializer, eviction and admission from their wire form (0: the default).
 
     Raises:
         PlacementError: a distribution or policy psframe does not know, or a bad value.
@@ -133,6 +137,12 @@ def dynamic_spec(definition: pb.DynamicTableDef) -> DynamicTableSpec:
             policy=d.policy,
             max_age=d.max_age or None,
             ttl_seconds=d.ttl_seconds or None,
+            min_norm=d.min_norm or None,
+        ),
+        Admission(
+            min_count=d.admit_after or 1,
+            probability=d.admit_probability or 1.0,
+            counters=d.admission_counters or Admission.counters,
         ),
     )
 
@@ -222,6 +232,9 @@ def task_status(info: pb.TaskInfo) -> TaskStatus:
         ),
         restored_step=info.restored_step if info.restored_step >= 0 else None,
         checkpoint_dir=info.checkpoint_dir or None,
+        dynamic_tables=tuple(
+            DynamicTableStatus(t.name, t.rows, t.admitted, t.filtered, t.evicted) for t in info.dynamic_tables
+        ),
     )
 
 

@@ -62,7 +62,7 @@ class VariableDef(_message.Message):
     def __init__(self, name: _Optional[str] = ..., variable: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., full_shape: _Optional[_Iterable[int]] = ..., row_start: _Optional[int] = ..., part_index: _Optional[int] = ..., num_parts: _Optional[int] = ..., row_stride: _Optional[int] = ..., table: _Optional[bool] = ..., dynamic: _Optional[_Union[DynamicTableDef, _Mapping]] = ...) -> None: ...
 
 class DynamicTableDef(_message.Message):
-    __slots__ = ("distribution", "mean", "std", "low", "high", "value", "seed", "max_rows", "policy", "max_age", "ttl_seconds")
+    __slots__ = ("distribution", "mean", "std", "low", "high", "value", "seed", "max_rows", "policy", "max_age", "ttl_seconds", "min_norm", "admit_after", "admit_probability", "admission_counters")
     DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     MEAN_FIELD_NUMBER: _ClassVar[int]
     STD_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,10 @@ class DynamicTableDef(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     MAX_AGE_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MIN_NORM_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_AFTER_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_COUNTERS_FIELD_NUMBER: _ClassVar[int]
     distribution: str
     mean: float
     std: float
@@ -85,7 +89,11 @@ class DynamicTableDef(_message.Message):
     policy: str
     max_age: int
     ttl_seconds: float
-    def __init__(self, distribution: _Optional[str] = ..., mean: _Optional[float] = ..., std: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., value: _Optional[float] = ..., seed: _Optional[int] = ..., max_rows: _Optional[int] = ..., policy: _Optional[str] = ..., max_age: _Optional[int] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+    min_norm: float
+    admit_after: int
+    admit_probability: float
+    admission_counters: int
+    def __init__(self, distribution: _Optional[str] = ..., mean: _Optional[float] = ..., std: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., value: _Optional[float] = ..., seed: _Optional[int] = ..., max_rows: _Optional[int] = ..., policy: _Optional[str] = ..., max_age: _Optional[int] = ..., ttl_seconds: _Optional[float] = ..., min_norm: _Optional[float] = ..., admit_after: _Optional[int] = ..., admit_probability: _Optional[float] = ..., admission_counters: _Optional[int] = ...) -> None: ...
 
 class Value(_message.Message):
     __slots__ = ("number", "integer", "flag", "text", "numbers")
@@ -149,7 +157,7 @@ class InfoRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer")
+    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STARTING: _ClassVar[TaskInfo.State]
@@ -181,6 +189,7 @@ class TaskInfo(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     TABLE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_TABLES_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     task_index: int
     address: str
@@ -202,7 +211,22 @@ class TaskInfo(_message.Message):
     workers: _containers.RepeatedCompositeFieldContainer[WorkerSeen]
     checkpoint_dir: str
     table_optimizer: OptimizerDef
-    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ...) -> None: ...
+    dynamic_tables: _containers.RepeatedCompositeFieldContainer[DynamicTableCounts]
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ...) -> None: ...
+
+class DynamicTableCounts(_message.Message):
+    __slots__ = ("name", "rows", "admitted", "filtered", "evicted")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    rows: int
+    admitted: int
+    filtered: int
+    evicted: int
+    def __init__(self, name: _Optional[str] = ..., rows: _Optional[int] = ..., admitted: _Optional[int] = ..., filtered: _Optional[int] = ..., evicted: _Optional[int] = ...) -> None: ...
 
 class WorkerSeen(_message.Message):
     __slots__ = ("task_index", "seconds_ago", "finished", "applied_steps", "last_push_id")

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from psframe.cluster.table_placement import DynamicTableSpec, Eviction, RowInitializer
+from psframe.cluster.table_placement import Admission, DynamicTableSpec, Eviction, RowInitializer
 from psframe.dynamic_rows import DynamicRows
 from psframe.errors import PsframeError
 from psframe.memory import HugePageMemory
@@ -59,6 +59,17 @@ class DynamicEmbedding(torch.nn.Module):
         ttl_seconds: forget rows not looked up for training or updated for this
             many seconds of wall-clock time (None: never); evaluation's lookups
             do not count. A forgotten id gets a fresh row when it comes back.
+        min_norm: forget a row as soon as an update leaves its L2 norm below
+            this (None: never).
+        admit_after: give a new id a row only once it was looked up for
+            training this many times (1: at once); until then it reads as
+            its initial row, its gradients are dropped, and it takes no
+            memory. Counted in a counting Bloom filter of
+            ``admission_counters`` bytes per ps task
+            (:class:`~psframe.cluster.table_placement.Admission`).
+        admit_probability: or give a new id a row with this probability at
+            each training lookup (1.0: always).
+        admission_counters: the counting filter's size, a power of two.
         dtype: the rows' dtype.
     """
 
@@ -72,6 +83,10 @@ class DynamicEmbedding(torch.nn.Module):
         eviction: str = "lru",
         max_age: int | None = None,
         ttl_seconds: float | None = None,
+        min_norm: float | None = None,
+        admit_after: int = 1,
+        admit_probability: float = 1.0,
+        admission_counters: int = Admission.counters,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
@@ -83,7 +98,8 @@ class DynamicEmbedding(torch.nn.Module):
         self.mode = mode
         self.spec = DynamicTableSpec(
             initializer or RowInitializer(),
-            Eviction(max_rows=max_rows, policy=eviction, max_age=max_age, ttl_seconds=ttl_seconds),
+            Eviction(max_rows=max_rows, policy=eviction, max_age=max_age, ttl_seconds=ttl_seconds, min_norm=min_norm),
+            Admission(min_count=admit_after, probability=admit_probability, counters=admission_counters),
         )
         # Stands for the table where a parameter would (its dtype and row width); holds no row.
         self.row_template = torch.empty((0, embedding_dim), dtype=dtype)
@@ -91,7 +107,8 @@ class DynamicEmbedding(torch.nn.Module):
         self._looked_up: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def extra_repr(self) -> str:
-        return f"{self.embedding_dim}, mode={self.mode!r}, {self.spec.initializer}, {self.spec.eviction}"
+        spec = self.spec
+        return f"{self.embedding_dim}, mode={self.mode!r}, {spec.initializer}, {spec.eviction}, {spec.admission}"
 
     def attach(self, rows: RowSource | None) -> None:
         """Where lookups get their rows from (None: nowhere; set by the trainer or :class:`DynamicTables`)."""
