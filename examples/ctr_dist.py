@@ -11,6 +11,13 @@ or ``psframe launch --num_ps 2 --num_workers 2 examples/ctr_dist.py``, or
 ``python examples/ctr_dist.py --single_process`` (the same model and data in
 one process with torch.optim, the reference).
 
+With ``--checkpoint_dir``, an evaluator beside training (``--job_name=evaluator``,
+or ``TF_CONFIG``'s ``"evaluator"`` task) evaluates the held-out AUC and log
+loss of each checkpoint as the chief commits it, and prints one JSON line per
+checkpoint (TensorBoard scalars too, in ``--log_dir``):
+
+    python examples/ctr_dist.py --job_name=evaluator --checkpoint_dir=ckpt/ --log_dir=runs/ctr
+
 The data is a Criteo-shaped click log generated with a planted ground truth
 (``ctr_data.py``): 13 dense and 26 categorical features, the categorical
 values hashed into ``--hash_buckets`` ids. The model looks the ids up in two
@@ -58,7 +65,7 @@ EVAL_BATCH = 8192
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_cluster_flags(parser)
+    add_cluster_flags(parser, evaluator=True)  # --job_name=evaluator: evaluate the checkpoints beside training
     add_sync_flags(parser)
     add_security_flags(parser)  # --auth_token_file, --tls_cert_file, --tls_key_file, --tls_ca_file
     parser.add_argument(
@@ -108,6 +115,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--save_checkpoint_steps", type=int, default=1000, help="with --checkpoint_dir, save every N global steps"
     )
     parser.add_argument(
+        "--delta_checkpoint_steps",
+        type=int,
+        default=None,
+        help="with --checkpoint_dir, commit a delta checkpoint (only what changed) every N global steps between "
+        "full ones",
+    )
+    parser.add_argument(
+        "--delta_checkpoint_secs",
+        type=float,
+        default=None,
+        help="or every S seconds (a feed for serving: psframe export --delta)",
+    )
+    parser.add_argument(
         "--worker_timeout",
         type=float,
         default=60.0,
@@ -122,6 +142,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--connect_timeout", type=float, default=120.0, help="seconds to wait for the other tasks before failing"
+    )
+    parser.add_argument("--log_dir", default=None, help="evaluator: write its metrics to TensorBoard here")
+    parser.add_argument(
+        "--eval_timeout",
+        type=float,
+        default=600.0,
+        help="evaluator: stop after this many seconds without a new checkpoint",
     )
     return parser.parse_args(argv)
 
@@ -175,7 +202,7 @@ def loss_of(model: WideAndDeep, data: ClickLog, index: torch.Tensor) -> torch.Te
     return F.binary_cross_entropy_with_logits(model(dense, ids), clicks)
 
 
-def evaluate(model: WideAndDeep, test: ClickLog) -> dict:
+def held_out_metrics(model: WideAndDeep, test: ClickLog) -> dict:
     """AUC and log loss on the held-out samples (a worker's lookups pull the rows they need)."""
     with torch.no_grad():
         logits = torch.cat(
@@ -187,8 +214,12 @@ def evaluate(model: WideAndDeep, test: ClickLog) -> dict:
     return {
         "auc": round(auc(logits, test.clicks), 5),
         "log_loss": round(F.binary_cross_entropy_with_logits(logits, test.clicks).item(), 5),
-        "ceiling_auc": round(ceiling_auc(test), 5),
     }
+
+
+def evaluate(model: WideAndDeep, test: ClickLog) -> dict:
+    """The held-out metrics, and the AUC of the true click probability (the ceiling)."""
+    return {**held_out_metrics(model, test), "ceiling_auc": round(ceiling_auc(test), 5)}
 
 
 def data_of(args: argparse.Namespace, split: int) -> ClickLog:
@@ -253,7 +284,12 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         sync=sync_from_flags(args),
         placement=psframe.Placement(table_partition=args.table_partition),
         hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],
-        checkpointing=psframe.Checkpointing(args.checkpoint_dir, save_steps=args.save_checkpoint_steps)
+        checkpointing=psframe.Checkpointing(
+            args.checkpoint_dir,
+            save_steps=args.save_checkpoint_steps,
+            delta_steps=args.delta_checkpoint_steps,
+            delta_secs=args.delta_checkpoint_secs,
+        )
         if args.checkpoint_dir
         else None,
         transport=psframe.Transport(connect_timeout=args.connect_timeout),
@@ -295,13 +331,52 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
     return 0
 
 
+def evaluation(argv: list[str] | None = None):
+    """The evaluator's model and its evaluation, from the example's flags, for
+    ``psframe evaluate --checkpoint_dir=ckpt/ examples/ctr_dist.py:evaluation -- FLAGS``."""
+    return evaluation_of(parse_args(argv))
+
+
+def evaluation_of(args: argparse.Namespace):
+    """A model built as the workers build it, and its held-out metrics."""
+    test = data_of(args, 1)
+    return build_model(args), lambda model: held_out_metrics(model, test)
+
+
+def run_evaluator(args: argparse.Namespace) -> int:
+    """Evaluate each checkpoint as the chief commits it, until the one of --train_steps (or --eval_timeout)."""
+    if not args.checkpoint_dir:
+        raise psframe.PsframeError("the evaluator reads the checkpoints: give it the chief's --checkpoint_dir")
+    model, evaluate_fn = evaluation_of(args)
+    evaluator = psframe.Evaluator(
+        model,
+        evaluate_fn,
+        args.checkpoint_dir,
+        log_dir=args.log_dir,
+        timeout=args.eval_timeout,
+        max_step=args.train_steps,
+    )
+    for step, metrics in evaluator.results():
+        print(json.dumps({"mode": "evaluator", "global_step": step, **metrics}), flush=True)
+    if not evaluator.history:
+        raise psframe.PsframeError(
+            f"the evaluator evaluated no checkpoint: none came in {args.checkpoint_dir} "
+            f"within --eval_timeout={args.eval_timeout:g}s"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     psframe.tune_process()  # the allocator settings of a process that moves tensors every step
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.single_process:
         return run_single_process(args)
-    cluster, job_name, task_index = cluster_from_flags(args)
+    if args.job_name == "evaluator":  # it reads checkpoints only: it needs no cluster
+        return run_evaluator(args)
+    cluster, job_name, task_index = cluster_from_flags(args, evaluator=True)
+    if job_name == "evaluator":  # TF_CONFIG's evaluator task
+        return run_evaluator(args)
     if job_name == "ps":
         return run_ps(args, cluster, task_index)
     return run_worker(args, cluster, task_index)

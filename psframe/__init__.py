@@ -2,13 +2,14 @@
 
 The front door: the names most programs need. Everything else is imported
 from its module (``psframe.flags`` for scripts' command-line flags,
-``psframe.hooks``, ``psframe.checkpoint``, ``psframe.cluster.placement``...).
+``psframe.hooks``, ``psframe.checkpoint``, ``psframe.export`` for serving
+snapshots, ``psframe.cluster.placement``...).
 
 The tree shows the layers (imports point down only): ``psframe.cluster``,
 ``psframe.errors``, ``psframe.optim``, ``psframe.sparse_optim``,
 ``psframe.security``, ``psframe.flags`` and ``psframe.dynamic_rows``
 (core); ``psframe.wire`` (the ``.proto``, the codec, gRPC);
-``psframe.checkpoint`` (the format on disk); ``psframe.ps`` (the ps side)
+``psframe.checkpoint`` and ``psframe.export`` (the formats on disk); ``psframe.ps`` (the ps side)
 and ``psframe.worker`` (the worker side), which never import each other;
 ``psframe.cli``, ``psframe.launch``, ``psframe.local`` (a cluster's ps
 tasks in this process) and the engines that start a cluster,
@@ -38,6 +39,7 @@ from psframe.options import Checkpointing, Placement, Transport
 from psframe.security import Security
 from psframe.version import __version__
 from psframe.worker.dynamic import DynamicEmbedding, DynamicTables
+from psframe.worker.evaluator import Evaluator, checkpoints_iterator
 from psframe.worker.trainer import Trainer
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ __all__ = [
     "ConnectTimeoutError",
     "DynamicEmbedding",
     "DynamicTables",
+    "Evaluator",
     "Liveness",
     "Placement",
     "PsframeError",
@@ -63,6 +66,7 @@ __all__ = [
     "Trainer",
     "Transport",
     "__version__",
+    "checkpoints_iterator",
     "local_cluster",
     "optim",
     "tune_process",

@@ -36,6 +36,7 @@ from psframe.flags import (
 from psframe.version import __version__
 
 if TYPE_CHECKING:
+    from psframe.export import SnapshotUpdate
     from psframe.status import WorkerStatus
 
 log = logging.getLogger("psframe")
@@ -228,6 +229,137 @@ def _launch(args: argparse.Namespace) -> int:
     )
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    import json
+
+    from psframe.errors import CheckpointError
+    from psframe.worker.evaluator import Evaluator
+
+    factory_args = args.factory_args[1:] if args.factory_args[:1] == ["--"] else args.factory_args
+    model, evaluate_fn = _made_by_factory(args.factory, factory_args)
+    evaluator = Evaluator(
+        model,
+        evaluate_fn,
+        args.checkpoint_dir,
+        log_dir=args.log_dir,
+        poll_seconds=args.poll_seconds,
+        timeout=args.timeout,
+        max_step=args.max_step,
+    )
+    for step, metrics in evaluator.results():
+        print(json.dumps({"global_step": step, **metrics}), flush=True)
+    if not evaluator.history:
+        skipped = f" ({len(evaluator.skipped)} skipped as pruned or damaged)" if evaluator.skipped else ""
+        raise CheckpointError(
+            f"evaluated no checkpoint: none came in {args.checkpoint_dir} within --timeout={args.timeout:g}s{skipped}"
+        )
+    return 0
+
+
+def _made_by_factory(spec: str, argv: list[str]):
+    """The ``(model, evaluate_fn)`` that the factory ``FILE.py:NAME`` or ``MODULE:NAME`` returns.
+
+    The factory is called with no arguments, or with the list ``argv`` when there is one.
+    """
+    import importlib
+    import importlib.util
+    import os
+
+    import torch
+
+    where, _, name = spec.rpartition(":")
+    if not where or not name.isidentifier():
+        raise ValueError(f"the factory must be path/to/file.py:function or package.module:function, got {spec!r}")
+    if where.endswith(".py") or os.sep in where:
+        path = os.path.abspath(where)
+        if not os.path.isfile(path):
+            raise ValueError(f"the factory's file {where!r} is not a file (looked in {os.getcwd()!r})")
+        sys.path.insert(0, os.path.dirname(path))  # its own imports resolve as under `python FILE`
+        loader_spec = importlib.util.spec_from_file_location(f"psframe_factory_{os.getpid()}", path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise ValueError(f"the factory's file {where!r} cannot be loaded as Python")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[loader_spec.name] = module  # dataclasses and pickling look their module up here
+        loader_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as e:
+            if e.name is None or not (where == e.name or where.startswith(e.name + ".")):
+                raise  # the module exists; something it imports does not: its bug, with a traceback
+            raise ValueError(f"the factory's module {where!r} cannot be found on sys.path") from e
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise ValueError(f"{where} has no function {name!r}")
+    made = factory(argv) if argv else factory()
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module) and callable(made[1])):
+        raise ValueError(f"{spec} must return (model, evaluate_fn): a torch.nn.Module and a function of it")
+    return made
+
+
+def _export(args: argparse.Namespace) -> int:
+    from psframe import export
+    from psframe.errors import SnapshotError
+
+    if args.apply:
+        others = [
+            f"--{n}"
+            for n in ("step", "min_row_norm", "max_row_age_seconds", "update_from")
+            if getattr(args, n) is not None
+        ] + ["--delta"] * args.delta
+        if others:
+            raise ValueError(f"--apply takes no {', '.join(others)}: those are for exporting a checkpoint")
+        if args.out is None or len(args.paths) < 2:
+            raise ValueError(
+                f"--apply takes SNAPSHOT UPDATE... (in order) and --out NEW; got {len(args.paths)} path(s) and "
+                f"{'no --out' if args.out is None else '--out'}"
+            )
+        snapshot = export.read_snapshot(args.paths[0])
+        for path in args.paths[1:]:
+            update = export.read_update(path)  # its errors name the file
+            try:
+                snapshot = export.apply_update(snapshot, update)
+            except SnapshotError as e:
+                raise SnapshotError(f"{path}: {e}") from e
+        export.write_snapshot(snapshot, args.out)
+        print(f"wrote the snapshot of step {snapshot.step} to {args.out} ({len(args.paths) - 1} updates applied)")
+        return 0
+    if len(args.paths) != 2 or args.out is not None:
+        raise ValueError(
+            f"give CHECKPOINT_DIR OUT (got {len(args.paths)} paths{', and --out' if args.out else ''}); "
+            "--out is for --apply"
+        )
+    checkpoint_dir, out = args.paths
+    thresholds = {"min_row_norm": args.min_row_norm, "max_row_age_seconds": args.max_row_age_seconds}
+    if args.delta and args.update_from is not None:
+        raise ValueError("give --delta or --update_from, not both: each writes an update")
+    if args.delta:
+        return _wrote_update(export.export_delta(checkpoint_dir, args.step, **thresholds), out)
+    snapshot = export.export_checkpoint(checkpoint_dir, args.step, **thresholds)
+    rows = sum(len(table) for table in snapshot.tables.values())
+    if args.update_from is None:
+        export.write_snapshot(snapshot, out)
+        print(
+            f"wrote the snapshot of step {snapshot.step} to {out} ({len(snapshot.dense)} dense variables, "
+            f"{rows} rows in {len(snapshot.tables)} dynamic tables)"
+        )
+        return 0
+    return _wrote_update(export.diff_snapshots(export.read_snapshot(args.update_from), snapshot), out)
+
+
+def _wrote_update(update: SnapshotUpdate, out: str) -> int:
+    from psframe import export
+
+    export.write_update(update, out)
+    upserts = sum(len(change.upsert) for change in update.tables.values())
+    deletes = sum(change.delete.numel() for change in update.tables.values())
+    print(
+        f"wrote the update from step {update.base_step} to step {update.step} to {out} ({len(update.dense)} dense "
+        f"variables, {upserts} rows made or changed, {deletes} deleted)"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="psframe", description="Parameter-server training for PyTorch.")
     parser.add_argument("--version", action="version", version=f"psframe {__version__}")
@@ -311,6 +443,72 @@ def build_parser() -> argparse.ArgumentParser:
     )
     launch.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's own flags")
     launch.set_defaults(run=_launch)
+
+    evaluate = commands.add_parser(
+        "evaluate", help="evaluate each checkpoint of a training run as it is committed (TF's evaluator)"
+    )
+    evaluate.add_argument("--checkpoint_dir", required=True, help="the folder or fsspec URL the chief saves to")
+    evaluate.add_argument(
+        "--log_dir", default=None, help="write each metric to TensorBoard here (needs the tensorboard package)"
+    )
+    evaluate.add_argument(
+        "--timeout", type=float, default=600.0, help="stop after this many seconds without a new checkpoint"
+    )
+    evaluate.add_argument(
+        "--poll_seconds", type=float, default=1.0, help="list the checkpoint folder this often while waiting"
+    )
+    evaluate.add_argument(
+        "--max_step", type=int, default=None, help="stop after a checkpoint at or past this global step"
+    )
+    evaluate.add_argument(
+        "factory",
+        help="FILE.py:NAME or MODULE:NAME, a function returning (model, evaluate_fn), where "
+        "evaluate_fn(model) returns a dict of metric names to numbers",
+    )
+    evaluate.add_argument(
+        "factory_args", nargs=argparse.REMAINDER, help="-- then arguments for the factory, passed as one list"
+    )
+    evaluate.set_defaults(run=_evaluate)
+    export = commands.add_parser(
+        "export",
+        help="write a serving snapshot of a checkpoint, or an update between snapshots, as safetensors",
+        usage="%(prog)s [--step N] [--min_row_norm X] [--max_row_age_seconds S] [--update_from OLD | --delta] "
+        "CHECKPOINT_DIR OUT\n       %(prog)s --apply SNAPSHOT UPDATE... --out NEW",
+        description="The snapshot of a checkpoint holds its parameters and its dynamic tables' rows, never "
+        "optimizer state (see psframe.export). With --update_from, OUT is instead the update that takes the "
+        "older snapshot OLD to this one; with --apply, the updates are applied to SNAPSHOT in order and the "
+        "result written to NEW.",
+    )
+    export.add_argument(
+        "paths", nargs="+", metavar="PATH", help="CHECKPOINT_DIR OUT, or with --apply: SNAPSHOT UPDATE..."
+    )
+    export.add_argument(
+        "--step", type=int, default=None, help="the checkpoint of this step (default: the latest valid one)"
+    )
+    export.add_argument(
+        "--min_row_norm", type=float, default=None, help="leave out table rows whose L2 norm is below this"
+    )
+    export.add_argument(
+        "--max_row_age_seconds",
+        type=float,
+        default=None,
+        help="leave out table rows not looked up or updated for more than this many seconds",
+    )
+    export.add_argument(
+        "--update_from",
+        default=None,
+        metavar="OLD",
+        help="write the update from the snapshot OLD (an earlier export) to this checkpoint's, not a snapshot",
+    )
+    export.add_argument(
+        "--delta",
+        action="store_true",
+        help="write the update the delta checkpoint of --step (default: the last delta) makes: the rows it "
+        "changed, the ids it evicted",
+    )
+    export.add_argument("--apply", action="store_true", help="apply updates to a snapshot instead")
+    export.add_argument("--out", default=None, metavar="NEW", help="with --apply: where the new snapshot goes")
+    export.set_defaults(run=_export)
     return parser
 
 

@@ -200,6 +200,12 @@ class DynamicRows:
         self._free: list[int] = []  # slots whose row was evicted
         self._next = 0  # slots from here on were never used
         self._admission = AdmissionFilter(spec.admission, spec.initializer.seed)
+        # For delta checkpoints (psframe.ps.changes): the epoch each slot's row last changed in
+        # (made, updated, or seen where seen is kept), and the ids evicted in each epoch.
+        self.epoch = 1
+        self._stamp = torch.zeros(slots, dtype=torch.int64)
+        self._deleted: list[tuple[int, torch.Tensor]] = []
+        self._state_keys: set[str] = set()  # the optimizer's state keys as of the last stamp
         self.clock = 0  # updates of this part so far
         self.admitted = 0  # ids given a row (a restore's rows aside)
         self.filtered = 0  # training lookups' ids refused a row by the admission
@@ -219,7 +225,7 @@ class DynamicRows:
         for value in self._state().values():
             if isinstance(value, torch.Tensor):
                 total += value.numel() * value.element_size()
-        return total + self.slots * (3 * 8 + 1) + self._index.nbytes()
+        return total + self.slots * (5 * 8 + 1) + self._index.nbytes()  # id, 4 int64/float64 stamps, used
 
     # ---- reading and updating
 
@@ -284,6 +290,10 @@ class DynamicRows:
             self.weight.grad = None
         self.clock += 1
         touched = grad.indices()[0]
+        self._stamp[touched] = self.epoch
+        if self._state_keys != set(self._state()):  # state torch made at this step: every row's is new
+            self._state_keys = set(self._state())
+            self._stamp[self._used] = self.epoch
         self._updated[touched] = self.clock
         self._updates[touched] += 1
         self._age_out()
@@ -294,7 +304,22 @@ class DynamicRows:
 
     def export(self) -> dict[str, Any]:
         """What a checkpoint keeps: ids (sorted), their rows, per-row and other optimizer state, ages."""
-        slots = torch.nonzero(self._used).squeeze(1)
+        return self._export(torch.nonzero(self._used).squeeze(1))
+
+    def export_changes(self, since: int) -> dict[str, Any]:
+        """What a delta checkpoint keeps: as :meth:`export`, of the rows changed after epoch ``since``
+        only, plus ``deleted``, the ids evicted after it (sorted; an id evicted and made again is in both)."""
+        changed = self._export(torch.nonzero(self._used & (self._stamp > since)).squeeze(1))
+        deleted = [ids for epoch, ids in self._deleted if epoch > since]
+        changed["deleted"] = torch.unique(torch.cat(deleted)) if deleted else torch.zeros(0, dtype=torch.int64)
+        return changed
+
+    def close_epoch(self, oldest: int) -> None:
+        """Move on to the next epoch (a snapshot was taken); forget evictions no delta after ``oldest`` needs."""
+        self.epoch += 1
+        self._deleted = [(epoch, ids) for epoch, ids in self._deleted if epoch > oldest]
+
+    def _export(self, slots: torch.Tensor) -> dict[str, Any]:
         order = torch.argsort(self._id_of[slots])
         slots = slots[order]
         state = {}
@@ -347,6 +372,7 @@ class DynamicRows:
         counts = saved.get("counts") or {}  # absent in older files: counted from the restore
         self.admitted, self.filtered, self.evicted = (int(counts.get(k, 0)) for k in COUNTS)
         self._admission.load_state_dict(saved.get("admission") or {})
+        self._state_keys = set(self._state())
 
     # ---- slots
 
@@ -385,6 +411,7 @@ class DynamicRows:
         self._updated[new_slots] = self.clock
         self._updates[new_slots] = 0
         self._seen[new_slots] = self._wall_clock()
+        self._stamp[new_slots] = self.epoch if fill else 0  # a restored row is as the snapshot holds it
         if fill:
             with torch.no_grad():
                 self.weight.index_copy_(
@@ -426,7 +453,7 @@ class DynamicRows:
             self.weight.data = doubled(self.weight.detach())
         self._id_of, self._used = doubled(self._id_of), doubled(self._used, False)
         self._updated, self._updates = doubled(self._updated), doubled(self._updates)
-        self._seen = doubled(self._seen)
+        self._seen, self._stamp = doubled(self._seen), doubled(self._stamp)
 
     def _make_room(self, new: int, keep: torch.Tensor) -> None:
         """Evict rows (never those in ``keep``) until ``new`` more fit under the cap."""
@@ -460,6 +487,7 @@ class DynamicRows:
             return
         now = self._wall_clock()
         self._seen[slots] = now
+        self._stamp[slots] = self.epoch
         if now < self._next_sweep:
             return
         self._next_sweep = now + ttl / 8  # a row lives ttl to 1.125 * ttl seconds since last seen
@@ -474,6 +502,8 @@ class DynamicRows:
         self._evict(slots[norms < min_norm])
 
     def _evict(self, slots: torch.Tensor) -> None:
+        if slots.numel():
+            self._deleted.append((self.epoch, self._id_of[slots].clone()))
         self._index.remove(self._id_of[slots])
         self._free.extend(slots.tolist())
         self._used[slots] = False

@@ -100,6 +100,10 @@ class CheckpointCorruptError(CheckpointError):
     """A checkpoint file is missing, truncated or fails its checksum."""
 
 
+class SnapshotError(CheckpointError):
+    """A serving snapshot or update (:mod:`psframe.export`) cannot be made, read or applied; nothing changed."""
+
+
 class NanLossError(PsframeError, FloatingPointError):
     """The loss became NaN or infinite (raised by the NaN guard hook)."""
 
@@ -188,6 +192,7 @@ __all__ = [
     "SecurityConfigError",
     "ShapeMismatchError",
     "SharedRegionError",
+    "SnapshotError",
     "SparkJobError",
     "TaskUnavailableError",
     "TrainingFinishedError",

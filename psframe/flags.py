@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from psframe.cluster import ClusterSpec
-from psframe.cluster.tf_config import resolve_cluster
+from psframe.cluster.tf_config import EVALUATOR, resolve_cluster
 from psframe.errors import PsframeError
 from psframe.liveness import Liveness
 from psframe.optim import SyncReplicas
@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 
-def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+def add_cluster_flags(parser: argparse.ArgumentParser, *, evaluator: bool = False) -> None:
     """Adds the flags that name a cluster and this process's task.
 
     ``--ps_hosts``/``--worker_hosts`` (comma-separated ``host:port``), or
@@ -78,7 +78,10 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
 
     Args:
         parser: the script's parser.
+        evaluator: also accept ``--job_name=evaluator``, for a script that
+            can run an evaluator beside training (:class:`psframe.Evaluator`).
     """
+    jobs = ("ps", "worker", EVALUATOR) if evaluator else ("ps", "worker")
     parser.add_argument("--ps_hosts", default=None, help="comma-separated host:port of the ps tasks")
     parser.add_argument("--worker_hosts", default=None, help="comma-separated host:port of the workers")
     parser.add_argument(
@@ -86,7 +89,12 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the whole cluster as 'ps|h:p;h:p,worker|h:p' (instead of the *_hosts flags)",
     )
-    parser.add_argument("--job_name", default=None, choices=("ps", "worker"), help="this task's job")
+    parser.add_argument(
+        "--job_name",
+        default=None,
+        choices=jobs,
+        help="this task's job" + ("; evaluator: evaluate checkpoints beside training" if evaluator else ""),
+    )
     parser.add_argument("--task_index", type=int, default=None, help="this task's index in its job")
 
 
@@ -187,7 +195,7 @@ def add_sync_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def cluster_from_flags(
-    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None, *, evaluator: bool = False
 ) -> tuple[ClusterSpec, str, int]:
     """This process's cluster and task, from :func:`add_cluster_flags`'s flags or ``TF_CONFIG``.
 
@@ -199,17 +207,23 @@ def cluster_from_flags(
     Args:
         args: the parsed flags of a parser given :func:`add_cluster_flags`.
         environ: where ``TF_CONFIG`` is read; default: ``os.environ``.
+        evaluator: accept the evaluator's task (``TF_CONFIG``'s ``"evaluator"``,
+            or ``--job_name=evaluator``): it comes back as
+            ``(cluster, "evaluator", index)``, index 0 if none is given. A
+            script that runs :class:`psframe.Evaluator` for it passes True.
 
     Returns:
-        ``(cluster, job_name, task_index)``, the task valid in the cluster.
+        ``(cluster, job_name, task_index)``, the task valid in the cluster,
+        or the evaluator's.
 
     Raises:
         TypeError: ``args`` lacks the flags (the parser was not given them).
         ClusterSpecError: the flags define no cluster, or two, or no task; the
-            task is not in the cluster; or ``TF_CONFIG`` is malformed.
+            task is not in the cluster (without ``evaluator=True``, the
+            evaluator's is not); or ``TF_CONFIG`` is malformed.
     """
     values = _flags(args, CLUSTER_FLAGS, "add_cluster_flags")
-    return resolve_cluster(**values, environ=environ)
+    return resolve_cluster(**values, environ=environ, evaluator=evaluator)
 
 
 def security_from_flags(args: argparse.Namespace) -> Security:

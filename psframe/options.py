@@ -89,16 +89,25 @@ class Checkpointing:
         save_steps: save every this many global steps;
         save_secs: or every this many seconds (600 when neither is given).
             The chief also saves at the end.
-        keep: how many of the newest checkpoints are kept.
+        keep: how many of the newest checkpoints are kept (the deltas after
+            the oldest one kept are kept with it).
+        delta_steps: between full checkpoints, commit a delta checkpoint
+            every this many global steps: only the variables, table rows
+            and optimizer state that changed since the last checkpoint,
+            and the ids evicted (:mod:`psframe.checkpoint.deltas`);
+        delta_secs: or every this many seconds (None for both: no deltas).
+            A restore reads the full checkpoint and the deltas after it.
 
     Raises:
-        ValueError: an empty ``dir``, both intervals, or a count out of range.
+        ValueError: an empty ``dir``, both intervals of a kind, or a count out of range.
     """
 
     dir: str
     save_steps: int | None = None
     save_secs: float | None = None
     keep: int = DEFAULT_KEEP_CHECKPOINTS
+    delta_steps: int | None = None
+    delta_secs: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.dir, str) or not self.dir:
@@ -110,6 +119,12 @@ class Checkpointing:
         if self.save_secs is not None and not 0 < self.save_secs < math.inf:
             raise ValueError(f"save_secs must be a finite number of seconds > 0, got {self.save_secs!r}")
         _check_int("keep", self.keep, minimum=1)
+        if self.delta_steps is not None and self.delta_secs is not None:
+            raise ValueError(f"give delta_steps or delta_secs, not both (got {self.delta_steps} and {self.delta_secs})")
+        if self.delta_steps is not None:
+            _check_int("delta_steps", self.delta_steps, minimum=1)
+        if self.delta_secs is not None and not 0 < self.delta_secs < math.inf:
+            raise ValueError(f"delta_secs must be a finite number of seconds > 0, got {self.delta_secs!r}")
 
     @property
     def interval(self) -> tuple[int | None, float | None]:

@@ -101,7 +101,12 @@ def test_a_killed_ps_holding_table_parts_comes_back_from_the_checkpoint(processe
         f"--checkpoint_dir={tmp_path / 'ckpt'}",
         "--save_checkpoint_steps=50",
         "--log_every=10",
-        *(["--dynamic_tables", "--max_rows_per_ps=20000"] if tables == "dynamic" else []),
+        # Dynamic tables: deltas every 10 steps between the full checkpoints; the ps comes back from the chain.
+        *(
+            ["--dynamic_tables", "--max_rows_per_ps=20000", "--delta_checkpoint_steps=10"]
+            if tables == "dynamic"
+            else []
+        ),
     ]
     processes.start_cluster(cluster, *flags, script=ROOT / "examples" / "ctr_dist.py")
 
@@ -118,3 +123,7 @@ def test_a_killed_ps_holding_table_parts_comes_back_from_the_checkpoint(processe
     result = json.loads([line for line in procs["worker0"].output.splitlines() if line.startswith("{")][-1])
     assert result["global_step"] >= 500 and result["recoveries"] == 1, result
     assert result["auc"] > 0.8, result
+    if tables == "dynamic":
+        from psframe.checkpoint import files as checkpoint_files
+
+        assert checkpoint_files.list_checkpoints(str(tmp_path / "ckpt"), deltas=True)

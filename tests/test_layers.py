@@ -33,6 +33,8 @@ LAYER_OF = {
     "psframe.status": "core",
     "psframe.wire": "wire",
     "psframe.checkpoint": "storage",
+    "psframe.tensor_file": "storage",
+    "psframe.export": "storage",
     "psframe.ps": "ps",
     "psframe.worker": "worker",
     "psframe.hooks": "worker",

@@ -66,7 +66,7 @@ def _requirement(name: str, where: str = "install_requires") -> Requirement:
 def test_setup_cfg_declares_the_runtime_requirements_and_the_extras():
     declared = _declared()
     names = {canonicalize_name(r.name) for r in declared["install_requires"]}
-    assert names == {"torch", "grpcio", "protobuf", "numpy", "fsspec", "tqdm"}
+    assert names == {"torch", "grpcio", "protobuf", "numpy", "fsspec", "tqdm", "safetensors"}
     assert set(declared) == {"install_requires", "vision", "tensorboard", "bench", "test", "ray", "spark", "docs"}
 
 

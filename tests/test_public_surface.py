@@ -24,6 +24,7 @@ PUBLIC_MODULES = {
     "psframe.optim",
     "psframe.hooks",
     "psframe.checkpoint",
+    "psframe.export",
     "psframe.errors",
     "psframe.spark",
     "psframe.ray",

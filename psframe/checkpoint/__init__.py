@@ -2,8 +2,10 @@
 
 Each ps task writes its own shard (variables, optimizer state, global step);
 the chief commits the checkpoint by writing its manifest last (see
-:mod:`psframe.checkpoint.files` for the format). :func:`load` reads the latest
-valid checkpoint back as a plain ``state_dict``, with no cluster running::
+:mod:`psframe.checkpoint.files` for the format). Between full checkpoints,
+deltas hold only what changed (:mod:`psframe.checkpoint.deltas`).
+:func:`load` reads the latest valid checkpoint (a full one and the deltas
+after it) back as a plain ``state_dict``, with no cluster running::
 
     model.load_state_dict(psframe.checkpoint.load("ckpt/"), strict=False)
 """
@@ -16,17 +18,18 @@ from typing import Protocol
 import torch
 
 from psframe.checkpoint import files as checkpoint_io
+from psframe.checkpoint.deltas import Chain, chain_at, commit_delta, latest_chain, require_parent
 from psframe.checkpoint.manifest import Manifest, ShardRecord
 from psframe.checkpoint.slices import assemble
 from psframe.errors import CheckpointError
 
-__all__ = ["Manifest", "ShardRecord", "load", "save"]
+__all__ = ["Chain", "Manifest", "ShardRecord", "latest_chain", "load", "read", "save", "save_delta"]
 
 
 class ShardWriter(Protocol):
     """What :func:`save` needs of a client: every ps task writes its shard (``PsClient.save``)."""
 
-    def save(self, checkpoint_dir: str, step: int) -> Sequence[ShardRecord]: ...
+    def save(self, checkpoint_dir: str, step: int, parent: int | None = None) -> Sequence[ShardRecord]: ...
 
 
 def load(checkpoint_dir: str, step: int | None = None) -> dict[str, torch.Tensor]:
@@ -34,8 +37,10 @@ def load(checkpoint_dir: str, step: int | None = None) -> dict[str, torch.Tensor
 
     Args:
         checkpoint_dir: the folder or fsspec URL given to the trainer.
-        step: which checkpoint; None takes the latest valid one (a corrupted
-            newer one is reported and skipped).
+        step: which checkpoint (full or delta); None takes the latest valid
+            one: the newest full checkpoint whose files verify, and the valid
+            deltas after it (a corrupt checkpoint or delta is reported, and
+            the one before it taken).
 
     Returns:
         A ``state_dict`` of the trainable parameters, partitioned ones put
@@ -47,17 +52,21 @@ def load(checkpoint_dir: str, step: int | None = None) -> dict[str, torch.Tensor
     Raises:
         CheckpointError: there is no such (valid) checkpoint.
     """
+    return assemble(read(checkpoint_dir, step).read_shards())
+
+
+def read(checkpoint_dir: str, step: int | None = None) -> Chain:
+    """The checkpoint of ``step`` (None: the latest valid one), as a full checkpoint and the deltas after it.
+
+    Raises:
+        CheckpointError: there is no such (valid) checkpoint.
+    """
     if step is None:
-        manifest = checkpoint_io.latest_valid(checkpoint_dir)
-        if manifest is None:
+        chain = latest_chain(checkpoint_dir)
+        if chain is None:
             raise CheckpointError(f"no valid checkpoint in {checkpoint_dir}")
-    else:
-        found = [m for m in checkpoint_io.list_checkpoints(checkpoint_dir) if m.step == step]
-        if not found:
-            raise CheckpointError(f"no committed checkpoint of step {step} in {checkpoint_dir}")
-        manifest = found[0]
-    shards = [checkpoint_io.read_shard(manifest, k) for k in range(manifest.num_shards)]
-    return assemble(shards)
+        return chain
+    return chain_at(checkpoint_dir, step)
 
 
 def save(client: ShardWriter, checkpoint_dir: str, step: int, keep: int) -> Manifest:
@@ -75,3 +84,21 @@ def save(client: ShardWriter, checkpoint_dir: str, step: int, keep: int) -> Mani
     manifest = checkpoint_io.write_manifest(checkpoint_dir, step, client.save(checkpoint_dir, step))
     checkpoint_io.prune(checkpoint_dir, keep)
     return manifest
+
+
+def save_delta(client: ShardWriter, checkpoint_dir: str, step: int, parent: int) -> Manifest:
+    """Have every ps task write what changed since checkpoint ``parent`` (the last one
+    committed), then commit the delta checkpoint ``step`` by writing its manifest.
+
+    A delta of ``step`` that is already committed is returned as it is.
+
+    Raises:
+        CheckpointError: ``parent`` is no committed checkpoint, ``step`` does
+            not follow it, or a ps task cannot write a delta from it (its
+            variables were made or restored since): save a full checkpoint.
+    """
+    for manifest in checkpoint_io.list_checkpoints(checkpoint_dir, deltas=True):
+        if manifest.step == step:
+            return manifest
+    require_parent(checkpoint_dir, step, parent)  # before any ps task writes
+    return commit_delta(checkpoint_dir, step, parent, client.save(checkpoint_dir, step, parent))

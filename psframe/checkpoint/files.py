@@ -47,13 +47,14 @@ from psframe.checkpoint.manifest import (
     manifest_to_json,
     shard_name,
 )
-from psframe.checkpoint.shard import FORMAT_VERSION, ShardData
+from psframe.checkpoint.shard import DELTA_FORMAT_VERSION, FORMAT_VERSION, ShardData
 from psframe.errors import CheckpointCorruptError, CheckpointError
 
 logger = logging.getLogger(__name__)
 
 _CHUNK = 8 << 20
 _FOLDER_RE = re.compile(r"ckpt-(\d{12,})")
+_DELTA_RE = re.compile(r"delta-(\d{12,})")
 
 
 # ---- writing
@@ -85,29 +86,39 @@ def write_shard(url: str, step: int, shard: ShardData) -> ShardRecord:
         raise CheckpointError(f"step ({step!r}) must be an int >= 0")
     if not isinstance(shard, ShardData):
         raise CheckpointError(f"a shard must be a ShardData, got {type(shard).__name__}")
-    content = shard.to_dict()
-    url = norm(url)
-    fs, folder = fsspec.core.url_to_fs(join(url, folder_name(step)))
+    return write_content(join(norm(url), folder_name(step)), shard.to_dict())
+
+
+def write_content(folder_url: str, content: dict) -> ShardRecord:
+    """Write a shard's ``content`` (a dict with ``ps_task``, ``num_shards`` and ``global_step``)
+    with ``torch.save`` into checkpoint folder ``folder_url``, atomically; see :func:`write_shard`."""
+    fs, folder = fsspec.core.url_to_fs(folder_url)
     if fs.exists(join(folder, MANIFEST_NAME)):
         raise CheckpointError(
-            f"checkpoint {join(url, folder_name(step))} is already committed; "
+            f"checkpoint {folder_url} is already committed; "
             f"a committed checkpoint is never rewritten: save under a new step"
         )
     fs.makedirs(folder, exist_ok=True)
-    name = shard_name(shard.ps_task, shard.num_shards)
+    name = shard_name(content["ps_task"], content["num_shards"])
     writer = atomic_write(fs, join(folder, name), lambda f: torch.save(content, f))
     return ShardRecord(
-        ps_task=shard.ps_task, file=name, sha256=writer.hexdigest(), nbytes=writer.nbytes, global_step=shard.global_step
+        ps_task=content["ps_task"],
+        file=name,
+        sha256=writer.hexdigest(),
+        nbytes=writer.nbytes,
+        global_step=content["global_step"],
     )
 
 
-def write_manifest(url: str, step: int, records: Sequence[ShardRecord]) -> Manifest:
+def write_manifest(url: str, step: int, records: Sequence[ShardRecord], parent: int | None = None) -> Manifest:
     """Commit the checkpoint at ``step`` by writing its manifest, atomically.
 
     Args:
         url: the checkpoint directory ``DIR``.
         step: the checkpoint's step.
         records: what :func:`write_shard` returned on every ps task.
+        parent: for a delta checkpoint (:mod:`psframe.checkpoint.deltas`),
+            the step of the checkpoint it follows.
 
     Returns:
         The committed checkpoint.
@@ -127,7 +138,13 @@ def write_manifest(url: str, step: int, records: Sequence[ShardRecord]) -> Manif
             f"0..{num_shards - 1} exactly once; got ps tasks {tasks}"
         )
     manifest = Manifest(
-        url=url, step=step, num_shards=num_shards, shards=records, created=time.time(), format_version=FORMAT_VERSION
+        url=url,
+        step=step,
+        num_shards=num_shards,
+        shards=records,
+        created=time.time(),
+        format_version=FORMAT_VERSION if parent is None else DELTA_FORMAT_VERSION,
+        parent=parent,
     )
     fs, folder = fsspec.core.url_to_fs(manifest.folder)
     for record in records:
@@ -159,8 +176,8 @@ def write_manifest(url: str, step: int, records: Sequence[ShardRecord]) -> Manif
 # ---- finding and reading
 
 
-def list_checkpoints(url: str) -> list[Manifest]:
-    """The committed checkpoints under ``url``, ascending by step.
+def list_checkpoints(url: str, deltas: bool = False) -> list[Manifest]:
+    """The committed full checkpoints under ``url`` (or, with ``deltas``, the delta checkpoints), ascending by step.
 
     A folder without a manifest is an unfinished save and is left out
     silently; a manifest that cannot be read or parsed is left out with a
@@ -169,19 +186,23 @@ def list_checkpoints(url: str) -> list[Manifest]:
     url = norm(url)
     fs, _ = fsspec.core.url_to_fs(url)
     manifests = []
-    for step, folder in _scan(url):
+    for step, folder in _scan(url, deltas):
         try:
             with fs.open(join(folder, MANIFEST_NAME), "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             continue  # never committed
         except OSError as e:
-            logger.warning("skipping checkpoint %s: its manifest cannot be read (%s)", join(url, folder_name(step)), e)
+            logger.warning(
+                "skipping checkpoint %s: its manifest cannot be read (%s)", join(url, folder_name(step, deltas)), e
+            )
             continue
         try:
-            manifests.append(manifest_from_json(url, step, data))
+            manifests.append(manifest_from_json(url, step, data, delta=deltas))
         except (ValueError, KeyError, TypeError) as e:
-            logger.warning("skipping checkpoint %s: its manifest is unreadable (%s)", join(url, folder_name(step)), e)
+            logger.warning(
+                "skipping checkpoint %s: its manifest is unreadable (%s)", join(url, folder_name(step, deltas)), e
+            )
     return manifests
 
 
@@ -255,7 +276,9 @@ def prune(url: str, keep: int) -> list[int]:
 
     Also deletes uncommitted ``ckpt-*`` folders older than the newest
     committed checkpoint (leftovers of interrupted saves); newer ones may be
-    saves in progress and are kept. A folder whose manifest exists but cannot
+    saves in progress and are kept. Delta checkpoints older than the oldest
+    full checkpoint kept go too (no chain starts before it), as do
+    uncommitted delta folders older than the newest commit. A folder whose manifest exists but cannot
     be read is never deleted. A committed checkpoint loses its manifest first,
     so an interrupted prune never leaves a manifest without its shards.
 
@@ -283,6 +306,17 @@ def prune(url: str, keep: int) -> list[int]:
             continue
         fs.rm(folder, recursive=True)
         deleted.append(step)
+    # A delta follows a full checkpoint: one not after the oldest full checkpoint kept
+    # belongs to no chain any more. An uncommitted delta older than the newest commit is a leftover.
+    oldest_kept = committed[-keep:][0]
+    newest_commit = max([newest, *(m.step for m in list_checkpoints(url, deltas=True))])
+    for step, folder in _scan(url, deltas=True):
+        manifest = join(folder, MANIFEST_NAME)
+        if step <= oldest_kept or (step < newest_commit and not fs.exists(manifest)):
+            if fs.exists(manifest):
+                fs.rm(manifest)
+            fs.rm(folder, recursive=True)
+            deleted.append(step)
     return sorted(deleted)
 
 
@@ -315,8 +349,8 @@ def _check_file(manifest: Manifest, record: ShardRecord) -> tuple[Any, str]:
     return fs, path
 
 
-def _scan(url: str) -> list[tuple[int, str]]:
-    """(step, folder path) of every ``ckpt-*`` folder under ``url``, ascending."""
+def _scan(url: str, deltas: bool = False) -> list[tuple[int, str]]:
+    """(step, folder path) of every ``ckpt-*`` (or ``delta-*``) folder under ``url``, ascending."""
     fs, root = fsspec.core.url_to_fs(url)
     fs.invalidate_cache(root)  # other tasks write here; a cached listing is stale
     try:
@@ -326,7 +360,7 @@ def _scan(url: str) -> list[tuple[int, str]]:
     found = []
     for entry in entries:
         name = posixpath.basename(entry["name"].rstrip("/"))
-        match = _FOLDER_RE.fullmatch(name)
+        match = (_DELTA_RE if deltas else _FOLDER_RE).fullmatch(name)
         if match and entry.get("type") == "directory":
             found.append((int(match.group(1)), join(root, name)))
     return sorted(found)

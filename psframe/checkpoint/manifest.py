@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from psframe.checkpoint.atomic import join
-from psframe.checkpoint.shard import READABLE_FORMATS
+from psframe.checkpoint.shard import DELTA_FORMATS, READABLE_FORMATS
 from psframe.errors import CheckpointError
 
 MANIFEST_NAME = "MANIFEST.json"
@@ -36,6 +36,8 @@ class Manifest:
     """A committed checkpoint: where it lives and what its shards must be.
 
     ``url`` is the checkpoint directory (``DIR``), not the ``ckpt-*`` folder.
+    A delta checkpoint (:mod:`psframe.checkpoint.deltas`) names the step of
+    the checkpoint it follows, ``parent``, and lives in a ``delta-*`` folder.
     """
 
     url: str
@@ -44,11 +46,12 @@ class Manifest:
     shards: tuple[ShardRecord, ...]
     created: float
     format_version: int
+    parent: int | None = None  # a delta's: the step of the checkpoint it follows; None: a full checkpoint
 
     @property
     def folder(self) -> str:
-        """The URL of this checkpoint's folder, ``DIR/ckpt-<step>``."""
-        return join(self.url, folder_name(self.step))
+        """The URL of this checkpoint's folder, ``DIR/ckpt-<step>`` (``DIR/delta-<step>`` for a delta)."""
+        return join(self.url, folder_name(self.step, delta=self.parent is not None))
 
     def shard(self, ps_task: int) -> ShardRecord:
         """The record of ``ps_task``'s shard.
@@ -65,21 +68,27 @@ class Manifest:
 
 
 def manifest_to_json(manifest: Manifest) -> dict:
+    parent = {} if manifest.parent is None else {"parent": manifest.parent}
     return {
         "format_version": manifest.format_version,
         "step": manifest.step,
         "num_shards": manifest.num_shards,
         "created": manifest.created,
         "shards": [asdict(r) for r in manifest.shards],
+        **parent,
     }
 
 
-def manifest_from_json(url: str, step: int, data: bytes) -> Manifest:
-    """Parse and check a manifest; ValueError/KeyError/TypeError if it is not one."""
+def manifest_from_json(url: str, step: int, data: bytes, delta: bool = False) -> Manifest:
+    """Parse and check a manifest (of a delta: ``delta``); ValueError/KeyError/TypeError if it is not one."""
     obj = json.loads(data)
     version = obj["format_version"]
-    if version not in READABLE_FORMATS:
-        raise ValueError(f"format {version}, this psframe reads formats {list(READABLE_FORMATS)}")
+    formats = DELTA_FORMATS if delta else READABLE_FORMATS
+    if version not in formats:
+        raise ValueError(f"format {version}, this psframe reads formats {list(formats)}")
+    parent = obj["parent"] if delta else None
+    if delta and not (isinstance(parent, int) and not isinstance(parent, bool) and 0 <= parent < step):
+        raise ValueError(f"a delta of step {step} must name an earlier parent step, got {parent!r}")
     if obj["step"] != step:
         raise ValueError(f"it records step {obj['step']}, its folder is step {step}")
     num_shards = obj["num_shards"]
@@ -105,11 +114,12 @@ def manifest_from_json(url: str, step: int, data: bytes) -> Manifest:
         shards=records,
         created=float(obj["created"]),
         format_version=int(version),
+        parent=parent,
     )
 
 
-def folder_name(step: int) -> str:
-    return f"ckpt-{step:012d}"
+def folder_name(step: int, delta: bool = False) -> str:
+    return f"{'delta' if delta else 'ckpt'}-{step:012d}"
 
 
 def shard_name(ps_task: int, num_shards: int) -> str:

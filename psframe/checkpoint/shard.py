@@ -55,6 +55,9 @@ from psframe.errors import CheckpointError
 FORMAT_VERSION = 5
 # Every format this version reads; each step up is converted on reading.
 READABLE_FORMATS = (1, 2, 3, 4, 5)
+# The format of delta checkpoints' shards and manifests (psframe.checkpoint.deltas), and those read.
+DELTA_FORMAT_VERSION = 1
+DELTA_FORMATS = (1,)
 # Format 1 named these fields otherwise (old key -> field), in the sync dict.
 _FORMAT_1_SYNC_KEYS = {"timeout": "timeout_seconds"}
 

@@ -43,8 +43,9 @@ def cluster_from_tf_config(
     ``worker:i`` becomes ``("worker", i + 1)``. An ``"evaluator"`` job is left
     out of the cluster, as TF leaves it out of training; the evaluator's own
     task comes back as ``("evaluator", i)``, which no job of the cluster has
-    (:func:`resolve_cluster` refuses it; a program that evaluates reads it
-    here). A missing or empty ``"task"`` gives ``None, None``.
+    (:func:`resolve_cluster` refuses it unless given ``evaluator=True``, as
+    a program that evaluates beside training does). A missing or empty
+    ``"task"`` gives ``None, None``.
 
     Args:
         tf_config: the JSON text or the decoded mapping; ``None`` reads
@@ -171,6 +172,8 @@ def resolve_cluster(
     job_name: str | None = None,
     task_index: int | None = None,
     environ: Mapping[str, str] | None = None,
+    *,
+    evaluator: bool = False,
 ) -> tuple[ClusterSpec, str, int]:
     """Works out this process's cluster and task from command-line flags and the environment.
 
@@ -180,6 +183,11 @@ def resolve_cluster(
     ``job_name``/``task_index`` are given, which win. An empty string counts
     as not given (argparse defaults).
 
+    A program that runs an evaluator beside training (:class:`psframe.Evaluator`)
+    passes ``evaluator=True``: the evaluator's task (job ``"evaluator"``, from
+    ``TF_CONFIG`` or ``job_name``) then comes back as ``("evaluator", i)``,
+    index 0 if none is given, instead of being refused.
+
     Args:
         ps_hosts: the ``--ps_hosts`` flag, ``"h0:2222,h0:2223"``.
         worker_hosts: the ``--worker_hosts`` flag.
@@ -187,15 +195,17 @@ def resolve_cluster(
         job_name: the ``--job_name`` flag.
         task_index: the ``--task_index`` flag.
         environ: where to read ``TF_CONFIG``; defaults to ``os.environ``.
+        evaluator: whether the evaluator's task is accepted.
 
     Returns:
-        ``(cluster, job_name, task_index)``, the task valid in the cluster.
+        ``(cluster, job_name, task_index)``, the task valid in the cluster
+        (or the evaluator's, with ``evaluator=True``).
 
     Raises:
         ClusterSpecError: only one of the host flags; host flags together with
             ``--cluster_spec``; nothing that defines a cluster; no job name or
-            task index; a task that is not in the cluster; or TF_CONFIG's
-            evaluator (see :func:`cluster_from_tf_config`).
+            task index; a task that is not in the cluster; or, without
+            ``evaluator=True``, TF_CONFIG's evaluator (see :func:`cluster_from_tf_config`).
 
     Example:
         >>> resolve_cluster(ps_hosts="h0:2222", worker_hosts="h1:2224,h1:2225", job_name="worker", task_index=1)
@@ -231,11 +241,18 @@ def resolve_cluster(
         raise ClusterSpecError(
             f'no job name; give --job_name ({_known_jobs()}) or a TF_CONFIG "task" (cluster from {source})'
         )
+    if job == EVALUATOR and evaluator:
+        index = task_index if task_index is not None else tf_index
+        if index is None:
+            return cluster, EVALUATOR, 0
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ClusterSpecError(f"the evaluator's task index must be an int >= 0, got {_describe(index)}")
+        return cluster, EVALUATOR, index
     if job == EVALUATOR:
         raise ClusterSpecError(
             "this process is TF_CONFIG's evaluator, which takes no part in training (it is in no job of the "
-            "cluster); a program that evaluates checkpoints beside training reads its task with "
-            "cluster_from_tf_config() and handles job 'evaluator' itself"
+            "cluster); a program that evaluates checkpoints beside training (psframe.Evaluator) asks for "
+            "its task with psframe.flags.cluster_from_flags(args, evaluator=True), or runs 'psframe evaluate'"
         )
     index = task_index if task_index is not None else tf_index
     if index is None:

@@ -24,6 +24,12 @@ checkpoint holds is a duplicate after a restore too).
 In synchronous training a round applies a worker's gradient once whatever
 it is sent (rounds are keyed by step and worker, :mod:`psframe.ps.sync`);
 the ledger there only counts steps once.
+
+The ledger also holds pushes back while the chief takes a checkpoint whose
+parts are all of one cut (:meth:`PushLedger.hold`): each ps task stops
+applying, says how many steps of each worker it has begun, and then applies
+only the pushes of the steps some other ps task had begun, so that every
+part holds the same steps of every worker.
 """
 
 from __future__ import annotations
@@ -32,25 +38,34 @@ from collections.abc import Mapping
 
 import numpy
 
+LEDGER_ROWS = 4  # last push, steps applied, a step begun, the hold's target (see PushLedger)
+NOT_HELD = -1  # a worker's hold target: its pushes apply
+HELD = -2  # its pushes wait, until a target says which
+
 
 class PushLedger:
     """The last push applied, and the steps applied, for each worker of a ps task.
 
     Args:
         num_workers: the workers of the cluster.
-        counts: int64 array of shape ``(2, num_workers)`` to keep them in
+        counts: int64 array of shape ``(4, num_workers)`` to keep them in
             (shared by a task's serving processes); this ledger's own by default.
-            Row 0: the last push number applied; row 1: steps applied.
+            Row 0: the last push number applied; row 1: steps applied; row 2:
+            1 while a step is begun (a push of it applied, not its last);
+            row 3: the hold's target (:meth:`hold`).
     """
 
     def __init__(self, num_workers: int, counts: numpy.ndarray | None = None) -> None:
         if counts is None:
-            counts = numpy.zeros((2, num_workers), dtype=numpy.int64)
-        if counts.shape != (2, num_workers):
-            raise ValueError(f"counts must have shape (2, {num_workers}), got {counts.shape}")
+            counts = numpy.zeros((LEDGER_ROWS, num_workers), dtype=numpy.int64)
+            counts[3] = NOT_HELD
+        if counts.shape != (LEDGER_ROWS, num_workers):
+            raise ValueError(f"counts must have shape ({LEDGER_ROWS}, {num_workers}), got {counts.shape}")
         self.num_workers = num_workers
         self._last_push = counts[0]
         self._applied_steps = counts[1]
+        self._in_step = counts[2]
+        self._target = counts[3]
 
     def is_duplicate(self, worker: int, push_id: int) -> bool:
         """Whether push ``push_id`` of ``worker`` was applied already (hold the store's lock)."""
@@ -63,6 +78,36 @@ class PushLedger:
             self._last_push[worker] = push_id
         if ends_step:
             self._applied_steps[worker] += 1
+        self._in_step[worker] = not ends_step
+
+    # ---- the hold of a checkpoint's cut (call under the store's lock)
+
+    def hold(self) -> list[int]:
+        """Hold every worker's pushes back; returns the steps of each worker begun here
+        (applied, plus one where a push of its next step was applied)."""
+        self._target[:] = HELD
+        return (self._applied_steps + self._in_step).tolist()
+
+    def set_targets(self, targets: list[int]) -> None:
+        """Let each worker's pushes through until ``targets[worker]`` of its steps are applied here."""
+        self._target[:] = numpy.asarray(targets, dtype=numpy.int64)[: self.num_workers]
+
+    def release(self) -> None:
+        """End the hold: every push applies again."""
+        self._target[:] = NOT_HELD
+
+    def held(self) -> bool:
+        """Whether pushes are held (a hold begun and not ended)."""
+        return bool((self._target != NOT_HELD).all())
+
+    def admits(self, worker: int) -> bool:
+        """Whether a push of ``worker`` may apply now (always, unless held)."""
+        target = self._target[worker]
+        return target == NOT_HELD or self._applied_steps[worker] < target
+
+    def reached(self) -> bool:
+        """Whether every worker has as many steps applied here as its target (held with targets)."""
+        return bool((self._applied_steps >= self._target).all())
 
     def last_push(self, worker: int) -> int:
         return int(self._last_push[worker])

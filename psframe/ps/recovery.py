@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from psframe.checkpoint import deltas
 from psframe.checkpoint import files as checkpoint_io
 from psframe.checkpoint.dynamic import dynamic_parts_of, gather
 from psframe.checkpoint.shard import OptimizerData, ShardData, SyncData, VariableData
@@ -44,6 +45,7 @@ class Restored:
     table_optimizer: OptimizerSpec | None = None  # of the embedding tables, if any
     dynamic: dict[str, dict] = field(default_factory=dict)  # dynamic table parts' exports, by name
     pushes: dict | None = None  # the workers' pushes the values hold (psframe.ps.ledger), if recorded
+    num_shards: int = 0  # of the checkpoint it came from
 
     @property
     def tables(self) -> list[str]:
@@ -83,6 +85,7 @@ def save_shard(
         global_step, values, states = store.snapshot()
         pushes = None if ledger is None else ledger.state_dict()
         dynamic = store.export_dynamic()
+        store.mark_snapshot(step)  # a delta from this checkpoint holds what changes from now on
     spec, table_spec = store.optimizer_spec, store.table_optimizer_spec
     if spec is None:
         raise CheckpointError(f"ps task {ps_task} holds no model yet: there is nothing to save")
@@ -104,6 +107,41 @@ def save_shard(
     return checkpoint_io.write_shard(url, step, shard)
 
 
+def save_delta_shard(
+    store: VariableStore,
+    url: str,
+    step: int,
+    parent: int,
+    ps_task: int,
+    num_shards: int,
+    ledger: PushLedger | None = None,
+) -> checkpoint_io.ShardRecord:
+    """Write what the store changed since checkpoint ``parent`` as this task's shard of delta ``step``.
+
+    The changed values, their optimizer state, the evicted ids, the global
+    step and the pushes applied are all taken under the store's lock: one instant.
+
+    Raises:
+        CheckpointError: the store holds no snapshot of ``parent`` (made anew
+            or restarted since): a full checkpoint is needed.
+    """
+    with store.lock:
+        changes = store.changes_since(parent)
+        pushes = None if ledger is None else ledger.state_dict()
+        store.mark_snapshot(step)
+    delta = deltas.DeltaShard(
+        global_step=changes.global_step,
+        ps_task=ps_task,
+        num_shards=num_shards,
+        parent_step=parent,
+        variables={name: (value, changes.states[name]) for name, value in changes.values.items()},
+        rows={name: deltas.RowChanges(*rows) for name, rows in changes.rows.items()},
+        dynamic=changes.dynamic,
+        pushes=pushes,
+    )
+    return deltas.write_delta_shard(url, step, delta)
+
+
 def restore_own_shard(url: str, ps_task: int, num_ps: int) -> Restored | None:
     """This task's shard of the latest valid checkpoint, if it was made by as many ps tasks.
 
@@ -116,13 +154,13 @@ def restore_own_shard(url: str, ps_task: int, num_ps: int) -> Restored | None:
     Raises:
         CheckpointError: the checkpoint's shard cannot be read.
     """
-    manifest = checkpoint_io.latest_valid(url)
-    if manifest is None or manifest.num_shards != num_ps:
+    chain = deltas.latest_chain(url)
+    if chain is None or chain.num_shards != num_ps:
         return None
-    shard = checkpoint_io.read_shard(manifest, ps_task)
+    shard = chain.read_shard(ps_task)
     static = [v for v in shard.variables if v.dynamic is None]
     return Restored(
-        step=manifest.step,
+        step=chain.step,
         global_step=shard.global_step,
         defs=[_definition(v) for v in shard.variables],
         optimizer=OptimizerSpec(shard.optimizer.name, shard.optimizer.kwargs),
@@ -134,6 +172,7 @@ def restore_own_shard(url: str, ps_task: int, num_ps: int) -> Restored | None:
         else OptimizerSpec(shard.table_optimizer.name, shard.table_optimizer.kwargs),
         dynamic={v.name: gather([v]) for v in shard.variables if v.dynamic is not None},
         pushes=None if shard.pushes is None else dict(shard.pushes),
+        num_shards=chain.num_shards,
     )
 
 
@@ -151,16 +190,16 @@ def restore_onto(
     Raises:
         CheckpointError: a shard cannot be read, or does not hold the rows.
     """
-    manifest = checkpoint_io.latest_valid(url)
-    if manifest is None:
+    chain = deltas.latest_chain(url)
+    if chain is None:
         return None
-    shards = [checkpoint_io.read_shard(manifest, k) for k in range(manifest.num_shards)]
+    shards = chain.read_shards()
     saved_with = shards[0].optimizer.name
     same_optimizer = saved_with == optimizer.name
     if not same_optimizer:
         log.warning(
             "checkpoint %s ran %s, now %s: its optimizer state is not restored",
-            manifest.folder,
+            chain.last.folder,
             saved_with,
             optimizer.name,
         )
@@ -184,7 +223,7 @@ def restore_onto(
         values[d.name] = value.reshape(tuple(d.shape))
         states[d.name] = state if (same_table_optimizer if d.table else same_optimizer) else {}
     return Restored(
-        step=manifest.step,
+        step=chain.step,
         global_step=min(s.global_step for s in shards),
         defs=list(defs),
         optimizer=optimizer,
@@ -193,6 +232,7 @@ def restore_onto(
         states=states,
         table_optimizer=table_optimizer,
         dynamic=dynamic,
+        num_shards=chain.num_shards,
     )
 
 

@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 
 # How often a ps task waiting for a silent chief says so.
 CHIEF_LOG_EVERY_S = 5.0
+# The longest a checkpoint's cut holds pushes back: a chief lost between hold and save, or a
+# worker lost mid-step, never stalls training longer.
+MAX_HOLD_SECONDS = 10.0
+_HOLD_POLL_SECONDS = 0.001
 
 
 class ParameterServerService(TaskService):
@@ -91,6 +95,7 @@ class ParameterServerService(TaskService):
         self._pending: PendingModel | None = None  # the chief's initial values, while they arrive
         # Each worker's pushes applied once, whatever is sent again after a reconnect.
         self.ledger = ledger if ledger is not None else PushLedger(cluster.num_workers)
+        self._hold_serial = 0  # the latest checkpoint cut's hold (see _hold)
         self.roster = WorkerRoster(
             cluster.num_workers, worker_timeout, last_seen=last_seen, chief_timeout=chief_timeout
         )
@@ -337,6 +342,8 @@ class ParameterServerService(TaskService):
                 self.ledger.load_state_dict(restored.pushes)
             self._variable_defs = list(restored.defs)
             self.restored_step = restored.step
+            if restored.num_shards == self.cluster.num_ps:  # this task's shard as the chain holds it
+                self.store.mark_snapshot(restored.step)
             if restored.sync is not None:
                 self._start_sync(restored.sync)
         log.info(
@@ -350,24 +357,86 @@ class ParameterServerService(TaskService):
 
     def save(self, request: pb.SaveRequest) -> pb.SaveReply:
         self._check_tool_or_worker(request.caller)
+        if request.hold:
+            return self._hold(request.hold_seconds)
         url = request.checkpoint_dir or self.checkpoint_dir
         if not url:
             raise errors.CheckpointError(f"{self.task_name} has no checkpoint_dir and the request named none")
-        with self._init_lock:
-            self.store.check_names([])  # NotReadyError before the model exists
-            record = recovery.save_shard(
-                self.store,
-                self._variable_defs,
-                self._sync_def,
-                url,
-                request.step,
-                self.task_index,
-                self.cluster.num_ps,
-                self.ledger,
-            )
+        try:
+            with self._init_lock:
+                self.store.check_names([])  # NotReadyError before the model exists
+                if request.targets:
+                    self._reach(list(request.targets))
+                k, num_ps = self.task_index, self.cluster.num_ps
+                if request.delta:  # what changed since the parent only
+                    record = recovery.save_delta_shard(
+                        self.store, url, request.step, request.parent_step, k, num_ps, self.ledger
+                    )
+                else:
+                    record = recovery.save_shard(
+                        self.store, self._variable_defs, self._sync_def, url, request.step, k, num_ps, self.ledger
+                    )
+        finally:
+            if request.targets:
+                with self.store.lock:
+                    self.ledger.release()
         return pb.SaveReply(
             file=record.file, sha256=record.sha256, nbytes=record.nbytes, global_step=record.global_step
         )
+
+    # ---- a checkpoint's cut: every part holds the same steps of every worker
+
+    def _hold(self, seconds: float) -> pb.SaveReply:
+        """Hold pushes back (asynchronous training) and say each worker's steps begun here.
+
+        The hold ends with the save that follows, or after ``seconds`` (at
+        most :data:`MAX_HOLD_SECONDS`) if none comes: a chief that fails
+        between the two never stalls training for long.
+        """
+        with self.store.lock:
+            if self.aggregator is not None or not self.store.ready or not self._variable_defs:
+                return pb.SaveReply(holds=False)  # rounds are cut by their step; nothing to hold here
+            begun = self.ledger.hold()
+            self._hold_serial += 1
+        serial = self._hold_serial
+        timer = threading.Timer(min(max(seconds, 0.1), MAX_HOLD_SECONDS), self._end_hold, (serial,))
+        timer.daemon = True
+        timer.start()
+        return pb.SaveReply(holds=True, steps_begun=begun)
+
+    def _end_hold(self, serial: int) -> None:
+        with self.store.lock:
+            if serial == self._hold_serial:
+                self.ledger.release()
+
+    def _reach(self, targets: list[int]) -> None:
+        """Let each worker's pushes through until its ``targets`` steps are applied here (the
+        pushes of steps another ps task had begun), then hold the rest; under the hold's deadline.
+
+        Raises:
+            CheckpointError: a worker's steps did not arrive in time (it died mid-step, say).
+        """
+        lock = self.store.lock
+        deadline = time.monotonic() + MAX_HOLD_SECONDS
+        with lock:
+            if not self.ledger.held():
+                raise errors.CheckpointError(
+                    f"{self.task_name}: the checkpoint's hold ended before its save came (after at most "
+                    f"{MAX_HOLD_SECONDS:.0f} s), so pushes went on and the cut is lost; save again"
+                )
+            self.ledger.set_targets(targets)
+            while not self.ledger.reached():
+                if time.monotonic() >= deadline:
+                    behind = [w for w in range(self.ledger.num_workers) if self.ledger.applied_steps(w) < targets[w]]
+                    raise errors.CheckpointError(
+                        f"{self.task_name} could not take the checkpoint's cut: workers {behind} did not send "
+                        f"the rest of a step the other ps tasks had begun within {MAX_HOLD_SECONDS:.0f} s"
+                    )
+                lock.release()
+                try:
+                    time.sleep(_HOLD_POLL_SECONDS)
+                finally:
+                    lock.acquire()
 
     def _values_like(self, defs: list[pb.VariableDef]) -> dict[str, torch.Tensor]:
         return {d.name: torch.empty(tuple(d.shape), dtype=codec.dtype_from_name(d.dtype), device="meta") for d in defs}
@@ -457,6 +526,8 @@ class ParameterServerService(TaskService):
         with store.lock:
             if cached.generation != store.generation or self.aggregator is not None:
                 return None
+            if grads and not self.ledger.admits(worker):
+                self._wait_turn(worker)
             duplicate = bool(grads) and self.ledger.is_duplicate(worker, header.push_id)
             if duplicate:
                 grads = []  # applied already: answered with the values it pulls, not applied again
@@ -483,6 +554,8 @@ class ParameterServerService(TaskService):
         grads, rows, pull = request.grads, request.rows, request.pull
         pushes, worker = request.pushes, request.worker
         with store.lock:
+            if pushes and not self.ledger.admits(worker):
+                self._wait_turn(worker)
             for name, ids, _ in request.row_pulls:  # every row asked for exists before anything changes
                 store.check_row_ids(name, ids)
             duplicate = pushes and self.ledger.is_duplicate(worker, request.push_id)
@@ -509,6 +582,17 @@ class ParameterServerService(TaskService):
                 return codec.encode(reply, sent)
             pulled = [(name, store.read_rows(name, ids, create)) for name, ids, create in request.row_pulls]
             return codec.encode(reply, sent + pulled, row_tensors.reply_kinds(len(sent), len(pulled)))
+
+    def _wait_turn(self, worker: int) -> None:
+        """Wait (holding the store's lock again on return) until a checkpoint's cut lets
+        ``worker``'s push apply: the hold ends by the cut's deadline at the latest."""
+        lock = self.store.lock
+        while not self.ledger.admits(worker):
+            lock.release()
+            try:
+                time.sleep(_HOLD_POLL_SECONDS)
+            finally:
+                lock.acquire()
 
     def _join_round(
         self, aggregator: SyncAggregator, request: PushPullRequest, region: SameHostRegion | None, refused: str

@@ -39,6 +39,7 @@ import torch
 
 from psframe.errors import PortInUseError
 from psframe.optim import OptimizerSpec
+from psframe.ps.ledger import LEDGER_ROWS, NOT_HELD
 from psframe.wire.codec import dtype_from_name, dtype_name
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,11 @@ class SharedStore:
         self.last_seen = self._map("last_seen", torch.float64, num_workers).numpy()
         # Each worker's last push applied and steps applied (psframe.ps.ledger): a worker's
         # stream sent again after a reconnect may reach another process of the task.
-        self.push_counts = self._map("push_ledger", torch.int64, 2 * num_workers).numpy().reshape(2, num_workers)
+        # And the checkpoint cut's hold on them (psframe.ps.ledger): any process may apply a push.
+        rows = LEDGER_ROWS
+        self.push_counts = self._map("push_ledger", torch.int64, rows * num_workers).numpy().reshape(rows, num_workers)
+        if owner:
+            self.push_counts[3] = NOT_HELD
         if owner:
             self.last_seen[:] = time.monotonic()
         self.lock = SharedLock(os.path.join(folder, "lock"))

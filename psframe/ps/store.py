@@ -28,12 +28,14 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy
 import torch
 
 from psframe.errors import (
+    CheckpointError,
     DtypeMismatchError,
     InvalidGradientError,
     NotReadyError,
@@ -43,12 +45,24 @@ from psframe.errors import (
 )
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
+from psframe.ps.changes import Changes
 from psframe.ps.optimized_variables import OptimizedVariables
 from psframe.ps.store_model import StoreModel
 from psframe.ps.table_parts import DynamicPart, RowPush
 
 # Generations of variables, unique in the process (see VariableStore.generation).
 _GENERATIONS = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class StoreChanges:
+    """Copies of what changed in a store since a checkpoint (:meth:`VariableStore.changes_since`)."""
+
+    global_step: int
+    values: dict[str, torch.Tensor]  # dense variables changed, whole
+    states: dict[str, dict[str, Any]]  # and their optimizer state
+    rows: dict[str, tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]  # fixed table part -> (rows, values, state)
+    dynamic: dict[str, dict[str, Any]]  # dynamic table part -> DynamicRows.export_changes
 
 
 class VariableStore:
@@ -95,6 +109,10 @@ class VariableStore:
         # them) holds until it changes. Unique among the stores of a process.
         self.generation = 0
         self._stepped = False  # an optimizer step went through in this store
+        # Stamps of what changed, for delta checkpoints; updates made by other processes
+        # sharing the memory (`counters` given) are not seen here.
+        self._changes = Changes(complete=counters is None)
+        self._dense_names: dict[int, str] = {}  # id of a dense variable -> its name
 
     # Counted in an array that several processes may share (see `counters`).
     @property
@@ -234,6 +252,8 @@ class VariableStore:
         for group in model.groups:
             self._memory.back_state(group.optimizer)
         self._model = model
+        self._dense_names = {id(model.dense.get(name)): name for name in model.dense}
+        self._changes = Changes(complete=self._changes.complete)  # new variables: no snapshot holds them
         self._ready = True
 
     def empty(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -336,12 +356,34 @@ class VariableStore:
         self, group: OptimizedVariables, variables: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
     ) -> None:
         """One step of ``group``'s optimizer with these gradients; counts a push."""
+        dense = group is self._model.dense
+        stateless = [] if dense else [t for t in variables if not group.state_of(t)]
         try:
             group.step(variables, grads, self._memory)
             self._stepped = True
         finally:
             self.version += 1  # even a step that failed halfway may have changed some
+            self._stamp(group, variables, grads, stateless)
         self.pushes += 1
+
+    def _stamp(
+        self,
+        group: OptimizedVariables,
+        variables: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        stateless: Sequence[torch.Tensor],
+    ) -> None:
+        """Note what a step changed, for delta checkpoints: dense variables whole, a fixed table's
+        rows (all of them where the step made the table's optimizer state, ``stateless`` before)."""
+        changes = self._changes
+        if group is self._model.dense:
+            changes.dense_changed(self._dense_names[id(v)] for v in variables)
+            return
+        names = {id(table): name for name, table in ((n, group.get(n)) for n in group)}
+        made_state = {id(t) for t in stateless if group.state_of(t)}
+        for table, grad in zip(variables, grads):
+            rows = torch.arange(table.shape[0]) if id(table) in made_state else grad.indices()[0]
+            changes.rows_changed(names[id(table)], rows, table.shape[0])
 
     def variables(self, names: Sequence[str]) -> list[torch.Tensor]:
         """The live variables named (those :meth:`update` takes); hold :attr:`lock` while using them."""
@@ -534,6 +576,37 @@ class VariableStore:
         """Each dynamic table part's rows held and ids admitted, filtered and evicted, by name."""
         with self.lock:
             return self._model.table_parts.dynamic_counts()
+
+    def mark_snapshot(self, step: int) -> None:
+        """The store as it is now is checkpoint ``step``'s (just saved, or restored): a delta from
+        ``step`` holds what changes after this. Call it under :attr:`lock`, with the snapshot."""
+        with self.lock:
+            self._changes.snapshot(step)
+            self._model.table_parts.close_epoch(self._changes.epoch, self._changes.oldest())
+
+    def changes_since(self, step: int) -> StoreChanges:
+        """Copies of what changed since checkpoint ``step`` (see :meth:`mark_snapshot`).
+
+        Raises:
+            CheckpointError: this store holds no snapshot of ``step`` (it was
+                made anew or restarted since, or the step is too old): the
+                delta needs a full checkpoint instead.
+        """
+        with self.lock:
+            self._require_ready()
+            epoch = self._changes.epoch_of(step)
+            if epoch is None:
+                raise CheckpointError(
+                    f"{self.task_name} has no snapshot of checkpoint step {step} to write a delta from "
+                    f"(its variables were made or restored since, or the step is too old); save a full checkpoint"
+                )
+            values, states = self._model.copies(self._changes.dense_since(epoch, list(self._model.dense)))
+            rows = {}
+            for name in sorted(self._model.table_parts.fixed_names):
+                index = self._changes.rows_since(epoch, name, self._model.variable(name).shape[0])
+                rows[name] = (index, *self._model.row_copies(name, index))
+            dynamic = self._model.table_parts.export_dynamic_changes(epoch)
+            return StoreChanges(self.global_step, values, states, rows, dynamic)
 
     def export_dynamic(self) -> dict[str, dict[str, Any]]:
         """What a checkpoint keeps of each dynamic table part (:meth:`DynamicRows.export`)."""

@@ -108,14 +108,25 @@ class StoreModel:
         """Bytes of the variables, the tables' parts and the optimizers' tensor state."""
         return self.dense.nbytes() + self.table_parts.nbytes()
 
-    def copies(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
-        """Copies of the variables and of each one's optimizer state, by name."""
-        values = {name: self.variable(name).detach().clone() for name in self.names}
+    def copies(self, names: Sequence[str] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+        """Copies of the variables (``names``, or all) and of each one's optimizer state, by name."""
+        names = self.names if names is None else names
+        values = {name: self.variable(name).detach().clone() for name in names}
         states = {
             name: {k: x.clone() if isinstance(x, torch.Tensor) else x for k, x in (self.state_of(name) or {}).items()}
-            for name in self.names
+            for name in names
         }
         return values, states
+
+    def row_copies(self, name: str, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Copies of rows ``rows`` of fixed table part ``name`` and of their optimizer state
+        (element-wise state by row; any other state whole)."""
+        table = self.variable(name)
+        state = {
+            k: (x.index_select(0, rows) if x.shape == table.shape else x.clone()) if isinstance(x, torch.Tensor) else x
+            for k, x in (self.state_of(name) or {}).items()
+        }
+        return table.detach().index_select(0, rows), state
 
     def check_same(
         self,

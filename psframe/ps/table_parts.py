@@ -191,6 +191,16 @@ class TableParts:
         """Each dynamic table part's rows held and ids admitted, filtered and evicted, by name."""
         return {name: {"rows": len(part), **part.counts()} for name, part in self._dynamic.items()}
 
+    def export_dynamic_changes(self, since: int) -> dict[str, dict[str, Any]]:
+        """What a delta checkpoint keeps of each dynamic table part (:meth:`DynamicRows.export_changes`)."""
+        return {name: part.export_changes(since) for name, part in self._dynamic.items()}
+
+    def close_epoch(self, epoch: int, oldest: int) -> None:
+        """Every dynamic table part moves on to ``epoch``, forgetting evictions no delta after ``oldest`` needs."""
+        for part in self._dynamic.values():
+            part.close_epoch(oldest)
+            part.epoch = epoch
+
     def export_dynamic(self) -> dict[str, dict[str, Any]]:
         """What a checkpoint keeps of each dynamic table part (:meth:`DynamicRows.export`)."""
         return {name: part.export() for name, part in self._dynamic.items()}
@@ -202,4 +212,5 @@ class TableParts:
             self._dynamic[name] = DynamicRows(
                 name, part.row_shape, part.dtype, part.spec, self.optimizer_spec, memory=self._memory
             )
+            self._dynamic[name].epoch = part.epoch
             self._dynamic[name].load(export)

@@ -85,7 +85,8 @@ class StopAtStepHook(Hook):
 
 
 class CheckpointSaverHook(Hook):
-    """Saves a checkpoint every N global steps or S seconds, and at the end (chief only).
+    """Saves a checkpoint every N global steps or S seconds, and at the end (chief only);
+    in between, if asked, a delta checkpoint every n steps or s seconds.
 
     ``Trainer(checkpointing=psframe.Checkpointing(...))`` adds one on the chief; add it yourself
     only to change when it saves.
@@ -93,34 +94,62 @@ class CheckpointSaverHook(Hook):
     Args:
         save_steps: save when the global step has advanced this much.
         save_secs: or when this many seconds have passed.
+        delta_steps: commit a delta (:meth:`Trainer.save_delta`) when the
+            global step has advanced this much since the last checkpoint;
+        delta_secs: or when this many seconds have passed (neither: no deltas).
     """
 
-    def __init__(self, save_steps: int | None = None, save_secs: float | None = None) -> None:
+    def __init__(
+        self,
+        save_steps: int | None = None,
+        save_secs: float | None = None,
+        delta_steps: int | None = None,
+        delta_secs: float | None = None,
+    ) -> None:
         if (save_steps is None) == (save_secs is None):
             raise ValueError("give exactly one of save_steps and save_secs")
         if (save_steps is not None and save_steps < 1) or (save_secs is not None and save_secs <= 0):
             raise ValueError(f"save_steps must be >= 1 and save_secs > 0, got {save_steps}, {save_secs}")
+        if delta_steps is not None and delta_secs is not None:
+            raise ValueError("give at most one of delta_steps and delta_secs")
+        if (delta_steps is not None and delta_steps < 1) or (delta_secs is not None and delta_secs <= 0):
+            raise ValueError(f"delta_steps must be >= 1 and delta_secs > 0, got {delta_steps}, {delta_secs}")
         self.save_steps = save_steps
         self.save_secs = save_secs
+        self.delta_steps = delta_steps
+        self.delta_secs = delta_secs
         self._last_step = 0
         self._last_time = 0.0
+        self._last_delta_step = 0
+        self._last_delta_time = 0.0
 
     def begin(self, trainer: Trainer) -> None:
         self._last_step, self._last_time = trainer.global_step, time.monotonic()
+        self._last_delta_step, self._last_delta_time = self._last_step, self._last_time
 
     def after_step(self, trainer: Trainer, global_step: int, loss: torch.Tensor | None) -> None:
         if not trainer.is_chief:
             return
+        now = time.monotonic()
         if self.save_steps is not None:
             due = global_step - self._last_step >= self.save_steps
         else:
-            due = time.monotonic() - self._last_time >= (self.save_secs or 0.0)
+            due = now - self._last_time >= (self.save_secs or 0.0)
         if due:
             trainer.save_checkpoint()
-            self._last_step, self._last_time = global_step, time.monotonic()
+            self._last_step, self._last_time = global_step, now
+        elif self.delta_steps is not None:
+            due = global_step - self._last_delta_step >= self.delta_steps
+        elif self.delta_secs is not None:
+            due = now - self._last_delta_time >= self.delta_secs
+        if not due:
+            return
+        if global_step != self._last_step:  # not just saved whole
+            trainer.save_delta()
+        self._last_delta_step, self._last_delta_time = global_step, now
 
     def end(self, trainer: Trainer) -> None:
-        if trainer.is_chief and trainer.global_step != self._last_step:
+        if trainer.is_chief and trainer.global_step not in (self._last_step, trainer.last_checkpoint_step):
             trainer.save_checkpoint()
 
 

@@ -391,14 +391,37 @@ class PsClient:
 
     # ---- checkpoints and the end
 
-    def save(self, checkpoint_dir: str, step: int) -> list[ShardRecord]:
-        """Ask every ps task to write its shard of checkpoint ``step``, in parallel.
+    def save(self, checkpoint_dir: str, step: int, parent: int | None = None) -> list[ShardRecord]:
+        """Ask every ps task to write its shard of checkpoint ``step``, in parallel: what
+        it holds, or only what changed since checkpoint ``parent`` (a delta).
+
+        In asynchronous training the shards are of one cut: each holds the
+        same steps of every worker (a step some ps task had begun applying is
+        applied by all first; the steps after wait, at most a few seconds).
 
         Returns:
             What each ps task wrote, by task index.
         """
-        request = pb.SaveRequest(caller=self.caller, checkpoint_dir=checkpoint_dir, step=step)
-        replies = transport.call_all([(ps, "Save", request) for ps in self._ps], self.rpc_timeout)
+        # One cut: every ps task holds pushes back and says how many steps of each worker it
+        # has begun; each then applies the steps another had begun, and saves.
+        hold = pb.SaveRequest(caller=self.caller, hold=True, hold_seconds=min(self.rpc_timeout, 10.0))
+        holds = transport.call_all([(ps, "Save", hold) for ps in self._ps], self.rpc_timeout)
+        begun = [list(r.steps_begun) for r in holds if r.holds]
+        targets = [max(steps) for steps in zip(*begun)] if begun else []
+        requests = [
+            pb.SaveRequest(
+                caller=self.caller,
+                checkpoint_dir=checkpoint_dir,
+                step=step,
+                delta=parent is not None,
+                parent_step=parent or 0,
+                targets=targets if r.holds else [],
+            )
+            for r in holds
+        ]
+        replies = transport.call_all(
+            [(ps, "Save", request) for ps, request in zip(self._ps, requests)], self.rpc_timeout
+        )
         return [
             ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes, global_step=r.global_step)
             for k, r in enumerate(replies)

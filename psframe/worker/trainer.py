@@ -190,7 +190,10 @@ class Trainer:
         self._hooks = list(hooks)
         self._checkpointing = checkpointing
         if checkpointing is not None and self._is_chief:
-            self._hooks.append(CheckpointSaverHook(*checkpointing.interval))
+            self._hooks.append(
+                CheckpointSaverHook(*checkpointing.interval, checkpointing.delta_steps, checkpointing.delta_secs)
+            )
+        self._last_commit: int | None = None  # the step of the last checkpoint this chief committed
         self._recoveries = 0  # times this worker waited for a lost ps task and went on
         self._transport = transport
         self._rpc_timeout = rpc_timeout
@@ -713,7 +716,52 @@ class Trainer:
         except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
             self._recover(e)  # a ps task was lost as it saved: wait for it, then save again
             manifest = checkpoint.save(self._ps, self.checkpoint_dir, self._global_step, self.keep_checkpoints)
+        self._last_commit = manifest.step
         log.info("checkpoint of global step %d committed in %s", manifest.step, manifest.folder)
+        return manifest
+
+    @property
+    def last_checkpoint_step(self) -> int | None:
+        """The step of the last checkpoint (full or delta) this chief committed; None before its first."""
+        return self._last_commit
+
+    def save_delta(self) -> checkpoint.Manifest:
+        """Commit a delta checkpoint: only what changed since the last checkpoint committed (chief).
+
+        Every ps task writes the variables, table rows and optimizer state it
+        changed since then, and the ids it evicted, each under its own lock
+        (:mod:`psframe.checkpoint.deltas`). With no checkpoint to follow yet,
+        or when a ps task cannot write a delta (it restarted since), a full
+        checkpoint is saved instead.
+
+        Returns:
+            The committed checkpoint's manifest (the last one, if the global
+            step has not moved since).
+
+        Raises:
+            CheckpointError: no checkpoint_dir, or a ps task could not write.
+        """
+        self._require_running()
+        if not self.checkpoint_dir:
+            raise CheckpointError("save_delta() needs Trainer(checkpointing=psframe.Checkpointing(dir))")
+        parent = self._last_commit
+        if parent is None:
+            chain = checkpoint.latest_chain(self.checkpoint_dir)
+            parent = None if chain is None else chain.step
+        if parent is None:
+            return self.save_checkpoint()
+        if self._global_step <= parent:
+            return checkpoint.read(self.checkpoint_dir, parent).last
+        try:
+            manifest = checkpoint.save_delta(self._ps, self.checkpoint_dir, self._global_step, parent)
+        except CheckpointError as e:
+            log.warning("a delta from checkpoint step %d cannot be written; saving whole: %s", parent, e)
+            return self.save_checkpoint()
+        except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
+            self._recover(e)  # a ps task was lost as it saved: it restored, so save whole
+            return self.save_checkpoint()
+        self._last_commit = manifest.step
+        log.info("delta of global step %d (after step %d) committed in %s", manifest.step, parent, manifest.folder)
         return manifest
 
     def should_stop(self) -> bool:
