@@ -115,6 +115,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--save_checkpoint_steps", type=int, default=1000, help="with --checkpoint_dir, save every N global steps"
     )
     parser.add_argument(
+        "--row_cache_staleness",
+        type=int,
+        default=None,
+        help="keep embedding rows between steps; a ps task sends a row again once it moved more than this many "
+        "versions past the one kept (0: exact). Default: no row cache",
+    )
+    parser.add_argument(
+        "--row_cache_rows", type=int, default=1 << 20, help="with --row_cache_staleness, the most rows kept per table"
+    )
+    parser.add_argument(
         "--delta_checkpoint_steps",
         type=int,
         default=None,
@@ -294,6 +304,9 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         else None,
         transport=psframe.Transport(connect_timeout=args.connect_timeout),
         security=security_from_flags(args),
+        row_cache=None
+        if args.row_cache_staleness is None
+        else psframe.RowCaching(staleness=args.row_cache_staleness, max_rows=args.row_cache_rows),
     )
     with trainer:
         first_step, start = trainer.global_step, time.perf_counter()
@@ -311,6 +324,11 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
                     loss.item(),
                 )
         wall = time.perf_counter() - start
+        steps = max(1, trainer.local_step)
+        rows = {
+            "rows_looked_up_per_step": round(trainer.rows_looked_up / steps, 1),
+            "rows_pulled_per_step": round(trainer.rows_pulled / steps, 1),
+        }
         if not trainer.is_chief:
             log.info("worker %d done after %d local steps", task_index, trainer.local_step)
             return 0
@@ -324,6 +342,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
             **evaluate(model, data_of(args, 1)),
             "samples_per_sec": round(samples / wall, 1),
             "recoveries": trainer.recoveries,
+            **rows,
             "num_ps": cluster.num_ps,
             "num_workers": cluster.num_workers,
         }

@@ -35,7 +35,7 @@ from psframe.errors import (
 )
 from psframe.liveness import Liveness
 from psframe.optim import SyncReplicas
-from psframe.options import Checkpointing, Placement, Transport
+from psframe.options import Checkpointing, Placement, RowCaching, Transport
 from psframe.security import Security
 from psframe.version import __version__
 from psframe.worker.dynamic import DynamicEmbedding, DynamicTables
@@ -58,6 +58,7 @@ __all__ = [
     "Liveness",
     "Placement",
     "PsframeError",
+    "RowCaching",
     "RowInitializer",
     "Security",
     "Server",

@@ -36,6 +36,7 @@ from psframe.cluster.table_placement import ID_MIX, DynamicTableSpec, RowInitial
 from psframe.errors import InvalidGradientError, RowIdError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
+from psframe.rows import to_refresh
 from psframe.sparse_optim import fresh_row_state
 
 INITIAL_SLOTS = 1024
@@ -206,6 +207,11 @@ class DynamicRows:
         self._stamp = torch.zeros(slots, dtype=torch.int64)
         self._deleted: list[tuple[int, torch.Tensor]] = []
         self._state_keys: set[str] = set()  # the optimizer's state keys as of the last stamp
+        # For workers' row caches: each slot's row version, the count of the part's changes when
+        # it was made or last updated, from a base of the wall clock in ns (so a part made anew,
+        # after a restart, counts past every version the old one gave).
+        self._mutations = time.time_ns()
+        self._version = torch.zeros(slots, dtype=torch.int64)
         self.clock = 0  # updates of this part so far
         self.admitted = 0  # ids given a row (a restore's rows aside)
         self.filtered = 0  # training lookups' ids refused a row by the admission
@@ -225,7 +231,7 @@ class DynamicRows:
         for value in self._state().values():
             if isinstance(value, torch.Tensor):
                 total += value.numel() * value.element_size()
-        return total + self.slots * (5 * 8 + 1) + self._index.nbytes()  # id, 4 int64/float64 stamps, used
+        return total + self.slots * (6 * 8 + 1) + self._index.nbytes()  # id, 5 int64/float64 stamps, used
 
     # ---- reading and updating
 
@@ -249,13 +255,35 @@ class DynamicRows:
                 return rows
         else:
             slots = self._lookup(ids)
-        rows = torch.empty((ids.numel(), *self.row_shape), dtype=self.dtype)
+        rows = self._rows_of(ids, slots)
+        if create:
+            self._saw(slots[slots >= 0])
+        return rows
+
+    def read_since(
+        self, ids: torch.Tensor, cached: torch.Tensor, staleness: int, *, create: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`read`, for a worker's row cache holding versions ``cached`` of the ids' rows:
+        each id's row version now (0 for an id with no row), and copies of the rows
+        :func:`psframe.rows.to_refresh` picks only."""
+        slots = self._slots(ids, admit=True) if create else self._lookup(ids)
         held = slots >= 0
-        rows[held] = self.weight.detach().index_select(0, slots[held])
-        if not bool(held.all()):
-            rows[~held] = initial_rows(self.spec.initializer, ids[~held], self.row_shape, self.dtype)
+        versions = torch.zeros_like(ids)
+        versions[held] = self._version.index_select(0, slots[held])
+        refresh = to_refresh(cached, versions, staleness)
+        rows = self._rows_of(ids[refresh], slots[refresh])
         if create:
             self._saw(slots[held])
+        return versions, rows
+
+    def _rows_of(self, ids: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Copies of the rows of ``ids`` at ``slots``; the initial row where the slot is -1."""
+        held = slots >= 0
+        if bool(held.all()):
+            return self.weight.detach().index_select(0, slots)
+        rows = torch.empty((ids.numel(), *self.row_shape), dtype=self.dtype)
+        rows[held] = self.weight.detach().index_select(0, slots[held])
+        rows[~held] = initial_rows(self.spec.initializer, ids[~held], self.row_shape, self.dtype)
         return rows
 
     def apply(self, ids: torch.Tensor, grads: torch.Tensor) -> None:
@@ -290,6 +318,8 @@ class DynamicRows:
             self.weight.grad = None
         self.clock += 1
         touched = grad.indices()[0]
+        self._mutations += 1
+        self._version[touched] = self._mutations
         self._stamp[touched] = self.epoch
         if self._state_keys != set(self._state()):  # state torch made at this step: every row's is new
             self._state_keys = set(self._state())
@@ -412,6 +442,8 @@ class DynamicRows:
         self._updates[new_slots] = 0
         self._seen[new_slots] = self._wall_clock()
         self._stamp[new_slots] = self.epoch if fill else 0  # a restored row is as the snapshot holds it
+        self._mutations += 1
+        self._version[new_slots] = self._mutations
         if fill:
             with torch.no_grad():
                 self.weight.index_copy_(
@@ -454,6 +486,7 @@ class DynamicRows:
         self._id_of, self._used = doubled(self._id_of), doubled(self._used, False)
         self._updated, self._updates = doubled(self._updated), doubled(self._updates)
         self._seen, self._stamp = doubled(self._seen), doubled(self._stamp)
+        self._version = doubled(self._version)
 
     def _make_room(self, new: int, keep: torch.Tensor) -> None:
         """Evict rows (never those in ``keep``) until ``new`` more fit under the cap."""

@@ -58,7 +58,12 @@ def test_async_and_sync_reach_the_auc_of_one_process(processes):
     reference = json.loads(single.stdout.strip().splitlines()[-1])
     assert reference["auc"] > 0.8 and reference["auc"] < reference["ceiling_auc"], reference
     runs = {}
-    for mode, steps, flags in (("async", STEPS, []), ("sync", STEPS // 2, ["--sync_replicas"])):
+    cases = (
+        ("async", STEPS, []),
+        ("sync", STEPS // 2, ["--sync_replicas"]),
+        ("row_cache", STEPS, ["--row_cache_staleness=4"]),  # async, hot rows pulled again every 4 versions
+    )
+    for mode, steps, flags in cases:
         processes.start(
             mode,
             [
@@ -81,9 +86,12 @@ def test_async_and_sync_reach_the_auc_of_one_process(processes):
         )
         runs[mode] = chief_result(processes.wait(timeout=420)[mode].output)
     for mode, result in runs.items():
-        assert result["mode"] == mode and result["num_ps"] == 2, result
+        assert result["mode"] == ("sync" if mode == "sync" else "async") and result["num_ps"] == 2, result
         assert abs(result["auc"] - reference["auc"]) <= AUC_TOLERANCE, (mode, result, reference)
         assert result["ceiling_auc"] == reference["ceiling_auc"]
+    cached, plain = runs["row_cache"], runs["async"]
+    assert cached["rows_looked_up_per_step"] > 0 and plain["rows_pulled_per_step"] == plain["rows_looked_up_per_step"]
+    assert cached["rows_pulled_per_step"] < 0.9 * cached["rows_looked_up_per_step"], cached
 
 
 @pytest.mark.cluster

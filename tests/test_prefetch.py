@@ -19,9 +19,9 @@ def counting_pulls(trainer: psframe.Trainer) -> list[int]:
     pulled: list[int] = []
     pull_rows = trainer._client.pull_rows
 
-    def counting(wanted, step, create=True):
+    def counting(wanted, step, create=True, staleness=0):
         pulled.append(sum(int(ids.numel()) for pulls in wanted.values() for _, ids in pulls))
-        return pull_rows(wanted, step, create)
+        return pull_rows(wanted, step, create, staleness)
 
     trainer._client.pull_rows = counting
     return pulled

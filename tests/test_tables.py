@@ -119,9 +119,9 @@ def test_a_step_moves_the_rows_it_uses_not_the_table(local_cluster):
         pulled = []
         pull_rows = trainer._client.pull_rows
 
-        def counting(wanted, step, create=True):
+        def counting(wanted, step, create=True, staleness=0):
             pulled.append(sum(int(ids.numel()) for pulls in wanted.values() for _, ids in pulls))
-            return pull_rows(wanted, step, create)
+            return pull_rows(wanted, step, create, staleness)
 
         trainer._client.pull_rows = counting
         ids, bag_ids, offsets, target = batch(0)

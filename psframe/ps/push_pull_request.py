@@ -32,6 +32,7 @@ class PushPullRequest:
     row_pulls: list[row_tensors.RowRead]  # rows of table parts wanted back
     pull: list[str]  # variables whose values are wanted back, after the update
     wire_dtype: torch.dtype | None  # the dtype gradients came in and values go back in; None: as stored
+    row_staleness: int = 0  # versions a row in the worker's row cache may lag (see psframe.rows.to_refresh)
 
     @property
     def pushes(self) -> bool:
@@ -57,4 +58,5 @@ class PushPullRequest:
             row_pulls=row_pulls,
             pull=list(header.pull),
             wire_dtype=codec.wire_dtype_from_name(header.wire_dtype),
+            row_staleness=header.row_staleness,
         )

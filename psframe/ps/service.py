@@ -556,7 +556,7 @@ class ParameterServerService(TaskService):
         with store.lock:
             if pushes and not self.ledger.admits(worker):
                 self._wait_turn(worker)
-            for name, ids, _ in request.row_pulls:  # every row asked for exists before anything changes
+            for name, ids, *_ in request.row_pulls:  # every row asked for exists before anything changes
                 store.check_row_ids(name, ids)
             duplicate = pushes and self.ledger.is_duplicate(worker, request.push_id)
             if duplicate:  # applied already: answered with the values it pulls, not applied again
@@ -580,8 +580,16 @@ class ParameterServerService(TaskService):
             sent = outgoing(pull, values, request.wire_dtype)
             if not request.row_pulls:
                 return codec.encode(reply, sent)
-            pulled = [(name, store.read_rows(name, ids, create)) for name, ids, create in request.row_pulls]
-            return codec.encode(reply, sent + pulled, row_tensors.reply_kinds(len(sent), len(pulled)))
+            kinds = row_tensors.reply_kinds(len(sent), 0)
+            for name, ids, create, cached in request.row_pulls:
+                if cached is None:
+                    sent.append((name, store.read_rows(name, ids, create)))
+                    kinds.append(row_tensors.ROWS)
+                else:  # a worker's row cache: the rows it lacks or holds too old only
+                    versions, fresh = store.read_rows_since(name, ids, create, cached, request.row_staleness)
+                    sent += [(name, versions), (name, fresh)]
+                    kinds += [row_tensors.ROW_VERSIONS, row_tensors.ROWS]
+            return codec.encode(reply, sent, kinds)
 
     def _wait_turn(self, worker: int) -> None:
         """Wait (holding the store's lock again on return) until a checkpoint's cut lets

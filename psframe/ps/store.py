@@ -381,8 +381,12 @@ class VariableStore:
             return
         names = {id(table): name for name, table in ((n, group.get(n)) for n in group)}
         made_state = {id(t) for t in stateless if group.state_of(t)}
+        parts = self._model.table_parts
         for table, grad in zip(variables, grads):
-            rows = torch.arange(table.shape[0]) if id(table) in made_state else grad.indices()[0]
+            rows = grad.indices()[0]
+            parts.touch_fixed(names[id(table)], rows)
+            if id(table) in made_state:
+                rows = torch.arange(table.shape[0])
             changes.rows_changed(names[id(table)], rows, table.shape[0])
 
     def variables(self, names: Sequence[str]) -> list[torch.Tensor]:
@@ -514,6 +518,19 @@ class VariableStore:
             self.check_row_ids(name, ids)
             return self._model.table_parts.read(name, ids, create)
 
+    def read_rows_since(
+        self, name: str, ids: torch.Tensor, create: bool, cached: torch.Tensor, staleness: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """For a worker's row cache: the version of each id's row of table ``name``, and copies
+        of the rows it must get again (:func:`psframe.rows.to_refresh` of ``cached``, its versions).
+
+        Raises:
+            NotReadyError, UnknownVariableError, RowIdError.
+        """
+        with self.lock:
+            self.check_row_ids(name, ids)
+            return self._model.table_parts.read_since(name, ids, create, cached, staleness)
+
     # ---- the state taken whole: accounting, checkpoints, shared memory
 
     def nbytes(self) -> int:
@@ -570,6 +587,7 @@ class VariableStore:
                     name,
                     {k: self._memory.copy_state(x) if isinstance(x, torch.Tensor) else x for k, x in state.items()},
                 )
+            self._model.table_parts.touch_fixed_all()  # rows workers cached are of before the restore
             self.global_step = global_step
 
     def dynamic_counts(self) -> dict[str, dict[str, int]]:

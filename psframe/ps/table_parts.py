@@ -18,6 +18,7 @@ before any applies, and counts the update.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from psframe.errors import DtypeMismatchError, RowIdError, ShapeMismatchError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
 from psframe.ps.optimized_variables import OptimizedVariables
-from psframe.rows import RowPush
+from psframe.rows import RowPush, to_refresh
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,11 @@ class TableParts:
             for name, part in dynamic.items()
         }
         self.fixed = OptimizedVariables(fixed, optimizer, per_parameter=True)
+        # The version of each fixed table row, for workers' row caches: the count of row updates
+        # when it last changed, from a base of the wall clock in ns (a ps task that restarts
+        # counts past every version it gave before).
+        self._mutations = time.time_ns()
+        self._fixed_versions = {name: torch.full((t.shape[0],), self._mutations) for name, t in fixed.items()}
 
     def __contains__(self, name: object) -> bool:
         return name in self._dynamic or name in self.fixed
@@ -169,6 +175,29 @@ class TableParts:
         """One step of each dynamic table part's optimizer with the gradients of its rows."""
         for name, ids, values in rows:
             self._dynamic[name].apply(ids, values)
+
+    def touch_fixed(self, name: str, rows: torch.Tensor) -> None:
+        """Rows ``rows`` of fixed table part ``name`` changed: they get a new version."""
+        self._mutations += 1
+        self._fixed_versions[name][rows] = self._mutations
+
+    def touch_fixed_all(self) -> None:
+        """Every row of every fixed table part changed (a restore)."""
+        self._mutations += 1
+        for versions in self._fixed_versions.values():
+            versions.fill_(self._mutations)
+
+    def read_since(
+        self, name: str, ids: torch.Tensor, create: bool, cached: torch.Tensor, staleness: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each id's row version, and copies of the rows :func:`psframe.rows.to_refresh` picks
+        (``cached``: the versions a worker's row cache holds)."""
+        dynamic = self._dynamic.get(name)
+        if dynamic is not None:
+            return dynamic.read_since(ids, cached, staleness, create=create)
+        versions = self._fixed_versions[name].index_select(0, ids)
+        refresh = to_refresh(cached, versions, staleness)
+        return versions, self.read(name, ids[refresh])
 
     def read(self, name: str, ids: torch.Tensor, create: bool = True) -> torch.Tensor:
         """A copy of rows ``ids`` of table ``name``; a dynamic table makes the rows

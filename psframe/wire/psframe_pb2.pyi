@@ -16,11 +16,15 @@ class TensorMeta(_message.Message):
         ROWS: _ClassVar[TensorMeta.Kind]
         PULL_ROW_IDS: _ClassVar[TensorMeta.Kind]
         PEEK_ROW_IDS: _ClassVar[TensorMeta.Kind]
+        CACHED_VERSIONS: _ClassVar[TensorMeta.Kind]
+        ROW_VERSIONS: _ClassVar[TensorMeta.Kind]
     VALUE: TensorMeta.Kind
     ROW_IDS: TensorMeta.Kind
     ROWS: TensorMeta.Kind
     PULL_ROW_IDS: TensorMeta.Kind
     PEEK_ROW_IDS: TensorMeta.Kind
+    CACHED_VERSIONS: TensorMeta.Kind
+    ROW_VERSIONS: TensorMeta.Kind
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -291,7 +295,7 @@ class InitResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[InitReplyHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PushPullHeader(_message.Message):
-    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id")
+    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id", "row_staleness")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -300,6 +304,7 @@ class PushPullHeader(_message.Message):
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     SAME_HOST_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    ROW_STALENESS_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
@@ -308,7 +313,8 @@ class PushPullHeader(_message.Message):
     wire_dtype: str
     same_host: SameHostRegion
     push_id: int
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ...) -> None: ...
+    row_staleness: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ..., row_staleness: _Optional[int] = ...) -> None: ...
 
 class SameHostRegion(_message.Message):
     __slots__ = ("path", "key", "size", "request_start", "request_length", "reply_start", "in_region")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from psframe.rows import RowPull, RowPush
+from psframe.rows import CachedPull, FreshRows, RowPull, RowPush
 from psframe.wire import codec, row_tensors
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker.prepared import PreparedRequest
@@ -81,12 +81,15 @@ class PullRows:
     """The current values of rows of embedding table parts held by one ps task.
 
     ``create``: a dynamic table makes the rows of ids it does not hold (else
-    it answers their initial rows and keeps nothing).
+    it answers their initial rows and keeps nothing). A :class:`~psframe.rows.CachedPull`
+    (a worker's row cache) is answered with :class:`~psframe.rows.FreshRows`: only
+    the rows that moved more than ``staleness`` versions past the cached ones.
     """
 
     ps_task: int
-    rows: Sequence[RowPull]
+    rows: Sequence[RowPull | CachedPull]
     create: bool = True
+    staleness: int = 0
 
     @property
     def pushes(self) -> bool:
@@ -116,9 +119,10 @@ class RowsPushed:
 
 @dataclass(slots=True)
 class RowsPulled:
-    """The answer to a :class:`PullRows`: the rows of each ``(part, ids)`` pair, in order (read-only views)."""
+    """The answer to a :class:`PullRows`: the rows of each ``(part, ids)`` pair, in order (read-only
+    views); for a cached pull, its :class:`~psframe.rows.FreshRows`."""
 
-    rows: list[torch.Tensor]
+    rows: list[torch.Tensor | FreshRows]
 
 
 Reply = DenseReply | RowsPushed | RowsPulled
@@ -157,7 +161,8 @@ class OperationEncoder:
             )
             return codec.encode(header, tensors, kinds)
         tensors, kinds = row_tensors.pull_tensors(operation.rows, operation.create)
-        return codec.encode(pb.PushPullHeader(caller=self._caller, step=step), tensors, kinds)
+        header = pb.PushPullHeader(caller=self._caller, step=step, row_staleness=operation.staleness)
+        return codec.encode(header, tensors, kinds)
 
     def _encode_planned(self, request: Request, grads: Gradients, step: int, compress: bool, push_id: int) -> bytes:
         prepared = self.prepared.get((request, compress))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 
@@ -23,6 +23,7 @@ from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import ConnectTimeoutError
 from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec, SyncReplicas
+from psframe.rows import CachedPull, FreshRows, RowPull
 from psframe.security import Security
 from psframe.status import TaskState, TaskStatus
 from psframe.wire import codec, messages, row_tensors, same_host, transport
@@ -314,7 +315,7 @@ class PsClient:
         replies = self._exchange([*pushed_rows, *planned, *pulls], step, compress, timeout, again)
         dense = replies[len(pushed_rows) : len(pushed_rows) + len(planned)]
         pulled = {
-            pull.ps_task: reply.rows
+            pull.ps_task: cast(list[torch.Tensor], reply.rows)  # pulls without a row cache: tensors only
             for pull, reply in zip(pulls, replies[len(pushed_rows) + len(planned) :])
             if isinstance(reply, RowsPulled)
         }
@@ -349,23 +350,30 @@ class PsClient:
         return [_expect(reply, DenseReply) for reply in exchange.finish()]
 
     def pull_rows(
-        self, wanted: Mapping[int, Sequence[row_tensors.RowPull]], step: int, create: bool = True
-    ) -> dict[int, list[torch.Tensor]]:
-        """The current values of some rows of embedding tables, from every ps task asked, in parallel.
+        self,
+        wanted: Mapping[int, Sequence[RowPull | CachedPull]],
+        step: int,
+        create: bool = True,
+        staleness: int = 0,
+    ) -> dict[int, list[torch.Tensor | FreshRows]]:
+        r"""The current values of some rows of embedding tables, from every ps task asked, in parallel.
 
         Args:
-            wanted: per ps task, ``(table part, ids)`` pairs (int64 ids of rows of the part).
+            wanted: per ps task, ``(table part, ids)`` pairs (int64 ids of rows of the part),
+                or :class:`~psframe.rows.CachedPull`\ s naming the versions a row cache holds.
             step: the worker's global step (for the ps task's records).
             create: dynamic tables make the rows of ids they do not hold (else
                 they answer those ids' initial rows and keep nothing).
+            staleness: how many versions a cached row may lag behind before it is sent again.
 
         Returns:
-            Per ps task, the rows of each pair, in order (read-only views of the reply).
+            Per ps task, the rows of each pair, in order (read-only views of the reply);
+            for a cached pull, its :class:`~psframe.rows.FreshRows`.
 
         Raises:
             PsframeError: the error a ps task raised (e.g. ``RowIdError``), or a transport error.
         """
-        pulls = [PullRows(ps_task, pairs, create) for ps_task, pairs in wanted.items()]
+        pulls = [PullRows(ps_task, pairs, create, staleness) for ps_task, pairs in wanted.items()]
         replies = self._exchange(pulls, step, False, self.rpc_timeout)
         return {pull.ps_task: _expect(reply, RowsPulled).rows for pull, reply in zip(pulls, replies)}
 

@@ -14,6 +14,7 @@ import torch
 
 from psframe.cluster.placement import ShardPlacement, VariableInfo, place
 from psframe.cluster.table_placement import place_dynamic, place_tables
+from psframe.options import RowCaching
 from psframe.wire import codec
 from psframe.worker.dynamic import find_dynamic_tables
 from psframe.worker.operations import DenseReply
@@ -52,6 +53,7 @@ class Replica:
         max_shard_bytes: int,
         wire_dtype: torch.dtype | None = None,
         table_partition: str = "mod",
+        row_cache: RowCaching | None = None,
         **placement_options,
     ) -> None:
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -83,7 +85,7 @@ class Replica:
         by_name = {**dict(params), **{name: module.row_template for name, module in dynamic.items()}}
         self.slots = tuple(Slot(shard, by_name[shard.variable]) for shard in self.placement.shards)
         self.dense_slots = tuple(s for s in self.slots if not s.shard.table)
-        self.tables = EmbeddingTables(tables, [s for s in self.slots if s.shard.table], dynamic)
+        self.tables = EmbeddingTables(tables, [s for s in self.slots if s.shard.table], dynamic, row_cache)
         # Each ps task's requests in the order backward makes their gradients (the model's
         # last parameters first), so that a step can send them as they come (psframe.worker.overlap).
         position = {id(p): k for k, (_, p) in enumerate(params)}

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -36,17 +37,22 @@ import torch.nn.functional as F
 from psframe import huge_pages
 from psframe.dynamic_rows import part_of
 from psframe.errors import PsframeError, RowIdError
-from psframe.rows import RowPull, RowPush
+from psframe.options import RowCaching
+from psframe.rows import CachedPull, FreshRows, RowPull, RowPush, to_refresh
 from psframe.worker.dynamic import DynamicEmbedding, Lookup, lookup_gradients
+from psframe.worker.row_cache import RowCache
 from psframe.worker.step_plan import Slot
 
 TABLE_MODULES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 
 EmbeddingModule = torch.nn.Embedding | torch.nn.EmbeddingBag  # what a table of a model is
 
-# pull(wanted, create) -> rows: per ps task, (part, ids) pairs in, their rows out (PsClient.pull_rows);
-# `create`: dynamic tables make the rows of ids they lack.
-Pull = Callable[[Mapping[int, Sequence[RowPull]], bool], Mapping[int, Sequence[torch.Tensor]]]
+# pull(wanted, create, staleness) -> rows: per ps task, (part, ids) pairs in, their rows out
+# (PsClient.pull_rows); `create`: dynamic tables make the rows of ids they lack; a CachedPull
+# (a row cache's, with `staleness`) is answered with FreshRows.
+Pull = Callable[
+    [Mapping[int, Sequence[RowPull | CachedPull]], bool, int], Mapping[int, Sequence[torch.Tensor | FreshRows]]
+]
 
 
 def find_tables(model: torch.nn.Module) -> dict[str, EmbeddingModule]:
@@ -108,6 +114,7 @@ class Table:
     name: str
     module: EmbeddingModule
     slots: list[Slot]  # by part index
+    cache: RowCache | None = None  # rows kept between steps (Trainer's row_cache)
     _starts: torch.Tensor = field(init=False)
     looked_up: list[Lookup] = field(init=False, default_factory=list)  # this step's lookups
     prefetched: list[Prefetched] = field(init=False, default_factory=list)  # rows pulled ahead for lookups to come
@@ -213,18 +220,32 @@ class EmbeddingTables:
         tables: Mapping[str, EmbeddingModule],
         slots: Sequence[Slot],
         dynamic: Mapping[str, DynamicEmbedding] | None = None,
+        caching: RowCaching | None = None,
     ) -> None:
         by_table: dict[str, list[Slot]] = {}
         for slot in slots:
             by_table.setdefault(slot.shard.variable, []).append(slot)
+
+        def cache_of(like: torch.Tensor) -> RowCache | None:
+            if caching is None:
+                return None
+            return RowCache(like.shape[1:], like.dtype, caching.max_rows, caching.staleness)
+
         self.tables = [
-            Table(name, module, sorted(by_table[name], key=lambda s: s.shard.part_index))
+            Table(name, module, sorted(by_table[name], key=lambda s: s.shard.part_index), cache_of(module.weight))
             for name, module in tables.items()
         ]
         self.dynamic = [
-            DynamicTable(name, module, sorted(by_table[name], key=lambda s: s.shard.part_index))
+            DynamicTable(
+                name, module, sorted(by_table[name], key=lambda s: s.shard.part_index), cache_of(module.row_template)
+            )
             for name, module in (dynamic or {}).items()
         ]
+
+    def caches(self) -> list[RowCache]:
+        """The row caches of the tables (none without ``caching``)."""
+        found = [table.cache for table in self.tables] + [table.cache for table in self.dynamic]
+        return [cache for cache in found if cache is not None]
 
     def __bool__(self) -> bool:
         return bool(self.tables or self.dynamic)
@@ -285,7 +306,9 @@ class EmbeddingTables:
 
     @staticmethod
     def _pull(table: Table, pull: Pull, ids: torch.Tensor) -> torch.Tensor:
-        """The rows of ``ids`` (distinct, sorted, on the host) from the parts that hold them."""
+        """The rows of ``ids`` (distinct, sorted, on the host) from the parts that hold them (or the cache)."""
+        if table.cache is not None:
+            return pull_cached(pull, table.split(ids), ids, table.cache)
         return pull_parts(pull, table.split(ids), ids.numel(), table.param, create=True)
 
     def gradients(self, every_table: bool = False) -> dict[int, list[RowPush]]:
@@ -337,6 +360,7 @@ class DynamicTable:
     name: str
     module: DynamicEmbedding
     slots: list[Slot]  # by part index
+    cache: RowCache | None = None  # rows kept between steps (Trainer's row_cache)
 
     def split(self, ids: torch.Tensor) -> list[tuple[Slot, torch.Tensor]]:
         """Ids cut by part: ``(slot, positions in ids)`` per part."""
@@ -346,6 +370,8 @@ class DynamicTable:
     def pull(self, ids: torch.Tensor, create: bool, pull: Pull) -> torch.Tensor:
         """The rows of ``ids`` (distinct, int64, on the host), from the parts that hold them."""
         parts = [(slot, positions, ids[positions]) for slot, positions in self.split(ids)]
+        if create and self.cache is not None:  # training's lookups; an evaluation's peeks ask the ps tasks
+            return pull_cached(pull, parts, ids, self.cache)
         return pull_parts(pull, parts, ids.numel(), self.module.row_template, create=create)
 
     def gradients(self, pushes: dict[int, list[RowPush]], every_table: bool) -> None:
@@ -380,7 +406,40 @@ def pull_parts(
         create: dynamic tables make the rows of ids they lack.
     """
     wanted, placed = plan_parts(parts)
-    return assemble_parts(pull(wanted, create) if placed else {}, placed, count, like)
+    pulled = cast(Mapping[int, Sequence[torch.Tensor]], pull(wanted, create, 0) if placed else {})  # no cache: rows
+    return assemble_parts(pulled, placed, count, like)
+
+
+def pull_cached(
+    pull: Pull, parts: Sequence[tuple[Slot, torch.Tensor, torch.Tensor]], ids: torch.Tensor, cache: RowCache
+) -> torch.Tensor:
+    """As :func:`pull_parts` (training's lookups), through a row cache: each part is told the
+    versions the cache holds, and sends only the rows that moved past them by more than its staleness."""
+    slots, cached = cache.versions(ids)
+    wanted: dict[int, list[RowPull | CachedPull]] = {}
+    placed = []
+    for slot, positions, part_ids in parts:
+        if part_ids.numel():
+            wanted.setdefault(slot.shard.ps_task, []).append(CachedPull(slot.name, part_ids, cached[positions]))
+            placed.append((slot.shard.ps_task, positions))
+    pulled = {ps_task: list(values) for ps_task, values in pull(wanted, True, cache.staleness).items()}
+    versions = torch.empty_like(ids)
+    refresh = torch.zeros(ids.numel(), dtype=torch.bool)
+    fresh_at: list[torch.Tensor] = []
+    fresh_rows: list[torch.Tensor] = []
+    for ps_task, positions in placed:
+        answer = pulled[ps_task].pop(0)
+        if not isinstance(answer, FreshRows):
+            raise PsframeError(f"ps task {ps_task} answered a pull through the row cache without row versions")
+        versions[positions] = answer.versions
+        picked = to_refresh(cached[positions], answer.versions, cache.staleness)
+        refresh[positions[picked]] = True
+        fresh_at.append(positions[picked])
+        fresh_rows.append(answer.rows)
+    rows = torch.empty((ids.numel(), *cache.row_shape), dtype=cache.dtype)
+    if fresh_at:
+        rows[torch.cat(fresh_at)] = torch.cat(fresh_rows).to(cache.dtype)
+    return cache.fill(ids, slots, versions, refresh, rows[refresh])
 
 
 def plan_parts(parts: Sequence[tuple[Slot, torch.Tensor, torch.Tensor]]) -> tuple[dict[int, list[RowPull]], Placed]:

@@ -42,7 +42,8 @@ from psframe.errors import (
 )
 from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
-from psframe.options import DEFAULT_KEEP_CHECKPOINTS, Checkpointing, Placement, Transport
+from psframe.options import DEFAULT_KEEP_CHECKPOINTS, Checkpointing, Placement, RowCaching, Transport
+from psframe.rows import FreshRows
 from psframe.security import LOOSE_ARGUMENTS, Security, accept_security
 from psframe.worker import startup
 from psframe.worker.arguments import groups_from_deprecated, resolve_optimizer, resolve_table_optimizer
@@ -127,6 +128,11 @@ class Trainer:
             large MLP and lost 5% on a deeper one (docs/decisions.md). It
             applies to CPU replicas without embedding tables and without hooks
             that act before the push (``NanGuardHook``).
+        row_cache: keep embedding rows between steps, a
+            :class:`psframe.RowCaching`: a lookup sends the versions of the
+            rows held, and a ps task sends back only those that moved more
+            than its ``staleness`` past them (:mod:`psframe.worker.row_cache`).
+            None: every lookup pulls its rows. Prefetched rows are pulled whole.
 
     Raises:
         ClusterSpecError: the cluster or task index is invalid, or a ps task's address has port 0.
@@ -162,6 +168,7 @@ class Trainer:
         security: Security | None = None,
         liveness: Liveness | None = None,
         overlap_backward: bool = False,
+        row_cache: RowCaching | None = None,
         **deprecated: Any,
     ) -> None:
         loose_security = {name: deprecated.pop(name, None) for name in LOOSE_ARGUMENTS}
@@ -203,6 +210,8 @@ class Trainer:
         self._skipped_steps = 0  # steps that pushed no gradient (e.g. NanGuardHook dropped them)
         # Steps whose gradients every ps task answered as applied (once, however often sent).
         self._pushed_steps = 0
+        self._rows_looked_up = 0  # rows of embedding tables lookups asked the ps tasks about
+        self._rows_pulled = 0  # rows that came back (a row cache's: those it lacked or held too old)
         self._sent_during_backward = 0  # requests sent before backward ended (overlap_backward)
         self._state = TrainerState.NEW
         self._stop_requested = False
@@ -222,6 +231,7 @@ class Trainer:
             max_shard_bytes=placement.max_shard_bytes,
             wire_dtype=self._wire_dtype,
             table_partition=placement.table_partition,
+            row_cache=row_cache,
         )
         self._placement = self._replica.placement
         self._table_optimizer = resolve_table_optimizer(table_optimizer, self._optimizer, self._replica.tables)
@@ -615,14 +625,18 @@ class Trainer:
         replies = self._ps.push_pull([(r, ()) for r in requests], self._global_step, compress=False)
         self._receive(requests, replies)
 
-    def _pull_rows(self, wanted, create: bool = True):
+    def _pull_rows(self, wanted, create: bool = True, staleness: int = 0):
         """Rows of embedding tables for a lookup (see :mod:`psframe.worker.tables`); a lost
         ps task is waited for, as in :meth:`step`, and the rows asked of it again."""
         try:
-            return self._ps.pull_rows(wanted, self._global_step, create)
+            pulled = self._ps.pull_rows(wanted, self._global_step, create, staleness)
         except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
+            # A row cache stays valid: a restarted ps task's versions count past all it gave before.
             self._recover(e)
-            return self._ps.pull_rows(wanted, self._global_step, create)
+            pulled = self._ps.pull_rows(wanted, self._global_step, create, staleness)
+        self._rows_looked_up += sum(int(pull[1].numel()) for pulls in wanted.values() for pull in pulls)
+        self._rows_pulled += sum(_row_count(rows) for answers in pulled.values() for rows in answers)
+        return pulled
 
     def _receive(self, requests: Sequence[Request], replies: Sequence[DenseReply]) -> None:
         self._replica.assign(requests, replies)
@@ -721,6 +735,17 @@ class Trainer:
         return manifest
 
     @property
+    def rows_looked_up(self) -> int:
+        """Rows of embedding tables this worker's lookups asked the ps tasks about (each lookup's distinct ids)."""
+        return self._rows_looked_up
+
+    @property
+    def rows_pulled(self) -> int:
+        """Rows of embedding tables that came back to lookups: all of them, or with a
+        :class:`psframe.RowCaching`, those the cache lacked or held too old."""
+        return self._rows_pulled
+
+    @property
     def last_checkpoint_step(self) -> int | None:
         """The step of the last checkpoint (full or delta) this chief committed; None before its first."""
         return self._last_commit
@@ -777,3 +802,8 @@ class Trainer:
             raise PsframeError(
                 f"the trainer is {self._state.value}; use it inside `with trainer:` (or after connect())"
             )
+
+
+def _row_count(answer: torch.Tensor | FreshRows) -> int:
+    """The rows a pull's answer carries."""
+    return int((answer.rows if isinstance(answer, FreshRows) else answer).shape[0])

@@ -1,0 +1,150 @@
+"""A worker's row cache: rows of an embedding table kept between steps, with their versions.
+
+Click logs follow a power law: a few ids are in almost every batch. Without
+a cache, a worker pulls their rows at every lookup; with one
+(``Trainer(row_cache=psframe.RowCaching(...))``), it names the version of
+each row it holds, and a ps task sends back only the rows that moved more
+than ``staleness`` versions past it (:func:`psframe.rows.to_refresh`),
+with every row's current version. A row's version on a ps task counts the
+changes of its table part when it was last made or updated, so
+``staleness=0`` gives exactly the ps task's rows (a row not changed since
+it was cached does not travel); a larger bound lets a hot row lag that many
+of the part's updates behind, as a bounded-staleness cache does.
+
+:class:`RowCache` holds one table's rows: any int64 ids (a fixed table's row
+numbers, a dynamic table's ids), found in bulk in an
+:class:`~psframe.dynamic_rows.IdIndex`, up to ``max_rows`` of them; past it,
+the rows used longest ago make room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from psframe.dynamic_rows import IdIndex
+from psframe.rows import NOT_CACHED
+
+_INITIAL_SLOTS = 1024
+
+
+class RowCache:
+    """One table's rows a worker keeps between steps, with their versions on the ps tasks.
+
+    Args:
+        row_shape: the shape of a row.
+        dtype: the rows' dtype.
+        max_rows: the most rows kept; past it, those used longest ago go.
+        staleness: how many versions a cached row may lag behind its ps task's before it is sent again.
+    """
+
+    def __init__(self, row_shape: Sequence[int], dtype: torch.dtype, max_rows: int, staleness: int) -> None:
+        self.row_shape = tuple(row_shape)
+        self.dtype = dtype
+        self.max_rows = max_rows
+        self.staleness = staleness
+        slots = min(_INITIAL_SLOTS, max_rows)
+        self._index = IdIndex()
+        self._rows = torch.empty((slots, *self.row_shape), dtype=dtype)
+        self._versions = torch.zeros(slots, dtype=torch.int64)
+        self._ids = torch.zeros(slots, dtype=torch.int64)
+        self._used_at = torch.full((slots,), -1, dtype=torch.int64)  # -1: a free slot
+        self._lookups = 0
+        self.looked_up = 0  # rows asked of the cache
+        self.received = 0  # rows that came from the ps tasks
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def versions(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slot of each id (-1: not held) and the version of its row held (:data:`NOT_CACHED`: none)."""
+        slots = self._index.find(ids)
+        versions = torch.full_like(ids, NOT_CACHED)
+        held = slots >= 0
+        versions[held] = self._versions.index_select(0, slots[held])
+        return slots, versions
+
+    def fill(
+        self,
+        ids: torch.Tensor,
+        slots: torch.Tensor,
+        versions: torch.Tensor,
+        refresh: torch.Tensor,
+        fresh: torch.Tensor,
+    ) -> torch.Tensor:
+        """The rows of ``ids``: held ones from the cache, ``fresh`` ones (those ``refresh`` picks,
+        in order) from the ps tasks, which the cache keeps with their ``versions``.
+
+        Args:
+            ids: distinct ids, as :meth:`versions` was asked.
+            slots: what :meth:`versions` gave for them.
+            versions: each id's row version on its ps task.
+            refresh: which ids the ps tasks sent rows of.
+            fresh: those rows.
+        """
+        self._lookups += 1
+        self.looked_up += ids.numel()
+        self.received += fresh.shape[0]
+        rows = torch.empty((ids.numel(), *self.row_shape), dtype=self.dtype)
+        kept = ~refresh
+        rows[kept] = self._rows.index_select(0, slots[kept])
+        rows[refresh] = fresh
+        self._used_at[slots[kept]] = self._lookups
+        self._store(ids[refresh], slots[refresh], versions[refresh], fresh, in_use=slots[kept])
+        return rows
+
+    def clear(self) -> None:
+        """Forget every row (the ps tasks restored, or were lost)."""
+        self.__init__(self.row_shape, self.dtype, self.max_rows, self.staleness)  # type: ignore[misc]
+
+    def _store(
+        self, ids: torch.Tensor, slots: torch.Tensor, versions: torch.Tensor, rows: torch.Tensor, in_use: torch.Tensor
+    ) -> None:
+        """Keep ``rows`` of ``ids`` (at ``slots``, -1 for ids not held yet), never evicting those ``in_use``
+        (rows of ids beyond what ``max_rows`` leaves room for are not kept)."""
+        new = slots < 0
+        protected = torch.cat([in_use, slots[~new]])
+        room = max(0, self.max_rows - protected.numel())
+        if int(new.sum()) > room:  # one lookup of more new ids than fit: keep the first that do
+            keep = ~new | (torch.cumsum(new.long(), 0) <= room)
+            ids, slots, versions, rows, new = ids[keep], slots[keep], versions[keep], rows[keep], new[keep]
+        count = int(new.sum())
+        if count:
+            slots = slots.clone()
+            slots[new] = self._free_slots(count, protected)
+            self._index.add(ids[new], slots[new])
+            self._ids[slots[new]] = ids[new]
+        self._rows[slots] = rows.to(self.dtype)
+        self._versions[slots] = versions
+        self._used_at[slots] = self._lookups
+
+    def _free_slots(self, count: int, in_use: torch.Tensor) -> torch.Tensor:
+        """``count`` slots for new rows: free ones, grown ones, then those used longest ago (not ``in_use``)."""
+        free = torch.nonzero(self._used_at < 0).squeeze(1)
+        while free.numel() < count and self._rows.shape[0] < self.max_rows:
+            self._grow()
+            free = torch.nonzero(self._used_at < 0).squeeze(1)
+        if free.numel() >= count:
+            return free[:count]
+        age = self._used_at.clone()
+        age[in_use] = torch.iinfo(torch.int64).max  # this lookup's rows stay
+        age[free] = -1
+        taken = torch.topk(age, count, largest=False).indices
+        evicted = taken[self._used_at[taken] >= 0]
+        self._index.remove(self._ids[evicted])
+        self._used_at[evicted] = -1
+        return taken
+
+    def _grow(self) -> None:
+        old = self._rows.shape[0]
+        size = min(2 * old, self.max_rows)
+
+        def grown(tensor: torch.Tensor, fill: int) -> torch.Tensor:
+            out = torch.full((size, *tensor.shape[1:]), fill, dtype=tensor.dtype)
+            out[:old] = tensor
+            return out
+
+        self._rows = torch.cat([self._rows, torch.empty((size - old, *self.row_shape), dtype=self.dtype)])
+        self._versions, self._ids = grown(self._versions, 0), grown(self._ids, 0)
+        self._used_at = grown(self._used_at, -1)
