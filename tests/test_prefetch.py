@@ -160,3 +160,36 @@ def test_a_request_sent_again_voids_the_prefetch_behind_it(local_cluster):
         pull_every_row(model)
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             assert torch.equal(p, q), f"{name} differs"
+
+
+def test_a_dynamic_table_s_prefetched_lookups_pull_nothing_and_train_as_without(local_cluster):
+    from tests.test_row_cache import Clicks
+    from tests.test_row_cache import batch as click_batch
+
+    def run(prefetch: bool):
+        model = Clicks()
+        with psframe.Trainer(
+            model,
+            local_cluster(num_ps=2),
+            optimizer=psframe.optim.SGD(lr=0.1),
+            table_optimizer=psframe.optim.Adagrad(lr=0.1),
+        ) as trainer:
+            pulled = counting_pulls(trainer)
+            for step in range(STEPS):
+                items, users, target = click_batch(step)
+                loss = F.mse_loss(model(items, users), target)
+                if prefetch:
+                    next_items, next_users, _ = click_batch(step + 1)
+                    trainer.prefetch(model.items, next_items)
+                    trainer.prefetch(model.users, next_users)
+                trainer.step(loss)
+            model.eval()
+            with torch.no_grad():
+                rows = model.users(torch.arange(500) * 7919), model.items(torch.arange(200))
+            return [p.detach().clone() for p in model.parameters()], rows, len(pulled)
+
+    plain, plain_rows, plain_pulls = run(False)
+    prefetched, prefetched_rows, pulls = run(True)
+    assert plain_pulls == 2 * STEPS + 2 and pulls == 2 + 2  # the first step's lookups, and the evaluation's
+    assert all(torch.equal(a, b) for a, b in zip(prefetched, plain))
+    assert all(torch.equal(a, b) for a, b in zip(prefetched_rows, plain_rows))

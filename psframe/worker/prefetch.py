@@ -14,31 +14,43 @@ for a round trip of its own.
 The next lookup of exactly those ids in that table takes the prefetched
 rows, and the ids' numbering worked out when they were named, without
 asking the ps tasks; any other lookup pulls as before, and prefetched rows
-no lookup took are dropped at the next step.
+no lookup took are dropped at the next step. A dynamic table
+(:class:`~psframe.worker.dynamic.DynamicEmbedding`) is prefetched the same
+way: its next training lookup of the same distinct ids takes the rows, and
+the ps tasks make the rows of new ids (and count them for admission) when
+the prefetch reaches them, not at the lookup.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from psframe.worker.tables import EmbeddingTables, Placed, Prefetched, RowPull, Table, assemble_parts, plan_parts
+from psframe.worker.tables import (
+    DynamicTable,
+    EmbeddingTables,
+    Placed,
+    Prefetched,
+    RowPull,
+    Table,
+    assemble_parts,
+    plan_parts,
+)
 
 
 @dataclass
 class Prefetch:
-    """One coming lookup: its table and ids (numbered as the lookup numbers them), what to
-    ask each ps task, and where their rows go."""
+    """One coming lookup: what to ask each ps task, where their rows go among the lookup's
+    distinct ids, and who takes the rows (the table, for its lookup)."""
 
-    table: Table
-    ids: torch.Tensor
-    distinct: torch.Tensor
-    position: torch.Tensor
-    host_ids: torch.Tensor
     wanted: dict[int, list[RowPull]]
     placed: Placed
+    count: int  # the lookup's distinct ids
+    like: torch.Tensor  # a tensor of the table's row shape and dtype
+    keep: Callable[[torch.Tensor], None]
 
 
 class Prefetcher:
@@ -51,11 +63,11 @@ class Prefetcher:
         return bool(self._pending)
 
     def add(self, tables: EmbeddingTables, module: torch.nn.Module, ids: torch.Tensor) -> None:
-        """Have the next step pull the rows ``module`` (a fixed table) will look up for ``ids``.
+        """Have the next step pull the rows ``module`` (a table of the model) will look up for ``ids``.
 
         Raises:
-            TypeError: ``module`` is not a fixed table of the model, or ``ids`` not a tensor.
-            RowIdError: an id is not a row of the table (nothing is sent).
+            TypeError: ``module`` is not a table of the model, or ``ids`` not a tensor.
+            RowIdError: an id is not a row of the (fixed) table (nothing is sent).
         """
         table = tables.table_of(module)
         if not isinstance(ids, torch.Tensor):
@@ -63,12 +75,20 @@ class Prefetcher:
                 f"prefetch of embedding table {table.name!r} takes a tensor of ids, not {type(ids).__name__}"
             )
         ids = ids.detach()
-        distinct, position = torch.unique(ids, return_inverse=True)  # numbered as Table.lookup numbers them
+        distinct, position = torch.unique(ids, return_inverse=True)  # numbered as the lookup numbers them
         host_ids = distinct.to("cpu", torch.int64)
+        if isinstance(table, DynamicTable):
+            # Made on the ps tasks now rather than at the lookup, as a training lookup would make them.
+            parts = [(slot, at, host_ids[at]) for slot, at in table.split(host_ids)]
+            wanted, placed = plan_parts(parts)
+            keep = functools.partial(_keep_dynamic, table, host_ids)
+            self._pending.append(Prefetch(wanted, placed, host_ids.numel(), table.module.row_template, keep))
+            return
         table.check_ids(host_ids)
         wanted, placed = plan_parts(table.split(host_ids))
         # A copy of the ids: the caller may reuse its tensor before the lookup.
-        self._pending.append(Prefetch(table, ids.clone(), distinct, position, host_ids, wanted, placed))
+        keep = functools.partial(_keep_fixed, table, ids.clone(), distinct, position, host_ids)
+        self._pending.append(Prefetch(wanted, placed, host_ids.numel(), table.param, keep))
 
     def requests(self) -> dict[int, list[RowPull]]:
         """Per ps task, the ``(table part, ids)`` pairs of every pending prefetch, in order."""
@@ -89,18 +109,19 @@ class Prefetcher:
                     rows[ps_task] = pulled[ps_task][offset[ps_task] : offset[ps_task] + len(pulls)]
                     offset[ps_task] += len(pulls)
             if len(rows) == len(prefetch.wanted):
-                count = prefetch.host_ids.numel()
-                prefetch.table.prefetched.append(
-                    Prefetched(
-                        prefetch.ids,
-                        prefetch.distinct,
-                        prefetch.position,
-                        prefetch.host_ids,
-                        assemble_parts(rows, prefetch.placed, count, prefetch.table.param),
-                    )
-                )
+                prefetch.keep(assemble_parts(rows, prefetch.placed, prefetch.count, prefetch.like))
         self._pending = []
 
     def drop(self) -> None:
         """Forget the pending prefetches (a step that failed, a closed trainer)."""
         self._pending = []
+
+
+def _keep_fixed(
+    table: Table, ids: torch.Tensor, distinct: torch.Tensor, position: torch.Tensor, host_ids: torch.Tensor, rows
+) -> None:
+    table.prefetched.append(Prefetched(ids, distinct, position, host_ids, rows))
+
+
+def _keep_dynamic(table: DynamicTable, host_ids: torch.Tensor, rows: torch.Tensor) -> None:
+    table.prefetched.append((host_ids, rows))

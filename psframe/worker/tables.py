@@ -272,11 +272,14 @@ class EmbeddingTables:
             table.prefetched = []
         for dynamic in self.dynamic:
             dynamic.module.attach(None)
+            dynamic.prefetched = []
 
     def drop_prefetched(self) -> None:
         """Forget the rows pulled ahead that no lookup took."""
         for table in self.tables:
             table.prefetched = []
+        for dynamic in self.dynamic:
+            dynamic.prefetched = []
 
     def has_gradients(self) -> bool:
         """Whether backward reached the rows of a lookup since the last step."""
@@ -284,24 +287,23 @@ class EmbeddingTables:
             table.module.has_gradients() for table in self.dynamic
         )
 
-    def table_of(self, module: torch.nn.Module) -> Table:
+    def table_of(self, module: torch.nn.Module) -> Table | DynamicTable:
         """The table ``module`` is.
 
         Raises:
-            TypeError: ``module`` is none of this model's fixed tables (an
-                ``nn.Embedding``/``nn.EmbeddingBag`` built with ``sparse=True``).
+            TypeError: ``module`` is none of this model's tables (an
+                ``nn.Embedding``/``nn.EmbeddingBag`` built with ``sparse=True``,
+                or a :class:`~psframe.worker.dynamic.DynamicEmbedding`).
         """
         for table in self.tables:
             if table.module is module:
                 return table
-        what = (
-            "a dynamic table, whose lookups pull their rows themselves"
-            if any(dynamic.module is module for dynamic in self.dynamic)
-            else "not an embedding table of the model"
-        )
+        for dynamic in self.dynamic:
+            if dynamic.module is module:
+                return dynamic
         raise TypeError(
             f"rows can be prefetched for the model's nn.Embedding/nn.EmbeddingBag tables built with "
-            f"sparse=True; {type(module).__name__} is {what}"
+            f"sparse=True and its DynamicEmbeddings; {type(module).__name__} is not an embedding table of the model"
         )
 
     @staticmethod
@@ -361,6 +363,8 @@ class DynamicTable:
     module: DynamicEmbedding
     slots: list[Slot]  # by part index
     cache: RowCache | None = None  # rows kept between steps (Trainer's row_cache)
+    # Rows pulled ahead for lookups to come (psframe.worker.prefetch): their distinct ids, their rows.
+    prefetched: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     def split(self, ids: torch.Tensor) -> list[tuple[Slot, torch.Tensor]]:
         """Ids cut by part: ``(slot, positions in ids)`` per part."""
@@ -368,7 +372,12 @@ class DynamicTable:
         return [(slot, torch.nonzero(part == k).squeeze(1)) for k, slot in enumerate(self.slots)]
 
     def pull(self, ids: torch.Tensor, create: bool, pull: Pull) -> torch.Tensor:
-        """The rows of ``ids`` (distinct, int64, on the host), from the parts that hold them."""
+        """The rows of ``ids`` (distinct, int64, on the host), from the parts that hold them
+        (or prefetched for a training lookup of these ids, or kept in the row cache)."""
+        if create:
+            for k, (prefetched_ids, _) in enumerate(self.prefetched):
+                if torch.equal(prefetched_ids, ids):
+                    return self.prefetched.pop(k)[1]
         parts = [(slot, positions, ids[positions]) for slot, positions in self.split(ids)]
         if create and self.cache is not None:  # training's lookups; an evaluation's peeks ask the ps tasks
             return pull_cached(pull, parts, ids, self.cache)

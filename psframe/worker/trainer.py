@@ -596,12 +596,13 @@ class Trainer:
             loss = loss_fn(model(next_ids), next_labels)  # the embedding's rows are here already
 
         Args:
-            table: an ``nn.Embedding``/``nn.EmbeddingBag`` of the model built with ``sparse=True``.
+            table: an ``nn.Embedding``/``nn.EmbeddingBag`` of the model built with ``sparse=True``,
+                or a :class:`psframe.DynamicEmbedding` of it (its next training lookup takes the rows).
             ids: the ids it will be called with (any shape); call once per lookup.
 
         Raises:
-            TypeError: ``table`` is not such a table of the model (a dynamic table pulls at its lookups).
-            RowIdError: an id is not a row of the table; nothing is sent.
+            TypeError: ``table`` is not such a table of the model.
+            RowIdError: an id is not a row of the (fixed) table; nothing is sent.
         """
         self._require_running()
         self._prefetcher.add(self._replica.tables, table, ids)
