@@ -100,6 +100,12 @@ class CheckpointCorruptError(CheckpointError):
     """A checkpoint file is missing, truncated or fails its checksum."""
 
 
+class CheckpointCutError(CheckpointError):
+    """A ps task could not take its part of a checkpoint at the cut the others took: the steps a
+    worker had begun elsewhere did not arrive before the hold's deadline. The chief then saves
+    without one cut (each part at its own instant) and says so."""
+
+
 class SnapshotError(CheckpointError):
     """A serving snapshot or update (:mod:`psframe.export`) cannot be made, read or applied; nothing changed."""
 
@@ -171,6 +177,7 @@ __all__ = [
     "AuthenticationError",
     "BarrierTimeoutError",
     "CheckpointCorruptError",
+    "CheckpointCutError",
     "CheckpointError",
     "ClusterMismatchError",
     "ClusterSpecError",

@@ -334,7 +334,7 @@ def test_the_ledger_holds_pushes_until_each_worker_reaches_its_target():
     ledger.record(0, 1, ends_step=True)
     ledger.record(1, 1, ends_step=False)  # worker 1 has begun its first step here
     assert ledger.admits(0) and not ledger.held()
-    assert ledger.hold() == [1, 1] and ledger.held()
+    assert ledger.hold(60.0) == [1, 1] and ledger.held()
     assert not ledger.admits(0) and not ledger.admits(1)
     ledger.set_targets([1, 1])  # another ps task had begun nothing more
     assert not ledger.admits(0) and ledger.admits(1) and not ledger.reached()
@@ -342,6 +342,9 @@ def test_the_ledger_holds_pushes_until_each_worker_reaches_its_target():
     assert ledger.reached() and not ledger.admits(1)
     ledger.release()
     assert ledger.admits(0) and ledger.admits(1) and not ledger.held()
+    # A hold past its deadline holds nothing: a chief lost between hold and save stalls no one.
+    ledger.hold(0.0)
+    assert not ledger.held() and ledger.admits(0) and ledger.admits(1)
 
 
 class Wide(torch.nn.Module):
@@ -417,3 +420,29 @@ def test_an_evaluator_sees_full_and_delta_checkpoints_in_step_order(local_cluste
     results = psframe.Evaluator(Clicks(), evaluate, url, max_step=6, timeout=5.0).run()
     assert sorted(results) == [2, 4, 6]
     assert results[6] == live  # the last delta's view is the cluster's
+
+
+@pytest.mark.service
+def test_a_cut_a_lost_worker_never_completes_ends_by_its_deadline_and_the_save_goes_on(url, monkeypatch, caplog):
+    from psframe.ps import service as ps_service
+
+    monkeypatch.setattr(ps_service, "MAX_HOLD_SECONDS", 0.5)
+    cluster = free_cluster(2, 2)
+    servers = [psframe.Server(cluster, "ps", k, serving_processes=1) for k in range(2)]
+    model = Wide()
+    try:
+        with psframe.Trainer(
+            model, cluster, optimizer=psframe.optim.SGD(lr=0.01), checkpointing=psframe.Checkpointing(url)
+        ) as trainer:
+            trainer.step(model(torch.randn(32, 64)))
+            # Worker 1 began a step on ps task 0 and was lost before its pushes reached ps task 1.
+            servers[0].service.ledger.record(1, 1, ends_step=False)
+            with caplog.at_level(logging.WARNING):
+                manifest = trainer.save_checkpoint()
+            assert any("saved without one cut" in r.getMessage() for r in caplog.records)
+            # Training goes on: the hold ended with the save.
+            trainer.step(model(torch.randn(32, 64)))
+            assert trainer.global_step == manifest.step + 1
+    finally:
+        for server in servers:
+            server.stop(grace=0.1)

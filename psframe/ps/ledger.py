@@ -34,11 +34,12 @@ part holds the same steps of every worker.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import numpy
 
-LEDGER_ROWS = 4  # last push, steps applied, a step begun, the hold's target (see PushLedger)
+LEDGER_ROWS = 5  # last push, steps applied, a step begun, the hold's target, its deadline (see PushLedger)
 NOT_HELD = -1  # a worker's hold target: its pushes apply
 HELD = -2  # its pushes wait, until a target says which
 
@@ -52,7 +53,9 @@ class PushLedger:
             (shared by a task's serving processes); this ledger's own by default.
             Row 0: the last push number applied; row 1: steps applied; row 2:
             1 while a step is begun (a push of it applied, not its last);
-            row 3: the hold's target (:meth:`hold`).
+            row 3: the hold's target (:meth:`hold`); row 4, its first entry: when
+            the hold ends by itself (``time.monotonic_ns``, one clock for every
+            process of the host).
     """
 
     def __init__(self, num_workers: int, counts: numpy.ndarray | None = None) -> None:
@@ -66,6 +69,7 @@ class PushLedger:
         self._applied_steps = counts[1]
         self._in_step = counts[2]
         self._target = counts[3]
+        self._deadline = counts[4][:1]
 
     def is_duplicate(self, worker: int, push_id: int) -> bool:
         """Whether push ``push_id`` of ``worker`` was applied already (hold the store's lock)."""
@@ -82,9 +86,10 @@ class PushLedger:
 
     # ---- the hold of a checkpoint's cut (call under the store's lock)
 
-    def hold(self) -> list[int]:
-        """Hold every worker's pushes back; returns the steps of each worker begun here
-        (applied, plus one where a push of its next step was applied)."""
+    def hold(self, seconds: float) -> list[int]:
+        """Hold every worker's pushes back, for ``seconds`` at most; returns the steps of each
+        worker begun here (applied, plus one where a push of its next step was applied)."""
+        self._deadline[0] = time.monotonic_ns() + int(seconds * 1e9)
         self._target[:] = HELD
         return (self._applied_steps + self._in_step).tolist()
 
@@ -97,13 +102,15 @@ class PushLedger:
         self._target[:] = NOT_HELD
 
     def held(self) -> bool:
-        """Whether pushes are held (a hold begun and not ended)."""
-        return bool((self._target != NOT_HELD).all())
+        """Whether pushes are held (a hold begun, neither ended nor past its deadline)."""
+        return bool((self._target != NOT_HELD).all()) and time.monotonic_ns() < self._deadline[0]
 
     def admits(self, worker: int) -> bool:
         """Whether a push of ``worker`` may apply now (always, unless held)."""
         target = self._target[worker]
-        return target == NOT_HELD or self._applied_steps[worker] < target
+        if target == NOT_HELD or self._applied_steps[worker] < target:
+            return True
+        return time.monotonic_ns() >= self._deadline[0]  # a hold past its deadline holds nothing
 
     def reached(self) -> bool:
         """Whether every worker has as many steps applied here as its target (held with targets)."""

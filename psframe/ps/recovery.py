@@ -11,7 +11,7 @@ field names with ``pb.VariableDef`` and ``pb.SyncDef``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,7 @@ def save_shard(
     ps_task: int,
     num_shards: int,
     ledger: PushLedger | None = None,
+    cut: Callable[[], None] | None = None,
 ) -> checkpoint_io.ShardRecord:
     """Write the store's variables, optimizer state and global step as one shard.
 
@@ -74,6 +75,8 @@ def save_shard(
         ps_task: this ps task's index.
         num_shards: the number of ps tasks.
         ledger: the workers' pushes applied, taken at the same instant as the values.
+        cut: called under the store's lock right before the snapshot (a
+            checkpoint's cut: it raises if pushes went past it).
 
     Returns:
         The record the chief commits in the manifest.
@@ -82,6 +85,8 @@ def save_shard(
         CheckpointError: the shard cannot be written.
     """
     with store.lock:  # the values and the record of the pushes they hold, at one instant
+        if cut is not None:
+            cut()
         global_step, values, states = store.snapshot()
         pushes = None if ledger is None else ledger.state_dict()
         dynamic = store.export_dynamic()
@@ -115,6 +120,7 @@ def save_delta_shard(
     ps_task: int,
     num_shards: int,
     ledger: PushLedger | None = None,
+    cut: Callable[[], None] | None = None,
 ) -> checkpoint_io.ShardRecord:
     """Write what the store changed since checkpoint ``parent`` as this task's shard of delta ``step``.
 
@@ -126,6 +132,8 @@ def save_delta_shard(
             or restarted since): a full checkpoint is needed.
     """
     with store.lock:
+        if cut is not None:
+            cut()  # as for save_shard
         changes = store.changes_since(parent)
         pushes = None if ledger is None else ledger.state_dict()
         store.mark_snapshot(step)

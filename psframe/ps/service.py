@@ -95,7 +95,6 @@ class ParameterServerService(TaskService):
         self._pending: PendingModel | None = None  # the chief's initial values, while they arrive
         # Each worker's pushes applied once, whatever is sent again after a reconnect.
         self.ledger = ledger if ledger is not None else PushLedger(cluster.num_workers)
-        self._hold_serial = 0  # the latest checkpoint cut's hold (see _hold)
         self.roster = WorkerRoster(
             cluster.num_workers, worker_timeout, last_seen=last_seen, chief_timeout=chief_timeout
         )
@@ -362,6 +361,8 @@ class ParameterServerService(TaskService):
         url = request.checkpoint_dir or self.checkpoint_dir
         if not url:
             raise errors.CheckpointError(f"{self.task_name} has no checkpoint_dir and the request named none")
+        # With targets, the snapshot is the cut's: checked under the lock it is taken under.
+        cut = self._check_cut if request.targets else None
         try:
             with self._init_lock:
                 self.store.check_names([])  # NotReadyError before the model exists
@@ -370,11 +371,11 @@ class ParameterServerService(TaskService):
                 k, num_ps = self.task_index, self.cluster.num_ps
                 if request.delta:  # what changed since the parent only
                     record = recovery.save_delta_shard(
-                        self.store, url, request.step, request.parent_step, k, num_ps, self.ledger
+                        self.store, url, request.step, request.parent_step, k, num_ps, self.ledger, cut
                     )
                 else:
                     record = recovery.save_shard(
-                        self.store, self._variable_defs, self._sync_def, url, request.step, k, num_ps, self.ledger
+                        self.store, self._variable_defs, self._sync_def, url, request.step, k, num_ps, self.ledger, cut
                     )
         finally:
             if request.targets:
@@ -389,54 +390,48 @@ class ParameterServerService(TaskService):
     def _hold(self, seconds: float) -> pb.SaveReply:
         """Hold pushes back (asynchronous training) and say each worker's steps begun here.
 
-        The hold ends with the save that follows, or after ``seconds`` (at
-        most :data:`MAX_HOLD_SECONDS`) if none comes: a chief that fails
-        between the two never stalls training for long.
+        The hold ends with the save that follows, or by itself after ``seconds``
+        (at most :data:`MAX_HOLD_SECONDS`): a chief lost between the two never
+        stalls training for long.
         """
         with self.store.lock:
             if self.aggregator is not None or not self.store.ready or not self._variable_defs:
                 return pb.SaveReply(holds=False)  # rounds are cut by their step; nothing to hold here
-            begun = self.ledger.hold()
-            self._hold_serial += 1
-        serial = self._hold_serial
-        timer = threading.Timer(min(max(seconds, 0.1), MAX_HOLD_SECONDS), self._end_hold, (serial,))
-        timer.daemon = True
-        timer.start()
+            begun = self.ledger.hold(min(max(seconds, 0.1), MAX_HOLD_SECONDS))
         return pb.SaveReply(holds=True, steps_begun=begun)
-
-    def _end_hold(self, serial: int) -> None:
-        with self.store.lock:
-            if serial == self._hold_serial:
-                self.ledger.release()
 
     def _reach(self, targets: list[int]) -> None:
         """Let each worker's pushes through until its ``targets`` steps are applied here (the
-        pushes of steps another ps task had begun), then hold the rest; under the hold's deadline.
+        pushes of steps another ps task had begun), then hold the rest; within the hold's deadline.
 
         Raises:
-            CheckpointError: a worker's steps did not arrive in time (it died mid-step, say).
+            CheckpointError: the hold ended first (a worker died mid-step, say): the cut is lost.
         """
         lock = self.store.lock
-        deadline = time.monotonic() + MAX_HOLD_SECONDS
         with lock:
-            if not self.ledger.held():
-                raise errors.CheckpointError(
-                    f"{self.task_name}: the checkpoint's hold ended before its save came (after at most "
-                    f"{MAX_HOLD_SECONDS:.0f} s), so pushes went on and the cut is lost; save again"
-                )
+            self._check_held()
             self.ledger.set_targets(targets)
             while not self.ledger.reached():
-                if time.monotonic() >= deadline:
-                    behind = [w for w in range(self.ledger.num_workers) if self.ledger.applied_steps(w) < targets[w]]
-                    raise errors.CheckpointError(
-                        f"{self.task_name} could not take the checkpoint's cut: workers {behind} did not send "
-                        f"the rest of a step the other ps tasks had begun within {MAX_HOLD_SECONDS:.0f} s"
-                    )
+                self._check_held()
                 lock.release()
                 try:
                     time.sleep(_HOLD_POLL_SECONDS)
                 finally:
                     lock.acquire()
+
+    def _check_cut(self) -> None:
+        """Raise unless the cut still holds: called under the store's lock, right before the snapshot."""
+        self._check_held()
+        if not self.ledger.reached():
+            raise errors.CheckpointCutError(f"{self.task_name}: pushes went past the checkpoint's cut; save again")
+
+    def _check_held(self) -> None:
+        if not self.ledger.held():
+            raise errors.CheckpointCutError(
+                f"{self.task_name} could not take the checkpoint's cut: its hold ended (after at most "
+                f"{MAX_HOLD_SECONDS:.0f} s) before the steps other ps tasks had begun arrived, or before the "
+                f"save came; pushes went on, and the next save tries again"
+            )
 
     def _values_like(self, defs: list[pb.VariableDef]) -> dict[str, torch.Tensor]:
         return {d.name: torch.empty(tuple(d.shape), dtype=codec.dtype_from_name(d.dtype), device="meta") for d in defs}

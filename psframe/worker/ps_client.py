@@ -427,9 +427,17 @@ class PsClient:
             )
             for r in holds
         ]
-        replies = transport.call_all(
-            [(ps, "Save", request) for ps, request in zip(self._ps, requests)], self.rpc_timeout
-        )
+        try:
+            replies = transport.call_all(
+                [(ps, "Save", request) for ps, request in zip(self._ps, requests)], self.rpc_timeout
+            )
+        except errors.CheckpointCutError as e:  # a worker lost mid-step, say: better a checkpoint than none
+            log.warning("%s: checkpoint step %d is saved without one cut across the ps tasks: %s", self.name, step, e)
+            for request in requests:
+                del request.targets[:]
+            replies = transport.call_all(
+                [(ps, "Save", request) for ps, request in zip(self._ps, requests)], self.rpc_timeout
+            )
         return [
             ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes, global_step=r.global_step)
             for k, r in enumerate(replies)
