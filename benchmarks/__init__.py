@@ -6,19 +6,24 @@ Where a module lives says what it is:
   ``docs/benchmarks.md`` reports, one module per section (``transport``,
   ``security``, ``memory``, ``training``, ``scaling``, ``sparse`` with
   ``ctr``, ``hosts``), each with its own table function and
-  ``python -m`` command line; and what they share (``train_psframe``, psframe's
+  ``python -m`` command line; two that :mod:`benchmarks.ctr` runs apart from
+  the report (``ctr_throughput``: the CTR example at batch 512, one process
+  against 1 ps + N workers; ``row_rate``: a ps task's rows per core-second
+  against raw torch's); and what they share (``train_psframe``, psframe's
   training task; ``processes``, ``ps_cluster``). Suite modules use psframe's
   public API; the one door below it is ``suite/psframe_internals.py``.
 - ``benchmarks/baselines/``: the systems psframe is measured against, with no
   psframe code in them: the raw gRPC ceiling (``raw_grpc``, also the report's
   first section), DDP over gloo and one process (``ddp``), the
-  torch.distributed.rpc parameter servers (``rpc_ps``, ``rpc_sparse``) and
-  TensorFlow's (``tf_ps``, run from its own environment found by ``tf_env``).
+  torch.distributed.rpc parameter servers (``rpc_ps``, ``rpc_sparse``),
+  TensorFlow's (``tf_ps``, run from its own environment found by ``tf_env``)
+  and raw torch on an embedding table's rows (``torch_rows``).
 - ``benchmarks/experiments/``: one-off measurements behind ``docs/decisions.md``
   (``store_lock``, ``recovery``, ``step_cpu``); they may use psframe's internals and are not
   part of :mod:`benchmarks.run`.
 - At the top: the command (:mod:`benchmarks.run`), the report it writes
-  (:mod:`benchmarks.report`), and the leaves every other module shares:
+  (:mod:`benchmarks.report`), the CTR command (:mod:`benchmarks.ctr`: the
+  two suite modules above, printed together), and the leaves every other module shares:
   :mod:`benchmarks.common` (settings, deadlines, timing, child processes;
   standard library only, so the TensorFlow baseline can import it),
   :mod:`benchmarks.formatting` (numbers, markdown tables, plots) and the

@@ -15,14 +15,21 @@ touched, never the table's size:
   decayed and their values moved.
 
 :func:`table_optimizer` picks the table optimizer that goes with a model's
-optimizer when the user names none.
+optimizer when the user names none, and :func:`adagrad_rows_step` runs
+``Adagrad``'s step on sparse gradients with gathers and scatters of the rows
+(where it gives torch's bits), for a ps task's tables.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 
 from psframe.errors import OptimizerConfigError
+
+log = logging.getLogger(__name__)
 
 
 class SparseSGD(torch.optim.Optimizer):
@@ -149,3 +156,183 @@ def fresh_row_state(name: str, kwargs: dict) -> dict[str, float]:
     if name == "Adagrad":
         return {"sum": float(kwargs.get("initial_accumulator_value", 0.0))}
     return {}
+
+
+# ---- Adagrad, row by row
+#
+# torch.optim.Adagrad updates a table from a sparse gradient with two
+# dense-plus-sparse additions (the sum of squares, then the rows), each a
+# BLAS axpy call per row, and a sparse_mask: about 0.15 us per row of 8
+# floats, 3 times the cost of gathering the rows, computing, and scattering
+# them back. adagrad_rows_step does the latter, with the same
+# operations in the same order: sum += g^2 (axpy with alpha 1: one rounding,
+# as an add), std = sqrt(sum) + eps, param += -clr * (g / std) (axpy: a fused
+# multiply-add, as ``add_(alpha=)`` is on CPUs with FMA). Whether both give
+# the same bits depends on the BLAS and the CPU, so it is decided by running
+# both, once per process for each dtype, row shape and arguments
+# (rows_kernel_agrees); where they differ, torch's step runs.
+
+_ROWS_CHECK_TABLE = 67  # rows of the check's table: odd, so no row count lines up with a vector width
+_ROWS_CHECK_STEPS = 4
+
+
+def adagrad_rows_step(optimizer: torch.optim.Optimizer) -> bool:
+    """One ``torch.optim.Adagrad`` step over sparse row gradients, by gathers and scatters of the rows touched.
+
+    Runs only where every parameter with a gradient is a contiguous float32
+    or float64 CPU table with a gradient sparse in its rows and the state
+    torch made for it (``Adagrad`` makes it when built), in groups of plain
+    arguments (no weight decay, fused, differentiable or tensor learning
+    rate), and where the kernel gave torch's bits in this process's check
+    (see :func:`rows_kernel_agrees`); else it changes nothing.
+
+    Returns:
+        True if the step was taken (values, sums and step counts updated as
+        ``optimizer.step()`` would have), False if ``optimizer.step()`` must
+        take it.
+    """
+    if type(optimizer) is not torch.optim.Adagrad:
+        return False
+    work = []
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            grad = param.grad
+            if grad is None:
+                continue
+            state = optimizer.state.get(param)
+            if state is None or not _rows_step_applies(group, param, grad, state):
+                return False
+            work.append((group, param, grad, state))
+    if not work:
+        return False
+    # Every table is checked before any changes: the step is taken whole or not at all.
+    with torch.no_grad():
+        for group, param, grad, state in work:
+            _adagrad_rows(param, grad, state, group)
+    return True
+
+
+def _hyperparameters(group: dict) -> tuple[float, float, float, bool]:
+    return (group["lr"], group["lr_decay"], group["eps"], bool(group["maximize"]))
+
+
+def _rows_step_applies(group: dict, param: torch.Tensor, grad: torch.Tensor, state: dict) -> bool:
+    """Whether :func:`_adagrad_rows` takes this table's step as torch would."""
+    if (
+        group.get("fused")
+        or group.get("differentiable")
+        or group.get("foreach")  # psframe's tables run the per-parameter kernels; the rest is left to torch
+        or group["weight_decay"] != 0
+        or isinstance(group["lr"], torch.Tensor)
+    ):
+        return False
+    if (
+        not grad.is_sparse
+        or grad.sparse_dim() != 1
+        or param.dim() < 1
+        or param.device.type != "cpu"
+        or param.dtype not in (torch.float32, torch.float64)
+        or grad.dtype != param.dtype
+        or grad.shape != param.shape
+        or not param.is_contiguous()
+        or not state
+        or not isinstance(state.get("sum"), torch.Tensor)
+        or not isinstance(state.get("step"), torch.Tensor)
+    ):
+        return False
+    total = state["sum"]
+    if total.dtype != param.dtype or total.shape != param.shape or not total.is_contiguous():
+        return False
+    return rows_kernel_agrees(param.dtype, tuple(param.shape[1:]), *_hyperparameters(group))
+
+
+def _adagrad_rows(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
+    """torch's sparse Adagrad update of ``param`` (``_single_tensor_adagrad``), row by row."""
+    lr, lr_decay, eps, maximize = _hyperparameters(group)
+    grad = grad.coalesce()  # as torch's: the update is not linear, so each row once
+    rows, values = grad._indices()[0], grad._values()
+    if maximize:
+        values = -values
+    step_t = state["step"]
+    step_t += 1
+    clr = lr / (1 + (step_t.item() - 1) * lr_decay)
+    total = state["sum"]
+    sums = total.index_select(0, rows).add_(values.pow(2))
+    total.index_copy_(0, rows, sums)
+    std = sums.sqrt_().add_(eps)
+    weight = param.detach()
+    weight.index_copy_(0, rows, weight.index_select(0, rows).add_(values / std, alpha=-clr))
+
+
+def rows_kernel_agrees(
+    dtype: torch.dtype, row_shape: tuple[int, ...], lr: float, lr_decay: float, eps: float, maximize: bool
+) -> bool:
+    """Whether :func:`adagrad_rows_step` gives ``torch.optim.Adagrad``'s bits for tables of
+    this dtype and row shape and these arguments, on the installed torch and this CPU.
+
+    Decided once per process for each, by a few steps of both from the same
+    values and gradients (random, from a private generator) on a small
+    table, bit for bit; a millisecond or two. The answer is logged (debug
+    when they agree, info when they do not); a check that fails to run
+    counts as a difference, so a False only ever costs speed.
+    """
+    return _decide_rows_kernel(dtype, row_shape, lr, lr_decay, eps, maximize)
+
+
+@functools.lru_cache(maxsize=64)
+def _decide_rows_kernel(
+    dtype: torch.dtype, row_shape: tuple[int, ...], lr: float, lr_decay: float, eps: float, maximize: bool
+) -> bool:
+    what = f"Adagrad(lr={lr}, lr_decay={lr_decay}, eps={eps}, maximize={maximize}) on {dtype} rows of {row_shape}"
+    try:
+        # torch's step makes sparse tensors of its own: said outright, their checks are off (as by default).
+        with torch.sparse.check_sparse_tensor_invariants(enable=False):
+            difference = _rows_kernel_difference(
+                dtype, row_shape, {"lr": lr, "lr_decay": lr_decay, "eps": eps, "maximize": maximize}
+            )
+    except Exception as e:  # noqa: BLE001 - any failure leaves them not shown equal: the safe answer
+        difference = f"could not be compared ({type(e).__name__}: {e})"
+    if difference is None:
+        log.debug(
+            "%s: row gathers and scatters give torch's bits on torch %s; tables use them", what, torch.__version__
+        )
+        return True
+    log.info(
+        "%s: torch's own sparse step: on torch %s row gathers and scatters %s", what, torch.__version__, difference
+    )
+    return False
+
+
+def _rows_kernel_difference(dtype: torch.dtype, row_shape: tuple[int, ...], kwargs: dict) -> str | None:
+    """None if torch's step and :func:`_adagrad_rows` end on the same bits; else what differs."""
+    generator = torch.Generator().manual_seed(0)
+    shape = (_ROWS_CHECK_TABLE, *row_shape)
+    start = torch.randn(shape, dtype=dtype, generator=generator)
+    theirs, ours = start.clone().requires_grad_(), start.clone().requires_grad_()
+    torch_opt = torch.optim.Adagrad([theirs], foreach=False, **kwargs)
+    rows_opt = torch.optim.Adagrad([ours], foreach=False, **kwargs)
+    for step in range(_ROWS_CHECK_STEPS):
+        rows = torch.randperm(_ROWS_CHECK_TABLE, generator=generator)[: _ROWS_CHECK_TABLE // 2 + step].sort().values
+        # Gradients of many magnitudes, so that a difference in rounding shows.
+        scale = torch.exp(4 * torch.randn((rows.numel(),) + (1,) * len(row_shape), dtype=dtype, generator=generator))
+        values = torch.randn((rows.numel(), *row_shape), dtype=dtype, generator=generator) * scale
+        grad = torch.sparse_coo_tensor(rows.unsqueeze(0), values, shape, check_invariants=False).coalesce()
+        theirs.grad, ours.grad = grad, grad.clone()
+        torch_opt.step()
+        _rows_step_unchecked(rows_opt)
+    pairs = {"values": (theirs, ours), "sums": (torch_opt.state[theirs]["sum"], rows_opt.state[ours]["sum"])}
+    pairs["steps"] = (torch_opt.state[theirs]["step"], rows_opt.state[ours]["step"])
+    for name, (a, b) in pairs.items():
+        if not torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8)):
+            count = int((a.detach() != b.detach()).sum())
+            return f"differ after {_ROWS_CHECK_STEPS} steps: {count} of the {a.numel()} {name}"
+    return None
+
+
+def _rows_step_unchecked(optimizer: torch.optim.Optimizer) -> None:
+    """:func:`adagrad_rows_step` without asking whether it agrees with torch (the check's own step)."""
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    _adagrad_rows(param, param.grad, optimizer.state[param], group)

@@ -36,9 +36,10 @@ ALLOWED = {
 PUBLIC_MODULES = {"psframe", "psframe.optim", "psframe.hooks", "psframe.checkpoint", "psframe.errors", "psframe.flags"}
 # The one suite module that may import psframe's internals, and why: the transport,
 # security and memory sections time psframe's own client sending the trainer's step plan
-# with no model around it, the scaling section counts that plan's messages, and the
-# sparse section measures how table placement splits a batch's ids. It gathers those
-# few internal names so that a refactor of psframe breaks the suite in one place.
+# with no model around it, the scaling section counts that plan's messages, the
+# sparse section measures how table placement splits a batch's ids, and the row rate
+# calls a ps task's row path in process (its store, a dynamic table's part). It gathers
+# those few internal names so that a refactor of psframe breaks the suite in one place.
 INTERNALS_DOOR = "benchmarks.suite.psframe_internals"
 
 

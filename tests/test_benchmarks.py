@@ -526,6 +526,96 @@ def test_ctr_benchmark_runs_every_mode_on_the_same_samples():
     assert sparse.CTR_CAPTION in text and "| sync " in text and "+0.0000" in text, text
 
 
+# ---------------------------------------------------------------- the CTR example at batch 512, and the ps's row rate
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(TIMEOUT_S + 30)
+def test_quick_ctr_run_prints_throughput_per_layout_and_the_ps_row_rate_against_raw_torch():
+    from benchmarks.ctr import ROW_RATE_CAPTION, THROUGHPUT_CAPTION
+    from benchmarks.suite.row_rate import RAW_CEILING, RAW_READ, RAW_TORCH_OPTIM, READ, UPDATE
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.ctr", "--quick", "--timeout", str(SECTION_TIMEOUT_S)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as e:  # subprocess.run kills the child (by PID) first
+        pytest.fail(f"benchmarks.ctr --quick took over {TIMEOUT_S}s; stderr:\n{e.stderr}")
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
+    stdout = proc.stdout
+    assert f"os.cpu_count() = {os.cpu_count()}" in stdout and "OMP_NUM_THREADS=1" in stdout, stdout
+
+    # tables, layout, processes (1 core each), samples, samples/s, vs single process, AUC, AUC - single, ceiling AUC
+    throughput = _table_after(stdout, THROUGHPUT_CAPTION)
+    layouts = [("single process", "1"), ("1 ps + 1 worker", "2"), ("1 ps + 2 workers", "3")]
+    assert [(r[0], r[1], r[2]) for r in throughput] == [
+        (tables, layout, processes) for tables in ("fixed", "dynamic") for layout, processes in layouts
+    ], stdout
+    for r in throughput:
+        assert _cell(r[4]) > 0 and r[5].endswith("x") and 0.5 < float(r[6]) <= float(r[8]) <= 1.0, r
+    assert all((r[5], r[7]) == ("1.00x", "+0.0000") for r in throughput if r[1] == "single process"), stdout
+
+    # operation, path, where, rows/call, µs/call, rows/s per core, vs ceiling, vs torch.optim, spread
+    rates = _table_after(stdout, ROW_RATE_CAPTION)
+    assert [(r[0], r[2]) for r in rates] == [(READ, "in process")] * 3 + [(UPDATE, "in process")] * 4 + [
+        (UPDATE, "gRPC, ps CPU")
+    ] * 2, stdout
+    paths = [r[1] for r in rates]
+    assert paths[0] == RAW_READ and paths[3:5] == [RAW_TORCH_OPTIM, RAW_CEILING], stdout
+    assert all(p.startswith("psframe") for p in paths[1:3] + paths[5:]), stdout
+    assert all(_cell(r[5]) > 0 and r[6].endswith("x") for r in rates), stdout
+    assert [r[7].endswith("x") for r in rates] == [r[0] == UPDATE for r in rates], stdout
+    assert (rates[0][6], rates[4][6], rates[3][7]) == ("1.00x", "1.00x", "1.00x"), stdout  # each ceiling is itself
+
+
+def test_ctr_row_rate_ratios_pair_the_repeats_of_paths_timed_together():
+    from benchmarks.suite.row_rate import RAW_CEILING, RAW_TORCH_OPTIM, UPDATE, add_ratios
+
+    def row(path: str, repeats: list[float] | None, rate: float) -> dict:
+        return {
+            "operation": UPDATE,
+            "path": path,
+            "rows_per_s": rate,
+            **({"repeat_rows_per_s": repeats} if repeats else {}),
+        }
+
+    rows = add_ratios(
+        [
+            row(RAW_TORCH_OPTIM, [1.0, 2.0, 4.0], 2.0),
+            row(RAW_CEILING, [4.0, 8.0, 16.0], 8.0),
+            row("psframe", [2.0, 2.0, 8.0], 2.0),  # paired: 0.5, 0.25, 0.5 of the ceiling
+            row("psframe over gRPC", None, 4.0),  # not timed with them: against the medians
+        ]
+    )
+    assert [r["vs_ceiling"] for r in rows] == pytest.approx([0.25, 1.0, 0.5, 0.5])
+    assert [r["vs_torch_optim"] for r in rows] == pytest.approx([1.0, 4.0, 2.0, 2.0])
+
+
+def test_ctr_throughput_compares_each_run_with_the_single_process_of_its_tables():
+    from benchmarks.suite.ctr_throughput import compare
+
+    rows = compare(
+        [
+            {"tables": t, "num_ps": ps, "samples_per_sec": s, "auc": a}
+            for t, ps, s, a in (
+                ("fixed", 0, 100.0, 0.80),
+                ("fixed", 1, 50.0, 0.80),
+                ("dynamic", 0, 40.0, 0.81),
+                ("dynamic", 1, 30.0, 0.79),
+            )
+        ]
+    )
+    assert [r["vs_single"] for r in rows] == pytest.approx([1.0, 0.5, 1.0, 0.75])
+    assert [r["auc_diff"] for r in rows] == pytest.approx([0.0, 0.0, 0.0, -0.02])
+
+
 # ---------------------------------------------------------------- the store's lock
 
 

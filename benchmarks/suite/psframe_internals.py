@@ -11,7 +11,10 @@ alone, and reach it here, and only here:
   (``DEFAULT_MAX_SHARD_BYTES``);
 - the sparse section asks psframe's table placement how it splits a batch's
   ids over the ps tasks (``place_tables``, ``Table.split``), and its ps tasks
-  what they hold (a tool's ``PsClient``).
+  what they hold (a tool's ``PsClient``);
+- the row-rate section calls a ps task's row path in this process, one
+  thread, with no network: a store's fixed tables (``VariableStore``) and a
+  dynamic table's part (``DynamicRows``, ``DynamicTableSpec``).
 
 A change to those internals breaks the suite in this module alone; the layout
 test (``tests/test_benchmark_layout.py``) keeps every other suite module on
@@ -26,8 +29,10 @@ import torch
 
 import psframe
 from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, Shard, VariableInfo, place
-from psframe.cluster.table_placement import place_tables
+from psframe.cluster.table_placement import DynamicTableSpec, place_tables
+from psframe.dynamic_rows import DynamicRows
 from psframe.optim import OptimizerSpec
+from psframe.ps.store import VariableStore
 from psframe.wire import transport
 from psframe.worker.ps_client import PsClient
 from psframe.worker.step_plan import Request, Slot, StepPlan, batches
@@ -35,9 +40,12 @@ from psframe.worker.tables import Table
 
 __all__ = [
     "DEFAULT_MAX_SHARD_BYTES",
+    "DynamicRows",
+    "DynamicTableSpec",
     "PsClient",
     "Step",
     "Tensors",
+    "VariableStore",
     "create_variables",
     "push_pull",
     "push_pull_rpc_kind",
