@@ -54,7 +54,7 @@ class Changes:
         stamps = self._rows.get(name)
         if stamps is None or stamps.numel() != num_rows:
             stamps = self._rows[name] = torch.zeros(num_rows, dtype=torch.int64)
-        stamps[rows] = self.epoch
+        stamps.index_fill_(0, rows, self.epoch)
 
     def snapshot(self, step: int) -> int:
         """Close the current epoch for a snapshot of ``step``: what a delta from ``step`` leaves out.

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from psframe.cluster.table_placement import DynamicTableSpec
-from psframe.dynamic_rows import DynamicRows
+from psframe.dynamic_rows import DynamicRows, row_gradient
 from psframe.errors import DtypeMismatchError, RowIdError, ShapeMismatchError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
@@ -166,9 +166,7 @@ class TableParts:
             # Rows may repeat (two pushes' worth, or a worker's own duplicates):
             # coalescing sums them, as backward does for one process.
             # (The ids were checked: torch's own invariant check would only repeat it.)
-            grads.append(
-                torch.sparse_coo_tensor(ids.unsqueeze(0), values, table.shape, check_invariants=False).coalesce()
-            )
+            grads.append(row_gradient(ids, values, table.shape))
         return tables, grads
 
     def apply_dynamic(self, rows: Sequence[RowPush]) -> None:
@@ -179,7 +177,7 @@ class TableParts:
     def touch_fixed(self, name: str, rows: torch.Tensor) -> None:
         """Rows ``rows`` of fixed table part ``name`` changed: they get a new version."""
         self._mutations += 1
-        self._fixed_versions[name][rows] = self._mutations
+        self._fixed_versions[name].index_fill_(0, rows, self._mutations)
 
     def touch_fixed_all(self) -> None:
         """Every row of every fixed table part changed (a restore)."""
