@@ -95,78 +95,88 @@ def initial_rows(
 
 
 class IdIndex:
-    """Where each id's row is: a sorted tensor of ids searched in bulk, plus a dict of the latest.
+    """Where each id's row is: sorted tensors of ids searched in bulk.
 
     Looking ids up one by one in a dict costs a Python call per id, several
-    times a step; here a batch's ids are found with one ``searchsorted`` over
-    the sorted ids. Ids added since the last merge wait in a small dict
-    (asked only for the ids the sorted part misses) and are merged into the
-    sorted part, in one linear pass, once there are :data:`MERGE_AT` of them.
-    A removed id keeps its place in the sorted part, marked -1, until the merge.
+    times a step; here a batch's ids are found with ``searchsorted`` over
+    sorted ids, in two parts: the bulk, and the ids added since it was last
+    merged (kept sorted, merged with each batch added in one linear pass).
+    Once there are :data:`MERGE_AT` recent ids, they are merged into the
+    bulk. A removed id keeps its place, marked -1, until its part is merged.
     About 16 bytes per id, against a dict's ~100.
     """
 
     MERGE_AT = 1 << 15
 
     def __init__(self) -> None:
-        self._ids = torch.zeros(0, dtype=torch.int64)  # sorted
+        self._ids = torch.zeros(0, dtype=torch.int64)  # the bulk, sorted
         self._slots = torch.zeros(0, dtype=torch.int64)  # -1: removed
-        self._recent: dict[int, int] = {}
+        self._recent_ids = torch.zeros(0, dtype=torch.int64)  # added since the bulk was merged, sorted
+        self._recent_slots = torch.zeros(0, dtype=torch.int64)
         self._count = 0
 
     def __len__(self) -> int:
         return self._count
 
     def nbytes(self) -> int:
-        """Bytes of the sorted part (the dict of recent ids aside: at most MERGE_AT entries)."""
-        return 16 * self._ids.numel()
+        """Bytes of both sorted parts."""
+        return 16 * (self._ids.numel() + self._recent_ids.numel())
 
     def find(self, ids: torch.Tensor) -> torch.Tensor:
         """The slot of each id, -1 where it has none."""
-        if self._ids.numel():
-            # numpy's searchsorted is about 3 times torch's on CPU for int64 (a step's ~5,000 ids).
-            at = numpy.searchsorted(self._ids.numpy(), ids.numpy())
-            position = torch.from_numpy(at).clamp_(max=self._ids.numel() - 1)
-            slots = torch.where(self._ids.index_select(0, position) == ids, self._slots.index_select(0, position), -1)
-        else:
-            slots = torch.full_like(ids, -1)
-        if self._recent:
+        slots = _search(self._ids, self._slots, ids)
+        if self._recent_ids.numel():
             missing = torch.nonzero(slots < 0).squeeze(1)
             if missing.numel():
-                get = self._recent.get
-                slots[missing] = torch.tensor([get(i, -1) for i in ids[missing].tolist()], dtype=torch.int64)
+                slots[missing] = _search(self._recent_ids, self._recent_slots, ids[missing])
         return slots
 
     def add(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
-        """Index ``ids`` (none of them held) at ``slots``."""
-        self._recent.update(zip(ids.tolist(), slots.tolist()))
+        """Index ``ids`` (distinct, none of them held) at ``slots``."""
+        self._recent_ids, self._recent_slots = _merged(self._recent_ids, self._recent_slots, ids, slots)
         self._count += ids.numel()
-        if len(self._recent) >= self.MERGE_AT:
-            self._merge()
+        if self._recent_ids.numel() >= self.MERGE_AT:
+            self._ids, self._slots = _merged(self._ids, self._slots, self._recent_ids, self._recent_slots)
+            self._recent_ids, self._recent_slots = self._recent_ids[:0], self._recent_slots[:0]
 
     def remove(self, ids: torch.Tensor) -> None:
         """Forget ``ids`` (all of them held)."""
-        listed = [self._recent.pop(i, None) is None for i in ids.tolist()]
-        rest = ids[torch.tensor(listed, dtype=torch.bool)] if ids.numel() else ids
-        if rest.numel():
-            self._slots[torch.searchsorted(self._ids, rest)] = -1
         self._count -= ids.numel()
+        for keys, slots in ((self._recent_ids, self._recent_slots), (self._ids, self._slots)):
+            if keys.numel() and ids.numel():
+                at = torch.from_numpy(numpy.searchsorted(keys.numpy(), ids.numpy())).clamp_(max=keys.numel() - 1)
+                hit = (keys.index_select(0, at) == ids) & (slots.index_select(0, at) >= 0)
+                slots[at[hit]] = -1
+                ids = ids[~hit]  # each id is held in one part
 
-    def _merge(self) -> None:
-        held = self._slots >= 0
-        old_ids, old_slots = self._ids[held], self._slots[held]
-        new_ids = torch.tensor(list(self._recent), dtype=torch.int64)
-        new_slots = torch.tensor(list(self._recent.values()), dtype=torch.int64)
-        new_ids, order = torch.sort(new_ids)
-        # Each new id lands after the old ids below it and the new ids before it.
-        at = torch.searchsorted(old_ids, new_ids) + torch.arange(new_ids.numel())
-        old_place = torch.ones(old_ids.numel() + new_ids.numel(), dtype=torch.bool)
-        old_place[at] = False
-        self._ids = torch.empty(old_place.numel(), dtype=torch.int64)
-        self._slots = torch.empty(old_place.numel(), dtype=torch.int64)
-        self._ids[at], self._slots[at] = new_ids, new_slots[order]
-        self._ids[old_place], self._slots[old_place] = old_ids, old_slots
-        self._recent = {}
+
+def _search(keys: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The slot of each id among sorted ``keys`` (-1 where it is not there, or removed)."""
+    if not keys.numel():
+        return torch.full_like(ids, -1)
+    # numpy's searchsorted is about 3 times torch's on CPU for int64 (a step's ~5,000 ids).
+    at = torch.from_numpy(numpy.searchsorted(keys.numpy(), ids.numpy())).clamp_(max=keys.numel() - 1)
+    return torch.where(keys.index_select(0, at) == ids, slots.index_select(0, at), -1)
+
+
+def _merged(
+    keys: torch.Tensor, slots: torch.Tensor, new_keys: torch.Tensor, new_slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted ``keys`` (their removed entries dropped) and ``new_keys`` (none among them), merged in one pass."""
+    held = slots >= 0
+    if not bool(held.all()):
+        keys, slots = keys[held], slots[held]
+    new_keys, order = torch.sort(new_keys)
+    new_slots = new_slots.index_select(0, order)
+    # Each new key lands after the old keys below it and the new keys before it.
+    at = torch.from_numpy(numpy.searchsorted(keys.numpy(), new_keys.numpy())) + torch.arange(new_keys.numel())
+    old_place = torch.ones(keys.numel() + new_keys.numel(), dtype=torch.bool)
+    old_place[at] = False
+    merged_keys = torch.empty(old_place.numel(), dtype=torch.int64)
+    merged_slots = torch.empty(old_place.numel(), dtype=torch.int64)
+    merged_keys[at], merged_slots[at] = new_keys, new_slots
+    merged_keys[old_place], merged_slots[old_place] = keys, slots
+    return merged_keys, merged_slots
 
 
 class DynamicRows:

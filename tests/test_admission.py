@@ -81,9 +81,9 @@ def test_admission_by_chance_is_reproducible_and_near_its_probability():
 def test_ids_not_admitted_read_as_initial_rows_drop_their_gradients_and_take_no_memory():
     table = part(Admission(min_count=2, counters=1 << 10))
     ids = torch.tensor([5, 6, 6])  # 6 is seen twice in this lookup: admitted at once
-    slots, nbytes = table.slots, table.nbytes()
     rows = table.read(ids)
     assert torch.equal(rows, initial(ids)) and len(table) == 1
+    slots, nbytes = table.slots, table.nbytes()
     table.apply(ids, torch.ones(3, DIM))  # 5's gradient is dropped; 6's two are summed
     assert len(table) == 1 and table.slots == slots and table.nbytes() == nbytes
     rows = table.read(ids)  # 5's second lookup admits it, with its initial row

@@ -49,7 +49,8 @@ class RowCache:
         self._rows = torch.empty((slots, *self.row_shape), dtype=dtype)
         self._versions = torch.zeros(slots, dtype=torch.int64)
         self._ids = torch.zeros(slots, dtype=torch.int64)
-        self._used_at = torch.full((slots,), -1, dtype=torch.int64)  # -1: a free slot
+        self._used_at = torch.zeros(slots, dtype=torch.int64)  # the lookup that last used each slot
+        self._next = 0  # slots from here on were never used
         self._lookups = 0
         self.looked_up = 0  # rows asked of the cache
         self.received = 0  # rows that came from the ps tasks
@@ -86,12 +87,21 @@ class RowCache:
         self._lookups += 1
         self.looked_up += ids.numel()
         self.received += fresh.shape[0]
+        # Index tensors rather than boolean masks: a gather and a scatter each, no mask passes.
+        fresh_at = torch.nonzero(refresh).squeeze(1)
+        kept_at = torch.nonzero(~refresh).squeeze(1)
+        kept_slots = slots.index_select(0, kept_at)
         rows = torch.empty((ids.numel(), *self.row_shape), dtype=self.dtype)
-        kept = ~refresh
-        rows[kept] = self._rows.index_select(0, slots[kept])
-        rows[refresh] = fresh
-        self._used_at[slots[kept]] = self._lookups
-        self._store(ids[refresh], slots[refresh], versions[refresh], fresh, in_use=slots[kept])
+        rows.index_copy_(0, kept_at, self._rows.index_select(0, kept_slots))
+        rows.index_copy_(0, fresh_at, fresh.to(self.dtype))
+        self._used_at.index_fill_(0, kept_slots, self._lookups)
+        self._store(
+            ids.index_select(0, fresh_at),
+            slots.index_select(0, fresh_at),
+            versions.index_select(0, fresh_at),
+            fresh,
+            in_use=kept_slots,
+        )
         return rows
 
     def clear(self) -> None:
@@ -115,26 +125,26 @@ class RowCache:
             slots[new] = self._free_slots(count, protected)
             self._index.add(ids[new], slots[new])
             self._ids[slots[new]] = ids[new]
-        self._rows[slots] = rows.to(self.dtype)
-        self._versions[slots] = versions
-        self._used_at[slots] = self._lookups
+        self._rows.index_copy_(0, slots, rows.to(self.dtype))
+        self._versions.index_copy_(0, slots, versions)
+        self._used_at.index_fill_(0, slots, self._lookups)
 
     def _free_slots(self, count: int, in_use: torch.Tensor) -> torch.Tensor:
-        """``count`` slots for new rows: free ones, grown ones, then those used longest ago (not ``in_use``)."""
-        free = torch.nonzero(self._used_at < 0).squeeze(1)
-        while free.numel() < count and self._rows.shape[0] < self.max_rows:
+        """``count`` slots for new rows: never used ones (growing up to ``max_rows``), then
+        those of the rows used longest ago (never one ``in_use``)."""
+        while self._next + count > self._rows.shape[0] and self._rows.shape[0] < self.max_rows:
             self._grow()
-            free = torch.nonzero(self._used_at < 0).squeeze(1)
-        if free.numel() >= count:
-            return free[:count]
-        age = self._used_at.clone()
+        fresh = min(count, self._rows.shape[0] - self._next)
+        taken = torch.arange(self._next, self._next + fresh)
+        self._next += fresh
+        if fresh == count:
+            return taken
+        age = self._used_at[: self._next].clone()
         age[in_use] = torch.iinfo(torch.int64).max  # this lookup's rows stay
-        age[free] = -1
-        taken = torch.topk(age, count, largest=False).indices
-        evicted = taken[self._used_at[taken] >= 0]
-        self._index.remove(self._ids[evicted])
-        self._used_at[evicted] = -1
-        return taken
+        age[taken] = torch.iinfo(torch.int64).max
+        evicted = torch.topk(age, count - fresh, largest=False).indices
+        self._index.remove(self._ids.index_select(0, evicted))
+        return torch.cat([taken, evicted])
 
     def _grow(self) -> None:
         old = self._rows.shape[0]
@@ -147,4 +157,4 @@ class RowCache:
 
         self._rows = torch.cat([self._rows, torch.empty((size - old, *self.row_shape), dtype=self.dtype)])
         self._versions, self._ids = grown(self._versions, 0), grown(self._ids, 0)
-        self._used_at = grown(self._used_at, -1)
+        self._used_at = grown(self._used_at, 0)
