@@ -423,10 +423,7 @@ def test_an_evaluator_sees_full_and_delta_checkpoints_in_step_order(local_cluste
 
 
 @pytest.mark.service
-def test_a_cut_a_lost_worker_never_completes_ends_by_its_deadline_and_the_save_goes_on(url, monkeypatch, caplog):
-    from psframe.ps import service as ps_service
-
-    monkeypatch.setattr(ps_service, "MAX_HOLD_SECONDS", 0.5)
+def test_a_cut_a_lost_worker_never_completes_gives_up_and_the_save_goes_on(url, caplog):
     cluster = free_cluster(2, 2)
     servers = [psframe.Server(cluster, "ps", k, serving_processes=1) for k in range(2)]
     model = Wide()
@@ -439,7 +436,11 @@ def test_a_cut_a_lost_worker_never_completes_ends_by_its_deadline_and_the_save_g
             servers[0].service.ledger.record(1, 1, ends_step=False)
             with caplog.at_level(logging.WARNING):
                 manifest = trainer.save_checkpoint()
-            assert any("saved without one cut" in r.getMessage() for r in caplog.records)
+            # Worker 1 has been silent on ps task 1: the cut gives up on it rather than hold to the deadline.
+            assert any(
+                "saved without one cut" in r.getMessage() and "worker 1 began a step" in r.getMessage()
+                for r in caplog.records
+            ), [r.getMessage() for r in caplog.records]
             # Training goes on: the hold ended with the save.
             trainer.step(model(torch.randn(32, 64)))
             assert trainer.global_step == manifest.step + 1

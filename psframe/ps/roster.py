@@ -132,6 +132,11 @@ class WorkerRoster:
             silent = self._silent_for(0, now)
         return silent if self.worker_timeout < silent <= self.chief_timeout else None
 
+    def silent_for(self, worker: int) -> float:
+        """Seconds since ``worker`` was last heard from (0 while one of its calls runs)."""
+        with self._lock:
+            return self._silent_for(worker, time.monotonic())
+
     def _timeout_of(self, worker: int) -> float:
         return self.chief_timeout if worker == 0 else self.worker_timeout
 

@@ -53,6 +53,9 @@ CHIEF_LOG_EVERY_S = 5.0
 # The longest a checkpoint's cut holds pushes back: a chief lost between hold and save, or a
 # worker lost mid-step, never stalls training longer.
 MAX_HOLD_SECONDS = 10.0
+# A worker whose begun step the cut waits for, silent here this long (no call of its in progress),
+# is taken for lost (killed, cut off): the cut gives up at once rather than hold everyone to the deadline.
+CUT_SILENCE_SECONDS = 1.0
 _HOLD_POLL_SECONDS = 0.001
 
 
@@ -413,6 +416,7 @@ class ParameterServerService(TaskService):
             self.ledger.set_targets(targets)
             while not self.ledger.reached():
                 self._check_held()
+                self._check_not_lost(targets)
                 lock.release()
                 try:
                     time.sleep(_HOLD_POLL_SECONDS)
@@ -424,6 +428,17 @@ class ParameterServerService(TaskService):
         self._check_held()
         if not self.ledger.reached():
             raise errors.CheckpointCutError(f"{self.task_name}: pushes went past the checkpoint's cut; save again")
+
+    def _check_not_lost(self, targets: list[int]) -> None:
+        """Raise if a worker the cut waits for has been silent here too long to be on its way."""
+        for worker in range(self.ledger.num_workers):
+            if self.ledger.applied_steps(worker) < targets[worker]:
+                silent = self.roster.silent_for(worker)
+                if silent > CUT_SILENCE_SECONDS:
+                    raise errors.CheckpointCutError(
+                        f"{self.task_name} could not take the checkpoint's cut: worker {worker} began a step on "
+                        f"another ps task and has been silent here for {silent:.1f} s (lost, or cut off)"
+                    )
 
     def _check_held(self) -> None:
         if not self.ledger.held():
