@@ -21,6 +21,7 @@ from psframe.dynamic_rows import DynamicRows, initial_rows
 from psframe.errors import PsframeError
 from psframe.wire import messages
 from psframe.worker.ps_client import PsClient
+from tests.test_dynamic_tables import Clicks
 
 DIM = 4
 INIT = RowInitializer(std=0.3, seed=7)
@@ -184,17 +185,6 @@ def test_a_dynamic_embedding_takes_admission_and_norm_settings():
 
 
 # ---- on ps tasks
-
-
-class Clicks(torch.nn.Module):
-    def __init__(self, table: torch.nn.Module) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.head = torch.nn.Linear(DIM, 1)
-        self.users = table
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.users(ids).mean(1)).squeeze(1)
 
 
 def batch(step: int, size: int = 8):

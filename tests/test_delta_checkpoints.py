@@ -60,6 +60,22 @@ def train(trainer: psframe.Trainer, model: Clicks, steps: range) -> None:
         trainer.step(F.mse_loss(model(users, items), target))
 
 
+SGD = psframe.optim.SGD(lr=0.1)
+
+
+def trainer_on(
+    cluster: psframe.ClusterSpec, model: Clicks, url: str, optimizer=SGD, **checkpointing
+) -> psframe.Trainer:
+    """A trainer of ``model`` saving in ``url``; its tables trained by Adagrad."""
+    return psframe.Trainer(
+        model,
+        cluster,
+        optimizer=optimizer,
+        table_optimizer=psframe.optim.Adagrad(lr=0.1),
+        checkpointing=psframe.Checkpointing(url, **checkpointing),
+    )
+
+
 def assert_same(a: object, b: object, where: str) -> None:
     """Equal bit for bit: tensors (dtype, shape, values), and dicts, lists and scalars of them."""
     if isinstance(a, torch.Tensor):
@@ -140,8 +156,7 @@ def test_a_chain_of_deltas_restores_bit_for_bit_what_a_full_checkpoint_holds(loc
 
 def test_a_cluster_restarts_from_the_chain(local_cluster, url, other_url):
     model = Clicks()
-    settings = {"optimizer": psframe.optim.SGD(lr=0.1), "table_optimizer": psframe.optim.Adagrad(lr=0.1)}
-    with psframe.Trainer(model, local_cluster(num_ps=2), checkpointing=psframe.Checkpointing(url), **settings) as t:
+    with trainer_on(local_cluster(num_ps=2), model, url) as t:
         train(t, model, range(0, 2))
         t.save_checkpoint()
         train(t, model, range(2, 5))
@@ -152,7 +167,7 @@ def test_a_cluster_restarts_from_the_chain(local_cluster, url, other_url):
     for num_ps in (2, 3):
         cluster = local_cluster(num_ps=num_ps)
         again = Clicks()
-        with psframe.Trainer(again, cluster, checkpointing=psframe.Checkpointing(url), **settings) as t:
+        with trainer_on(cluster, again, url) as t:
             assert t.global_step == last.step
             save_full(cluster, other_url + str(num_ps), last.step)
         assert_same(checkpoint.load(other_url + str(num_ps)), checkpoint.load(url), f"restored onto {num_ps}")
@@ -177,8 +192,7 @@ def test_the_trainer_commits_deltas_between_full_checkpoints(local_cluster, url)
 
 def test_a_corrupt_delta_ends_the_chain_at_the_one_before(local_cluster, url, caplog):
     model = Clicks()
-    settings = {"optimizer": psframe.optim.SGD(lr=0.1), "table_optimizer": psframe.optim.Adagrad(lr=0.1)}
-    with psframe.Trainer(model, local_cluster(num_ps=2), checkpointing=psframe.Checkpointing(url), **settings) as t:
+    with trainer_on(local_cluster(num_ps=2), model, url) as t:
         train(t, model, range(0, 2))
         t.save_checkpoint()
         train(t, model, range(2, 4))
@@ -203,9 +217,8 @@ def test_a_corrupt_delta_ends_the_chain_at_the_one_before(local_cluster, url, ca
 
 def test_a_gap_in_the_chain_ends_it_and_a_delta_needs_a_committed_parent(local_cluster, url, caplog):
     model = Clicks()
-    settings = {"optimizer": psframe.optim.SGD(lr=0.1), "table_optimizer": psframe.optim.Adagrad(lr=0.1)}
     cluster = local_cluster(num_ps=2)
-    with psframe.Trainer(model, cluster, checkpointing=psframe.Checkpointing(url), **settings) as t:
+    with trainer_on(cluster, model, url) as t:
         train(t, model, range(0, 2))
         base = t.save_checkpoint()
         train(t, model, range(2, 4))
@@ -229,9 +242,7 @@ def test_a_gap_in_the_chain_ends_it_and_a_delta_needs_a_committed_parent(local_c
 
 def test_pruning_drops_deltas_older_than_the_oldest_full_checkpoint_kept(local_cluster, url):
     model = Clicks()
-    settings = {"optimizer": psframe.optim.SGD(lr=0.1), "table_optimizer": psframe.optim.Adagrad(lr=0.1)}
-    checkpointing = psframe.Checkpointing(url, keep=1)
-    with psframe.Trainer(model, local_cluster(num_ps=2), checkpointing=checkpointing, **settings) as t:
+    with trainer_on(local_cluster(num_ps=2), model, url, keep=1) as t:
         train(t, model, range(0, 2))
         t.save_checkpoint()
         train(t, model, range(2, 4))
@@ -261,9 +272,8 @@ def test_a_restarted_ps_task_restores_its_shard_from_the_chain(url, other_url):
     cluster = free_cluster(2, 1)
     servers = [psframe.Server(cluster, "ps", k, serving_processes=1, checkpoint_dir=url) for k in range(2)]
     model = Clicks()
-    settings = {"optimizer": psframe.optim.SGD(lr=0.1), "table_optimizer": psframe.optim.Adagrad(lr=0.1)}
     try:
-        with psframe.Trainer(model, cluster, checkpointing=psframe.Checkpointing(url), **settings) as t:
+        with trainer_on(cluster, model, url) as t:
             train(t, model, range(0, 2))
             t.save_checkpoint()
             train(t, model, range(2, 5))
@@ -289,8 +299,7 @@ def test_a_serving_snapshot_kept_current_from_deltas_equals_the_export_of_a_full
 
     cluster = local_cluster(num_ps=2)
     model = Clicks()
-    settings = {"optimizer": psframe.optim.Adagrad(lr=0.1), "table_optimizer": psframe.optim.Adagrad(lr=0.1)}
-    with psframe.Trainer(model, cluster, checkpointing=psframe.Checkpointing(url), **settings) as t:
+    with trainer_on(cluster, model, url, optimizer=psframe.optim.Adagrad(lr=0.1)) as t:
         train(t, model, range(0, 2))
         base = t.save_checkpoint()
         feed = []
@@ -406,8 +415,7 @@ def test_an_evaluator_sees_full_and_delta_checkpoints_in_step_order(local_cluste
         return {"loss": float(F.mse_loss(model(users, items), target))}
 
     model = Clicks()
-    settings = {"optimizer": psframe.optim.SGD(lr=0.1), "table_optimizer": psframe.optim.Adagrad(lr=0.1)}
-    with psframe.Trainer(model, local_cluster(num_ps=2), checkpointing=psframe.Checkpointing(url), **settings) as t:
+    with trainer_on(local_cluster(num_ps=2), model, url) as t:
         train(t, model, range(0, 2))
         t.save_checkpoint()
         train(t, model, range(2, 4))
