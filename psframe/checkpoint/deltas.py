@@ -35,7 +35,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import torch
 
 from psframe.checkpoint import files
@@ -192,15 +191,7 @@ def read_delta(manifest: Manifest, ps_task: int) -> DeltaShard:
         CheckpointCorruptError: the file is missing or does not match the manifest.
         CheckpointError: the file is no delta shard this psframe reads, or another ps task's.
     """
-    record = manifest.shard(ps_task)
-    where = join(manifest.folder, record.file)
-    files.verify(dataclasses.replace(manifest, shards=(record,)))
-    fs, path = fsspec.core.url_to_fs(where)
-    try:
-        with fs.open(path, "rb") as f:
-            content = torch.load(f, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{where} matches its sha256 but cannot be loaded as a delta shard: {e}") from e
+    content, where = files.load_verified(manifest, ps_task)
     try:
         delta = DeltaShard.from_dict(content)
     except CheckpointError as e:

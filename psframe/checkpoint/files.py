@@ -222,14 +222,7 @@ def read_shard(manifest: Manifest, ps_task: int) -> ShardData:
         CheckpointError: the file verifies but is not a shard this version of
             psframe can load, or is another ps task's than the manifest says.
     """
-    record = manifest.shard(ps_task)
-    fs, path = _check_file(manifest, record)
-    where = join(manifest.folder, record.file)
-    try:
-        with fs.open(path, "rb") as f:
-            content = torch.load(f, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{where} matches its sha256 but cannot be loaded as a shard: {e}") from e
+    content, where = load_verified(manifest, ps_task)
     try:
         shard = ShardData.from_dict(content)
     except CheckpointError as e:
@@ -240,6 +233,24 @@ def read_shard(manifest: Manifest, ps_task: int) -> ShardData:
             f"the manifest expects ps task {ps_task} of {manifest.num_shards}"
         )
     return shard
+
+
+def load_verified(manifest: Manifest, ps_task: int) -> tuple[Any, str]:
+    """The dict ``ps_task``'s file of a committed checkpoint (full or delta) holds, after checking
+    its size and sha256, and the file's URL (for messages).
+
+    Raises:
+        CheckpointCorruptError: the file is missing or does not match the manifest.
+        CheckpointError: it matches, but ``torch.load`` (``weights_only``) cannot read it.
+    """
+    record = manifest.shard(ps_task)
+    fs, path = _check_file(manifest, record)
+    where = join(manifest.folder, record.file)
+    try:
+        with fs.open(path, "rb") as f:
+            return torch.load(f, map_location="cpu", weights_only=True), where
+    except Exception as e:
+        raise CheckpointError(f"{where} matches its sha256 but cannot be loaded: {e}") from e
 
 
 def verify(manifest: Manifest) -> None:

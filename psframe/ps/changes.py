@@ -92,9 +92,3 @@ class Changes:
         if stamps is None:
             return torch.zeros(0, dtype=torch.int64)
         return torch.nonzero(stamps > epoch).squeeze(1)
-
-    def forget(self) -> None:
-        """Forget every snapshot (the variables were made anew or restored): the next delta needs a full parent."""
-        self._snapshots.clear()
-        self._dense.clear()
-        self._rows.clear()

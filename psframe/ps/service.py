@@ -410,18 +410,22 @@ class ParameterServerService(TaskService):
         Raises:
             CheckpointError: the hold ended first (a worker died mid-step, say): the cut is lost.
         """
-        lock = self.store.lock
-        with lock:
+        with self.store.lock:
             self._check_held()
             self.ledger.set_targets(targets)
             while not self.ledger.reached():
                 self._check_held()
                 self._check_not_lost(targets)
-                lock.release()
-                try:
-                    time.sleep(_HOLD_POLL_SECONDS)
-                finally:
-                    lock.acquire()
+                self._pause_lock()
+
+    def _pause_lock(self) -> None:
+        """Let go of the store's lock (held once) for a moment, so that pushes can apply, and take it back."""
+        lock = self.store.lock
+        lock.release()
+        try:
+            time.sleep(_HOLD_POLL_SECONDS)
+        finally:
+            lock.acquire()
 
     def _check_cut(self) -> None:
         """Raise unless the cut still holds: called under the store's lock, right before the snapshot."""
@@ -604,13 +608,8 @@ class ParameterServerService(TaskService):
     def _wait_turn(self, worker: int) -> None:
         """Wait (holding the store's lock again on return) until a checkpoint's cut lets
         ``worker``'s push apply: the hold ends by the cut's deadline at the latest."""
-        lock = self.store.lock
         while not self.ledger.admits(worker):
-            lock.release()
-            try:
-                time.sleep(_HOLD_POLL_SECONDS)
-            finally:
-                lock.acquire()
+            self._pause_lock()
 
     def _join_round(
         self, aggregator: SyncAggregator, request: PushPullRequest, region: SameHostRegion | None, refused: str

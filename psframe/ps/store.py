@@ -113,6 +113,7 @@ class VariableStore:
         # sharing the memory (`counters` given) are not seen here.
         self._changes = Changes(complete=counters is None)
         self._dense_names: dict[int, str] = {}  # id of a dense variable -> its name
+        self._fixed_names: dict[int, str] = {}  # id of a fixed table part -> its name
 
     # Counted in an array that several processes may share (see `counters`).
     @property
@@ -253,6 +254,8 @@ class VariableStore:
             self._memory.back_state(group.optimizer)
         self._model = model
         self._dense_names = {id(model.dense.get(name)): name for name in model.dense}
+        fixed = model.table_parts.fixed
+        self._fixed_names = {id(fixed.get(name)): name for name in fixed}
         self._changes = Changes(complete=self._changes.complete)  # new variables: no snapshot holds them
         self._ready = True
 
@@ -379,7 +382,7 @@ class VariableStore:
         if group is self._model.dense:
             changes.dense_changed(self._dense_names[id(v)] for v in variables)
             return
-        names = {id(table): name for name, table in ((n, group.get(n)) for n in group)}
+        names = self._fixed_names
         made_state = {id(t) for t in stateless if group.state_of(t)}
         parts = self._model.table_parts
         for table, grad in zip(variables, grads):

@@ -104,10 +104,6 @@ class RowCache:
         )
         return rows
 
-    def clear(self) -> None:
-        """Forget every row (the ps tasks restored, or were lost)."""
-        self.__init__(self.row_shape, self.dtype, self.max_rows, self.staleness)  # type: ignore[misc]
-
     def _store(
         self, ids: torch.Tensor, slots: torch.Tensor, versions: torch.Tensor, rows: torch.Tensor, in_use: torch.Tensor
     ) -> None:

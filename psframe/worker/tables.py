@@ -242,11 +242,6 @@ class EmbeddingTables:
             for name, module in (dynamic or {}).items()
         ]
 
-    def caches(self) -> list[RowCache]:
-        """The row caches of the tables (none without ``caching``)."""
-        found = [table.cache for table in self.tables] + [table.cache for table in self.dynamic]
-        return [cache for cache in found if cache is not None]
-
     def __bool__(self) -> bool:
         return bool(self.tables or self.dynamic)
 
