@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import psframe
-from psframe.errors import RowIdError
+from psframe.errors import RowIdError, WireFormatError
 from tests.test_tables import ROWS, Recommender, batch, local_step, pull_every_row
 
 STEPS = 6
@@ -131,13 +131,20 @@ def test_bad_prefetches_are_refused_and_nothing_is_sent(local_cluster):
 def test_a_request_sent_again_voids_the_prefetch_behind_it(local_cluster):
     """A ps task that cannot map a request's region answers it with nothing applied, and the
     worker sends it again, behind the prefetch that followed it: the rows that prefetch read
-    predate the push, so they are dropped and the lookup pulls."""
-    cluster = local_cluster(num_ps=2, num_workers=1)
+    predate the push, so they are dropped and the lookup pulls. (Synchronous training, where
+    the pulls follow the step in a message of their own; one ps task, and the head's weight
+    and bias in two messages, so that the one that carries no rows lies in a region.)"""
+    cluster = local_cluster(num_ps=1, num_workers=1)
     model, reference = Recommender(), Recommender()
     dense_opt = torch.optim.Adagrad([reference.head.weight, reference.head.bias], lr=0.1)
     table_opt = torch.optim.Adagrad([reference.emb.weight, reference.bag.weight], lr=0.1)
     with psframe.Trainer(
-        model, cluster, optimizer=psframe.optim.Adagrad(lr=0.1), transport=psframe.Transport(same_host_memory=True)
+        model,
+        cluster,
+        optimizer=psframe.optim.Adagrad(lr=0.1),
+        sync=psframe.SyncReplicas(timeout=30),
+        placement=psframe.Placement(max_shard_bytes=model.head.weight.nbytes),
+        transport=psframe.Transport(same_host_memory=True),
     ) as trainer:
         pulled = counting_pulls(trainer)
         streams = trainer._client._streams
@@ -157,6 +164,40 @@ def test_a_request_sent_again_voids_the_prefetch_behind_it(local_cluster):
             trainer.step(loss)
             local_step(reference, dense_opt, table_opt, step)
         assert len(pulled) == 4  # the first step's lookups, and those after the step sent again
+        pull_every_row(model)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p, q), f"{name} differs"
+
+
+def test_asynchronous_prefetches_ride_in_the_message_that_ends_the_step(local_cluster):
+    """Async: each ps task gets one message a step (its rows' gradients, its dense request, the
+    next rows' pull), and training is still exactly one process's."""
+    cluster = local_cluster(num_ps=2, num_workers=1)
+    model, reference = Recommender(), Recommender()
+    dense_opt = torch.optim.Adagrad([reference.head.weight, reference.head.bias], lr=0.1)
+    table_opt = torch.optim.Adagrad([reference.emb.weight, reference.bag.weight], lr=0.1)
+    with psframe.Trainer(model, cluster, optimizer=psframe.optim.Adagrad(lr=0.1)) as trainer:
+        pulled = counting_pulls(trainer)
+        streams = trainer._client._streams
+        sent: list[int] = []
+        exchange = streams.exchange
+
+        def counting_exchange(operations, *args, **kwargs):
+            sent.append(len(operations))
+            return exchange(operations, *args, **kwargs)
+
+        streams.exchange = counting_exchange
+        for step in range(STEPS):
+            ids, bag_ids, offsets, target = batch(step)
+            loss = F.mse_loss(model(ids, bag_ids, offsets), target)
+            next_ids, next_bag_ids, _, _ = batch(step + 1)
+            trainer.prefetch(model.emb, next_ids)
+            trainer.prefetch(model.bag, next_bag_ids)
+            trainer.step(loss)
+            local_step(reference, dense_opt, table_opt, step)
+        assert len(pulled) == 2  # the first step's two lookups
+        steps = sent[2:]  # after the first step's two lookups: one message per ps task per step
+        assert steps == [2] * STEPS, sent
         pull_every_row(model)
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             assert torch.equal(p, q), f"{name} differs"
@@ -193,3 +234,24 @@ def test_a_dynamic_table_s_prefetched_lookups_pull_nothing_and_train_as_without(
     assert plain_pulls == 2 * STEPS + 2 and pulls == 2 + 2  # the first step's lookups, and the evaluation's
     assert all(torch.equal(a, b) for a, b in zip(prefetched, plain))
     assert all(torch.equal(a, b) for a, b in zip(prefetched_rows, plain_rows))
+
+
+def test_a_synchronous_push_that_asks_for_rows_is_refused_naming_the_table(local_cluster):
+    """A round's replies are one encoding for every member: a synchronous push that also asks
+    for rows is refused with the table's name, and nothing is applied."""
+    cluster = local_cluster(num_ps=1, num_workers=1)
+    model = Recommender()
+    with psframe.Trainer(
+        model, cluster, optimizer=psframe.optim.SGD(lr=0.1), sync=psframe.SyncReplicas(timeout=30)
+    ) as trainer:
+        ids, bag_ids, offsets, target = batch(0)
+        F.mse_loss(model(ids, bag_ids, offsets), target).backward()
+        requests = [(r, trainer._replica.gradients(r)) for r in trainer._replica.plan.step]
+        rows = trainer._replica.tables.gradients(every_table=True)
+        part = rows[0][0][0]
+        with pytest.raises(WireFormatError, match=f"synchronous push asked for rows of '{part}'"):
+            trainer._client.push_pull_and_prefetch(
+                requests, trainer.global_step, {0: [(part, torch.tensor([0]))]}, rows=rows, pulls_with_pushes=True
+            )
+        info = trainer._client.get_info(0)
+        assert (info.pushes, info.global_step) == (0, 0)

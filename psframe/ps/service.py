@@ -618,6 +618,11 @@ class ParameterServerService(TaskService):
         applied if it pulls or ends the worker's step (at once otherwise)."""
         worker, pull = request.worker, request.pull
         self.store.check_names(pull)
+        if request.row_pulls:  # a round's replies are one encoding for every member: values only
+            raise errors.WireFormatError(
+                f"{self.task_name}: a synchronous push asked for rows of {request.row_pulls[0][0]!r} too; "
+                f"in synchronous training rows are pulled in a message of their own"
+            )
         # A push that pulls nothing is one of several messages of a worker's
         # step: it is recorded and answered at once (see Trainer._step_plan).
         # Gradients in a worker's shared region are kept as views: the worker

@@ -11,6 +11,16 @@ operation          pushes                                 pulls                 
 :class:`PullRows`  nothing                                rows of table parts, by id        :class:`RowsPulled`
 =================  =====================================  ================================  ===============
 
+A step's messages to a ps task are as few as it can make them: the rows'
+gradients travel in the message that ends the step there (a
+:class:`PushPull`'s ``rows``), and in asynchronous training the rows
+pulled ahead for the next step (:mod:`psframe.worker.prefetch`) too
+(``row_pulls``, read once the message's pushes are applied). A ps task
+that holds only embedding tables gets one :class:`PushRows`, which may
+carry the pulls the same way. Each message costs a ps task about a
+quarter of a millisecond of gRPC's Python beyond its tensors' work, more
+than the row update of a CTR batch's table part.
+
 *End of step* is a field of the operations that push (a :class:`PushPull`'s
 planned request, or :attr:`PushRows.end_of_step`): the worker's last push of
 its step to that ps task, which counts the step (and, in synchronous
@@ -26,7 +36,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -53,6 +64,8 @@ class PushPull:
 
     request: Request
     grads: Gradients = ()
+    rows: Sequence[RowPush] = ()  # gradients of rows of the ps task's table parts, applied with the request's
+    row_pulls: Sequence[RowPull] = ()  # rows read after the update (asynchronous training), answered in the reply
 
     @property
     def ps_task(self) -> int:
@@ -60,7 +73,12 @@ class PushPull:
 
     @property
     def pushes(self) -> bool:
-        return bool(self.request.push)
+        return bool(self.request.push or self.rows)
+
+    @property
+    def carries_rows(self) -> bool:
+        """Whether it travels with rows (a message of its own make, not its prepared request's)."""
+        return bool(self.rows or self.row_pulls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +88,7 @@ class PushRows:
     ps_task: int
     rows: Sequence[RowPush]
     end_of_step: bool  # no PushPull of the step to this ps task ends it: this message does
+    row_pulls: Sequence[RowPull] = ()  # rows read after these are applied (asynchronous training)
 
     @property
     def pushes(self) -> bool:
@@ -107,6 +126,7 @@ class DenseReply:
     dropped: bool  # sync: the gradients were stale or late, and not applied
     values: list[torch.Tensor]  # in the order of the request's ``pull``; read-only views of the reply
     duplicate: bool = False  # a push sent again whose first copy the ps task had applied (not applied again)
+    rows: list[torch.Tensor] = field(default_factory=list)  # the rows of the request's ``row_pulls``, in order
 
 
 @dataclass(slots=True)
@@ -115,6 +135,7 @@ class RowsPushed:
 
     global_step: int
     duplicate: bool  # sent again after its first copy was applied (not applied again)
+    rows: list[torch.Tensor] = field(default_factory=list)  # the rows of its ``row_pulls``, in order
 
 
 @dataclass(slots=True)
@@ -153,13 +174,16 @@ class OperationEncoder:
         its gradients, where the operation does not hold them.
         """
         if isinstance(operation, PushPull):
+            if operation.carries_rows:
+                return self._encode_with_rows(operation, grads or operation.grads, step, compress, push_id)
             return self._encode_planned(operation.request, grads or operation.grads, step, compress, push_id)
         if isinstance(operation, PushRows):
             tensors, kinds = row_tensors.push_tensors(operation.rows)
+            pulled, pulled_kinds = row_tensors.pull_tensors(operation.row_pulls)
             header = pb.PushPullHeader(
                 caller=self._caller, step=step, end_of_step=operation.end_of_step, push_id=push_id
             )
-            return codec.encode(header, tensors, kinds)
+            return codec.encode(header, tensors + pulled, kinds + pulled_kinds)
         tensors, kinds = row_tensors.pull_tensors(operation.rows, operation.create)
         header = pb.PushPullHeader(caller=self._caller, step=step, row_staleness=operation.staleness)
         return codec.encode(header, tensors, kinds)
@@ -183,8 +207,34 @@ class OperationEncoder:
             grads = [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
         return prepared.encode(step, grads, push_id)
 
+    def _encode_with_rows(
+        self, operation: PushPull, grads: Gradients, step: int, compress: bool, push_id: int
+    ) -> bytes:
+        """A planned request that carries rows too: its header, its gradients and the rows, in the message."""
+        request = operation.request
+        wire = compress and self._wire_dtype is not None
+        header = pb.PushPullHeader(
+            caller=self._caller,
+            pull=[s.name for s in request.pull],
+            end_of_step=request.end_of_step,
+            wire_dtype=self._wire_name if wire else "",
+            step=step,
+            push_id=push_id,
+        )
+        if wire:
+            grads = [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
+        pushed, pushed_kinds = row_tensors.push_tensors(operation.rows)
+        pulled, pulled_kinds = row_tensors.pull_tensors(operation.row_pulls)
+        kinds = [int(row_tensors.VALUE)] * len(grads) + pushed_kinds + pulled_kinds
+        return codec.encode(header, [*grads, *pushed, *pulled], kinds)
+
     def decode(self, operation: Operation, data: bytes, compress: bool) -> tuple[pb.PushPullReplyHeader, Reply]:
         """The reply to ``operation``: its header (errors and region fields) and its typed answer."""
+        if isinstance(operation, PushPull) and operation.carries_rows:
+            header, tensors = codec.decode(data, pb.PushPullReplyHeader)
+            values = [t for meta, t in zip(header.tensors, tensors) if meta.kind == row_tensors.VALUE]
+            rows = cast(list[torch.Tensor], row_tensors.pulled_rows(header.tensors, tensors))  # no row cache
+            return header, DenseReply(header.global_step, header.dropped, values, header.duplicate, rows)
         if isinstance(operation, PushPull):
             prepared = self.prepared[(operation.request, compress)]
             header, tensors = prepared.decode(data)
@@ -195,7 +245,8 @@ class OperationEncoder:
             return header, DenseReply(header.global_step, header.dropped, tensors, header.duplicate)
         header, tensors = codec.decode(data, pb.PushPullReplyHeader)
         if isinstance(operation, PushRows):
-            return header, RowsPushed(header.global_step, header.duplicate)
+            rows = cast(list[torch.Tensor], row_tensors.pulled_rows(header.tensors, tensors))  # no row cache
+            return header, RowsPushed(header.global_step, header.duplicate, rows)
         return header, RowsPulled(row_tensors.pulled_rows(header.tensors, tensors))
 
     def drop_regions(self, operations: Sequence[Operation], compress: bool) -> None:

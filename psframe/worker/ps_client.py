@@ -37,6 +37,7 @@ from psframe.worker.operations import (
     PushRows,
     Reply,
     RowsPulled,
+    RowsPushed,
 )
 from psframe.worker.step_plan import Request, Slot
 from psframe.worker.streams import PushPullStreams
@@ -273,14 +274,17 @@ class PsClient:
         *,
         rows: Mapping[int, Sequence[row_tensors.RowPush]] | None = None,
         again: bool = False,
+        pulls_with_pushes: bool = False,
     ) -> tuple[list[DenseReply], dict[int, list[torch.Tensor]]]:
         """:meth:`push_pull`, then rows of embedding tables read behind the step's messages.
 
-        Each ps task in ``prefetch`` gets one more message on its stream after
-        this step's: a pull of the ``(table part, ids)`` pairs listed for it. A
-        ps task answers a stream's messages in order, so the rows are read once
-        the step's gradients are applied (in synchronous training, once its
-        round is), and the pull travels while the task works instead of in a
+        Each ps task in ``prefetch`` is asked for the ``(table part, ids)`` pairs
+        listed for it after this step's pushes: with ``pulls_with_pushes``
+        (asynchronous training) in the message that ends the step there, read
+        once its pushes are applied; otherwise in one more message on its
+        stream after the step's, which a ps task answers in order, once the
+        step's gradients are applied (in synchronous training, once its round
+        is). Either way the pull travels while the task works instead of in a
         round trip of its own.
 
         Returns:
@@ -293,7 +297,7 @@ class PsClient:
         task answers those it applied then without applying them twice
         (:mod:`psframe.ps.ledger`).
         """
-        return self._push_pull(requests, step, True, None, rows, prefetch, again)
+        return self._push_pull(requests, step, True, None, rows, prefetch, again, pulls_with_pushes)
 
     def _push_pull(
         self,
@@ -304,22 +308,43 @@ class PsClient:
         rows: Mapping[int, Sequence[row_tensors.RowPush]] | None,
         prefetch: Mapping[int, Sequence[row_tensors.RowPull]],
         again: bool = False,
+        pulls_with_pushes: bool = False,
     ) -> tuple[list[DenseReply], dict[int, list[torch.Tensor]]]:
-        # Each ps task gets its rows' gradients first (ending the step where it has
-        # no planned request that does), then the planned requests, then the pulls.
+        # Each ps task gets its rows' gradients in the planned request that ends its step,
+        # or, where none does (a ps task of tables only), in a message of their own ahead
+        # of any planned request, that ends the step. The pulls go with the message that
+        # ends the step (pulls_with_pushes: asynchronous training; a synchronous one
+        # answers once its round is applied, and the pulls follow in a message of their own).
         rows = rows or {}
-        ends_step = {request.ps_task for request, _ in requests if request.end_of_step}
-        pushed_rows = [PushRows(ps_task, pushes, ps_task not in ends_step) for ps_task, pushes in rows.items()]
-        planned = [PushPull(request, grads) for request, grads in requests]
-        pulls = [PullRows(ps_task, wanted) for ps_task, wanted in prefetch.items()]
+        pending = dict(prefetch)
+        ending = {request.ps_task: i for i, (request, _) in enumerate(requests) if request.end_of_step}
+
+        def pulls_of(ps_task: int) -> Sequence[row_tensors.RowPull]:
+            return pending.pop(ps_task, ()) if pulls_with_pushes else ()
+
+        pushed_rows = [
+            PushRows(ps_task, pushes, True, pulls_of(ps_task))
+            for ps_task, pushes in rows.items()
+            if ps_task not in ending
+        ]
+        planned = [
+            PushPull(request, grads, rows.get(request.ps_task, ()), pulls_of(request.ps_task))
+            if ending.get(request.ps_task) == i
+            else PushPull(request, grads)
+            for i, (request, grads) in enumerate(requests)
+        ]
+        pulls = [PullRows(ps_task, wanted) for ps_task, wanted in pending.items()]
         replies = self._exchange([*pushed_rows, *planned, *pulls], step, compress, timeout, again)
-        dense = replies[len(pushed_rows) : len(pushed_rows) + len(planned)]
-        pulled = {
-            pull.ps_task: cast(list[torch.Tensor], reply.rows)  # pulls without a row cache: tensors only
-            for pull, reply in zip(pulls, replies[len(pushed_rows) + len(planned) :])
-            if isinstance(reply, RowsPulled)
-        }
-        return [_expect(reply, DenseReply) for reply in dense], pulled
+        dense = [_expect(reply, DenseReply) for reply in replies[len(pushed_rows) : len(pushed_rows) + len(planned)]]
+        pulled: dict[int, list[torch.Tensor]] = {}
+        carriers: list[PushRows | PushPull] = [*pushed_rows, *planned]
+        for operation, reply in zip(carriers, replies):
+            if operation.row_pulls and isinstance(reply, (RowsPushed, DenseReply)):
+                pulled[operation.ps_task] = reply.rows
+        for pull, reply in zip(pulls, replies[len(pushed_rows) + len(planned) :]):
+            if isinstance(reply, RowsPulled):
+                pulled[pull.ps_task] = cast(list[torch.Tensor], reply.rows)  # pulls without a row cache: tensors only
+        return dense, pulled
 
     def begin_step(
         self, requests: Sequence[Request], step: int, grads_of: Callable[[int], Sequence[tuple[str, torch.Tensor]]]

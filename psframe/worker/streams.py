@@ -251,6 +251,7 @@ class Exchange:
         replies: list[Reply | None] = [None] * len(operations)
         failure: PsframeError | None = None
         resent: set[int] = set()  # ps tasks to which a planned request went again
+        pulled_again: set[int] = set()  # pulls sent again behind them
         for ps_task in self._unsent:
             self._send_more(ps_task)
         while any(self._in_flight.values()):
@@ -282,6 +283,16 @@ class Exchange:
                         failure = failure or errors.SharedRegionError(header.region_unusable)
                 elif header.error_class:
                     failure = failure or transport.decode_error(header.error_class, header.error_message, peer)
+                elif (
+                    isinstance(operation, PushPull)
+                    and not operation.pushes
+                    and ps_task in resent
+                    and i not in pulled_again
+                ):
+                    # A pull (synchronous training's after the round) answered before the pushes
+                    # ahead of it, refused and sent again, were applied: it goes again behind them.
+                    self._again[ps_task].append(i)
+                    pulled_again.add(i)
                 self._send_more(ps_task)
         if failure is not None:
             self._encoder.drop_regions(operations, self._compress)

@@ -549,7 +549,11 @@ class Trainer:
                     replies, prefetched = self._ps.finish_step(exchange), {}
                 else:
                     replies, prefetched = self._ps.push_pull_and_prefetch(
-                        pushes(), self._global_step, self._prefetcher.requests(), rows=rows
+                        pushes(),
+                        self._global_step,
+                        self._prefetcher.requests(),
+                        rows=rows,
+                        pulls_with_pushes=self._sync is None,
                     )
             except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
                 replies, prefetched = self._send_again(e, pushes(), rows), {}
