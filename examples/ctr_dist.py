@@ -125,6 +125,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--row_cache_rows", type=int, default=1 << 20, help="with --row_cache_staleness, the most rows kept per table"
     )
     parser.add_argument(
+        "--prefetch_rows",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pull the next batch's rows with each step's push (one message per ps task a step, no round trip "
+        "at the lookup); off with --row_cache_staleness, whose lookups ask for the rows that moved",
+    )
+    parser.add_argument(
         "--delta_checkpoint_steps",
         type=int,
         default=None,
@@ -310,10 +317,16 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
     )
     with trainer:
         first_step, start = trainer.global_step, time.perf_counter()
-        for index in batches(len(train), args.batch_size, args.seed + 1 + task_index):
-            if trainer.should_stop():
-                break
+        prefetch = args.prefetch_rows and args.row_cache_staleness is None
+        order = batches(len(train), args.batch_size, args.seed + 1 + task_index)
+        index = next(order)
+        while not trainer.should_stop():
             loss = loss_of(model, train, index)
+            index = next(order)
+            if prefetch:  # the next batch's rows come back with this step's push
+                _, next_ids, _ = train.rows(index)
+                trainer.prefetch(model.wide, next_ids)
+                trainer.prefetch(model.deep, next_ids)
             global_step = trainer.step(loss)
             if trainer.local_step % args.log_every == 0:
                 log.info(

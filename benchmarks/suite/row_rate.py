@@ -258,16 +258,24 @@ def measure_grpc(children: Children, dynamic: bool, quick: bool, deadline: Deadl
         optimizer=psframe.optim.Adagrad(lr=LEARNING_RATE),
         transport=psframe.Transport(connect_timeout=deadline.remaining()),
     )
+    pending = next(cycle)
+
+    def step() -> None:  # as the CTR example steps: the next batch's rows come back with this step's push
+        nonlocal pending
+        ids, target = pending
+        loss = F.binary_cross_entropy_with_logits(model(ids), target)
+        pending = next(cycle)
+        trainer.prefetch(model.table, pending[0])
+        trainer.step(loss)
+
     with trainer:
         for _ in range(len(data) + warmup):  # every id held (dynamic) and every path warm
-            ids, target = next(cycle)
-            trainer.step(F.binary_cross_entropy_with_logits(model(ids), target))
+            step()
         pid = cluster.procs[0].pid
         cpu, started = cpu_seconds(pid), time.perf_counter()
         for _ in range(timed):
             deadline.check(f"stepping the {name} table over gRPC")
-            ids, target = next(cycle)
-            trainer.step(F.binary_cross_entropy_with_logits(model(ids), target))
+            step()
         seconds, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu
     for child in cluster.names:
         children.wait_exit(child, 15.0)
