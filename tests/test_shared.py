@@ -152,3 +152,67 @@ def test_state_goes_to_shared_memory_at_each_variables_first_step(memory):
     assert all(torch.equal(x, y) for x, y in zip(shared.read(["a", "b"]), private.read(["a", "b"])))
     shared.share_state()  # nothing left to move
     assert shared.optimizer_state()["a"]["momentum_buffer"].data_ptr() == momentum.data_ptr()
+
+
+def test_a_table_row_updated_through_one_view_moves_its_version_in_every_view(memory):
+    """A worker's row cache may ask any of the task's processes: the rows' versions, and
+    the count they are stamped from, are one across them."""
+    from psframe.rows import NOT_CACHED
+
+    owner = _store(memory)
+    owner.create(
+        {"emb": torch.zeros(6, 2)},
+        psframe.optim.SGD(lr=1.0),
+        tables=["emb"],
+        table_optimizer=psframe.optim.Adagrad(lr=1.0),
+    )
+    owner.apply_rows([("emb", torch.tensor([0]), torch.ones(1, 2))])  # the table's state is made
+    assert publish_store(memory, owner, "/job:ps/task:0") is True
+    other = VariableStore("/job:ps/task:0", lock=memory.lock, counters=memory.counters)
+    other.adopt(*SharedStore.attach(memory.folder, 2).load())
+    ids = torch.tensor([1, 2, 3])
+    cached, _ = owner.read_rows_since("emb", ids, True, torch.full((3,), NOT_CACHED), 0)
+    other.apply_rows([("emb", torch.tensor([2]), torch.ones(1, 2))])
+    now, fresh = owner.read_rows_since("emb", ids, True, cached, 0)
+    assert (now > cached).tolist() == [False, True, False] and fresh.shape[0] == 1
+    assert torch.equal(fresh, other.read_rows("emb", torch.tensor([2])))
+    owner.apply_rows([("emb", torch.tensor([3]), torch.ones(1, 2))])
+    later, _ = other.read_rows_since("emb", ids, True, now, 0)
+    assert (later > now).tolist() == [False, False, True]
+
+
+def test_a_delta_holds_the_table_rows_any_view_changed_and_the_dense_variables_whole(memory):
+    owner = _store(memory)
+    owner.create(
+        {"emb": torch.zeros(6, 2), "w": torch.zeros(3)},
+        psframe.optim.Adagrad(lr=1.0),
+        tables=["emb"],
+        table_optimizer=psframe.optim.Adagrad(lr=1.0),
+    )
+    owner.apply_rows([("emb", torch.tensor([0]), torch.ones(1, 2))])  # the table's state is made
+    owner.apply({"w": torch.ones(3)})  # and the dense variable's
+    assert publish_store(memory, owner, "/job:ps/task:0") is True
+    other = VariableStore("/job:ps/task:0", lock=memory.lock, counters=memory.counters)
+    other.adopt(*SharedStore.attach(memory.folder, 2).load())
+    owner.mark_snapshot(10)
+    other.apply_rows([("emb", torch.tensor([4, 1]), torch.ones(2, 2))])
+    changes = owner.changes_since(10)
+    ids, values, _ = changes.rows["emb"]
+    assert ids.tolist() == [1, 4] and torch.equal(values, other.read_rows("emb", torch.tensor([1, 4])))
+    assert list(changes.values) == ["w"]  # another process's dense updates are not seen here: held whole
+
+
+def test_a_stateless_dense_optimizer_beside_a_stateful_table_one_is_published(memory):
+    """Plain SGD makes no state for the dense variables; Adagrad makes the tables': the
+    model is shared once both groups stepped, not never."""
+    owner = _store(memory)
+    owner.create(
+        {"emb": torch.zeros(6, 2), "w": torch.zeros(3)},
+        psframe.optim.SGD(lr=1.0),
+        tables=["emb"],
+        table_optimizer=psframe.optim.Adagrad(lr=1.0),
+    )
+    owner.apply_rows([("emb", torch.tensor([0]), torch.ones(1, 2))])
+    assert publish_store(memory, owner, "/job:ps/task:0") is None  # the dense group has not stepped
+    owner.apply({"w": torch.ones(3)})
+    assert publish_store(memory, owner, "/job:ps/task:0") is True

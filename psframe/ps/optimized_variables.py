@@ -37,6 +37,7 @@ class OptimizedVariables:
     ) -> None:
         self._variables = dict(variables)
         self.optimizer: torch.optim.Optimizer | None = None
+        self.stepped = False  # a step went through (a stateless optimizer's state is then complete)
         if self._variables and optimizer is not None:
             self.optimizer = optimizer.build(list(self._variables.values()), per_parameter=per_parameter)
 
@@ -75,6 +76,7 @@ class OptimizedVariables:
             variable.grad = grad
         try:
             optimizer_kernels.step(self.optimizer)
+            self.stepped = True
             state = self.optimizer.state
             for variable in variables:  # torch makes some state at a variable's first step
                 memory.place_state(state.get(variable))

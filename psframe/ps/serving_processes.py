@@ -266,14 +266,14 @@ class SharedPushPull:
         if version != self._version:
             with self._lock, self._shared.lock:
                 if self._shared.version != self._version:
-                    variables, states, optimizer, tables, table_optimizer = self._shared.load()
+                    variables, states, optimizer, tables, table_optimizer, versions = self._shared.load()
                     store = VariableStore(
                         self._service_name(),
                         lock=self._shared.lock,
                         counters=self._shared.counters,
                         memory=HugePageMemory(),
                     )
-                    store.adopt(variables, states, optimizer, tables, table_optimizer)
+                    store.adopt(variables, states, optimizer, tables, table_optimizer, versions)
                     self._service = shared_service(self._shared, self._cluster, self._task_index, store)
                     self._version = self._shared.version
         return self._service

@@ -7,7 +7,8 @@ memory (``/dev/shm``), which every one of its processes maps
 applied to the one copy. Beside them:
 
 - ``header``: int64 counters: the model's version (bumped at each
-  publication), the global step, applied and refused pushes;
+  publication), the global step, applied and refused pushes, and the count
+  the fixed table rows' versions are stamped from (:mod:`psframe.ps.row_versions`);
 - ``last_seen``: when each worker was last heard from, for the roster;
 - ``push_ledger``: each worker's last push applied and steps applied
   (:mod:`psframe.ps.ledger`);
@@ -45,7 +46,7 @@ from psframe.wire.codec import dtype_from_name, dtype_name
 log = logging.getLogger(__name__)
 
 _PREFIX = "psframe-ps-"
-_HEADER_SLOTS = 8  # model version, global step, pushes, refused pushes, and room to grow
+_HEADER_SLOTS = 8  # model version, global step, pushes, refused pushes, row version count, and room to grow
 _MODEL = "model.json"
 
 
@@ -143,7 +144,7 @@ class SharedStore:
         self.folder = folder
         self.owner = owner
         self._header = self._map("header", torch.int64, _HEADER_SLOTS).numpy()
-        self.counters = self._header[1:4]  # global step, pushes, refused pushes: see VariableStore
+        self.counters = self._header[1:5]  # global step, pushes, refused pushes, row versions: see VariableStore
         self.last_seen = self._map("last_seen", torch.float64, num_workers).numpy()
         # Each worker's last push applied and steps applied (psframe.ps.ledger): a worker's
         # stream sent again after a reconnect may reach another process of the task.
@@ -199,6 +200,7 @@ class SharedStore:
         optimizer: OptimizerSpec,
         tables: Sequence[str] = (),
         table_optimizer: OptimizerSpec | None = None,
+        row_versions: Mapping[str, torch.Tensor] | None = None,
     ) -> bool:
         """Say where the model is, for the serving processes to map (owner, under :attr:`lock`).
 
@@ -215,6 +217,7 @@ class SharedStore:
                 "states": {
                     name: {key: self._describe(value) for key, value in state.items()} for name, state in states.items()
                 },
+                "row_versions": {name: self._describe(value) for name, value in (row_versions or {}).items()},
             }
         except (KeyError, TypeError):
             return False
@@ -233,10 +236,15 @@ class SharedStore:
     def load(
         self,
     ) -> tuple[
-        dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], OptimizerSpec, list[str], OptimizerSpec | None
+        dict[str, torch.Tensor],
+        dict[str, dict[str, torch.Tensor]],
+        OptimizerSpec,
+        list[str],
+        OptimizerSpec | None,
+        dict[str, torch.Tensor],
     ]:
         """The published model, mapped: variables, optimizer state, optimizer, the
-        embedding tables and their optimizer (serving processes)."""
+        embedding tables, their optimizer and their rows' versions (serving processes)."""
         with open(os.path.join(self.folder, _MODEL)) as f:
             model = json.load(f)
 
@@ -254,6 +262,7 @@ class SharedStore:
             _spec_from_json(model["optimizer"]),
             model["tables"],
             None if table_optimizer is None else _spec_from_json(table_optimizer),
+            {name: mapped(entry) for name, entry in model["row_versions"].items()},
         )
 
     def close(self) -> None:
@@ -313,6 +322,7 @@ def publish_store(memory: SharedStore, store: Any, task_name: str) -> bool | Non
             store.optimizer_spec,
             sorted(store.tables),
             store.table_optimizer_spec,
+            store.row_versions(),
         )
     if published:
         log.info("%s: the model is shared with the serving processes (version %d)", task_name, memory.version)

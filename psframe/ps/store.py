@@ -78,8 +78,9 @@ class VariableStore:
     Args:
         task_name: the task name used in error messages, e.g. ``/job:ps/task:0``.
         lock: a reentrant lock; one of this process's by default.
-        counters: global step, applied pushes and refused pushes, as an int64
-            array of 3; this process's own by default.
+        counters: global step, applied pushes, refused pushes and the count the fixed
+            table rows' versions are stamped from (:mod:`psframe.ps.row_versions`), as
+            an int64 array of 4; this process's own by default.
         memory: where the variables and their optimizer state live, a
             :class:`psframe.memory.Memory`: this process's memory, plain torch,
             by default; a ps task's service gives huge pages
@@ -97,7 +98,7 @@ class VariableStore:
     ) -> None:
         self.task_name = task_name
         self.lock = lock if lock is not None else threading.RLock()
-        self._counters = counters if counters is not None else numpy.zeros(3, dtype=numpy.int64)
+        self._counters = counters if counters is not None else numpy.zeros(4, dtype=numpy.int64)
         self._memory = memory if memory is not None else Memory()
         self._model = StoreModel(task_name)  # made anew by create() and adopt()
         self._ready = False
@@ -108,7 +109,6 @@ class VariableStore:
         # checked against one generation's variables (a cached request, views of
         # them) holds until it changes. Unique among the stores of a process.
         self.generation = 0
-        self._stepped = False  # an optimizer step went through in this store
         # Stamps of what changed, for delta checkpoints; updates made by other processes
         # sharing the memory (`counters` given) are not seen here.
         self._changes = Changes(complete=counters is None)
@@ -216,7 +216,16 @@ class VariableStore:
                 variable.requires_grad_(variable.is_floating_point() or variable.is_complex())
                 variables[name] = variable
             self._build(
-                StoreModel(self.task_name, variables, optimizer, tables, table_optimizer, dynamic, self._memory)
+                StoreModel(
+                    self.task_name,
+                    variables,
+                    optimizer,
+                    tables,
+                    table_optimizer,
+                    dynamic,
+                    self._memory,
+                    self._counters[3:4],
+                )
             )
             self.version += 1
             self.generation = next(_GENERATIONS)
@@ -229,18 +238,30 @@ class VariableStore:
         optimizer: OptimizerSpec,
         tables: Sequence[str] = (),
         table_optimizer: OptimizerSpec | None = None,
+        row_versions: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         """Take variables and optimizer state that live elsewhere (shared memory) as this store's own.
 
         The tensors are used as they are, not copied: updates through this
-        store and through every other store over them are one.
+        store and through every other store over them are one. So are
+        ``row_versions``, the fixed table rows' versions (:mod:`psframe.ps.row_versions`).
         """
         with self.lock:
             variables = {
                 name: value.requires_grad_(value.is_floating_point() or value.is_complex())
                 for name, value in values.items()
             }
-            self._build(StoreModel(self.task_name, variables, optimizer, tables, table_optimizer, memory=self._memory))
+            model = StoreModel(
+                self.task_name,
+                variables,
+                optimizer,
+                tables,
+                table_optimizer,
+                memory=self._memory,
+                version_count=self._counters[3:4],
+                versions=row_versions,
+            )
+            self._build(model)
             # After _build, whose memory looks after new optimizer state: shared state is taken as it is.
             for name, state in states.items():
                 if state:
@@ -363,7 +384,6 @@ class VariableStore:
         stateless = [] if dense else [t for t in variables if not group.state_of(t)]
         try:
             group.step(variables, grads, self._memory)
-            self._stepped = True
         finally:
             self.version += 1  # even a step that failed halfway may have changed some
             self._stamp(group, variables, grads, stateless)
@@ -376,21 +396,20 @@ class VariableStore:
         grads: Sequence[torch.Tensor],
         stateless: Sequence[torch.Tensor],
     ) -> None:
-        """Note what a step changed, for delta checkpoints: dense variables whole, a fixed table's
-        rows (all of them where the step made the table's optimizer state, ``stateless`` before)."""
-        changes = self._changes
+        """Note what a step changed, for delta checkpoints and row caches: dense variables whole,
+        a fixed table's rows (all of them where the step made the table's optimizer state,
+        ``stateless`` before), with a new version (:mod:`psframe.ps.row_versions`)."""
         if group is self._model.dense:
-            changes.dense_changed(self._dense_names[id(v)] for v in variables)
+            self._changes.dense_changed(self._dense_names[id(v)] for v in variables)
             return
         names = self._fixed_names
         made_state = {id(t) for t in stateless if group.state_of(t)}
-        parts = self._model.table_parts
+        versions = self._model.table_parts.versions
         for table, grad in zip(variables, grads):
-            rows = grad.indices()[0]
-            parts.touch_fixed(names[id(table)], rows)
             if id(table) in made_state:
-                rows = torch.arange(table.shape[0])
-            changes.rows_changed(names[id(table)], rows, table.shape[0])
+                versions.touch_whole(names[id(table)])
+            else:
+                versions.touch(names[id(table)], grad.indices()[0])
 
     def variables(self, names: Sequence[str]) -> list[torch.Tensor]:
         """The live variables named (those :meth:`update` takes); hold :attr:`lock` while using them."""
@@ -496,7 +515,6 @@ class VariableStore:
             if dynamic:
                 try:
                     parts.apply_dynamic(dynamic)
-                    self._stepped = True
                 finally:
                     self.version += 1
                 if not fixed:
@@ -547,10 +565,17 @@ class VariableStore:
         with self.lock:
             self._require_ready()
             state = {name: self._model.state_of(name) for name in self._model.names}
-            # No state at all is stateless only once an update went through without making any.
-            if not all(state.values()) and (any(state.values()) or not self._stepped):
-                return None
+            for group in self._model.groups:  # the dense variables' optimizer, and the tables'
+                made = [state[name] for name in group]
+                # No state at all is stateless only once an update went through without making any.
+                if not all(made) and (any(made) or not group.stepped):
+                    return None
             return {name: dict(s or {}) for name, s in state.items()}
+
+    def row_versions(self) -> dict[str, torch.Tensor]:
+        """The fixed table rows' versions, by table part (:mod:`psframe.ps.row_versions`), as they are."""
+        with self.lock:
+            return self._model.table_parts.versions.tensors
 
     def share_state(self) -> None:
         """Move the optimizers' state where the store's memory keeps state (shared memory),
@@ -590,7 +615,7 @@ class VariableStore:
                     name,
                     {k: self._memory.copy_state(x) if isinstance(x, torch.Tensor) else x for k, x in state.items()},
                 )
-            self._model.table_parts.touch_fixed_all()  # rows workers cached are of before the restore
+            self._model.table_parts.versions.touch_all()  # rows workers cached are of before the restore
             self.global_step = global_step
 
     def dynamic_counts(self) -> dict[str, dict[str, int]]:
@@ -602,7 +627,7 @@ class VariableStore:
         """The store as it is now is checkpoint ``step``'s (just saved, or restored): a delta from
         ``step`` holds what changes after this. Call it under :attr:`lock`, with the snapshot."""
         with self.lock:
-            self._changes.snapshot(step)
+            self._changes.snapshot(step, self._model.table_parts.versions.mark())
             self._model.table_parts.close_epoch(self._changes.epoch, self._changes.oldest())
 
     def changes_since(self, step: int) -> StoreChanges:
@@ -623,8 +648,9 @@ class VariableStore:
                 )
             values, states = self._model.copies(self._changes.dense_since(epoch, list(self._model.dense)))
             rows = {}
+            mark, versions = self._changes.row_mark(epoch), self._model.table_parts.versions
             for name in sorted(self._model.table_parts.fixed_names):
-                index = self._changes.rows_since(epoch, name, self._model.variable(name).shape[0])
+                index = versions.changed_since(name, mark)
                 rows[name] = (index, *self._model.row_copies(name, index))
             dynamic = self._model.table_parts.export_dynamic_changes(epoch)
             return StoreChanges(self.global_step, values, states, rows, dynamic)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy
 import torch
 
 from psframe.errors import ClusterMismatchError, UnknownVariableError
@@ -34,6 +35,7 @@ class StoreModel:
         tables: the variables that are embedding tables, updated by ``table_optimizer``.
         table_optimizer: the tables' optimizer, one that takes sparse gradients.
         dynamic: the parts of dynamic tables, which start empty.
+        memory, version_count, versions: see :class:`~psframe.ps.table_parts.TableParts`.
 
     Raises:
         UnknownVariableError: a table is not among ``variables``.
@@ -49,6 +51,8 @@ class StoreModel:
         table_optimizer: OptimizerSpec | None = None,
         dynamic: Mapping[str, DynamicPart] | None = None,
         memory: Memory | None = None,
+        version_count: numpy.ndarray | None = None,
+        versions: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         variables = variables or {}
         unknown = sorted(set(tables) - set(variables))
@@ -62,7 +66,9 @@ class StoreModel:
         self.optimizer_spec = optimizer
         self.names = tuple(variables)  # dense and fixed tables, in the order created
         fixed = set(tables)
-        self.table_parts = TableParts(task_name, {n: variables[n] for n in tables}, dynamic, table_optimizer, memory)
+        self.table_parts = TableParts(
+            task_name, {n: variables[n] for n in tables}, dynamic, table_optimizer, memory, version_count, versions
+        )
         self.dense = OptimizedVariables({n: v for n, v in variables.items() if n not in fixed}, optimizer)
 
     @property

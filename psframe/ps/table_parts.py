@@ -18,11 +18,11 @@ before any applies, and counts the update.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 import torch
 
 from psframe.cluster.table_placement import DynamicTableSpec
@@ -31,6 +31,7 @@ from psframe.errors import DtypeMismatchError, RowIdError, ShapeMismatchError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
 from psframe.ps.optimized_variables import OptimizedVariables
+from psframe.ps.row_versions import RowVersions
 from psframe.rows import RowPush, to_refresh
 
 
@@ -51,6 +52,10 @@ class TableParts:
         fixed: the fixed tables' variables by name, used as they are.
         dynamic: the dynamic tables' parts by name; they start empty.
         optimizer: the table optimizer; None when there are no tables.
+        memory: where the store makes tensors (the fixed rows' versions among them).
+        version_count: the one-element count the rows' versions are stamped from
+            (:class:`~psframe.ps.row_versions.RowVersions`); shared where the store's counters are.
+        versions: the fixed rows' versions, made by another process (a serving process maps the owner's).
     """
 
     def __init__(
@@ -60,6 +65,8 @@ class TableParts:
         dynamic: Mapping[str, DynamicPart] | None = None,
         optimizer: OptimizerSpec | None = None,
         memory: Memory | None = None,
+        version_count: numpy.ndarray | None = None,
+        versions: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         fixed, dynamic = fixed or {}, dynamic or {}
         self.task_name = task_name
@@ -70,11 +77,8 @@ class TableParts:
             for name, part in dynamic.items()
         }
         self.fixed = OptimizedVariables(fixed, optimizer, per_parameter=True)
-        # The version of each fixed table row, for workers' row caches: the count of row updates
-        # when it last changed, from a base of the wall clock in ns (a ps task that restarts
-        # counts past every version it gave before).
-        self._mutations = time.time_ns()
-        self._fixed_versions = {name: torch.full((t.shape[0],), self._mutations) for name, t in fixed.items()}
+        # The version of each fixed table row: for workers' row caches and delta checkpoints.
+        self.versions = RowVersions({name: t.shape[0] for name, t in fixed.items()}, version_count, memory, versions)
 
     def __contains__(self, name: object) -> bool:
         return name in self._dynamic or name in self.fixed
@@ -174,17 +178,6 @@ class TableParts:
         for name, ids, values in rows:
             self._dynamic[name].apply(ids, values)
 
-    def touch_fixed(self, name: str, rows: torch.Tensor) -> None:
-        """Rows ``rows`` of fixed table part ``name`` changed: they get a new version."""
-        self._mutations += 1
-        self._fixed_versions[name].index_fill_(0, rows, self._mutations)
-
-    def touch_fixed_all(self) -> None:
-        """Every row of every fixed table part changed (a restore)."""
-        self._mutations += 1
-        for versions in self._fixed_versions.values():
-            versions.fill_(self._mutations)
-
     def read_since(
         self, name: str, ids: torch.Tensor, create: bool, cached: torch.Tensor, staleness: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,7 +186,7 @@ class TableParts:
         dynamic = self._dynamic.get(name)
         if dynamic is not None:
             return dynamic.read_since(ids, cached, staleness, create=create)
-        versions = self._fixed_versions[name].index_select(0, ids)
+        versions = self.versions.of(name, ids)
         refresh = to_refresh(cached, versions, staleness)
         return versions, self.read(name, ids[refresh])
 
