@@ -63,10 +63,12 @@ def row_gradient(rows: torch.Tensor, values: torch.Tensor, shape: Sequence[int])
     of coalescing and gives the same tensor."""
     if rows.numel() > 1:
         ordered, ordered_values = rows, values
-        if not bool((rows[1:] > rows[:-1]).all()):
+        distinct = bool((rows[1:] > rows[:-1]).all())  # and sorted already
+        if not distinct:
             order = torch.argsort(rows)
             ordered, ordered_values = rows.index_select(0, order), values.index_select(0, order)
-        if bool((ordered[1:] > ordered[:-1]).all()):
+            distinct = bool((ordered[1:] > ordered[:-1]).all())  # else repeats, summed below
+        if distinct:
             return torch.sparse_coo_tensor(
                 ordered.unsqueeze(0), ordered_values, tuple(shape), check_invariants=False, is_coalesced=True
             )

@@ -128,7 +128,7 @@ class TableParts:
                 f"of shape {tuple(ids.shape)}; nothing was applied"
             )
         if ids.numel() and rows is not None:
-            low, high = int(ids.min()), int(ids.max())
+            low, high = (int(bound) for bound in torch.aminmax(ids))
             bad = low if low < 0 else high if high >= rows else None
             if bad is not None:
                 raise RowIdError(
