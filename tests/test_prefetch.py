@@ -198,6 +198,9 @@ def test_asynchronous_prefetches_ride_in_the_message_that_ends_the_step(local_cl
         assert len(pulled) == 2  # the first step's two lookups
         steps = sent[2:]  # after the first step's two lookups: one message per ps task per step
         assert steps == [2] * STEPS, sent
+        # Rows looked up and pulled count the prefetched ones: every step's distinct ids, and the next's.
+        distinct = sum(torch.unique(batch(step)[k]).numel() for step in range(STEPS + 1) for k in (0, 1))
+        assert trainer.rows_looked_up == trainer.rows_pulled == distinct
         pull_every_row(model)
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             assert torch.equal(p, q), f"{name} differs"

@@ -561,6 +561,9 @@ class Trainer:
             if pushed and not any(reply.dropped for reply in replies):
                 self._pushed_steps += 1
             self._prefetcher.deliver(prefetched)
+            ahead = sum(rows.shape[0] for answers in prefetched.values() for rows in answers)
+            self._rows_looked_up += ahead
+            self._rows_pulled += ahead
         finally:
             self._prefetcher.drop()
         self._local_step += 1
@@ -741,13 +744,14 @@ class Trainer:
 
     @property
     def rows_looked_up(self) -> int:
-        """Rows of embedding tables this worker's lookups asked the ps tasks about (each lookup's distinct ids)."""
+        """Rows of embedding tables this worker's lookups asked the ps tasks about (each lookup's
+        distinct ids), and those its prefetches pulled ahead."""
         return self._rows_looked_up
 
     @property
     def rows_pulled(self) -> int:
-        """Rows of embedding tables that came back to lookups: all of them, or with a
-        :class:`psframe.RowCaching`, those the cache lacked or held too old."""
+        """Rows of embedding tables that came back to lookups and prefetches: all of them, or
+        with a :class:`psframe.RowCaching`, those the cache lacked or held too old."""
         return self._rows_pulled
 
     @property
