@@ -387,6 +387,7 @@ def run_evaluator(args: argparse.Namespace) -> int:
         log_dir=args.log_dir,
         timeout=args.eval_timeout,
         max_step=args.train_steps,
+        latest_only=True,  # deltas every few steps: the newest each time, never further behind
     )
     for step, metrics in evaluator.results():
         print(json.dumps({"mode": "evaluator", "global_step": step, **metrics}), flush=True)

@@ -245,6 +245,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         poll_seconds=args.poll_seconds,
         timeout=args.timeout,
         max_step=args.max_step,
+        latest_only=args.latest_only,
     )
     for step, metrics in evaluator.results():
         print(json.dumps({"global_step": step, **metrics}), flush=True)
@@ -459,6 +460,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--max_step", type=int, default=None, help="stop after a checkpoint at or past this global step"
+    )
+    evaluate.add_argument(
+        "--latest_only",
+        action="store_true",
+        help="evaluate the newest checkpoint each time, skipping those committed meanwhile (TF's evaluator)",
     )
     evaluate.add_argument(
         "factory",

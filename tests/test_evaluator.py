@@ -97,6 +97,25 @@ def test_each_committed_checkpoint_comes_once_in_step_order_as_training_commits_
     assert seen == [10, 15, 20, 30, 40]
 
 
+def test_latest_only_goes_to_the_newest_checkpoint_each_time_skipping_those_in_between(url):
+    for step in (10, 20):
+        commit(url, step, model_of_step(step))
+    seen = []
+    for manifest in psframe.checkpoints_iterator(url, max_step=60, latest_only=True, **FAST):
+        seen.append(manifest.step)
+        if manifest.step == 20:  # committed while step 20 is evaluated: only the newest is taken
+            for step in (30, 40, 50):
+                commit(url, step, model_of_step(step))
+        if manifest.step == 50:
+            commit(url, 60, model_of_step(60))
+        assert len(seen) < 10
+    assert seen == [20, 50, 60]
+    with pytest.raises(TypeError, match="latest_only must be a bool, got str"):
+        psframe.checkpoints_iterator(url, latest_only="yes")
+    with pytest.raises(TypeError, match="latest_only must be a bool, got int"):
+        evaluator(url, latest_only=1)
+
+
 def test_it_ends_by_its_deadline_or_when_asked_when_no_checkpoint_comes(url):
     assert list(psframe.checkpoints_iterator(url, **FAST)) == []
     asked = []

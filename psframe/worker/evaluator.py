@@ -1,4 +1,4 @@
-"""An evaluator beside training: every new committed checkpoint, evaluated once, in step order.
+"""An evaluator beside training: every new committed checkpoint (or the newest), evaluated once, in step order.
 
 TF's evaluator task (Estimator's ``train_and_evaluate``, with
 ``tf.contrib.training.checkpoints_iterator``) in psframe: a process that is
@@ -16,6 +16,12 @@ connects to a ps task and holds no lock, so it can neither stall nor fail
 the training job, and it may be started, killed and started again at any
 time. A checkpoint pruned or damaged while it is read is skipped with a
 warning, and the next one is tried. Every wait has a deadline.
+
+An evaluation that takes longer than the chief takes between checkpoints
+(delta checkpoints every few steps, say) falls further behind at each one
+when every checkpoint is evaluated; with ``latest_only`` the evaluator goes
+to the newest checkpoint each time, skipping those committed meanwhile, as
+TF's ``checkpoints_iterator`` does.
 """
 
 from __future__ import annotations
@@ -56,12 +62,14 @@ def checkpoints_iterator(
     timeout: float = DEFAULT_TIMEOUT,
     max_step: int | None = None,
     stop: Callable[[], bool] | None = None,
+    latest_only: bool = False,
 ) -> Iterator[Manifest]:
     """Each committed checkpoint of ``checkpoint_dir``, once, in step order, as training makes them.
 
     TF's ``tf.contrib.training.checkpoints_iterator``, yielding manifests. The
     folder is listed for checkpoints committed after the last one yielded;
-    those already there when it starts come first. A checkpoint pruned before
+    those already there when it starts come first (with ``latest_only``, only
+    the newest of those found at each listing). A checkpoint pruned before
     its turn is never yielded. Nothing is verified or read beyond the
     manifest: :func:`psframe.checkpoint.load` checks the shards.
 
@@ -77,6 +85,8 @@ def checkpoints_iterator(
         max_step: end after a checkpoint at or past this global step (the
             ``StopAtStepHook`` last step); None: no such end.
         stop: asked whenever there is nothing new; True ends the iteration.
+        latest_only: yield the newest checkpoint committed since the last one
+            yielded, skipping those in between (TF's); False: every one.
 
     Returns:
         An iterator of the manifests of the new committed checkpoints (``.step``, ``.folder``).
@@ -90,20 +100,30 @@ def checkpoints_iterator(
     _check_max_step(max_step)
     if stop is not None and not callable(stop):
         raise TypeError(f"stop must be callable or None, got {type(stop).__name__}")
+    if not isinstance(latest_only, bool):
+        raise TypeError(f"latest_only must be a bool, got {type(latest_only).__name__}")
     # Checked here, not on the first next(): the generator below runs only when iterated.
-    return _poll(checkpoint_dir, poll_seconds, timeout, max_step, stop)
+    return _poll(checkpoint_dir, poll_seconds, timeout, max_step, stop, latest_only)
 
 
 def _poll(
-    checkpoint_dir: str, poll_seconds: float, timeout: float, max_step: int | None, stop: Callable[[], bool] | None
+    checkpoint_dir: str,
+    poll_seconds: float,
+    timeout: float,
+    max_step: int | None,
+    stop: Callable[[], bool] | None,
+    latest_only: bool,
 ) -> Iterator[Manifest]:
     last = -1
     deadline: float | None = None
     while True:
         newer = [m for m in _committed(checkpoint_dir) if m.step > last]
         if newer:
-            last = newer[0].step
-            yield newer[0]
+            manifest = newer[-1] if latest_only else newer[0]
+            if len(newer) > 1 and latest_only:
+                log.info("evaluator: going to checkpoint step %d, past %d not evaluated", manifest.step, len(newer) - 1)
+            last = manifest.step
+            yield manifest
             deadline = None  # the wait for the next one starts now
             if max_step is not None and last >= max_step:
                 log.info("evaluator: checkpoint step %d reached max_step %d; done", last, max_step)
@@ -144,6 +164,8 @@ class Evaluator:
         poll_seconds: how often the folder is listed while waiting.
         timeout: stop after this many seconds without a new checkpoint.
         max_step: stop after evaluating a checkpoint at or past this global step.
+        latest_only: evaluate the newest checkpoint each time, skipping those
+            committed while the last one was evaluated (TF's evaluator); False: every one.
         load_fn: ``load_fn(model, state)`` puts the ``state_dict`` of
             :func:`psframe.checkpoint.load` into the model; by default
             :func:`psframe.worker.model_state.load_model_state`.
@@ -171,6 +193,7 @@ class Evaluator:
         poll_seconds: float = DEFAULT_POLL_SECONDS,
         timeout: float = DEFAULT_TIMEOUT,
         max_step: int | None = None,
+        latest_only: bool = False,
         load_fn: LoadFn | None = None,
     ) -> None:
         for name, fn in (("evaluate_fn", evaluate_fn), ("load_fn", load_fn)):
@@ -181,6 +204,8 @@ class Evaluator:
         _check_seconds("poll_seconds", poll_seconds)
         _check_seconds("timeout", timeout)
         _check_max_step(max_step)
+        if not isinstance(latest_only, bool):
+            raise TypeError(f"latest_only must be a bool, got {type(latest_only).__name__}")
         self.model = model
         self.evaluate_fn = evaluate_fn
         self.checkpoint_dir = checkpoint_dir
@@ -188,6 +213,7 @@ class Evaluator:
         self.poll_seconds = poll_seconds
         self.timeout = timeout
         self.max_step = max_step
+        self.latest_only = latest_only
         self.load_fn: LoadFn = load_fn or load_model_state
         self.history: dict[int, dict[str, float]] = {}
         """The metrics of every checkpoint evaluated so far, by global step."""
@@ -220,6 +246,7 @@ class Evaluator:
                 timeout=self.timeout,
                 max_step=self.max_step,
                 stop=self._stop.is_set,
+                latest_only=self.latest_only,
             )
             for manifest in manifests:
                 metrics = self.evaluate(manifest)
