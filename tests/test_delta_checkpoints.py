@@ -409,6 +409,58 @@ def test_every_part_of_a_checkpoint_holds_the_same_steps_of_every_worker(local_c
     assert held[-1] > held[0]  # the other worker trained on between the checkpoints
 
 
+def test_sync_with_backup_workers_every_part_of_a_checkpoint_holds_the_same_round(local_cluster, url):
+    """Two of three workers make a round, so rounds go on while the chief saves: each
+    checkpoint, full or delta, is one cut at one round on every ps task."""
+    import threading
+
+    cluster = local_cluster(num_ps=2, num_workers=3)
+    sync = psframe.SyncReplicas(replicas_to_aggregate=2, timeout=60)
+    stop, errors = threading.Event(), []
+
+    def other_worker(index: int) -> None:
+        model = Wide()
+        try:
+            with psframe.Trainer(
+                model, cluster, task_index=index, optimizer=psframe.optim.SGD(lr=0.01), sync=sync
+            ) as t:
+                for step in range(100_000):
+                    if stop.is_set():
+                        break
+                    t.step(model(torch.randn(32, 64, generator=torch.Generator().manual_seed(step))))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    model = Wide()
+    threads = [threading.Thread(target=other_worker, args=(index,)) for index in (1, 2)]
+    try:
+        with psframe.Trainer(
+            model,
+            cluster,
+            optimizer=psframe.optim.SGD(lr=0.01),
+            sync=sync,
+            checkpointing=psframe.Checkpointing(url, keep=20),
+        ) as trainer:
+            for thread in threads:
+                thread.start()
+            saved = []
+            for round in range(8):
+                for _ in range(2):
+                    trainer.step(model(torch.randn(32, 64)))
+                saved.append(trainer.save_checkpoint() if round % 4 == 0 else trainer.save_delta())
+    finally:  # the chief has left (the others' rounds no longer wait for it): they stop too
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert not errors and not any(thread.is_alive() for thread in threads), errors
+    rounds = []
+    for manifest in saved:
+        steps = [shard.global_step for shard in checkpoint.read(url, manifest.step).read_shards()]
+        assert steps[0] == steps[1], f"checkpoint {manifest.step}: the parts hold rounds {steps}"
+        rounds.append(steps[0])
+    assert rounds == sorted(rounds) and rounds[-1] > rounds[0]
+
+
 def test_an_evaluator_sees_full_and_delta_checkpoints_in_step_order(local_cluster, url):
     def evaluate(model: Clicks) -> dict[str, float]:
         users, items, target = batch(1000)

@@ -9,6 +9,7 @@ written once into the reply; the small methods use the generated classes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -364,13 +365,18 @@ class ParameterServerService(TaskService):
         url = request.checkpoint_dir or self.checkpoint_dir
         if not url:
             raise errors.CheckpointError(f"{self.task_name} has no checkpoint_dir and the request named none")
-        # With targets, the snapshot is the cut's: checked under the lock it is taken under.
+        # With targets (or a round's), the snapshot is the cut's: checked under the lock it is taken under.
         cut = self._check_cut if request.targets else None
+        aggregator = self.aggregator if request.cut_rounds else None
+        if aggregator is not None:
+            cut = functools.partial(aggregator.check_cut, request.round_target)
         try:
             with self._init_lock:
                 self.store.check_names([])  # NotReadyError before the model exists
                 if request.targets:
                     self._reach(list(request.targets))
+                if aggregator is not None:
+                    aggregator.reach(request.round_target)
                 k, num_ps = self.task_index, self.cluster.num_ps
                 if request.delta:  # what changed since the parent only
                     record = recovery.save_delta_shard(
@@ -384,6 +390,8 @@ class ParameterServerService(TaskService):
             if request.targets:
                 with self.store.lock:
                     self.ledger.release()
+            if self.aggregator is not None:  # a hold's, whether this save took its cut or not
+                self.aggregator.release()
         return pb.SaveReply(
             file=record.file, sha256=record.sha256, nbytes=record.nbytes, global_step=record.global_step
         )
@@ -391,16 +399,20 @@ class ParameterServerService(TaskService):
     # ---- a checkpoint's cut: every part holds the same steps of every worker
 
     def _hold(self, seconds: float) -> pb.SaveReply:
-        """Hold pushes back (asynchronous training) and say each worker's steps begun here.
+        """Hold pushes back (asynchronous training) and say each worker's steps begun here;
+        or, in synchronous training, hold rounds back and say the round this task is at.
 
         The hold ends with the save that follows, or by itself after ``seconds``
         (at most :data:`MAX_HOLD_SECONDS`): a chief lost between the two never
         stalls training for long.
         """
+        seconds = min(max(seconds, 0.1), MAX_HOLD_SECONDS)
         with self.store.lock:
-            if self.aggregator is not None or not self.store.ready or not self._variable_defs:
-                return pb.SaveReply(holds=False)  # rounds are cut by their step; nothing to hold here
-            begun = self.ledger.hold(min(max(seconds, 0.1), MAX_HOLD_SECONDS))
+            if not self.store.ready or not self._variable_defs:
+                return pb.SaveReply(holds=False)  # nothing to hold here
+            if self.aggregator is not None:
+                return pb.SaveReply(holds_rounds=True, global_step=self.aggregator.hold(seconds))
+            begun = self.ledger.hold(seconds)
         return pb.SaveReply(holds=True, steps_begun=begun)
 
     def _reach(self, targets: list[int]) -> None:

@@ -22,6 +22,15 @@ For the ps's current step ``s`` a *round* gathers gradients:
   summed, divided by the number of members, and applied by the table
   optimizer, to those rows only.
 
+A checkpoint takes every ps task's part at one round: :meth:`SyncAggregator.hold`
+stops rounds from being applied here (pushes still join them) and says the
+round this ps task is at; the ps tasks differ by at most one round, since a
+worker computes a step only once every ps task answered the one before.
+:meth:`SyncAggregator.reach` then applies rounds up to the latest of them,
+the snapshot is taken there, and :meth:`SyncAggregator.release` lets rounds
+go on. A hold ends by itself after its seconds, so a chief lost between the
+two never stalls training for long.
+
 Every wait has a deadline; when it runs out the error names the step, the
 workers that arrived and the ones missing.
 """
@@ -39,7 +48,7 @@ from dataclasses import dataclass, field
 import torch
 
 from psframe.cluster import ClusterSpec
-from psframe.errors import BarrierTimeoutError, PsframeError, RemoteError
+from psframe.errors import BarrierTimeoutError, CheckpointCutError, PsframeError, RemoteError
 from psframe.ps.store import VariableStore
 from psframe.ps.table_parts import RowPush
 
@@ -112,6 +121,9 @@ class SyncAggregator:
         self._decisions: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self._live = set(range(num_workers))
         self.dropped_gradients = 0
+        # A checkpoint's hold: rounds of step _held_from and later wait, until _held_until (monotonic).
+        self._held_from: int | None = None
+        self._held_until = 0.0
 
     # ---- what workers call
 
@@ -219,6 +231,64 @@ class SyncAggregator:
         with self._cond:
             return worker in self._decisions.get(step, ())
 
+    # ---- a checkpoint's cut
+
+    def hold(self, seconds: float) -> int:
+        """Stop applying rounds, for at most ``seconds``; the step of the round this ps task is at."""
+        with self._cond:
+            self._held_from = self._round.step
+            self._held_until = time.monotonic() + seconds
+            return self._round.step
+
+    def reach(self, step: int) -> None:
+        """Apply rounds until the global step is ``step``, then hold the rest (the caller snapshots
+        then, under the store's lock, and calls :meth:`release`).
+
+        Raises:
+            CheckpointCutError: the hold ended first, or this ps task is past ``step`` already.
+        """
+        with self._cond:
+            self._check_held()
+            if self._round.step > step:
+                raise CheckpointCutError(
+                    f"{self.task_name} is at sync step {self._round.step}, past the checkpoint's cut at {step}"
+                )
+            self._held_from = step
+            self._try_apply(self._round)
+            self._cond.notify_all()
+            while self._round.step < step:
+                self._check_held()
+                self._cond.wait(max(0.0, self._held_until - time.monotonic()))
+                self._try_apply(self._round)
+
+    def check_cut(self, step: int) -> None:
+        """Raise unless rounds are still held at global step ``step`` (under the store's lock, right before a snapshot).
+
+        Raises:
+            CheckpointCutError: the hold ended, or the step moved.
+        """
+        with self._cond:
+            self._check_held()
+            if self._round.step != step:
+                raise CheckpointCutError(f"{self.task_name} moved past the checkpoint's cut at sync step {step}")
+
+    def release(self) -> None:
+        """Let rounds be applied again (after the snapshot, or after a failed one)."""
+        with self._cond:
+            self._held_from = None
+            self._try_apply(self._round)
+            self._cond.notify_all()
+
+    def _held(self, step: int) -> bool:
+        return self._held_from is not None and step >= self._held_from and time.monotonic() < self._held_until
+
+    def _check_held(self) -> None:
+        if self._held_from is None or time.monotonic() >= self._held_until:
+            raise CheckpointCutError(
+                f"{self.task_name} could not take the checkpoint's cut: its hold on rounds ended before the save "
+                f"(a hold lasts at most its seconds)"
+            )
+
     # ---- what the other ps tasks ask ps 0
 
     def members_of(self, step: int, timeout: float | None = None) -> tuple[int, ...]:
@@ -285,7 +355,7 @@ class SyncAggregator:
             self._cond.notify_all()
 
     def _try_apply(self, round_: _Round) -> None:
-        if round_ is not self._round or round_.members is None:
+        if round_ is not self._round or round_.members is None or self._held(round_.step):
             return
         if not all(w in round_.completed for w in round_.members):
             return
@@ -322,11 +392,15 @@ class SyncAggregator:
         while self._round is round_:
             if round_.failure is not None:
                 raise round_.failure
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 # The round stays open: a worker that comes back can still complete it.
                 raise self._timeout_error(round_, round_.step, started)
+            if self._held(round_.step):  # a checkpoint's hold: applied once it ends, at the latest
+                remaining = min(remaining, self._held_until - now)
             self._cond.wait(remaining)
+            self._try_apply(round_)
 
     def _timeout_error(self, round_: _Round, step: int, started: float) -> BarrierTimeoutError:
         arrived = sorted(round_.completed)

@@ -403,7 +403,7 @@ class StepMembersReply(_message.Message):
     def __init__(self, step: _Optional[int] = ..., workers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SaveRequest(_message.Message):
-    __slots__ = ("caller", "checkpoint_dir", "step", "delta", "parent_step", "hold", "hold_seconds", "targets")
+    __slots__ = ("caller", "checkpoint_dir", "step", "delta", "parent_step", "hold", "hold_seconds", "targets", "round_target", "cut_rounds")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -412,6 +412,8 @@ class SaveRequest(_message.Message):
     HOLD_FIELD_NUMBER: _ClassVar[int]
     HOLD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TARGET_FIELD_NUMBER: _ClassVar[int]
+    CUT_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     checkpoint_dir: str
     step: int
@@ -420,23 +422,27 @@ class SaveRequest(_message.Message):
     hold: bool
     hold_seconds: float
     targets: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., step: _Optional[int] = ..., delta: _Optional[bool] = ..., parent_step: _Optional[int] = ..., hold: _Optional[bool] = ..., hold_seconds: _Optional[float] = ..., targets: _Optional[_Iterable[int]] = ...) -> None: ...
+    round_target: int
+    cut_rounds: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., step: _Optional[int] = ..., delta: _Optional[bool] = ..., parent_step: _Optional[int] = ..., hold: _Optional[bool] = ..., hold_seconds: _Optional[float] = ..., targets: _Optional[_Iterable[int]] = ..., round_target: _Optional[int] = ..., cut_rounds: _Optional[bool] = ...) -> None: ...
 
 class SaveReply(_message.Message):
-    __slots__ = ("file", "sha256", "nbytes", "global_step", "steps_begun", "holds")
+    __slots__ = ("file", "sha256", "nbytes", "global_step", "steps_begun", "holds", "holds_rounds")
     FILE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     STEPS_BEGUN_FIELD_NUMBER: _ClassVar[int]
     HOLDS_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     file: str
     sha256: str
     nbytes: int
     global_step: int
     steps_begun: _containers.RepeatedScalarFieldContainer[int]
     holds: bool
-    def __init__(self, file: _Optional[str] = ..., sha256: _Optional[str] = ..., nbytes: _Optional[int] = ..., global_step: _Optional[int] = ..., steps_begun: _Optional[_Iterable[int]] = ..., holds: _Optional[bool] = ...) -> None: ...
+    holds_rounds: bool
+    def __init__(self, file: _Optional[str] = ..., sha256: _Optional[str] = ..., nbytes: _Optional[int] = ..., global_step: _Optional[int] = ..., steps_begun: _Optional[_Iterable[int]] = ..., holds: _Optional[bool] = ..., holds_rounds: _Optional[bool] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("caller",)

@@ -428,9 +428,11 @@ class PsClient:
         """Ask every ps task to write its shard of checkpoint ``step``, in parallel: what
         it holds, or only what changed since checkpoint ``parent`` (a delta).
 
-        In asynchronous training the shards are of one cut: each holds the
+        The shards are of one cut. In asynchronous training each holds the
         same steps of every worker (a step some ps task had begun applying is
-        applied by all first; the steps after wait, at most a few seconds).
+        applied by all first; the steps after wait, at most a few seconds); in
+        synchronous training, the same rounds (a round some ps task had applied
+        is applied by all first; the rounds after wait).
 
         Returns:
             What each ps task wrote, by task index.
@@ -441,6 +443,8 @@ class PsClient:
         holds = transport.call_all([(ps, "Save", hold) for ps in self._ps], self.rpc_timeout)
         begun = [list(r.steps_begun) for r in holds if r.holds]
         targets = [max(steps) for steps in zip(*begun)] if begun else []
+        # Synchronous: the ps tasks are at most one round apart; the cut is at the latest.
+        round_target = max((r.global_step for r in holds if r.holds_rounds), default=0)
         requests = [
             pb.SaveRequest(
                 caller=self.caller,
@@ -449,6 +453,8 @@ class PsClient:
                 delta=parent is not None,
                 parent_step=parent or 0,
                 targets=targets if r.holds else [],
+                round_target=round_target if r.holds_rounds else 0,
+                cut_rounds=r.holds_rounds,
             )
             for r in holds
         ]
@@ -460,6 +466,7 @@ class PsClient:
             log.warning("%s: checkpoint step %d is saved without one cut across the ps tasks: %s", self.name, step, e)
             for request in requests:
                 del request.targets[:]
+                request.cut_rounds = False
             replies = transport.call_all(
                 [(ps, "Save", request) for ps, request in zip(self._ps, requests)], self.rpc_timeout
             )
