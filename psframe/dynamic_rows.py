@@ -36,7 +36,7 @@ from psframe.cluster.table_placement import ID_MIX, DynamicTableSpec, RowInitial
 from psframe.errors import InvalidGradientError, RowIdError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
-from psframe.rows import to_refresh
+from psframe.rows import strictly_increasing, to_refresh
 from psframe.sparse_optim import fresh_row_state
 
 INITIAL_SLOTS = 1024
@@ -63,11 +63,11 @@ def row_gradient(rows: torch.Tensor, values: torch.Tensor, shape: Sequence[int])
     of coalescing and gives the same tensor."""
     if rows.numel() > 1:
         ordered, ordered_values = rows, values
-        distinct = bool((rows[1:] > rows[:-1]).all())  # and sorted already
+        distinct = strictly_increasing(rows)  # and sorted already
         if not distinct:
             order = torch.argsort(rows)
             ordered, ordered_values = rows.index_select(0, order), values.index_select(0, order)
-            distinct = bool((ordered[1:] > ordered[:-1]).all())  # else repeats, summed below
+            distinct = strictly_increasing(ordered)  # else repeats, summed below
         if distinct:
             return torch.sparse_coo_tensor(
                 ordered.unsqueeze(0), ordered_values, tuple(shape), check_invariants=False, is_coalesced=True

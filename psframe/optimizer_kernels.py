@@ -26,7 +26,7 @@ import inspect
 import logging
 import sys
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -77,16 +77,35 @@ def step(optimizer: torch.optim.Optimizer) -> None:
     bits: a third of the time of torch's on rows of 8 floats.
     """
     unwrapped = getattr(type(optimizer).step, "__wrapped__", None)
-    if (
-        unwrapped is None
-        or torch.autograd._profiler_enabled()
-        or _global_step_hooks()
-        or getattr(optimizer, "_optimizer_step_pre_hooks", True)
-        or getattr(optimizer, "_optimizer_step_post_hooks", True)
-    ):
+    if unwrapped is None or _watched(optimizer):
         optimizer.step()
     elif not sparse_optim.adagrad_rows_step(optimizer):
         unwrapped(optimizer)
+
+
+def step_rows(
+    optimizer: torch.optim.Optimizer, work: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+) -> bool:
+    """A table optimizer's step on pushed rows, ``(table, ids, gradient rows)``, taken on them
+    directly where :func:`step` would take it with the row kernel and nothing watches the step
+    (:func:`psframe.sparse_optim.adagrad_rows_direct`).
+
+    Returns:
+        True if taken; False if nothing changed and the step needs sparse gradients (:func:`step`).
+    """
+    if getattr(type(optimizer).step, "__wrapped__", None) is None or _watched(optimizer):
+        return False
+    return sparse_optim.adagrad_rows_direct(optimizer, work)
+
+
+def _watched(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a profiler or a step hook would see this optimizer's step."""
+    return (
+        torch.autograd._profiler_enabled()
+        or _global_step_hooks()
+        or bool(getattr(optimizer, "_optimizer_step_pre_hooks", True))
+        or bool(getattr(optimizer, "_optimizer_step_post_hooks", True))
+    )
 
 
 def _global_step_hooks() -> bool:

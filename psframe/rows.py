@@ -43,4 +43,14 @@ def to_refresh(cached: torch.Tensor, current: torch.Tensor, staleness: int) -> t
     return (cached < 0) | (current < cached) | (current - cached > staleness)
 
 
-__all__ = ["NOT_CACHED", "CachedPull", "FreshRows", "RowPull", "RowPush", "to_refresh"]
+def strictly_increasing(ids: torch.Tensor) -> bool:
+    """Whether ``ids`` (int64, 1-d, on the CPU) are sorted and distinct, as a worker pushes them.
+
+    numpy's compare of the two shifted views costs a third of torch's, each of
+    whose operations is dispatched: this is checked on every push of rows.
+    """
+    values = ids.numpy()
+    return bool((values[1:] > values[:-1]).all())
+
+
+__all__ = ["NOT_CACHED", "CachedPull", "FreshRows", "RowPull", "RowPush", "strictly_increasing", "to_refresh"]

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
 
 import torch
 
 from psframe.errors import OptimizerConfigError
+from psframe.rows import strictly_increasing
 
 log = logging.getLogger(__name__)
 
@@ -212,12 +214,56 @@ def adagrad_rows_step(optimizer: torch.optim.Optimizer) -> bool:
     return True
 
 
+def adagrad_rows_direct(
+    optimizer: torch.optim.Optimizer, work: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+) -> bool:
+    """:func:`adagrad_rows_step` on pushed rows as they came, ``(table, ids, gradient rows)``, with
+    no sparse gradient built and taken apart in between (a ps task's push of rows).
+
+    Runs only where :func:`adagrad_rows_step` would, and where each table's ids
+    are sorted and distinct (a worker's push), so the rows need no summing;
+    else it changes nothing. Every table is checked before any changes.
+
+    Returns:
+        True if the step was taken, False if the caller must step with sparse gradients.
+    """
+    if type(optimizer) is not torch.optim.Adagrad:
+        return False
+    groups = {id(param): group for group in optimizer.param_groups for param in group["params"]}
+    checked = []
+    for param, ids, values in work:
+        group, state = groups.get(id(param)), optimizer.state.get(param)
+        if (
+            group is None
+            or state is None
+            or values.dtype != param.dtype
+            or tuple(values.shape) != (ids.numel(), *param.shape[1:])
+            or not _table_takes_rows(group, param, state)
+            or ids.dtype != torch.int64
+            or ids.dim() != 1
+            or not strictly_increasing(ids)  # no row to sum
+        ):
+            return False
+        checked.append((param, ids, values, state, group))
+    with torch.no_grad():
+        for param, ids, values, state, group in checked:
+            _adagrad_rows_of(param, ids, values, state, group)
+    return True
+
+
 def _hyperparameters(group: dict) -> tuple[float, float, float, bool]:
     return (group["lr"], group["lr_decay"], group["eps"], bool(group["maximize"]))
 
 
 def _rows_step_applies(group: dict, param: torch.Tensor, grad: torch.Tensor, state: dict) -> bool:
     """Whether :func:`_adagrad_rows` takes this table's step as torch would."""
+    if not grad.is_sparse or grad.sparse_dim() != 1 or grad.dtype != param.dtype or grad.shape != param.shape:
+        return False
+    return _table_takes_rows(group, param, state)
+
+
+def _table_takes_rows(group: dict, param: torch.Tensor, state: dict) -> bool:
+    """Whether the row kernel takes steps of this table (its optimizer group and state) as torch would."""
     if (
         group.get("fused")
         or group.get("differentiable")
@@ -227,13 +273,9 @@ def _rows_step_applies(group: dict, param: torch.Tensor, grad: torch.Tensor, sta
     ):
         return False
     if (
-        not grad.is_sparse
-        or grad.sparse_dim() != 1
-        or param.dim() < 1
+        param.dim() < 1
         or param.device.type != "cpu"
         or param.dtype not in (torch.float32, torch.float64)
-        or grad.dtype != param.dtype
-        or grad.shape != param.shape
         or not param.is_contiguous()
         or not state
         or not isinstance(state.get("sum"), torch.Tensor)
@@ -248,9 +290,13 @@ def _rows_step_applies(group: dict, param: torch.Tensor, grad: torch.Tensor, sta
 
 def _adagrad_rows(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
     """torch's sparse Adagrad update of ``param`` (``_single_tensor_adagrad``), row by row."""
-    lr, lr_decay, eps, maximize = _hyperparameters(group)
     grad = grad.coalesce()  # as torch's: the update is not linear, so each row once
-    rows, values = grad._indices()[0], grad._values()
+    _adagrad_rows_of(param, grad._indices()[0], grad._values(), state, group)
+
+
+def _adagrad_rows_of(param: torch.Tensor, rows: torch.Tensor, values: torch.Tensor, state: dict, group: dict) -> None:
+    """The update of :func:`_adagrad_rows` for distinct ``rows`` and their gradients ``values``."""
+    lr, lr_decay, eps, maximize = _hyperparameters(group)
     if maximize:
         values = -values
     step_t = state["step"]

@@ -181,3 +181,62 @@ def test_other_optimizers_are_left_to_torch():
     param = torch.randn(ROWS, 4).requires_grad_()
     param.grad = _sparse(torch.tensor([1]), torch.ones(1, 4), (ROWS, 4)).coalesce()
     assert sparse_optim.adagrad_rows_step(torch.optim.SGD([param], lr=0.1)) is False
+
+
+@pytest.mark.parametrize("kwargs", [{"lr": 0.05}, {"lr": 0.3, "lr_decay": 0.01, "maximize": True}])
+def test_pushed_rows_stepped_directly_give_torch_optims_bits(fresh_rows_decisions, kwargs):
+    """A ps task's push, ``(table, sorted distinct ids, rows)``, stepped with no sparse gradient in between."""
+    start = torch.randn(ROWS * 3, 8, generator=torch.Generator().manual_seed(1))
+    theirs, ours = start.clone().requires_grad_(), start.clone().requires_grad_()
+    torch_opt = torch.optim.Adagrad([theirs], foreach=False, **kwargs)
+    psframe_opt = torch.optim.Adagrad([ours], foreach=False, **kwargs)
+    for grad in _gradients(tuple(start.shape), torch.float32, 8):
+        grad = grad.coalesce()
+        theirs.grad = grad
+        torch_opt.step()
+        assert optimizer_kernels.step_rows(psframe_opt, [(ours, grad.indices()[0], grad.values())])
+    assert _same_bits(theirs, ours)
+    assert _same_bits(torch_opt.state[theirs]["sum"], psframe_opt.state[ours]["sum"])
+    assert _same_bits(torch_opt.state[theirs]["step"], psframe_opt.state[ours]["step"])
+
+
+def test_pushed_rows_out_of_order_or_repeated_are_left_to_the_sparse_step(fresh_rows_decisions):
+    table = torch.randn(ROWS, 4).requires_grad_()
+    optimizer = torch.optim.Adagrad([table], lr=0.1, foreach=False)
+    before = (table.detach().clone(), optimizer.state[table]["sum"].clone(), optimizer.state[table]["step"].clone())
+    for ids in (torch.tensor([3, 1, 7]), torch.tensor([1, 3, 3])):
+        assert not optimizer_kernels.step_rows(optimizer, [(table, ids, torch.ones(3, 4))])
+    assert not optimizer_kernels.step_rows(
+        optimizer, [(table, torch.tensor([1, 2]), torch.ones(2, 4, dtype=torch.float64))]
+    )
+    after = (table.detach(), optimizer.state[table]["sum"], optimizer.state[table]["step"])
+    assert all(torch.equal(a, b) for a, b in zip(before, after))  # nothing changed
+
+
+def test_a_store_steps_a_sorted_push_directly_and_any_other_through_the_sparse_gradient(
+    fresh_rows_decisions, monkeypatch
+):
+    import psframe
+    from psframe.ps.store import VariableStore
+    from psframe.ps.table_parts import TableParts
+
+    made = []
+    sparse_gradients = TableParts.sparse_gradients
+    monkeypatch.setattr(
+        TableParts, "sparse_gradients", lambda self, rows: made.append(1) or sparse_gradients(self, rows)
+    )
+    start = torch.randn(ROWS, 4, generator=torch.Generator().manual_seed(3))
+    store = VariableStore()
+    store.create(
+        {"emb": start}, psframe.optim.SGD(lr=1.0), tables=["emb"], table_optimizer=psframe.optim.Adagrad(lr=0.1)
+    )
+    reference = start.clone().requires_grad_()
+    optimizer = torch.optim.Adagrad([reference], lr=0.1, foreach=False)
+    for ids in (torch.tensor([1, 5, 9]), torch.tensor([9, 2, 2])):  # a worker's push, then one with repeats
+        grads = torch.randn(3, 4, generator=torch.Generator().manual_seed(int(ids[0])))
+        store.apply_rows([("emb", ids, grads)])
+        reference.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), grads, reference.shape).coalesce()
+        optimizer.step()
+    assert made == [1]  # only the second push needed a sparse gradient (its repeats summed)
+    assert _same_bits(store.read_rows("emb", torch.arange(ROWS)), reference)
+    assert store.pushes == 2

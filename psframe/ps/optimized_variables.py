@@ -84,6 +84,18 @@ class OptimizedVariables:
             for variable in variables:
                 variable.grad = None
 
+    def step_rows(self, work: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> bool:
+        """The step of some of these tables on pushed rows, ``(table, ids, gradient rows)``, taken
+        on them directly where the optimizer's row kernel takes it (:func:`psframe.optimizer_kernels.step_rows`).
+
+        Returns:
+            True if taken; False if nothing changed (:meth:`step` takes it, with sparse gradients).
+        """
+        if self.optimizer is None or not optimizer_kernels.step_rows(self.optimizer, work):
+            return False
+        self.stepped = True
+        return True
+
     def nbytes(self) -> int:
         """Bytes of the variables plus the optimizer's tensor state."""
         total = sum(v.numel() * v.element_size() for v in self._variables.values())

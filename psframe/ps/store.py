@@ -389,6 +389,23 @@ class VariableStore:
             self._stamp(group, variables, grads, stateless)
         self.pushes += 1
 
+    def _step_rows(self, rows: Sequence[RowPush]) -> bool:
+        """The fixed tables' step on their pushed rows as they came, where the table optimizer's
+        row kernel takes it (no sparse gradient made); counts a push. False: nothing changed."""
+        parts = self._model.table_parts
+        work = [(parts.fixed.get(name), ids, values) for name, ids, values in rows]  # checked: fixed tables
+        taken = True  # until it says otherwise: a step that failed halfway may have changed some rows
+        try:
+            taken = parts.fixed.step_rows(work)  # type: ignore[arg-type]
+        finally:
+            if taken:
+                self.version += 1
+                for name, ids, _ in rows:
+                    parts.versions.touch(name, ids)
+        if taken:
+            self.pushes += 1
+        return taken
+
     def _stamp(
         self,
         group: OptimizedVariables,
@@ -509,7 +526,7 @@ class VariableStore:
             dynamic_names = parts.dynamic_names
             dynamic = [row for row in rows if row[0] in dynamic_names]
             fixed = [row for row in rows if row[0] not in dynamic_names]
-            if fixed:
+            if fixed and not self._step_rows(fixed):
                 tables, grads = parts.sparse_gradients(fixed)
                 self._step(parts.fixed, tables, grads)
             if dynamic:
