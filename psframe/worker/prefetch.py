@@ -4,12 +4,14 @@ A step of a model with embedding tables makes two round trips to a ps task:
 its lookups pull rows before the forward pass, and its push sends their
 gradients after backward. When the worker knows the next batch's ids before
 it pushes, ``Trainer.prefetch(table, ids)`` names them, and the step that
-follows sends the pull of their rows right behind its own messages, on the
-same streams. A ps task answers a stream's messages in order, so the rows
-are read once the step's gradients are applied (in synchronous training,
-once its round is): the values a pull at the next lookup would get from a
-ps task no other worker updates in between; the pull only no longer waits
-for a round trip of its own.
+follows asks for their rows with its own messages: in asynchronous training
+in the message that ends the step on each ps task (applied, then read, then
+answered once: :mod:`psframe.worker.operations`), in synchronous training in
+one more message right behind them on the same stream, which a ps task
+answers in order, once its round is applied. Either way the rows are the
+values a pull at the next lookup would get from a ps task no other worker
+updates in between; the pull only no longer waits for a round trip (nor,
+asynchronously, takes messages) of its own.
 
 The next lookup of exactly those ids in that table takes the prefetched
 rows, and the ids' numbering worked out when they were named, without

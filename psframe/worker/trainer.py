@@ -592,7 +592,7 @@ class Trainer:
         """Pull the rows a coming lookup of ``table`` will use, behind the next :meth:`step`.
 
         For a worker that knows its next batch before it pushes: the rows of
-        ``ids`` travel behind the step's own messages, read once its
+        ``ids`` travel with the step's own messages, read once its
         gradients are applied, and the next lookup of ``table`` with the same
         distinct ids takes them instead of waiting on a round trip of its own
         (see :mod:`psframe.worker.prefetch`). Any other lookup pulls as usual::
