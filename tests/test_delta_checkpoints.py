@@ -366,26 +366,27 @@ class Wide(torch.nn.Module):
         return self.layers(x).square().mean()
 
 
+def train_until_stopped(cluster, index: int, sync, stop, errors: list) -> None:
+    """Worker ``index`` trains a Wide model until ``stop`` is set (a thread's target); errors go in ``errors``."""
+    model = Wide()
+    try:
+        with psframe.Trainer(model, cluster, task_index=index, optimizer=psframe.optim.SGD(lr=0.01), sync=sync) as t:
+            for step in range(100_000):
+                if stop.is_set():
+                    break
+                t.step(model(torch.randn(32, 64, generator=torch.Generator().manual_seed(step))))
+    except BaseException as e:  # noqa: BLE001 - reported by the test
+        errors.append(e)
+
+
 def test_every_part_of_a_checkpoint_holds_the_same_steps_of_every_worker(local_cluster, url):
     """Asynchronous workers train on while the chief saves: each checkpoint, full or delta, is one cut."""
     import threading
 
     cluster = local_cluster(num_ps=2, num_workers=2)
     stop, errors = threading.Event(), []
-
-    def other_worker() -> None:
-        model = Wide()
-        try:
-            with psframe.Trainer(model, cluster, task_index=1, optimizer=psframe.optim.SGD(lr=0.01)) as t:
-                for step in range(100_000):
-                    if stop.is_set():
-                        break
-                    t.step(model(torch.randn(32, 64, generator=torch.Generator().manual_seed(step))))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
     model = Wide()
-    thread = threading.Thread(target=other_worker)
+    thread = threading.Thread(target=train_until_stopped, args=(cluster, 1, None, stop, errors))
     with psframe.Trainer(
         model, cluster, optimizer=psframe.optim.SGD(lr=0.01), checkpointing=psframe.Checkpointing(url, keep=20)
     ) as trainer:
@@ -417,22 +418,8 @@ def test_sync_with_backup_workers_every_part_of_a_checkpoint_holds_the_same_roun
     cluster = local_cluster(num_ps=2, num_workers=3)
     sync = psframe.SyncReplicas(replicas_to_aggregate=2, timeout=60)
     stop, errors = threading.Event(), []
-
-    def other_worker(index: int) -> None:
-        model = Wide()
-        try:
-            with psframe.Trainer(
-                model, cluster, task_index=index, optimizer=psframe.optim.SGD(lr=0.01), sync=sync
-            ) as t:
-                for step in range(100_000):
-                    if stop.is_set():
-                        break
-                    t.step(model(torch.randn(32, 64, generator=torch.Generator().manual_seed(step))))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
     model = Wide()
-    threads = [threading.Thread(target=other_worker, args=(index,)) for index in (1, 2)]
+    threads = [threading.Thread(target=train_until_stopped, args=(cluster, i, sync, stop, errors)) for i in (1, 2)]
     try:
         with psframe.Trainer(
             model,

@@ -27,6 +27,16 @@ def counting_pulls(trainer: psframe.Trainer) -> list[int]:
     return pulled
 
 
+def prefetching_step(trainer: psframe.Trainer, model: Recommender, step: int) -> None:
+    """Step ``step`` of the Recommender, with the next step's lookups prefetched."""
+    ids, bag_ids, offsets, target = batch(step)
+    loss = F.mse_loss(model(ids, bag_ids, offsets), target)
+    next_ids, next_bag_ids, _, _ = batch(step + 1)
+    trainer.prefetch(model.emb, next_ids)
+    trainer.prefetch(model.bag, next_bag_ids)
+    trainer.step(loss)
+
+
 @pytest.mark.parametrize("partition", ["mod", "range"])
 def test_prefetched_lookups_pull_nothing_and_train_as_one_process(local_cluster, partition):
     cluster = local_cluster(num_ps=2, num_workers=1)
@@ -38,12 +48,7 @@ def test_prefetched_lookups_pull_nothing_and_train_as_one_process(local_cluster,
     ) as trainer:
         pulled = counting_pulls(trainer)
         for step in range(STEPS):
-            ids, bag_ids, offsets, target = batch(step)
-            loss = F.mse_loss(model(ids, bag_ids, offsets), target)
-            next_ids, next_bag_ids, _, _ = batch(step + 1)
-            trainer.prefetch(model.emb, next_ids)
-            trainer.prefetch(model.bag, next_bag_ids)
-            trainer.step(loss)
+            prefetching_step(trainer, model, step)
             local_step(reference, dense_opt, table_opt, step)
         assert len(pulled) == 2  # the first step's two lookups; every later one was prefetched
         pull_every_row(model)
@@ -156,12 +161,7 @@ def test_a_request_sent_again_voids_the_prefetch_behind_it(local_cluster):
                 for stream in streams._streams.values():
                     stream.close()
                 streams._streams.clear()
-            ids, bag_ids, offsets, target = batch(step)
-            loss = F.mse_loss(model(ids, bag_ids, offsets), target)
-            next_ids, next_bag_ids, _, _ = batch(step + 1)
-            trainer.prefetch(model.emb, next_ids)
-            trainer.prefetch(model.bag, next_bag_ids)
-            trainer.step(loss)
+            prefetching_step(trainer, model, step)
             local_step(reference, dense_opt, table_opt, step)
         assert len(pulled) == 4  # the first step's lookups, and those after the step sent again
         pull_every_row(model)
@@ -188,12 +188,7 @@ def test_asynchronous_prefetches_ride_in_the_message_that_ends_the_step(local_cl
 
         streams.exchange = counting_exchange
         for step in range(STEPS):
-            ids, bag_ids, offsets, target = batch(step)
-            loss = F.mse_loss(model(ids, bag_ids, offsets), target)
-            next_ids, next_bag_ids, _, _ = batch(step + 1)
-            trainer.prefetch(model.emb, next_ids)
-            trainer.prefetch(model.bag, next_bag_ids)
-            trainer.step(loss)
+            prefetching_step(trainer, model, step)
             local_step(reference, dense_opt, table_opt, step)
         assert len(pulled) == 2  # the first step's two lookups
         steps = sent[2:]  # after the first step's two lookups: one message per ps task per step

@@ -154,22 +154,34 @@ def test_state_goes_to_shared_memory_at_each_variables_first_step(memory):
     assert shared.optimizer_state()["a"]["momentum_buffer"].data_ptr() == momentum.data_ptr()
 
 
+def _published_with_a_table(
+    memory: SharedStore, dense: dict[str, torch.Tensor] | None = None
+) -> tuple[VariableStore, VariableStore]:
+    """The owner's store of a table "emb" (6 x 2, Adagrad) and ``dense`` variables (Adagrad), each
+    stepped once and published, and another process's view of it."""
+    owner = _store(memory)
+    dense = dense or {}
+    owner.create(
+        {"emb": torch.zeros(6, 2), **dense},
+        psframe.optim.Adagrad(lr=1.0),
+        tables=["emb"],
+        table_optimizer=psframe.optim.Adagrad(lr=1.0),
+    )
+    owner.apply_rows([("emb", torch.tensor([0]), torch.ones(1, 2))])  # the table's state is made
+    if dense:
+        owner.apply({name: torch.ones_like(value) for name, value in dense.items()})  # and the dense ones'
+    assert publish_store(memory, owner, "/job:ps/task:0") is True
+    other = VariableStore("/job:ps/task:0", lock=memory.lock, counters=memory.counters)
+    other.adopt(*SharedStore.attach(memory.folder, 2).load())
+    return owner, other
+
+
 def test_a_table_row_updated_through_one_view_moves_its_version_in_every_view(memory):
     """A worker's row cache may ask any of the task's processes: the rows' versions, and
     the count they are stamped from, are one across them."""
     from psframe.rows import NOT_CACHED
 
-    owner = _store(memory)
-    owner.create(
-        {"emb": torch.zeros(6, 2)},
-        psframe.optim.SGD(lr=1.0),
-        tables=["emb"],
-        table_optimizer=psframe.optim.Adagrad(lr=1.0),
-    )
-    owner.apply_rows([("emb", torch.tensor([0]), torch.ones(1, 2))])  # the table's state is made
-    assert publish_store(memory, owner, "/job:ps/task:0") is True
-    other = VariableStore("/job:ps/task:0", lock=memory.lock, counters=memory.counters)
-    other.adopt(*SharedStore.attach(memory.folder, 2).load())
+    owner, other = _published_with_a_table(memory)
     ids = torch.tensor([1, 2, 3])
     cached, _ = owner.read_rows_since("emb", ids, True, torch.full((3,), NOT_CACHED), 0)
     other.apply_rows([("emb", torch.tensor([2]), torch.ones(1, 2))])
@@ -182,18 +194,7 @@ def test_a_table_row_updated_through_one_view_moves_its_version_in_every_view(me
 
 
 def test_a_delta_holds_the_table_rows_any_view_changed_and_the_dense_variables_whole(memory):
-    owner = _store(memory)
-    owner.create(
-        {"emb": torch.zeros(6, 2), "w": torch.zeros(3)},
-        psframe.optim.Adagrad(lr=1.0),
-        tables=["emb"],
-        table_optimizer=psframe.optim.Adagrad(lr=1.0),
-    )
-    owner.apply_rows([("emb", torch.tensor([0]), torch.ones(1, 2))])  # the table's state is made
-    owner.apply({"w": torch.ones(3)})  # and the dense variable's
-    assert publish_store(memory, owner, "/job:ps/task:0") is True
-    other = VariableStore("/job:ps/task:0", lock=memory.lock, counters=memory.counters)
-    other.adopt(*SharedStore.attach(memory.folder, 2).load())
+    owner, other = _published_with_a_table(memory, {"w": torch.zeros(3)})
     owner.mark_snapshot(10)
     other.apply_rows([("emb", torch.tensor([4, 1]), torch.ones(2, 2))])
     changes = owner.changes_since(10)
