@@ -35,7 +35,7 @@ from psframe.errors import (
 )
 from psframe.liveness import Liveness
 from psframe.optim import SyncReplicas
-from psframe.options import Checkpointing, Placement, RowCaching, Transport
+from psframe.options import BoundedStaleness, Checkpointing, Placement, RowCaching, Transport
 from psframe.security import Security
 from psframe.version import __version__
 from psframe.worker.dynamic import DynamicEmbedding, DynamicTables
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BarrierTimeoutError",
+    "BoundedStaleness",
     "Checkpointing",
     "ClusterSpec",
     "ClusterSpecError",

@@ -103,6 +103,8 @@ def _status(args: argparse.Namespace) -> int:
     seen: dict[int, WorkerStatus] = {}
     applied: dict[int, list[int]] = {}  # a worker's steps applied, by each ps task that answered
     tables: list[tuple[str, ...]] = [("dynamic table part", "task", "rows", "admitted", "filtered", "evicted")]
+    # Async: step-ending pushes by how many steps ahead of the slowest live worker they found theirs.
+    ahead: list[tuple[str, ...]] = [("task", "steps ahead: pushes", "most")]
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))
     try:
         for k, address in enumerate(cluster.job_tasks("ps")):
@@ -113,6 +115,8 @@ def _status(args: argparse.Namespace) -> int:
             except PsframeError:
                 rows.append((ClusterSpec.task_name("ps", k), address, "ps", "down", "", "", "", "", "", ""))
                 continue
+            if info.steps_ahead_counts:
+                ahead.append((ClusterSpec.task_name("ps", k), *_steps_ahead(info.steps_ahead_counts)))
             for t in info.dynamic_tables:
                 counts = (t.rows, t.admitted, t.filtered, t.evicted)
                 tables.append((t.name, ClusterSpec.task_name("ps", k), *(str(n) for n in counts)))
@@ -164,10 +168,19 @@ def _status(args: argparse.Namespace) -> int:
             )
         )
     _print_table(rows)
-    if len(tables) > 1:
-        print()
-        _print_table(tables)
+    for extra in (tables, ahead):
+        if len(extra) > 1:
+            print()
+            _print_table(extra)
     return 0 if all(row[3] != "down" for row in rows[1:]) else 1
+
+
+def _steps_ahead(counts: Sequence[int]) -> tuple[str, str]:
+    """A ps task's steps-ahead histogram as ``"0: 120, 1: 30, 15+: 2"`` and the most steps ahead seen."""
+    last = len(counts) - 1
+    shown = [f"{n}{'+' if n == last else ''}: {c}" for n, c in enumerate(counts) if c]
+    most = max(n for n, c in enumerate(counts) if c)
+    return ", ".join(shown), f"{most}{'+' if most == last else ''}"
 
 
 def _print_table(rows: Sequence[Sequence[str]]) -> None:

@@ -203,6 +203,39 @@ class RowCaching:
         _check_int("max_rows", self.max_rows, minimum=1)
 
 
+@dataclass(frozen=True)
+class BoundedStaleness:
+    """Asynchronous training with a bound on how far a worker may run ahead (SSP, stale synchronous parallel).
+
+    A worker may be at most ``steps`` steps ahead of the slowest live worker:
+    each ps task answers the push that ends a worker's step once that holds
+    on it (the push itself is applied at once, as in asynchronous training).
+    ``steps=0`` steps every worker in lockstep, each update still a worker's
+    own (synchronous training without averaging); a large bound is
+    asynchronous training. A worker that finished, or has been silent past
+    the ps task's ``worker_timeout`` (lost), is no longer waited for. Each
+    ps task counts how many steps ahead every push found its worker
+    (``psframe status``); :attr:`psframe.Trainer.steps_ahead` and
+    ``TensorBoardHook`` give a worker's own.
+
+    Args:
+        steps: the most steps a worker may be ahead of the slowest.
+        timeout: the longest one step waits; past it the step fails with
+            ``BarrierTimeoutError``, naming the workers it waited for.
+
+    Raises:
+        ValueError: a negative bound, or a timeout that is not a positive number of seconds.
+    """
+
+    steps: int
+    timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        _check_int("steps", self.steps, minimum=0)
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not 0 < self.timeout < 1e9:
+            raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
+
+
 def _check_int(name: str, value: Any, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -221,4 +254,4 @@ def _wire_dtype_name(dtype: Any) -> str | None:
     return name
 
 
-__all__ = ["Checkpointing", "Placement", "Transport"]
+__all__ = ["BoundedStaleness", "Checkpointing", "Placement", "RowCaching", "Transport"]

@@ -90,6 +90,9 @@ class TaskStatus:
     restored_step: int | None = None  # the checkpoint step it restored from; None: none
     checkpoint_dir: str | None = None  # where it restores from (and saves to)
     dynamic_tables: tuple[DynamicTableStatus, ...] = ()  # a ps task's dynamic tables' parts
+    # async: how many step-ending pushes found their worker 0, 1, ... steps ahead of the slowest
+    # live worker (the last: that many or more; psframe.ps.staleness); empty: none counted
+    steps_ahead_counts: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:

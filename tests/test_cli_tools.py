@@ -143,6 +143,19 @@ def test_status_counts_the_rows_of_dynamic_tables(local_cluster, capsys):
     assert totals == [2, 2, 4, 0]  # rows, admitted; filtered: 1, 2, 3 then 4; evicted
 
 
+def test_status_shows_how_far_ahead_each_step_found_its_worker(local_cluster, capsys):
+    cluster = local_cluster(num_ps=1, num_workers=2)
+    model = make_model()
+    with psframe.Trainer(model, cluster, transport=TRANSPORT) as t:
+        for step in range(3):  # worker 1 never steps: each step is one further ahead of it
+            t.step(loss_of(model, step))
+        code, out = run_cli(capsys, "status", f"--cluster_spec={cluster.to_string()}")
+    assert code == 0, out
+    header, *rows = out.split("\n\n")[1].splitlines()
+    assert header.split() == ["task", "steps", "ahead:", "pushes", "most"]
+    assert rows == ["/job:ps/task:0  0: 1, 1: 1, 2: 1     2"]
+
+
 def test_status_with_two_workers_names_chief_and_worker(local_cluster, capsys):
     cluster = local_cluster(num_ps=2, num_workers=2)
     model = make_model()

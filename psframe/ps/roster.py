@@ -132,6 +132,17 @@ class WorkerRoster:
             silent = self._silent_for(0, now)
         return silent if self.worker_timeout < silent <= self.chief_timeout else None
 
+    def live(self) -> list[int]:
+        """The workers neither finished nor silent for over ``worker_timeout`` (the chief too: for
+        bounded staleness, a silent worker makes no progress to wait for)."""
+        now = time.monotonic()
+        with self._lock:
+            return [
+                w
+                for w in range(self.num_workers)
+                if w not in self._finished and self._silent_for(w, now) <= self.worker_timeout
+            ]
+
     def silent_for(self, worker: int) -> float:
         """Seconds since ``worker`` was last heard from (0 while one of its calls runs)."""
         with self._lock:

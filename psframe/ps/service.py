@@ -38,6 +38,7 @@ from psframe.ps.peers import PsPeers
 from psframe.ps.push_pull_request import PushPullRequest
 from psframe.ps.roster import WorkerRoster
 from psframe.ps.round_replies import RoundReplies, outgoing
+from psframe.ps.staleness import StalenessGate
 from psframe.ps.store import VariableStore
 from psframe.ps.sync import SyncAggregator
 from psframe.ps.task_service import TaskService
@@ -102,6 +103,8 @@ class ParameterServerService(TaskService):
         self.roster = WorkerRoster(
             cluster.num_workers, worker_timeout, last_seen=last_seen, chief_timeout=chief_timeout
         )
+        # Asynchronous training: how far ahead each step finds its worker, and bounded staleness.
+        self.staleness = StalenessGate(self.ledger, self.roster, self.task_name)
         self._next_chief_log = 0.0
         self._sync_def: pb.SyncDef | None = None
         self.aggregator: SyncAggregator | None = None
@@ -196,6 +199,8 @@ class ParameterServerService(TaskService):
                 info.sync.CopyFrom(self._sync_def)
             if self.aggregator is not None:
                 info.dropped_gradients = self.aggregator.dropped_gradients
+            elif any(self.staleness.counts):
+                info.steps_ahead_counts.extend(self.staleness.counts)
             info.restored_step = self.restored_step
             info.checkpoint_dir = self.checkpoint_dir or ""
             for name, counts in sorted(store.dynamic_counts().items()):
@@ -530,13 +535,16 @@ class ParameterServerService(TaskService):
             if cached is not None and cache is not None:
                 reply = self._apply_cached(cached, header, envelope, region)
                 if reply is not None:
+                    self._bound_staleness(header)
                     return reply
                 cache.drop(cached)
             request = PushPullRequest.decode(header, codec.tensors_of(envelope))
             if request.wire_dtype is not None:
                 request.grads = self.store.widen(request.grads, request.wire_dtype)
             if self.aggregator is None or not request.pushes:
-                return self._apply_now(request, header, cache, refused)
+                reply = self._apply_now(request, header, cache, refused)
+                self._bound_staleness(header)
+                return reply
             return self._join_round(self.aggregator, request, region, refused)
 
     def _apply_cached(
@@ -558,10 +566,9 @@ class ParameterServerService(TaskService):
             if duplicate:
                 grads = []  # applied already: answered with the values it pulls, not applied again
             step = store.update(cached.variables, grads, header.end_of_step)
-            if grads:
-                self.ledger.record(worker, header.push_id, header.end_of_step)
+            ahead = self._record(worker, header.push_id, header.end_of_step) if grads else 0
             # Encode under the lock, as below: one consistent version, one copy.
-            reply = pb.PushPullReplyHeader(global_step=step, duplicate=duplicate)
+            reply = pb.PushPullReplyHeader(global_step=step, duplicate=duplicate, steps_ahead=ahead)
             if region is not None and region.fits_reply(cached.reply):
                 region.write_reply(cached.reply, cached.reply_buffers)
                 reply.in_region = True
@@ -590,8 +597,7 @@ class ParameterServerService(TaskService):
                 store.check_rows(rows)
                 grads, rows, pushes = {}, [], False
             step, values = store.push_pull(grads, pull, request.end_of_step and pushes, rows)
-            if pushes:
-                self.ledger.record(worker, request.push_id, request.end_of_step)
+            ahead = self._record(worker, request.push_id, request.end_of_step) if pushes else 0
             if (
                 cache is not None
                 and request.wire_dtype is None
@@ -602,7 +608,9 @@ class ParameterServerService(TaskService):
                 self._cache_request(cache, header, list(grads), values)
             # Encode under the lock: the reply is one consistent version, and
             # the only copy of the variables is the one into the reply.
-            reply = pb.PushPullReplyHeader(global_step=step, region_refused=refused, duplicate=duplicate)
+            reply = pb.PushPullReplyHeader(
+                global_step=step, region_refused=refused, duplicate=duplicate, steps_ahead=ahead
+            )
             sent = outgoing(pull, values, request.wire_dtype)
             if not request.row_pulls:
                 return codec.encode(reply, sent)
@@ -616,6 +624,21 @@ class ParameterServerService(TaskService):
                     sent += [(name, versions), (name, fresh)]
                     kinds += [row_tensors.ROW_VERSIONS, row_tensors.ROWS]
             return codec.encode(reply, sent, kinds)
+
+    def _record(self, worker: int, push_id: int, end_of_step: bool) -> int:
+        """Record an asynchronous push applied (under the store's lock); for one that ends the
+        worker's step, count how many steps ahead it found the worker (:mod:`psframe.ps.staleness`)."""
+        ahead = self.staleness.count(worker) if end_of_step else 0
+        self.ledger.record(worker, push_id, end_of_step)
+        if end_of_step:
+            self.staleness.stepped()
+        return ahead
+
+    def _bound_staleness(self, header: pb.PushPullHeader) -> None:
+        """Hold the reply to a step-ending push under a staleness bound until the worker is
+        within it (asynchronous training; without the store's lock)."""
+        if header.end_of_step and header.push_id and header.HasField("staleness_bound") and self.aggregator is None:
+            self.staleness.wait(header.caller.task_index, header.staleness_bound, header.staleness_timeout or 300.0)
 
     def _wait_turn(self, worker: int) -> None:
         """Wait (holding the store's lock again on return) until a checkpoint's cut lets

@@ -235,6 +235,7 @@ def task_status(info: pb.TaskInfo) -> TaskStatus:
         dynamic_tables=tuple(
             DynamicTableStatus(t.name, t.rows, t.admitted, t.filtered, t.evicted) for t in info.dynamic_tables
         ),
+        steps_ahead_counts=tuple(info.steps_ahead_counts),
     )
 
 

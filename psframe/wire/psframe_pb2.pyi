@@ -161,7 +161,7 @@ class InfoRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables")
+    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STARTING: _ClassVar[TaskInfo.State]
@@ -194,6 +194,7 @@ class TaskInfo(_message.Message):
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     TABLE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     DYNAMIC_TABLES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_AHEAD_COUNTS_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     task_index: int
     address: str
@@ -216,7 +217,8 @@ class TaskInfo(_message.Message):
     checkpoint_dir: str
     table_optimizer: OptimizerDef
     dynamic_tables: _containers.RepeatedCompositeFieldContainer[DynamicTableCounts]
-    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ...) -> None: ...
+    steps_ahead_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ..., steps_ahead_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DynamicTableCounts(_message.Message):
     __slots__ = ("name", "rows", "admitted", "filtered", "evicted")
@@ -295,7 +297,7 @@ class InitResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[InitReplyHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PushPullHeader(_message.Message):
-    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id", "row_staleness")
+    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id", "row_staleness", "staleness_bound", "staleness_timeout")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -305,6 +307,8 @@ class PushPullHeader(_message.Message):
     SAME_HOST_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     ROW_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_BOUND_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
@@ -314,7 +318,9 @@ class PushPullHeader(_message.Message):
     same_host: SameHostRegion
     push_id: int
     row_staleness: int
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ..., row_staleness: _Optional[int] = ...) -> None: ...
+    staleness_bound: int
+    staleness_timeout: float
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ..., row_staleness: _Optional[int] = ..., staleness_bound: _Optional[int] = ..., staleness_timeout: _Optional[float] = ...) -> None: ...
 
 class SameHostRegion(_message.Message):
     __slots__ = ("path", "key", "size", "request_start", "request_length", "reply_start", "in_region")
@@ -343,7 +349,7 @@ class PushPullRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[PushPullHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PushPullReplyHeader(_message.Message):
-    __slots__ = ("global_step", "tensors", "dropped", "error_class", "error_message", "in_region", "region_refused", "duplicate", "region_unusable")
+    __slots__ = ("global_step", "tensors", "dropped", "error_class", "error_message", "in_region", "region_refused", "duplicate", "region_unusable", "steps_ahead")
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
@@ -353,6 +359,7 @@ class PushPullReplyHeader(_message.Message):
     REGION_REFUSED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     REGION_UNUSABLE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_AHEAD_FIELD_NUMBER: _ClassVar[int]
     global_step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     dropped: bool
@@ -362,7 +369,8 @@ class PushPullReplyHeader(_message.Message):
     region_refused: str
     duplicate: bool
     region_unusable: str
-    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., dropped: _Optional[bool] = ..., error_class: _Optional[str] = ..., error_message: _Optional[str] = ..., in_region: _Optional[bool] = ..., region_refused: _Optional[str] = ..., duplicate: _Optional[bool] = ..., region_unusable: _Optional[str] = ...) -> None: ...
+    steps_ahead: int
+    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., dropped: _Optional[bool] = ..., error_class: _Optional[str] = ..., error_message: _Optional[str] = ..., in_region: _Optional[bool] = ..., region_refused: _Optional[str] = ..., duplicate: _Optional[bool] = ..., region_unusable: _Optional[str] = ..., steps_ahead: _Optional[int] = ...) -> None: ...
 
 class PushPullResponse(_message.Message):
     __slots__ = ("header", "payload")

@@ -219,7 +219,9 @@ class NanGuardHook(Hook):
 
 
 class TensorBoardHook(Hook):
-    """Writes loss and global steps/s to TensorBoard (chief only), via ``torch.utils.tensorboard``.
+    """Writes loss and global steps/s to TensorBoard (chief only), via ``torch.utils.tensorboard``;
+    in asynchronous training also a histogram of how many steps ahead of the slowest live worker
+    the chief's steps of each interval found it (``steps_ahead``: see :class:`psframe.BoundedStaleness`).
 
     Needs the ``tensorboard`` package (``pip install psframe[tensorboard]``).
 
@@ -235,6 +237,7 @@ class TensorBoardHook(Hook):
         self.every_n_steps = every_n_steps
         self._writer: SummaryWriter | None = None
         self._start = (0, 0.0)
+        self._ahead_written: dict[int, int] = {}  # the trainer's steps_ahead counts at the last write
 
     def begin(self, trainer: Trainer) -> None:
         if not trainer.is_chief:
@@ -257,6 +260,11 @@ class TensorBoardHook(Hook):
             self._writer.add_scalar("loss", loss.item(), global_step)
         self._writer.add_scalar("global_steps_per_sec", (global_step - step0) / max(now - time0, 1e-9), global_step)
         self._start = (global_step, now)
+        counts = trainer.steps_ahead
+        new = [ahead for ahead, n in counts.items() for _ in range(n - self._ahead_written.get(ahead, 0))]
+        if new:
+            self._writer.add_histogram("steps_ahead", torch.tensor(new, dtype=torch.float32), global_step)
+        self._ahead_written = counts
 
     def end(self, trainer: Trainer) -> None:
         if self._writer is not None:

@@ -41,6 +41,7 @@ from typing import cast
 
 import torch
 
+from psframe.options import BoundedStaleness
 from psframe.rows import CachedPull, FreshRows, RowPull, RowPush
 from psframe.wire import codec, row_tensors
 from psframe.wire import psframe_pb2 as pb
@@ -127,6 +128,7 @@ class DenseReply:
     values: list[torch.Tensor]  # in the order of the request's ``pull``; read-only views of the reply
     duplicate: bool = False  # a push sent again whose first copy the ps task had applied (not applied again)
     rows: list[torch.Tensor] = field(default_factory=list)  # the rows of the request's ``row_pulls``, in order
+    steps_ahead: int = 0  # async, a step-ending push: how far ahead of the slowest live worker it found this one
 
 
 @dataclass(slots=True)
@@ -157,10 +159,19 @@ class OperationEncoder:
         wire_dtype: the dtype compressed :class:`PushPull` gradients move in; None: none.
         share_with: the ps tasks that may take shared regions (on this host, with
             shared memory available); one that says it cannot map them is dropped.
+        staleness: the bound every push that ends a step carries
+            (:class:`psframe.BoundedStaleness`, :mod:`psframe.ps.staleness`); None: none.
     """
 
-    def __init__(self, caller: pb.Caller, wire_dtype: torch.dtype | None, share_with: set[int]) -> None:
+    def __init__(
+        self,
+        caller: pb.Caller,
+        wire_dtype: torch.dtype | None,
+        share_with: set[int],
+        staleness: BoundedStaleness | None = None,
+    ) -> None:
         self._caller = caller
+        self._staleness = staleness
         self._wire_dtype = wire_dtype
         self._wire_name = codec.dtype_name(wire_dtype) if wire_dtype is not None else ""
         self.share_with = share_with
@@ -183,6 +194,7 @@ class OperationEncoder:
             header = pb.PushPullHeader(
                 caller=self._caller, step=step, end_of_step=operation.end_of_step, push_id=push_id
             )
+            self._bound(header)
             return codec.encode(header, tensors + pulled, kinds + pulled_kinds)
         tensors, kinds = row_tensors.pull_tensors(operation.rows, operation.create)
         header = pb.PushPullHeader(caller=self._caller, step=step, row_staleness=operation.staleness)
@@ -191,14 +203,15 @@ class OperationEncoder:
     def _encode_planned(self, request: Request, grads: Gradients, step: int, compress: bool, push_id: int) -> bytes:
         prepared = self.prepared.get((request, compress))
         if prepared is None:  # every step sends the same header but for the step number
+            header = pb.PushPullHeader(
+                caller=self._caller,
+                pull=[s.name for s in request.pull],
+                end_of_step=request.end_of_step,
+                wire_dtype=self._wire_name if compress else "",
+            )
+            self._bound(header)
             prepared = self.prepared[(request, compress)] = PreparedRequest(
-                pb.PushPullHeader(
-                    caller=self._caller,
-                    pull=[s.name for s in request.pull],
-                    end_of_step=request.end_of_step,
-                    wire_dtype=self._wire_name if compress else "",
-                ),
-                share=request.ps_task in self.share_with,
+                header, share=request.ps_task in self.share_with
             )
         elif prepared.share and request.ps_task not in self.share_with:
             prepared.share = False
@@ -206,6 +219,12 @@ class OperationEncoder:
         if compress:
             grads = [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
         return prepared.encode(step, grads, push_id)
+
+    def _bound(self, header: pb.PushPullHeader) -> None:
+        """Name the staleness bound in a step-ending push's header (where there is one)."""
+        if self._staleness is not None and header.end_of_step:
+            header.staleness_bound = self._staleness.steps
+            header.staleness_timeout = self._staleness.timeout
 
     def _encode_with_rows(
         self, operation: PushPull, grads: Gradients, step: int, compress: bool, push_id: int
@@ -221,6 +240,7 @@ class OperationEncoder:
             step=step,
             push_id=push_id,
         )
+        self._bound(header)
         if wire:
             grads = [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
         pushed, pushed_kinds = row_tensors.push_tensors(operation.rows)
@@ -234,7 +254,9 @@ class OperationEncoder:
             header, tensors = codec.decode(data, pb.PushPullReplyHeader)
             values = [t for meta, t in zip(header.tensors, tensors) if meta.kind == row_tensors.VALUE]
             rows = cast(list[torch.Tensor], row_tensors.pulled_rows(header.tensors, tensors))  # no row cache
-            return header, DenseReply(header.global_step, header.dropped, values, header.duplicate, rows)
+            return header, DenseReply(
+                header.global_step, header.dropped, values, header.duplicate, rows, header.steps_ahead
+            )
         if isinstance(operation, PushPull):
             prepared = self.prepared[(operation.request, compress)]
             header, tensors = prepared.decode(data)
@@ -242,7 +264,9 @@ class OperationEncoder:
                 self.share_with.discard(operation.ps_task)
             if header.region_unusable:  # nothing was applied: the tensors go again in the message
                 prepared.drop_region()
-            return header, DenseReply(header.global_step, header.dropped, tensors, header.duplicate)
+            return header, DenseReply(
+                header.global_step, header.dropped, tensors, header.duplicate, steps_ahead=header.steps_ahead
+            )
         header, tensors = codec.decode(data, pb.PushPullReplyHeader)
         if isinstance(operation, PushRows):
             rows = cast(list[torch.Tensor], row_tensors.pulled_rows(header.tensors, tensors))  # no row cache

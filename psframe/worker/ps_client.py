@@ -23,6 +23,7 @@ from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import ConnectTimeoutError
 from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec, SyncReplicas
+from psframe.options import BoundedStaleness
 from psframe.rows import CachedPull, FreshRows, RowPull
 from psframe.security import Security
 from psframe.status import TaskState, TaskStatus
@@ -67,6 +68,7 @@ class PsClient:
             :meth:`psframe.security.Security.resolve` reads them from flags and the environment).
         liveness: how the channels probe their connections (see :mod:`psframe.liveness`);
             default: :meth:`Liveness.resolve`.
+        staleness: the bound every step-ending push carries (:class:`psframe.BoundedStaleness`); None: none.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class PsClient:
         shared_memory: bool = False,
         security: Security | None = None,
         liveness: Liveness | None = None,
+        staleness: BoundedStaleness | None = None,
     ) -> None:
         if job_name == "worker":
             cluster.validate_task("worker", task_index)
@@ -99,7 +102,7 @@ class PsClient:
         ]
         # The tasks on this host may take shared regions until one says it cannot map them.
         share = shared_memory and same_host.available()
-        self._streams = PushPullStreams(self._ps, self.caller, wire_dtype, share_with=share)
+        self._streams = PushPullStreams(self._ps, self.caller, wire_dtype, share_with=share, staleness=staleness)
 
     @property
     def num_ps(self) -> int:

@@ -22,6 +22,7 @@ import torch
 
 from psframe import errors
 from psframe.errors import PsframeError
+from psframe.options import BoundedStaleness
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire import transport
 from psframe.worker.operations import Gradients, Operation, OperationEncoder, PullRows, PushPull, Reply
@@ -97,6 +98,7 @@ class PushPullStreams:
         share_with: whether the ps tasks may take shared regions (they are on
             this host, and shared memory is available); a task that says it
             cannot map them is sent messages from then on.
+        staleness: the bound every step-ending push carries; None: none.
     """
 
     def __init__(
@@ -106,11 +108,13 @@ class PushPullStreams:
         wire_dtype: torch.dtype | None,
         *,
         share_with: bool,
+        staleness: BoundedStaleness | None = None,
     ) -> None:
         self._ps = connections
         self._streams: dict[int, transport.Stream] = {}
         self._watchdog = transport.Watchdog()
-        self.encoder = OperationEncoder(caller, wire_dtype, set(range(len(connections))) if share_with else set())
+        shared = set(range(len(connections))) if share_with else set()
+        self.encoder = OperationEncoder(caller, wire_dtype, shared, staleness)
         self.numbers = PushNumbers(len(connections))
 
     def exchange(

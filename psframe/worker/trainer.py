@@ -21,6 +21,7 @@ initialisation, and joining the model after a lost ps task),
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import time
@@ -42,7 +43,7 @@ from psframe.errors import (
 )
 from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
-from psframe.options import DEFAULT_KEEP_CHECKPOINTS, Checkpointing, Placement, RowCaching, Transport
+from psframe.options import DEFAULT_KEEP_CHECKPOINTS, BoundedStaleness, Checkpointing, Placement, RowCaching, Transport
 from psframe.rows import FreshRows
 from psframe.security import LOOSE_ARGUMENTS, Security, accept_security
 from psframe.worker import startup
@@ -133,6 +134,10 @@ class Trainer:
             rows held, and a ps task sends back only those that moved more
             than its ``staleness`` past them (:mod:`psframe.worker.row_cache`).
             None: every lookup pulls its rows. Prefetched rows are pulled whole.
+        staleness: asynchronous training in which this worker runs at most
+            ``staleness.steps`` steps ahead of the slowest live worker, a
+            :class:`psframe.BoundedStaleness` (SSP): each ps task answers the
+            push that ends a step once that holds. None: no bound. Not with ``sync``.
 
     Raises:
         ClusterSpecError: the cluster or task index is invalid, or a ps task's address has port 0.
@@ -169,6 +174,7 @@ class Trainer:
         liveness: Liveness | None = None,
         overlap_backward: bool = False,
         row_cache: RowCaching | None = None,
+        staleness: BoundedStaleness | None = None,
         **deprecated: Any,
     ) -> None:
         loose_security = {name: deprecated.pop(name, None) for name in LOOSE_ARGUMENTS}
@@ -191,6 +197,17 @@ class Trainer:
         if self._sync is not None:
             # A call may wait at the barrier for as long as the sync timeout.
             rpc_timeout = max(rpc_timeout, self._sync.timeout + 30.0)
+        if staleness is not None:
+            if not isinstance(staleness, BoundedStaleness):
+                raise TypeError(f"staleness must be a psframe.BoundedStaleness or None, got {type(staleness).__name__}")
+            if self._sync is not None:
+                raise ValueError(
+                    "staleness bounds asynchronous training; with sync every step waits for its round already "
+                    "(give one or the other)"
+                )
+            rpc_timeout = max(rpc_timeout, staleness.timeout + 30.0)  # a step may wait as long as the bound's timeout
+        self._staleness = staleness
+        self._steps_ahead: collections.Counter[int] = collections.Counter()
         self._wire_dtype = resolve_wire_dtype(transport.wire_dtype)
         self._device = resolve_device(model, device, gpu_memory_fraction)
         self._model = model.to(self._device)
@@ -257,6 +274,7 @@ class Trainer:
             shared_memory=self.shared_memory,
             security=self._security,
             liveness=self._liveness,
+            staleness=self._staleness,
         )
         self._state = TrainerState.RUNNING
         try:
@@ -648,6 +666,9 @@ class Trainer:
 
     def _receive(self, requests: Sequence[Request], replies: Sequence[DenseReply]) -> None:
         self._replica.assign(requests, replies)
+        if self._sync is None and any(r.end_of_step for r in requests):
+            # How far ahead of the slowest live worker this step found this one (the most over the ps tasks).
+            self._steps_ahead[max(reply.steps_ahead for r, reply in zip(requests, replies) if r.end_of_step)] += 1
         self._dropped_steps += any(reply.dropped for reply in replies)
         # Async: global_step lives on /job:ps/task:0, as in TF. Sync: every ps
         # advances in lockstep, but a reply may have been read just before a
@@ -741,6 +762,13 @@ class Trainer:
         self._last_commit = manifest.step
         log.info("checkpoint of global step %d committed in %s", manifest.step, manifest.folder)
         return manifest
+
+    @property
+    def steps_ahead(self) -> dict[int, int]:
+        """Asynchronous training: how many of this worker's steps found it 0, 1, 2... steps ahead of
+        the slowest live worker (the most over the ps tasks; with :class:`psframe.BoundedStaleness`
+        never above its bound)."""
+        return dict(sorted(self._steps_ahead.items()))
 
     @property
     def rows_looked_up(self) -> int:

@@ -1,0 +1,156 @@
+"""Bounded staleness (SSP): a worker runs at most ``steps`` ahead of the slowest live worker.
+
+Unit tests of the ps task's gate (:mod:`psframe.ps.staleness`), then workers on a
+local cluster, one of them slowed on purpose: the steps ahead every push found
+(counted by the ps task, and by each worker) never exceed the bound, and without
+a bound the fast worker does run ahead (the same test would fail).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import psframe
+from psframe.errors import BarrierTimeoutError
+from psframe.ps.ledger import PushLedger
+from psframe.ps.roster import WorkerRoster
+from psframe.ps.staleness import HISTOGRAM_BUCKETS, StalenessGate
+
+# ---- the gate, no network
+
+
+def gate(num_workers: int = 3, worker_timeout: float = 60.0) -> tuple[StalenessGate, PushLedger, WorkerRoster]:
+    ledger, roster = PushLedger(num_workers), WorkerRoster(num_workers, worker_timeout)
+    return StalenessGate(ledger, roster, "/job:ps/task:0"), ledger, roster
+
+
+def steps(ledger: PushLedger, worker: int, count: int) -> None:
+    for _ in range(count):
+        ledger.record(worker, ledger.last_push(worker) + 1, ends_step=True)
+
+
+def test_steps_ahead_are_counted_against_the_slowest_other_live_worker():
+    staleness, ledger, roster = gate()
+    steps(ledger, 0, 5)
+    steps(ledger, 1, 3)
+    steps(ledger, 2, 4)
+    assert staleness.count(0) == 2 and staleness.count(1) == 0 and staleness.count(2) == 1
+    roster.finish(1)  # a finished worker is no longer waited for: 2 is now the slowest other
+    assert staleness.count(0) == 1
+    steps(ledger, 0, 40)
+    assert staleness.count(0) == 41
+    assert staleness.counts == [1, 2, 1] + [0] * (HISTOGRAM_BUCKETS - 4) + [1]
+
+
+def test_a_wait_ends_when_the_slowest_catches_up_or_fails_naming_it():
+    staleness, ledger, _ = gate(num_workers=2)
+    steps(ledger, 0, 3)
+    steps(ledger, 1, 1)
+    staleness.wait(0, bound=2, timeout=1.0)  # 2 ahead: within the bound, at once
+
+    def catch_up() -> None:
+        time.sleep(0.05)
+        steps(ledger, 1, 1)
+        staleness.stepped()
+
+    thread = threading.Thread(target=catch_up)
+    thread.start()
+    staleness.wait(0, bound=1, timeout=10.0)  # released by worker 1's step
+    thread.join(10)
+    assert not thread.is_alive()
+    with pytest.raises(
+        BarrierTimeoutError, match=r"worker/task:0 \(3 steps\) .* at most 0 steps ahead.*worker/task:1 \(2 steps\)"
+    ):
+        staleness.wait(0, bound=0, timeout=0.05)
+
+
+def test_a_silent_worker_is_not_waited_for_past_the_worker_timeout():
+    staleness, ledger, roster = gate(num_workers=2, worker_timeout=0.05)
+    steps(ledger, 0, 5)
+    with roster.call(0):
+        time.sleep(0.1)  # worker 1 silent past the timeout: presumed lost
+        staleness.wait(0, bound=0, timeout=5.0)  # returns at once
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        ({"steps": -1}, ValueError, "steps must be an int >= 0, got -1"),
+        ({"steps": 1.5}, ValueError, "steps must be an int >= 0, got 1.5"),
+        ({"steps": 1, "timeout": 0}, ValueError, "timeout must be a positive number of seconds, got 0"),
+    ],
+)
+def test_bad_bounds_are_refused(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        psframe.BoundedStaleness(**kwargs)
+
+
+def test_a_bound_is_for_asynchronous_training_only(local_cluster):
+    cluster = local_cluster(num_ps=1, num_workers=2, start_ps=False)
+    model = torch.nn.Linear(4, 1)
+    with pytest.raises(ValueError, match="staleness bounds asynchronous training"):
+        psframe.Trainer(model, cluster, sync=psframe.SyncReplicas(), staleness=psframe.BoundedStaleness(1))
+    with pytest.raises(TypeError, match="staleness must be a psframe.BoundedStaleness or None, got int"):
+        psframe.Trainer(model, cluster, staleness=1)
+
+
+# ---- workers, one slowed on purpose
+
+
+STEPS = 30
+
+
+def run(cluster, bound: int | None, slow_seconds: float = 0.02) -> tuple[dict[int, dict[int, int]], list[int]]:
+    """Two workers train STEPS steps each, worker 1 sleeping ``slow_seconds`` a step; each worker's
+    steps ahead, and the ps task's counts."""
+    results: dict[int, dict[int, int]] = {}
+    errors: list[BaseException] = []
+    staleness = None if bound is None else psframe.BoundedStaleness(bound, timeout=60.0)
+
+    def worker(index: int) -> None:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        try:
+            with psframe.Trainer(
+                model, cluster, task_index=index, optimizer=psframe.optim.SGD(lr=0.01), staleness=staleness
+            ) as trainer:
+                for step in range(STEPS):
+                    if index == 1:
+                        time.sleep(slow_seconds)
+                    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(step))
+                    trainer.step(F.mse_loss(model(x), x.sum(1, keepdim=True)))
+                results[index] = trainer.steps_ahead
+                if index == 0:
+                    counts.extend(trainer._client.get_info(0).steps_ahead_counts)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    counts: list[int] = []
+    threads = [threading.Thread(target=worker, args=(index,)) for index in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    return results, counts
+
+
+@pytest.mark.parametrize("bound", [0, 2])
+def test_a_fast_worker_never_runs_more_than_the_bound_ahead_of_a_slowed_one(local_cluster, bound):
+    results, counts = run(local_cluster(num_ps=2, num_workers=2), bound)
+    for index, ahead in results.items():
+        assert sum(ahead.values()) == STEPS and max(ahead) <= bound, (index, ahead)
+    # The ps task counted every step-ending push of both workers (some of worker 1's came
+    # after worker 0 read the counts); none past the bound.
+    assert sum(counts) >= STEPS and not any(counts[bound + 1 :]), counts
+
+
+def test_without_a_bound_the_fast_worker_runs_ahead(local_cluster):
+    results, counts = run(local_cluster(num_ps=1, num_workers=2), None)
+    assert max(results[0]) > 2, results  # the oracle of the test above can fail
+    assert any(counts[3:]), counts
