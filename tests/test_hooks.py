@@ -348,6 +348,13 @@ def test_tensorboard_hook_writes_loss_and_rate_on_the_chief(local_cluster, tmp_p
     rates = scalars["global_steps_per_sec"]
     assert [s for s, _ in rates] == [1, 2, 4, 5]
     assert all(math.isfinite(v) and v > 0 for _, v in rates)
+    # How far ahead of the other worker each step found the chief: 1 at its second step (the
+    # other had none yet), then none once the other finished.
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    events = accumulator.EventAccumulator(str(chief_dir), size_guidance={"histograms": 0})  # keep them all
+    events.Reload()
+    ahead = [(e.step, e.histogram_value.max) for e in events.Histograms("steps_ahead")]
+    assert ahead == [(1, 0.0), (2, 1.0), (4, 0.0), (5, 0.0)]
 
 
 def test_tensorboard_hook_every_n_steps(local_cluster, tmp_path):
