@@ -45,6 +45,7 @@ from psframe.flags import (
     liveness_from_flags,
     run,
     security_from_flags,
+    staleness_from_flags,
     sync_from_flags,
 )
 from psframe.hooks import NanGuardHook, StopAtStepHook
@@ -161,6 +162,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         task_index=task_index,
         optimizer=psframe.optim.SGD(lr=args.learning_rate),
         sync=sync_from_flags(args),
+        staleness=staleness_from_flags(args),
         device=device,
         gpu_memory_fraction=args.gpu_memory_fraction,
         hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],
@@ -198,7 +200,12 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         if progress is not None:
             progress.close()
         if not trainer.is_chief:
-            log.info("worker %d done after %d local steps", task_index, trainer.local_step)
+            log.info(
+                "worker %d done after %d local steps; steps ahead of the slowest worker: %s",
+                task_index,
+                trainer.local_step,
+                json.dumps({str(k): v for k, v in trainer.steps_ahead.items()}),
+            )
             return 0
         trainer.pull()  # the final parameters, with every worker's last update
         test_x, test_y = (t.to(device) for t in load_mnist(args.data_dir, train=False))
@@ -213,6 +220,8 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
             "steps_per_sec": round((trainer.global_step - first_step) / wall, 1),
             "num_ps": cluster.num_ps,
             "num_workers": cluster.num_workers,
+            # Async: how many of the chief's steps found it 0, 1, ... steps ahead of the slowest worker.
+            "steps_ahead": {str(k): v for k, v in trainer.steps_ahead.items()},
         }
     print(json.dumps(result), flush=True)
     return 0

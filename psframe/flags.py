@@ -41,12 +41,14 @@ from psframe.cluster.tf_config import EVALUATOR, resolve_cluster
 from psframe.errors import PsframeError
 from psframe.liveness import Liveness
 from psframe.optim import SyncReplicas
+from psframe.options import BoundedStaleness
 from psframe.security import Security
 
 CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "cluster_spec", "job_name", "task_index")
 SECURITY_FLAGS = ("auth_token_file", "tls_cert_file", "tls_key_file", "tls_ca_file")
 LIVENESS_FLAGS = ("keepalive_time", "keepalive_timeout")
 SYNC_FLAGS = ("sync_replicas", "replicas_to_aggregate", "total_num_replicas", "sync_timeout")
+STALENESS_FLAGS = ("staleness_bound", "sync_timeout")
 
 EXIT_FAILURE = 1
 """The exit code of a task that stopped on an expected failure, after one line saying what to do (:func:`run`)."""
@@ -64,6 +66,7 @@ __all__ = [
     "liveness_from_flags",
     "run",
     "security_from_flags",
+    "staleness_from_flags",
     "sync_from_flags",
 ]
 
@@ -164,6 +167,8 @@ def add_sync_flags(parser: argparse.ArgumentParser) -> None:
 
     ``--sync_replicas`` (off: asynchronous training), ``--replicas_to_aggregate``,
     ``--total_num_replicas`` and ``--sync_timeout``; see :class:`psframe.SyncReplicas`.
+    And ``--staleness_bound`` (asynchronous training with a bound, :class:`psframe.BoundedStaleness`,
+    whose waits ``--sync_timeout`` bounds too).
 
     Args:
         parser: the script's parser.
@@ -190,7 +195,14 @@ def add_sync_flags(parser: argparse.ArgumentParser) -> None:
         "--sync_timeout",
         type=float,
         default=300.0,
-        help="seconds a synchronous step may wait for gradients before failing",
+        help="seconds a synchronous step (or one under --staleness_bound) may wait before failing",
+    )
+    group.add_argument(
+        "--staleness_bound",
+        type=int,
+        default=None,
+        help="asynchronous training in which no worker runs more than this many steps ahead of the slowest "
+        "(bounded staleness; 0: lockstep). Default: no bound",
     )
 
 
@@ -276,6 +288,23 @@ def sync_from_flags(args: argparse.Namespace) -> SyncReplicas | None:
     if not values["sync_replicas"]:
         return None
     return SyncReplicas(values["replicas_to_aggregate"], values["total_num_replicas"], values["sync_timeout"])
+
+
+def staleness_from_flags(args: argparse.Namespace) -> BoundedStaleness | None:
+    """The :class:`~psframe.BoundedStaleness` of ``--staleness_bound`` (:func:`add_sync_flags`); None without it.
+
+    Pass it as ``psframe.Trainer(..., staleness=...)``.
+
+    Raises:
+        TypeError: ``args`` lacks the flags (the parser was not given them).
+        ValueError: a negative bound, or ``--sync_replicas`` too.
+    """
+    values = _flags(args, STALENESS_FLAGS, "add_sync_flags")
+    if values["staleness_bound"] is None:
+        return None
+    if getattr(args, "sync_replicas", False):
+        raise ValueError("--staleness_bound bounds asynchronous training; give it or --sync_replicas, not both")
+    return BoundedStaleness(values["staleness_bound"], values["sync_timeout"])
 
 
 def run(

@@ -14,6 +14,7 @@ tests/test_exactly_once.py's and this module's last tests.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import signal
@@ -115,6 +116,22 @@ def test_sync_with_a_backup_worker_cut_steps_go_on_meanwhile(host_set, tmp_path,
     _record("sync R=2/N=3, worker 2 cut 15 s", resumed=resumed)
     assert resumed is not None, job.report()
     assert _check_result(job)["sync_replicas"] is True
+
+
+def test_bounded_staleness_holds_a_fast_chief_to_a_worker_on_a_slow_link(host_set, tmp_path, mnist_dir):
+    """Worker 1's link is capped at 40 Mbit/s (a third of the chief's steps/s, or less): with
+    --staleness_bound=1 neither worker is ever counted more than one step ahead of the other."""
+    job = _job(host_set, tmp_path, mnist_dir, num_workers=2, flags=("--staleness_bound=1", "--train_steps=600"))
+    job.hosts.cap("w1", 40)
+    job.start_all()
+    job.wait(timeout=300)
+    chief = job.result("worker0")["steps_ahead"]
+    done = re.search(r"steps ahead of the slowest worker: (\{.*\})", job.output("worker1"))
+    assert done, job.report()
+    worker = json.loads(done.group(1))
+    print(f"[hosts] bounded staleness 1, worker 1 at 40 Mbit/s: steps ahead, chief {chief}, worker 1 {worker}")
+    assert chief and max(int(k) for k in chief) <= 1, chief
+    assert worker and max(int(k) for k in worker) <= 1, worker
 
 
 def test_sync_chief_cut_for_90s_comes_back_and_reports(host_set, tmp_path, mnist_dir):

@@ -118,6 +118,19 @@ def test_security_and_liveness_come_from_the_flags_then_the_environment(token_fi
         flags.security_from_flags(parser().parse_args([f"--auth_token_file={path}.missing"]))
 
 
+def test_a_staleness_bound_comes_from_its_flag():
+    parser = argparse.ArgumentParser()
+    flags.add_sync_flags(parser)
+    assert flags.staleness_from_flags(parser.parse_args([])) is None
+    assert flags.staleness_from_flags(parser.parse_args(["--staleness_bound=2", "--sync_timeout=30"])) == (
+        psframe.BoundedStaleness(2, 30.0)
+    )
+    with pytest.raises(ValueError, match="give it or --sync_replicas, not both"):
+        flags.staleness_from_flags(parser.parse_args(["--staleness_bound=2", "--sync_replicas"]))
+    with pytest.raises(ValueError, match="steps must be an int >= 0, got -1"):
+        flags.staleness_from_flags(parser.parse_args(["--staleness_bound=-1"]))
+
+
 def test_sync_comes_from_tf_s_flags():
     parser = argparse.ArgumentParser()
     flags.add_sync_flags(parser)
