@@ -221,7 +221,8 @@ class BoundedStaleness:
     Args:
         steps: the most steps a worker may be ahead of the slowest.
         timeout: the longest one step waits; past it the step fails with
-            ``BarrierTimeoutError``, naming the workers it waited for.
+            ``BarrierTimeoutError``, naming the workers it waited for (its
+            gradients were applied: a step sent again is not applied twice).
 
     Raises:
         ValueError: a negative bound, or a timeout that is not a positive number of seconds.
