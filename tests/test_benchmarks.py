@@ -26,41 +26,28 @@ TIMEOUT_S = 300
 SECTION_TIMEOUT_S = 120  # each section's own deadline, well inside TIMEOUT_S
 
 
+def _run_quick_module(module: str, *flags: str, tf: bool = True) -> subprocess.CompletedProcess:
+    """``python -m <module> --quick --timeout <section timeout> <flags>``, one thread a process;
+    fails the test on a timeout. ``tf=False`` turns the TensorFlow baseline off."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    if not tf:
+        env["PSFRAME_TF_PYTHON"] = ""
+    argv = [sys.executable, "-m", module, "--quick", "--timeout", str(SECTION_TIMEOUT_S), *flags]
+    try:
+        return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:  # subprocess.run kills the child (by PID) first
+        pytest.fail(f"{module} --quick took over {TIMEOUT_S}s; stderr:\n{e.stderr}")
+
+
 def _run_quick(out: Path, *flags: str) -> subprocess.CompletedProcess:
-    """``python -m benchmarks.run --quick`` writing ``out``; fails the test on a timeout.
+    """``python -m benchmarks.run --quick`` writing ``out``.
 
     The TensorFlow baseline is turned off (``PSFRAME_TF_PYTHON`` empty): the test
     environment has no TensorFlow, and a developer's ``.venv-tf`` must not make
     the run slower or its rows different. Its rows then say it is unavailable.
     """
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        "PSFRAME_TF_PYTHON": "",
-        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
-    try:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.run",
-                "--quick",
-                "--out",
-                str(out),
-                "--timeout",
-                str(SECTION_TIMEOUT_S),
-                *flags,
-            ],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired as e:  # subprocess.run kills the child (by PID) first
-        pytest.fail(f"benchmarks.run --quick took over {TIMEOUT_S}s; stderr:\n{e.stderr}")
+    return _run_quick_module("benchmarks.run", "--out", str(out), *flags, tf=False)
 
 
 @pytest.mark.cluster
@@ -535,19 +522,7 @@ def test_quick_ctr_run_prints_throughput_per_layout_and_the_ps_row_rate_against_
     from benchmarks.ctr import ROW_RATE_CAPTION, THROUGHPUT_CAPTION
     from benchmarks.suite.row_rate import RAW_CEILING, RAW_READ, RAW_TORCH_OPTIM, READ, UPDATE
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.ctr", "--quick", "--timeout", str(SECTION_TIMEOUT_S)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired as e:  # subprocess.run kills the child (by PID) first
-        pytest.fail(f"benchmarks.ctr --quick took over {TIMEOUT_S}s; stderr:\n{e.stderr}")
+    proc = _run_quick_module("benchmarks.ctr")
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
     stdout = proc.stdout
     assert f"os.cpu_count() = {os.cpu_count()}" in stdout and "OMP_NUM_THREADS=1" in stdout, stdout

@@ -140,18 +140,25 @@ def run_mode(children: Children, mode: str, case: CtrCase, deadline: Deadline) -
     }
 
 
+def against_single(row: dict, single: dict | None) -> dict:
+    """``row`` with ``vs_single`` (samples/s over the single process's) and ``auc_diff`` (AUC
+    minus the single process's), from the single process's row ``single``; None without one."""
+    return {
+        **row,
+        "vs_single": None if single is None else row["samples_per_sec"] / single["samples_per_sec"],
+        "auc_diff": None if single is None else row["auc"] - single["auc"],
+    }
+
+
+def signed(value: float | None) -> str:
+    """An AUC difference as a table shows it: ``+0.0012``, or ``-`` for none."""
+    return "-" if value is None else f"{value:+.4f}"
+
+
 def compare(rows: list[dict]) -> list[dict]:
-    """Each row with ``vs_single`` (samples/s over the single process's) and ``auc_diff``
-    (AUC minus the single process's); None where there is no single-process row."""
+    """Each row :func:`against_single` the single process's."""
     single = next((r for r in rows if r["mode"] == "single_process"), None)
-    return [
-        {
-            **r,
-            "vs_single": None if single is None else r["samples_per_sec"] / single["samples_per_sec"],
-            "auc_diff": None if single is None else r["auc"] - single["auc"],
-        }
-        for r in rows
-    ]
+    return [against_single(r, single) for r in rows]
 
 
 def run_ctr_benchmarks(quick: bool = False, timeout: float = 600.0, case: CtrCase | None = None) -> list[dict]:
@@ -172,10 +179,6 @@ def run_ctr_benchmarks(quick: bool = False, timeout: float = 600.0, case: CtrCas
 
 def ctr_table(rows: list[dict]) -> str:
     """Markdown table of :func:`run_ctr_benchmarks` rows."""
-
-    def diff(value: float | None) -> str:
-        return "-" if value is None else f"{value:+.4f}"
-
     headers = [
         "mode",
         "ps tasks",
@@ -200,7 +203,7 @@ def ctr_table(rows: list[dict]) -> str:
                 format_number(r["samples_per_sec"]),
                 format_ratio(r["vs_single"]),
                 f"{r['auc']:.4f}",
-                diff(r["auc_diff"]),
+                signed(r["auc_diff"]),
                 f"{r['log_loss']:.4f}",
                 f"{r['ceiling_auc']:.4f}",
                 format_number(r["run_seconds"]),

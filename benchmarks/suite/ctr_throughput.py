@@ -42,7 +42,7 @@ from pathlib import Path
 
 from benchmarks.common import BenchmarkError, Children, Deadline, single_thread, table_main
 from benchmarks.formatting import format_number, format_ratio, markdown_table
-from benchmarks.suite.ctr import EXAMPLE, result_line
+from benchmarks.suite.ctr import EXAMPLE, against_single, result_line, signed
 
 BATCH_SIZE = 512  # DeepRec's, for its Criteo-shaped models
 TABLES = ("fixed", "dynamic")
@@ -129,20 +129,9 @@ def run_one(
 
 
 def compare(rows: list[dict]) -> list[dict]:
-    """Each row with ``vs_single`` (samples/s over the single process's with the same tables) and
-    ``auc_diff`` (AUC minus its); None where there is no such row."""
+    """Each row :func:`~benchmarks.suite.ctr.against_single` the single process's with the same tables."""
     single = {r["tables"]: r for r in rows if not r["num_ps"]}
-    out = []
-    for r in rows:
-        base = single.get(r["tables"])
-        out.append(
-            {
-                **r,
-                "vs_single": None if base is None else r["samples_per_sec"] / base["samples_per_sec"],
-                "auc_diff": None if base is None else r["auc"] - base["auc"],
-            }
-        )
-    return out
+    return [against_single(r, single.get(r["tables"])) for r in rows]
 
 
 def run_ctr_throughput(quick: bool = False, timeout: float = 900.0, case: ThroughputCase | None = None) -> list[dict]:
@@ -181,10 +170,6 @@ def cores_note() -> str:
 
 def ctr_throughput_table(rows: list[dict]) -> str:
     """Markdown table of :func:`run_ctr_throughput` rows."""
-
-    def diff(value: float | None) -> str:
-        return "-" if value is None else f"{value:+.4f}"
-
     headers = [
         "tables",
         "layout",
@@ -208,7 +193,7 @@ def ctr_throughput_table(rows: list[dict]) -> str:
                 format_number(r["samples_per_sec"]),
                 format_ratio(r["vs_single"]),
                 f"{r['auc']:.4f}",
-                diff(r["auc_diff"]),
+                signed(r["auc_diff"]),
                 f"{r['ceiling_auc']:.4f}",
                 format_number(r["run_seconds"]),
             ]

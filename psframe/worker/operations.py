@@ -203,22 +203,30 @@ class OperationEncoder:
     def _encode_planned(self, request: Request, grads: Gradients, step: int, compress: bool, push_id: int) -> bytes:
         prepared = self.prepared.get((request, compress))
         if prepared is None:  # every step sends the same header but for the step number
-            header = pb.PushPullHeader(
-                caller=self._caller,
-                pull=[s.name for s in request.pull],
-                end_of_step=request.end_of_step,
-                wire_dtype=self._wire_name if compress else "",
-            )
-            self._bound(header)
             prepared = self.prepared[(request, compress)] = PreparedRequest(
-                header, share=request.ps_task in self.share_with
+                self._planned_header(request, compress), share=request.ps_task in self.share_with
             )
         elif prepared.share and request.ps_task not in self.share_with:
             prepared.share = False
             prepared.drop_region()
-        if compress:
-            grads = [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
-        return prepared.encode(step, grads, push_id)
+        return prepared.encode(step, self._to_wire(grads, compress), push_id)
+
+    def _planned_header(self, request: Request, compress: bool) -> pb.PushPullHeader:
+        """The header of a planned request, but for its step and push number."""
+        header = pb.PushPullHeader(
+            caller=self._caller,
+            pull=[s.name for s in request.pull],
+            end_of_step=request.end_of_step,
+            wire_dtype=self._wire_name if compress else "",
+        )
+        self._bound(header)
+        return header
+
+    def _to_wire(self, grads: Gradients, compress: bool) -> Gradients:
+        """The gradients as they travel: in the wire dtype when compressed."""
+        if not compress:
+            return grads
+        return [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
 
     def _bound(self, header: pb.PushPullHeader) -> None:
         """Name the staleness bound in a step-ending push's header (where there is one)."""
@@ -230,19 +238,9 @@ class OperationEncoder:
         self, operation: PushPull, grads: Gradients, step: int, compress: bool, push_id: int
     ) -> bytes:
         """A planned request that carries rows too: its header, its gradients and the rows, in the message."""
-        request = operation.request
-        wire = compress and self._wire_dtype is not None
-        header = pb.PushPullHeader(
-            caller=self._caller,
-            pull=[s.name for s in request.pull],
-            end_of_step=request.end_of_step,
-            wire_dtype=self._wire_name if wire else "",
-            step=step,
-            push_id=push_id,
-        )
-        self._bound(header)
-        if wire:
-            grads = [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
+        header = self._planned_header(operation.request, compress)
+        header.step, header.push_id = step, push_id
+        grads = self._to_wire(grads, compress)
         pushed, pushed_kinds = row_tensors.push_tensors(operation.rows)
         pulled, pulled_kinds = row_tensors.pull_tensors(operation.row_pulls)
         kinds = [int(row_tensors.VALUE)] * len(grads) + pushed_kinds + pulled_kinds

@@ -292,8 +292,7 @@ class PsClient:
 
         Returns:
             The replies to ``requests``, in order; per ps task, the rows of each
-            of its pairs, in order (read-only views of the reply); no rows at
-            all if a request had to be sent again, behind the pulls.
+            of its pairs, in order (read-only views of the reply).
 
         ``again``: these are the pushes of the last call, which failed on the
         way (a ps task was lost), sent again with the numbers they had: a ps

@@ -25,7 +25,7 @@ from psframe.errors import PsframeError
 from psframe.options import BoundedStaleness
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire import transport
-from psframe.worker.operations import Gradients, Operation, OperationEncoder, PullRows, PushPull, Reply
+from psframe.worker.operations import Gradients, Operation, OperationEncoder, PushPull, Reply
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +136,9 @@ class PushPullStreams:
 
         Returns:
             Per operation, its reply (:class:`~psframe.worker.operations.DenseReply`,
-            ``RowsPushed`` or ``RowsPulled``, as the operation); None for a
-            :class:`~psframe.worker.operations.PullRows` sent behind a planned
-            request that had to be sent again (its answer may have come first).
+            ``RowsPushed`` or ``RowsPulled``, as the operation). A read answered
+            behind a push the ps task refused for its shared region is sent again
+            behind that push, so every reply reads what the pushes ahead of it left.
 
         Raises:
             PsframeError: the first error a ps task answered, or a transport error
@@ -287,13 +287,8 @@ class Exchange:
                         failure = failure or errors.SharedRegionError(header.region_unusable)
                 elif header.error_class:
                     failure = failure or transport.decode_error(header.error_class, header.error_message, peer)
-                elif (
-                    isinstance(operation, PushPull)
-                    and not operation.pushes
-                    and ps_task in resent
-                    and i not in pulled_again
-                ):
-                    # A pull (synchronous training's after the round) answered before the pushes
+                elif not operation.pushes and ps_task in resent and i not in pulled_again:
+                    # A read (values after a round, rows prefetched) answered before the pushes
                     # ahead of it, refused and sent again, were applied: it goes again behind them.
                     self._again[ps_task].append(i)
                     pulled_again.add(i)
@@ -301,12 +296,4 @@ class Exchange:
         if failure is not None:
             self._encoder.drop_regions(operations, self._compress)
             raise failure
-        for i, operation in enumerate(operations):
-            # Rows read on a stream where a request went again may have been read before it was applied.
-            if isinstance(operation, PullRows) and operation.ps_task in resent and self._behind_request(i):
-                replies[i] = None
         return replies
-
-    def _behind_request(self, i: int) -> bool:
-        ps_task = self._operations[i].ps_task
-        return any(isinstance(op, PushPull) and op.ps_task == ps_task for op in self._operations[:i])
