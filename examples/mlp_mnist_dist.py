@@ -101,6 +101,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="ps: the same for the chief, which is waited for longer (default: 10 x --worker_timeout)",
     )
     parser.add_argument(
+        "--max_workers",
+        type=int,
+        default=None,
+        help="ps: worker slots of an elastic cluster: workers started with a longer --worker_hosts join "
+        "the running job up to this many, and workers may leave (default: the workers are fixed)",
+    )
+    parser.add_argument(
         "--serving_processes",
         type=int,
         default=None,
@@ -130,6 +137,7 @@ def run_ps(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: i
         chief_timeout=args.chief_timeout,
         checkpoint_dir=args.checkpoint_dir,
         serving_processes=args.serving_processes,
+        max_workers=args.max_workers,
         liveness=liveness_from_flags(args),
         security=security_from_flags(args),
     )

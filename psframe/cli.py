@@ -58,6 +58,7 @@ def _server(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir,
         liveness=liveness_from_flags(args),
         serving_processes=args.serving_processes,
+        max_workers=args.max_workers,
         security=security_from_flags(args),
         **({} if args.max_message_bytes is None else {"max_message_bytes": args.max_message_bytes}),
     )
@@ -105,6 +106,8 @@ def _status(args: argparse.Namespace) -> int:
     tables: list[tuple[str, ...]] = [("dynamic table part", "task", "rows", "admitted", "filtered", "evicted")]
     # Async: step-ending pushes by how many steps ahead of the slowest live worker they found theirs.
     ahead: list[tuple[str, ...]] = [("task", "steps ahead: pushes", "most")]
+    # Elastic clusters: the workers that joined and left, as ps 0 (or the first ps task up) saw them.
+    changes: list[tuple[str, ...]] = [("worker", "membership change", "at step", "when")]
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))
     try:
         for k, address in enumerate(cluster.job_tasks("ps")):
@@ -115,6 +118,11 @@ def _status(args: argparse.Namespace) -> int:
             except PsframeError:
                 rows.append((ClusterSpec.task_name("ps", k), address, "ps", "down", "", "", "", "", "", ""))
                 continue
+            if len(changes) == 1:
+                changes.extend(
+                    (ClusterSpec.task_name("worker", c.worker), c.kind, str(c.global_step), f"{c.seconds_ago:.1f}s ago")
+                    for c in info.membership
+                )
             if info.steps_ahead_counts:
                 ahead.append((ClusterSpec.task_name("ps", k), *_steps_ahead(info.steps_ahead_counts)))
             for t in info.dynamic_tables:
@@ -140,7 +148,9 @@ def _status(args: argparse.Namespace) -> int:
             )
     finally:
         client.close()
-    for w, address in enumerate(cluster.job_tasks("worker")):
+    addresses = dict(enumerate(cluster.job_tasks("worker")))
+    for w in sorted(set(addresses) | set(seen)):  # and workers that joined beyond the cluster given
+        address = addresses.get(w, "(joined)")
         heard = seen.get(w)
         if heard is None:
             state, last = "unknown", ""
@@ -168,7 +178,7 @@ def _status(args: argparse.Namespace) -> int:
             )
         )
     _print_table(rows)
-    for extra in (tables, ahead):
+    for extra in (tables, ahead, changes):
         if len(extra) > 1:
             print()
             _print_table(extra)
@@ -406,6 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="(ps) processes listening on the task's port; this one holds the variables "
         "(default: one per 4 cores this task may use, at most 8)",
+    )
+    server.add_argument(
+        "--max_workers",
+        type=int,
+        default=None,
+        help="(ps) worker slots of an elastic cluster: workers started with a longer worker list join the "
+        "running job up to this many, and workers may leave (default: the workers are fixed)",
     )
     server.add_argument(
         "--max_message_bytes",

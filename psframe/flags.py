@@ -47,7 +47,7 @@ from psframe.security import Security
 CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "cluster_spec", "job_name", "task_index")
 SECURITY_FLAGS = ("auth_token_file", "tls_cert_file", "tls_key_file", "tls_ca_file")
 LIVENESS_FLAGS = ("keepalive_time", "keepalive_timeout")
-SYNC_FLAGS = ("sync_replicas", "replicas_to_aggregate", "total_num_replicas", "sync_timeout")
+SYNC_FLAGS = ("sync_replicas", "replicas_to_aggregate", "total_num_replicas", "sync_timeout", "fraction_to_aggregate")
 STALENESS_FLAGS = ("staleness_bound", "sync_timeout")
 
 EXIT_FAILURE = 1
@@ -166,7 +166,8 @@ def add_sync_flags(parser: argparse.ArgumentParser) -> None:
     """Adds synchronous training's flags, as TF's ``mnist_replica.py`` names them, in a group of their own.
 
     ``--sync_replicas`` (off: asynchronous training), ``--replicas_to_aggregate``,
-    ``--total_num_replicas`` and ``--sync_timeout``; see :class:`psframe.SyncReplicas`.
+    ``--total_num_replicas``, ``--sync_timeout`` and ``--fraction_to_aggregate`` (elastic
+    clusters); see :class:`psframe.SyncReplicas`.
     And ``--staleness_bound`` (asynchronous training with a bound, :class:`psframe.BoundedStaleness`,
     whose waits ``--sync_timeout`` bounds too).
 
@@ -190,6 +191,14 @@ def add_sync_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="workers taking part in sync training (default: the number of workers)",
+    )
+    group.add_argument(
+        "--fraction_to_aggregate",
+        type=float,
+        default=None,
+        help="instead of --replicas_to_aggregate: the share of the workers whose gradients make an update, "
+        "rounded up; in an elastic cluster (ps tasks given --max_workers) of the workers live at each step "
+        "(default there: 1.0, all of them)",
     )
     group.add_argument(
         "--sync_timeout",
@@ -287,7 +296,12 @@ def sync_from_flags(args: argparse.Namespace) -> SyncReplicas | None:
     values = _flags(args, SYNC_FLAGS, "add_sync_flags")
     if not values["sync_replicas"]:
         return None
-    return SyncReplicas(values["replicas_to_aggregate"], values["total_num_replicas"], values["sync_timeout"])
+    return SyncReplicas(
+        values["replicas_to_aggregate"],
+        values["total_num_replicas"],
+        values["sync_timeout"],
+        values["fraction_to_aggregate"],
+    )
 
 
 def staleness_from_flags(args: argparse.Namespace) -> BoundedStaleness | None:

@@ -329,6 +329,13 @@ class SyncReplicas:
     ``replicas_to_aggregate`` remain, each update averages the gradients of
     all remaining workers instead; the ps logs the change.
 
+    In an elastic cluster (ps tasks given ``max_workers``; see
+    the guide "Elastic clusters") the workers taking part change while training,
+    and each round takes its count from the live workers at its start:
+    ``fraction_to_aggregate`` of them, rounded up (1.0, all of them, when
+    neither count is given), or ``replicas_to_aggregate`` as a cap (never
+    more than are live). ``total_num_replicas`` is not given there.
+
     Args:
         replicas_to_aggregate: gradients per update; defaults to the number
             of workers.
@@ -336,14 +343,19 @@ class SyncReplicas:
             workers, and must equal it when given.
         timeout: seconds any barrier wait may last before failing with an
             error naming the step and the missing workers.
+        fraction_to_aggregate: the share of the workers whose gradients
+            make an update, in (0, 1]: ``ceil(fraction x workers)``; instead
+            of ``replicas_to_aggregate``.
 
     Raises:
-        ValueError: a count is not positive, or R > N, or timeout is not finite and > 0.
+        ValueError: a count is not positive, or R > N, or timeout is not finite and > 0,
+            or a fraction outside (0, 1], or both a fraction and ``replicas_to_aggregate``.
     """
 
     replicas_to_aggregate: int | None = None
     total_num_replicas: int | None = None
     timeout: float = 300.0
+    fraction_to_aggregate: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("replicas_to_aggregate", "total_num_replicas"):
@@ -355,20 +367,54 @@ class SyncReplicas:
             raise ValueError(f"replicas_to_aggregate ({r}) must be <= total_num_replicas ({n})")
         if not 0 < self.timeout < math.inf:
             raise ValueError(f"timeout must be a finite number of seconds > 0, got {self.timeout!r}")
+        fraction = self.fraction_to_aggregate
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+                raise ValueError(f"fraction_to_aggregate must be a number in (0, 1], got {fraction!r}")
+            if r is not None:
+                raise ValueError(f"give replicas_to_aggregate ({r}) or fraction_to_aggregate ({fraction}), not both")
 
-    def resolve(self, num_workers: int) -> SyncReplicas:
+    def resolve(self, num_workers: int, *, elastic: bool = False) -> SyncReplicas:
         """This spec with the defaults filled in for a cluster of ``num_workers``.
+
+        ``elastic``: the ps tasks take workers joining and leaving (``max_workers``);
+        the counts then follow the live workers round by round, and the settings
+        stay those given (a fraction, 1.0 by default, or a cap).
 
         Raises:
             ValueError: the counts do not fit the cluster.
         """
+        if elastic:
+            if self.total_num_replicas is not None:
+                raise ValueError(
+                    f"total_num_replicas ({self.total_num_replicas}) is fixed, but the ps tasks take workers "
+                    f"joining and leaving (max_workers): leave it unset, each round counts the live workers"
+                )
+            fraction = self.fraction_to_aggregate
+            if fraction is None and self.replicas_to_aggregate is None:
+                fraction = 1.0
+            return SyncReplicas(self.replicas_to_aggregate, None, self.timeout, fraction)
         n = self.total_num_replicas if self.total_num_replicas is not None else num_workers
-        r = self.replicas_to_aggregate if self.replicas_to_aggregate is not None else n
+        if self.fraction_to_aggregate is not None:
+            r = _share(self.fraction_to_aggregate, n)
+        else:
+            r = self.replicas_to_aggregate if self.replicas_to_aggregate is not None else n
         if n != num_workers:
             raise ValueError(
                 f"total_num_replicas ({n}) must equal the number of workers in the cluster ({num_workers})"
             )
         return SyncReplicas(r, n, self.timeout)
+
+    def required(self, live: int) -> int:
+        """How many gradients a round of an elastic cluster averages when ``live`` workers take part."""
+        if self.fraction_to_aggregate is not None:
+            return min(live, _share(self.fraction_to_aggregate, live))
+        return min(live, self.replicas_to_aggregate or live)
+
+
+def _share(fraction: float, workers: int) -> int:
+    """``ceil(fraction x workers)``, at least 1 (a product a rounding error above a whole number is that number)."""
+    return max(1, math.ceil(fraction * workers - 1e-9))
 
 
 @dataclass(frozen=True)

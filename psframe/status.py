@@ -61,6 +61,16 @@ class DynamicTableStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class MembershipEvent:
+    """A worker that joined, left or was presumed dead, as a ps task saw it (elastic clusters)."""
+
+    worker: int
+    kind: str  # "joined", "left", "presumed_dead" or "returned"
+    global_step: int  # the step it takes effect at
+    seconds_ago: float
+
+
+@dataclass(frozen=True, slots=True)
 class TaskStatus:
     """A task's answer to "who are you, and how are you?".
 
@@ -93,6 +103,8 @@ class TaskStatus:
     # async: how many step-ending pushes found their worker 0, 1, ... steps ahead of the slowest
     # live worker (the last: that many or more; psframe.ps.staleness); empty: none counted
     steps_ahead_counts: tuple[int, ...] = ()
+    max_workers: int | None = None  # a ps task's worker slots, if workers may join; None: fixed
+    membership: tuple[MembershipEvent, ...] = ()  # who joined and left, oldest first
 
     @property
     def name(self) -> str:

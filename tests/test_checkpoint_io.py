@@ -158,7 +158,12 @@ def test_a_shard_on_disk_is_a_plain_dict_keyed_by_the_record_fields(url):
     }
     assert content["table_optimizer"] is None and content["pushes"] is None
     assert content["optimizer"] == {"name": "Adam", "kwargs": {"lr": 0.001, "betas": (0.9, 0.999)}}
-    assert content["sync"] == {"replicas_to_aggregate": 2, "total_num_replicas": 3, "timeout_seconds": 30.0}
+    assert content["sync"] == {
+        "replicas_to_aggregate": 2,
+        "total_num_replicas": 3,
+        "timeout_seconds": 30.0,
+        "fraction_to_aggregate": 0.0,
+    }
     var = content["variables"][0]
     assert type(var) is dict and var["shape"] == [4, 3] and var["full_shape"] == [4, 3]
     assert set(var) == {

@@ -10,7 +10,7 @@ names, nested the same way, plus ``format_version``::
      "optimizer": {"name": "Adam", "kwargs": {"lr": 0.001}},
      "table_optimizer": None or {"name": "SparseAdam", "kwargs": {...}},
      "sync": None or {"replicas_to_aggregate": int, "total_num_replicas": int,
-                      "timeout_seconds": float},
+                      "timeout_seconds": float, "fraction_to_aggregate": float},
      "variables": [{"name": "emb.weight/part_1", "variable": "emb.weight",
                     "dtype": "float32", "shape": [r, c], "full_shape": [R, c],
                     "row_start": int, "part_index": int, "num_parts": int,
@@ -45,7 +45,7 @@ sync deadline ``timeout``; all are still read. :mod:`psframe.checkpoint.files` s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -74,9 +74,10 @@ class OptimizerData:
 class SyncData:
     """Synchronous-training settings of the ps task (absent when training is asynchronous)."""
 
-    replicas_to_aggregate: int
-    total_num_replicas: int
+    replicas_to_aggregate: int  # 0 in an elastic cluster with a fraction
+    total_num_replicas: int  # 0 in an elastic cluster: the live workers
     timeout_seconds: float
+    fraction_to_aggregate: float = 0.0  # elastic clusters (absent from earlier shards: 0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -253,8 +254,11 @@ def _check_sync(sync: Any) -> None:
         _is_int(sync.replicas_to_aggregate)
         and _is_int(sync.total_num_replicas)
         and (_is_int(timeout) or isinstance(timeout, float))
+        and (_is_int(sync.fraction_to_aggregate) or isinstance(sync.fraction_to_aggregate, float))
     ):
-        raise CheckpointError(f"sync must hold two int replica counts and a number of timeout seconds, got {sync!r}")
+        raise CheckpointError(
+            f"sync must hold two int replica counts, a number of timeout seconds and a fraction, got {sync!r}"
+        )
 
 
 def _check_variable(var: Any, index: int) -> None:
@@ -397,17 +401,18 @@ def _in_current_format(obj: Any) -> dict[str, Any]:
 
 
 def _raw_fields(cls: type, obj: Any, label: str) -> dict[str, Any]:
-    """The values of ``cls``'s fields in ``obj``, a dict with exactly those keys."""
+    """The values of ``cls``'s fields in ``obj``, a dict with exactly those keys (a field
+    with a default, added since, may be absent)."""
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"{label} must be a dict, got {type(obj).__name__}")
     names = [f.name for f in fields(cls)]
-    missing = [n for n in names if n not in obj]
+    missing = [f.name for f in fields(cls) if f.name not in obj and f.default is MISSING]
     if missing:
         raise CheckpointError(f"{label} lacks keys {missing}; it needs {names}")
     unknown = [k for k in obj if k not in names]
     if unknown:
         raise CheckpointError(f"{label} has unknown keys {unknown}; it takes {names}")
-    return {n: obj[n] for n in names}
+    return {n: obj[n] for n in names if n in obj}
 
 
 def _fields_of(record: Any) -> dict[str, Any]:

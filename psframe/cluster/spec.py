@@ -104,9 +104,10 @@ class ClusterSpec:
         (2, 'ps|h0:2222,worker|h1:2224;h1:2225')
     """
 
-    __slots__ = ("_fingerprint", "_tasks")
+    __slots__ = ("_fingerprint", "_ps_fingerprint", "_tasks")
     _tasks: dict[str, tuple[str, ...]]
     _fingerprint: str
+    _ps_fingerprint: str
 
     def __init__(self, cluster: Mapping[str, Sequence[str] | Mapping[int, str]] | ClusterSpec) -> None:
         if isinstance(cluster, ClusterSpec):
@@ -139,7 +140,8 @@ class ClusterSpec:
                 owner[key] = name
         object.__setattr__(self, "_tasks", {job: tuple(given[job]) for job in JOBS})
         # Computed once: every request a ps task answers checks it.
-        object.__setattr__(self, "_fingerprint", hashlib.sha256(self.to_string().encode("utf-8")).hexdigest()[:16])
+        object.__setattr__(self, "_fingerprint", _short_hash(self.to_string()))
+        object.__setattr__(self, "_ps_fingerprint", _short_hash(f"ps|{';'.join(self._tasks['ps'])}"))
 
     @classmethod
     def from_hosts(cls, ps_hosts: str | Sequence[str], worker_hosts: str | Sequence[str]) -> ClusterSpec:
@@ -314,6 +316,12 @@ class ClusterSpec:
         """A short hash of the cluster (16 hex chars); tasks compare it to detect a mismatched cluster."""
         return self._fingerprint
 
+    @property
+    def ps_fingerprint(self) -> str:
+        """A short hash of the cluster's ps tasks alone: an elastic ps task (``max_workers``)
+        takes a worker whose cluster has the same ps tasks and more workers."""
+        return self._ps_fingerprint
+
     @staticmethod
     def task_name(job_name: str, task_index: int) -> str:
         """Returns TF's name for a task, such as ``'/job:ps/task:1'``.
@@ -373,6 +381,10 @@ def _split_hosts(hosts: str | Sequence[str], flag: str) -> list[str]:
             hint = f" (--{flag} separates addresses with ',', not ';')" if ";" in str(item) else ""
             raise ClusterSpecError(f"--{flag}={hosts!r}: {e}{hint}") from e
     return items
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 __all__ = ["JOBS", "ClusterSpec", "parse_address"]

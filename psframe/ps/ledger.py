@@ -95,7 +95,9 @@ class PushLedger:
 
     def set_targets(self, targets: list[int]) -> None:
         """Let each worker's pushes through until ``targets[worker]`` of its steps are applied here."""
-        self._target[:] = numpy.asarray(targets, dtype=numpy.int64)[: self.num_workers]
+        given = numpy.asarray(targets, dtype=numpy.int64)[: self.num_workers]
+        self._target[:] = NOT_HELD  # a worker the targets do not name (a slot the chief's list lacks)
+        self._target[: len(given)] = given
 
     def release(self) -> None:
         """End the hold: every push applies again."""

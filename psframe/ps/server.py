@@ -13,6 +13,7 @@ from typing import Any
 from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import ClusterSpecError, NotReadyError, PsframeError
 from psframe.liveness import Liveness
+from psframe.ps.roster import check_max_workers
 from psframe.ps.service import ParameterServerService
 from psframe.ps.serving_processes import ServingProcesses, default_serving_processes
 from psframe.ps.shared_service import Publisher, shared_service
@@ -67,6 +68,12 @@ class Server:
         chief_timeout: (ps) the same for the chief, which is waited for longer
             (it writes the final checkpoint and reports the result); default:
             ten times ``worker_timeout``. The rules: :mod:`psframe.ps.roster`.
+        max_workers: (ps) the worker slots of an elastic cluster: workers beyond the
+            cluster's (started with a grown ``--worker_hosts``, the same ps tasks) join
+            a running job up to this many, workers leave (finish) or die while the
+            others train, and sync rounds count the live workers
+            (the guide "Elastic clusters"). None: the cluster's workers are fixed. Give every
+            ps task the same value.
         checkpoint_dir: (ps) where checkpoints are kept (any fsspec URL). A ps
             started again after a crash restores its shard from the latest
             valid checkpoint there on its own.
@@ -124,6 +131,7 @@ class Server:
         security: Security | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         liveness: Liveness | None = None,
+        max_workers: int | None = None,
         **deprecated: str | None,
     ) -> None:
         if unknown := sorted(set(deprecated) - set(LOOSE_ARGUMENTS)):
@@ -149,6 +157,9 @@ class Server:
             raise ValueError(f"serving_processes must be an int >= 1, got {serving_processes!r}")
         if serving_processes > 1 and job_name != "ps":
             raise ValueError(f"serving_processes applies to ps tasks; {self.task_name} is a worker task")
+        if max_workers is not None and job_name != "ps":
+            raise ValueError(f"max_workers applies to ps tasks; {self.task_name} is a worker task")
+        slots = check_max_workers(max_workers, cluster.num_workers)
         if (
             isinstance(max_message_bytes, bool)
             or not isinstance(max_message_bytes, int)
@@ -159,8 +170,8 @@ class Server:
                 f"(gRPC's limit), got {max_message_bytes!r}"
             )
         # Several serving processes share the variables, in shared memory.
-        self._shared = SharedStore.create(cluster.num_workers) if serving_processes > 1 else None
-        threads = max_threads or max(16, 4 * cluster.num_workers + 8)
+        self._shared = SharedStore.create(cluster.num_workers, slots) if serving_processes > 1 else None
+        threads = max_threads or max(16, 4 * slots + 8)
         bind = (bind_address or cluster.task_address(job_name, task_index)).strip()
         self._port_lock: PortLock | None = None
         slot = _ServiceSlot(_methods_answered(job_name))
@@ -199,6 +210,7 @@ class Server:
                     security=self.security,
                     chief_timeout=chief_timeout,
                     liveness=self.liveness,
+                    max_workers=max_workers,
                 )
                 if self._shared is None:
                     self.service: TaskService = ParameterServerService(self.cluster, task_index, **options)
@@ -234,6 +246,7 @@ class Server:
                 security=self.security,
                 max_message_bytes=max_message_bytes,
                 liveness=self.liveness,
+                max_workers=slots,
             )
         self._stopped = threading.Event()
         self._started = False

@@ -36,7 +36,7 @@ from psframe.ps.incoming_model import PendingModel
 from psframe.ps.ledger import PushLedger
 from psframe.ps.peers import PsPeers
 from psframe.ps.push_pull_request import PushPullRequest
-from psframe.ps.roster import WorkerRoster
+from psframe.ps.roster import Change, WorkerRoster, check_max_workers
 from psframe.ps.round_replies import RoundReplies, outgoing
 from psframe.ps.staleness import StalenessGate
 from psframe.ps.store import VariableStore
@@ -74,6 +74,9 @@ class ParameterServerService(TaskService):
         liveness: the keepalive of its connections to the other ps tasks.
         ledger, last_seen: the record of each worker's pushes and when each was last heard
             from, where other processes share them (:mod:`psframe.ps.shared_service`); default: its own.
+        max_workers: the worker slots of an elastic cluster: workers beyond the cluster's
+            (of a grown ``--worker_hosts``, with the same ps tasks) join up to this many, and
+            sync rounds follow the live workers; None (or the cluster's workers): fixed.
     """
 
     def __init__(
@@ -89,8 +92,11 @@ class ParameterServerService(TaskService):
         liveness: Liveness | None = None,
         ledger: PushLedger | None = None,
         last_seen: numpy.ndarray | None = None,
+        max_workers: int | None = None,
     ) -> None:
         super().__init__(cluster, "ps", task_index)
+        self.max_workers = check_max_workers(max_workers, cluster.num_workers)
+        self.elastic = max_workers is not None  # given: workers may join and leave, even with no slot to spare
         self.worker_timeout = worker_timeout
         self.checkpoint_dir = checkpoint_dir
         self.restored_step = -1
@@ -99,10 +105,16 @@ class ParameterServerService(TaskService):
         self._init_lock = threading.Lock()
         self._pending: PendingModel | None = None  # the chief's initial values, while they arrive
         # Each worker's pushes applied once, whatever is sent again after a reconnect.
-        self.ledger = ledger if ledger is not None else PushLedger(cluster.num_workers)
+        self.ledger = ledger if ledger is not None else PushLedger(self.max_workers)
         self.roster = WorkerRoster(
-            cluster.num_workers, worker_timeout, last_seen=last_seen, chief_timeout=chief_timeout
+            cluster.num_workers,
+            worker_timeout,
+            last_seen=last_seen,
+            chief_timeout=chief_timeout,
+            capacity=self.max_workers,
         )
+        self._live: set[int] = set()  # elastic: the workers live when last looked (_follow_membership)
+        self._membership_lock = threading.Lock()
         # Asynchronous training: how far ahead each step finds its worker, and bounded staleness.
         self.staleness = StalenessGate(self.ledger, self.roster, self.task_name)
         self._next_chief_log = 0.0
@@ -120,6 +132,8 @@ class ParameterServerService(TaskService):
     # ---- helpers
 
     def _check_caller(self, caller: pb.Caller, job_name: str = "worker") -> None:
+        if job_name == "worker" and self._joins(caller):
+            return
         if caller.cluster_fingerprint != self.cluster.fingerprint:
             raise ClusterMismatchError(
                 f"{ClusterSpec.caller_name(caller.job_name, caller.task_index)} was started with a different "
@@ -134,12 +148,31 @@ class ParameterServerService(TaskService):
                 f"{self.cluster.num_tasks(job_name) - 1}, not {caller_name}"
             )
 
+    def _joins(self, caller: pb.Caller) -> bool:
+        """Whether an elastic task takes this worker: the same ps tasks, a slot it has."""
+        return (
+            self.elastic
+            and caller.job_name == "worker"
+            and caller.ps_fingerprint == self.cluster.ps_fingerprint
+            and 0 <= caller.task_index < self.max_workers
+        )
+
+    def _same_cluster(self, caller: pb.Caller) -> bool:
+        return super()._same_cluster(caller) or (self.elastic and caller.ps_fingerprint == self.cluster.ps_fingerprint)
+
+    def _accepts_worker(self, caller: pb.Caller) -> bool:
+        return caller.job_name == "worker" and (
+            caller.cluster_fingerprint == self.cluster.fingerprint or self._joins(caller)
+        )
+
     def check_training_over(self) -> bool:
         """True once every worker finished, or once some finished and the
         others are presumed dead (a worker killed for good must not keep the
         ps alive forever; the chief is waited for longer: see :mod:`psframe.ps.roster`)."""
         if self.all_finished.is_set():
             return True
+        if self.elastic:
+            self._follow_membership()
         dead = self.roster.presumed_dead()
         if dead is None:
             self._log_waiting_for_chief()
@@ -170,11 +203,52 @@ class ParameterServerService(TaskService):
             self.roster.chief_timeout,
         )
 
+    def _follow_membership(self) -> None:
+        """Elastic clusters: record the workers presumed dead and those back, and let the
+        sync rounds follow the live workers (called every tenth of a second by the server)."""
+        with self._membership_lock:
+            self._follow_membership_locked()
+
+    def _follow_membership_locked(self) -> None:
+        live = set(self.roster.live())
+        if self.aggregator is not None:
+            self.aggregator.follow(live)
+        if live == self._live:
+            return
+        step = self.store.global_step
+        finished = set(self.roster.finished)
+        for worker in sorted(self._live - live - finished):
+            self.roster.record(worker, Change.PRESUMED_DEAD, step)
+            log.warning(
+                "%s: worker %d silent for over %gs; presumed dead at step %d (taken back if it returns)",
+                self.task_name,
+                worker,
+                self.worker_timeout,
+                step,
+            )
+        for worker in sorted(live - self._live):
+            if self._was_presumed_dead(worker):
+                self.roster.record(worker, Change.RETURNED, step)
+                log.info("%s: worker %d is back at step %d", self.task_name, worker, step)
+        self._live = live
+
+    def _was_presumed_dead(self, worker: int) -> bool:
+        last = None
+        for change in self.roster.changes:
+            if change.worker == worker:
+                last = change.change
+        return last is Change.PRESUMED_DEAD
+
     def get_info(self, request: pb.InfoRequest) -> pb.TaskInfo:
         caller = request.caller
-        if caller.job_name == "worker" and caller.cluster_fingerprint == self.cluster.fingerprint:
-            with self.roster.call(caller.task_index):  # a worker waiting for us is alive
+        if self._accepts_worker(caller):
+            worker = caller.task_index
+            if request.joining and self.elastic and self.roster.join(worker, self.store.global_step):
+                log.info("%s: worker %d joined at step %d", self.task_name, worker, self.store.global_step)
+            with self.roster.call(worker, self.store.global_step):  # a worker waiting for us is alive
                 pass
+            if self.elastic:
+                self._follow_membership()
         return self.info()
 
     def info(self) -> pb.TaskInfo:
@@ -203,8 +277,18 @@ class ParameterServerService(TaskService):
                 info.steps_ahead_counts.extend(self.staleness.counts)
             info.restored_step = self.restored_step
             info.checkpoint_dir = self.checkpoint_dir or ""
+            if self.elastic:
+                info.max_workers = self.max_workers
             for name, counts in sorted(store.dynamic_counts().items()):
                 info.dynamic_tables.add(name=name, **counts)
+        now = time.monotonic()
+        for change in self.roster.changes:
+            info.membership.add(
+                worker=change.worker,
+                kind=pb.MembershipChange.Kind.Value(change.change.name),
+                global_step=change.global_step,
+                seconds_ago=now - change.when,
+            )
         for worker, seconds_ago, finished in self.roster.seen():
             info.workers.add(
                 task_index=worker,
@@ -235,7 +319,11 @@ class ParameterServerService(TaskService):
         )
         defs = list(header.variables)
         messages.check_definitions(
-            self.task_name, defs, header.sync if header.HasField("sync") else None, self.cluster.num_workers
+            self.task_name,
+            defs,
+            header.sync if header.HasField("sync") else None,
+            self.cluster.num_workers,
+            elastic=self.elastic,
         )
         dynamic = dynamic_parts(defs)
         static = [d for d in defs if d.name not in dynamic]  # the variables with initial values
@@ -452,7 +540,7 @@ class ParameterServerService(TaskService):
 
     def _check_not_lost(self, targets: list[int]) -> None:
         """Raise if a worker the cut waits for has been silent here too long to be on its way."""
-        for worker in range(self.ledger.num_workers):
+        for worker in range(min(self.ledger.num_workers, len(targets))):
             if self.ledger.applied_steps(worker) < targets[worker]:
                 silent = self.roster.silent_for(worker)
                 if silent > CUT_SILENCE_SECONDS:
@@ -706,13 +794,16 @@ class ParameterServerService(TaskService):
         decide = None if self.task_index == 0 else self._peers.step_members
         self.aggregator = SyncAggregator(
             self.store,
-            num_workers=sync.total_num_replicas,
+            num_workers=sync.total_num_replicas or self.cluster.num_workers,
             replicas_to_aggregate=sync.replicas_to_aggregate,
             timeout=sync.timeout_seconds,
             decide=decide,
+            required=messages.sync_from_def(sync).required if self.elastic else None,
         )
         for worker in self.roster.finished:
             self.aggregator.worker_finished(worker)
+        if self.elastic:  # (the store's lock is held: _follow_membership takes it after its own)
+            self.aggregator.follow(set(self.roster.live()))
         self._sync_def = sync
         log.info("%s: synchronous training, %s", self.task_name, messages.describe_sync(sync))
 
@@ -728,20 +819,22 @@ class ParameterServerService(TaskService):
     def finish(self, request: pb.FinishRequest) -> pb.FinishResponse:
         self._check_caller(request.caller)
         worker = request.caller.task_index
-        if self.roster.finish(worker):
+        if self.roster.finish(worker, self.store.global_step):
             log.info(
                 "%s: worker %d finished (%d of %d)",
                 self.task_name,
                 worker,
                 len(self.roster.finished),
-                self.cluster.num_workers,
+                len(self.roster.members()),
             )
         done = len(self.roster.finished)
         if self.aggregator is not None:
             self.aggregator.worker_finished(worker)
+        if self.elastic:
+            self._follow_membership()
         if self.roster.all_finished:
             self.all_finished.set()
-        return pb.FinishResponse(finished_workers=done, num_workers=self.cluster.num_workers)
+        return pb.FinishResponse(finished_workers=done, num_workers=len(self.roster.members()))
 
     def handlers(self) -> dict[str, Callable]:
         """The methods of the service this task answers, by name: all of them."""

@@ -91,6 +91,7 @@ class ServingProcesses:
         security: the task's auth token and TLS settings (passed in their environment).
         max_message_bytes: the largest request each one accepts.
         liveness: the task's keepalive settings (passed as flags).
+        max_workers: the task's worker slots (``Server(max_workers=...)``, or the cluster's workers).
     """
 
     def __init__(
@@ -106,8 +107,10 @@ class ServingProcesses:
         security: Security | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         liveness: Liveness | None = None,
+        max_workers: int | None = None,
     ) -> None:
         liveness = liveness or Liveness.resolve()
+        max_workers = max_workers or cluster.num_workers
         self.task_name = ClusterSpec.task_name("ps", task_index)
         self._security = security or Security()
         self._argv = [
@@ -126,6 +129,7 @@ class ServingProcesses:
                 f"--max_message_bytes={max_message_bytes}",
                 f"--keepalive_time={liveness.keepalive_time}",
                 f"--keepalive_timeout={liveness.keepalive_timeout}",
+                f"--max_workers={max_workers}",
             ]
             for i in range(1, count + 1)
         ]
@@ -252,8 +256,10 @@ class SharedPushPull:
         owner: str,
         security: Security,
         liveness: Liveness | None = None,
+        max_workers: int | None = None,
     ) -> None:
         self._cluster, self._task_index, self._shared = cluster, task_index, shared
+        self._max_workers = max_workers
         self._owner = Connection(owner, f"{ClusterSpec.task_name('ps', task_index)} (owner)", security, liveness)
         self._watchdog = Watchdog()
         self._service: ParameterServerService | None = None
@@ -274,7 +280,9 @@ class SharedPushPull:
                         memory=HugePageMemory(),
                     )
                     store.adopt(variables, states, optimizer, tables, table_optimizer, versions)
-                    self._service = shared_service(self._shared, self._cluster, self._task_index, store)
+                    self._service = shared_service(
+                        self._shared, self._cluster, self._task_index, store, max_workers=self._max_workers
+                    )
                     self._version = self._shared.version
         return self._service
 
@@ -314,10 +322,12 @@ def serve(
     security: Security | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     liveness: Liveness | None = None,
+    max_workers: int | None = None,
 ) -> int:
     """Listen on ``bind`` beside the owner, answer pushes over the shared model and forward
     the rest to the owner, until told to stop. ``security``: the task's (default: none);
-    ``max_message_bytes``: the largest request accepted; ``liveness``: the task's keepalive.
+    ``max_message_bytes``: the largest request accepted; ``liveness``: the task's keepalive;
+    ``max_workers``: the task's worker slots (default: the cluster's workers).
 
     Returns:
         The exit code: 0 when stopped (SIGTERM) or once the owner is gone.
@@ -325,9 +335,10 @@ def serve(
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     task_name = ClusterSpec.task_name("ps", task_index)
-    shared = SharedStore.attach(shared_folder, cluster.num_workers)
+    max_workers = max_workers or cluster.num_workers
+    shared = SharedStore.attach(shared_folder, cluster.num_workers, max_workers)
     security = security or Security()
-    push_pull = SharedPushPull(cluster, task_index, shared, owner, security, liveness)
+    push_pull = SharedPushPull(cluster, task_index, shared, owner, security, liveness, max_workers)
     server = RpcServer(
         {"PushPull": push_pull.push_pull},
         name=f"{task_name}-serving{index}",
@@ -363,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max_message_bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
     parser.add_argument("--keepalive_time", type=float, default=None)
     parser.add_argument("--keepalive_timeout", type=float, default=None)
+    parser.add_argument("--max_workers", type=int, default=None)
     args = parser.parse_args(argv)
     allocator.tune_malloc()  # before any gRPC thread: a serving process moves the task's messages
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -380,6 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             Security.resolve(),
             args.max_message_bytes,
             Liveness.resolve(args.keepalive_time, args.keepalive_timeout),
+            args.max_workers,
         )
     except PsframeError as e:
         print(f"error: {e}", flush=True)

@@ -45,7 +45,8 @@ def shared_service(
         cluster, task_index: the task.
         store: the store over the shared model (a serving process maps what the owner
             published); default: an empty one allocating in ``shared`` (the owner's).
-        options: the service's other keyword arguments (timeouts, checkpoint folder, security...).
+        options: the service's other keyword arguments (timeouts, checkpoint folder, security,
+            ``max_workers``...).
     """
     task_name = ClusterSpec.task_name("ps", task_index)
     if store is None:
@@ -56,7 +57,7 @@ def shared_service(
         cluster,
         task_index,
         store,
-        ledger=PushLedger(cluster.num_workers, shared.push_counts),
+        ledger=PushLedger(shared.slots, shared.push_counts),
         last_seen=shared.last_seen,
         **options,
     )

@@ -136,31 +136,33 @@ class SharedStore:
 
     Args:
         folder: the folder.
-        num_workers: the workers of the cluster (one ``last_seen`` each).
+        num_workers: the workers of the cluster (members from the start).
+        slots: the task's worker slots (``max_workers``; one ``last_seen`` and ledger column each).
         owner: True in the process that made the folder (it allocates, publishes and removes it).
     """
 
-    def __init__(self, folder: str, num_workers: int, *, owner: bool) -> None:
+    def __init__(self, folder: str, num_workers: int, slots: int, *, owner: bool) -> None:
         self.folder = folder
         self.owner = owner
+        self.slots = slots
         self._header = self._map("header", torch.int64, _HEADER_SLOTS).numpy()
         self.counters = self._header[1:5]  # global step, pushes, refused pushes, row versions: see VariableStore
-        self.last_seen = self._map("last_seen", torch.float64, num_workers).numpy()
+        self.last_seen = self._map("last_seen", torch.float64, slots).numpy()
         # Each worker's last push applied and steps applied (psframe.ps.ledger): a worker's
         # stream sent again after a reconnect may reach another process of the task.
         # And the checkpoint cut's hold on them (psframe.ps.ledger): any process may apply a push.
         rows = LEDGER_ROWS
-        self.push_counts = self._map("push_ledger", torch.int64, rows * num_workers).numpy().reshape(rows, num_workers)
+        self.push_counts = self._map("push_ledger", torch.int64, rows * slots).numpy().reshape(rows, slots)
         if owner:
             self.push_counts[3] = NOT_HELD
-        if owner:
-            self.last_seen[:] = time.monotonic()
+        if owner:  # the cluster's workers are members from the start; other slots once they join
+            self.last_seen[:num_workers] = time.monotonic()
         self.lock = SharedLock(os.path.join(folder, "lock"))
         self._files: dict[int, str] = {}  # data_ptr -> file, of what the owner allocated
         self._next = 0
 
     @classmethod
-    def create(cls, num_workers: int) -> SharedStore:
+    def create(cls, num_workers: int, slots: int | None = None) -> SharedStore:
         """A new folder, in ``/dev/shm`` where there is one, for the owner.
 
         Folders left by owners that died without stopping (SIGKILL) are removed
@@ -168,11 +170,12 @@ class SharedStore:
         """
         base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
         _remove_orphans(base)
-        return cls(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base), num_workers, owner=True)
+        folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)
+        return cls(folder, num_workers, slots or num_workers, owner=True)
 
     @classmethod
-    def attach(cls, folder: str, num_workers: int) -> SharedStore:
-        return cls(folder, num_workers, owner=False)
+    def attach(cls, folder: str, num_workers: int, slots: int | None = None) -> SharedStore:
+        return cls(folder, num_workers, slots or num_workers, owner=False)
 
     def _map(self, name: str, dtype: torch.dtype, numel: int) -> torch.Tensor:
         return torch.from_file(os.path.join(self.folder, name), shared=True, size=numel, dtype=dtype)

@@ -10,7 +10,8 @@ For the ps's current step ``s`` a *round* gathers gradients:
   it has sent a gradient for every variable this ps holds;
 - the round's *members* are the first ``R`` workers to complete their
   contribution on ps 0, where ``R`` is ``replicas_to_aggregate`` (or the number
-  of workers still training, if fewer remain). ps 0 decides; every other ps
+  of workers still training, if fewer remain; in an elastic cluster, what the
+  ``required`` rule makes of the live workers: see :meth:`SyncAggregator.follow`). ps 0 decides; every other ps
   asks ps 0 (the ``decide`` callback) so that all shards average the same
   workers. A worker that is not a member is late: its gradients are dropped;
 - once every member's contribution is in, the gradients are summed in
@@ -95,6 +96,10 @@ class SyncAggregator:
         timeout: seconds any wait may last.
         decide: on ps tasks other than 0, asks ps 0 for the members of a step
             (``decide(step, timeout) -> workers``); None on ps 0, which decides.
+        required: an elastic cluster's rule: the gradients a round averages, given
+            how many workers are live (:meth:`psframe.SyncReplicas.required`); then
+            ``replicas_to_aggregate`` is not checked against ``num_workers``, the
+            workers live at the start.
     """
 
     def __init__(
@@ -105,8 +110,9 @@ class SyncAggregator:
         replicas_to_aggregate: int,
         timeout: float,
         decide: Decide | None = None,
+        required: Callable[[int], int] | None = None,
     ) -> None:
-        if not 1 <= replicas_to_aggregate <= num_workers:
+        if required is None and not 1 <= replicas_to_aggregate <= num_workers:
             raise ValueError(
                 f"replicas_to_aggregate ({replicas_to_aggregate}) must be in 1..{num_workers} (total_num_replicas)"
             )
@@ -120,6 +126,8 @@ class SyncAggregator:
         self._round = _Round(store.global_step)
         self._decisions: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self._live = set(range(num_workers))
+        self._joining: set[int] = set()  # elastic: live from the next round on
+        self._required_of = required or (lambda live: min(self.replicas_to_aggregate, live))
         self.dropped_gradients = 0
         # A checkpoint's hold: rounds of step _held_from and later wait, until _held_until (monotonic).
         self._held_from: int | None = None
@@ -208,6 +216,7 @@ class SyncAggregator:
     def worker_finished(self, worker: int) -> None:
         """A worker left: later steps need at most as many gradients as remain."""
         with self._cond:
+            self._joining.discard(worker)
             if worker not in self._live:
                 return
             self._live.discard(worker)
@@ -224,6 +233,31 @@ class SyncAggregator:
             self._try_decide(self._round)
             self._try_apply(self._round)
             self._cond.notify_all()
+
+    def follow(self, live: set[int]) -> None:
+        """An elastic cluster's live workers changed (joined, left, presumed dead, back).
+
+        A worker gone leaves at once, so that the round no longer waits for it; one
+        new takes part from the next round on (a step boundary, so that every
+        round's count comes from the workers live at its start). ps 0 decides
+        the members of each round, and every other ps task uses its decision.
+        """
+        with self._cond:
+            gone = self._live - live
+            self._live -= gone
+            self._joining = live - self._live
+            if gone:
+                log.info(
+                    "%s: workers %s left the sync rounds at step %d; each round now averages %d of %d",
+                    self.task_name,
+                    sorted(gone),
+                    self._round.step,
+                    self._required(),
+                    len(self._live),
+                )
+                self._try_decide(self._round)
+                self._try_apply(self._round)
+                self._cond.notify_all()
 
     def was_member(self, worker: int, step: int) -> bool:
         """Whether ``worker``'s gradients were applied in the round of ``step`` (a past step
@@ -321,14 +355,16 @@ class SyncAggregator:
     # ---- the round, under the lock
 
     def _required(self) -> int:
-        return min(self.replicas_to_aggregate, len(self._live))
+        return self._required_of(len(self._live))
 
     def _try_decide(self, round_: _Round) -> None:
         if self._decide is not None or round_.members is not None:
             return
         required = self._required()
-        if required and len(round_.completed) >= required:
-            round_.members = tuple(sorted(round_.completed[:required]))
+        # Only a worker live at the round's start is a member: one that joins mid-round counts from the next.
+        eligible = [w for w in round_.completed if w in self._live]
+        if required and len(eligible) >= required:
+            round_.members = tuple(sorted(eligible[:required]))
             self._cond.notify_all()
 
     def _ask_members(self, round_: _Round, deadline: float) -> None:
@@ -386,6 +422,17 @@ class SyncAggregator:
         while len(self._decisions) > DECISIONS_KEPT:
             self._decisions.popitem(last=False)
         self._round = _Round(new_step)
+        if self._joining:
+            self._live |= self._joining
+            log.info(
+                "%s: workers %s take part in the sync rounds from step %d; each round averages %d of %d",
+                self.task_name,
+                sorted(self._joining),
+                new_step,
+                self._required(),
+                len(self._live),
+            )
+            self._joining = set()
         self._cond.notify_all()
 
     def _wait_until_applied(self, round_: _Round, started: float, deadline: float) -> None:

@@ -49,8 +49,12 @@ class TaskService:
         """Whether the task's work is done (a ps: every worker finished)."""
         return self.all_finished.is_set()
 
+    def _same_cluster(self, caller: pb.Caller) -> bool:
+        """Whether the caller was given this task's cluster."""
+        return caller.cluster_fingerprint == self.cluster.fingerprint
+
     def _check_tool_or_worker(self, caller: pb.Caller) -> None:
-        if caller.cluster_fingerprint != self.cluster.fingerprint or caller.job_name not in ("tool", "worker"):
+        if not self._same_cluster(caller) or caller.job_name not in ("tool", "worker"):
             raise ClusterMismatchError(
                 f"{self.task_name} takes this call only from a worker or tool of cluster "
                 f"{self.cluster.to_string()!r} (fingerprint {self.cluster.fingerprint}); the caller has "

@@ -20,7 +20,7 @@ from psframe.cluster.placement import Shard
 from psframe.cluster.table_placement import Admission, DynamicTableSpec, Eviction, RowInitializer
 from psframe.errors import ClusterMismatchError, WireFormatError
 from psframe.optim import KwargValue, OptimizerSpec, SyncReplicas
-from psframe.status import DynamicTableStatus, TaskState, TaskStatus, VariableStatus, WorkerStatus
+from psframe.status import DynamicTableStatus, MembershipEvent, TaskState, TaskStatus, VariableStatus, WorkerStatus
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.codec import check_shape, dtype_from_name, dtype_name
 
@@ -69,15 +69,33 @@ def sync_def(sync: SyncReplicas | None) -> pb.SyncDef | None:
     if sync is None:
         return None
     return pb.SyncDef(
-        replicas_to_aggregate=sync.replicas_to_aggregate,
-        total_num_replicas=sync.total_num_replicas,
+        replicas_to_aggregate=sync.replicas_to_aggregate or 0,
+        total_num_replicas=sync.total_num_replicas or 0,
         timeout_seconds=sync.timeout,
+        fraction_to_aggregate=sync.fraction_to_aggregate or 0.0,
+    )
+
+
+def sync_from_def(sync: pb.SyncDef) -> SyncReplicas:
+    """The settings a ``SyncDef`` carries (an elastic cluster's: a fraction or a cap, no total)."""
+    return SyncReplicas(
+        sync.replicas_to_aggregate or None,
+        sync.total_num_replicas or None,
+        sync.timeout_seconds,
+        sync.fraction_to_aggregate or None,
     )
 
 
 def describe_sync(sync: pb.SyncDef | None) -> str:
     if sync is None:
         return "asynchronous updates"
+    if not sync.total_num_replicas:
+        count = (
+            f"fraction_to_aggregate={sync.fraction_to_aggregate:g}"
+            if sync.fraction_to_aggregate
+            else f"replicas_to_aggregate={sync.replicas_to_aggregate}"
+        )
+        return f"SyncReplicas({count} of the live workers, timeout={sync.timeout_seconds:g}s)"
     return (
         f"SyncReplicas(replicas_to_aggregate={sync.replicas_to_aggregate}, "
         f"total_num_replicas={sync.total_num_replicas}, timeout={sync.timeout_seconds:g}s)"
@@ -211,11 +229,7 @@ def task_status(info: pb.TaskInfo) -> TaskStatus:
         bytes_held=info.bytes_held,
         optimizer=optimizer_from_proto(info.optimizer) if info.HasField("optimizer") else None,
         table_optimizer=optimizer_from_proto(info.table_optimizer) if info.HasField("table_optimizer") else None,
-        sync=(
-            SyncReplicas(info.sync.replicas_to_aggregate, info.sync.total_num_replicas, info.sync.timeout_seconds)
-            if info.HasField("sync")
-            else None
-        ),
+        sync=sync_from_def(info.sync) if info.HasField("sync") else None,
         pushes=info.pushes,
         rejected_pushes=info.rejected_pushes,
         dropped_gradients=info.dropped_gradients,
@@ -236,6 +250,11 @@ def task_status(info: pb.TaskInfo) -> TaskStatus:
             DynamicTableStatus(t.name, t.rows, t.admitted, t.filtered, t.evicted) for t in info.dynamic_tables
         ),
         steps_ahead_counts=tuple(info.steps_ahead_counts),
+        max_workers=info.max_workers or None,
+        membership=tuple(
+            MembershipEvent(c.worker, pb.MembershipChange.Kind.Name(c.kind).lower(), c.global_step, c.seconds_ago)
+            for c in info.membership
+        ),
     )
 
 
@@ -248,14 +267,29 @@ SAME_CLUSTER = (
 def check_identity(info: TaskStatus, cluster: ClusterSpec, job_name: str, task_index: int, address: str) -> None:
     """Check that the task answering at ``address`` is the one ``cluster`` puts there.
 
+    An elastic ps task (``max_workers``) is of the same cluster as one with the
+    same ps tasks and more workers, up to its ``max_workers``.
+
     Raises:
         ClusterMismatchError: it is another task, or of another cluster.
     """
-    if (info.job_name, info.task_index) != (job_name, task_index) or info.cluster_spec != cluster.to_string():
+    same = info.cluster_spec == cluster.to_string() or (
+        info.max_workers is not None
+        and cluster.num_workers <= info.max_workers
+        and ClusterSpec.from_string(info.cluster_spec).ps_fingerprint == cluster.ps_fingerprint
+    )
+    if (info.job_name, info.task_index) != (job_name, task_index) or not same:
+        hint = ""
+        if info.cluster_spec and ClusterSpec.from_string(info.cluster_spec).ps_fingerprint == cluster.ps_fingerprint:
+            slots = f"only {info.max_workers} worker slots" if info.max_workers else "no slots for joining workers"
+            hint = (
+                f" (the same ps tasks, but {ClusterSpec.task_name(info.job_name, info.task_index)} has {slots}: "
+                f"for workers to join a running job, start the ps tasks with max_workers / --max_workers)"
+            )
         raise ClusterMismatchError(
             f"{address} should be {ClusterSpec.task_name(job_name, task_index)} of cluster "
             f"{cluster.to_string()!r}, but it is {ClusterSpec.task_name(info.job_name, info.task_index)} "
-            f"of cluster {info.cluster_spec!r}; {SAME_CLUSTER}"
+            f"of cluster {info.cluster_spec!r}; {SAME_CLUSTER}{hint}"
         )
 
 
@@ -274,8 +308,12 @@ def check_initial_value(owner: str, definition: pb.VariableDef | None, name: str
         )
 
 
-def check_definitions(owner: str, defs: Sequence[pb.VariableDef], sync: pb.SyncDef | None, num_workers: int) -> None:
+def check_definitions(
+    owner: str, defs: Sequence[pb.VariableDef], sync: pb.SyncDef | None, num_workers: int, *, elastic: bool = False
+) -> None:
     """Check the variables and sync settings a chief's request declares, before anything is made of them.
+
+    ``elastic``: the ps task takes workers joining and leaving, whose sync settings count the live workers.
 
     Raises:
         WireFormatError: a dtype that cannot travel, an absurd shape (see
@@ -289,7 +327,17 @@ def check_definitions(owner: str, defs: Sequence[pb.VariableDef], sync: pb.SyncD
     if sync is None:
         return
     r, n, timeout = sync.replicas_to_aggregate, sync.total_num_replicas, sync.timeout_seconds
-    if not (1 <= r <= n == num_workers and 0 < timeout < math.inf):
+    fraction = sync.fraction_to_aggregate
+    if elastic:
+        if n == 0 and 0 < timeout < math.inf and ((0 < fraction <= 1 and r == 0) or (fraction == 0 and r >= 1)):
+            return
+        raise WireFormatError(
+            f"sync settings sent to {owner} are replicas_to_aggregate={r}, total_num_replicas={n}, "
+            f"fraction_to_aggregate={fraction}, timeout={timeout}s; {owner} takes workers joining and "
+            f"leaving (max_workers), so expected total_num_replicas 0 (the live workers), "
+            f"fraction_to_aggregate in (0, 1] or replicas_to_aggregate >= 1 (one of them), and a finite timeout > 0"
+        )
+    if not (1 <= r <= n == num_workers and fraction == 0 and 0 < timeout < math.inf):
         raise WireFormatError(
             f"sync settings sent to {owner} are replicas_to_aggregate={r}, total_num_replicas={n}, "
             f"timeout={timeout}s; expected 1 <= replicas_to_aggregate <= total_num_replicas = {num_workers} "

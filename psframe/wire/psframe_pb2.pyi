@@ -135,33 +135,39 @@ class OptimizerDef(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kwargs: _Optional[_Mapping[str, Value]] = ...) -> None: ...
 
 class SyncDef(_message.Message):
-    __slots__ = ("replicas_to_aggregate", "total_num_replicas", "timeout_seconds")
+    __slots__ = ("replicas_to_aggregate", "total_num_replicas", "timeout_seconds", "fraction_to_aggregate")
     REPLICAS_TO_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_TO_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
     replicas_to_aggregate: int
     total_num_replicas: int
     timeout_seconds: float
-    def __init__(self, replicas_to_aggregate: _Optional[int] = ..., total_num_replicas: _Optional[int] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    fraction_to_aggregate: float
+    def __init__(self, replicas_to_aggregate: _Optional[int] = ..., total_num_replicas: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., fraction_to_aggregate: _Optional[float] = ...) -> None: ...
 
 class Caller(_message.Message):
-    __slots__ = ("job_name", "task_index", "cluster_fingerprint")
+    __slots__ = ("job_name", "task_index", "cluster_fingerprint", "ps_fingerprint")
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PS_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     task_index: int
     cluster_fingerprint: str
-    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., cluster_fingerprint: _Optional[str] = ...) -> None: ...
+    ps_fingerprint: str
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., cluster_fingerprint: _Optional[str] = ..., ps_fingerprint: _Optional[str] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
-    __slots__ = ("caller",)
+    __slots__ = ("caller", "joining")
     CALLER_FIELD_NUMBER: _ClassVar[int]
+    JOINING_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
+    joining: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., joining: _Optional[bool] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts")
+    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts", "max_workers", "membership")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STARTING: _ClassVar[TaskInfo.State]
@@ -195,6 +201,8 @@ class TaskInfo(_message.Message):
     TABLE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     DYNAMIC_TABLES_FIELD_NUMBER: _ClassVar[int]
     STEPS_AHEAD_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERSHIP_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     task_index: int
     address: str
@@ -218,7 +226,31 @@ class TaskInfo(_message.Message):
     table_optimizer: OptimizerDef
     dynamic_tables: _containers.RepeatedCompositeFieldContainer[DynamicTableCounts]
     steps_ahead_counts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ..., steps_ahead_counts: _Optional[_Iterable[int]] = ...) -> None: ...
+    max_workers: int
+    membership: _containers.RepeatedCompositeFieldContainer[MembershipChange]
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ..., steps_ahead_counts: _Optional[_Iterable[int]] = ..., max_workers: _Optional[int] = ..., membership: _Optional[_Iterable[_Union[MembershipChange, _Mapping]]] = ...) -> None: ...
+
+class MembershipChange(_message.Message):
+    __slots__ = ("worker", "kind", "global_step", "seconds_ago")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        JOINED: _ClassVar[MembershipChange.Kind]
+        LEFT: _ClassVar[MembershipChange.Kind]
+        PRESUMED_DEAD: _ClassVar[MembershipChange.Kind]
+        RETURNED: _ClassVar[MembershipChange.Kind]
+    JOINED: MembershipChange.Kind
+    LEFT: MembershipChange.Kind
+    PRESUMED_DEAD: MembershipChange.Kind
+    RETURNED: MembershipChange.Kind
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_AGO_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    kind: MembershipChange.Kind
+    global_step: int
+    seconds_ago: float
+    def __init__(self, worker: _Optional[int] = ..., kind: _Optional[_Union[MembershipChange.Kind, str]] = ..., global_step: _Optional[int] = ..., seconds_ago: _Optional[float] = ...) -> None: ...
 
 class DynamicTableCounts(_message.Message):
     __slots__ = ("name", "rows", "admitted", "filtered", "evicted")

@@ -101,8 +101,10 @@ def resolve_table_optimizer(
 
 def resolve_optimizer(
     optimizer: OptimizerSpec | SyncReplicasOptimizer | None, sync: SyncReplicas | None, num_workers: int
-) -> tuple[OptimizerSpec, SyncReplicas | None]:
-    """The server-side optimizer and the resolved sync settings, from either way of giving them."""
+) -> tuple[OptimizerSpec, SyncReplicas | None, SyncReplicas | None]:
+    """The server-side optimizer, the sync settings as given and as resolved for a cluster of
+    ``num_workers`` (checked now; resolved again at connect if the ps tasks are elastic), from
+    either way of giving them."""
     if isinstance(optimizer, SyncReplicasOptimizer):
         if sync is not None:
             raise ValueError("give either a SyncReplicasOptimizer or sync=SyncReplicas(...), not both")
@@ -114,4 +116,4 @@ def resolve_optimizer(
             f"optimizer must be a psframe.optim spec such as psframe.optim.SGD(lr=0.1), "
             f"got {type(optimizer).__name__}; the ps tasks run the torch.optim optimizer"
         )
-    return optimizer, sync.resolve(num_workers) if sync is not None else None
+    return optimizer, sync, sync.resolve(num_workers) if sync is not None else None

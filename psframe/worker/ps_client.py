@@ -95,7 +95,12 @@ class PsClient:
         self.name = ClusterSpec.caller_name(job_name, task_index)
         self.rpc_timeout = rpc_timeout
         self.wire_dtype = wire_dtype
-        self.caller = pb.Caller(job_name=job_name, task_index=task_index, cluster_fingerprint=cluster.fingerprint)
+        self.caller = pb.Caller(
+            job_name=job_name,
+            task_index=task_index,
+            cluster_fingerprint=cluster.fingerprint,
+            ps_fingerprint=cluster.ps_fingerprint,
+        )
         self._ps = [
             transport.Connection(address, f"{ClusterSpec.task_name('ps', k)} at {address}", security, liveness)
             for k, address in enumerate(cluster.job_tasks("ps"))
@@ -132,7 +137,8 @@ class PsClient:
         next_log = start  # say at once whom we wait for, then every few seconds
         infos: dict[int, TaskStatus] = {}
         pending = list(range(self.num_ps))
-        request = pb.InfoRequest(caller=self.caller)
+        # A worker asks to take part (an elastic ps task counts it, even after it had left).
+        request = pb.InfoRequest(caller=self.caller, joining=self.caller.job_name == "worker")
         while True:
             for k in list(pending):
                 try:

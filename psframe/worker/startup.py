@@ -29,22 +29,31 @@ def join(
     timeout: float,
     table_optimizer: OptimizerSpec | None = None,
     global_step: int = 0,
-) -> None:
+) -> SyncReplicas | None:
     """Wait for the ps tasks; the chief creates (or restores) the variables; all check the model.
 
+    ``sync``: the settings as given, resolved here: for the cluster's workers, or for
+    the live workers where the ps tasks take workers joining and leaving (``max_workers``).
     ``global_step``: the worker's (0 when it starts). After a ps task was lost,
     the chief gives one that comes back with neither variables nor a checkpoint
     the values of its replica, and this step to go on from.
 
+    Returns:
+        The sync settings resolved (None: asynchronous training).
+
     Raises:
         ConnectTimeoutError: a ps task (or the model) did not come up within ``timeout``.
         ClusterMismatchError: a ps task holds another model, cluster or sync setting.
+        ValueError: the sync settings do not fit the cluster.
     """
-    client.wait_for_ps(timeout)
+    infos = client.wait_for_ps(timeout)
+    if sync is not None:
+        sync = sync.resolve(client.cluster.num_workers, elastic=infos[0].max_workers is not None)
     if is_chief:
         create_variables(client, replica, optimizer, sync, checkpoint_dir, table_optimizer, global_step)
     infos = client.wait_for_ps(timeout, ready=True)
     client.check_model(infos, replica.slots, sync)
+    return sync
 
 
 def create_variables(

@@ -192,7 +192,8 @@ class Trainer:
             )
         self._task_index = task_index
         self._is_chief = task_index == 0
-        self._optimizer, self._sync = resolve_optimizer(optimizer, sync, self._cluster.num_workers)
+        # As given, and resolved: again at connect, for the live workers where the ps tasks are elastic.
+        self._optimizer, self._sync_given, self._sync = resolve_optimizer(optimizer, sync, self._cluster.num_workers)
         rpc_timeout = transport.rpc_timeout
         if self._sync is not None:
             # A call may wait at the barrier for as long as the sync timeout.
@@ -336,7 +337,8 @@ class Trainer:
 
     @property
     def sync(self) -> SyncReplicas | None:
-        """The synchronous settings, resolved for the cluster; None: asynchronous."""
+        """The synchronous settings, resolved for the cluster (for the live workers, round by round,
+        where the ps tasks take workers joining and leaving: known once connected); None: asynchronous."""
         return self._sync
 
     @property
@@ -469,12 +471,12 @@ class Trainer:
         )
 
     def _join(self) -> None:
-        startup.join(
+        self._sync = startup.join(
             self._ps,
             self._replica,
             is_chief=self._is_chief,
             optimizer=self._optimizer,
-            sync=self._sync,
+            sync=self._sync_given,
             checkpoint_dir=self.checkpoint_dir,
             timeout=self.connect_timeout,
             table_optimizer=self._table_optimizer,
