@@ -69,6 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--gpu_memory_fraction", type=float, default=None, help="cap on this worker's share of GPU memory (CUDA only)"
     )
+    parser.add_argument(
+        "--max_local_steps",
+        type=int,
+        default=None,
+        help="this worker leaves after this many of its own steps (in an elastic cluster, where the ps tasks "
+        "have --max_workers, the others train on); default: it trains until --train_steps",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial model and data order")
     parser.add_argument("--log_every", type=int, default=1000, help="log progress every N local steps")
     parser.add_argument(
@@ -187,7 +194,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         if args.progress and trainer.is_chief:
             progress = tqdm(total=args.train_steps, initial=first_step, unit="step", desc="global step")
         for indices in batches(len(train_x), args.batch_size, args.seed + 1 + task_index):
-            if trainer.should_stop():
+            if trainer.should_stop() or trainer.local_step == args.max_local_steps:
                 break
             indices = indices.to(device)
             loss = F.cross_entropy(model(train_x[indices]), train_y[indices])

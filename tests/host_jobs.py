@@ -66,18 +66,20 @@ class HostJob:
         self.procs: dict[str, subprocess.Popen] = {}
         self.returncodes: dict[str, int] = {}
 
-    def cluster_flags(self) -> list[str]:
+    def cluster_flags(self, workers: int | None = None) -> list[str]:
+        """The cluster's flags; ``workers``: only the first so many workers (an elastic job's start)."""
         ps = ",".join(self.addresses[f"ps{i}"] for i in range(self.num_ps))
-        workers = ",".join(self.addresses[f"worker{i}"] for i in range(self.num_workers))
+        workers = ",".join(self.addresses[f"worker{i}"] for i in range(workers or self.num_workers))
         return [f"--ps_hosts={ps}", f"--worker_hosts={workers}"]
 
-    def start(self, task: str, *extra: str) -> subprocess.Popen:
-        """Start ``task`` on its host (again, after it ended: its log goes on)."""
+    def start(self, task: str, *extra: str, workers: int | None = None) -> subprocess.Popen:
+        """Start ``task`` on its host (again, after it ended: its log goes on), in a cluster
+        of its first ``workers`` workers (default: all of them)."""
         job, index = re.fullmatch(r"(ps|worker)(\d+)", task).groups()
         argv = [
             sys.executable,
             str(self.script),
-            *self.cluster_flags(),
+            *self.cluster_flags(workers),
             f"--job_name={job}",
             f"--task_index={index}",
             *self.flags,

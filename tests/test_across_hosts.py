@@ -235,3 +235,75 @@ def test_every_task_on_its_own_host_with_tls_and_a_token(host_set, tmp_path, mni
     job.wait(timeout=240)
     assert "(auth token, mutual TLS)" in job.output("ps0"), job.output("ps0")[-2000:]
     _check_result(job)
+
+
+def _elastic_job(host_set, tmp_path, mnist_dir, flags: tuple[str, ...]) -> HostJob:
+    """ps0 with --max_workers=3; workers 0 and 1 start in a cluster of two, worker 2 joins later."""
+    return _job(
+        host_set,
+        tmp_path,
+        mnist_dir,
+        num_workers=3,
+        flags=("--max_workers=3", "--worker_timeout=5", "--log_every=100", "--train_steps=1500", *flags),
+    )
+
+
+def _log_time(job: HostJob, task: str, pattern: str) -> float:
+    """When ``task`` logged its first line matching ``pattern`` (``time.time()``)."""
+    for line in job.output(task).splitlines():
+        if re.search(pattern, line) and line_time(line) is not None:
+            return line_time(line)
+    pytest.fail(f"{task} never logged {pattern!r}:\n{job.report()}")
+
+
+def test_elastic_async_a_worker_joins_from_its_host_and_one_drains(host_set, tmp_path, mnist_dir):
+    """Worker 1 leaves after 300 of its steps (drained: its last push applied); worker 2, on a
+    host of its own, joins the running job with a grown --worker_hosts; the job ends when every
+    member finished, every process exits 0. The ps task serves from two processes."""
+    job = _elastic_job(host_set, tmp_path, mnist_dir, ())
+    job.start("ps0", "--serving_processes=2", workers=2)  # the workers' slots in shared memory too
+    job.start("worker0", workers=2)
+    job.start("worker1", "--max_local_steps=300", workers=2)
+    job.wait_for("worker0", r"local step 100,", timeout=120)
+    started = time.time()
+    job.start("worker2")
+    job.wait(timeout=300)
+    joined = _log_time(job, "ps0", r"worker 2 joined at step")
+    first_step = _log_time(job, "worker2", r"worker 2 connected to 1 ps tasks")
+    _record(
+        "elastic async, worker 2 joins",
+        process_start_to_joined=joined - started,
+        joined_to_training=first_step - joined,
+    )
+    ps_log = job.output("ps0")
+    assert "worker 1 finished" in ps_log and "worker 2 finished" in ps_log, job.report()
+    assert re.search(r"worker 2 done after \d+ local steps", job.output("worker2")), job.report()
+    assert job.result("worker0")["test_accuracy"] >= 0.9
+
+
+def test_elastic_sync_a_worker_joins_and_a_killed_one_is_left_behind(host_set, tmp_path, mnist_dir):
+    """Sync rounds of all live workers: worker 2 joins at a round boundary; worker 1 is SIGKILLed,
+    and the rounds go on without it once it has been silent for --worker_timeout (5 s)."""
+    job = _elastic_job(host_set, tmp_path, mnist_dir, ("--sync_replicas", "--sync_timeout=60"))
+    job.start("ps0", workers=2)
+    job.start("worker0", workers=2)
+    job.start("worker1", workers=2)
+    job.wait_for("worker0", r"local step 100,", timeout=120)
+    job.start("worker2")
+    job.wait_for("worker2", r"local step 100,", timeout=120)
+    killed = time.time()
+    job.procs["worker1"].send_signal(signal.SIGKILL)
+    job.wait(timeout=300, expect={"worker1": -signal.SIGKILL})
+    ps_log = job.output("ps0")
+    assert re.search(r"workers \[2\] take part in the sync rounds from step \d+", ps_log), job.report()
+    left = _log_time(job, "ps0", r"workers \[1\] left the sync rounds")
+    _record("elastic sync, worker 1 killed", rounds_go_on_after=left - killed)
+    assert "presumed dead" in ps_log, job.report()
+    result = _check_sync_result(job)
+    assert result["test_accuracy"] >= 0.9
+
+
+def _check_sync_result(job: HostJob) -> dict:
+    result = job.result("worker0")
+    assert result["sync_replicas"] is True and result["global_step"] >= 1500, result
+    return result

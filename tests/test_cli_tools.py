@@ -177,6 +177,27 @@ def test_status_with_two_workers_names_chief_and_worker(local_cluster, capsys):
     ) == ("worker", "not seen", "never")
 
 
+def test_status_lists_workers_that_joined_an_elastic_cluster_and_its_membership_changes(servers, capsys):
+    cluster = free_cluster(1, 1)
+    servers(cluster, 0, serving_processes=1, max_workers=2)
+    grown = psframe.ClusterSpec({"ps": cluster.job_tasks("ps"), "worker": [*cluster.job_tasks("worker"), "h9:1"]})
+    model = make_model()
+    with psframe.Trainer(model, cluster, transport=TRANSPORT) as chief:
+        chief.step(loss_of(model, 0))
+        with psframe.Trainer(make_model(), grown, task_index=1, transport=TRANSPORT) as joiner:
+            joiner.step(loss_of(joiner.model, 1))
+        code, out = run_cli(capsys, "status", f"--cluster_spec={cluster.to_string()}")  # the cluster it started as
+    assert code == 0, out
+    rows = status_table(out)
+    assert (rows["/job:worker/task:1"]["address"], rows["/job:worker/task:1"]["state"]) == ("(joined)", "finished")
+    header, *changes = out.split("\n\n")[-1].splitlines()
+    assert header.split() == ["worker", "membership", "change", "at", "step", "when"]
+    assert [line.split()[:3] for line in changes] == [
+        ["/job:worker/task:1", "joined", "1"],
+        ["/job:worker/task:1", "left", "2"],
+    ]
+
+
 def test_status_marks_a_ps_that_is_not_running_down_and_exits_1(servers, capsys):
     cluster = free_cluster(2, 1)
     servers(cluster, 0)  # ps 1 is never started
