@@ -35,7 +35,7 @@ from psframe.errors import (
 )
 from psframe.liveness import Liveness
 from psframe.optim import SyncReplicas
-from psframe.options import BoundedStaleness, Checkpointing, Placement, RowCaching, Transport
+from psframe.options import BoundedStaleness, Checkpointing, DataRanges, Placement, RowCaching, Transport
 from psframe.security import Security
 from psframe.version import __version__
 from psframe.worker.dynamic import DynamicEmbedding, DynamicTables
@@ -53,6 +53,7 @@ __all__ = [
     "ClusterSpec",
     "ClusterSpecError",
     "ConnectTimeoutError",
+    "DataRanges",
     "DynamicEmbedding",
     "DynamicTables",
     "Evaluator",

@@ -92,6 +92,18 @@ class TrainingFinishedError(PsframeError):
     """Every worker already finished: the ps tasks accept no more training."""
 
 
+class DataRangeLostError(PsframeError):
+    """A step's push said how far it read into a range of data that is no longer the worker's
+    (it was presumed dead and the range went to another worker, or the ps task restored a
+    checkpoint): nothing of that push was applied (:mod:`psframe.ps.data_ranges`)."""
+
+
+class NotKeptHere(Exception):
+    """Internal, not a failure: a push that carries data progress reached one of a ps task's serving
+    processes, and the task's owner keeps the data queues; the serving process hands it the push
+    as it came (nothing was applied). Never crosses the wire."""
+
+
 class CheckpointError(PsframeError):
     """A checkpoint cannot be written or read as asked."""
 
@@ -182,6 +194,7 @@ __all__ = [
     "ClusterMismatchError",
     "ClusterSpecError",
     "ConnectTimeoutError",
+    "DataRangeLostError",
     "DtypeMismatchError",
     "InvalidGradientError",
     "LaunchError",

@@ -237,6 +237,63 @@ class BoundedStaleness:
             raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
 
 
+@dataclass(frozen=True)
+class DataRanges:
+    """A data set every worker reads in ranges handed out by a ps task, so that each example
+    of each epoch is trained on once, whoever joins, leaves or dies (:meth:`psframe.Trainer.read`).
+
+    The examples are numbered ``0..num_examples-1``; each epoch takes them in an order
+    drawn from ``seed`` (the same on every worker), cut into ranges of ``range_size``.
+    A worker asks the ps task that keeps the queue for a range, trains on its batches
+    of ``batch_size`` in order, and each step's push says how far it got: an example
+    counts as consumed exactly when the update that trained on it is applied (and a
+    checkpoint keeps that, with the values). A range of a worker that finished early
+    or was presumed dead goes back to the queue, from where it got to; a worker that
+    starts again under its index goes on with its own. The data set ends once every
+    example of every epoch was consumed: a worker asking while the last ranges are out
+    with live workers waits (they may die), for ``timeout`` seconds at most.
+
+    Args:
+        name: the data set's name (several may be read, one after the other or at once).
+        num_examples: examples in one epoch.
+        batch_size: examples a step.
+        range_size: examples a range (default: 16 batches); smaller ranges spread the
+            last examples over more workers, larger ones ask the ps task less often.
+        epochs: passes over the data.
+        shuffle: draw each epoch's order from ``seed`` (else 0, 1, 2...).
+        seed: the order's seed.
+        timeout: the longest a worker waits for others' ranges to be consumed.
+
+    Raises:
+        ValueError: a count that is not a positive int, an empty name, or a bad timeout.
+    """
+
+    name: str
+    num_examples: int
+    batch_size: int
+    range_size: int | None = None
+    epochs: int = 1
+    shuffle: bool = True
+    seed: int = 0
+    timeout: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        for name in ("num_examples", "batch_size", "epochs"):
+            _check_int(name, getattr(self, name), minimum=1)
+        if self.range_size is not None:
+            _check_int("range_size", self.range_size, minimum=1)
+        _check_int("seed", self.seed, minimum=0)
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not 0 < self.timeout < 1e9:
+            raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
+
+    @property
+    def examples_per_range(self) -> int:
+        """``range_size``, or 16 batches by default."""
+        return self.range_size if self.range_size is not None else 16 * self.batch_size
+
+
 def _check_int(name: str, value: Any, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -255,4 +312,4 @@ def _wire_dtype_name(dtype: Any) -> str | None:
     return name
 
 
-__all__ = ["BoundedStaleness", "Checkpointing", "Placement", "RowCaching", "Transport"]
+__all__ = ["BoundedStaleness", "Checkpointing", "DataRanges", "Placement", "RowCaching", "Transport"]

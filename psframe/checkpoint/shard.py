@@ -125,7 +125,9 @@ class ShardData:
     variables: tuple[VariableData, ...]
     table_optimizer: OptimizerData | None = None  # the embedding tables' (None: no table)
     # Each worker's last push applied and steps applied, at the same instant as the
-    # values ({"last_push": [int], "applied_steps": [int]}, see psframe.ps.ledger).
+    # values ({"last_push": [int], "applied_steps": [int]}, see psframe.ps.ledger), and
+    # what those pushes consumed of data sets read in ranges ("data:<name>": [int],
+    # see psframe.ps.data_ranges).
     pushes: Mapping[str, list[int]] | None = None
 
     def __post_init__(self) -> None:
@@ -226,11 +228,12 @@ def _check_pushes(pushes: Any) -> None:
         return
     if (
         not isinstance(pushes, Mapping)
-        or set(pushes) != {"last_push", "applied_steps"}
+        or {k for k in pushes if not str(k).startswith("data:")} != {"last_push", "applied_steps"}
         or not all(isinstance(v, (list, tuple)) and all(_is_int(x) and x >= 0 for x in v) for v in pushes.values())
     ):
         raise CheckpointError(
-            f"pushes must be None or {{'last_push': [int >= 0], 'applied_steps': [int >= 0]}}, got {pushes!r}"
+            f"pushes must be None or {{'last_push': [int >= 0], 'applied_steps': [int >= 0]}} "
+            f"(and 'data:<name>': [int >= 0] for each data set read in ranges), got {pushes!r}"
         )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from psframe.ps.data_ranges import Progress
 from psframe.rows import RowPush
 from psframe.wire import codec, row_tensors
 from psframe.wire import psframe_pb2 as pb
@@ -33,6 +34,7 @@ class PushPullRequest:
     pull: list[str]  # variables whose values are wanted back, after the update
     wire_dtype: torch.dtype | None  # the dtype gradients came in and values go back in; None: as stored
     row_staleness: int = 0  # versions a row in the worker's row cache may lag (see psframe.rows.to_refresh)
+    progress: Progress | None = None  # how far into its range of data the step took the worker
 
     @property
     def pushes(self) -> bool:
@@ -59,4 +61,7 @@ class PushPullRequest:
             pull=list(header.pull),
             wire_dtype=codec.wire_dtype_from_name(header.wire_dtype),
             row_staleness=header.row_staleness,
+            progress=Progress(header.progress.name, header.progress.lease, header.progress.offset)
+            if header.HasField("progress")
+            else None,
         )

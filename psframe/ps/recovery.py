@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -24,7 +24,6 @@ from psframe.checkpoint.shard import OptimizerData, ShardData, SyncData, Variabl
 from psframe.checkpoint.slices import slice_rows, strided_rows
 from psframe.errors import CheckpointError
 from psframe.optim import OptimizerSpec
-from psframe.ps.ledger import PushLedger
 from psframe.ps.store import VariableStore
 from psframe.wire import psframe_pb2 as pb
 
@@ -52,6 +51,12 @@ class Restored:
         return [d.name for d in self.defs if d.table and not d.HasField("dynamic")]
 
 
+class PushRecord(Protocol):
+    """What keeps the pushes a ps task's values hold: the push ledger, and the data they consumed."""
+
+    def state_dict(self) -> dict[str, list[int]]: ...
+
+
 def save_shard(
     store: VariableStore,
     defs: Sequence[pb.VariableDef],
@@ -60,7 +65,7 @@ def save_shard(
     step: int,
     ps_task: int,
     num_shards: int,
-    ledger: PushLedger | None = None,
+    ledger: PushRecord | None = None,
     cut: Callable[[], None] | None = None,
 ) -> checkpoint_io.ShardRecord:
     """Write the store's variables, optimizer state and global step as one shard.
@@ -74,7 +79,8 @@ def save_shard(
         step: the checkpoint's step.
         ps_task: this ps task's index.
         num_shards: the number of ps tasks.
-        ledger: the workers' pushes applied, taken at the same instant as the values.
+        ledger: the workers' pushes applied (and the data they consumed), taken at the same
+            instant as the values.
         cut: called under the store's lock right before the snapshot (a
             checkpoint's cut: it raises if pushes went past it).
 
@@ -119,7 +125,7 @@ def save_delta_shard(
     parent: int,
     ps_task: int,
     num_shards: int,
-    ledger: PushLedger | None = None,
+    ledger: PushRecord | None = None,
     cut: Callable[[], None] | None = None,
 ) -> checkpoint_io.ShardRecord:
     """Write what the store changed since checkpoint ``parent`` as this task's shard of delta ``step``.

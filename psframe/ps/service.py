@@ -22,6 +22,7 @@ from psframe import allocator, errors
 from psframe.cluster import ClusterSpec
 from psframe.errors import (
     ClusterMismatchError,
+    NotKeptHere,
     NotReadyError,
     PsframeError,
     SharedRegionError,
@@ -30,6 +31,7 @@ from psframe.liveness import Liveness
 from psframe.memory import HugePageMemory
 from psframe.optim import OptimizerSpec
 from psframe.ps import recovery
+from psframe.ps.data_ranges import DataSpec, RangeQueue
 from psframe.ps.definitions import dynamic_parts
 from psframe.ps.fast_path import CachedRequest, StreamCache
 from psframe.ps.incoming_model import PendingModel
@@ -61,6 +63,16 @@ CUT_SILENCE_SECONDS = 1.0
 _HOLD_POLL_SECONDS = 0.001
 
 
+class PushesHeld:
+    """What a checkpoint keeps of the pushes its values hold: the ledger's counts, and what they consumed of data."""
+
+    def __init__(self, ledger: PushLedger, data: RangeQueue) -> None:
+        self._ledger, self._data = ledger, data
+
+    def state_dict(self) -> dict[str, list[int]]:
+        return {**self._ledger.state_dict(), **self._data.state_dict()}
+
+
 class ParameterServerService(TaskService):
     """The servicer of a ps task over its :class:`VariableStore`.
 
@@ -74,6 +86,9 @@ class ParameterServerService(TaskService):
         liveness: the keepalive of its connections to the other ps tasks.
         ledger, last_seen: the record of each worker's pushes and when each was last heard
             from, where other processes share them (:mod:`psframe.ps.shared_service`); default: its own.
+        keeps_data: this process keeps the task's queues of data ranges
+            (:mod:`psframe.ps.data_ranges`): False in a serving process, which hands a push
+            that carries data progress to the task's owner (:class:`NotKeptHere`).
         max_workers: the worker slots of an elastic cluster: workers beyond the cluster's
             (of a grown ``--worker_hosts``, with the same ps tasks) join up to this many, and
             sync rounds follow the live workers; None (or the cluster's workers): fixed.
@@ -93,8 +108,10 @@ class ParameterServerService(TaskService):
         ledger: PushLedger | None = None,
         last_seen: numpy.ndarray | None = None,
         max_workers: int | None = None,
+        keeps_data: bool = True,
     ) -> None:
         super().__init__(cluster, "ps", task_index)
+        self.keeps_data = keeps_data
         self.max_workers = check_max_workers(max_workers, cluster.num_workers)
         self.elastic = max_workers is not None  # given: workers may join and leave, even with no slot to spare
         self.worker_timeout = worker_timeout
@@ -115,6 +132,9 @@ class ParameterServerService(TaskService):
         )
         self._live: set[int] = set()  # elastic: the workers live when last looked (_follow_membership)
         self._membership_lock = threading.Lock()
+        # Data read in ranges: what each worker's pushes consumed, recorded with them.
+        self.data = RangeQueue(gone=lambda worker: worker not in self.roster.live(), lock=self.store.lock)
+        self._pushes_held = PushesHeld(self.ledger, self.data)
         # Asynchronous training: how far ahead each step finds its worker, and bounded staleness.
         self.staleness = StalenessGate(self.ledger, self.roster, self.task_name)
         self._next_chief_log = 0.0
@@ -436,6 +456,7 @@ class ParameterServerService(TaskService):
             self.store.load_dynamic(restored.dynamic)
             if restored.pushes is not None:  # pushes the restored values hold are duplicates if sent again
                 self.ledger.load_state_dict(restored.pushes)
+                self.data.load_state_dict(restored.pushes)  # and what they consumed, consumed
             self._variable_defs = list(restored.defs)
             self.restored_step = restored.step
             if restored.num_shards == self.cluster.num_ps:  # this task's shard as the chain holds it
@@ -473,11 +494,19 @@ class ParameterServerService(TaskService):
                 k, num_ps = self.task_index, self.cluster.num_ps
                 if request.delta:  # what changed since the parent only
                     record = recovery.save_delta_shard(
-                        self.store, url, request.step, request.parent_step, k, num_ps, self.ledger, cut
+                        self.store, url, request.step, request.parent_step, k, num_ps, self._pushes_held, cut
                     )
                 else:
                     record = recovery.save_shard(
-                        self.store, self._variable_defs, self._sync_def, url, request.step, k, num_ps, self.ledger, cut
+                        self.store,
+                        self._variable_defs,
+                        self._sync_def,
+                        url,
+                        request.step,
+                        k,
+                        num_ps,
+                        self._pushes_held,
+                        cut,
                     )
         finally:
             if request.targets:
@@ -616,7 +645,13 @@ class ParameterServerService(TaskService):
             cache.check_order(header.push_id)
         if header.HasField("same_host"):  # a worker on this host: its tensors may lie in a shared region
             envelope, region, refused = (cache if cache is not None else StreamCache()).open_region(envelope)
-        cached = cache.find(header) if cache is not None and self.aggregator is None else None
+        if header.HasField("progress") and not self.keeps_data:
+            raise NotKeptHere(header.progress.name)
+        cached = (
+            cache.find(header)
+            if cache is not None and self.aggregator is None and not header.HasField("progress")
+            else None
+        )
         if cached is None:
             self._check_caller(header.caller)
         with self.roster.call(header.caller.task_index):
@@ -684,8 +719,13 @@ class ParameterServerService(TaskService):
                 store.check_gradients(grads)
                 store.check_rows(rows)
                 grads, rows, pushes = {}, [], False
+            progress = request.progress if pushes else None
+            if progress is not None:  # the range is still this worker's, or nothing applies
+                self.data.check(worker, progress)
             step, values = store.push_pull(grads, pull, request.end_of_step and pushes, rows)
             ahead = self._record(worker, request.push_id, request.end_of_step) if pushes else 0
+            if progress is not None:  # consumed exactly when the update that trained on it applied
+                self.data.record(worker, progress)
             if (
                 cache is not None
                 and request.wire_dtype is None
@@ -763,6 +803,9 @@ class ParameterServerService(TaskService):
         ):
             with self.store.lock:
                 return self._round_replies.reply(pull, request.wire_dtype, False, region, refused)
+        if request.progress is not None:
+            with self.store.lock:
+                self.data.check(worker, request.progress)
         dropped = aggregator.push(
             worker,
             request.step,
@@ -770,6 +813,7 @@ class ParameterServerService(TaskService):
             rows=request.rows,
             count_drop=request.end_of_step,
             wait=bool(pull) or request.end_of_step,
+            progress=request.progress,
         )
         with self.store.lock:
             duplicate = self.ledger.is_duplicate(worker, request.push_id)
@@ -788,6 +832,33 @@ class ParameterServerService(TaskService):
         else:
             cache.add(cached)
 
+    # ---- data read in ranges
+
+    def data_range(self, request: pb.DataRangeRequest) -> pb.DataRangeReply:
+        self._check_caller(request.caller)
+        worker = request.caller.task_index
+        spec = DataSpec(request.num_examples, request.range_size, request.epochs)
+        with self.roster.call(worker):
+            grant = self.data.acquire(worker, request.name, spec)
+        if self.aggregator is not None:  # sync rounds do not wait for a worker without data
+            if grant.lease is None:
+                self.aggregator.pause(worker)
+            else:
+                self.aggregator.resume(worker)
+        reply = pb.DataRangeReply(
+            exhausted=grant.exhausted, retry_after=grant.retry_after, consumed=grant.consumed, total=grant.total
+        )
+        if grant.lease is not None:
+            lease = grant.lease
+            reply.lease, reply.epoch, reply.start, reply.end, reply.offset = (
+                lease.lease_id,
+                lease.epoch,
+                lease.start,
+                lease.end,
+                lease.offset,
+            )
+        return reply
+
     # ---- sync
 
     def _start_sync(self, sync: pb.SyncDef) -> None:
@@ -799,6 +870,7 @@ class ParameterServerService(TaskService):
             timeout=sync.timeout_seconds,
             decide=decide,
             required=messages.sync_from_def(sync).required if self.elastic else None,
+            on_applied=self.data.record,
         )
         for worker in self.roster.finished:
             self.aggregator.worker_finished(worker)
@@ -845,6 +917,7 @@ class ParameterServerService(TaskService):
             "Finish": self.finish,
             "Save": self.save,
             "StepMembers": self.step_members,
+            "DataRange": self.data_range,
         }
 
     def close(self) -> None:

@@ -42,7 +42,7 @@ from collections.abc import Iterator, Sequence
 
 from psframe import allocator
 from psframe.cluster import ClusterSpec
-from psframe.errors import PsframeError
+from psframe.errors import NotKeptHere, PsframeError
 from psframe.liveness import Liveness
 from psframe.memory import HugePageMemory
 from psframe.ps.fast_path import StreamCache
@@ -246,7 +246,8 @@ def _drain(stream) -> None:
 
 class SharedPushPull:
     """A serving process's PushPull: answered here over the shared model once the owner
-    published it, forwarded to the owner before that (and for every sync push)."""
+    published it, forwarded to the owner before that (and for every sync push, and every
+    push that carries data progress: the owner keeps the data queues)."""
 
     def __init__(
         self,
@@ -281,7 +282,12 @@ class SharedPushPull:
                     )
                     store.adopt(variables, states, optimizer, tables, table_optimizer, versions)
                     self._service = shared_service(
-                        self._shared, self._cluster, self._task_index, store, max_workers=self._max_workers
+                        self._shared,
+                        self._cluster,
+                        self._task_index,
+                        store,
+                        max_workers=self._max_workers,
+                        keeps_data=False,
                     )
                     self._version = self._shared.version
         return self._service
@@ -296,8 +302,11 @@ class SharedPushPull:
             for data in requests:
                 service = self._local()
                 if service is not None:
-                    yield service.answer_push_pull(data, cache)
-                    continue
+                    try:
+                        yield service.answer_push_pull(data, cache)
+                        continue
+                    except NotKeptHere:  # nothing applied: the owner answers it
+                        pass
                 forwarded = forwarded or self._owner.open_stream("PushPull", self._watchdog)
                 forwarded.send(data, FORWARD_REPLY_TIMEOUT_S)
                 yield forwarded.receive()

@@ -45,6 +45,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -67,6 +68,7 @@ class _Contribution:
 
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    progress: Any = None  # how far into its range of data the step took the worker (psframe.ps.data_ranges)
 
     def __len__(self) -> int:
         return len(self.grads) + len(self.rows)
@@ -100,6 +102,8 @@ class SyncAggregator:
             how many workers are live (:meth:`psframe.SyncReplicas.required`); then
             ``replicas_to_aggregate`` is not checked against ``num_workers``, the
             workers live at the start.
+        on_applied: called under the lock for each member whose push carried data
+            progress, once its round is applied (``on_applied(worker, progress)``).
     """
 
     def __init__(
@@ -111,6 +115,7 @@ class SyncAggregator:
         timeout: float,
         decide: Decide | None = None,
         required: Callable[[int], int] | None = None,
+        on_applied: Callable[[int, Any], object] | None = None,
     ) -> None:
         if required is None and not 1 <= replicas_to_aggregate <= num_workers:
             raise ValueError(
@@ -126,8 +131,11 @@ class SyncAggregator:
         self._round = _Round(store.global_step)
         self._decisions: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self._live = set(range(num_workers))
-        self._joining: set[int] = set()  # elastic: live from the next round on
+        self._joining: set[int] = set()  # live from the next round on (joined, or resumed)
+        self._paused: set[int] = set()  # no data for now (psframe.ps.data_ranges): not waited for
+        self._left: set[int] = set()  # finished
         self._required_of = required or (lambda live: min(self.replicas_to_aggregate, live))
+        self._on_applied = on_applied
         self.dropped_gradients = 0
         # A checkpoint's hold: rounds of step _held_from and later wait, until _held_until (monotonic).
         self._held_from: int | None = None
@@ -144,6 +152,7 @@ class SyncAggregator:
         count_drop: bool = True,
         wait: bool = True,
         rows: Sequence[RowPush] = (),
+        progress: Any = None,
     ) -> bool:
         """Add a worker's gradients for ``step`` and wait until that step is applied.
 
@@ -156,6 +165,8 @@ class SyncAggregator:
             step: the global step its gradients were computed at.
             grads: some or all of its gradients, by variable name.
             rows: gradients of embedding tables' rows, as ``(table, ids, rows)``.
+            progress: how far into its range of data the step took the worker, recorded
+                (``on_applied``) if the worker is a member of the round.
             count_drop: count this push if it is stale (once per worker step).
             wait: wait for the step to be applied.
 
@@ -194,6 +205,8 @@ class SyncAggregator:
                 mine = round_.contributions.setdefault(worker, _Contribution())
                 mine.grads.update(grads)
                 mine.rows.update((name, (ids, values)) for name, ids, values in rows)
+                if progress is not None:
+                    mine.progress = progress
                 if (
                     len(mine) == len(self.store.names) + len(self.store.dynamic_tables)
                     and worker not in round_.completed
@@ -217,6 +230,7 @@ class SyncAggregator:
         """A worker left: later steps need at most as many gradients as remain."""
         with self._cond:
             self._joining.discard(worker)
+            self._left.add(worker)
             if worker not in self._live:
                 return
             self._live.discard(worker)
@@ -243,6 +257,7 @@ class SyncAggregator:
         the members of each round, and every other ps task uses its decision.
         """
         with self._cond:
+            live = live - self._paused
             gone = self._live - live
             self._live -= gone
             self._joining = live - self._live
@@ -258,6 +273,29 @@ class SyncAggregator:
                 self._try_decide(self._round)
                 self._try_apply(self._round)
                 self._cond.notify_all()
+
+    def pause(self, worker: int) -> None:
+        """A worker has no data to train on for now (every range left is out with others):
+        rounds stop waiting for it at once, until :meth:`resume`."""
+        with self._cond:
+            if worker in self._paused:
+                return
+            self._paused.add(worker)
+            self._joining.discard(worker)
+            if worker in self._live:
+                self._live.discard(worker)
+                self._try_decide(self._round)
+                self._try_apply(self._round)
+                self._cond.notify_all()
+
+    def resume(self, worker: int) -> None:
+        """A paused worker has data again: it takes part from the next round on."""
+        with self._cond:
+            if worker not in self._paused:
+                return
+            self._paused.discard(worker)
+            if worker not in self._left:
+                self._joining.add(worker)
 
     def was_member(self, worker: int, step: int) -> bool:
         """Whether ``worker``'s gradients were applied in the round of ``step`` (a past step
@@ -415,6 +453,10 @@ class SyncAggregator:
             mean[name] = total.div_(len(grads))
         self.store.apply(mean)
         self.store.apply_rows(mean_rows)
+        if self._on_applied is not None:
+            for worker, contribution in zip(members, contributions):
+                if contribution.progress is not None:
+                    self._on_applied(worker, contribution.progress)
         new_step = self.store.advance_step()
         late = (set(round_.contributions) | round_.late) - set(round_.members)
         self.dropped_gradients += len(late)

@@ -166,6 +166,52 @@ class InfoRequest(_message.Message):
     joining: bool
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., joining: _Optional[bool] = ...) -> None: ...
 
+class DataRangeRequest(_message.Message):
+    __slots__ = ("caller", "name", "num_examples", "range_size", "epochs")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    RANGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    name: str
+    num_examples: int
+    range_size: int
+    epochs: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., name: _Optional[str] = ..., num_examples: _Optional[int] = ..., range_size: _Optional[int] = ..., epochs: _Optional[int] = ...) -> None: ...
+
+class DataRangeReply(_message.Message):
+    __slots__ = ("lease", "epoch", "start", "end", "offset", "exhausted", "retry_after", "consumed", "total")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    lease: int
+    epoch: int
+    start: int
+    end: int
+    offset: int
+    exhausted: bool
+    retry_after: float
+    consumed: int
+    total: int
+    def __init__(self, lease: _Optional[int] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., offset: _Optional[int] = ..., exhausted: _Optional[bool] = ..., retry_after: _Optional[float] = ..., consumed: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
+
+class DataProgress(_message.Message):
+    __slots__ = ("name", "lease", "offset")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    lease: int
+    offset: int
+    def __init__(self, name: _Optional[str] = ..., lease: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
 class TaskInfo(_message.Message):
     __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts", "max_workers", "membership")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
@@ -329,7 +375,7 @@ class InitResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[InitReplyHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PushPullHeader(_message.Message):
-    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id", "row_staleness", "staleness_bound", "staleness_timeout")
+    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id", "row_staleness", "staleness_bound", "staleness_timeout", "progress")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -341,6 +387,7 @@ class PushPullHeader(_message.Message):
     ROW_STALENESS_FIELD_NUMBER: _ClassVar[int]
     STALENESS_BOUND_FIELD_NUMBER: _ClassVar[int]
     STALENESS_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
@@ -352,7 +399,8 @@ class PushPullHeader(_message.Message):
     row_staleness: int
     staleness_bound: int
     staleness_timeout: float
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ..., row_staleness: _Optional[int] = ..., staleness_bound: _Optional[int] = ..., staleness_timeout: _Optional[float] = ...) -> None: ...
+    progress: DataProgress
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ..., row_staleness: _Optional[int] = ..., staleness_bound: _Optional[int] = ..., staleness_timeout: _Optional[float] = ..., progress: _Optional[_Union[DataProgress, _Mapping]] = ...) -> None: ...
 
 class SameHostRegion(_message.Message):
     __slots__ = ("path", "key", "size", "request_start", "request_length", "reply_start", "in_region")

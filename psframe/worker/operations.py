@@ -177,6 +177,9 @@ class OperationEncoder:
         self.share_with = share_with
         # Made once per planned request (and compression): see PreparedRequest.
         self.prepared: dict[tuple[Request, bool], PreparedRequest] = {}
+        # Data read in ranges: the ps task that keeps the queue, and what this step consumed,
+        # for its step-ending push there (psframe.ps.data_ranges); None between such steps.
+        self.progress: tuple[int, pb.DataProgress] | None = None
 
     def encode(self, operation: Operation, step: int, compress: bool, push_id: int, grads: Gradients = ()) -> bytes:
         """The message of ``operation`` at ``step``, numbered ``push_id`` (0 for one that pushes nothing).
@@ -195,6 +198,7 @@ class OperationEncoder:
                 caller=self._caller, step=step, end_of_step=operation.end_of_step, push_id=push_id
             )
             self._bound(header)
+            self._report_progress(header, operation.ps_task)
             return codec.encode(header, tensors + pulled, kinds + pulled_kinds)
         tensors, kinds = row_tensors.pull_tensors(operation.rows, operation.create)
         header = pb.PushPullHeader(caller=self._caller, step=step, row_staleness=operation.staleness)
@@ -209,6 +213,7 @@ class OperationEncoder:
         elif prepared.share and request.ps_task not in self.share_with:
             prepared.share = False
             prepared.drop_region()
+        self._report_progress(prepared.header, request.ps_task)
         return prepared.encode(step, self._to_wire(grads, compress), push_id)
 
     def _planned_header(self, request: Request, compress: bool) -> pb.PushPullHeader:
@@ -234,12 +239,20 @@ class OperationEncoder:
             header.staleness_bound = self._staleness.steps
             header.staleness_timeout = self._staleness.timeout
 
+    def _report_progress(self, header: pb.PushPullHeader, ps_task: int) -> None:
+        """Name the data this step consumed in its step-ending push to the queue's ps task (only there)."""
+        if self.progress is not None and header.end_of_step and ps_task == self.progress[0]:
+            header.progress.CopyFrom(self.progress[1])
+        elif header.HasField("progress"):
+            header.ClearField("progress")
+
     def _encode_with_rows(
         self, operation: PushPull, grads: Gradients, step: int, compress: bool, push_id: int
     ) -> bytes:
         """A planned request that carries rows too: its header, its gradients and the rows, in the message."""
         header = self._planned_header(operation.request, compress)
         header.step, header.push_id = step, push_id
+        self._report_progress(header, operation.ps_task)
         grads = self._to_wire(grads, compress)
         pushed, pushed_kinds = row_tensors.push_tensors(operation.rows)
         pulled, pulled_kinds = row_tensors.pull_tensors(operation.row_pulls)

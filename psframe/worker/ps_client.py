@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar, cast
 
 import torch
@@ -483,6 +484,36 @@ class PsClient:
             for k, r in enumerate(replies)
         ]
 
+    # ---- data read in ranges
+
+    def data_range(self, ps_task: int, name: str, num_examples: int, range_size: int, epochs: int) -> RangeGrant:
+        """A range of data set ``name`` to train on, from the ps task that keeps its queue
+        (:mod:`psframe.ps.data_ranges`): a lease, or none yet (``retry_after``), or ``exhausted``."""
+        request = pb.DataRangeRequest(
+            caller=self.caller, name=name, num_examples=num_examples, range_size=range_size, epochs=epochs
+        )
+        reply = self._ps[ps_task].call("DataRange", request, timeout=self.rpc_timeout)
+        return RangeGrant(
+            reply.lease,
+            reply.epoch,
+            reply.start,
+            reply.end,
+            reply.offset,
+            reply.exhausted,
+            reply.retry_after,
+            reply.consumed,
+            reply.total,
+        )
+
+    def report_progress(self, ps_task: int, name: str, lease: int, offset: int) -> None:
+        """Carry, in the next step's step-ending push to ``ps_task``, that the step consumed data set
+        ``name``'s range ``lease`` up to ``offset`` (recorded with the push, applied once)."""
+        self._streams.encoder.progress = (ps_task, pb.DataProgress(name=name, lease=lease, offset=offset))
+
+    def clear_progress(self) -> None:
+        """Steps carry no data progress from now on (until :meth:`report_progress`)."""
+        self._streams.encoder.progress = None
+
     def shutdown(self, ps_task: int) -> None:
         """Ask a ps task to stop serving (it exits 0)."""
         self._ps[ps_task].call("Shutdown", pb.ShutdownRequest(caller=self.caller), timeout=min(self.rpc_timeout, 30.0))
@@ -506,6 +537,21 @@ class PsClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class RangeGrant:
+    """A ps task's answer to a worker asking for a range of a data set (``lease`` 0: none now)."""
+
+    lease: int
+    epoch: int
+    start: int
+    end: int
+    offset: int  # consumed up to here: train from it
+    exhausted: bool  # every example of every epoch consumed
+    retry_after: float  # every range left is out with live workers: ask again after this many seconds
+    consumed: int
+    total: int
 
 
 def _what_to_check(ready: bool, pending: Sequence[int]) -> str:

@@ -25,7 +25,7 @@ import collections
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -36,6 +36,7 @@ from psframe.cluster.placement import ShardPlacement
 from psframe.errors import (
     CheckpointError,
     ClusterSpecError,
+    DataRangeLostError,
     NotReadyError,
     PsframeError,
     RpcTimeoutError,
@@ -43,11 +44,20 @@ from psframe.errors import (
 )
 from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
-from psframe.options import DEFAULT_KEEP_CHECKPOINTS, BoundedStaleness, Checkpointing, Placement, RowCaching, Transport
+from psframe.options import (
+    DEFAULT_KEEP_CHECKPOINTS,
+    BoundedStaleness,
+    Checkpointing,
+    DataRanges,
+    Placement,
+    RowCaching,
+    Transport,
+)
 from psframe.rows import FreshRows
 from psframe.security import LOOSE_ARGUMENTS, Security, accept_security
 from psframe.worker import startup
 from psframe.worker.arguments import groups_from_deprecated, resolve_optimizer, resolve_table_optimizer
+from psframe.worker.data_reader import Outcome, RangeReader
 from psframe.worker.hooks import CheckpointSaverHook, Hook
 from psframe.worker.operations import DenseReply
 from psframe.worker.overlap import BackwardOverlap
@@ -231,6 +241,9 @@ class Trainer:
         self._rows_looked_up = 0  # rows of embedding tables lookups asked the ps tasks about
         self._rows_pulled = 0  # rows that came back (a row cache's: those it lacked or held too old)
         self._sent_during_backward = 0  # requests sent before backward ended (overlap_backward)
+        # Data read in ranges (read()): what became of the batch the last step trained on.
+        self._batch_outcome: Outcome | None = None
+        self._reading = False  # a batch of read() is out: the next step reports its progress
         self._state = TrainerState.NEW
         self._stop_requested = False
         self._client: PsClient | None = None
@@ -577,9 +590,18 @@ class Trainer:
                     )
             except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
                 replies, prefetched = self._send_again(e, pushes(), rows), {}
-            self._receive(requests, replies)
-            if pushed and not any(reply.dropped for reply in replies):
-                self._pushed_steps += 1
+            except DataRangeLostError as e:
+                if not self._reading:
+                    raise
+                self._range_lost(e)
+                replies, prefetched = None, {}
+            if replies is not None:
+                self._receive(requests, replies)
+                applied = pushed and not any(reply.dropped for reply in replies)
+                if applied:
+                    self._pushed_steps += 1
+                if self._reading:
+                    self._batch_outcome = Outcome.APPLIED if applied else Outcome.AGAIN
             self._prefetcher.deliver(prefetched)
             ahead = sum(rows.shape[0] for answers in prefetched.values() for rows in answers)
             self._rows_looked_up += ahead
@@ -590,6 +612,65 @@ class Trainer:
         for hook in self._hooks:
             hook.after_step(self, self._global_step, loss)
         return self._global_step
+
+    def _range_lost(self, error: DataRangeLostError) -> None:
+        """The step's range of data went to another worker: nothing of the step applied on the
+        queue's ps task; take the current values and let read() ask for another range."""
+        log.warning("worker %d: %s", self._task_index, error)
+        self._batch_outcome = Outcome.LOST
+        self._dropped_steps += 1
+        self.pull()
+
+    def read(self, ranges: DataRanges) -> Iterator[torch.Tensor]:
+        """This worker's batches of a data set read in ranges, each example of each epoch once
+        across the workers, however they join, leave or die (see :class:`psframe.DataRanges`).
+
+        Each batch is the indices of its examples (a ``LongTensor``); train on it with one
+        :meth:`step`, whose push records how far the range was consumed::
+
+            for indices in trainer.read(psframe.DataRanges("train", len(images), batch_size=100)):
+                trainer.step(F.cross_entropy(model(images[indices]), labels[indices]))
+                if trainer.should_stop():
+                    break
+
+        A batch whose step was not applied (dropped as late in synchronous training, or one
+        that pushed nothing) comes again. The iteration ends once every example of every
+        epoch was consumed, by this worker or others.
+
+        Raises:
+            PsframeError: the batch before was not stepped on, or /job:ps/task:0 (which keeps
+                the queue) holds no dense variable of the model.
+            BarrierTimeoutError: the last ranges, out with other workers, were not consumed in time.
+        """
+        self._require_running()
+        if not any(request.ps_task == 0 and request.end_of_step for request in self._replica.plan.step):
+            raise PsframeError(
+                "read() needs a dense variable on /job:ps/task:0, which keeps the data's queue: the step's push "
+                "there carries the data consumed (place one there, e.g. Placement(variable_devices=...))"
+            )
+        reader = RangeReader(self._ps, ranges, 0)
+        for grant in reader.leases():
+            order, offset = reader.order(grant.epoch), grant.offset
+            while offset < grant.end:
+                stop = min(offset + ranges.batch_size, grant.end)
+                self._batch_outcome = None
+                self._reading = True
+                self._ps.report_progress(reader.queue_task, ranges.name, grant.lease, stop)
+                try:
+                    yield order[offset:stop]
+                finally:
+                    self._reading = False
+                    self._ps.clear_progress()
+                outcome = self._batch_outcome
+                if outcome is None:
+                    raise PsframeError(
+                        f"read() gives one batch per step: call trainer.step(loss) on each batch of "
+                        f"{ranges.name!r} before taking the next"
+                    )
+                if outcome is Outcome.LOST:
+                    break
+                if outcome is Outcome.APPLIED:
+                    offset = stop
 
     def _backward(self, loss: torch.Tensor | None) -> Exchange | None:
         """Run backward on ``loss``; with overlap, the step's requests whose gradients are

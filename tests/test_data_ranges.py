@@ -1,0 +1,293 @@
+"""Data read in ranges: each example of each epoch trained on once, whoever joins, leaves or dies.
+
+The queue alone (no network), then workers in threads against ps tasks in
+this process: the multiset of examples whose step was applied equals the
+epochs', with a worker that dies mid-range (its range goes to another from
+where it got to), one that joins late, synchronous rounds that drop late
+batches (trained again), and a checkpoint restored (what the restored model
+did not train on is handed out again).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+import pytest
+import torch
+
+import psframe
+from psframe.errors import CheckpointError, DataRangeLostError, PsframeError, WireFormatError
+from psframe.ps.data_ranges import DataSpec, Progress, RangeQueue
+from tests.test_elastic import grow
+from tests.test_sync import run_workers
+
+DEADLINE_S = 60.0
+
+# ---- the queue, no network
+
+
+def queue(gone: set[int] | None = None) -> RangeQueue:
+    gone = gone if gone is not None else set()
+    return RangeQueue(gone=lambda worker: worker in gone)
+
+
+def test_ranges_are_handed_out_in_order_and_end_once_every_example_is_consumed():
+    q, spec = queue(), DataSpec(num_examples=10, range_size=4, epochs=2)
+    grants = [q.acquire(w, "d", spec) for w in (0, 1, 2)]
+    assert [(g.lease.epoch, g.lease.start, g.lease.end) for g in grants] == [(0, 0, 4), (0, 4, 8), (0, 8, 10)]
+    assert q.acquire(0, "d", spec).lease is grants[0].lease  # its own, until consumed
+    for worker, grant in enumerate(grants):
+        q.check(worker, Progress("d", grant.lease.lease_id, grant.lease.end))
+        assert q.record(worker, Progress("d", grant.lease.lease_id, grant.lease.end))
+    second = q.acquire(0, "d", spec)
+    assert (second.lease.epoch, second.lease.start, second.consumed, second.total) == (1, 0, 10, 20)
+    for worker in (1, 2):
+        lease = q.acquire(worker, "d", spec).lease
+        q.record(worker, Progress("d", lease.lease_id, lease.end))
+    waiting = q.acquire(1, "d", spec)  # all handed out, one still out with worker 0: ask again
+    assert waiting.lease is None and waiting.retry_after > 0 and not waiting.exhausted
+    q.record(0, Progress("d", second.lease.lease_id, 4))
+    assert q.acquire(1, "d", spec).exhausted
+    assert q.counts() == {"d": (20, 20)}
+
+
+def test_a_gone_workers_range_goes_to_the_next_from_where_it_got_and_its_late_push_is_refused():
+    gone: set[int] = set()
+    q, spec = queue(gone), DataSpec(100, 10, 1)
+    lease = q.acquire(0, "d", spec).lease
+    q.record(0, Progress("d", lease.lease_id, 3))
+    gone.add(0)  # presumed dead
+    taken = q.acquire(1, "d", spec).lease
+    assert (taken.lease_id, taken.offset, taken.worker) == (lease.lease_id, 3, 1)
+    with pytest.raises(DataRangeLostError, match="no longer worker 0's"):
+        q.check(0, Progress("d", lease.lease_id, 6))
+    assert not q.record(0, Progress("d", lease.lease_id, 6))  # nothing recorded
+    with pytest.raises(DataRangeLostError, match="up to 2, but it was at 3"):
+        q.check(1, Progress("d", lease.lease_id, 2))
+
+
+def test_a_data_set_is_cut_one_way():
+    q = queue()
+    q.acquire(0, "d", DataSpec(100, 10, 1))
+    with pytest.raises(WireFormatError, match="every worker must read it with the same"):
+        q.acquire(1, "d", DataSpec(100, 20, 1))
+    with pytest.raises(WireFormatError, match=">= 1"):
+        DataSpec(0, 10, 1)
+
+
+def test_the_queue_state_round_trips_and_a_restore_voids_the_leases():
+    q, spec = queue(), DataSpec(25, 10, 2)
+    first = q.acquire(0, "d", spec).lease
+    q.record(0, Progress("d", first.lease_id, 7))
+    q.acquire(1, "d", spec)
+    state = q.state_dict()
+    assert state == {"data:d": [25, 10, 2, 2, 7, 0, 0, 7, 0, 1, 10]}
+    restored = queue()
+    restored.load_state_dict({**state, "last_push": [1, 2]})  # beside the ledger's keys
+    with pytest.raises(DataRangeLostError):
+        restored.check(0, Progress("d", first.lease_id, 9))
+    again = restored.acquire(2, "d", spec).lease
+    assert (again.epoch, again.index, again.offset) == (0, 0, 7)
+    with pytest.raises(CheckpointError, match="malformed"):
+        restored.load_state_dict({"data:d": [25, 10, 2, 2]})
+
+
+def test_data_ranges_options_are_checked():
+    assert psframe.DataRanges("d", 100, batch_size=8).examples_per_range == 128
+    for bad in ({"num_examples": 0}, {"batch_size": 0}, {"range_size": 0}, {"epochs": 0}, {"name": ""}):
+        with pytest.raises(ValueError):
+            psframe.DataRanges(**{"name": "d", "num_examples": 10, "batch_size": 2, **bad})
+
+
+# ---- workers in threads, ps tasks in this process
+
+FEATURES = 4
+
+
+def dataset(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(7)
+    return torch.randn(n, FEATURES, generator=generator), torch.randn(n, 1, generator=generator)
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(FEATURES, 1)
+
+
+@pytest.fixture
+def ps_tasks():
+    servers: list[psframe.Server] = []
+
+    def make(num_ps: int, num_workers: int, **options) -> tuple[psframe.ClusterSpec, list[psframe.Server]]:
+        from tests.conftest import free_cluster
+
+        cluster = free_cluster(num_ps, num_workers)
+        started = [psframe.Server(cluster, "ps", k, serving_processes=1, **options) for k in range(num_ps)]
+        servers.extend(started)
+        return cluster, started
+
+    yield make
+    for server in servers:
+        server.stop(grace=0.1)
+
+
+class Seen:
+    """The examples each worker trained on with an applied step (a Counter of indices)."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[int] = collections.Counter()
+        self.lock = threading.Lock()
+
+    def train(
+        self,
+        trainer: psframe.Trainer,
+        ranges: psframe.DataRanges,
+        data,
+        stop_after: int | None = None,
+        close: bool = True,
+        delay: float = 0.0,
+    ) -> int:
+        """Train on this worker's batches; ``stop_after`` steps then stop (``close=False``: as if it died)."""
+        x, y = data
+        steps = 0
+        if not close:
+            trainer.connect()
+        else:
+            trainer.__enter__()
+        try:
+            for indices in trainer.read(ranges):
+                time.sleep(delay)
+                dropped = trainer.dropped_steps
+                trainer.step(torch.nn.functional.mse_loss(trainer.model(x[indices]), y[indices]))
+                if trainer.dropped_steps == dropped:
+                    with self.lock:
+                        self.counts.update(indices.tolist())
+                steps += 1
+                if stop_after is not None and steps >= stop_after:
+                    break
+        finally:
+            if close:
+                trainer.close()
+        return steps
+
+
+def trainer_of(cluster: psframe.ClusterSpec, index: int, **options) -> psframe.Trainer:
+    return psframe.Trainer(
+        model(),
+        cluster,
+        task_index=index,
+        optimizer=psframe.optim.SGD(lr=0.01),
+        transport=psframe.Transport(connect_timeout=DEADLINE_S),
+        **options,
+    )
+
+
+@pytest.mark.service
+def test_each_example_once_with_a_worker_dying_mid_range_and_one_joining(ps_tasks):
+    cluster, servers = ps_tasks(2, 3, max_workers=4, worker_timeout=1.0)
+    polling = threading.Thread(target=servers[0].join, kwargs={"timeout": DEADLINE_S}, daemon=True)
+    polling.start()  # the ps loop that presumes silent workers dead
+    n, epochs = 600, 2
+    data = dataset(n)
+    ranges = psframe.DataRanges("train", n, batch_size=8, range_size=50, epochs=epochs, seed=3)
+    seen = Seen()
+
+    def joiner() -> int:
+        deadline = time.monotonic() + DEADLINE_S
+        while servers[0].service.data.counts().get("train", (0, 0))[0] < 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        return seen.train(trainer_of(grow(cluster, 1), 3), ranges, data)
+
+    steps = run_workers(
+        {
+            0: lambda: seen.train(trainer_of(cluster, 0), ranges, data),
+            1: lambda: seen.train(trainer_of(cluster, 1), ranges, data),
+            2: lambda: seen.train(trainer_of(cluster, 2), ranges, data, stop_after=3, close=False),  # dies
+            3: joiner,
+        }
+    )
+    assert steps[2] == 3 and steps[3] > 0
+    assert seen.counts == collections.Counter({i: epochs for i in range(n)})
+    assert servers[0].service.data.counts() == {"train": (n * epochs, n * epochs)}
+    assert servers[1].service.data.counts() == {}  # the queue lives on the first ps task
+
+
+@pytest.mark.service
+def test_sync_with_a_backup_worker_a_late_batch_is_trained_again(ps_tasks):
+    cluster, _ = ps_tasks(1, 3)
+    n = 240
+    data = dataset(n)
+    ranges = psframe.DataRanges("train", n, batch_size=6, range_size=30, seed=1)
+    seen = Seen()
+    sync = psframe.SyncReplicas(replicas_to_aggregate=2, total_num_replicas=3, timeout=30.0)
+    trainers = {w: trainer_of(cluster, w, sync=sync) for w in range(3)}
+    slow = {2: 0.05}  # worker 2 is late to many rounds: its batches are dropped and trained again
+    run_workers({w: (lambda w=w: seen.train(trainers[w], ranges, data, delay=slow.get(w, 0.0))) for w in range(3)})
+    assert seen.counts == collections.Counter(range(n))
+
+
+@pytest.mark.service
+def test_sync_a_batch_whose_step_came_too_late_comes_again(ps_tasks):
+    cluster, _ = ps_tasks(1, 2)
+    x, y = dataset(40)
+    ranges = psframe.DataRanges("train", 40, batch_size=4, range_size=8, shuffle=False)
+    sync = psframe.SyncReplicas(replicas_to_aggregate=1, total_num_replicas=2, timeout=30.0)
+    first, second = trainer_of(cluster, 0, sync=sync), trainer_of(cluster, 1, sync=sync)
+    run_workers({0: first.connect})
+    run_workers({1: second.connect})
+    mine, late = first.read(ranges), second.read(ranges)
+    late_batch = next(late)  # worker 1 asks first (the first range) and computes at step 0...
+    own = next(mine)
+    first.step(torch.nn.functional.mse_loss(first.model(x[own]), y[own]))  # ...worker 0 alone makes step 1
+    second.step(torch.nn.functional.mse_loss(second.model(x[late_batch]), y[late_batch]))
+    assert second.dropped_steps == 1
+    again = next(late)
+    assert again.tolist() == late_batch.tolist() == [0, 1, 2, 3]
+    second.step(torch.nn.functional.mse_loss(second.model(x[again]), y[again]))
+    assert second.dropped_steps == 1
+    assert next(late).tolist() == [4, 5, 6, 7]
+
+
+@pytest.mark.service
+def test_a_restored_checkpoint_hands_out_again_what_the_restored_model_did_not_train_on(ps_tasks, tmp_path):
+    cluster, (server,) = ps_tasks(1, 1, checkpoint_dir=str(tmp_path))
+    n = 200
+    data = dataset(n)
+    ranges = psframe.DataRanges("train", n, batch_size=10, range_size=40, shuffle=False)
+    trainer = trainer_of(cluster, 0, checkpointing=psframe.Checkpointing(str(tmp_path), save_steps=None))
+    x, y = data
+    trainer.connect()  # and never closed: a chief that closes saves a last checkpoint
+    batches = trainer.read(ranges)
+    for _ in range(6):  # 60 examples: one range and a half
+        indices = next(batches)
+        trainer.step(torch.nn.functional.mse_loss(trainer.model(x[indices]), y[indices]))
+    trainer.save_checkpoint()
+    for _ in range(4):
+        indices = next(batches)
+        trainer.step(torch.nn.functional.mse_loss(trainer.model(x[indices]), y[indices]))
+    assert server.service.data.counts() == {"train": (100, 200)}
+    batches.close()
+    server.stop(grace=0.1)  # the ps task is lost...
+    # ...and started again: it restores the checkpoint, and the queue as the restored values had consumed it.
+    restarted = psframe.Server(cluster, "ps", 0, serving_processes=1, checkpoint_dir=str(tmp_path))
+    try:
+        assert restarted.service.data.counts() == {"train": (60, 200)}
+        again = trainer_of(restarted.cluster, 0)
+        with again:
+            first = next(again.read(ranges))
+            assert first.tolist() == list(range(60, 70))  # the second range, from where the checkpoint had it
+    finally:
+        restarted.stop(grace=0.1)
+
+
+@pytest.mark.service
+def test_a_batch_not_stepped_on_is_an_error_that_says_so(ps_tasks):
+    cluster, _ = ps_tasks(1, 1)
+    with trainer_of(cluster, 0) as trainer:
+        batches = trainer.read(psframe.DataRanges("train", 50, batch_size=5))
+        next(batches)
+        with pytest.raises(PsframeError, match="call trainer.step"):
+            next(batches)
