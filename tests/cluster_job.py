@@ -55,6 +55,25 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
     return x, x @ w + 0.5
 
 
+def read_in_ranges(trainer: psframe.Trainer, model: Model, args: argparse.Namespace) -> None:
+    """Train on ``--data_ranges`` examples (rows of the data, repeated) in ranges, each once an epoch,
+    recording each batch before its step and whether the step was applied."""
+    x, y = data()
+    ranges = psframe.DataRanges("examples", args.data_ranges, batch_size=16, range_size=128, epochs=args.epochs)
+    with open(args.seen_file, "a") as seen:
+        for indices in trainer.read(ranges):
+            seen.write(f"B {','.join(map(str, indices.tolist()))}\n")
+            seen.flush()
+            time.sleep(args.step_delay)
+            dropped = trainer.dropped_steps
+            rows = indices % len(x)
+            trainer.step(model.loss(x[rows], y[rows]))
+            if trainer.dropped_steps == dropped:
+                seen.write("A\n")
+                seen.flush()
+            print(f"local step {trainer.local_step} global step {trainer.global_step}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     add_cluster_flags(parser)
@@ -74,6 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save_checkpoint_steps", type=int, default=None)
     parser.add_argument("--optimizer", default="SGD", help="SGD or Adam (ps-side)")
     parser.add_argument("--step_delay", type=float, default=0.0, help="seconds of sleep before each step")
+    parser.add_argument("--max_workers", type=int, default=None, help="ps: worker slots (an elastic cluster)")
+    parser.add_argument(
+        "--data_ranges", type=int, default=0, help="read this many examples in ranges (psframe.DataRanges)"
+    )
+    parser.add_argument("--epochs", type=int, default=1, help="with --data_ranges")
+    parser.add_argument(
+        "--seen_file",
+        default=None,
+        help="with --data_ranges: append 'B <indices>' before each step and 'A' once it was applied",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cluster, job_name, task_index = cluster_from_flags(args)
@@ -85,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             worker_timeout=args.worker_timeout,
             checkpoint_dir=args.checkpoint_dir,
             security=security_from_flags(args),
+            max_workers=args.max_workers,
         ).join()
         print(json.dumps({"task": f"ps{task_index}", "exit": "clean"}), flush=True)
         return 0
@@ -111,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     with trainer:
         with torch.no_grad():
             initial_loss = torch.nn.functional.mse_loss(model(x), y).item()
+        if args.data_ranges:
+            read_in_ranges(trainer, model, args)
         generator = torch.Generator().manual_seed(task_index)
-        while not trainer.should_stop() and trainer.local_step != args.max_local_steps:
+        while not args.data_ranges and not trainer.should_stop() and trainer.local_step != args.max_local_steps:
             batch = torch.randint(0, len(x), (64,), generator=generator)
             time.sleep(args.step_delay)
             trainer.step(model.loss(x[batch], y[batch]))

@@ -14,6 +14,7 @@ tests/test_exactly_once.py's and this module's last tests.
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 import re
@@ -22,6 +23,7 @@ import time
 
 import pytest
 
+from tests.conftest import CLUSTER_JOB
 from tests.host_jobs import HostJob, line_time
 from tests.hosts import host_set  # noqa: F401  (a fixture, found by name)
 
@@ -307,3 +309,62 @@ def _check_sync_result(job: HostJob) -> dict:
     result = job.result("worker0")
     assert result["sync_replicas"] is True and result["global_step"] >= 1500, result
     return result
+
+
+def _seen(path) -> tuple[collections.Counter[int], list[int]]:
+    """A worker's seen file: the examples of its applied steps, and those of a step it began last
+    and never saw applied (a worker killed mid-step: that step may or may not have been applied)."""
+    applied: collections.Counter[int] = collections.Counter()
+    pending: list[int] = []
+    for line in path.read_text().splitlines() if path.exists() else ():
+        if line.startswith("B "):
+            pending = [int(i) for i in line[2:].split(",")]
+        elif line == "A":
+            applied.update(pending)
+            pending = []
+    return applied, pending
+
+
+def test_data_read_exactly_once_with_a_worker_killed_and_one_added(host_set, tmp_path):
+    """Three hosts of workers read 2 epochs of 4,000 examples in ranges: worker 1 is SIGKILLed
+    mid-range, worker 2 joins the running job from its own host. Every example is trained on
+    once an epoch: the batches whose steps were applied, over all workers, are the epochs (the
+    killed worker's last batch, begun and never seen applied, counts if no other worker took it)."""
+    names = ["ps0", "w0", "w1", "w2"]
+    hosts = host_set(names)
+    placement = {"ps0": "ps0", "worker0": "w0", "worker1": "w1", "worker2": "w2"}
+    examples, epochs = 4000, 2
+    flags = [
+        "--max_workers=3",
+        "--worker_timeout=3",
+        f"--data_ranges={examples}",
+        f"--epochs={epochs}",
+        "--step_delay=0.01",
+    ]
+    job = HostJob(hosts, placement, tmp_path, script=CLUSTER_JOB, flags=flags)
+    seen = {task: tmp_path / f"{task}.seen" for task in placement}
+    job.start("ps0", workers=2)
+    for task in ("worker0", "worker1"):
+        job.start(task, f"--seen_file={seen[task]}", workers=2)
+    job.wait_for("worker1", r"local step 60 ", timeout=120)
+    job.procs["worker1"].send_signal(signal.SIGKILL)
+    killed = time.time()
+    job.start("worker2", f"--seen_file={seen['worker2']}")
+    job.wait(timeout=300, expect={"worker1": -signal.SIGKILL})
+    total: collections.Counter[int] = collections.Counter()
+    for task in ("worker0", "worker2"):
+        applied, pending = _seen(seen[task])
+        assert not pending, f"{task} ended with a batch never applied"
+        assert applied, f"{task} trained on nothing:\n{job.report()}"
+        total += applied
+    applied, pending = _seen(seen["worker1"])
+    total += applied
+    if pending and all(total[i] < epochs for i in pending):  # its last step was applied before the kill
+        total.update(pending)
+    assert total == collections.Counter({i: epochs for i in range(examples)}), (
+        f"examples trained other than {epochs} times: "
+        f"{sorted((i, n) for i, n in total.items() if n != epochs)[:20]}; "
+        f"missing: {sorted(set(range(examples)) - set(total))[:20]}"
+    )
+    taken_back = _log_time(job, "ps0", r"presumed dead")
+    _record("data exactly once, worker 1 killed", range_back_after=taken_back - killed)
