@@ -59,6 +59,7 @@ from psframe.worker import startup
 from psframe.worker.arguments import groups_from_deprecated, resolve_optimizer, resolve_table_optimizer
 from psframe.worker.data_reader import Outcome, RangeReader
 from psframe.worker.hooks import CheckpointSaverHook, Hook
+from psframe.worker.in_graph import InGraphReplicas
 from psframe.worker.operations import DenseReply
 from psframe.worker.overlap import BackwardOverlap
 from psframe.worker.prefetch import Prefetcher
@@ -148,6 +149,13 @@ class Trainer:
             ``staleness.steps`` steps ahead of the slowest live worker, a
             :class:`psframe.BoundedStaleness` (SSP): each ps task answers the
             push that ends a step once that holds. None: no bound. Not with ``sync``.
+        replica_devices: in-graph replication: this process drives a replica of the
+            model on each device (``["cuda:0", "cuda:1"]``, or several ``"cpu"``), the
+            first of them ``model`` itself; :meth:`step` then takes one loss per
+            replica (:attr:`replicas`). Synchronous training averages the replicas'
+            gradients here and pushes once; asynchronous training pushes each
+            replica's gradient as a step of its own (:mod:`psframe.worker.in_graph`).
+            Not with embedding tables or ``overlap_backward``. None: one replica.
 
     Raises:
         ClusterSpecError: the cluster or task index is invalid, or a ps task's address has port 0.
@@ -185,6 +193,7 @@ class Trainer:
         overlap_backward: bool = False,
         row_cache: RowCaching | None = None,
         staleness: BoundedStaleness | None = None,
+        replica_devices: Sequence[str | torch.device] | None = None,
         **deprecated: Any,
     ) -> None:
         loose_security = {name: deprecated.pop(name, None) for name in LOOSE_ARGUMENTS}
@@ -220,6 +229,11 @@ class Trainer:
         self._staleness = staleness
         self._steps_ahead: collections.Counter[int] = collections.Counter()
         self._wire_dtype = resolve_wire_dtype(transport.wire_dtype)
+        if replica_devices is not None:
+            replica_devices = [torch.device(d) for d in replica_devices]
+            if device is not None and torch.device(device) != replica_devices[0]:
+                raise ValueError(f"device ({device}) must be the first of replica_devices ({replica_devices}), or None")
+            device = replica_devices[0] if replica_devices else None
         self._device = resolve_device(model, device, gpu_memory_fraction)
         self._model = model.to(self._device)
         self._hooks = list(hooks)
@@ -265,6 +279,14 @@ class Trainer:
             row_cache=row_cache,
         )
         self._placement = self._replica.placement
+        self._in_graph: InGraphReplicas | None = None
+        if replica_devices is not None:
+            if self._replica.tables:
+                raise ValueError("in-graph replication (replica_devices) takes models without embedding tables")
+            if overlap_backward:
+                raise ValueError("in-graph replication (replica_devices) does not overlap backward with the push")
+            devices = [self._device, *(resolve_device(model, d, None) for d in replica_devices[1:])]
+            self._in_graph = InGraphReplicas(self._model, devices)
         self._table_optimizer = resolve_table_optimizer(table_optimizer, self._optimizer, self._replica.tables)
         if placement.log:
             log.info("placement of worker %d:\n%s", task_index, self._placement.describe())
@@ -513,6 +535,8 @@ class Trainer:
                 self._overlap.close()
                 self._overlap = None
             self._replica.tables.detach()
+            if self._in_graph is not None:
+                self._in_graph.close()
             self._ps.finish()
             self._ps.close()
             self._state = TrainerState.CLOSED
@@ -536,7 +560,7 @@ class Trainer:
 
     # ---- training
 
-    def step(self, loss: torch.Tensor | None = None) -> int:
+    def step(self, loss: torch.Tensor | Sequence[torch.Tensor] | None = None) -> int:
         """One training step: backward, push gradients, pull parameters.
 
         A step that ends with no gradient at all (a hook such as
@@ -546,18 +570,55 @@ class Trainer:
 
         Args:
             loss: a scalar loss to call ``backward()`` on; None if the caller
-                already computed the gradients.
+                already computed the gradients. With ``replica_devices``, a list
+                of one loss per replica (in-graph replication: see :attr:`replicas`).
 
         Returns:
             The global step after this update.
 
         Raises:
             PsframeError: a ps task refused the gradients or could not be reached.
+            TypeError: a list of losses without ``replica_devices``, or one loss with them.
         """
         self._require_running()
+        if loss is not None and not isinstance(loss, torch.Tensor):
+            return self._step_replicas(list(loss))
+        if self._in_graph is not None and loss is not None:
+            raise TypeError(
+                f"this trainer drives {len(self._in_graph)} replicas (replica_devices): give step() one loss per "
+                f"replica, as a list"
+            )
+        return self._step(loss, run_backward=True)
+
+    @property
+    def replicas(self) -> list[torch.nn.Module]:
+        """The replicas of the model this process drives: :attr:`model` first, then one per
+        further device of ``replica_devices`` (in-graph replication); ``[model]`` without."""
+        return list(self._in_graph.models) if self._in_graph is not None else [self._model]
+
+    def _step_replicas(self, losses: Sequence[torch.Tensor]) -> int:
+        """In-graph replication's step: every replica's backward at once; sync: their mean gradient
+        pushed once; async: each replica's pushed as a step of its own. Then every replica takes the values."""
+        replicas = self._in_graph
+        if replicas is None:
+            raise TypeError("step() takes a list of losses only with replica_devices (in-graph replication)")
+        replicas.backward(losses)
+        try:
+            if self._sync is not None:
+                replicas.average_into_first()
+                return self._step(replicas.mean_loss(losses), run_backward=False)
+            for i, loss in enumerate(losses):
+                replicas.gradient_into_first(i)
+                self._step(replicas.mean_loss([loss]), run_backward=False)
+            return self._global_step
+        finally:
+            replicas.share_values()
+            replicas.clear_gradients()
+
+    def _step(self, loss: torch.Tensor | None, run_backward: bool) -> int:
         for hook in self._hooks:
             hook.before_step(self)
-        exchange = self._backward(loss)
+        exchange = self._backward(loss) if run_backward else None
         for hook in self._hooks:
             hook.before_push(self, loss)
         self._replica.tables.drop_prefetched()  # rows pulled ahead for this step's lookups, not taken
@@ -733,6 +794,8 @@ class Trainer:
         requests = self._replica.plan.pull
         replies = self._ps.push_pull([(r, ()) for r in requests], self._global_step, compress=False)
         self._receive(requests, replies)
+        if self._in_graph is not None:
+            self._in_graph.share_values()
 
     def _pull_rows(self, wanted, create: bool = True, staleness: int = 0):
         """Rows of embedding tables for a lookup (see :mod:`psframe.worker.tables`); a lost
