@@ -346,6 +346,12 @@ class SyncReplicas:
         fraction_to_aggregate: the share of the workers whose gradients
             make an update, in (0, 1]: ``ceil(fraction x workers)``; instead
             of ``replicas_to_aggregate``.
+        async_tables: embedding tables whose rows are applied at once, as in
+            asynchronous training, while the dense variables go in rounds (the
+            common choice for large tables: a row's gradients do not wait for the
+            slowest worker, and a worker's rows are at most a round behind).
+            True: every table; or the tables' names (the module, ``"emb"``, or its
+            weight, ``"emb.weight"``). Default: none, every variable in rounds.
 
     Raises:
         ValueError: a count is not positive, or R > N, or timeout is not finite and > 0,
@@ -356,8 +362,14 @@ class SyncReplicas:
     total_num_replicas: int | None = None
     timeout: float = 300.0
     fraction_to_aggregate: float | None = None
+    async_tables: bool | tuple[str, ...] = False
 
     def __post_init__(self) -> None:
+        tables = self.async_tables
+        if not isinstance(tables, bool):
+            if isinstance(tables, str) or not all(isinstance(t, str) and t for t in tables):
+                raise ValueError(f"async_tables must be True, False or a tuple of table names, got {tables!r}")
+            object.__setattr__(self, "async_tables", tuple(tables))
         for name in ("replicas_to_aggregate", "total_num_replicas"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -393,7 +405,7 @@ class SyncReplicas:
             fraction = self.fraction_to_aggregate
             if fraction is None and self.replicas_to_aggregate is None:
                 fraction = 1.0
-            return SyncReplicas(self.replicas_to_aggregate, None, self.timeout, fraction)
+            return SyncReplicas(self.replicas_to_aggregate, None, self.timeout, fraction, self.async_tables)
         n = self.total_num_replicas if self.total_num_replicas is not None else num_workers
         if self.fraction_to_aggregate is not None:
             r = _share(self.fraction_to_aggregate, n)
@@ -403,7 +415,7 @@ class SyncReplicas:
             raise ValueError(
                 f"total_num_replicas ({n}) must equal the number of workers in the cluster ({num_workers})"
             )
-        return SyncReplicas(r, n, self.timeout)
+        return SyncReplicas(r, n, self.timeout, async_tables=self.async_tables)
 
     def required(self, live: int) -> int:
         """How many gradients a round of an elastic cluster averages when ``live`` workers take part."""

@@ -163,6 +163,7 @@ def test_a_shard_on_disk_is_a_plain_dict_keyed_by_the_record_fields(url):
         "total_num_replicas": 3,
         "timeout_seconds": 30.0,
         "fraction_to_aggregate": 0.0,
+        "async_tables": [],
     }
     var = content["variables"][0]
     assert type(var) is dict and var["shape"] == [4, 3] and var["full_shape"] == [4, 3]

@@ -10,7 +10,7 @@ names, nested the same way, plus ``format_version``::
      "optimizer": {"name": "Adam", "kwargs": {"lr": 0.001}},
      "table_optimizer": None or {"name": "SparseAdam", "kwargs": {...}},
      "sync": None or {"replicas_to_aggregate": int, "total_num_replicas": int,
-                      "timeout_seconds": float, "fraction_to_aggregate": float},
+                      "timeout_seconds": float, "fraction_to_aggregate": float, "async_tables": [str]},
      "variables": [{"name": "emb.weight/part_1", "variable": "emb.weight",
                     "dtype": "float32", "shape": [r, c], "full_shape": [R, c],
                     "row_start": int, "part_index": int, "num_parts": int,
@@ -78,6 +78,10 @@ class SyncData:
     total_num_replicas: int  # 0 in an elastic cluster: the live workers
     timeout_seconds: float
     fraction_to_aggregate: float = 0.0  # elastic clusters (absent from earlier shards: 0)
+    async_tables: tuple[str, ...] = ()  # tables applied at once (absent from earlier shards: none)
+
+    def __post_init__(self) -> None:
+        _as_tuple(self, "async_tables")  # read back as a list
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,7 +156,9 @@ class ShardData:
             "format_version": FORMAT_VERSION,
             **_fields_of(self),
             "optimizer": {**_fields_of(self.optimizer), "kwargs": dict(self.optimizer.kwargs)},
-            "sync": None if self.sync is None else _fields_of(self.sync),
+            "sync": None
+            if self.sync is None
+            else {**_fields_of(self.sync), "async_tables": list(self.sync.async_tables)},
             "variables": [_variable_to_dict(v) for v in self.variables],
             "table_optimizer": None
             if self.table_optimizer is None
@@ -258,9 +264,12 @@ def _check_sync(sync: Any) -> None:
         and _is_int(sync.total_num_replicas)
         and (_is_int(timeout) or isinstance(timeout, float))
         and (_is_int(sync.fraction_to_aggregate) or isinstance(sync.fraction_to_aggregate, float))
+        and isinstance(sync.async_tables, (list, tuple))
+        and all(isinstance(t, str) for t in sync.async_tables)
     ):
         raise CheckpointError(
-            f"sync must hold two int replica counts, a number of timeout seconds and a fraction, got {sync!r}"
+            f"sync must hold two int replica counts, a number of timeout seconds, a fraction and a list of "
+            f"table names, got {sync!r}"
         )
 
 

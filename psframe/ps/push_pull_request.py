@@ -35,6 +35,7 @@ class PushPullRequest:
     wire_dtype: torch.dtype | None  # the dtype gradients came in and values go back in; None: as stored
     row_staleness: int = 0  # versions a row in the worker's row cache may lag (see psframe.rows.to_refresh)
     progress: Progress | None = None  # how far into its range of data the step took the worker
+    rows_async: bool = False  # sync training: rows of tables applied at once, not in the round
 
     @property
     def pushes(self) -> bool:
@@ -64,4 +65,5 @@ class PushPullRequest:
             progress=Progress(header.progress.name, header.progress.lease, header.progress.offset)
             if header.HasField("progress")
             else None,
+            rows_async=header.rows_async,
         )

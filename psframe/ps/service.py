@@ -664,11 +664,29 @@ class ParameterServerService(TaskService):
             request = PushPullRequest.decode(header, codec.tensors_of(envelope))
             if request.wire_dtype is not None:
                 request.grads = self.store.widen(request.grads, request.wire_dtype)
-            if self.aggregator is None or not request.pushes:
+            if request.rows_async:
+                self._check_async_rows(request)
+            if self.aggregator is None or not request.pushes or request.rows_async:
                 reply = self._apply_now(request, header, cache, refused)
                 self._bound_staleness(header)
                 return reply
             return self._join_round(self.aggregator, request, region, refused)
+
+    def _check_async_rows(self, request: PushPullRequest) -> None:
+        """A push of rows applied at once in synchronous training carries rows of tables so
+        declared (``SyncReplicas(async_tables=...)``) and nothing else.
+
+        Raises:
+            WireFormatError: anything else in it; nothing is applied.
+        """
+        parts = self.aggregator.async_parts if self.aggregator is not None else frozenset()
+        wrong = [name for name, *_ in request.rows if name not in parts]
+        if wrong or request.grads or request.pull or request.row_pulls or request.progress is not None:
+            raise errors.WireFormatError(
+                f"{self.task_name}: a push of rows applied at once carries only rows of the tables "
+                f"SyncReplicas(async_tables=...) names ({sorted(parts) or 'none here'}); it had "
+                f"{wrong or 'other contents'}"
+            )
 
     def _apply_cached(
         self, cached: CachedRequest, header: pb.PushPullHeader, envelope: codec.Envelope, region: SameHostRegion | None
@@ -871,6 +889,7 @@ class ParameterServerService(TaskService):
             decide=decide,
             required=messages.sync_from_def(sync).required if self.elastic else None,
             on_applied=self.data.record,
+            async_parts=[d.name for d in self._variable_defs if d.variable in set(sync.async_tables)],
         )
         for worker in self.roster.finished:
             self.aggregator.worker_finished(worker)

@@ -104,6 +104,8 @@ class SyncAggregator:
             workers live at the start.
         on_applied: called under the lock for each member whose push carried data
             progress, once its round is applied (``on_applied(worker, progress)``).
+        async_parts: parts of embedding tables applied at once, outside the rounds
+            (``SyncReplicas(async_tables=...)``): a contribution is complete without them.
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class SyncAggregator:
         decide: Decide | None = None,
         required: Callable[[int], int] | None = None,
         on_applied: Callable[[int, Any], object] | None = None,
+        async_parts: Sequence[str] = (),
     ) -> None:
         if required is None and not 1 <= replicas_to_aggregate <= num_workers:
             raise ValueError(
@@ -136,6 +139,7 @@ class SyncAggregator:
         self._left: set[int] = set()  # finished
         self._required_of = required or (lambda live: min(self.replicas_to_aggregate, live))
         self._on_applied = on_applied
+        self.async_parts = frozenset(async_parts)
         self.dropped_gradients = 0
         # A checkpoint's hold: rounds of step _held_from and later wait, until _held_until (monotonic).
         self._held_from: int | None = None
@@ -207,10 +211,7 @@ class SyncAggregator:
                 mine.rows.update((name, (ids, values)) for name, ids, values in rows)
                 if progress is not None:
                     mine.progress = progress
-                if (
-                    len(mine) == len(self.store.names) + len(self.store.dynamic_tables)
-                    and worker not in round_.completed
-                ):
+                if len(mine) == self._parts_in_rounds() and worker not in round_.completed:
                     round_.completed.append(worker)
                     self._try_decide(round_)
                 if wait and self._decide is not None and round_.members is None and not round_.asking:
@@ -392,6 +393,11 @@ class SyncAggregator:
 
     # ---- the round, under the lock
 
+    def _parts_in_rounds(self) -> int:
+        """How many variables a worker's contribution holds once complete (tables applied at once aside)."""
+        held = [*self.store.names, *self.store.dynamic_tables]
+        return len(held) - sum(name in self.async_parts for name in held)
+
     def _required(self) -> int:
         return self._required_of(len(self._live))
 
@@ -439,6 +445,8 @@ class SyncAggregator:
         mean_rows = []
         contributions = [round_.contributions[worker] for worker in members]
         for name in [*self.store.names, *sorted(self.store.dynamic_tables)]:
+            if name in self.async_parts:  # applied at once, as each worker's rows came
+                continue
             # Sum in task-index order: the result does not depend on arrival order.
             if name in tables:
                 mean_rows.append(_mean_rows(name, [c.rows[name] for c in contributions]))

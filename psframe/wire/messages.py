@@ -73,6 +73,7 @@ def sync_def(sync: SyncReplicas | None) -> pb.SyncDef | None:
         total_num_replicas=sync.total_num_replicas or 0,
         timeout_seconds=sync.timeout,
         fraction_to_aggregate=sync.fraction_to_aggregate or 0.0,
+        async_tables=sorted(sync.async_tables) if isinstance(sync.async_tables, tuple) else [],
     )
 
 
@@ -83,12 +84,18 @@ def sync_from_def(sync: pb.SyncDef) -> SyncReplicas:
         sync.total_num_replicas or None,
         sync.timeout_seconds,
         sync.fraction_to_aggregate or None,
+        tuple(sync.async_tables) or False,
     )
 
 
 def describe_sync(sync: pb.SyncDef | None) -> str:
     if sync is None:
         return "asynchronous updates"
+    tables = f", tables applied at once: {list(sync.async_tables)}" if sync.async_tables else ""
+    return _describe_counts(sync).replace(")", f"{tables})", 1)
+
+
+def _describe_counts(sync: pb.SyncDef) -> str:
     if not sync.total_num_replicas:
         count = (
             f"fraction_to_aggregate={sync.fraction_to_aggregate:g}"

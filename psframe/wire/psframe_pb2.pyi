@@ -135,16 +135,18 @@ class OptimizerDef(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kwargs: _Optional[_Mapping[str, Value]] = ...) -> None: ...
 
 class SyncDef(_message.Message):
-    __slots__ = ("replicas_to_aggregate", "total_num_replicas", "timeout_seconds", "fraction_to_aggregate")
+    __slots__ = ("replicas_to_aggregate", "total_num_replicas", "timeout_seconds", "fraction_to_aggregate", "async_tables")
     REPLICAS_TO_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FRACTION_TO_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    ASYNC_TABLES_FIELD_NUMBER: _ClassVar[int]
     replicas_to_aggregate: int
     total_num_replicas: int
     timeout_seconds: float
     fraction_to_aggregate: float
-    def __init__(self, replicas_to_aggregate: _Optional[int] = ..., total_num_replicas: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., fraction_to_aggregate: _Optional[float] = ...) -> None: ...
+    async_tables: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replicas_to_aggregate: _Optional[int] = ..., total_num_replicas: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., fraction_to_aggregate: _Optional[float] = ..., async_tables: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Caller(_message.Message):
     __slots__ = ("job_name", "task_index", "cluster_fingerprint", "ps_fingerprint")
@@ -375,7 +377,7 @@ class InitResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[InitReplyHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PushPullHeader(_message.Message):
-    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id", "row_staleness", "staleness_bound", "staleness_timeout", "progress")
+    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id", "row_staleness", "staleness_bound", "staleness_timeout", "progress", "rows_async")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -388,6 +390,7 @@ class PushPullHeader(_message.Message):
     STALENESS_BOUND_FIELD_NUMBER: _ClassVar[int]
     STALENESS_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_ASYNC_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
@@ -400,7 +403,8 @@ class PushPullHeader(_message.Message):
     staleness_bound: int
     staleness_timeout: float
     progress: DataProgress
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ..., row_staleness: _Optional[int] = ..., staleness_bound: _Optional[int] = ..., staleness_timeout: _Optional[float] = ..., progress: _Optional[_Union[DataProgress, _Mapping]] = ...) -> None: ...
+    rows_async: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ..., row_staleness: _Optional[int] = ..., staleness_bound: _Optional[int] = ..., staleness_timeout: _Optional[float] = ..., progress: _Optional[_Union[DataProgress, _Mapping]] = ..., rows_async: _Optional[bool] = ...) -> None: ...
 
 class SameHostRegion(_message.Message):
     __slots__ = ("path", "key", "size", "request_start", "request_length", "reply_start", "in_region")

@@ -117,3 +117,28 @@ def resolve_optimizer(
             f"got {type(optimizer).__name__}; the ps tasks run the torch.optim optimizer"
         )
     return optimizer, sync, sync.resolve(num_workers) if sync is not None else None
+
+
+def async_table_names(given: bool | tuple[str, ...], tables: list[str]) -> frozenset[str]:
+    """The tables ``SyncReplicas(async_tables=...)`` names, as the model's table names
+    (their weights' parameter names): every one for True; a module's name stands for its weight's.
+
+    Raises:
+        ValueError: a name that is no table of the model.
+    """
+    if given is True:
+        return frozenset(tables)
+    if given is False:
+        return frozenset()
+    found = set()
+    for name in given:
+        if name in tables:
+            found.add(name)
+        elif f"{name}.weight" in tables:
+            found.add(f"{name}.weight")
+        else:
+            raise ValueError(
+                f"SyncReplicas(async_tables=...) names {name!r}, which is no embedding table of the model; "
+                f"its tables are {tables or 'none'}"
+            )
+    return frozenset(found)

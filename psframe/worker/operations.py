@@ -90,6 +90,7 @@ class PushRows:
     rows: Sequence[RowPush]
     end_of_step: bool  # no PushPull of the step to this ps task ends it: this message does
     row_pulls: Sequence[RowPull] = ()  # rows read after these are applied (asynchronous training)
+    rows_async: bool = False  # sync training: rows of tables applied at once, outside the round
 
     @property
     def pushes(self) -> bool:
@@ -195,7 +196,11 @@ class OperationEncoder:
             tensors, kinds = row_tensors.push_tensors(operation.rows)
             pulled, pulled_kinds = row_tensors.pull_tensors(operation.row_pulls)
             header = pb.PushPullHeader(
-                caller=self._caller, step=step, end_of_step=operation.end_of_step, push_id=push_id
+                caller=self._caller,
+                step=step,
+                end_of_step=operation.end_of_step,
+                push_id=push_id,
+                rows_async=operation.rows_async,
             )
             self._bound(header)
             self._report_progress(header, operation.ps_task)

@@ -109,6 +109,8 @@ class PsClient:
         # The tasks on this host may take shared regions until one says it cannot map them.
         share = shared_memory and same_host.available()
         self._streams = PushPullStreams(self._ps, self.caller, wire_dtype, share_with=share, staleness=staleness)
+        # Synchronous training: parts of tables whose rows are applied at once (SyncReplicas.async_tables).
+        self.async_parts: frozenset[str] = frozenset()
 
     @property
     def num_ps(self) -> int:
@@ -325,6 +327,18 @@ class PsClient:
         # ends the step (pulls_with_pushes: asynchronous training; a synchronous one
         # answers once its round is applied, and the pulls follow in a message of their own).
         rows = rows or {}
+        # Rows of tables applied at once (synchronous training's async tables) go first, alone.
+        rows_now = [
+            PushRows(ps_task, now, False, rows_async=True)
+            for ps_task, pushes in rows.items()
+            if (now := [push for push in pushes if push[0] in self.async_parts])
+        ]
+        if rows_now:
+            rows = {
+                ps_task: kept
+                for ps_task, pushes in rows.items()
+                if (kept := [push for push in pushes if push[0] not in self.async_parts])
+            }
         pending = dict(prefetch)
         ending = {request.ps_task: i for i, (request, _) in enumerate(requests) if request.end_of_step}
 
@@ -343,7 +357,8 @@ class PsClient:
             for i, (request, grads) in enumerate(requests)
         ]
         pulls = [PullRows(ps_task, wanted) for ps_task, wanted in pending.items()]
-        replies = self._exchange([*pushed_rows, *planned, *pulls], step, compress, timeout, again)
+        replies = self._exchange([*rows_now, *pushed_rows, *planned, *pulls], step, compress, timeout, again)
+        replies = replies[len(rows_now) :]
         dense = [_expect(reply, DenseReply) for reply in replies[len(pushed_rows) : len(pushed_rows) + len(planned)]]
         pulled: dict[int, list[torch.Tensor]] = {}
         carriers: list[PushRows | PushPull] = [*pushed_rows, *planned]

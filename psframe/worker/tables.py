@@ -308,7 +308,14 @@ class EmbeddingTables:
             return pull_cached(pull, table.split(ids), ids, table.cache)
         return pull_parts(pull, table.split(ids), ids.numel(), table.param, create=True)
 
-    def gradients(self, every_table: bool = False) -> dict[int, list[RowPush]]:
+    @property
+    def names(self) -> list[str]:
+        """Every table's name (its weight's parameter name), fixed tables first."""
+        return [table.name for table in self.tables] + [table.name for table in self.dynamic]
+
+    def gradients(
+        self, every_table: bool = False, except_tables: frozenset[str] = frozenset()
+    ) -> dict[int, list[RowPush]]:
         """Per ps task, the rows each table's backward touched and their gradients,
         as ``(part, ids within the part, rows)`` on the host, duplicates summed.
 
@@ -316,7 +323,8 @@ class EmbeddingTables:
         the batch touched none of its ids: its optimizer counts the step, as
         one process's would. With ``every_table`` (synchronous training,
         where an update waits for every variable of every member), a table
-        without a gradient is listed too, with no rows.
+        without a gradient is listed too, with no rows; but for those of
+        ``except_tables`` (applied at once, outside the rounds).
 
         Raises:
             PsframeError: a table's weight got a gradient (it was used
@@ -332,7 +340,7 @@ class EmbeddingTables:
             used = lookup_gradients(table.looked_up)
             table.looked_up = []
             if used is None:
-                if every_table:
+                if every_table and table.name not in except_tables:
                     for slot in table.slots:
                         pushes.setdefault(slot.shard.ps_task, []).append(
                             (
@@ -346,7 +354,7 @@ class EmbeddingTables:
             for slot, positions, local in table.split(ids):
                 pushes.setdefault(slot.shard.ps_task, []).append((slot.name, local, values[positions]))
         for dynamic in self.dynamic:
-            dynamic.gradients(pushes, every_table)
+            dynamic.gradients(pushes, every_table and dynamic.name not in except_tables)
         return pushes
 
 

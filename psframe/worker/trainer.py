@@ -22,6 +22,7 @@ initialisation, and joining the model after a lost ps task),
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import logging
 import time
@@ -56,7 +57,12 @@ from psframe.options import (
 from psframe.rows import FreshRows
 from psframe.security import LOOSE_ARGUMENTS, Security, accept_security
 from psframe.worker import startup
-from psframe.worker.arguments import groups_from_deprecated, resolve_optimizer, resolve_table_optimizer
+from psframe.worker.arguments import (
+    async_table_names,
+    groups_from_deprecated,
+    resolve_optimizer,
+    resolve_table_optimizer,
+)
 from psframe.worker.data_reader import Outcome, RangeReader
 from psframe.worker.hooks import CheckpointSaverHook, Hook
 from psframe.worker.in_graph import InGraphReplicas
@@ -279,6 +285,11 @@ class Trainer:
             row_cache=row_cache,
         )
         self._placement = self._replica.placement
+        self._async_tables: frozenset[str] = frozenset()  # sync: tables applied at once (variable names)
+        if self._sync_given is not None and self._sync_given.async_tables:
+            self._async_tables = async_table_names(self._sync_given.async_tables, self._replica.tables.names)
+            self._sync_given = dataclasses.replace(self._sync_given, async_tables=tuple(sorted(self._async_tables)))
+            self._sync = self._sync_given.resolve(self._cluster.num_workers)
         self._in_graph: InGraphReplicas | None = None
         if replica_devices is not None:
             if self._replica.tables:
@@ -506,6 +517,9 @@ class Trainer:
         )
 
     def _join(self) -> None:
+        self._ps.async_parts = frozenset(
+            slot.name for slot in self._replica.slots if slot.shard.variable in self._async_tables
+        )
         self._sync = startup.join(
             self._ps,
             self._replica,
@@ -626,7 +640,7 @@ class Trainer:
         pushed = self._replica.has_gradients()
         if pushed:
             requests = self._replica.plan.step
-            rows = self._replica.tables.gradients(every_table=self._sync is not None)
+            rows = self._replica.tables.gradients(every_table=self._sync is not None, except_tables=self._async_tables)
         else:  # nothing was sent during backward either: no parameter had a gradient
             self._skipped_steps += 1
             requests = self._replica.plan.pull
