@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optimizer", default="SGD", help="SGD or Adam (ps-side)")
     parser.add_argument("--step_delay", type=float, default=0.0, help="seconds of sleep before each step")
     parser.add_argument("--max_workers", type=int, default=None, help="ps: worker slots (an elastic cluster)")
+    parser.add_argument("--serving_processes", type=int, default=None, help="ps: processes serving the task")
     parser.add_argument(
         "--data_ranges", type=int, default=0, help="read this many examples in ranges (psframe.DataRanges)"
     )
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint_dir=args.checkpoint_dir,
             security=security_from_flags(args),
             max_workers=args.max_workers,
+            serving_processes=args.serving_processes,
         ).join()
         print(json.dumps({"task": f"ps{task_index}", "exit": "clean"}), flush=True)
         return 0

@@ -343,7 +343,8 @@ def test_data_read_exactly_once_with_a_worker_killed_and_one_added(host_set, tmp
     ]
     job = HostJob(hosts, placement, tmp_path, script=CLUSTER_JOB, flags=flags)
     seen = {task: tmp_path / f"{task}.seen" for task in placement}
-    job.start("ps0", workers=2)
+    # Two serving processes: a push that says how far it read is answered by the one that keeps the queue.
+    job.start("ps0", "--serving_processes=2", workers=2)
     for task in ("worker0", "worker1"):
         job.start(task, f"--seen_file={seen[task]}", workers=2)
     job.wait_for("worker1", r"local step 60 ", timeout=120)
