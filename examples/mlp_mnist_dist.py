@@ -76,6 +76,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="this worker leaves after this many of its own steps (in an elastic cluster, where the ps tasks "
         "have --max_workers, the others train on); default: it trains until --train_steps",
     )
+    parser.add_argument(
+        "--epochs_exactly_once",
+        type=int,
+        default=None,
+        help="read this many epochs of the training set in ranges handed out by ps 0 (psframe.DataRanges): "
+        "each example once an epoch across the workers, whoever joins, leaves or dies; training ends when "
+        "they are consumed (or at --train_steps). Default: each worker draws its own batches",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial model and data order")
     parser.add_argument("--log_every", type=int, default=1000, help="log progress every N local steps")
     parser.add_argument(
@@ -193,7 +201,14 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         first_step, start = trainer.global_step, time.perf_counter()
         if args.progress and trainer.is_chief:
             progress = tqdm(total=args.train_steps, initial=first_step, unit="step", desc="global step")
-        for indices in batches(len(train_x), args.batch_size, args.seed + 1 + task_index):
+        if args.epochs_exactly_once:
+            ranges = psframe.DataRanges(
+                "mnist-train", len(train_x), args.batch_size, epochs=args.epochs_exactly_once, seed=args.seed
+            )
+            order = trainer.read(ranges)
+        else:
+            order = batches(len(train_x), args.batch_size, args.seed + 1 + task_index)
+        for indices in order:
             if trainer.should_stop() or trainer.local_step == args.max_local_steps:
                 break
             indices = indices.to(device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 
@@ -162,3 +163,36 @@ def test_mnist_example_async_reaches_97_percent(processes, mnist_dir, flags):
     assert result["test_accuracy"] >= 0.97, result
     assert result["global_step"] >= 6000
     assert {"global_step", "test_accuracy", "wall_seconds", "steps_per_sec"} <= set(result)
+
+
+@pytest.mark.mnist
+def test_mnist_example_reads_each_example_once_an_epoch(processes, mnist_dir):
+    """``--epochs_exactly_once 2`` at batches of 500: the two workers' steps are exactly the
+    2 x 120 batches of two epochs (asynchronous: one global step a batch), whoever took which."""
+    processes.start(
+        "launch",
+        [
+            sys.executable,
+            "-m",
+            "psframe.cli",
+            "launch",
+            "--num_ps",
+            "1",
+            "--num_workers",
+            "2",
+            "--timeout",
+            "300",
+            str(ROOT / "examples" / "mlp_mnist_dist.py"),
+            "--",
+            f"--data_dir={mnist_dir}",
+            "--epochs_exactly_once=2",
+            "--batch_size=500",
+            "--train_steps=100000",
+        ],
+    )
+    output = processes.wait(timeout=320)["launch"].output
+    chief = json.loads([line for line in output.splitlines() if line.startswith("[worker0] {")][-1].split(" ", 1)[1])
+    other = re.search(r"\[worker1\] .*worker 1 done after (\d+) local steps", output)
+    assert other, output
+    assert chief["global_step"] == 240 == chief["local_steps"] + int(other.group(1)), chief
+    assert chief["test_accuracy"] >= 0.9, chief
