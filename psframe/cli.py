@@ -108,6 +108,8 @@ def _status(args: argparse.Namespace) -> int:
     ahead: list[tuple[str, ...]] = [("task", "steps ahead: pushes", "most")]
     # Elastic clusters: the workers that joined and left, as ps 0 (or the first ps task up) saw them.
     changes: list[tuple[str, ...]] = [("worker", "membership change", "at step", "when")]
+    # Data sets read in ranges (psframe.DataRanges), as ps 0 keeps their queues.
+    data: list[tuple[str, ...]] = [("data set", "consumed", "of", "ranges out")]
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))
     try:
         for k, address in enumerate(cluster.job_tasks("ps")):
@@ -118,6 +120,7 @@ def _status(args: argparse.Namespace) -> int:
             except PsframeError:
                 rows.append((ClusterSpec.task_name("ps", k), address, "ps", "down", "", "", "", "", "", ""))
                 continue
+            data.extend((d.name, str(d.consumed), str(d.total), str(d.ranges_out)) for d in info.data_sets)
             if len(changes) == 1:
                 changes.extend(
                     (ClusterSpec.task_name("worker", c.worker), c.kind, str(c.global_step), f"{c.seconds_ago:.1f}s ago")
@@ -178,7 +181,7 @@ def _status(args: argparse.Namespace) -> int:
             )
         )
     _print_table(rows)
-    for extra in (tables, ahead, changes):
+    for extra in (tables, ahead, changes, data):
         if len(extra) > 1:
             print()
             _print_table(extra)

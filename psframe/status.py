@@ -61,6 +61,16 @@ class DynamicTableStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class DataSetStatus:
+    """A data set read in ranges (:class:`psframe.DataRanges`), as ps 0 keeps its queue."""
+
+    name: str
+    consumed: int  # examples consumed, over all epochs
+    total: int  # examples in all its epochs
+    ranges_out: int  # ranges handed out and not yet consumed
+
+
+@dataclass(frozen=True, slots=True)
 class MembershipEvent:
     """A worker that joined, left or was presumed dead, as a ps task saw it (elastic clusters)."""
 
@@ -105,6 +115,7 @@ class TaskStatus:
     steps_ahead_counts: tuple[int, ...] = ()
     max_workers: int | None = None  # a ps task's worker slots, if workers may join; None: fixed
     membership: tuple[MembershipEvent, ...] = ()  # who joined and left, oldest first
+    data_sets: tuple[DataSetStatus, ...] = ()  # ps 0: data sets read in ranges
 
     @property
     def name(self) -> str:

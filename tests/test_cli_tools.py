@@ -198,6 +198,22 @@ def test_status_lists_workers_that_joined_an_elastic_cluster_and_its_membership_
     ]
 
 
+def test_status_shows_how_far_data_sets_read_in_ranges_are(local_cluster, capsys):
+    cluster = local_cluster(num_ps=1, num_workers=2)
+    model = make_model()
+    with psframe.Trainer(model, cluster, transport=TRANSPORT) as t:
+        batches = t.read(psframe.DataRanges("train", 100, batch_size=10, range_size=40))
+        for step in range(3):
+            next(batches)
+            t.step(loss_of(model, step))
+        code, out = run_cli(capsys, "status", f"--cluster_spec={cluster.to_string()}")
+        batches.close()
+    assert code == 0, out
+    header, *rows = out.split("\n\n")[-1].splitlines()
+    assert header.split() == ["data", "set", "consumed", "of", "ranges", "out"]
+    assert [row.split() for row in rows] == [["train", "30", "100", "1"]]
+
+
 def test_status_marks_a_ps_that_is_not_running_down_and_exits_1(servers, capsys):
     cluster = free_cluster(2, 1)
     servers(cluster, 0)  # ps 1 is never started

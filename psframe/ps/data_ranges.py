@@ -196,6 +196,11 @@ class RangeQueue:
         with self._lock:
             return {name: (data.consumed, data.total) for name, data in self._sets.items()}
 
+    def ranges_out(self) -> dict[str, int]:
+        """Each data set's ranges handed out and not yet consumed (with a worker, or back in the queue)."""
+        with self._lock:
+            return {name: len(data.leases) for name, data in self._sets.items()}
+
     # ---- checkpoints
 
     def state_dict(self) -> dict[str, list[int]]:

@@ -301,6 +301,9 @@ class ParameterServerService(TaskService):
                 info.max_workers = self.max_workers
             for name, counts in sorted(store.dynamic_counts().items()):
                 info.dynamic_tables.add(name=name, **counts)
+        out = self.data.ranges_out()
+        for name, (consumed, total) in sorted(self.data.counts().items()):
+            info.data_sets.add(name=name, consumed=consumed, total=total, ranges_out=out.get(name, 0))
         now = time.monotonic()
         for change in self.roster.changes:
             info.membership.add(

@@ -20,7 +20,15 @@ from psframe.cluster.placement import Shard
 from psframe.cluster.table_placement import Admission, DynamicTableSpec, Eviction, RowInitializer
 from psframe.errors import ClusterMismatchError, WireFormatError
 from psframe.optim import KwargValue, OptimizerSpec, SyncReplicas
-from psframe.status import DynamicTableStatus, MembershipEvent, TaskState, TaskStatus, VariableStatus, WorkerStatus
+from psframe.status import (
+    DataSetStatus,
+    DynamicTableStatus,
+    MembershipEvent,
+    TaskState,
+    TaskStatus,
+    VariableStatus,
+    WorkerStatus,
+)
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.codec import check_shape, dtype_from_name, dtype_name
 
@@ -262,6 +270,7 @@ def task_status(info: pb.TaskInfo) -> TaskStatus:
             MembershipEvent(c.worker, pb.MembershipChange.Kind.Name(c.kind).lower(), c.global_step, c.seconds_ago)
             for c in info.membership
         ),
+        data_sets=tuple(DataSetStatus(d.name, d.consumed, d.total, d.ranges_out) for d in info.data_sets),
     )
 
 
