@@ -128,3 +128,17 @@ def test_the_in_graph_benchmark_runs_each_way(capsys):
     rows = capsys.readouterr().out.splitlines()[-3:]
     assert [row.split()[0] for row in rows] == ["one", "between-graph", "in-graph"]
     assert all(float(row.split()[-1]) > 0 for row in rows)  # CPU ms a global step
+
+
+def test_async_replicas_read_in_ranges_record_each_batch_once(local_cluster):
+    cluster = local_cluster(num_ps=1, num_workers=1)
+    ranges = psframe.DataRanges("train", 40, batch_size=4, range_size=8, shuffle=False)
+    x, y = torch.randn(40, 6), torch.randn(40, 2)
+    seen = []
+    with trainer_of(cluster, 2) as trainer:
+        for indices in trainer.read(ranges):  # one batch a step, split between the replicas
+            halves = indices.chunk(2)
+            trainer.step([torch.nn.functional.mse_loss(r(x[h]), y[h]) for r, h in zip(trainer.replicas, halves)])
+            seen += indices.tolist()
+        assert trainer.dropped_steps == 0 and trainer.global_step == 20
+    assert seen == list(range(40))

@@ -624,6 +624,7 @@ class Trainer:
             for i, loss in enumerate(losses):
                 replicas.gradient_into_first(i)
                 self._step(replicas.mean_loss([loss]), run_backward=False)
+                self._ps.clear_progress()  # a batch read in ranges is recorded with the first push alone
             return self._global_step
         finally:
             replicas.share_values()
