@@ -89,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="ps: the same for the chief, waited for longer (default: 10 x --worker_timeout)",
     )
     parser.add_argument("--serving_processes", type=int, default=1, help="ps: processes serving the task's port")
+    parser.add_argument(
+        "--max_workers", type=int, default=None, help="ps: worker slots of an elastic cluster (default: fixed)"
+    )
     add_security_flags(parser)  # --auth_token_file and the TLS files: paths every node reads
     add_liveness_flags(parser)  # --keepalive_time, --keepalive_timeout
     return parser.parse_args(argv)

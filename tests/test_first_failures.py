@@ -424,7 +424,8 @@ def test_a_worker_given_another_cluster_than_the_ps_is_one_line(children, tiny_m
     assert the_line(child.err) == (
         f"mlp_mnist_dist.py: error: 127.0.0.1:{ps} should be /job:ps/task:0 of cluster "
         f"'ps|127.0.0.1:{ps},worker|{workers.replace(',', ';')}', but it is /job:ps/task:0 of cluster "
-        f"'{ps_cluster}'; {SAME_CLUSTER}"
+        f"'{ps_cluster}'; {SAME_CLUSTER} (the same ps tasks, but /job:ps/task:0 has no slots for joining "
+        f"workers: for workers to join a running job, start the ps tasks with max_workers / --max_workers)"
     )
 
 
