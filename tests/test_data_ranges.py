@@ -291,3 +291,27 @@ def test_a_batch_not_stepped_on_is_an_error_that_says_so(ps_tasks):
         next(batches)
         with pytest.raises(PsframeError, match="call trainer.step"):
             next(batches)
+
+
+@pytest.mark.service
+def test_a_checkpoint_restored_onto_fewer_ps_tasks_keeps_what_was_consumed(ps_tasks, tmp_path):
+    cluster, servers = ps_tasks(2, 1)
+    ranges = psframe.DataRanges("train", 200, batch_size=10, range_size=40, shuffle=False)
+    x, y = dataset(200)
+    checkpointing = psframe.Checkpointing(str(tmp_path), save_steps=None)
+    trainer = trainer_of(cluster, 0, checkpointing=checkpointing)
+    trainer.connect()  # and never closed: a chief that closes saves a last checkpoint
+    batches = trainer.read(ranges)
+    for _ in range(6):
+        indices = next(batches)
+        trainer.step(torch.nn.functional.mse_loss(trainer.model(x[indices]), y[indices]))
+    trainer.save_checkpoint()
+    batches.close()
+    for server in servers:
+        server.stop(grace=0.1)
+    smaller, (server,) = ps_tasks(1, 1)  # the job again, on one ps task: the chief restores onto it
+    again = trainer_of(smaller, 0, checkpointing=checkpointing)
+    with again:
+        assert again.global_step == 6
+        assert server.service.data.counts() == {"train": (60, 200)}
+        assert next(again.read(ranges)).tolist() == list(range(60, 70))

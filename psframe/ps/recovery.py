@@ -24,6 +24,7 @@ from psframe.checkpoint.shard import OptimizerData, ShardData, SyncData, Variabl
 from psframe.checkpoint.slices import slice_rows, strided_rows
 from psframe.errors import CheckpointError
 from psframe.optim import OptimizerSpec
+from psframe.ps.data_ranges import STATE_PREFIX
 from psframe.ps.store import VariableStore
 from psframe.wire import psframe_pb2 as pb
 
@@ -191,12 +192,20 @@ def restore_own_shard(url: str, ps_task: int, num_ps: int) -> Restored | None:
 
 
 def restore_onto(
-    url: str, defs: Sequence[pb.VariableDef], optimizer: OptimizerSpec, table_optimizer: OptimizerSpec | None = None
+    url: str,
+    defs: Sequence[pb.VariableDef],
+    optimizer: OptimizerSpec,
+    table_optimizer: OptimizerSpec | None = None,
+    *,
+    keeps_data: bool = False,
 ) -> Restored | None:
     """The rows of the latest valid checkpoint that ``defs`` ask for, from whichever shards hold them.
 
     Optimizer state is kept only if the checkpoint ran the same optimizer
-    (for embedding tables, the same table optimizer).
+    (for embedding tables, the same table optimizer). The push ledger is not:
+    its numbers are per ps task, and the layout changed. ``keeps_data``: the
+    task keeps the data queues (ps 0), and takes them from the first shard's
+    record, where ps 0 saved them (:mod:`psframe.ps.data_ranges`).
 
     Returns:
         What to restore, or None when there is no checkpoint.
@@ -246,6 +255,9 @@ def restore_onto(
         states=states,
         table_optimizer=table_optimizer,
         dynamic=dynamic,
+        pushes={k: list(v) for k, v in (shards[0].pushes or {}).items() if k.startswith(STATE_PREFIX)}
+        if keeps_data
+        else None,
         num_shards=chain.num_shards,
     )
 

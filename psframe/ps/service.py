@@ -430,7 +430,9 @@ class ParameterServerService(TaskService):
         """Restore the variables the chief placed here from the latest checkpoint, if any."""
         if not url:
             return False
-        restored = recovery.restore_onto(url, defs, optimizer, table_optimizer)
+        restored = recovery.restore_onto(
+            url, defs, optimizer, table_optimizer, keeps_data=self.task_index == 0 and self.keeps_data
+        )
         if restored is None:
             return False
         restored.sync = sync
