@@ -128,6 +128,19 @@ def test_psframe_server_serves_a_bare_ps_task_until_the_workers_finish(processes
     assert last_json(procs["worker0"].output)["global_step"] == 50
 
 
+def launch_mnist(processes, mnist_dir, *flags: str, timeout: int) -> str:
+    """The MNIST example on 1 ps task and 2 workers under ``psframe launch``; its output, prefixed by task."""
+    argv = [sys.executable, "-m", "psframe.cli", "launch", "--num_ps", "1", "--num_workers", "2"]
+    example = str(ROOT / "examples" / "mlp_mnist_dist.py")
+    processes.start("launch", [*argv, "--timeout", str(timeout), example, "--", f"--data_dir={mnist_dir}", *flags])
+    return processes.wait(timeout=timeout + 20)["launch"].output
+
+
+def chief_result(output: str) -> dict:
+    """The chief's JSON result in ``psframe launch``'s output."""
+    return json.loads([line for line in output.splitlines() if line.startswith("[worker0] {")][-1].split(" ", 1)[1])
+
+
 @pytest.mark.mnist
 @pytest.mark.parametrize(
     "flags",
@@ -135,31 +148,7 @@ def test_psframe_server_serves_a_bare_ps_task_until_the_workers_finish(processes
     ids=["float32", "bfloat16_wire", "two_serving_processes"],
 )
 def test_mnist_example_async_reaches_97_percent(processes, mnist_dir, flags):
-    data_dir = mnist_dir
-    processes.start(
-        "launch",
-        [
-            sys.executable,
-            "-m",
-            "psframe.cli",
-            "launch",
-            "--num_ps",
-            "1",
-            "--num_workers",
-            "2",
-            "--timeout",
-            "400",
-            str(ROOT / "examples" / "mlp_mnist_dist.py"),
-            "--",
-            f"--data_dir={data_dir}",
-            *flags,
-        ],
-    )
-    procs = processes.wait(timeout=420)
-    chief = [
-        line.removeprefix("[worker0] ") for line in procs["launch"].output.splitlines() if line.startswith("[worker0] ")
-    ]
-    result = json.loads(chief[-1])
+    result = chief_result(launch_mnist(processes, mnist_dir, *flags, timeout=400))
     assert result["test_accuracy"] >= 0.97, result
     assert result["global_step"] >= 6000
     assert {"global_step", "test_accuracy", "wall_seconds", "steps_per_sec"} <= set(result)
@@ -169,29 +158,9 @@ def test_mnist_example_async_reaches_97_percent(processes, mnist_dir, flags):
 def test_mnist_example_reads_each_example_once_an_epoch(processes, mnist_dir):
     """``--epochs_exactly_once 2`` at batches of 500: the two workers' steps are exactly the
     2 x 120 batches of two epochs (asynchronous: one global step a batch), whoever took which."""
-    processes.start(
-        "launch",
-        [
-            sys.executable,
-            "-m",
-            "psframe.cli",
-            "launch",
-            "--num_ps",
-            "1",
-            "--num_workers",
-            "2",
-            "--timeout",
-            "300",
-            str(ROOT / "examples" / "mlp_mnist_dist.py"),
-            "--",
-            f"--data_dir={mnist_dir}",
-            "--epochs_exactly_once=2",
-            "--batch_size=500",
-            "--train_steps=100000",
-        ],
-    )
-    output = processes.wait(timeout=320)["launch"].output
-    chief = json.loads([line for line in output.splitlines() if line.startswith("[worker0] {")][-1].split(" ", 1)[1])
+    flags = ("--epochs_exactly_once=2", "--batch_size=500", "--train_steps=100000")
+    output = launch_mnist(processes, mnist_dir, *flags, timeout=300)
+    chief = chief_result(output)
     other = re.search(r"\[worker1\] .*worker 1 done after (\d+) local steps", output)
     assert other, output
     assert chief["global_step"] == 240 == chief["local_steps"] + int(other.group(1)), chief

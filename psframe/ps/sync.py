@@ -394,9 +394,9 @@ class SyncAggregator:
     # ---- the round, under the lock
 
     def _parts_in_rounds(self) -> int:
-        """How many variables a worker's contribution holds once complete (tables applied at once aside)."""
-        held = [*self.store.names, *self.store.dynamic_tables]
-        return len(held) - sum(name in self.async_parts for name in held)
+        """How many variables a worker's contribution holds once complete (the tables applied at
+        once aside: ``async_parts`` are parts this task holds)."""
+        return len(self.store.names) + len(self.store.dynamic_tables) - len(self.async_parts)
 
     def _required(self) -> int:
         return self._required_of(len(self._live))

@@ -330,7 +330,7 @@ class PsClient:
         # Rows of tables applied at once (synchronous training's async tables) go first, alone.
         rows_now = [
             PushRows(ps_task, now, False, rows_async=True)
-            for ps_task, pushes in rows.items()
+            for ps_task, pushes in (rows.items() if self.async_parts else ())
             if (now := [push for push in pushes if push[0] in self.async_parts])
         ]
         if rows_now:
