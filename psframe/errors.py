@@ -98,6 +98,12 @@ class DataRangeLostError(PsframeError):
     checkpoint): nothing of that push was applied (:mod:`psframe.ps.data_ranges`)."""
 
 
+class LayoutChangedError(PsframeError):
+    """The ps tasks moved to another layout (ps tasks added or drained while training,
+    ``Trainer.reshard``): the push was refused with nothing applied. The worker takes the
+    new cluster from ps 0, and sends its step there (:mod:`psframe.ps.relayout`)."""
+
+
 class NotKeptHere(Exception):
     """Internal, not a failure: a push that carries data progress reached one of a ps task's serving
     processes, and the task's owner keeps the data queues; the serving process hands it the push

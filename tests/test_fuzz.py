@@ -191,6 +191,8 @@ def valid_request(target: Target, method: str) -> bytes:
         return codec.encode(
             pb.PushPullHeader(caller=target.caller, pull=["fc.bias"]), [("fc.weight", torch.zeros(2, 3))]
         )
+    if method == "FetchParts":
+        return codec.encode(pb.FetchPartsHeader(caller=target.caller, variables=["fc.bias"]), [])
     request = transport.METHODS[method].request_type(caller=target.caller)
     return request.SerializeToString()
 

@@ -27,7 +27,14 @@ def test_every_tensor_carrying_message_is_a_header_payload_envelope():
     from psframe.wire import psframe_pb2 as pb
 
     envelopes = [m for m in pb.DESCRIPTOR.message_types_by_name.values() if "payload" in m.fields_by_name]
-    assert {m.name for m in envelopes} == {"InitRequest", "InitResponse", "PushPullRequest", "PushPullResponse"}
+    assert {m.name for m in envelopes} == {
+        "InitRequest",
+        "InitResponse",
+        "PushPullRequest",
+        "PushPullResponse",
+        "FetchPartsRequest",
+        "FetchPartsResponse",
+    }
     for message in envelopes:
         header, payload = message.fields_by_name["header"], message.fields_by_name["payload"]
         assert (header.number, payload.number) == (1, 2), message.name

@@ -91,17 +91,45 @@ def save_shard(
     Raises:
         CheckpointError: the shard cannot be written.
     """
+    shard = snapshot_shard(store, defs, sync, ps_task, num_shards, ledger, cut, step=step)
+    return checkpoint_io.write_shard(url, step, shard)
+
+
+def snapshot_shard(
+    store: VariableStore,
+    defs: Sequence[pb.VariableDef],
+    sync: pb.SyncDef | None,
+    ps_task: int,
+    num_shards: int,
+    ledger: PushRecord | None = None,
+    cut: Callable[[], None] | None = None,
+    *,
+    step: int | None = None,
+    then: Callable[[], None] | None = None,
+) -> ShardData:
+    """The shard record of the store at one instant, in memory (:func:`save_shard` writes it).
+
+    ``step``: the checkpoint it is for (a delta from it then holds what changes from
+    now on); None: no checkpoint (a re-layout's). ``then``: called under the store's
+    lock right after the snapshot, before a push can apply (a re-layout stops them).
+
+    Raises:
+        CheckpointError: the store holds no model.
+    """
     with store.lock:  # the values and the record of the pushes they hold, at one instant
         if cut is not None:
             cut()
         global_step, values, states = store.snapshot()
         pushes = None if ledger is None else ledger.state_dict()
         dynamic = store.export_dynamic()
-        store.mark_snapshot(step)  # a delta from this checkpoint holds what changes from now on
-    spec, table_spec = store.optimizer_spec, store.table_optimizer_spec
+        if step is not None:
+            store.mark_snapshot(step)  # a delta from this checkpoint holds what changes from now on
+        spec, table_spec = store.optimizer_spec, store.table_optimizer_spec
+        if then is not None:
+            then()
     if spec is None:
         raise CheckpointError(f"ps task {ps_task} holds no model yet: there is nothing to save")
-    shard = ShardData(
+    return ShardData(
         global_step=global_step,
         ps_task=ps_task,
         num_shards=num_shards,
@@ -116,7 +144,6 @@ def save_shard(
         table_optimizer=None if table_spec is None else OptimizerData(table_spec.name, dict(table_spec.kwargs)),
         pushes=pushes,
     )
-    return checkpoint_io.write_shard(url, step, shard)
 
 
 def save_delta_shard(
@@ -216,16 +243,39 @@ def restore_onto(
     chain = deltas.latest_chain(url)
     if chain is None:
         return None
-    shards = chain.read_shards()
+    restored = restore_from_shards(
+        chain.read_shards(),
+        defs,
+        optimizer,
+        table_optimizer,
+        keeps_data=keeps_data,
+        source=f"checkpoint {chain.last.folder}",
+    )
+    restored.step = chain.step
+    return restored
+
+
+def restore_from_shards(
+    shards: Sequence[ShardData],
+    defs: Sequence[pb.VariableDef],
+    optimizer: OptimizerSpec,
+    table_optimizer: OptimizerSpec | None = None,
+    *,
+    keeps_data: bool = False,
+    source: str = "the snapshot",
+) -> Restored:
+    """The rows ``defs`` ask for, re-sliced from the parts ``shards`` hold (a checkpoint's,
+    or a live re-layout's snapshots: :mod:`psframe.ps.relayout`); as :func:`restore_onto`.
+
+    ``step`` of the result is -1 (no checkpoint); ``num_shards`` that of the shards.
+
+    Raises:
+        CheckpointError: the shards do not hold the rows.
+    """
     saved_with = shards[0].optimizer.name
     same_optimizer = saved_with == optimizer.name
     if not same_optimizer:
-        log.warning(
-            "checkpoint %s ran %s, now %s: its optimizer state is not restored",
-            chain.last.folder,
-            saved_with,
-            optimizer.name,
-        )
+        log.warning("%s ran %s, now %s: its optimizer state is not restored", source, saved_with, optimizer.name)
     saved_tables = shards[0].table_optimizer
     same_table_optimizer = (
         table_optimizer is not None and saved_tables is not None and saved_tables.name == table_optimizer.name
@@ -246,7 +296,7 @@ def restore_onto(
         values[d.name] = value.reshape(tuple(d.shape))
         states[d.name] = state if (same_table_optimizer if d.table else same_optimizer) else {}
     return Restored(
-        step=chain.step,
+        step=-1,
         global_step=min(s.global_step for s in shards),
         defs=list(defs),
         optimizer=optimizer,
@@ -258,7 +308,7 @@ def restore_onto(
         pushes={k: list(v) for k, v in (shards[0].pushes or {}).items() if k.startswith(STATE_PREFIX)}
         if keeps_data
         else None,
-        num_shards=chain.num_shards,
+        num_shards=shards[0].num_shards,
     )
 
 

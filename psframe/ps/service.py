@@ -38,6 +38,7 @@ from psframe.ps.incoming_model import PendingModel
 from psframe.ps.ledger import PushLedger
 from psframe.ps.peers import PsPeers
 from psframe.ps.push_pull_request import PushPullRequest
+from psframe.ps.relayout import Relayout, fetch_shards
 from psframe.ps.roster import Change, WorkerRoster, check_max_workers
 from psframe.ps.round_replies import RoundReplies, outgoing
 from psframe.ps.staleness import StalenessGate
@@ -61,6 +62,8 @@ MAX_HOLD_SECONDS = 10.0
 # is taken for lost (killed, cut off): the cut gives up at once rather than hold everyone to the deadline.
 CUT_SILENCE_SECONDS = 1.0
 _HOLD_POLL_SECONDS = 0.001
+# The longest a task of a new layout waits for the parts of one task before it (FetchParts).
+MAX_FETCH_SECONDS = 120.0
 
 
 class PushesHeld:
@@ -112,6 +115,11 @@ class ParameterServerService(TaskService):
     ) -> None:
         super().__init__(cluster, "ps", task_index)
         self.keeps_data = keeps_data
+        # A live re-layout (psframe.ps.relayout): one asked for, or taken. Not where the task
+        # serves from several processes (they share one layout: see shared_service).
+        self.relayout = Relayout()
+        self.live_relayout = True
+        self._security, self._liveness = security, liveness
         self.max_workers = check_max_workers(max_workers, cluster.num_workers)
         self.elastic = max_workers is not None  # given: workers may join and leave, even with no slot to spare
         self.worker_timeout = worker_timeout
@@ -152,6 +160,7 @@ class ParameterServerService(TaskService):
     # ---- helpers
 
     def _check_caller(self, caller: pb.Caller, job_name: str = "worker") -> None:
+        self.relayout.check_caller(caller)  # a worker of the layout before: refused, with where to go
         if job_name == "worker" and self._joins(caller):
             return
         if caller.cluster_fingerprint != self.cluster.fingerprint:
@@ -178,7 +187,11 @@ class ParameterServerService(TaskService):
         )
 
     def _same_cluster(self, caller: pb.Caller) -> bool:
-        return super()._same_cluster(caller) or (self.elastic and caller.ps_fingerprint == self.cluster.ps_fingerprint)
+        return (
+            super()._same_cluster(caller)
+            or (self.elastic and caller.ps_fingerprint == self.cluster.ps_fingerprint)
+            or (caller.cluster_fingerprint == self.relayout.before)  # asks where the ps tasks went
+        )
 
     def _accepts_worker(self, caller: pb.Caller) -> bool:
         return caller.job_name == "worker" and (
@@ -299,6 +312,8 @@ class ParameterServerService(TaskService):
             info.checkpoint_dir = self.checkpoint_dir or ""
             if self.elastic:
                 info.max_workers = self.max_workers
+            layout = self.relayout.reply()
+            info.reshard_to, info.layout_version = layout.cluster_spec, layout.layout_version
             for name, counts in sorted(store.dynamic_counts().items()):
                 info.dynamic_tables.add(name=name, **counts)
         out = self.data.ranges_out()
@@ -366,6 +381,11 @@ class ParameterServerService(TaskService):
                 messages.check_same_sync(
                     f"the chief's model does not match what {self.task_name} holds", sync, self._sync_def
                 )
+            elif header.adopt_from:
+                self._adopt_from_peers(list(header.adopt_from), defs, optimizer, sync, table_optimizer)
+                if self.relayout.moved_to is None:  # new in this layout
+                    before = ClusterSpec({"ps": list(header.adopt_from), "worker": self.cluster.job_tasks("worker")})
+                    self.relayout.adopted(before, self.cluster, header.layout_version)
             elif self._restore_for_chief(
                 header.checkpoint_dir or self.checkpoint_dir, defs, optimizer, sync, table_optimizer
             ):
@@ -481,8 +501,8 @@ class ParameterServerService(TaskService):
         self._check_tool_or_worker(request.caller)
         if request.hold:
             return self._hold(request.hold_seconds)
-        url = request.checkpoint_dir or self.checkpoint_dir
-        if not url:
+        url = request.checkpoint_dir or self.checkpoint_dir or ""
+        if not url and not request.move_to:
             raise errors.CheckpointError(f"{self.task_name} has no checkpoint_dir and the request named none")
         # With targets (or a round's), the snapshot is the cut's: checked under the lock it is taken under.
         cut = self._check_cut if request.targets else None
@@ -491,12 +511,17 @@ class ParameterServerService(TaskService):
             cut = functools.partial(aggregator.check_cut, request.round_target)
         try:
             with self._init_lock:
+                if request.move_to and self.relayout.took(request.move_to):
+                    return pb.SaveReply(global_step=self.store.global_step)  # the cut taken again after a lost one
                 self.store.check_names([])  # NotReadyError before the model exists
                 if request.targets:
                     self._reach(list(request.targets))
                 if aggregator is not None:
                     aggregator.reach(request.round_target)
                 k, num_ps = self.task_index, self.cluster.num_ps
+                if request.move_to:
+                    self._move(ClusterSpec.from_string(request.move_to), cut)
+                    return pb.SaveReply(global_step=self.store.global_step)
                 if request.delta:  # what changed since the parent only
                     record = recovery.save_delta_shard(
                         self.store, url, request.step, request.parent_step, k, num_ps, self._pushes_held, cut
@@ -521,6 +546,140 @@ class ParameterServerService(TaskService):
                 self.aggregator.release()
         return pb.SaveReply(
             file=record.file, sha256=record.sha256, nbytes=record.nbytes, global_step=record.global_step
+        )
+
+    # ---- a live re-layout: ps tasks added or drained (psframe.ps.relayout)
+
+    def reshard(self, request: pb.ReshardRequest) -> pb.ReshardReply:
+        """Ask ps 0 for a re-layout to ``request.cluster_spec``; or, with none, say what is asked or taken."""
+        self._check_tool_or_worker(request.caller)
+        if request.cluster_spec:
+            new = ClusterSpec.from_string(request.cluster_spec)
+            self._check_relayout_possible()
+            self.relayout.ask(self.cluster, new)
+            log.info("%s: a re-layout to ps tasks %s is asked for", self.task_name, new.job_tasks("ps"))
+        if request.done:  # the chief: every task of the new layout holds its parts
+            self.relayout.release()
+        return self.relayout.reply()
+
+    def _check_relayout_possible(self) -> None:
+        """Refuse a re-layout this task cannot take live (see :mod:`psframe.ps.relayout`).
+
+        Raises:
+            ClusterSpecError: naming why, and what to do instead.
+        """
+        why = ""
+        if self.task_index != 0:
+            why = f"ask {ClusterSpec.task_name('ps', 0)}, which leads it, not {self.task_name}"
+        elif not self.live_relayout:
+            why = "the ps tasks serve from several processes (start them with --serving_processes 1)"
+        elif self._sync_def is not None:
+            why = "synchronous training is re-laid out through a checkpoint for now"
+        elif any(d.HasField("dynamic") for d in self._variable_defs):
+            why = "a model with dynamic embedding tables is re-laid out through a checkpoint for now"
+        elif not self.store.ready:
+            why = "the ps tasks hold no model yet: start the job with the new ps tasks instead"
+        if why:
+            raise errors.ClusterSpecError(
+                f"{self.task_name} cannot take this re-layout while training: {why}. Otherwise save a checkpoint, "
+                f"stop the job and start it with the new --ps_hosts: it restores onto the new layout"
+            )
+
+    def _move(self, after: ClusterSpec, cut: Callable[[], None] | None) -> None:
+        """Take a re-layout's cut: snapshot the parts into memory and move to ``after``.
+
+        Under the store's lock with the snapshot, before a push can apply: the variables go (the
+        snapshot holds them), and a worker of the cluster before is refused from then on. A task
+        ``after`` keeps takes its cluster, and waits for its new parts; one it lacks only hands over.
+        """
+        before = self.cluster
+
+        def stop_pushes() -> None:
+            self.relayout.move(before, after)
+            self.store.clear()
+            self._variable_defs = []
+            if self.task_index < after.num_ps:
+                self.cluster = after
+                self._peers.close()
+                self._peers = PsPeers(after, self.task_index, self._security, self._liveness)
+
+        snapshot = recovery.snapshot_shard(
+            self.store,
+            self._variable_defs,
+            self._sync_def,
+            self.task_index,
+            before.num_ps,
+            self._pushes_held,
+            cut,
+            then=stop_pushes,
+        )
+        self.relayout.keep(snapshot)
+        kept = "keeps its index, and waits for its new parts" if self.task_index < after.num_ps else "is drained"
+        log.info(
+            "%s: took a re-layout's cut at global step %d (%d parts, %d bytes); it %s",
+            self.task_name,
+            snapshot.global_step,
+            len(snapshot.variables),
+            sum(v.value.nbytes for v in snapshot.variables),
+            kept,
+        )
+
+    def fetch_parts(self, data: bytes) -> bytes:
+        """A task of the new layout reads the parts of some variables, as this task snapshot them at the cut."""
+        header, _ = codec.decode(data, pb.FetchPartsHeader)
+        moved_to = self.relayout.moved_to
+        caller = header.caller
+        if caller.job_name != "ps" or moved_to is None or caller.cluster_fingerprint != moved_to.fingerprint:
+            raise ClusterMismatchError(
+                f"{self.task_name} hands its parts over only to the ps tasks of the re-layout it took "
+                f"({'none taken' if moved_to is None else moved_to.job_tasks('ps')}), not to "
+                f"{ClusterSpec.caller_name(caller.job_name, caller.task_index)} of fingerprint "
+                f"{caller.cluster_fingerprint or 'none'}"
+            )
+        return self.relayout.parts(list(header.variables))
+
+    def _adopt_from_peers(
+        self,
+        addresses: list[str],
+        defs: list[pb.VariableDef],
+        optimizer: OptimizerSpec,
+        sync: pb.SyncDef | None,
+        table_optimizer: OptimizerSpec | None,
+    ) -> None:
+        """Take the parts the chief placed here from the ps tasks of the layout before (their cut's snapshots).
+
+        Every task of the new layout takes the push ledger of ps 0 before (at the cut, every
+        task had applied the same steps of every worker); ps 0 takes the data queues too.
+        """
+        start = time.monotonic()
+        caller = pb.Caller(job_name="ps", task_index=self.task_index, cluster_fingerprint=self.cluster.fingerprint)
+        shards = fetch_shards(
+            addresses, [d.variable for d in defs], caller, MAX_FETCH_SECONDS, self._security, self._liveness
+        )
+        restored = recovery.restore_from_shards(
+            shards,
+            defs,
+            optimizer,
+            table_optimizer,
+            keeps_data=self.task_index == 0 and self.keeps_data,
+            source="the re-layout's snapshot",
+        )
+        ledger = dict(shards[0].pushes or {})
+        restored.pushes = {
+            **{k: v for k, v in ledger.items() if k in ("last_push", "applied_steps")},
+            **(restored.pushes or {}),
+        }
+        restored.sync = sync
+        self._adopt(restored)
+        log.info(
+            "%s: took %d parts (%d bytes with optimizer state) from the %d ps tasks before the re-layout "
+            "in %.3f s, at global step %d",
+            self.task_name,
+            len(defs),
+            self.store.nbytes(),
+            len(addresses),
+            time.monotonic() - start,
+            self.store.global_step,
         )
 
     # ---- a checkpoint's cut: every part holds the same steps of every worker
@@ -708,6 +867,8 @@ class ParameterServerService(TaskService):
                 return None
             if grads and not self.ledger.admits(worker):
                 self._wait_turn(worker)
+                if cached.generation != store.generation:  # made anew while it waited (a re-layout's cut)
+                    return None
             duplicate = bool(grads) and self.ledger.is_duplicate(worker, header.push_id)
             if duplicate:
                 grads = []  # applied already: answered with the values it pulls, not applied again
@@ -735,6 +896,7 @@ class ParameterServerService(TaskService):
         with store.lock:
             if pushes and not self.ledger.admits(worker):
                 self._wait_turn(worker)
+            self.relayout.check_caller(header.caller)  # it waited at a re-layout's cut: nothing applies
             for name, ids, *_ in request.row_pulls:  # every row asked for exists before anything changes
                 store.check_row_ids(name, ids)
             duplicate = pushes and self.ledger.is_duplicate(worker, request.push_id)
@@ -942,6 +1104,8 @@ class ParameterServerService(TaskService):
             "Save": self.save,
             "StepMembers": self.step_members,
             "DataRange": self.data_range,
+            "Reshard": self.reshard,
+            "FetchParts": self.fetch_parts,
         }
 
     def close(self) -> None:

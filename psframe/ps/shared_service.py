@@ -53,7 +53,7 @@ def shared_service(
         store = VariableStore(
             task_name, lock=shared.lock, counters=shared.counters, memory=SharedStoreMemory(shared.allocate)
         )
-    return ParameterServerService(
+    service = ParameterServerService(
         cluster,
         task_index,
         store,
@@ -61,6 +61,8 @@ def shared_service(
         last_seen=shared.last_seen,
         **options,
     )
+    service.live_relayout = False  # the serving processes share one layout, made once
+    return service
 
 
 class Publisher:

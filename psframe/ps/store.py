@@ -269,6 +269,16 @@ class VariableStore:
             self.version += 1
             self.generation = next(_GENERATIONS)
 
+    def clear(self) -> None:
+        """Drop the variables and their optimizers (a live re-layout moved them elsewhere):
+        the store is not ready until created again. Requests cached on the variables no longer hold."""
+        with self.lock:
+            self._model = StoreModel(self.task_name)
+            self._dense_names, self._fixed_names = {}, {}
+            self._ready = False
+            self.version += 1
+            self.generation = next(_GENERATIONS)
+
     def _build(self, model: StoreModel) -> None:
         """Hold ``model``, its optimizers' state looked after by the store's memory."""
         for group in model.groups:

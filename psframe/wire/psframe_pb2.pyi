@@ -149,16 +149,18 @@ class SyncDef(_message.Message):
     def __init__(self, replicas_to_aggregate: _Optional[int] = ..., total_num_replicas: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., fraction_to_aggregate: _Optional[float] = ..., async_tables: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Caller(_message.Message):
-    __slots__ = ("job_name", "task_index", "cluster_fingerprint", "ps_fingerprint")
+    __slots__ = ("job_name", "task_index", "cluster_fingerprint", "ps_fingerprint", "layout_version")
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PS_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     task_index: int
     cluster_fingerprint: str
     ps_fingerprint: str
-    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., cluster_fingerprint: _Optional[str] = ..., ps_fingerprint: _Optional[str] = ...) -> None: ...
+    layout_version: int
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., cluster_fingerprint: _Optional[str] = ..., ps_fingerprint: _Optional[str] = ..., layout_version: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ("caller", "joining")
@@ -215,7 +217,7 @@ class DataProgress(_message.Message):
     def __init__(self, name: _Optional[str] = ..., lease: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts", "max_workers", "membership", "data_sets")
+    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts", "max_workers", "membership", "data_sets", "reshard_to", "layout_version")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STARTING: _ClassVar[TaskInfo.State]
@@ -252,6 +254,8 @@ class TaskInfo(_message.Message):
     MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
     MEMBERSHIP_FIELD_NUMBER: _ClassVar[int]
     DATA_SETS_FIELD_NUMBER: _ClassVar[int]
+    RESHARD_TO_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     task_index: int
     address: str
@@ -278,7 +282,9 @@ class TaskInfo(_message.Message):
     max_workers: int
     membership: _containers.RepeatedCompositeFieldContainer[MembershipChange]
     data_sets: _containers.RepeatedCompositeFieldContainer[DataSetCounts]
-    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ..., steps_ahead_counts: _Optional[_Iterable[int]] = ..., max_workers: _Optional[int] = ..., membership: _Optional[_Iterable[_Union[MembershipChange, _Mapping]]] = ..., data_sets: _Optional[_Iterable[_Union[DataSetCounts, _Mapping]]] = ...) -> None: ...
+    reshard_to: str
+    layout_version: int
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ..., steps_ahead_counts: _Optional[_Iterable[int]] = ..., max_workers: _Optional[int] = ..., membership: _Optional[_Iterable[_Union[MembershipChange, _Mapping]]] = ..., data_sets: _Optional[_Iterable[_Union[DataSetCounts, _Mapping]]] = ..., reshard_to: _Optional[str] = ..., layout_version: _Optional[int] = ...) -> None: ...
 
 class DataSetCounts(_message.Message):
     __slots__ = ("name", "consumed", "total", "ranges_out")
@@ -343,7 +349,7 @@ class WorkerSeen(_message.Message):
     def __init__(self, task_index: _Optional[int] = ..., seconds_ago: _Optional[float] = ..., finished: _Optional[bool] = ..., applied_steps: _Optional[int] = ..., last_push_id: _Optional[int] = ...) -> None: ...
 
 class InitHeader(_message.Message):
-    __slots__ = ("caller", "variables", "optimizer", "tensors", "sync", "checkpoint_dir", "table_optimizer", "global_step")
+    __slots__ = ("caller", "variables", "optimizer", "tensors", "sync", "checkpoint_dir", "table_optimizer", "global_step", "adopt_from", "layout_version")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
@@ -352,6 +358,8 @@ class InitHeader(_message.Message):
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     TABLE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    ADOPT_FROM_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
     optimizer: OptimizerDef
@@ -360,7 +368,9 @@ class InitHeader(_message.Message):
     checkpoint_dir: str
     table_optimizer: OptimizerDef
     global_step: int
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., global_step: _Optional[int] = ...) -> None: ...
+    adopt_from: _containers.RepeatedScalarFieldContainer[str]
+    layout_version: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., global_step: _Optional[int] = ..., adopt_from: _Optional[_Iterable[str]] = ..., layout_version: _Optional[int] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("header", "payload")
@@ -509,7 +519,7 @@ class StepMembersReply(_message.Message):
     def __init__(self, step: _Optional[int] = ..., workers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SaveRequest(_message.Message):
-    __slots__ = ("caller", "checkpoint_dir", "step", "delta", "parent_step", "hold", "hold_seconds", "targets", "round_target", "cut_rounds")
+    __slots__ = ("caller", "checkpoint_dir", "step", "delta", "parent_step", "hold", "hold_seconds", "targets", "round_target", "cut_rounds", "move_to")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -520,6 +530,7 @@ class SaveRequest(_message.Message):
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     ROUND_TARGET_FIELD_NUMBER: _ClassVar[int]
     CUT_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    MOVE_TO_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     checkpoint_dir: str
     step: int
@@ -530,7 +541,8 @@ class SaveRequest(_message.Message):
     targets: _containers.RepeatedScalarFieldContainer[int]
     round_target: int
     cut_rounds: bool
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., step: _Optional[int] = ..., delta: _Optional[bool] = ..., parent_step: _Optional[int] = ..., hold: _Optional[bool] = ..., hold_seconds: _Optional[float] = ..., targets: _Optional[_Iterable[int]] = ..., round_target: _Optional[int] = ..., cut_rounds: _Optional[bool] = ...) -> None: ...
+    move_to: str
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., step: _Optional[int] = ..., delta: _Optional[bool] = ..., parent_step: _Optional[int] = ..., hold: _Optional[bool] = ..., hold_seconds: _Optional[float] = ..., targets: _Optional[_Iterable[int]] = ..., round_target: _Optional[int] = ..., cut_rounds: _Optional[bool] = ..., move_to: _Optional[str] = ...) -> None: ...
 
 class SaveReply(_message.Message):
     __slots__ = ("file", "sha256", "nbytes", "global_step", "steps_begun", "holds", "holds_rounds")
@@ -559,3 +571,57 @@ class ShutdownRequest(_message.Message):
 class ShutdownReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ReshardRequest(_message.Message):
+    __slots__ = ("caller", "cluster_spec", "done")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    cluster_spec: str
+    done: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., done: _Optional[bool] = ...) -> None: ...
+
+class ReshardReply(_message.Message):
+    __slots__ = ("cluster_spec", "moved", "layout_version")
+    CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    cluster_spec: str
+    moved: bool
+    layout_version: int
+    def __init__(self, cluster_spec: _Optional[str] = ..., moved: _Optional[bool] = ..., layout_version: _Optional[int] = ...) -> None: ...
+
+class FetchPartsHeader(_message.Message):
+    __slots__ = ("caller", "variables", "tensors")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    variables: _containers.RepeatedScalarFieldContainer[str]
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
+
+class FetchPartsRequest(_message.Message):
+    __slots__ = ("header", "payload")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    header: FetchPartsHeader
+    payload: bytes
+    def __init__(self, header: _Optional[_Union[FetchPartsHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class FetchPartsReplyHeader(_message.Message):
+    __slots__ = ("record", "tensors")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    record: str
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    def __init__(self, record: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
+
+class FetchPartsResponse(_message.Message):
+    __slots__ = ("header", "payload")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    header: FetchPartsReplyHeader
+    payload: bytes
+    def __init__(self, header: _Optional[_Union[FetchPartsReplyHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...

@@ -163,6 +163,8 @@ class PsClient:
                 infos[k] = info
                 pending.remove(k)
             if not pending:
+                # A push carries the layout the ps tasks are at: one of a layout before is refused.
+                self.caller.layout_version = infos[0].layout_version
                 return [infos[k] for k in range(self.num_ps)]
             now = time.monotonic()
             what = "hold the model (the chief creates it)" if ready else "come up"
@@ -461,27 +463,9 @@ class PsClient:
         Returns:
             What each ps task wrote, by task index.
         """
-        # One cut: every ps task holds pushes back and says how many steps of each worker it
-        # has begun; each then applies the steps another had begun, and saves.
-        hold = pb.SaveRequest(caller=self.caller, hold=True, hold_seconds=min(self.rpc_timeout, 10.0))
-        holds = transport.call_all([(ps, "Save", hold) for ps in self._ps], self.rpc_timeout)
-        begun = [list(r.steps_begun) for r in holds if r.holds]
-        targets = [max(steps) for steps in zip(*begun)] if begun else []
-        # Synchronous: the ps tasks are at most one round apart; the cut is at the latest.
-        round_target = max((r.global_step for r in holds if r.holds_rounds), default=0)
-        requests = [
-            pb.SaveRequest(
-                caller=self.caller,
-                checkpoint_dir=checkpoint_dir,
-                step=step,
-                delta=parent is not None,
-                parent_step=parent or 0,
-                targets=targets if r.holds else [],
-                round_target=round_target if r.holds_rounds else 0,
-                cut_rounds=r.holds_rounds,
-            )
-            for r in holds
-        ]
+        requests = self._cut_requests(
+            checkpoint_dir=checkpoint_dir, step=step, delta=parent is not None, parent_step=parent or 0
+        )
         try:
             replies = transport.call_all(
                 [(ps, "Save", request) for ps, request in zip(self._ps, requests)], self.rpc_timeout
@@ -498,6 +482,93 @@ class PsClient:
             ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes, global_step=r.global_step)
             for k, r in enumerate(replies)
         ]
+
+    def _cut_requests(self, **fields: object) -> list[pb.SaveRequest]:
+        """Hold every ps task at one cut; the ``Save`` requests (with ``fields``) that take it, by task.
+
+        Every ps task holds pushes back and says how many steps of each worker it has
+        begun; each then applies the steps another had begun, and takes its part.
+        """
+        hold = pb.SaveRequest(caller=self.caller, hold=True, hold_seconds=min(self.rpc_timeout, 10.0))
+        holds = transport.call_all([(ps, "Save", hold) for ps in self._ps], self.rpc_timeout)
+        begun = [list(r.steps_begun) for r in holds if r.holds]
+        targets = [max(steps) for steps in zip(*begun)] if begun else []
+        # Synchronous: the ps tasks are at most one round apart; the cut is at the latest.
+        round_target = max((r.global_step for r in holds if r.holds_rounds), default=0)
+        return [
+            pb.SaveRequest(
+                caller=self.caller,
+                targets=targets if r.holds else [],
+                round_target=round_target if r.holds_rounds else 0,
+                cut_rounds=r.holds_rounds,
+                **fields,  # type: ignore[arg-type]
+            )
+            for r in holds
+        ]
+
+    # ---- a live re-layout (psframe.ps.relayout)
+
+    def reshard_asked(self) -> tuple[ClusterSpec | None, bool]:
+        """The re-layout ps 0 was asked for (or took), if any; and whether it took it."""
+        reply = self._ps[0].call("Reshard", pb.ReshardRequest(caller=self.caller), timeout=self.rpc_timeout)
+        return (ClusterSpec.from_string(reply.cluster_spec) if reply.cluster_spec else None), reply.moved
+
+    def ask_reshard(self, new: ClusterSpec) -> None:
+        """Ask ps 0 for a re-layout to ``new`` (from a tool); the chief takes it between two steps.
+
+        Raises:
+            ClusterSpecError: ``new`` cannot be taken live (the reason says what to do instead).
+        """
+        self._ps[0].call(
+            "Reshard", pb.ReshardRequest(caller=self.caller, cluster_spec=new.to_string()), timeout=self.rpc_timeout
+        )
+
+    def move(self, new: ClusterSpec) -> None:
+        """The chief's first part of a re-layout: every ps task takes one cut, snapshots its parts
+        into memory and moves to ``new`` (workers of this cluster are refused from then on).
+
+        A cut lost to a worker that died in the middle of a step (CheckpointCutError) is taken
+        again without the steps it waited for, as a checkpoint is: that step may be applied on
+        some parts and not on others.
+        """
+        requests = self._cut_requests(move_to=new.to_string())
+        try:
+            transport.call_all([(ps, "Save", r) for ps, r in zip(self._ps, requests)], self.rpc_timeout)
+        except errors.CheckpointCutError as e:
+            log.warning("%s: the re-layout's cut is taken without waiting for a lost worker's step: %s", self.name, e)
+            for request in requests:
+                del request.targets[:]
+                request.cut_rounds = False
+            transport.call_all([(ps, "Save", r) for ps, r in zip(self._ps, requests)], self.rpc_timeout)
+
+    def adopt(
+        self,
+        slots: Sequence[Slot],
+        optimizer: OptimizerSpec,
+        table_optimizer: OptimizerSpec | None,
+        adopt_from: Sequence[str],
+        layout_version: int,
+    ) -> None:
+        """The chief's second part of a re-layout: every ps task of this (new) cluster takes the
+        parts placed on it from the snapshots of the tasks before (``adopt_from``), in parallel."""
+        calls = []
+        for k, ps in enumerate(self._ps):
+            header = pb.InitHeader(
+                caller=self.caller,
+                variables=messages.variable_defs(s for s in slots if s.shard.ps_task == k),
+                optimizer=messages.optimizer_to_proto(optimizer),
+                adopt_from=adopt_from,
+                layout_version=layout_version,
+            )
+            if table_optimizer is not None:
+                header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
+            calls.append((ps, "Init", codec.encode(header, ())))
+        transport.call_all(calls, self.rpc_timeout)
+
+    def reshard_done(self) -> None:
+        """Tell the ps tasks the new layout holds the model: their snapshots may go."""
+        request = pb.ReshardRequest(caller=self.caller, done=True)
+        transport.call_all([(ps, "Reshard", request) for ps in self._ps], self.rpc_timeout)
 
     # ---- data read in ranges
 

@@ -36,8 +36,11 @@ from psframe.cluster import ClusterSpec
 from psframe.cluster.placement import ShardPlacement
 from psframe.errors import (
     CheckpointError,
+    ClusterMismatchError,
     ClusterSpecError,
+    ConnectTimeoutError,
     DataRangeLostError,
+    LayoutChangedError,
     NotReadyError,
     PsframeError,
     RpcTimeoutError,
@@ -78,6 +81,8 @@ from psframe.worker.streams import Exchange
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# How often the chief asks ps 0 whether a re-layout waits (asked by a tool): one small call a second.
+RESHARD_POLL_SECONDS = 1.0
 
 
 class TrainerState(enum.Enum):
@@ -270,20 +275,10 @@ class Trainer:
         self._prefetcher = Prefetcher()
         self._overlap_backward = overlap_backward
         self._overlap: BackwardOverlap | None = None
-        self._replica = Replica(
-            self._model,
-            self._cluster.num_ps,
-            HostStaging(self._device),
-            sync=self._sync is not None,
-            variable_devices=dict(placement.variable_devices),
-            strategy=placement.strategy,
-            min_partition_bytes=placement.min_partition_bytes,
-            soft_placement=placement.soft,
-            max_shard_bytes=placement.max_shard_bytes,
-            wire_dtype=self._wire_dtype,
-            table_partition=placement.table_partition,
-            row_cache=row_cache,
-        )
+        self._placement_given, self._row_cache = placement, row_cache
+        self._replica = self._make_replica(self._cluster.num_ps)
+        self._next_reshard_poll = 0.0  # the chief asks ps 0 whether a re-layout waits (asked by a tool)
+        self._relayouts = 0
         self._placement = self._replica.placement
         self._async_tables: frozenset[str] = frozenset()  # sync: tables applied at once (variable names)
         if self._sync_given is not None and self._sync_given.async_tables:
@@ -313,16 +308,7 @@ class Trainer:
         """
         if self._state is not TrainerState.NEW:
             raise PsframeError(f"the trainer is {self._state.value}; connect() is called once")
-        self._client = PsClient(
-            self._cluster,
-            self._task_index,
-            rpc_timeout=self._rpc_timeout,
-            wire_dtype=self._wire_dtype,
-            shared_memory=self.shared_memory,
-            security=self._security,
-            liveness=self._liveness,
-            staleness=self._staleness,
-        )
+        self._client = self._make_client(self._cluster)
         self._state = TrainerState.RUNNING
         try:
             self._join()
@@ -348,6 +334,36 @@ class Trainer:
             self._state = TrainerState.CLOSED
             raise
         return self
+
+    def _make_replica(self, num_ps: int) -> Replica:
+        """The model bound to its placement on ``num_ps`` ps tasks (again after a re-layout)."""
+        placement = self._placement_given
+        return Replica(
+            self._model,
+            num_ps,
+            HostStaging(self._device),
+            sync=self._sync is not None,
+            variable_devices=dict(placement.variable_devices),
+            strategy=placement.strategy,
+            min_partition_bytes=placement.min_partition_bytes,
+            soft_placement=placement.soft,
+            max_shard_bytes=placement.max_shard_bytes,
+            wire_dtype=self._wire_dtype,
+            table_partition=placement.table_partition,
+            row_cache=self._row_cache,
+        )
+
+    def _make_client(self, cluster: ClusterSpec) -> PsClient:
+        return PsClient(
+            cluster,
+            self._task_index,
+            rpc_timeout=self._rpc_timeout,
+            wire_dtype=self._wire_dtype,
+            shared_memory=self.shared_memory,
+            security=self._security,
+            liveness=self._liveness,
+            staleness=self._staleness,
+        )
 
     # Read-only: set by the trainer, read by hooks and callers.
 
@@ -551,7 +567,11 @@ class Trainer:
             self._replica.tables.detach()
             if self._in_graph is not None:
                 self._in_graph.close()
-            self._ps.finish()
+            try:
+                self._ps.finish()
+            except LayoutChangedError as e:  # the ps tasks moved since this worker's last step
+                self._reroute(e, pull=False)
+                self._ps.finish()
             self._ps.close()
             self._state = TrainerState.CLOSED
         if failure is not None:
@@ -631,6 +651,8 @@ class Trainer:
             replicas.clear_gradients()
 
     def _step(self, loss: torch.Tensor | None, run_backward: bool) -> int:
+        if self._is_chief and time.monotonic() >= self._next_reshard_poll:
+            self._take_asked_reshard()
         for hook in self._hooks:
             hook.before_step(self)
         exchange = self._backward(loss) if run_backward else None
@@ -666,6 +688,15 @@ class Trainer:
                     )
             except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
                 replies, prefetched = self._send_again(e, pushes(), rows), {}
+            except LayoutChangedError as e:
+                self._reroute(e)
+                if rows:  # the rows' gradients were cut for the table parts before: dropped, as a stale step's
+                    log.warning("worker %d: step %d's table rows were for the layout before: dropped", *self._at())
+                    self._dropped_steps += 1
+                    replies, prefetched = None, {}
+                else:  # nothing of it applied before the move: sent to the new layout, once
+                    requests = self._replica.plan.step if pushed else self._replica.plan.pull
+                    replies, prefetched = self._ps.push_pull(pushes(), self._global_step), {}
             except DataRangeLostError as e:
                 if not self._reading:
                     raise
@@ -688,6 +719,120 @@ class Trainer:
         for hook in self._hooks:
             hook.after_step(self, self._global_step, loss)
         return self._global_step
+
+    def _at(self) -> tuple[int, int]:
+        return self._task_index, self._global_step
+
+    # ---- a live re-layout (psframe.ps.relayout)
+
+    def reshard(self, cluster: ClusterSpec | Mapping[str, Sequence[str]]) -> float:
+        """Move the model to the ps tasks of ``cluster`` now, while training goes on (chief only).
+
+        As a tool's ``PsClient.ask_reshard`` does from outside: ps tasks added at the end of
+        the ps list (started with ``cluster``, empty) or the last ones drained (they stop).
+        The other workers follow at their next step.
+
+        Returns:
+            The seconds training paused: from the cut until the new layout held the model.
+
+        Raises:
+            ClusterSpecError: the re-layout cannot be taken live (the reason says what to do instead).
+        """
+        self._require_running()
+        if not self._is_chief:
+            raise PsframeError(f"the chief (worker 0) leads a re-layout; this is worker {self._task_index}")
+        new = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
+        self._ps.ask_reshard(new)
+        return self._move_to(new)
+
+    @property
+    def relayouts(self) -> int:
+        """The re-layouts (ps tasks added or drained) this worker followed."""
+        return self._relayouts
+
+    def _take_asked_reshard(self) -> None:
+        """The chief, between two steps: take the re-layout ps 0 was asked for, if any."""
+        self._next_reshard_poll = time.monotonic() + RESHARD_POLL_SECONDS
+        try:
+            asked, moved = self._ps.reshard_asked()
+        except (TaskUnavailableError, RpcTimeoutError):
+            return  # asked again at the next poll; the step finds out what is wrong
+        if asked is not None and not moved and asked != self._cluster:
+            self._move_to(asked)
+
+    def _move_to(self, new: ClusterSpec) -> float:
+        """The chief's re-layout: the cut and its snapshots, the new layout's tasks take their
+        parts, the drained tasks stop; then this worker trains on the new layout."""
+        before, old = self._cluster, self._ps
+        start = time.monotonic()
+        log.info("chief: re-layout from ps tasks %s to %s", before.job_tasks("ps"), new.job_tasks("ps"))
+        old.move(new)
+        replica = self._make_replica(new.num_ps)
+        client = self._make_client(new)
+        try:
+            client.wait_for_ps(self.connect_timeout)
+            version = old.get_info(0).layout_version  # ps 0 counted this re-layout at its cut
+            client.adopt(replica.slots, self._optimizer, self._table_optimizer, before.job_tasks("ps"), version)
+            client.check_model(client.wait_for_ps(self.connect_timeout, ready=True), replica.slots, self._sync)
+            client.reshard_done()
+        except BaseException:
+            client.close()
+            raise
+        paused = time.monotonic() - start
+        for k in range(new.num_ps, before.num_ps):  # drained: nothing left on them
+            old.shutdown(k)
+        self._switch_to(new, client, replica)
+        log.info(
+            "chief: re-layout done in %.3f s: %d parts on ps tasks %s, at global step %d",
+            paused,
+            len(replica.slots),
+            new.job_tasks("ps"),
+            self._global_step,
+        )
+        return paused
+
+    def _reroute(self, error: LayoutChangedError, pull: bool = True) -> None:
+        """A worker refused by a ps task that moved: take the new cluster from ps 0, wait until the
+        new layout holds the model, and pull.
+
+        Raises:
+            ConnectTimeoutError: the new layout did not hold the model within ``connect_timeout``.
+        """
+        log.info("worker %d: %s", self._task_index, error)
+        deadline = time.monotonic() + self.connect_timeout
+        while True:  # the layout ps 0 is at: a worker that missed a re-layout may find another under way
+            new, moved = self._ps.reshard_asked()
+            if new is not None and moved:
+                replica = self._make_replica(new.num_ps)
+                client = self._make_client(new)
+                try:
+                    client.check_model(client.wait_for_ps(self.connect_timeout, ready=True), replica.slots, self._sync)
+                    break
+                except (ClusterMismatchError, LayoutChangedError):
+                    client.close()  # moved again meanwhile: ask again
+                except BaseException:
+                    client.close()
+                    raise
+            if time.monotonic() >= deadline:
+                raise ConnectTimeoutError(
+                    f"worker {self._task_index}: the ps tasks moved, and did not hold the model on a new layout "
+                    f"within {self.connect_timeout:.0f}s"
+                )
+            time.sleep(0.05)
+        self._switch_to(new, client, replica, pull)
+        log.info("worker %d: follows the re-layout to ps tasks %s", self._task_index, new.job_tasks("ps"))
+
+    def _switch_to(self, new: ClusterSpec, client: PsClient, replica: Replica, pull: bool = True) -> None:
+        """Train on the new layout from now on: its client and placement; pull its values."""
+        self._ps.close()
+        self._replica.tables.detach()
+        self._client, self._replica, self._cluster = client, replica, new
+        self._placement = replica.placement
+        client.async_parts = frozenset(slot.name for slot in replica.slots if slot.shard.variable in self._async_tables)
+        replica.tables.attach(self._pull_rows)
+        self._relayouts += 1
+        if pull:
+            self._pull_all()
 
     def _range_lost(self, error: DataRangeLostError) -> None:
         """The step's range of data went to another worker: nothing of the step applied on the
@@ -803,6 +948,8 @@ class Trainer:
             self._pull_all()
         except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
             self._recover(e)  # waits for the lost ps tasks, and pulls
+        except LayoutChangedError as e:
+            self._reroute(e)  # pulls from the new layout
         return self._global_step
 
     def _pull_all(self) -> None:

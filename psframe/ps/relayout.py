@@ -1,0 +1,249 @@
+"""A live re-layout: ps tasks added or drained while training goes on.
+
+Placement is computed by every worker from the model and the number of ps
+tasks (:mod:`psframe.cluster.placement`), so another number of ps tasks is
+another layout of the same model. A re-layout moves the parts there through
+memory, ps task to ps task, with their optimizer state:
+
+1. **Asked.** A tool (``PsClient(cluster, 0, job_name="tool").ask_reshard(new)``) gives ps 0 the new cluster
+   (:meth:`Relayout.ask`); the new ps tasks are started with it, empty.
+2. **Cut.** Between two of its steps the chief, which polls ps 0 for such a
+   request, takes a checkpoint's cut of every ps task of the layout before
+   (each worker's steps begun anywhere applied everywhere; in synchronous
+   training, a round boundary). At the cut each task snapshots its parts into
+   memory (:func:`psframe.ps.recovery.snapshot_shard`) and moves: from then on
+   a worker of the cluster before is refused with
+   :class:`~psframe.errors.LayoutChangedError`, nothing of its push applied.
+3. **Adopt.** The chief places the model for the new cluster and sends every
+   task of it its definitions (``InitHeader.adopt_from``). Each reads the rows
+   it now holds from the snapshots of the tasks before (the ``FetchParts``
+   RPC), re-sliced as a restore onto another number of ps tasks is
+   (:func:`psframe.ps.recovery.restore_from_shards`); ps 0 keeps the data queues.
+4. **Reroute.** A refused worker asks ps 0 where the ps tasks went, places the
+   model for the new cluster, pulls, and sends its step again there.
+5. **Drain.** A ps task the new cluster lacks answers ``FetchParts`` until the
+   chief stops it, once every task of the new layout holds its parts.
+
+Training pauses for one transfer: from the cut until the new layout holds the
+model. What may change (:func:`check_new_cluster`): the ps tasks kept keep their
+index, so the new ps list begins with the old one (tasks added) or the old one
+begins with it (the last tasks drained); the workers stay as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from psframe.checkpoint.shard import ShardData
+from psframe.cluster import ClusterSpec
+from psframe.errors import ClusterSpecError, LayoutChangedError, WireFormatError
+from psframe.liveness import Liveness
+from psframe.security import Security
+from psframe.wire import codec, transport
+from psframe.wire import psframe_pb2 as pb
+
+_TENSOR_KEY = "__tensor__"
+
+
+def check_new_cluster(before: ClusterSpec, after: ClusterSpec) -> None:
+    """Check that ``after`` is a re-layout of ``before`` that psframe makes live.
+
+    Raises:
+        ClusterSpecError: naming what differs, and what may.
+    """
+    old, new = before.job_tasks("ps"), after.job_tasks("ps")
+    if before.job_tasks("worker") != after.job_tasks("worker"):
+        raise ClusterSpecError(
+            "a re-layout moves ps tasks only: the new cluster must list the same workers "
+            f"({before.job_tasks('worker')}), got {after.job_tasks('worker')}"
+        )
+    if old == new:
+        raise ClusterSpecError(f"the new cluster has the ps tasks the job has already ({old}): nothing to move")
+    if new[: len(old)] != old and old[: len(new)] != new:
+        raise ClusterSpecError(
+            f"the ps tasks kept keep their index: the new ps list must begin with the old one {old} "
+            f"(tasks added at its end) or be a beginning of it (the last tasks drained), got {new}"
+        )
+
+
+class Relayout:
+    """What one ps task knows of re-layouts: the one asked for, and the one it moved to.
+
+    Every method is safe to call from any thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requested: ClusterSpec | None = None  # ps 0: asked for, not yet taken
+        self.before: str | None = None  # the fingerprint of the cluster this task moved from
+        self.moved_to: ClusterSpec | None = None
+        self.snapshot: ShardData | None = None  # its parts at the cut, until the task stops
+        self.version = 0
+
+    def ask(self, current: ClusterSpec, new: ClusterSpec) -> None:
+        """Record that the ps tasks move from ``current`` to ``new`` (ps 0; a tool asked).
+
+        Raises:
+            ClusterSpecError: ``new`` is no re-layout psframe makes live (:func:`check_new_cluster`),
+                or another one is asked for already.
+        """
+        check_new_cluster(current, new)
+        with self._lock:
+            if self.requested is not None and self.requested != new:
+                raise ClusterSpecError(
+                    f"a re-layout to ps tasks {self.requested.job_tasks('ps')} waits already; ask again once it is done"
+                )
+            self.requested = new
+
+    def move(self, before: ClusterSpec, after: ClusterSpec) -> None:
+        """Move at the cut: workers of ``before`` are refused from now on."""
+        with self._lock:
+            self.before = before.fingerprint
+            self.moved_to = after
+            self.snapshot = None
+            self.requested = None
+            self.version += 1
+
+    def took(self, cluster_spec: str) -> bool:
+        """Whether this task took the cut of the re-layout to ``cluster_spec`` already."""
+        return self.moved_to is not None and self.snapshot is not None and self.moved_to.to_string() == cluster_spec
+
+    def adopted(self, before: ClusterSpec, after: ClusterSpec, version: int) -> None:
+        """A task new in ``after`` took its parts: it counts the re-layouts as the others do."""
+        with self._lock:
+            self.before, self.moved_to, self.version = before.fingerprint, after, version
+
+    def keep(self, snapshot: ShardData) -> None:
+        """Keep the cut's snapshot, to hand its parts over (``FetchParts``)."""
+        self.snapshot = snapshot
+
+    def release(self) -> None:
+        """Every task of the new layout holds its parts: the snapshot goes."""
+        self.snapshot = None
+
+    def check_caller(self, caller: pb.Caller) -> None:
+        """Refuse a worker of the cluster this task moved from.
+
+        Raises:
+            LayoutChangedError: naming the ps tasks of the new cluster.
+        """
+        moved_to = self.moved_to
+        if moved_to is not None and (
+            caller.cluster_fingerprint == self.before
+            or (caller.job_name == "worker" and caller.layout_version != self.version)
+        ):
+            raise LayoutChangedError(
+                f"the ps tasks moved to {moved_to.job_tasks('ps')} (a re-layout); ask "
+                f"{ClusterSpec.task_name('ps', 0)} for the new cluster and send the step there"
+            )
+
+    def reply(self) -> pb.ReshardReply:
+        """What a ``Reshard`` call that only asks is told."""
+        with self._lock:
+            wanted = self.requested or self.moved_to
+            return pb.ReshardReply(
+                cluster_spec="" if wanted is None else wanted.to_string(),
+                moved=self.requested is None and self.moved_to is not None,
+                layout_version=self.version,
+            )
+
+    def parts(self, variables: Sequence[str]) -> bytes:
+        """The ``FetchParts`` reply: the snapshot's parts of ``variables``.
+
+        Raises:
+            LayoutChangedError: the task took no re-layout's snapshot (it was not asked to move).
+        """
+        snapshot = self.snapshot
+        if snapshot is None:
+            raise LayoutChangedError("this ps task took no re-layout's snapshot: it has no parts to hand over")
+        wanted = set(variables)
+        return encode_shard(
+            ShardData(
+                global_step=snapshot.global_step,
+                ps_task=snapshot.ps_task,
+                num_shards=snapshot.num_shards,
+                optimizer=snapshot.optimizer,
+                sync=snapshot.sync,
+                variables=tuple(v for v in snapshot.variables if v.variable in wanted),
+                table_optimizer=snapshot.table_optimizer,
+                pushes=snapshot.pushes,
+            )
+        )
+
+
+def encode_shard(shard: ShardData) -> bytes:
+    """A shard record as a codec envelope: its dict as JSON, each tensor in it travelling as raw bytes.
+
+    No pickle crosses the wire: the JSON holds builtins only.
+    """
+    tensors: list[tuple[str, torch.Tensor]] = []
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            tensors.append((str(len(tensors)), x.detach().cpu().contiguous()))
+            return {_TENSOR_KEY: len(tensors) - 1}
+        if isinstance(x, dict):
+            return {str(k): plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        return x
+
+    record = json.dumps(plain(shard.to_dict()))
+    return codec.encode(pb.FetchPartsReplyHeader(record=record), tensors)
+
+
+def decode_shard(data: bytes) -> ShardData:
+    """The shard record :func:`encode_shard` made, checked as a checkpoint's is.
+
+    Raises:
+        WireFormatError: the message is not such a record.
+        CheckpointError: the record fails a check of :meth:`ShardData.from_dict`.
+    """
+    header, tensors = codec.decode(data, pb.FetchPartsReplyHeader)
+    try:
+        record = json.loads(header.record)
+    except ValueError as e:
+        raise WireFormatError(f"a FetchParts reply's record is not JSON: {e}") from e
+
+    def rebuilt(x: Any) -> Any:
+        if isinstance(x, dict):
+            if set(x) == {_TENSOR_KEY}:
+                index = x[_TENSOR_KEY]
+                if not isinstance(index, int) or not 0 <= index < len(tensors):
+                    raise WireFormatError(f"a FetchParts reply names tensor {index!r} of {len(tensors)}")
+                return tensors[index].clone()  # its own memory: the reply's buffer goes
+            return {k: rebuilt(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [rebuilt(v) for v in x]
+        return x
+
+    return ShardData.from_dict(rebuilt(record))
+
+
+def fetch_shards(
+    addresses: Sequence[str],
+    variables: Sequence[str],
+    caller: pb.Caller,
+    timeout: float,
+    security: Security | None = None,
+    liveness: Liveness | None = None,
+) -> list[ShardData]:
+    """From each ps task of the layout before (by address, in task order), its snapshot's
+    parts of ``variables``: the shards a re-layout restores from.
+
+    Raises:
+        PsframeError: a task could not be reached in ``timeout`` seconds, or refused.
+    """
+    request = codec.encode(pb.FetchPartsHeader(caller=caller, variables=sorted(set(variables))), ())
+    shards = []
+    for k, address in enumerate(addresses):
+        with transport.Connection(
+            address, f"{ClusterSpec.task_name('ps', k)} (before the re-layout) at {address}", security, liveness
+        ) as connection:
+            shards.append(decode_shard(connection.call("FetchParts", request, timeout=timeout, wait_for_ready=True)))
+    return shards
