@@ -551,8 +551,10 @@ class ParameterServerService(TaskService):
     # ---- a live re-layout: ps tasks added or drained (psframe.ps.relayout)
 
     def reshard(self, request: pb.ReshardRequest) -> pb.ReshardReply:
-        """Ask ps 0 for a re-layout to ``request.cluster_spec``; or, with none, say what is asked or taken."""
-        self._check_tool_or_worker(request.caller)
+        """Ask ps 0 for a re-layout to ``request.cluster_spec``; or, with none, say what is asked or taken
+        (to anyone, as GetInfo: a worker started with the ps tasks of before asks where they went)."""
+        if request.cluster_spec or request.done:
+            self._check_tool_or_worker(request.caller)
         if request.cluster_spec:
             new = ClusterSpec.from_string(request.cluster_spec)
             self._check_relayout_possible()

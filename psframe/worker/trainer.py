@@ -533,6 +533,24 @@ class Trainer:
         )
 
     def _join(self) -> None:
+        try:
+            self._join_layout()
+        except ClusterMismatchError:
+            # Started with the ps tasks of before a re-layout (flags not yet updated): follow ps 0.
+            new, moved = self._ps.reshard_asked()
+            if new is None or not moved or new == self._cluster or not self._same_workers(new):
+                raise
+            log.info("worker %d: the ps tasks moved to %s; following them", self._task_index, new.job_tasks("ps"))
+            self._ps.close()
+            self._replica = self._make_replica(new.num_ps)
+            self._client, self._cluster, self._placement = self._make_client(new), new, self._replica.placement
+            self._relayouts += 1
+            self._join_layout()
+
+    def _same_workers(self, cluster: ClusterSpec) -> bool:
+        return cluster.job_tasks("worker") == self._cluster.job_tasks("worker")
+
+    def _join_layout(self) -> None:
         self._ps.async_parts = frozenset(
             slot.name for slot in self._replica.slots if slot.shard.variable in self._async_tables
         )
@@ -689,9 +707,13 @@ class Trainer:
             except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
                 replies, prefetched = self._send_again(e, pushes(), rows), {}
             except LayoutChangedError as e:
+                grads = [p.grad for p in self._replica.params]  # the new layout's pull clears them
                 self._reroute(e)
+                for param, grad in zip(self._replica.params, grads):
+                    param.grad = grad
                 if rows:  # the rows' gradients were cut for the table parts before: dropped, as a stale step's
                     log.warning("worker %d: step %d's table rows were for the layout before: dropped", *self._at())
+                    self._replica.clear_gradients()
                     self._dropped_steps += 1
                     replies, prefetched = None, {}
                 else:  # nothing of it applied before the move: sent to the new layout, once
