@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING
 
 from psframe import allocator
 from psframe.cluster import ClusterSpec
-from psframe.errors import AuthenticationError, PsframeError, RpcTimeoutError, TaskUnavailableError
+from psframe.errors import (
+    AuthenticationError,
+    ClusterSpecError,
+    ConnectTimeoutError,
+    PsframeError,
+    RpcTimeoutError,
+    TaskUnavailableError,
+)
 from psframe.flags import (
     add_cluster_flags,
     add_liveness_flags,
@@ -229,6 +236,44 @@ def _shutdown(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return 0
+
+
+def _reshard(args: argparse.Namespace) -> int:
+    """Ask ps 0 for a live re-layout onto ``--new_ps_hosts``; wait until the new layout holds the model."""
+    import time
+
+    from psframe.worker.ps_client import PsClient
+
+    cluster = _cluster_only(args)
+    new = ClusterSpec({"ps": _host_list(args.new_ps_hosts), "worker": cluster.job_tasks("worker")})
+    security = security_from_flags(args)
+    start = time.monotonic()
+    with PsClient(cluster, 0, job_name="tool", rpc_timeout=min(args.timeout, 60.0), security=security) as client:
+        client.ask_reshard(new)
+        print(f"asked {ClusterSpec.task_name('ps', 0)} to move the model onto ps tasks {new.job_tasks('ps')}")
+        if args.no_wait:
+            return 0
+        deadline = start + args.timeout
+        while (asked := client.reshard_asked()) != (new, True):
+            if time.monotonic() >= deadline:
+                raise ConnectTimeoutError(
+                    f"the chief did not take the re-layout within {args.timeout:.0f}s (is it training? it takes "
+                    f"one between two steps); it stays asked for: {asked[0] and asked[0].job_tasks('ps')}"
+                )
+            time.sleep(0.1)
+    with PsClient(new, 0, job_name="tool", rpc_timeout=min(args.timeout, 60.0), security=security) as client:
+        client.wait_for_ps(max(1.0, deadline - time.monotonic()), ready=True)
+    print(
+        f"the ps tasks {new.job_tasks('ps')} hold the model: re-laid out {time.monotonic() - start:.2f}s after asking"
+    )
+    return 0
+
+
+def _host_list(hosts: str) -> list[str]:
+    listed = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not listed:
+        raise ClusterSpecError("--new_ps_hosts must list at least one ps task (host:port, comma-separated)")
+    return listed
 
 
 def _bytes(n: float) -> str:
@@ -466,6 +511,26 @@ def build_parser() -> argparse.ArgumentParser:
     shutdown.add_argument("--timeout", type=float, default=60.0, help="seconds each call may take")
     add_security_flags(shutdown)
     shutdown.set_defaults(run=_shutdown)
+
+    reshard = commands.add_parser(
+        "reshard", help="move the model onto other ps tasks while training goes on (ps tasks added or drained)"
+    )
+    add_cluster_flags(reshard)
+    reshard.add_argument(
+        "--new_ps_hosts",
+        required=True,
+        help="the ps tasks to move onto, comma-separated: the running ones with new ones at the end (start "
+        "those first, with this list), or the running ones less the last (they stop once drained)",
+    )
+    reshard.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="give up (exit 1) if the new layout does not hold the model by then",
+    )
+    reshard.add_argument("--no_wait", action="store_true", help="ask, and exit at once")
+    add_security_flags(reshard)
+    reshard.set_defaults(run=_reshard)
 
     launch = commands.add_parser("launch", help="run a whole cluster of SCRIPT on this machine")
     launch.add_argument("--num_ps", type=int, default=1)

@@ -242,3 +242,41 @@ def test_a_worker_started_with_the_ps_tasks_of_before_follows_the_re_layouts(ps_
     assert first[0].service.store.global_step == sum(t.pushed_steps for t in done.values())
     held = assemble(first)
     assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * first[0].service.store.global_step))
+
+
+@pytest.mark.service
+def test_sync_rounds_go_on_across_a_ps_task_added_and_drained(ps_tasks):
+    ports = pick_free_ports(1)
+    cluster = free_cluster(2, 2)
+    grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
+    first = [ps_tasks(cluster, k) for k in range(2)]
+    ps_tasks(grown, 2)
+    sync = psframe.SyncReplicas(replicas_to_aggregate=2, total_num_replicas=2, timeout=DEADLINE_S)
+    steps = 30
+
+    def work(index: int) -> psframe.Trainer:
+        t = psframe.Trainer(
+            Known(),
+            cluster,
+            task_index=index,
+            optimizer=psframe.optim.SGD(lr=LR),
+            sync=sync,
+            placement=psframe.Placement(min_partition_bytes=256, max_shard_bytes=512),
+            transport=psframe.Transport(connect_timeout=DEADLINE_S),
+        )
+        with t:
+            while t.local_step < steps:
+                if index == 0 and t.local_step == 10:
+                    t.reshard(grown)  # the round under way is given up and sent again on the new layout
+                if index == 0 and t.local_step == 20:
+                    t.reshard(cluster)
+                t.step(t.model.loss())
+        return t
+
+    done = run_workers({0: lambda: work(0), 1: lambda: work(1)})
+    assert done[0].relayouts == 2 and done[1].relayouts >= 1
+    rounds = first[0].service.store.global_step
+    assert rounds == steps and all(t.dropped_steps == 0 for t in done.values())  # every round, both workers
+    held = assemble(first)
+    assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * rounds))  # each round: the mean, GRAD
+    assert torch.equal(held["b"], torch.full_like(held["b"], 1.0 - LR * GRAD * rounds))

@@ -137,10 +137,15 @@ class Relayout:
             caller.cluster_fingerprint == self.before
             or (caller.job_name == "worker" and caller.layout_version != self.version)
         ):
-            raise LayoutChangedError(
-                f"the ps tasks moved to {moved_to.job_tasks('ps')} (a re-layout); ask "
-                f"{ClusterSpec.task_name('ps', 0)} for the new cluster and send the step there"
-            )
+            raise self.refusal()
+
+    def refusal(self) -> LayoutChangedError:
+        """The error a push of the layout before gets."""
+        moved_to = self.moved_to
+        return LayoutChangedError(
+            f"the ps tasks moved to {moved_to and moved_to.job_tasks('ps')} (a re-layout); ask "
+            f"{ClusterSpec.task_name('ps', 0)} for the new cluster and send the step there"
+        )
 
     def reply(self) -> pb.ReshardReply:
         """What a ``Reshard`` call that only asks is told."""

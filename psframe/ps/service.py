@@ -150,6 +150,7 @@ class ParameterServerService(TaskService):
         self.aggregator: SyncAggregator | None = None
         self._round_replies = RoundReplies(self.store)
         self._peers = PsPeers(cluster, task_index, security, liveness)
+        self._old_peers: list[PsPeers] = []  # of the layouts before a re-layout
         # Where psframe may not tune malloc, freed message buffers are trimmed instead.
         self._memory = allocator.MemoryReturner(enabled=not allocator.malloc_tuned())
         if checkpoint_dir:
@@ -575,8 +576,6 @@ class ParameterServerService(TaskService):
             why = f"ask {ClusterSpec.task_name('ps', 0)}, which leads it, not {self.task_name}"
         elif not self.live_relayout:
             why = "the ps tasks serve from several processes (start them with --serving_processes 1)"
-        elif self._sync_def is not None:
-            why = "synchronous training is re-laid out through a checkpoint for now"
         elif any(d.HasField("dynamic") for d in self._variable_defs):
             why = "a model with dynamic embedding tables is re-laid out through a checkpoint for now"
         elif not self.store.ready:
@@ -598,11 +597,15 @@ class ParameterServerService(TaskService):
 
         def stop_pushes() -> None:
             self.relayout.move(before, after)
+            if self.aggregator is not None:  # the pushes of the round under way are refused, and sent again
+                self.aggregator.abandon(self.relayout.refusal())
+                self.aggregator, self._sync_def = None, None
             self.store.clear()
             self._variable_defs = []
             if self.task_index < after.num_ps:
                 self.cluster = after
-                self._peers.close()
+                # The connections before stay open (a round may be asking ps 0 on one); closed with the task.
+                self._old_peers.append(self._peers)
                 self._peers = PsPeers(after, self.task_index, self._security, self._liveness)
 
         snapshot = recovery.snapshot_shard(
@@ -1112,4 +1115,5 @@ class ParameterServerService(TaskService):
 
     def close(self) -> None:
         """Close the connections to the other ps tasks."""
-        self._peers.close()
+        for peers in [*self._old_peers, self._peers]:
+            peers.close()

@@ -144,6 +144,7 @@ class SyncAggregator:
         # A checkpoint's hold: rounds of step _held_from and later wait, until _held_until (monotonic).
         self._held_from: int | None = None
         self._held_until = 0.0
+        self._abandoned: PsframeError | None = None  # a re-layout took its cut: every push gets this
 
     # ---- what workers call
 
@@ -185,6 +186,8 @@ class SyncAggregator:
         started = time.monotonic()
         deadline = started + self.timeout
         with self._cond:
+            if self._abandoned is not None:
+                raise self._abandoned
             self.store.check_gradients(grads)
             self.store.check_rows(rows)
             current = self.store.global_step
@@ -345,6 +348,13 @@ class SyncAggregator:
             if self._round.step != step:
                 raise CheckpointCutError(f"{self.task_name} moved past the checkpoint's cut at sync step {step}")
 
+    def abandon(self, error: PsframeError) -> None:
+        """Give up the round under way (a re-layout took its cut): every push waiting in it raises
+        ``error``, nothing of it applied. Call under the store's lock; the aggregator is not used again."""
+        self._abandoned = self._round.failure = error
+        self._held_from, self._held_until = self._round.step, float("inf")  # never applied here
+        self._cond.notify_all()
+
     def release(self) -> None:
         """Let rounds be applied again (after the snapshot, or after a failed one)."""
         with self._cond:
@@ -426,7 +436,7 @@ class SyncAggregator:
                 )
             )
             with self._cond:
-                round_.failure = failure
+                round_.failure = self._abandoned or failure  # a re-layout's refusal says where to go
                 round_.asking = False
                 self._cond.notify_all()
             return

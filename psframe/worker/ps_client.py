@@ -546,6 +546,7 @@ class PsClient:
         slots: Sequence[Slot],
         optimizer: OptimizerSpec,
         table_optimizer: OptimizerSpec | None,
+        sync: SyncReplicas | None,
         adopt_from: Sequence[str],
         layout_version: int,
     ) -> None:
@@ -557,6 +558,7 @@ class PsClient:
                 caller=self.caller,
                 variables=messages.variable_defs(s for s in slots if s.shard.ps_task == k),
                 optimizer=messages.optimizer_to_proto(optimizer),
+                sync=messages.sync_def(sync),
                 adopt_from=adopt_from,
                 layout_version=layout_version,
             )

@@ -691,6 +691,7 @@ class Trainer:
             return [(r, self._replica.gradients(r) if pushed else ()) for r in requests]
 
         prefetched: dict[int, list[torch.Tensor]]
+        computed_at = self._global_step  # the step the gradients were computed at (sync: their round)
         try:
             try:
                 if exchange is not None:  # some requests went during backward; the rest go now
@@ -718,7 +719,7 @@ class Trainer:
                     replies, prefetched = None, {}
                 else:  # nothing of it applied before the move: sent to the new layout, once
                     requests = self._replica.plan.step if pushed else self._replica.plan.pull
-                    replies, prefetched = self._ps.push_pull(pushes(), self._global_step), {}
+                    replies, prefetched = self._ps.push_pull(pushes(), computed_at), {}
             except DataRangeLostError as e:
                 if not self._reading:
                     raise
@@ -794,7 +795,9 @@ class Trainer:
         try:
             client.wait_for_ps(self.connect_timeout)
             version = old.get_info(0).layout_version  # ps 0 counted this re-layout at its cut
-            client.adopt(replica.slots, self._optimizer, self._table_optimizer, before.job_tasks("ps"), version)
+            client.adopt(
+                replica.slots, self._optimizer, self._table_optimizer, self._sync, before.job_tasks("ps"), version
+            )
             client.check_model(client.wait_for_ps(self.connect_timeout, ready=True), replica.slots, self._sync)
             client.reshard_done()
         except BaseException:
