@@ -280,3 +280,44 @@ def test_sync_rounds_go_on_across_a_ps_task_added_and_drained(ps_tasks):
     held = assemble(first)
     assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * rounds))  # each round: the mean, GRAD
     assert torch.equal(held["b"], torch.full_like(held["b"], 1.0 - LR * GRAD * rounds))
+
+
+@pytest.mark.service
+def test_psframe_reshard_asks_ps_0_and_waits_until_the_new_layout_holds_the_model(ps_tasks, capsys):
+    from psframe import cli
+
+    ports = pick_free_ports(1)
+    cluster = free_cluster(1, 1)
+    grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
+    first = ps_tasks(cluster, 0)
+    added = ps_tasks(grown, 1)
+    flags = [f"--ps_hosts={','.join(cluster.job_tasks('ps'))}", f"--worker_hosts={cluster.job_tasks('worker')[0]}"]
+    stop = threading.Event()
+
+    def chief() -> psframe.Trainer:
+        deadline = time.monotonic() + DEADLINE_S
+        with trainer(cluster, 0, psframe.optim.SGD(lr=LR)) as t:
+            while not stop.is_set():
+                assert time.monotonic() < deadline, "the command never returned"
+                t.step(t.model.loss())
+        return t
+
+    def command() -> int:
+        try:
+            deadline = time.monotonic() + DEADLINE_S
+            while not first.service.store.ready:  # the chief has made the model
+                assert time.monotonic() < deadline, "the chief never made the model"
+                time.sleep(0.01)
+            assert cli.main(["reshard", *flags, "--new_ps_hosts=127.0.0.1:1", "--timeout=5"]) == 1  # not a re-layout
+            return cli.main(["reshard", *flags, f"--new_ps_hosts={','.join(grown.job_tasks('ps'))}", "--timeout=60"])
+        finally:
+            stop.set()
+
+    done = run_workers({0: chief, 1: command})
+    assert done[1] == 0 and done[0].relayouts == 1
+    out = capsys.readouterr()
+    assert "must begin with the old one" in out.err
+    assert "hold the model: re-laid out" in out.out
+    assert added.service.store.ready and first.service.relayout.version == 1
+    held = assemble([first, added])
+    assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * first.service.store.global_step))
