@@ -321,3 +321,91 @@ def test_psframe_reshard_asks_ps_0_and_waits_until_the_new_layout_holds_the_mode
     assert added.service.store.ready and first.service.relayout.version == 1
     held = assemble([first, added])
     assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * first.service.store.global_step))
+
+
+class Tabled(torch.nn.Module):
+    """An embedding table (split among the ps tasks by id modulo their number) and a dense weight;
+    every step looks up every row once, so every row gets GRAD, as ``w`` does."""
+
+    ROWS = 40
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(self.ROWS, 4, sparse=True)
+        self.w = torch.nn.Parameter(torch.zeros(6, 4))
+
+    def loss(self) -> torch.Tensor:
+        return GRAD * (self.emb(torch.arange(self.ROWS)).sum() + self.w.sum())
+
+
+@pytest.mark.service
+def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_cut_anew(ps_tasks):
+    ports = pick_free_ports(1)
+    cluster = free_cluster(2, 2)
+    grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
+    first = [ps_tasks(cluster, k) for k in range(2)]
+    ps_tasks(grown, 2)
+    torch.manual_seed(7)
+    initial = Tabled()
+    start = {name: p.detach().clone() for name, p in initial.named_parameters()}
+    chief_done = threading.Event()
+
+    def make(index: int, model: Tabled) -> psframe.Trainer:
+        return psframe.Trainer(
+            model,
+            cluster,
+            task_index=index,
+            optimizer=psframe.optim.Adagrad(lr=0.1),
+            table_optimizer=psframe.optim.Adagrad(lr=0.1),
+            transport=psframe.Transport(connect_timeout=DEADLINE_S),
+        )
+
+    def chief() -> psframe.Trainer:
+        with make(0, initial) as t:
+            while t.local_step < 60:
+                if t.local_step == 15:
+                    t.reshard(grown)
+                if t.local_step == 40:
+                    t.reshard(cluster)
+                t.step(t.model.loss())
+        chief_done.set()
+        return t
+
+    def other() -> psframe.Trainer:
+        deadline = time.monotonic() + DEADLINE_S
+        with make(1, Tabled()) as t:
+            while not chief_done.is_set():
+                assert time.monotonic() < deadline, "the chief never finished"
+                t.step(t.model.loss())
+        return t
+
+    done = run_workers({0: chief, 1: other})
+    steps = first[0].service.store.global_step
+    assert steps == sum(t.pushed_steps for t in done.values()) and done[1].relayouts >= 1
+    # One process: Adagrad over `steps` steps of the same gradients; the table's rows and their
+    # sums of squares moved among the ps tasks twice, split by id modulo 2, then 3, then 2.
+    reference = Tabled()
+    reference.load_state_dict({"emb.weight": start["emb.weight"], "w": start["w"]})
+    reference.emb.sparse = False
+    adagrad = torch.optim.Adagrad(reference.parameters(), lr=0.1)
+    for _ in range(steps):
+        adagrad.zero_grad()
+        reference.loss().backward()
+        adagrad.step()
+    held = assemble_tables(first)
+    torch.testing.assert_close(held["emb.weight"], reference.emb.weight.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(held["w"], reference.w.detach(), rtol=1e-5, atol=1e-6)
+
+
+def assemble_tables(servers: list[psframe.Server]) -> dict[str, torch.Tensor]:
+    """As :func:`assemble`, with parts of rows every ``row_stride``-th (a table split by id modulo)."""
+    whole: dict[str, torch.Tensor] = {}
+    for server in servers:
+        service = server.service
+        for d in service._variable_defs:
+            (value,) = service.store.read([d.name])
+            into = whole.setdefault(d.variable, torch.full(tuple(d.full_shape), float("nan")))
+            stride = max(1, d.row_stride)
+            into[d.row_start : d.row_start + stride * d.shape[0] : stride] = value.reshape(tuple(d.shape))
+    assert all(not v.isnan().any() for v in whole.values()), "a row is held nowhere"
+    return whole

@@ -823,6 +823,22 @@ class ParameterServerService(TaskService):
         )
         if cached is None:
             self._check_caller(header.caller)
+        try:
+            return self._answer(header, envelope, cache, cached, region, refused)
+        except NotReadyError:
+            self.relayout.check_caller(header.caller)  # the variables went at a re-layout's cut meanwhile
+            raise
+
+    def _answer(
+        self,
+        header: pb.PushPullHeader,
+        envelope: codec.Envelope,
+        cache: StreamCache | None,
+        cached: CachedRequest | None,
+        region: SameHostRegion | None,
+        refused: str,
+    ) -> bytes:
+        """:meth:`_handle_push_pull` once the request is read and its caller checked."""
         with self.roster.call(header.caller.task_index):
             if cached is not None and cache is not None:
                 reply = self._apply_cached(cached, header, envelope, region)

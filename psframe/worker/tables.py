@@ -308,6 +308,27 @@ class EmbeddingTables:
             return pull_cached(pull, table.split(ids), ids, table.cache)
         return pull_parts(pull, table.split(ids), ids.numel(), table.param, create=True)
 
+    def take_over(self, before: EmbeddingTables) -> None:
+        """Go on from ``before`` (the same model's tables as placed before a re-layout): this step's
+        lookups, and rows pulled ahead, are these tables'. The lists are shared, not copied: a lookup
+        under way on ``before`` (its pull found the layout changed) records its rows here too."""
+        for table, old in zip(self.tables, before.tables):
+            table.looked_up, table.prefetched = old.looked_up, old.prefetched
+
+    def rows_moved(self, before: EmbeddingTables, part: str, ids: torch.Tensor, pull: Pull) -> torch.Tensor:
+        """The rows a lookup asked of part ``part`` of ``before`` (the same model's tables as placed
+        before a re-layout), read from these tables' parts: ``ids`` as that part numbers its rows.
+
+        Raises:
+            PsframeError: ``part`` is no part of a fixed table of ``before``.
+        """
+        slot = next((slot for table in before.tables for slot in table.slots if slot.name == part), None)
+        if slot is None:
+            raise PsframeError(f"{part!r} is no part of an embedding table placed before the re-layout")
+        whole = slot.shard.row_start + ids * max(1, slot.shard.row_stride)  # the ids of the table
+        table = next(table for table in self.tables if table.name == slot.shard.variable)
+        return pull_parts(pull, table.split(whole), whole.numel(), table.param, create=True)
+
     @property
     def names(self) -> list[str]:
         """Every table's name (its weight's parameter name), fixed tables first."""
@@ -330,16 +351,39 @@ class EmbeddingTables:
             PsframeError: a table's weight got a gradient (it was used
                 outside its module's forward, which the ps tasks cannot follow).
         """
-        pushes: dict[int, list[RowPush]] = {}
+        return self.cut(self.take_row_gradients(), every_table, except_tables)
+
+    def take_row_gradients(self) -> dict[str, tuple[torch.Tensor, torch.Tensor] | None]:
+        """Each fixed table's rows this step's backward touched (ids of the whole table) and their
+        gradients, duplicates summed; None for a table the batch did not use. Taken: the next
+        step's lookups start afresh. :meth:`cut` shares them out among the parts.
+
+        Raises:
+            PsframeError: a table's weight got a gradient of its whole weight.
+        """
+        used: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = {}
         for table in self.tables:
             if table.param.grad is not None:
                 raise PsframeError(
                     f"embedding table {table.name!r} got a gradient of its whole weight: it was "
                     f"used outside its module's forward"
                 )
-            used = lookup_gradients(table.looked_up)
+            used[table.name] = lookup_gradients(table.looked_up)
             table.looked_up = []
-            if used is None:
+        return used
+
+    def cut(
+        self,
+        used: Mapping[str, tuple[torch.Tensor, torch.Tensor] | None],
+        every_table: bool = False,
+        except_tables: frozenset[str] = frozenset(),
+    ) -> dict[int, list[RowPush]]:
+        """:meth:`gradients` of the row gradients :meth:`take_row_gradients` took (of these
+        tables, or of the same model placed otherwise: a re-layout's), cut for these parts."""
+        pushes: dict[int, list[RowPush]] = {}
+        for table in self.tables:
+            rows = used.get(table.name)
+            if rows is None:
                 if every_table and table.name not in except_tables:
                     for slot in table.slots:
                         pushes.setdefault(slot.shard.ps_task, []).append(
@@ -350,7 +394,7 @@ class EmbeddingTables:
                             )
                         )
                 continue
-            ids, values = used
+            ids, values = rows
             for slot, positions, local in table.split(ids):
                 pushes.setdefault(slot.shard.ps_task, []).append((slot.name, local, values[positions]))
         for dynamic in self.dynamic:

@@ -57,7 +57,7 @@ from psframe.options import (
     RowCaching,
     Transport,
 )
-from psframe.rows import FreshRows
+from psframe.rows import CachedPull, FreshRows, RowPull
 from psframe.security import LOOSE_ARGUMENTS, Security, accept_security
 from psframe.worker import startup
 from psframe.worker.arguments import (
@@ -77,6 +77,7 @@ from psframe.worker.replica import Replica
 from psframe.worker.staging import HostStaging, resolve_device
 from psframe.worker.step_plan import Request
 from psframe.worker.streams import Exchange
+from psframe.worker.tables import EmbeddingTables
 
 log = logging.getLogger(__name__)
 
@@ -678,10 +679,14 @@ class Trainer:
             hook.before_push(self, loss)
         self._replica.tables.drop_prefetched()  # rows pulled ahead for this step's lookups, not taken
         rows = None
+        row_gradients: dict = {}
         pushed = self._replica.has_gradients()
         if pushed:
             requests = self._replica.plan.step
-            rows = self._replica.tables.gradients(every_table=self._sync is not None, except_tables=self._async_tables)
+            row_gradients = self._replica.tables.take_row_gradients()
+            rows = self._replica.tables.cut(
+                row_gradients, every_table=self._sync is not None, except_tables=self._async_tables
+            )
         else:  # nothing was sent during backward either: no parameter had a gradient
             self._skipped_steps += 1
             requests = self._replica.plan.pull
@@ -712,14 +717,13 @@ class Trainer:
                 self._reroute(e)
                 for param, grad in zip(self._replica.params, grads):
                     param.grad = grad
-                if rows:  # the rows' gradients were cut for the table parts before: dropped, as a stale step's
-                    log.warning("worker %d: step %d's table rows were for the layout before: dropped", *self._at())
-                    self._replica.clear_gradients()
-                    self._dropped_steps += 1
-                    replies, prefetched = None, {}
-                else:  # nothing of it applied before the move: sent to the new layout, once
-                    requests = self._replica.plan.step if pushed else self._replica.plan.pull
-                    replies, prefetched = self._ps.push_pull(pushes(), computed_at), {}
+                # Nothing of it applied before the move: sent to the new layout, once, its rows cut anew.
+                requests = self._replica.plan.step if pushed else self._replica.plan.pull
+                if pushed:
+                    rows = self._replica.tables.cut(
+                        row_gradients, every_table=self._sync is not None, except_tables=self._async_tables
+                    )
+                replies, prefetched = self._ps.push_pull(pushes(), computed_at, rows=rows), {}
             except DataRangeLostError as e:
                 if not self._reading:
                     raise
@@ -851,10 +855,12 @@ class Trainer:
         """Train on the new layout from now on: its client and placement; pull its values."""
         self._ps.close()
         self._replica.tables.detach()
+        before = self._replica.tables
         self._client, self._replica, self._cluster = client, replica, new
         self._placement = replica.placement
         client.async_parts = frozenset(slot.name for slot in replica.slots if slot.shard.variable in self._async_tables)
         replica.tables.attach(self._pull_rows)
+        replica.tables.take_over(before)  # once attached: attaching starts the tables afresh
         self._relayouts += 1
         if pull:
             self._pull_all()
@@ -993,9 +999,26 @@ class Trainer:
             # A row cache stays valid: a restarted ps task's versions count past all it gave before.
             self._recover(e)
             pulled = self._ps.pull_rows(wanted, self._global_step, create, staleness)
+        except LayoutChangedError as e:  # asked of the parts before a re-layout: read where they went
+            before = self._replica.tables
+            self._reroute(e)
+            pulled = {
+                ps_task: [self._rows_moved(before, asked) for asked in pulls] for ps_task, pulls in wanted.items()
+            }
         self._rows_looked_up += sum(int(pull[1].numel()) for pulls in wanted.values() for pull in pulls)
         self._rows_pulled += sum(_row_count(rows) for answers in pulled.values() for rows in answers)
         return pulled
+
+    def _rows_moved(self, before: EmbeddingTables, asked: RowPull | CachedPull) -> torch.Tensor | FreshRows:
+        """A lookup's pull of a part placed before a re-layout, answered from the new layout. A row
+        cache is answered as if it held none of them (versions count anew on the new layout)."""
+        rows = self._replica.tables.rows_moved(
+            before,
+            asked[0],
+            asked[1],
+            lambda wanted, create, staleness: self._ps.pull_rows(wanted, self._global_step, create, staleness),
+        )
+        return FreshRows(torch.full_like(asked[1], -2), rows) if isinstance(asked, CachedPull) else rows
 
     def _receive(self, requests: Sequence[Request], replies: Sequence[DenseReply]) -> None:
         self._replica.assign(requests, replies)
