@@ -409,3 +409,103 @@ def assemble_tables(servers: list[psframe.Server]) -> dict[str, torch.Tensor]:
             into[d.row_start : d.row_start + stride * d.shape[0] : stride] = value.reshape(tuple(d.shape))
     assert all(not v.isnan().any() for v in whole.values()), "a row is held nowhere"
     return whole
+
+
+@pytest.mark.service
+def test_checkpoints_before_during_and_after_a_re_layout_restore_onto_either_layout(tmp_path):
+    from psframe import checkpoint
+    from psframe.ps import recovery
+    from psframe.wire import messages
+    from psframe.worker.replica import Replica
+    from psframe.worker.staging import HostStaging
+
+    folder = str(tmp_path / "ckpt")
+    ports = pick_free_ports(1)
+    cluster = free_cluster(2, 1)
+    grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
+    servers = [psframe.Server(cluster, "ps", k, serving_processes=1, checkpoint_dir=folder) for k in range(2)]
+    servers.append(psframe.Server(grown, "ps", 2, serving_processes=1, checkpoint_dir=folder))
+    during: list[int] = []
+    stop = threading.Event()
+
+    def tool_saves() -> int:  # a command saving while re-layouts are taken: committed whole, or refused
+        deadline = time.monotonic() + DEADLINE_S
+        tries = 0
+        while not stop.is_set() and time.monotonic() < deadline:
+            tries += 1
+            for layout in (cluster, grown):
+                try:
+                    with PsClient(layout, 0, job_name="tool", rpc_timeout=10.0) as tool:
+                        step = tool.get_info(0).global_step
+                        if step and step not in during:
+                            during.append(checkpoint.save(tool, folder, step, keep=100).step)
+                except psframe.errors.PsframeError:
+                    pass  # mid-move, or the other layout: refused with nothing committed
+            time.sleep(0.02)
+        return tries
+
+    def chief() -> list[checkpoint.Manifest]:
+        made = []
+        try:
+            with psframe.Trainer(
+                Known(),
+                cluster,
+                optimizer=psframe.optim.Adam(lr=0.01),
+                placement=psframe.Placement(min_partition_bytes=256, max_shard_bytes=512),
+                checkpointing=psframe.Checkpointing(folder, save_steps=10**6, keep=100),
+                transport=psframe.Transport(connect_timeout=DEADLINE_S),
+            ) as t:
+                for move_to in (grown, cluster, None):
+                    for _ in range(12):
+                        t.step(t.model.loss())
+                    made.append(t.save_delta())  # after a re-layout, a delta cannot follow: saved whole
+                    if move_to is not None:
+                        t.reshard(move_to)
+        finally:
+            stop.set()
+        return made
+
+    try:
+        done = run_workers({0: chief, 1: tool_saves})
+    finally:
+        for server in servers:
+            server.stop(grace=0.1)
+    before, after, back = done[0]
+    assert [len(m.shards) for m in (before, after, back)] == [2, 3, 2]
+    assert after.parent is None and back.parent is None  # whole checkpoints across the layouts
+
+    def place(num_ps: int):
+        replica = Replica(
+            Known(),
+            num_ps,
+            HostStaging(torch.device("cpu")),
+            sync=False,
+            variable_devices={},
+            min_partition_bytes=256,
+            max_shard_bytes=512,
+        )
+        return [messages.variable_defs(s for s in replica.slots if s.shard.ps_task == k) for k in range(num_ps)]
+
+    # Every checkpoint committed, the chief's and the command's (whichever layout it caught), is
+    # one cut: every part holds the same steps; and it restores onto either layout, Adam state too.
+    steps = sorted({m.step for m in (before, after, back)} | set(during))
+    for step in steps:
+        whole = checkpoint.load(folder, step)
+        chain = checkpoint.read(folder, step)
+        shards = chain.read_shards()
+        reference = Known()
+        adam = torch.optim.Adam(reference.parameters(), lr=0.01)
+        for _ in range(min(s.global_step for s in shards)):
+            adam.zero_grad()
+            reference.loss().backward()
+            adam.step()
+        torch.testing.assert_close(whole["w"], reference.w.detach(), rtol=1e-5, atol=1e-6)
+        for num_ps in (2, 3):
+            defs = place(num_ps)
+            parts = [recovery.restore_from_shards(shards, defs[k], psframe.optim.Adam(lr=0.01)) for k in range(num_ps)]
+            for d in (d for k in range(num_ps) for d in defs[k]):
+                restored = next(p for p in parts if d.name in p.values)
+                rows = whole[d.variable][d.row_start : d.row_start + d.shape[0]]
+                assert torch.equal(restored.values[d.name].reshape(rows.shape), rows)
+                assert restored.states[d.name]  # the optimizer state came along
+    assert len(steps) > 3 or during == []  # the command's saves, when they caught a layout, are in there too

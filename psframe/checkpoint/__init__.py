@@ -29,6 +29,9 @@ __all__ = ["Chain", "Manifest", "ShardRecord", "latest_chain", "load", "read", "
 class ShardWriter(Protocol):
     """What :func:`save` needs of a client: every ps task writes its shard (``PsClient.save``)."""
 
+    @property
+    def num_ps(self) -> int: ...
+
     def save(self, checkpoint_dir: str, step: int, parent: int | None = None) -> Sequence[ShardRecord]: ...
 
 
@@ -94,11 +97,12 @@ def save_delta(client: ShardWriter, checkpoint_dir: str, step: int, parent: int)
 
     Raises:
         CheckpointError: ``parent`` is no committed checkpoint, ``step`` does
-            not follow it, or a ps task cannot write a delta from it (its
+            not follow it, it was written by another number of ps tasks (a
+            re-layout since), or a ps task cannot write a delta from it (its
             variables were made or restored since): save a full checkpoint.
     """
     for manifest in checkpoint_io.list_checkpoints(checkpoint_dir, deltas=True):
         if manifest.step == step:
             return manifest
-    require_parent(checkpoint_dir, step, parent)  # before any ps task writes
+    require_parent(checkpoint_dir, step, parent, client.num_ps)  # before any ps task writes
     return commit_delta(checkpoint_dir, step, parent, client.save(checkpoint_dir, step, parent))

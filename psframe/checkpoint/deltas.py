@@ -167,20 +167,26 @@ def commit_delta(url: str, step: int, parent: int, records: Sequence[ShardRecord
     return files.write_manifest(url, step, records, parent=parent)
 
 
-def require_parent(url: str, step: int, parent: int) -> None:
-    """Raise unless ``parent`` is a committed checkpoint (full or delta) under ``url`` that ``step`` follows.
+def require_parent(url: str, step: int, parent: int, num_shards: int | None = None) -> None:
+    """Raise unless ``parent`` is a committed checkpoint (full or delta) under ``url`` that ``step``
+    follows, written by ``num_shards`` ps tasks (when given: a delta's shards follow its parent's).
 
     Raises:
         CheckpointError: naming the delta's step and its parent.
     """
     if step <= parent:
         raise CheckpointError(f"a delta's step ({step}) must come after its parent step {parent}")
-    committed = {m.step for m in files.list_checkpoints(url)} | {
-        m.step for m in files.list_checkpoints(url, deltas=True)
+    committed = {m.step: m for m in files.list_checkpoints(url)} | {
+        m.step: m for m in files.list_checkpoints(url, deltas=True)
     }
     if parent not in committed:
         raise CheckpointError(
             f"cannot commit the delta of step {step} in {url}: its parent, step {parent}, is no committed checkpoint"
+        )
+    if num_shards is not None and committed[parent].num_shards != num_shards:
+        raise CheckpointError(
+            f"cannot write the delta of step {step} from step {parent}: that checkpoint has "
+            f"{committed[parent].num_shards} shards, and {num_shards} ps tasks hold the model now (a re-layout)"
         )
 
 
