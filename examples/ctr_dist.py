@@ -356,7 +356,8 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
             "samples_per_sec": round(samples / wall, 1),
             "recoveries": trainer.recoveries,
             **rows,
-            "num_ps": cluster.num_ps,
+            "num_ps": trainer.cluster.num_ps,  # after any re-layout (psframe reshard)
+            "relayouts": trainer.relayouts,
             "num_workers": cluster.num_workers,
         }
     print(json.dumps(result), flush=True)

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+import psframe
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "examples"))
@@ -135,3 +136,54 @@ def test_a_killed_ps_holding_table_parts_comes_back_from_the_checkpoint(processe
         from psframe.checkpoint import files as checkpoint_files
 
         assert checkpoint_files.list_checkpoints(str(tmp_path / "ckpt"), deltas=True)
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_a_ps_task_added_mid_way_and_drained_later_keeps_the_auc(processes, capsys):
+    """The issue's oracle: a run that adds a ps task mid-way (``psframe reshard``) reaches the AUC of
+    one that did not, within AUC_TOLERANCE; here the ps task is drained again later, its process exits 0."""
+    import re
+
+    from psframe import cli
+    from psframe.launch import pick_free_ports
+    from tests.conftest import free_cluster
+
+    single = subprocess.run(
+        [sys.executable, EXAMPLE, "--single_process", f"--train_steps={STEPS}", *COMMON],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=True,
+    )
+    reference = json.loads(single.stdout.strip().splitlines()[-1])
+    cluster = free_cluster(2, 2)
+    grown = psframe.ClusterSpec(
+        {"ps": [*cluster.job_tasks("ps"), f"127.0.0.1:{pick_free_ports(1)[0]}"], "worker": cluster.job_tasks("worker")}
+    )
+    flags = [*COMMON, f"--train_steps={STEPS}", "--log_every=10"]
+    processes.start_cluster(cluster, *flags, script=ROOT / "examples" / "ctr_dist.py")
+
+    def steps(output: str) -> list[int]:
+        return [int(m) for m in re.findall(r"local step \d+ global step (\d+)", output)]
+
+    def reshard(before: psframe.ClusterSpec, after: psframe.ClusterSpec) -> str:
+        capsys.readouterr()
+        argv = ["reshard", f"--cluster_spec={before.to_string()}", f"--new_ps_hosts={','.join(after.job_tasks('ps'))}"]
+        assert cli.main([*argv, "--timeout=120"]) == 0
+        return capsys.readouterr().out
+
+    processes.wait_until("worker0", lambda out: max(steps(out), default=0) >= 250, "reach global step 250", 240)
+    processes.start_task(grown, "ps", 2, *flags, script=ROOT / "examples" / "ctr_dist.py")
+    assert "hold the model: re-laid out" in reshard(cluster, grown)
+    processes.wait_until("worker0", lambda out: max(steps(out), default=0) >= 550, "reach global step 550", 240)
+    assert "hold the model: re-laid out" in reshard(grown, cluster)
+    procs = processes.wait(timeout=400)  # every process exits 0: the drained ps task too
+    result = json.loads([line for line in procs["worker0"].output.splitlines() if line.startswith("{")][-1])
+    assert result["relayouts"] == 2 and result["num_ps"] == 2 and result["global_step"] >= STEPS, result
+    assert abs(result["auc"] - reference["auc"]) <= AUC_TOLERANCE, (result, reference)
+    for line in (line for proc in procs.values() for line in proc.output.splitlines()):  # the moves' cost (pytest -s)
+        if "re-layout done" in line or "before the re-layout in" in line or "re-layout from" in line:
+            print(line)
+    print(f"AUC {result['auc']} against {reference['auc']} in one process")

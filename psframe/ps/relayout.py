@@ -181,6 +181,21 @@ class Relayout:
         )
 
 
+def prepare() -> None:
+    """Make ready, once per process, what taking parts needs: the first ``torch.optim`` optimizer a
+    process makes costs about a second (imports behind it), which a task added should pay before
+    the cut, not while training waits for it."""
+    global _prepared
+    with _prepare_lock:
+        if not _prepared:
+            torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+            _prepared = True
+
+
+_prepared = False
+_prepare_lock = threading.Lock()
+
+
 def encode_shard(shard: ShardData) -> bytes:
     """A shard record as a codec envelope: its dict as JSON, each tensor in it travelling as raw bytes.
 

@@ -39,6 +39,7 @@ from psframe.ps.ledger import PushLedger
 from psframe.ps.peers import PsPeers
 from psframe.ps.push_pull_request import PushPullRequest
 from psframe.ps.relayout import Relayout, fetch_shards
+from psframe.ps.relayout import prepare as relayout_prepare
 from psframe.ps.roster import Change, WorkerRoster, check_max_workers
 from psframe.ps.round_replies import RoundReplies, outgoing
 from psframe.ps.staleness import StalenessGate
@@ -460,14 +461,15 @@ class ParameterServerService(TaskService):
         self._adopt(restored)
         return True
 
-    def _adopt(self, restored: recovery.Restored) -> None:
+    def _adopt(self, restored: recovery.Restored, *, peers: bool = True) -> None:
         """Become READY with a checkpoint's variables, optimizer state and step.
 
         The global step continues from the highest one among the other ps
         tasks that are training (they did not lose their updates; this shard
         rolls back to the checkpoint), so a sync cluster stays in lockstep.
+        Without ``peers`` (a re-layout's parts, all of one cut) it is the restored one.
         """
-        global_step = max([restored.global_step, *self._peers.global_steps()])
+        global_step = max([restored.global_step, *(self._peers.global_steps() if peers else ())])
         # Under the store's lock, GetInfo sees the model whole or not at all: the
         # values, optimizer state, global step, definitions and barrier in one step.
         with self.store.lock:
@@ -563,6 +565,8 @@ class ParameterServerService(TaskService):
             log.info("%s: a re-layout to ps tasks %s is asked for", self.task_name, new.job_tasks("ps"))
         if request.done:  # the chief: every task of the new layout holds its parts
             self.relayout.release()
+        if request.prepare:  # the chief, before the cut, to a task added
+            relayout_prepare()
         return self.relayout.reply()
 
     def _check_relayout_possible(self) -> None:
@@ -661,6 +665,7 @@ class ParameterServerService(TaskService):
         shards = fetch_shards(
             addresses, [d.variable for d in defs], caller, MAX_FETCH_SECONDS, self._security, self._liveness
         )
+        fetched = time.monotonic() - start
         restored = recovery.restore_from_shards(
             shards,
             defs,
@@ -675,15 +680,16 @@ class ParameterServerService(TaskService):
             **(restored.pushes or {}),
         }
         restored.sync = sync
-        self._adopt(restored)
+        self._adopt(restored, peers=False)
         log.info(
             "%s: took %d parts (%d bytes with optimizer state) from the %d ps tasks before the re-layout "
-            "in %.3f s, at global step %d",
+            "in %.3f s (%.3f s reading them), at global step %d",
             self.task_name,
             len(defs),
             self.store.nbytes(),
             len(addresses),
             time.monotonic() - start,
+            fetched,
             self.store.global_step,
         )
 

@@ -573,14 +573,16 @@ class ShutdownReply(_message.Message):
     def __init__(self) -> None: ...
 
 class ReshardRequest(_message.Message):
-    __slots__ = ("caller", "cluster_spec", "done")
+    __slots__ = ("caller", "cluster_spec", "done", "prepare")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     cluster_spec: str
     done: bool
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., done: _Optional[bool] = ...) -> None: ...
+    prepare: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., done: _Optional[bool] = ..., prepare: _Optional[bool] = ...) -> None: ...
 
 class ReshardReply(_message.Message):
     __slots__ = ("cluster_spec", "moved", "layout_version")

@@ -122,13 +122,15 @@ class PsClient:
 
     # ---- waiting for peers
 
-    def wait_for_ps(self, timeout: float, *, ready: bool = False) -> list[TaskStatus]:
-        """Wait until every ps task answers (and, with ``ready``, holds the model).
+    def wait_for_ps(
+        self, timeout: float, *, ready: bool = False, tasks: Sequence[int] | None = None
+    ) -> list[TaskStatus]:
+        """Wait until every ps task (or those of ``tasks``) answers (and, with ``ready``, holds the model).
 
         Logs whom it waits for every few seconds.
 
         Returns:
-            Each ps task's :class:`~psframe.status.TaskStatus`, by task index.
+            Each ps task's (of ``tasks``) :class:`~psframe.status.TaskStatus`, by task index.
 
         Raises:
             ConnectTimeoutError: naming the tasks still missing after ``timeout``.
@@ -139,7 +141,7 @@ class PsClient:
         deadline = start + timeout
         next_log = start  # say at once whom we wait for, then every few seconds
         infos: dict[int, TaskStatus] = {}
-        pending = list(range(self.num_ps))
+        pending = list(range(self.num_ps)) if tasks is None else list(tasks)
         # A worker asks to take part (an elastic ps task counts it, even after it had left).
         request = pb.InfoRequest(caller=self.caller, joining=self.caller.job_name == "worker")
         while True:
@@ -163,9 +165,9 @@ class PsClient:
                 infos[k] = info
                 pending.remove(k)
             if not pending:
-                # A push carries the layout the ps tasks are at: one of a layout before is refused.
-                self.caller.layout_version = infos[0].layout_version
-                return [infos[k] for k in range(self.num_ps)]
+                if 0 in infos:  # a push carries the layout the ps tasks are at: one of a layout before is refused
+                    self.caller.layout_version = infos[0].layout_version
+                return [infos[k] for k in sorted(infos)]
             now = time.monotonic()
             what = "hold the model (the chief creates it)" if ready else "come up"
             missing = ", ".join(self.describe(k) for k in pending)
@@ -566,6 +568,11 @@ class PsClient:
                 header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
             calls.append((ps, "Init", codec.encode(header, ())))
         transport.call_all(calls, self.rpc_timeout)
+
+    def prepare(self, tasks: Sequence[int]) -> None:
+        """Have the ps tasks added in a re-layout make ready what taking parts needs, before the cut."""
+        request = pb.ReshardRequest(caller=self.caller, prepare=True)
+        transport.call_all([(self._ps[k], "Reshard", request) for k in tasks], self.rpc_timeout)
 
     def reshard_done(self) -> None:
         """Tell the ps tasks the new layout holds the model: their snapshots may go."""

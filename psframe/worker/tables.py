@@ -308,12 +308,18 @@ class EmbeddingTables:
             return pull_cached(pull, table.split(ids), ids, table.cache)
         return pull_parts(pull, table.split(ids), ids.numel(), table.param, create=True)
 
-    def take_over(self, before: EmbeddingTables) -> None:
-        """Go on from ``before`` (the same model's tables as placed before a re-layout): this step's
-        lookups, and rows pulled ahead, are these tables'. The lists are shared, not copied: a lookup
-        under way on ``before`` (its pull found the layout changed) records its rows here too."""
-        for table, old in zip(self.tables, before.tables):
-            table.looked_up, table.prefetched = old.looked_up, old.prefetched
+    def step_state(self) -> list[tuple[list[Lookup], list[Prefetched]]]:
+        """Each fixed table's lookups of this step and rows pulled ahead, for :meth:`take_over`."""
+        return [(table.looked_up, table.prefetched) for table in self.tables]
+
+    def take_over(self, before: EmbeddingTables, state: list[tuple[list[Lookup], list[Prefetched]]]) -> None:
+        """Go on from ``before`` (the same model's tables as placed before a re-layout, detached), as
+        its :meth:`step_state` was: this step's lookups, and rows pulled ahead, are these tables'. The
+        lists are shared by both, not copied: a lookup under way on ``before`` (its pull found the
+        layout changed) records its rows here too."""
+        for table, old, (looked_up, prefetched) in zip(self.tables, before.tables, state):
+            table.looked_up = old.looked_up = looked_up
+            table.prefetched = old.prefetched = prefetched
 
     def rows_moved(self, before: EmbeddingTables, part: str, ids: torch.Tensor, pull: Pull) -> torch.Tensor:
         """The rows a lookup asked of part ``part`` of ``before`` (the same model's tables as placed

@@ -670,8 +670,6 @@ class Trainer:
             replicas.clear_gradients()
 
     def _step(self, loss: torch.Tensor | None, run_backward: bool) -> int:
-        if self._is_chief and time.monotonic() >= self._next_reshard_poll:
-            self._take_asked_reshard()
         for hook in self._hooks:
             hook.before_step(self)
         exchange = self._backward(loss) if run_backward else None
@@ -745,6 +743,8 @@ class Trainer:
         self._local_step += 1
         for hook in self._hooks:
             hook.after_step(self, self._global_step, loss)
+        if self._is_chief and time.monotonic() >= self._next_reshard_poll:
+            self._take_asked_reshard()  # between two steps: this one's lookups and pushes are done
         return self._global_step
 
     def _at(self) -> tuple[int, int]:
@@ -791,11 +791,20 @@ class Trainer:
         """The chief's re-layout: the cut and its snapshots, the new layout's tasks take their
         parts, the drained tasks stop; then this worker trains on the new layout."""
         before, old = self._cluster, self._ps
-        start = time.monotonic()
         log.info("chief: re-layout from ps tasks %s to %s", before.job_tasks("ps"), new.job_tasks("ps"))
-        old.move(new)
         replica = self._make_replica(new.num_ps)
         client = self._make_client(new)
+        try:
+            # The tasks added are up before the cut: training pauses for the transfer alone.
+            added = range(before.num_ps, new.num_ps)
+            client.wait_for_ps(self.connect_timeout, tasks=added)
+            if added:
+                client.prepare(added)
+        except BaseException:
+            client.close()
+            raise
+        start = time.monotonic()
+        old.move(new)
         try:
             client.wait_for_ps(self.connect_timeout)
             version = old.get_info(0).layout_version  # ps 0 counted this re-layout at its cut
@@ -854,13 +863,15 @@ class Trainer:
     def _switch_to(self, new: ClusterSpec, client: PsClient, replica: Replica, pull: bool = True) -> None:
         """Train on the new layout from now on: its client and placement; pull its values."""
         self._ps.close()
-        self._replica.tables.detach()
         before = self._replica.tables
+        state = before.step_state()  # before detaching, which starts the tables afresh
+        before.detach()
+        self._prefetcher.drop()  # asked of the parts before: the lookups pull anew
         self._client, self._replica, self._cluster = client, replica, new
         self._placement = replica.placement
         client.async_parts = frozenset(slot.name for slot in replica.slots if slot.shard.variable in self._async_tables)
         replica.tables.attach(self._pull_rows)
-        replica.tables.take_over(before)  # once attached: attaching starts the tables afresh
+        replica.tables.take_over(before, state)  # once attached: attaching starts the tables afresh
         self._relayouts += 1
         if pull:
             self._pull_all()
