@@ -66,20 +66,23 @@ class HostJob:
         self.procs: dict[str, subprocess.Popen] = {}
         self.returncodes: dict[str, int] = {}
 
-    def cluster_flags(self, workers: int | None = None) -> list[str]:
-        """The cluster's flags; ``workers``: only the first so many workers (an elastic job's start)."""
-        ps = ",".join(self.addresses[f"ps{i}"] for i in range(self.num_ps))
+    def cluster_flags(self, workers: int | None = None, ps_tasks: int | None = None) -> list[str]:
+        """The cluster's flags; ``workers``: only the first so many workers (an elastic job's start);
+        ``ps_tasks``: only the first so many ps tasks (a job before ps tasks are added)."""
+        ps = ",".join(self.addresses[f"ps{i}"] for i in range(ps_tasks or self.num_ps))
         workers = ",".join(self.addresses[f"worker{i}"] for i in range(workers or self.num_workers))
         return [f"--ps_hosts={ps}", f"--worker_hosts={workers}"]
 
-    def start(self, task: str, *extra: str, workers: int | None = None) -> subprocess.Popen:
+    def start(
+        self, task: str, *extra: str, workers: int | None = None, ps_tasks: int | None = None
+    ) -> subprocess.Popen:
         """Start ``task`` on its host (again, after it ended: its log goes on), in a cluster
-        of its first ``workers`` workers (default: all of them)."""
+        of its first ``workers`` workers and ``ps_tasks`` ps tasks (default: all of them)."""
         job, index = re.fullmatch(r"(ps|worker)(\d+)", task).groups()
         argv = [
             sys.executable,
             str(self.script),
-            *self.cluster_flags(workers),
+            *self.cluster_flags(workers, ps_tasks),
             f"--job_name={job}",
             f"--task_index={index}",
             *self.flags,

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import random
 import re
 import signal
+import sys
 import time
 
 import pytest
 
-from tests.conftest import CLUSTER_JOB
+from tests.conftest import CLUSTER_JOB, ROOT
 from tests.host_jobs import HostJob, line_time
 from tests.hosts import host_set  # noqa: F401  (a fixture, found by name)
 
@@ -49,7 +51,7 @@ def _job(host_set, tmp_path, mnist_dir, num_workers: int = 3, flags: tuple[str, 
 
 
 def _record(scenario: str, **figures: float | None) -> None:
-    shown = ", ".join(f"{k} {'-' if v is None else f'{v:.1f}s'}" for k, v in figures.items())
+    shown = ", ".join(f"{k} {'-' if v is None else f'{v:.3g}s'}" for k, v in figures.items())
     print(f"[hosts] {scenario}: {shown}", flush=True)
 
 
@@ -369,3 +371,49 @@ def test_data_read_exactly_once_with_a_worker_killed_and_one_added(host_set, tmp
     )
     taken_back = _log_time(job, "ps0", r"presumed dead")
     _record("data exactly once, worker 1 killed", range_back_after=taken_back - killed)
+
+
+def test_a_ps_task_added_from_its_own_host_and_drained_while_training(host_set, tmp_path, mnist_dir):
+    """The job starts with one ps task; ``psframe reshard`` (run on worker 0's host) adds ps 1, started
+    on a host of its own, and later drains it: the model's parts move there and back through the
+    bridge while both workers train; ps 1's process exits 0 once drained, and the rest at the end."""
+    hosts = host_set(["ps0", "ps1", "w0", "w1"])
+    placement = {"ps0": "ps0", "ps1": "ps1", "worker0": "w0", "worker1": "w1"}
+    job = HostJob(
+        hosts,
+        placement,
+        tmp_path,
+        flags=[f"--data_dir={mnist_dir}", *BASE_FLAGS, "--log_every=100"],
+    )
+    one_ps = job.cluster_flags(ps_tasks=1)
+    both = job.cluster_flags()[0].removeprefix("--ps_hosts=")
+
+    def reshard(cluster_flags: list[str], new_ps_hosts: str) -> str:
+        done = hosts.run(
+            "w0",
+            [sys.executable, "-m", "psframe.cli", "reshard", *cluster_flags, f"--new_ps_hosts={new_ps_hosts}"],
+            timeout=180,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert done.returncode == 0, done.stderr[-3000:] + job.report()
+        return done.stdout
+
+    job.start("ps0", ps_tasks=1)
+    job.start("worker0", ps_tasks=1)
+    job.start("worker1", ps_tasks=1)
+    job.wait_for("worker0", r"local step 300,", timeout=120)
+    job.start("ps1")
+    added = reshard(one_ps, both)
+    job.wait_for("worker0", r"local step 1500,", timeout=120)
+    drained = reshard(job.cluster_flags(), job.addresses["ps0"])
+    job.wait(timeout=300)  # every process exits 0, the drained ps task too
+    moves = re.findall(r"re-layout done in ([\d.]+) s", job.output("worker0"))
+    asked = [float(re.search(r"re-laid out ([\d.]+)s after asking", out).group(1)) for out in (added, drained)]
+    _record("ps task added", paused=float(moves[0]), asked_to_done=asked[0])
+    _record("ps task drained", paused=float(moves[1]), asked_to_done=asked[1])
+    assert len(moves) == 2, job.report()
+    assert "is drained" in job.output("ps1"), job.report()
+    assert re.search(r"worker 1: follows the re-layout", job.output("worker1")), job.report()
+    result = job.result("worker0")
+    assert result["test_accuracy"] >= 0.97 and result["global_step"] >= TRAIN_STEPS, result

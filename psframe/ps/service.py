@@ -13,7 +13,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy
 import torch
@@ -385,6 +385,7 @@ class ParameterServerService(TaskService):
                 )
             elif header.adopt_from:
                 self._adopt_from_peers(list(header.adopt_from), defs, optimizer, sync, table_optimizer)
+                self._take_finished(header.finished_workers)
                 if self.relayout.moved_to is None:  # new in this layout
                     before = ClusterSpec({"ps": list(header.adopt_from), "worker": self.cluster.job_tasks("worker")})
                     self.relayout.adopted(before, self.cluster, header.layout_version)
@@ -491,14 +492,15 @@ class ParameterServerService(TaskService):
                 self.store.mark_snapshot(restored.step)
             if restored.sync is not None:
                 self._start_sync(restored.sync)
-        log.info(
-            "%s: restored %d variables from checkpoint step %d (its global step %d); going on at global step %d",
-            self.task_name,
-            len(restored.defs),
-            restored.step,
-            restored.global_step,
-            global_step,
-        )
+        if restored.step >= 0:  # a checkpoint's (a re-layout's parts are logged as taken)
+            log.info(
+                "%s: restored %d variables from checkpoint step %d (its global step %d); going on at global step %d",
+                self.task_name,
+                len(restored.defs),
+                restored.step,
+                restored.global_step,
+                global_step,
+            )
 
     def save(self, request: pb.SaveRequest) -> pb.SaveReply:
         self._check_tool_or_worker(request.caller)
@@ -632,6 +634,17 @@ class ParameterServerService(TaskService):
             sum(v.value.nbytes for v in snapshot.variables),
             kept,
         )
+
+    def _take_finished(self, workers: Iterable[int]) -> None:
+        """The workers that had finished before a re-layout have finished here too (and leave its rounds)."""
+        for worker in sorted({*workers, *self.roster.finished}):
+            self.roster.finish(worker, self.store.global_step)
+            if self.aggregator is not None:
+                self.aggregator.worker_finished(worker)
+        if self.elastic:
+            self._follow_membership()
+        if self.roster.all_finished:
+            self.all_finished.set()
 
     def fetch_parts(self, data: bytes) -> bytes:
         """A task of the new layout reads the parts of some variables, as this task snapshot them at the cut."""

@@ -349,7 +349,7 @@ class WorkerSeen(_message.Message):
     def __init__(self, task_index: _Optional[int] = ..., seconds_ago: _Optional[float] = ..., finished: _Optional[bool] = ..., applied_steps: _Optional[int] = ..., last_push_id: _Optional[int] = ...) -> None: ...
 
 class InitHeader(_message.Message):
-    __slots__ = ("caller", "variables", "optimizer", "tensors", "sync", "checkpoint_dir", "table_optimizer", "global_step", "adopt_from", "layout_version")
+    __slots__ = ("caller", "variables", "optimizer", "tensors", "sync", "checkpoint_dir", "table_optimizer", "global_step", "adopt_from", "layout_version", "finished_workers")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
@@ -360,6 +360,7 @@ class InitHeader(_message.Message):
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     ADOPT_FROM_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_WORKERS_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
     optimizer: OptimizerDef
@@ -370,7 +371,8 @@ class InitHeader(_message.Message):
     global_step: int
     adopt_from: _containers.RepeatedScalarFieldContainer[str]
     layout_version: int
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., global_step: _Optional[int] = ..., adopt_from: _Optional[_Iterable[str]] = ..., layout_version: _Optional[int] = ...) -> None: ...
+    finished_workers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., global_step: _Optional[int] = ..., adopt_from: _Optional[_Iterable[str]] = ..., layout_version: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("header", "payload")

@@ -551,6 +551,7 @@ class PsClient:
         sync: SyncReplicas | None,
         adopt_from: Sequence[str],
         layout_version: int,
+        finished_workers: Sequence[int] = (),
     ) -> None:
         """The chief's second part of a re-layout: every ps task of this (new) cluster takes the
         parts placed on it from the snapshots of the tasks before (``adopt_from``), in parallel."""
@@ -563,6 +564,7 @@ class PsClient:
                 sync=messages.sync_def(sync),
                 adopt_from=adopt_from,
                 layout_version=layout_version,
+                finished_workers=finished_workers,
             )
             if table_optimizer is not None:
                 header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))

@@ -807,9 +807,15 @@ class Trainer:
         old.move(new)
         try:
             client.wait_for_ps(self.connect_timeout)
-            version = old.get_info(0).layout_version  # ps 0 counted this re-layout at its cut
+            at_cut = old.get_info(0)  # ps 0 counted this re-layout at its cut, and knows who finished
             client.adopt(
-                replica.slots, self._optimizer, self._table_optimizer, self._sync, before.job_tasks("ps"), version
+                replica.slots,
+                self._optimizer,
+                self._table_optimizer,
+                self._sync,
+                before.job_tasks("ps"),
+                at_cut.layout_version,
+                at_cut.finished_workers,
             )
             client.check_model(client.wait_for_ps(self.connect_timeout, ready=True), replica.slots, self._sync)
             client.reshard_done()
