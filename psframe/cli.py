@@ -117,6 +117,7 @@ def _status(args: argparse.Namespace) -> int:
     changes: list[tuple[str, ...]] = [("worker", "membership change", "at step", "when")]
     # Data sets read in ranges (psframe.DataRanges), as ps 0 keeps their queues.
     data: list[tuple[str, ...]] = [("data set", "consumed", "of", "ranges out")]
+    layout = ""  # ps 0's word on re-layouts (psframe reshard), if any
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))
     try:
         for k, address in enumerate(cluster.job_tasks("ps")):
@@ -127,6 +128,8 @@ def _status(args: argparse.Namespace) -> int:
             except PsframeError:
                 rows.append((ClusterSpec.task_name("ps", k), address, "ps", "down", "", "", "", "", "", ""))
                 continue
+            if k == 0 and (info.layout_version or info.reshard_to):
+                layout = _layout_line(info.layout_version, info.reshard_to, cluster)
             data.extend((d.name, str(d.consumed), str(d.total), str(d.ranges_out)) for d in info.data_sets)
             if len(changes) == 1:
                 changes.extend(
@@ -192,7 +195,21 @@ def _status(args: argparse.Namespace) -> int:
         if len(extra) > 1:
             print()
             _print_table(extra)
+    if layout:
+        print()
+        print(layout)
     return 0 if all(row[3] != "down" for row in rows[1:]) else 1
+
+
+def _layout_line(version: int, reshard_to: str, cluster: ClusterSpec) -> str:
+    """What ps 0 says of re-layouts: how many it went through, and the ps tasks it moved (or moves) to."""
+    moved_to = ClusterSpec.from_string(reshard_to).job_tasks("ps") if reshard_to else []
+    line = f"re-layouts: {version}"
+    if moved_to and moved_to != cluster.job_tasks("ps"):
+        line += f"; the ps tasks are (or move to) {','.join(moved_to)}: give --ps_hosts that list"
+    elif moved_to:
+        line += f"; ps tasks {','.join(moved_to)}"
+    return line
 
 
 def _steps_ahead(counts: Sequence[int]) -> tuple[str, str]:

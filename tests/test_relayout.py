@@ -319,6 +319,8 @@ def test_psframe_reshard_asks_ps_0_and_waits_until_the_new_layout_holds_the_mode
     assert "must begin with the old one" in out.err
     assert "hold the model: re-laid out" in out.out
     assert added.service.store.ready and first.service.relayout.version == 1
+    cli.main(["status", *flags])  # with the flags of before: says where the ps tasks went
+    assert f"re-layouts: 1; the ps tasks are (or move to) {','.join(grown.job_tasks('ps'))}" in capsys.readouterr().out
     held = assemble([first, added])
     assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * first.service.store.global_step))
 
