@@ -29,6 +29,20 @@ def chief_result(output: str) -> dict:
     return json.loads(lines[-1])
 
 
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    """The example in one process with torch.optim (``--single_process``): the AUC to reach."""
+    single = subprocess.run(
+        [sys.executable, EXAMPLE, "--single_process", f"--train_steps={STEPS}", *COMMON],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=True,
+    )
+    return json.loads(single.stdout.strip().splitlines()[-1])
+
+
 def test_auc_counts_pairs_ranked_right_and_ties_half():
     assert auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])) == 0.75
     assert auc(torch.tensor([1.0, 1.0, 2.0]), torch.tensor([1, 0, 1])) == 0.75  # a tie: half a pair
@@ -47,16 +61,7 @@ def test_the_planted_click_log_is_reproducible_and_has_a_known_ceiling():
 
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
-def test_async_and_sync_reach_the_auc_of_one_process(processes):
-    single = subprocess.run(
-        [sys.executable, EXAMPLE, "--single_process", f"--train_steps={STEPS}", *COMMON],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        check=True,
-    )
-    reference = json.loads(single.stdout.strip().splitlines()[-1])
+def test_async_and_sync_reach_the_auc_of_one_process(processes, reference):
     assert reference["auc"] > 0.8 and reference["auc"] < reference["ceiling_auc"], reference
     runs = {}
     cases = (
@@ -140,7 +145,7 @@ def test_a_killed_ps_holding_table_parts_comes_back_from_the_checkpoint(processe
 
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
-def test_a_ps_task_added_mid_way_and_drained_later_keeps_the_auc(processes, capsys):
+def test_a_ps_task_added_mid_way_and_drained_later_keeps_the_auc(processes, capsys, reference):
     """The issue's oracle: a run that adds a ps task mid-way (``psframe reshard``) reaches the AUC of
     one that did not, within AUC_TOLERANCE; here the ps task is drained again later, its process exits 0."""
     import re
@@ -149,15 +154,6 @@ def test_a_ps_task_added_mid_way_and_drained_later_keeps_the_auc(processes, caps
     from psframe.launch import pick_free_ports
     from tests.conftest import free_cluster
 
-    single = subprocess.run(
-        [sys.executable, EXAMPLE, "--single_process", f"--train_steps={STEPS}", *COMMON],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        check=True,
-    )
-    reference = json.loads(single.stdout.strip().splitlines()[-1])
     cluster = free_cluster(2, 2)
     grown = psframe.ClusterSpec(
         {"ps": [*cluster.job_tasks("ps"), f"127.0.0.1:{pick_free_ports(1)[0]}"], "worker": cluster.job_tasks("worker")}
