@@ -422,6 +422,7 @@ def test_checkpoints_before_during_and_after_a_re_layout_restore_onto_either_lay
     from psframe.worker.staging import HostStaging
 
     folder = str(tmp_path / "ckpt")
+    their_folder = str(tmp_path / "command")  # the command's checkpoints, beside the chief's
     ports = pick_free_ports(1)
     cluster = free_cluster(2, 1)
     grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
@@ -440,7 +441,7 @@ def test_checkpoints_before_during_and_after_a_re_layout_restore_onto_either_lay
                     with PsClient(layout, 0, job_name="tool", rpc_timeout=10.0) as tool:
                         step = tool.get_info(0).global_step
                         if step and step not in during:
-                            during.append(checkpoint.save(tool, folder, step, keep=100).step)
+                            during.append(checkpoint.save(tool, their_folder, step, keep=100).step)
                 except psframe.errors.PsframeError:
                     pass  # mid-move, or the other layout: refused with nothing committed
             time.sleep(0.02)
@@ -490,10 +491,10 @@ def test_checkpoints_before_during_and_after_a_re_layout_restore_onto_either_lay
 
     # Every checkpoint committed, the chief's and the command's (whichever layout it caught), is
     # one cut: every part holds the same steps; and it restores onto either layout, Adam state too.
-    steps = sorted({m.step for m in (before, after, back)} | set(during))
-    for step in steps:
-        whole = checkpoint.load(folder, step)
-        chain = checkpoint.read(folder, step)
+    saved = [(folder, m.step) for m in (before, after, back)] + [(their_folder, step) for step in during]
+    for where, step in saved:
+        whole = checkpoint.load(where, step)
+        chain = checkpoint.read(where, step)
         shards = chain.read_shards()
         reference = Known()
         adam = torch.optim.Adam(reference.parameters(), lr=0.01)
@@ -510,4 +511,73 @@ def test_checkpoints_before_during_and_after_a_re_layout_restore_onto_either_lay
                 rows = whole[d.variable][d.row_start : d.row_start + d.shape[0]]
                 assert torch.equal(restored.values[d.name].reshape(rows.shape), rows)
                 assert restored.states[d.name]  # the optimizer state came along
-    assert len(steps) > 3 or during == []  # the command's saves, when they caught a layout, are in there too
+    assert during  # the command saved between the moves too (a save under way at a cut is refused)
+
+
+class Dynamic(torch.nn.Module):
+    """A dynamic table whose rows start at 1.0 (made on first lookup, on whichever ps task holds the
+    id) and a dense weight; every step looks up the same ids, so each row gets GRAD a step."""
+
+    IDS = torch.tensor([3, 17, 42, 1001, 99999, 123456789])
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = psframe.DynamicEmbedding(4, initializer=psframe.RowInitializer("constant", value=1.0))
+        self.w = torch.nn.Parameter(torch.zeros(6, 4))
+
+    def loss(self) -> torch.Tensor:
+        return GRAD * (self.emb(self.IDS).sum() + self.w.sum())
+
+
+@pytest.mark.service
+def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks):
+    ports = pick_free_ports(1)
+    cluster = free_cluster(2, 2)
+    grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
+    first = [ps_tasks(cluster, k) for k in range(2)]
+    third = ps_tasks(grown, 2)
+    chief_done = threading.Event()
+
+    def make(index: int) -> psframe.Trainer:
+        return psframe.Trainer(
+            Dynamic(),
+            cluster,
+            task_index=index,
+            optimizer=psframe.optim.SGD(lr=LR),
+            table_optimizer=psframe.optim.SGD(lr=LR),
+            transport=psframe.Transport(connect_timeout=DEADLINE_S),
+        )
+
+    def chief() -> psframe.Trainer:
+        with make(0) as t:
+            while t.local_step < 40:
+                if t.local_step == 10:
+                    t.reshard(grown)
+                    held = sum(
+                        len(third.service.store.export_dynamic()[n]["ids"]) for n in third.service.store.dynamic_tables
+                    )
+                    assert held > 0  # ids modulo 3 == 2 moved to the task added
+                if t.local_step == 25:
+                    t.reshard(cluster)
+                t.step(t.model.loss())
+        chief_done.set()
+        return t
+
+    def other() -> psframe.Trainer:
+        deadline = time.monotonic() + DEADLINE_S
+        with make(1) as t:
+            while not chief_done.is_set():
+                assert time.monotonic() < deadline, "the chief never finished"
+                t.step(t.model.loss())
+        return t
+
+    done = run_workers({0: chief, 1: other})
+    steps = first[0].service.store.global_step
+    assert steps == sum(t.pushed_steps for t in done.values()) and done[1].relayouts >= 1
+    rows: dict[int, torch.Tensor] = {}
+    for server in first:
+        for held in server.service.store.export_dynamic().values():
+            rows.update(zip(held["ids"].tolist(), held["rows"]))
+    assert sorted(rows) == Dynamic.IDS.tolist()  # each id on one ps task, none lost
+    for value in rows.values():
+        assert torch.equal(value, torch.full_like(value, 1.0 - LR * GRAD * steps))

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,7 +42,7 @@ import torch
 
 from psframe.checkpoint.shard import ShardData
 from psframe.cluster import ClusterSpec
-from psframe.errors import ClusterSpecError, LayoutChangedError, WireFormatError
+from psframe.errors import CheckpointError, ClusterSpecError, LayoutChangedError, WireFormatError
 from psframe.liveness import Liveness
 from psframe.security import Security
 from psframe.wire import codec, transport
@@ -84,6 +85,7 @@ class Relayout:
         self.moved_to: ClusterSpec | None = None
         self.snapshot: ShardData | None = None  # its parts at the cut, until the task stops
         self.version = 0
+        self._cutting_until = 0.0  # a re-layout's cut is under way here until then (monotonic)
 
     def ask(self, current: ClusterSpec, new: ClusterSpec) -> None:
         """Record that the ps tasks move from ``current`` to ``new`` (ps 0; a tool asked).
@@ -109,6 +111,23 @@ class Relayout:
             self.requested = None
             self.version += 1
 
+    def cutting_for(self, seconds: float) -> None:
+        """A re-layout's cut begins here (its hold): other cuts are refused until it is taken, or
+        for ``seconds`` at most (the hold's own deadline)."""
+        self._cutting_until = time.monotonic() + seconds
+
+    def check_not_cutting(self, task_name: str) -> None:
+        """Refuse a checkpoint's cut while a re-layout's is under way here: two cuts at once
+        would let pushes past the re-layout's.
+
+        Raises:
+            CheckpointError: saying to save again once the re-layout is taken.
+        """
+        if self.snapshot is None and time.monotonic() < self._cutting_until:
+            raise CheckpointError(
+                f"{task_name} is taking a re-layout's cut (psframe reshard): save again once it is taken"
+            )
+
     def took(self, cluster_spec: str) -> bool:
         """Whether this task took the cut of the re-layout to ``cluster_spec`` already."""
         return self.moved_to is not None and self.snapshot is not None and self.moved_to.to_string() == cluster_spec
@@ -119,8 +138,9 @@ class Relayout:
             self.before, self.moved_to, self.version = before.fingerprint, after, version
 
     def keep(self, snapshot: ShardData) -> None:
-        """Keep the cut's snapshot, to hand its parts over (``FetchParts``)."""
+        """Keep the cut's snapshot, to hand its parts over (``FetchParts``): the cut is taken."""
         self.snapshot = snapshot
+        self._cutting_until = 0.0
 
     def release(self) -> None:
         """Every task of the new layout holds its parts: the snapshot goes."""

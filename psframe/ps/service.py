@@ -504,7 +504,11 @@ class ParameterServerService(TaskService):
 
     def save(self, request: pb.SaveRequest) -> pb.SaveReply:
         self._check_tool_or_worker(request.caller)
+        if not request.move_to:
+            self.relayout.check_not_cutting(self.task_name)  # a checkpoint's cut would undo a re-layout's
         if request.hold:
+            if request.move_to:  # the cut of a re-layout: no other cut may begin until it is taken
+                self.relayout.cutting_for(min(max(request.hold_seconds, 0.1), MAX_HOLD_SECONDS))
             return self._hold(request.hold_seconds)
         url = request.checkpoint_dir or self.checkpoint_dir or ""
         if not url and not request.move_to:
@@ -582,8 +586,6 @@ class ParameterServerService(TaskService):
             why = f"ask {ClusterSpec.task_name('ps', 0)}, which leads it, not {self.task_name}"
         elif not self.live_relayout:
             why = "the ps tasks serve from several processes (start them with --serving_processes 1)"
-        elif any(d.HasField("dynamic") for d in self._variable_defs):
-            why = "a model with dynamic embedding tables is re-laid out through a checkpoint for now"
         elif not self.store.ready:
             why = "the ps tasks hold no model yet: start the job with the new ps tasks instead"
         if why:

@@ -144,6 +144,15 @@ class DynamicEmbedding(torch.nn.Module):
         """Whether backward reached the rows of a lookup since the last step."""
         return any(rows.grad is not None for _, rows in self._looked_up)
 
+    @property
+    def lookups(self) -> list[Lookup]:
+        """This step's lookups (the list itself: :meth:`attach` starts a new one)."""
+        return self._looked_up
+
+    @lookups.setter
+    def lookups(self, looked_up: list[Lookup]) -> None:
+        self._looked_up = looked_up
+
     def take_gradients(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The ids this step's lookups used and their rows' gradients (on the
         host; an id looked up twice has its gradients summed), forgetting the

@@ -485,13 +485,14 @@ class PsClient:
             for k, r in enumerate(replies)
         ]
 
-    def _cut_requests(self, **fields: object) -> list[pb.SaveRequest]:
+    def _cut_requests(self, move_to: str = "", **fields: object) -> list[pb.SaveRequest]:
         """Hold every ps task at one cut; the ``Save`` requests (with ``fields``) that take it, by task.
 
         Every ps task holds pushes back and says how many steps of each worker it has
         begun; each then applies the steps another had begun, and takes its part.
+        ``move_to``: the cut of a re-layout to that cluster (no other cut may begin meanwhile).
         """
-        hold = pb.SaveRequest(caller=self.caller, hold=True, hold_seconds=min(self.rpc_timeout, 10.0))
+        hold = pb.SaveRequest(caller=self.caller, hold=True, hold_seconds=min(self.rpc_timeout, 10.0), move_to=move_to)
         holds = transport.call_all([(ps, "Save", hold) for ps in self._ps], self.rpc_timeout)
         begun = [list(r.steps_begun) for r in holds if r.holds]
         targets = [max(steps) for steps in zip(*begun)] if begun else []
@@ -503,6 +504,7 @@ class PsClient:
                 targets=targets if r.holds else [],
                 round_target=round_target if r.holds_rounds else 0,
                 cut_rounds=r.holds_rounds,
+                move_to=move_to,
                 **fields,  # type: ignore[arg-type]
             )
             for r in holds

@@ -308,18 +308,25 @@ class EmbeddingTables:
             return pull_cached(pull, table.split(ids), ids, table.cache)
         return pull_parts(pull, table.split(ids), ids.numel(), table.param, create=True)
 
-    def step_state(self) -> list[tuple[list[Lookup], list[Prefetched]]]:
-        """Each fixed table's lookups of this step and rows pulled ahead, for :meth:`take_over`."""
-        return [(table.looked_up, table.prefetched) for table in self.tables]
+    def step_state(self) -> list[tuple[list, list]]:
+        """Each table's lookups of this step and rows pulled ahead (fixed tables, then dynamic), for
+        :meth:`take_over`."""
+        return [(table.looked_up, table.prefetched) for table in self.tables] + [
+            (dynamic.module.lookups, dynamic.prefetched) for dynamic in self.dynamic
+        ]
 
-    def take_over(self, before: EmbeddingTables, state: list[tuple[list[Lookup], list[Prefetched]]]) -> None:
+    def take_over(self, before: EmbeddingTables, state: list[tuple[list, list]]) -> None:
         """Go on from ``before`` (the same model's tables as placed before a re-layout, detached), as
         its :meth:`step_state` was: this step's lookups, and rows pulled ahead, are these tables'. The
         lists are shared by both, not copied: a lookup under way on ``before`` (its pull found the
         layout changed) records its rows here too."""
-        for table, old, (looked_up, prefetched) in zip(self.tables, before.tables, state):
+        fixed = len(self.tables)
+        for table, old, (looked_up, prefetched) in zip(self.tables, before.tables, state[:fixed]):
             table.looked_up = old.looked_up = looked_up
             table.prefetched = old.prefetched = prefetched
+        for dynamic, old_dynamic, (looked_up, prefetched) in zip(self.dynamic, before.dynamic, state[fixed:]):
+            dynamic.module.lookups = looked_up  # one module: the lookup under way appends here
+            dynamic.prefetched = old_dynamic.prefetched = prefetched
 
     def rows_moved(self, before: EmbeddingTables, part: str, ids: torch.Tensor, pull: Pull) -> torch.Tensor:
         """The rows a lookup asked of part ``part`` of ``before`` (the same model's tables as placed
@@ -328,6 +335,9 @@ class EmbeddingTables:
         Raises:
             PsframeError: ``part`` is no part of a fixed table of ``before``.
         """
+        dynamic = next((d for d in before.dynamic for slot in d.slots if slot.name == part), None)
+        if dynamic is not None:  # a dynamic part is asked by the ids themselves
+            return next(d for d in self.dynamic if d.name == dynamic.name).pull(ids, True, pull)
         slot = next((slot for table in before.tables for slot in table.slots if slot.name == part), None)
         if slot is None:
             raise PsframeError(f"{part!r} is no part of an embedding table placed before the re-layout")
@@ -360,7 +370,7 @@ class EmbeddingTables:
         return self.cut(self.take_row_gradients(), every_table, except_tables)
 
     def take_row_gradients(self) -> dict[str, tuple[torch.Tensor, torch.Tensor] | None]:
-        """Each fixed table's rows this step's backward touched (ids of the whole table) and their
+        """Each table's rows this step's backward touched (ids of the whole table) and their
         gradients, duplicates summed; None for a table the batch did not use. Taken: the next
         step's lookups start afresh. :meth:`cut` shares them out among the parts.
 
@@ -376,6 +386,8 @@ class EmbeddingTables:
                 )
             used[table.name] = lookup_gradients(table.looked_up)
             table.looked_up = []
+        for dynamic in self.dynamic:
+            used[dynamic.name] = dynamic.module.take_gradients()
         return used
 
     def cut(
@@ -404,7 +416,7 @@ class EmbeddingTables:
             for slot, positions, local in table.split(ids):
                 pushes.setdefault(slot.shard.ps_task, []).append((slot.name, local, values[positions]))
         for dynamic in self.dynamic:
-            dynamic.gradients(pushes, every_table and dynamic.name not in except_tables)
+            dynamic.cut(pushes, used.get(dynamic.name), every_table and dynamic.name not in except_tables)
         return pushes
 
 
@@ -436,10 +448,11 @@ class DynamicTable:
             return pull_cached(pull, parts, ids, self.cache)
         return pull_parts(pull, parts, ids.numel(), self.module.row_template, create=create)
 
-    def gradients(self, pushes: dict[int, list[RowPush]], every_table: bool) -> None:
-        """Add this step's row gradients to ``pushes``, a part at a time (see
-        :meth:`EmbeddingTables.gradients`; every part is listed once the table has a gradient)."""
-        used = self.module.take_gradients()
+    def cut(
+        self, pushes: dict[int, list[RowPush]], used: tuple[torch.Tensor, torch.Tensor] | None, every_table: bool
+    ) -> None:
+        """Add a step's row gradients (``used``: ids and gradients, or None) to ``pushes``, a part at
+        a time (see :meth:`EmbeddingTables.gradients`; every part is listed once the table has a gradient)."""
         if used is None and not every_table:
             return
         if used is None:
