@@ -151,13 +151,10 @@ def test_a_ps_task_added_mid_way_and_drained_later_keeps_the_auc(processes, caps
     import re
 
     from psframe import cli
-    from psframe.launch import pick_free_ports
     from tests.conftest import free_cluster
 
-    cluster = free_cluster(2, 2)
-    grown = psframe.ClusterSpec(
-        {"ps": [*cluster.job_tasks("ps"), f"127.0.0.1:{pick_free_ports(1)[0]}"], "worker": cluster.job_tasks("worker")}
-    )
+    grown = free_cluster(3, 2)  # every port picked at once: distinct
+    cluster = psframe.ClusterSpec({"ps": grown.job_tasks("ps")[:2], "worker": grown.job_tasks("worker")})
     flags = [*COMMON, f"--train_steps={STEPS}", "--log_every=10"]
     processes.start_cluster(cluster, *flags, script=ROOT / "examples" / "ctr_dist.py")
 

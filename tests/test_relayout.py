@@ -18,7 +18,6 @@ import torch
 import psframe
 from psframe.checkpoint.shard import OptimizerData, ShardData, VariableData
 from psframe.errors import ClusterSpecError
-from psframe.launch import pick_free_ports
 from psframe.ps.relayout import check_new_cluster, decode_shard, encode_shard
 from psframe.worker.ps_client import PsClient
 from tests.conftest import free_cluster
@@ -33,6 +32,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 def with_ps(cluster: psframe.ClusterSpec, ps: list[str]) -> psframe.ClusterSpec:
     return psframe.ClusterSpec({"ps": ps, "worker": cluster.job_tasks("worker")})
+
+
+def clusters(num_ps: int, num_workers: int) -> tuple[psframe.ClusterSpec, psframe.ClusterSpec]:
+    """A cluster on loopback, and the same with one ps task more: every port picked at once (distinct)."""
+    grown = free_cluster(num_ps + 1, num_workers)
+    return with_ps(grown, grown.job_tasks("ps")[:num_ps]), grown
 
 
 # ---- the parts, no network
@@ -122,24 +127,34 @@ def trainer(cluster: psframe.ClusterSpec, index: int, optimizer) -> psframe.Trai
 
 
 def assemble(servers: list[psframe.Server]) -> dict[str, torch.Tensor]:
-    """Each variable whole, from the parts the ps tasks in this process hold now."""
+    """Each variable whole, from the parts the ps tasks in this process hold now: runs of rows,
+    or every ``row_stride``-th row (an embedding table split by id modulo the ps tasks)."""
     whole: dict[str, torch.Tensor] = {}
     for server in servers:
         service = server.service
         for d in service._variable_defs:
             (value,) = service.store.read([d.name])
             into = whole.setdefault(d.variable, torch.full(tuple(d.full_shape), float("nan")))
-            into[d.row_start : d.row_start + d.shape[0]] = value.reshape(tuple(d.shape))
+            stride = max(1, d.row_stride)
+            into[d.row_start : d.row_start + stride * d.shape[0] : stride] = value.reshape(tuple(d.shape))
     assert all(not v.isnan().any() for v in whole.values()), "a row is held nowhere"
     return whole
+
+
+def train_until(done: threading.Event, make) -> psframe.Trainer:
+    """A worker that trains (``make()``'s trainer, on ``model.loss()``) until ``done`` is set."""
+    deadline = time.monotonic() + DEADLINE_S
+    with make() as t:
+        while not done.is_set():
+            assert time.monotonic() < deadline, "the chief never finished"
+            t.step(t.model.loss())
+    return t
 
 
 @pytest.mark.service
 @pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
 def test_a_ps_task_added_then_drained_while_two_workers_train_keeps_every_step_once(ps_tasks, optimizer):
-    ports = pick_free_ports(1)
-    cluster = free_cluster(2, 2)
-    grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
+    cluster, grown = clusters(2, 2)
     first = [ps_tasks(cluster, k) for k in range(2)]
     spec = psframe.optim.SGD(lr=LR) if optimizer == "SGD" else psframe.optim.Adam(lr=0.01)
     steps_each = 40
@@ -202,9 +217,7 @@ def test_a_ps_task_added_then_drained_while_two_workers_train_keeps_every_step_o
 
 @pytest.mark.service
 def test_a_worker_started_with_the_ps_tasks_of_before_follows_the_re_layouts(ps_tasks):
-    ports = pick_free_ports(1)
-    cluster = free_cluster(2, 2)
-    grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
+    cluster, grown = clusters(2, 2)
     first = [ps_tasks(cluster, k) for k in range(2)]
     ps_tasks(grown, 2)
     moved, stepped, chief_done = threading.Event(), threading.Event(), threading.Event()
@@ -246,9 +259,7 @@ def test_a_worker_started_with_the_ps_tasks_of_before_follows_the_re_layouts(ps_
 
 @pytest.mark.service
 def test_sync_rounds_go_on_across_a_ps_task_added_and_drained(ps_tasks):
-    ports = pick_free_ports(1)
-    cluster = free_cluster(2, 2)
-    grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
+    cluster, grown = clusters(2, 2)
     first = [ps_tasks(cluster, k) for k in range(2)]
     ps_tasks(grown, 2)
     sync = psframe.SyncReplicas(replicas_to_aggregate=2, total_num_replicas=2, timeout=DEADLINE_S)
@@ -286,9 +297,7 @@ def test_sync_rounds_go_on_across_a_ps_task_added_and_drained(ps_tasks):
 def test_psframe_reshard_asks_ps_0_and_waits_until_the_new_layout_holds_the_model(ps_tasks, capsys):
     from psframe import cli
 
-    ports = pick_free_ports(1)
-    cluster = free_cluster(1, 1)
-    grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
+    cluster, grown = clusters(1, 1)
     first = ps_tasks(cluster, 0)
     added = ps_tasks(grown, 1)
     flags = [f"--ps_hosts={','.join(cluster.job_tasks('ps'))}", f"--worker_hosts={cluster.job_tasks('worker')[0]}"]
@@ -342,9 +351,7 @@ class Tabled(torch.nn.Module):
 
 @pytest.mark.service
 def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_cut_anew(ps_tasks):
-    ports = pick_free_ports(1)
-    cluster = free_cluster(2, 2)
-    grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
+    cluster, grown = clusters(2, 2)
     first = [ps_tasks(cluster, k) for k in range(2)]
     ps_tasks(grown, 2)
     torch.manual_seed(7)
@@ -373,15 +380,7 @@ def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_
         chief_done.set()
         return t
 
-    def other() -> psframe.Trainer:
-        deadline = time.monotonic() + DEADLINE_S
-        with make(1, Tabled()) as t:
-            while not chief_done.is_set():
-                assert time.monotonic() < deadline, "the chief never finished"
-                t.step(t.model.loss())
-        return t
-
-    done = run_workers({0: chief, 1: other})
+    done = run_workers({0: chief, 1: lambda: train_until(chief_done, lambda: make(1, Tabled()))})
     steps = first[0].service.store.global_step
     assert steps == sum(t.pushed_steps for t in done.values()) and done[1].relayouts >= 1
     # One process: Adagrad over `steps` steps of the same gradients; the table's rows and their
@@ -394,23 +393,9 @@ def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_
         adagrad.zero_grad()
         reference.loss().backward()
         adagrad.step()
-    held = assemble_tables(first)
+    held = assemble(first)
     torch.testing.assert_close(held["emb.weight"], reference.emb.weight.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(held["w"], reference.w.detach(), rtol=1e-5, atol=1e-6)
-
-
-def assemble_tables(servers: list[psframe.Server]) -> dict[str, torch.Tensor]:
-    """As :func:`assemble`, with parts of rows every ``row_stride``-th (a table split by id modulo)."""
-    whole: dict[str, torch.Tensor] = {}
-    for server in servers:
-        service = server.service
-        for d in service._variable_defs:
-            (value,) = service.store.read([d.name])
-            into = whole.setdefault(d.variable, torch.full(tuple(d.full_shape), float("nan")))
-            stride = max(1, d.row_stride)
-            into[d.row_start : d.row_start + stride * d.shape[0] : stride] = value.reshape(tuple(d.shape))
-    assert all(not v.isnan().any() for v in whole.values()), "a row is held nowhere"
-    return whole
 
 
 @pytest.mark.service
@@ -423,9 +408,7 @@ def test_checkpoints_before_during_and_after_a_re_layout_restore_onto_either_lay
 
     folder = str(tmp_path / "ckpt")
     their_folder = str(tmp_path / "command")  # the command's checkpoints, beside the chief's
-    ports = pick_free_ports(1)
-    cluster = free_cluster(2, 1)
-    grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
+    cluster, grown = clusters(2, 1)
     servers = [psframe.Server(cluster, "ps", k, serving_processes=1, checkpoint_dir=folder) for k in range(2)]
     servers.append(psframe.Server(grown, "ps", 2, serving_processes=1, checkpoint_dir=folder))
     during: list[int] = []
@@ -531,9 +514,7 @@ class Dynamic(torch.nn.Module):
 
 @pytest.mark.service
 def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks):
-    ports = pick_free_ports(1)
-    cluster = free_cluster(2, 2)
-    grown = with_ps(cluster, [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[0]}"])
+    cluster, grown = clusters(2, 2)
     first = [ps_tasks(cluster, k) for k in range(2)]
     third = ps_tasks(grown, 2)
     chief_done = threading.Event()
@@ -563,15 +544,7 @@ def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks):
         chief_done.set()
         return t
 
-    def other() -> psframe.Trainer:
-        deadline = time.monotonic() + DEADLINE_S
-        with make(1) as t:
-            while not chief_done.is_set():
-                assert time.monotonic() < deadline, "the chief never finished"
-                t.step(t.model.loss())
-        return t
-
-    done = run_workers({0: chief, 1: other})
+    done = run_workers({0: chief, 1: lambda: train_until(chief_done, lambda: make(1))})
     steps = first[0].service.store.global_step
     assert steps == sum(t.pushed_steps for t in done.values()) and done[1].relayouts >= 1
     rows: dict[int, torch.Tensor] = {}

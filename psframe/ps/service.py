@@ -641,12 +641,7 @@ class ParameterServerService(TaskService):
         """The workers that had finished before a re-layout have finished here too (and leave its rounds)."""
         for worker in sorted({*workers, *self.roster.finished}):
             self.roster.finish(worker, self.store.global_step)
-            if self.aggregator is not None:
-                self.aggregator.worker_finished(worker)
-        if self.elastic:
-            self._follow_membership()
-        if self.roster.all_finished:
-            self.all_finished.set()
+            self._worker_left(worker)
 
     def fetch_parts(self, data: bytes) -> bytes:
         """A task of the new layout reads the parts of some variables, as this task snapshot them at the cut."""
@@ -1128,13 +1123,17 @@ class ParameterServerService(TaskService):
                 len(self.roster.members()),
             )
         done = len(self.roster.finished)
+        self._worker_left(worker)
+        return pb.FinishResponse(finished_workers=done, num_workers=len(self.roster.members()))
+
+    def _worker_left(self, worker: int) -> None:
+        """A worker finished: the rounds no longer wait for it, and the task ends once every one has."""
         if self.aggregator is not None:
             self.aggregator.worker_finished(worker)
         if self.elastic:
             self._follow_membership()
         if self.roster.all_finished:
             self.all_finished.set()
-        return pb.FinishResponse(finished_workers=done, num_workers=len(self.roster.members()))
 
     def handlers(self) -> dict[str, Callable]:
         """The methods of the service this task answers, by name: all of them."""
