@@ -19,6 +19,10 @@ RowPull = tuple[str, torch.Tensor]
 NOT_CACHED = -1
 """The cached version of an id whose row a worker does not hold."""
 
+UNKNOWN_VERSION = -2
+"""A row's version in an answer that cannot say it (a re-layout's new parts count versions anew):
+below any a cache holds, so :func:`to_refresh` takes every row sent."""
+
 
 class CachedPull(NamedTuple):
     """Rows wanted from a table part by a worker with a row cache: the ids, and the version

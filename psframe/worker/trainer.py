@@ -38,7 +38,6 @@ from psframe.errors import (
     CheckpointError,
     ClusterMismatchError,
     ClusterSpecError,
-    ConnectTimeoutError,
     DataRangeLostError,
     LayoutChangedError,
     NotReadyError,
@@ -57,9 +56,9 @@ from psframe.options import (
     RowCaching,
     Transport,
 )
-from psframe.rows import CachedPull, FreshRows, RowPull
+from psframe.rows import UNKNOWN_VERSION, CachedPull, FreshRows, RowPull
 from psframe.security import LOOSE_ARGUMENTS, Security, accept_security
-from psframe.worker import startup
+from psframe.worker import relayout, startup
 from psframe.worker.arguments import (
     async_table_names,
     groups_from_deprecated,
@@ -747,9 +746,6 @@ class Trainer:
             self._take_asked_reshard()  # between two steps: this one's lookups and pushes are done
         return self._global_step
 
-    def _at(self) -> tuple[int, int]:
-        return self._task_index, self._global_step
-
     # ---- a live re-layout (psframe.ps.relayout)
 
     def reshard(self, cluster: ClusterSpec | Mapping[str, Sequence[str]]) -> float:
@@ -787,93 +783,54 @@ class Trainer:
         if asked is not None and not moved and asked != self._cluster:
             self._move_to(asked)
 
+    def _layout(self, cluster: ClusterSpec) -> relayout.Layout:
+        """The model placed on the ps tasks of ``cluster``, and a client of them."""
+        return relayout.Layout(cluster, self._make_client(cluster), self._make_replica(cluster.num_ps))
+
     def _move_to(self, new: ClusterSpec) -> float:
-        """The chief's re-layout: the cut and its snapshots, the new layout's tasks take their
-        parts, the drained tasks stop; then this worker trains on the new layout."""
-        before, old = self._cluster, self._ps
-        log.info("chief: re-layout from ps tasks %s to %s", before.job_tasks("ps"), new.job_tasks("ps"))
-        replica = self._make_replica(new.num_ps)
-        client = self._make_client(new)
-        try:
-            # The tasks added are up before the cut: training pauses for the transfer alone.
-            added = range(before.num_ps, new.num_ps)
-            client.wait_for_ps(self.connect_timeout, tasks=added)
-            if added:
-                client.prepare(added)
-        except BaseException:
-            client.close()
-            raise
-        start = time.monotonic()
-        old.move(new)
-        try:
-            client.wait_for_ps(self.connect_timeout)
-            at_cut = old.get_info(0)  # ps 0 counted this re-layout at its cut, and knows who finished
-            client.adopt(
-                replica.slots,
-                self._optimizer,
-                self._table_optimizer,
-                self._sync,
-                before.job_tasks("ps"),
-                at_cut.layout_version,
-                at_cut.finished_workers,
-            )
-            client.check_model(client.wait_for_ps(self.connect_timeout, ready=True), replica.slots, self._sync)
-            client.reshard_done()
-        except BaseException:
-            client.close()
-            raise
-        paused = time.monotonic() - start
-        for k in range(new.num_ps, before.num_ps):  # drained: nothing left on them
-            old.shutdown(k)
-        self._switch_to(new, client, replica)
+        """The chief's re-layout (:func:`psframe.worker.relayout.lead`); then it trains on the new layout."""
+        log.info("chief: re-layout from ps tasks %s to %s", self._cluster.job_tasks("ps"), new.job_tasks("ps"))
+        layout = self._layout(new)
+        paused = relayout.lead(
+            self._ps,
+            self._cluster,
+            layout,
+            optimizer=self._optimizer,
+            table_optimizer=self._table_optimizer,
+            sync=self._sync,
+            timeout=self.connect_timeout,
+        )
+        self._switch_to(layout)
         log.info(
             "chief: re-layout done in %.3f s: %d parts on ps tasks %s, at global step %d",
             paused,
-            len(replica.slots),
+            len(layout.replica.slots),
             new.job_tasks("ps"),
             self._global_step,
         )
         return paused
 
     def _reroute(self, error: LayoutChangedError, pull: bool = True) -> None:
-        """A worker refused by a ps task that moved: take the new cluster from ps 0, wait until the
-        new layout holds the model, and pull.
+        """A worker refused by a ps task that moved: train on the layout ps 0 moved to
+        (:func:`psframe.worker.relayout.follow`), and pull.
 
         Raises:
             ConnectTimeoutError: the new layout did not hold the model within ``connect_timeout``.
         """
         log.info("worker %d: %s", self._task_index, error)
-        deadline = time.monotonic() + self.connect_timeout
-        while True:  # the layout ps 0 is at: a worker that missed a re-layout may find another under way
-            new, moved = self._ps.reshard_asked()
-            if new is not None and moved:
-                replica = self._make_replica(new.num_ps)
-                client = self._make_client(new)
-                try:
-                    client.check_model(client.wait_for_ps(self.connect_timeout, ready=True), replica.slots, self._sync)
-                    break
-                except (ClusterMismatchError, LayoutChangedError):
-                    client.close()  # moved again meanwhile: ask again
-                except BaseException:
-                    client.close()
-                    raise
-            if time.monotonic() >= deadline:
-                raise ConnectTimeoutError(
-                    f"worker {self._task_index}: the ps tasks moved, and did not hold the model on a new layout "
-                    f"within {self.connect_timeout:.0f}s"
-                )
-            time.sleep(0.05)
-        self._switch_to(new, client, replica, pull)
-        log.info("worker %d: follows the re-layout to ps tasks %s", self._task_index, new.job_tasks("ps"))
+        layout = relayout.follow(self._ps, self._layout, self._sync, self.connect_timeout)
+        self._switch_to(layout, pull)
+        log.info("worker %d: follows the re-layout to ps tasks %s", self._task_index, layout.cluster.job_tasks("ps"))
 
-    def _switch_to(self, new: ClusterSpec, client: PsClient, replica: Replica, pull: bool = True) -> None:
+    def _switch_to(self, layout: relayout.Layout, pull: bool = True) -> None:
         """Train on the new layout from now on: its client and placement; pull its values."""
         self._ps.close()
         before = self._replica.tables
         state = before.step_state()  # before detaching, which starts the tables afresh
         before.detach()
         self._prefetcher.drop()  # asked of the parts before: the lookups pull anew
-        self._client, self._replica, self._cluster = client, replica, new
+        client, replica = layout.client, layout.replica
+        self._client, self._replica, self._cluster = client, replica, layout.cluster
         self._placement = replica.placement
         client.async_parts = frozenset(slot.name for slot in replica.slots if slot.shard.variable in self._async_tables)
         replica.tables.attach(self._pull_rows)
@@ -1035,7 +992,7 @@ class Trainer:
             asked[1],
             lambda wanted, create, staleness: self._ps.pull_rows(wanted, self._global_step, create, staleness),
         )
-        return FreshRows(torch.full_like(asked[1], -2), rows) if isinstance(asked, CachedPull) else rows
+        return FreshRows(torch.full_like(asked[1], UNKNOWN_VERSION), rows) if isinstance(asked, CachedPull) else rows
 
     def _receive(self, requests: Sequence[Request], replies: Sequence[DenseReply]) -> None:
         self._replica.assign(requests, replies)
