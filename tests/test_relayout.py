@@ -554,3 +554,12 @@ def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks):
     assert sorted(rows) == Dynamic.IDS.tolist()  # each id on one ps task, none lost
     for value in rows.values():
         assert torch.equal(value, torch.full_like(value, 1.0 - LR * GRAD * steps))
+
+
+@pytest.mark.service
+def test_the_pause_experiment_runs_and_prints_each_size(capsys):
+    from benchmarks.experiments import relayout_pause
+
+    assert relayout_pause.main(["--sizes", "1", "--runs", "1"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[0] == "1MB" and all(float(cell) > 0 for cell in row[1:4]), row
