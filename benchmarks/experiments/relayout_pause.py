@@ -12,8 +12,9 @@ re-layout through a checkpoint (the way without this: save, stop, start with
 the new ps tasks, restore) costs at least that save and as long a restore,
 plus the restart.
 
-It prints, per size, the median of ``--runs`` adds, drains and saves, and
-the ratio of each pause to the save.
+It prints, per size, the median of ``--runs`` adds, drains and saves, the
+ratio of each pause to the save, and the add's pause against one step per
+part of the grown layout (the step: the median of a few before the add).
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ class Wide(torch.nn.Module):
         return 1e-3 * self.w.sum()
 
 
-def measure(mb: int, folder: str) -> tuple[float, float, float]:
-    """One run: the pause of an add, of a drain, and the seconds of a checkpoint save."""
+def measure(mb: int, folder: str) -> tuple[float, float, float, float, int]:
+    """One run: the pause of an add, of a drain, the seconds of a checkpoint save, of a step
+    (the median of a few), and the parts the grown layout holds."""
     ports = pick_free_ports(4)
     cluster = psframe.ClusterSpec({"ps": [f"127.0.0.1:{p}" for p in ports[:2]], "worker": [f"127.0.0.1:{ports[3]}"]})
     grown = psframe.ClusterSpec(
@@ -59,9 +61,13 @@ def measure(mb: int, folder: str) -> tuple[float, float, float]:
             placement=psframe.Placement(min_partition_bytes=MiB),
             checkpointing=psframe.Checkpointing(folder, save_steps=10**9),
         ) as t:
-            for _ in range(3):
+            steps = []
+            for _ in range(5):
+                begun = time.monotonic()
                 t.step(t.model.loss())
+                steps.append(time.monotonic() - begun)
             added = t.reshard(grown)
+            parts = len(t.placement.shards)
             t.step(t.model.loss())
             drained = t.reshard(cluster)
             t.step(t.model.loss())
@@ -71,7 +77,7 @@ def measure(mb: int, folder: str) -> tuple[float, float, float]:
     finally:
         for server in servers:
             server.stop(grace=0.1)
-    return added, drained, saved
+    return added, drained, saved, statistics.median(steps[1:]), parts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,15 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"{'model':>8} {'add (s)':>9} {'drain (s)':>10} {'save (s)':>9} {'add/save':>9} {'drain/save':>11}")
+    print(
+        f"{'model':>8} {'add (s)':>9} {'drain (s)':>10} {'save (s)':>9} {'add/save':>9} {'drain/save':>11}"
+        f" {'parts':>6} {'step (s)':>9} {'add/(parts x step)':>19}"
+    )
     for mb in (int(s) for s in args.sizes.split(",")):
         runs = []
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as folder:
                 runs.append(measure(mb, folder))
-        added, drained, saved = (statistics.median(r[i] for r in runs) for i in range(3))
+        added, drained, saved, step = (statistics.median(r[i] for r in runs) for i in range(4))
+        parts = runs[0][4]
         print(
             f"{mb:>6}MB {added:>9.3f} {drained:>10.3f} {saved:>9.3f} {added / saved:>8.2f}x {drained / saved:>10.2f}x"
+            f" {parts:>6} {step:>9.4f} {added / (parts * step):>18.2f}x"
         )
     return 0
 
