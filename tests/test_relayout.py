@@ -563,3 +563,31 @@ def test_the_pause_experiment_runs_and_prints_each_size(capsys):
     assert relayout_pause.main(["--sizes", "1", "--runs", "1"]) == 0
     row = capsys.readouterr().out.splitlines()[-1].split()
     assert row[0] == "1MB" and all(float(cell.rstrip("x")) > 0 for cell in row[1:]), row
+
+
+@pytest.mark.service
+def test_data_read_in_ranges_is_consumed_once_across_re_layouts_and_no_lease_is_lost(ps_tasks):
+    cluster, grown = clusters(2, 2)
+    first = [ps_tasks(cluster, k) for k in range(2)]
+    ps_tasks(grown, 2)
+    data = psframe.DataRanges("train", 480, batch_size=4, range_size=16, shuffle=False)
+    seen: dict[int, list[int]] = {0: [], 1: []}
+
+    def work(index: int) -> psframe.Trainer:
+        with trainer(cluster, index, psframe.optim.SGD(lr=LR)) as t:
+            for batch in t.read(data):
+                if index == 0 and t.local_step == 10:
+                    t.reshard(grown)
+                if index == 0 and t.local_step == 40:
+                    t.reshard(cluster)
+                t.step(t.model.loss())
+                seen[index].extend(batch.tolist())
+        return t
+
+    done = run_workers({0: lambda: work(0), 1: lambda: work(1)})
+    assert done[0].relayouts == 2 and all(t.dropped_steps == 0 for t in done.values())  # no range taken back
+    assert sorted(seen[0] + seen[1]) == list(range(480))  # every example once, across the moves
+    steps = first[0].service.store.global_step
+    assert steps == 120 and first[0].service.data.counts()["train"] == (480, 480)
+    held = assemble(first)
+    assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * steps))

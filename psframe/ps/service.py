@@ -462,13 +462,15 @@ class ParameterServerService(TaskService):
         self._adopt(restored)
         return True
 
-    def _adopt(self, restored: recovery.Restored, *, peers: bool = True) -> None:
+    def _adopt(self, restored: recovery.Restored, *, peers: bool = True, data: bool = True) -> None:
         """Become READY with a checkpoint's variables, optimizer state and step.
 
         The global step continues from the highest one among the other ps
         tasks that are training (they did not lose their updates; this shard
         rolls back to the checkpoint), so a sync cluster stays in lockstep.
         Without ``peers`` (a re-layout's parts, all of one cut) it is the restored one.
+        Without ``data``, the data queues stay as they are (ps 0 across a re-layout: the
+        leases out stay the workers').
         """
         global_step = max([restored.global_step, *(self._peers.global_steps() if peers else ())])
         # Under the store's lock, GetInfo sees the model whole or not at all: the
@@ -485,7 +487,8 @@ class ParameterServerService(TaskService):
             self.store.load_dynamic(restored.dynamic)
             if restored.pushes is not None:  # pushes the restored values hold are duplicates if sent again
                 self.ledger.load_state_dict(restored.pushes)
-                self.data.load_state_dict(restored.pushes)  # and what they consumed, consumed
+                if data:
+                    self.data.load_state_dict(restored.pushes)  # and what they consumed, consumed
             self._variable_defs = list(restored.defs)
             self.restored_step = restored.step
             if restored.num_shards == self.cluster.num_ps:  # this task's shard as the chain holds it
@@ -668,7 +671,8 @@ class ParameterServerService(TaskService):
         """Take the parts the chief placed here from the ps tasks of the layout before (their cut's snapshots).
 
         Every task of the new layout takes the push ledger of ps 0 before (at the cut, every
-        task had applied the same steps of every worker); ps 0 takes the data queues too.
+        task had applied the same steps of every worker). ps 0, which a re-layout always keeps,
+        keeps its data queues as they are.
         """
         start = time.monotonic()
         caller = pb.Caller(job_name="ps", task_index=self.task_index, cluster_fingerprint=self.cluster.fingerprint)
@@ -677,20 +681,12 @@ class ParameterServerService(TaskService):
         )
         fetched = time.monotonic() - start
         restored = recovery.restore_from_shards(
-            shards,
-            defs,
-            optimizer,
-            table_optimizer,
-            keeps_data=self.task_index == 0 and self.keeps_data,
-            source="the re-layout's snapshot",
+            shards, defs, optimizer, table_optimizer, source="the re-layout's snapshot"
         )
         ledger = dict(shards[0].pushes or {})
-        restored.pushes = {
-            **{k: v for k, v in ledger.items() if k in ("last_push", "applied_steps")},
-            **(restored.pushes or {}),
-        }
+        restored.pushes = {k: v for k, v in ledger.items() if k in ("last_push", "applied_steps")}
         restored.sync = sync
-        self._adopt(restored, peers=False)
+        self._adopt(restored, peers=False, data=False)  # ps 0 is kept: its data queues stay, leases and all
         log.info(
             "%s: took %d parts (%d bytes with optimizer state) from the %d ps tasks before the re-layout "
             "in %.3f s (%.3f s reading them), at global step %d",

@@ -16,13 +16,13 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
 from psframe.errors import BarrierTimeoutError
 from psframe.options import DataRanges
-from psframe.worker.ps_client import PsClient, RangeGrant
+from psframe.worker.ps_client import RangeGrant
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +41,16 @@ class RangeReader:
     """The ranges of one data set, as one worker gets them.
 
     Args:
-        client: the worker's client.
+        ask: asks the queue's ps task for a range (``PsClient.data_range``'s arguments), through
+            the worker's client of the moment (another after a re-layout: ps tasks added or drained).
+        name: the worker's name, for messages.
         ranges: the data set.
         queue_task: the ps task that keeps its queue (ps 0).
     """
 
-    def __init__(self, client: PsClient, ranges: DataRanges, queue_task: int) -> None:
-        self.client = client
+    def __init__(self, ask: Callable[..., RangeGrant], name: str, ranges: DataRanges, queue_task: int) -> None:
+        self._ask = ask
+        self.name = name
         self.ranges = ranges
         self.queue_task = queue_task
         self._orders: dict[int, torch.Tensor] = {}
@@ -63,7 +66,7 @@ class RangeReader:
         waiting_since: float | None = None
         next_log = 0.0
         while True:
-            grant = self.client.data_range(
+            grant = self._ask(
                 self.queue_task, ranges.name, ranges.num_examples, ranges.examples_per_range, ranges.epochs
             )
             if grant.exhausted:
@@ -78,14 +81,14 @@ class RangeReader:
             waited = now - waiting_since
             if waited > ranges.timeout:
                 raise BarrierTimeoutError(
-                    f"{self.client.name} waited {waited:.0f}s for the last ranges of data set {ranges.name!r}, "
+                    f"{self.name} waited {waited:.0f}s for the last ranges of data set {ranges.name!r}, "
                     f"out with other workers, to be consumed ({grant.consumed} of {grant.total} examples are)"
                 )
             if now >= next_log:
                 log.info(
                     "%s: every range of %r left is out with other workers (%d of %d examples consumed); "
                     "waiting in case one of them is lost",
-                    self.client.name,
+                    self.name,
                     ranges.name,
                     grant.consumed,
                     grant.total,

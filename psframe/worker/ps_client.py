@@ -609,6 +609,10 @@ class PsClient:
         ``name``'s range ``lease`` up to ``offset`` (recorded with the push, applied once)."""
         self._streams.encoder.progress = (ps_task, pb.DataProgress(name=name, lease=lease, offset=offset))
 
+    def take_progress(self, other: PsClient) -> None:
+        """Carry the data progress ``other`` was to send (a client of the layout before a re-layout)."""
+        self._streams.encoder.progress = other._streams.encoder.progress
+
     def clear_progress(self) -> None:
         """Steps carry no data progress from now on (until :meth:`report_progress`)."""
         self._streams.encoder.progress = None

@@ -71,7 +71,7 @@ from psframe.worker.in_graph import InGraphReplicas
 from psframe.worker.operations import DenseReply
 from psframe.worker.overlap import BackwardOverlap
 from psframe.worker.prefetch import Prefetcher
-from psframe.worker.ps_client import PsClient, resolve_wire_dtype
+from psframe.worker.ps_client import PsClient, RangeGrant, resolve_wire_dtype
 from psframe.worker.replica import Replica
 from psframe.worker.staging import HostStaging, resolve_device
 from psframe.worker.step_plan import Request
@@ -710,17 +710,8 @@ class Trainer:
             except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
                 replies, prefetched = self._send_again(e, pushes(), rows), {}
             except LayoutChangedError as e:
-                grads = [p.grad for p in self._replica.params]  # the new layout's pull clears them
-                self._reroute(e)
-                for param, grad in zip(self._replica.params, grads):
-                    param.grad = grad
-                # Nothing of it applied before the move: sent to the new layout, once, its rows cut anew.
-                requests = self._replica.plan.step if pushed else self._replica.plan.pull
-                if pushed:
-                    rows = self._replica.tables.cut(
-                        row_gradients, every_table=self._sync is not None, except_tables=self._async_tables
-                    )
-                replies, prefetched = self._ps.push_pull(pushes(), computed_at, rows=rows), {}
+                requests, replies = self._send_to_new_layout(e, pushed, row_gradients, computed_at)
+                prefetched = {}
             except DataRangeLostError as e:
                 if not self._reading:
                     raise
@@ -818,8 +809,15 @@ class Trainer:
             ConnectTimeoutError: the new layout did not hold the model within ``connect_timeout``.
         """
         log.info("worker %d: %s", self._task_index, error)
-        layout = relayout.follow(self._ps, self._layout, self._sync, self.connect_timeout)
-        self._switch_to(layout, pull)
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            layout = relayout.follow(self._ps, self._layout, self._sync, max(0.1, deadline - time.monotonic()))
+            try:
+                self._switch_to(layout, pull)
+                break
+            except LayoutChangedError:  # moved again before the pull: follow on
+                if time.monotonic() >= deadline:
+                    raise
         log.info("worker %d: follows the re-layout to ps tasks %s", self._task_index, layout.cluster.job_tasks("ps"))
 
     def _switch_to(self, layout: relayout.Layout, pull: bool = True) -> None:
@@ -830,6 +828,7 @@ class Trainer:
         before.detach()
         self._prefetcher.drop()  # asked of the parts before: the lookups pull anew
         client, replica = layout.client, layout.replica
+        client.take_progress(self._ps)  # a step sent again there still says how far it read
         self._client, self._replica, self._cluster = client, replica, layout.cluster
         self._placement = replica.placement
         client.async_parts = frozenset(slot.name for slot in replica.slots if slot.shard.variable in self._async_tables)
@@ -838,6 +837,36 @@ class Trainer:
         self._relayouts += 1
         if pull:
             self._pull_all()
+
+    def _send_to_new_layout(
+        self, error: LayoutChangedError, pushed: bool, row_gradients: dict, computed_at: int
+    ) -> tuple[tuple[Request, ...], list[DenseReply]]:
+        """A step refused by a ps task that moved (nothing of it applied before the move): follow
+        the re-layout and send the step there, once, its rows cut for the new parts; again if
+        the ps tasks move once more meanwhile, for up to ``connect_timeout``.
+
+        Returns:
+            The requests sent (of the new layout's plan), and their replies.
+        """
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            grads = [p.grad for p in self._replica.params]  # the new layout's pull clears them
+            self._reroute(error)
+            for param, grad in zip(self._replica.params, grads):
+                param.grad = grad
+            requests = self._replica.plan.step if pushed else self._replica.plan.pull
+            rows = None
+            if pushed:
+                rows = self._replica.tables.cut(
+                    row_gradients, every_table=self._sync is not None, except_tables=self._async_tables
+                )
+            sent = [(r, self._replica.gradients(r) if pushed else ()) for r in requests]
+            try:
+                return requests, self._ps.push_pull(sent, computed_at, rows=rows)
+            except LayoutChangedError as again:
+                if time.monotonic() >= deadline:
+                    raise
+                error = again
 
     def _range_lost(self, error: DataRangeLostError) -> None:
         """The step's range of data went to another worker: nothing of the step applied on the
@@ -874,7 +903,7 @@ class Trainer:
                 "read() needs a dense variable on /job:ps/task:0, which keeps the data's queue: the step's push "
                 "there carries the data consumed (place one there, e.g. Placement(variable_devices=...))"
             )
-        reader = RangeReader(self._ps, ranges, 0)
+        reader = RangeReader(self._data_range, self._ps.name, ranges, 0)
         for grant in reader.leases():
             order, offset = reader.order(grant.epoch), grant.offset
             while offset < grant.end:
@@ -897,6 +926,14 @@ class Trainer:
                     break
                 if outcome is Outcome.APPLIED:
                     offset = stop
+
+    def _data_range(self, *asked: Any) -> RangeGrant:
+        """A range to read (``PsClient.data_range``), from the layout the ps tasks are at."""
+        try:
+            return self._ps.data_range(*asked)
+        except LayoutChangedError as e:
+            self._reroute(e)
+            return self._ps.data_range(*asked)
 
     def _backward(self, loss: torch.Tensor | None) -> Exchange | None:
         """Run backward on ``loss``; with overlap, the step's requests whose gradients are
