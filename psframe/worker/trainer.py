@@ -834,6 +834,9 @@ class Trainer:
         client.async_parts = frozenset(slot.name for slot in replica.slots if slot.shard.variable in self._async_tables)
         replica.tables.attach(self._pull_rows)
         replica.tables.take_over(before, state)  # once attached: attaching starts the tables afresh
+        if self._overlap is not None:  # the requests sent during backward are the new layout's
+            self._overlap.close()
+            self._overlap = BackwardOverlap(replica.plan.step, replica.params)
         self._relayouts += 1
         if pull:
             self._pull_all()
