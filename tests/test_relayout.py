@@ -593,3 +593,29 @@ def test_data_read_in_ranges_is_consumed_once_across_re_layouts_and_no_lease_is_
     assert steps == 120 and first[0].service.data.counts()["train"] == (480, 480)
     held = assemble(first)
     assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * steps))
+
+
+@pytest.mark.service
+def test_a_chief_started_again_finishes_a_re_layout_its_run_before_had_begun(ps_tasks):
+    cluster, grown = clusters(2, 1)
+    first = [ps_tasks(cluster, k) for k in range(2)]
+    added = ps_tasks(grown, 2)
+    lost = trainer(cluster, 0, psframe.optim.SGD(lr=LR)).connect()
+    for _ in range(10):
+        lost.step(lost.model.loss())
+    with PsClient(cluster, 0, job_name="tool") as tool:  # the cut taken, as a chief lost right after it
+        tool.ask_reshard(grown)
+        tool.move(grown)
+    lost._ps.close()  # that chief is gone
+    with PsClient(grown, 0) as chief:  # a chief that would make the model anew meanwhile: refused
+        chief.wait_for_ps(DEADLINE_S)  # and learns the layout the ps tasks are at
+        with pytest.raises(psframe.errors.LayoutChangedError, match="in the middle of a re-layout"):
+            chief.create(0, [], [], psframe.optim.SGD(lr=LR), None, None)
+    again = trainer(cluster, 0, psframe.optim.SGD(lr=LR))  # started again with the flags of before
+    with again:
+        assert again.relayouts == 1 and again.cluster == grown and added.service.store.ready
+        for _ in range(10):
+            again.step(again.model.loss())
+    held = assemble(first + [added])
+    assert first[0].service.store.global_step == 20  # the 10 steps of before the cut, and 10 after
+    assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * 20))

@@ -82,6 +82,7 @@ class Relayout:
         self._lock = threading.Lock()
         self.requested: ClusterSpec | None = None  # ps 0: asked for, not yet taken
         self.before: str | None = None  # the fingerprint of the cluster this task moved from
+        self.before_cluster: ClusterSpec | None = None  # and that cluster
         self.moved_to: ClusterSpec | None = None
         self.snapshot: ShardData | None = None  # its parts at the cut, until the task stops
         self.version = 0
@@ -105,7 +106,7 @@ class Relayout:
     def move(self, before: ClusterSpec, after: ClusterSpec) -> None:
         """Move at the cut: workers of ``before`` are refused from now on."""
         with self._lock:
-            self.before = before.fingerprint
+            self.before, self.before_cluster = before.fingerprint, before
             self.moved_to = after
             self.snapshot = None
             self.requested = None
@@ -135,7 +136,7 @@ class Relayout:
     def adopted(self, before: ClusterSpec, after: ClusterSpec, version: int) -> None:
         """A task new in ``after`` took its parts: it counts the re-layouts as the others do."""
         with self._lock:
-            self.before, self.moved_to, self.version = before.fingerprint, after, version
+            self.before, self.before_cluster, self.moved_to, self.version = before.fingerprint, before, after, version
 
     def keep(self, snapshot: ShardData) -> None:
         """Keep the cut's snapshot, to hand its parts over (``FetchParts``): the cut is taken."""
@@ -171,10 +172,12 @@ class Relayout:
         """What a ``Reshard`` call that only asks is told."""
         with self._lock:
             wanted = self.requested or self.moved_to
+            moved = self.requested is None and self.moved_to is not None
             return pb.ReshardReply(
                 cluster_spec="" if wanted is None else wanted.to_string(),
-                moved=self.requested is None and self.moved_to is not None,
+                moved=moved,
                 layout_version=self.version,
+                before_spec=self.before_cluster.to_string() if moved and self.before_cluster is not None else "",
             )
 
     def parts(self, variables: Sequence[str]) -> bytes:

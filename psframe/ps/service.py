@@ -389,6 +389,11 @@ class ParameterServerService(TaskService):
                 if self.relayout.moved_to is None:  # new in this layout
                     before = ClusterSpec({"ps": list(header.adopt_from), "worker": self.cluster.job_tasks("worker")})
                     self.relayout.adopted(before, self.cluster, header.layout_version)
+            elif self.relayout.snapshot is not None:  # moved, its new parts not taken: never made anew
+                raise errors.LayoutChangedError(
+                    f"{self.task_name} is in the middle of a re-layout (its parts of before are in the snapshots "
+                    f"of the ps tasks before): the chief takes it up again (it asks ps 0) instead of making the model"
+                )
             elif self._restore_for_chief(
                 header.checkpoint_dir or self.checkpoint_dir, defs, optimizer, sync, table_optimizer
             ):

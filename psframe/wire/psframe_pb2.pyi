@@ -587,14 +587,16 @@ class ReshardRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., done: _Optional[bool] = ..., prepare: _Optional[bool] = ...) -> None: ...
 
 class ReshardReply(_message.Message):
-    __slots__ = ("cluster_spec", "moved", "layout_version")
+    __slots__ = ("cluster_spec", "moved", "layout_version", "before_spec")
     CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
     MOVED_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_SPEC_FIELD_NUMBER: _ClassVar[int]
     cluster_spec: str
     moved: bool
     layout_version: int
-    def __init__(self, cluster_spec: _Optional[str] = ..., moved: _Optional[bool] = ..., layout_version: _Optional[int] = ...) -> None: ...
+    before_spec: str
+    def __init__(self, cluster_spec: _Optional[str] = ..., moved: _Optional[bool] = ..., layout_version: _Optional[int] = ..., before_spec: _Optional[str] = ...) -> None: ...
 
 class FetchPartsHeader(_message.Message):
     __slots__ = ("caller", "variables", "tensors")

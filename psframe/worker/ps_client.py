@@ -517,6 +517,11 @@ class PsClient:
         reply = self._ps[0].call("Reshard", pb.ReshardRequest(caller=self.caller), timeout=self.rpc_timeout)
         return (ClusterSpec.from_string(reply.cluster_spec) if reply.cluster_spec else None), reply.moved
 
+    def moved_from(self) -> ClusterSpec | None:
+        """The cluster ps 0 moved from in its last re-layout, if it took one."""
+        reply = self._ps[0].call("Reshard", pb.ReshardRequest(caller=self.caller), timeout=self.rpc_timeout)
+        return ClusterSpec.from_string(reply.before_spec) if reply.moved and reply.before_spec else None
+
     def ask_reshard(self, new: ClusterSpec) -> None:
         """Ask ps 0 for a re-layout to ``new`` (from a tool); the chief takes it between two steps.
 

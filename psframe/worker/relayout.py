@@ -6,6 +6,8 @@
   model there, and stops the drained tasks.
 - :func:`follow` is a refused worker's part: it asks ps 0 where the ps tasks
   went, and waits until the new layout holds the model.
+- :func:`resume` is a chief's part when it starts again and finds a re-layout
+  its run before had begun (cut taken, parts not placed): it finishes it.
 
 Either gives a :class:`Layout`, the client and the placement of the new cluster,
 which the trainer then trains on (``Trainer._switch_to``).
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from psframe.cluster import ClusterSpec
 from psframe.errors import ClusterMismatchError, ConnectTimeoutError, LayoutChangedError
 from psframe.optim import OptimizerSpec, SyncReplicas
+from psframe.status import TaskState
 from psframe.worker.ps_client import PsClient
 from psframe.worker.replica import Replica
 
@@ -69,19 +72,7 @@ def lead(
             client.prepare(added)
         start = time.monotonic()
         old.move(new)
-        client.wait_for_ps(timeout)
-        at_cut = old.get_info(0)  # ps 0 counted this re-layout at its cut, and knows who finished
-        client.adopt(
-            layout.replica.slots,
-            optimizer,
-            table_optimizer,
-            sync,
-            before.job_tasks("ps"),
-            at_cut.layout_version,
-            at_cut.finished_workers,
-        )
-        client.check_model(client.wait_for_ps(timeout, ready=True), layout.replica.slots, sync)
-        client.reshard_done()
+        take_parts(before, layout, optimizer=optimizer, table_optimizer=table_optimizer, sync=sync, timeout=timeout)
     except BaseException:
         client.close()
         raise
@@ -89,6 +80,63 @@ def lead(
     for k in range(new.num_ps, before.num_ps):  # drained: nothing is left on them
         old.shutdown(k)
     return paused
+
+
+def take_parts(
+    before: ClusterSpec,
+    layout: Layout,
+    *,
+    optimizer: OptimizerSpec,
+    table_optimizer: OptimizerSpec | None,
+    sync: SyncReplicas | None,
+    timeout: float,
+) -> None:
+    """After the cut: every ps task of ``layout`` takes its parts from the snapshots of the tasks of
+    ``before``, the model is checked there, and the snapshots may go."""
+    client = layout.client
+    client.wait_for_ps(timeout)
+    at_cut = client.get_info(0)  # ps 0 counted this re-layout at its cut, and knows who finished
+    client.adopt(
+        layout.replica.slots,
+        optimizer,
+        table_optimizer,
+        sync,
+        before.job_tasks("ps"),
+        at_cut.layout_version,
+        at_cut.finished_workers,
+    )
+    client.check_model(client.wait_for_ps(timeout, ready=True), layout.replica.slots, sync)
+    client.reshard_done()
+
+
+def resume(
+    layout: Layout,
+    *,
+    optimizer: OptimizerSpec,
+    table_optimizer: OptimizerSpec | None,
+    sync: SyncReplicas | None,
+    timeout: float,
+) -> bool:
+    """A chief started again finishes a re-layout its run before had begun (its cut taken, the
+    parts not yet placed): the new layout takes its parts from the snapshots, the drained tasks
+    stop. The model is never made anew over a re-layout under way.
+
+    Returns:
+        Whether there was one to finish.
+    """
+    before = layout.client.moved_from()
+    if before is None or layout.client.get_info(0).state is TaskState.READY:
+        return False
+    log.warning(
+        "chief: a re-layout from ps tasks %s to %s was under way without a chief: finishing it",
+        before.job_tasks("ps"),
+        layout.cluster.job_tasks("ps"),
+    )
+    take_parts(before, layout, optimizer=optimizer, table_optimizer=table_optimizer, sync=sync, timeout=timeout)
+    with PsClient(before, 0, job_name="tool", rpc_timeout=layout.client.rpc_timeout) as old:
+        for k in range(layout.cluster.num_ps, before.num_ps):  # drained
+            old.shutdown(k)
+    return True
 
 
 def follow(

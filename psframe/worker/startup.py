@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.worker.ps_client import PsClient
@@ -29,6 +30,7 @@ def join(
     timeout: float,
     table_optimizer: OptimizerSpec | None = None,
     global_step: int = 0,
+    resume: Callable[[SyncReplicas | None], object] | None = None,
 ) -> SyncReplicas | None:
     """Wait for the ps tasks; the chief creates (or restores) the variables; all check the model.
 
@@ -36,7 +38,9 @@ def join(
     the live workers where the ps tasks take workers joining and leaving (``max_workers``).
     ``global_step``: the worker's (0 when it starts). After a ps task was lost,
     the chief gives one that comes back with neither variables nor a checkpoint
-    the values of its replica, and this step to go on from.
+    the values of its replica, and this step to go on from. ``resume``: the chief calls it with the sync
+    settings resolved once the ps tasks answer, before it creates the variables (it finishes a
+    re-layout under way).
 
     Returns:
         The sync settings resolved (None: asynchronous training).
@@ -50,6 +54,8 @@ def join(
     if sync is not None:
         sync = sync.resolve(client.cluster.num_workers, elastic=infos[0].max_workers is not None)
     if is_chief:
+        if resume is not None:
+            resume(sync)
         create_variables(client, replica, optimizer, sync, checkpoint_dir, table_optimizer, global_step)
     infos = client.wait_for_ps(timeout, ready=True)
     client.check_model(infos, replica.slots, sync)

@@ -564,6 +564,17 @@ class Trainer:
             timeout=self.connect_timeout,
             table_optimizer=self._table_optimizer,
             global_step=self._global_step,
+            resume=self._resume_relayout,
+        )
+
+    def _resume_relayout(self, sync: SyncReplicas | None) -> None:
+        """The chief, connecting: finish a re-layout its run before had begun (:func:`relayout.resume`)."""
+        relayout.resume(
+            relayout.Layout(self._cluster, self._ps, self._replica),
+            optimizer=self._optimizer,
+            table_optimizer=self._table_optimizer,
+            sync=sync,
+            timeout=self.connect_timeout,
         )
 
     def close(self) -> None:
