@@ -86,6 +86,31 @@ def test_a_shard_record_crosses_the_wire_without_pickle_and_comes_back_equal():
     assert part.row_start == 4 and part.full_shape == (8, 3)
 
 
+def test_a_task_of_the_new_layout_is_sent_only_the_parts_that_hold_its_rows():
+    from psframe.ps.relayout import Relayout
+    from psframe.wire import psframe_pb2 as pb
+
+    def part(k: int, rows: int = 4, stride: int = 0) -> VariableData:
+        value = torch.full((rows, 2), float(k))
+        return VariableData(
+            f"w/part_{k}", "w", "float32", (rows, 2), (12, 2), 4 * k, k, 3, value, {}, row_stride=stride
+        )
+
+    relayout = Relayout()
+    before = psframe.ClusterSpec({"ps": ["h:1", "h:2"], "worker": ["w:1"]})
+    relayout.move(before, with_ps(before, ["h:1"]))
+    relayout.keep(ShardData(3, 0, 2, OptimizerData("SGD", {}), None, (part(0), part(1), part(2))))
+
+    def sent(*ranges: tuple[int, int]) -> list[str]:
+        rows = [pb.RowRange(variable="w", start=a, end=b) for a, b in ranges]
+        return [v.name for v in decode_shard(relayout.parts(["w"], rows)).variables]
+
+    assert sent((0, 5)) == ["w/part_0", "w/part_1"]  # rows 0..4: the first part and a row of the second
+    assert sent((8, 12)) == ["w/part_2"]
+    assert sent() == ["w/part_0", "w/part_1", "w/part_2"]  # no range: every part
+    assert decode_shard(relayout.parts(["b"], [])).variables == ()
+
+
 # ---- ps tasks in this process, workers in threads
 
 

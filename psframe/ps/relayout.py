@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from psframe.checkpoint.shard import ShardData
+from psframe.checkpoint.shard import ShardData, VariableData
 from psframe.cluster import ClusterSpec
 from psframe.errors import CheckpointError, ClusterSpecError, LayoutChangedError, WireFormatError
 from psframe.liveness import Liveness
@@ -180,8 +180,9 @@ class Relayout:
                 before_spec=self.before_cluster.to_string() if moved and self.before_cluster is not None else "",
             )
 
-    def parts(self, variables: Sequence[str]) -> bytes:
-        """The ``FetchParts`` reply: the snapshot's parts of ``variables``.
+    def parts(self, variables: Sequence[str], rows: Sequence[pb.RowRange] = ()) -> bytes:
+        """The ``FetchParts`` reply: the snapshot's parts of ``variables``; of a variable ``rows``
+        names, only the parts of runs of rows that hold some of those wanted.
 
         Raises:
             LayoutChangedError: the task took no re-layout's snapshot (it was not asked to move).
@@ -189,7 +190,19 @@ class Relayout:
         snapshot = self.snapshot
         if snapshot is None:
             raise LayoutChangedError("this ps task took no re-layout's snapshot: it has no parts to hand over")
-        wanted = set(variables)
+        named = set(variables)
+        ranges: dict[str, list[tuple[int, int]]] = {}
+        for r in rows:
+            ranges.setdefault(r.variable, []).append((r.start, r.end))
+
+        def wanted(part: VariableData) -> bool:
+            if part.variable not in named:
+                return False
+            if part.variable not in ranges or part.dynamic is not None or part.row_stride > 1 or not part.shape:
+                return True  # every part: ids, every n-th row, or a 0-d variable
+            first, last = part.row_start, part.row_start + part.shape[0]
+            return any(first < end and start < last for start, end in ranges[part.variable])
+
         return encode_shard(
             ShardData(
                 global_step=snapshot.global_step,
@@ -197,7 +210,7 @@ class Relayout:
                 num_shards=snapshot.num_shards,
                 optimizer=snapshot.optimizer,
                 sync=snapshot.sync,
-                variables=tuple(v for v in snapshot.variables if v.variable in wanted),
+                variables=tuple(v for v in snapshot.variables if wanted(v)),
                 table_optimizer=snapshot.table_optimizer,
                 pushes=snapshot.pushes,
             )
@@ -270,19 +283,25 @@ def decode_shard(data: bytes) -> ShardData:
 
 def fetch_shards(
     addresses: Sequence[str],
-    variables: Sequence[str],
+    defs: Sequence[pb.VariableDef],
     caller: pb.Caller,
     timeout: float,
     security: Security | None = None,
     liveness: Liveness | None = None,
 ) -> list[ShardData]:
     """From each ps task of the layout before (by address, in task order), its snapshot's
-    parts of ``variables``: the shards a re-layout restores from.
+    parts that hold rows of ``defs``: the shards a re-layout restores from.
 
     Raises:
         PsframeError: a task could not be reached in ``timeout`` seconds, or refused.
     """
-    request = codec.encode(pb.FetchPartsHeader(caller=caller, variables=sorted(set(variables))), ())
+    rows = [  # runs of rows: only the parts that hold some; ids or every n-th row: every part
+        pb.RowRange(variable=d.variable, start=d.row_start, end=d.row_start + d.shape[0])
+        for d in defs
+        if not d.HasField("dynamic") and d.row_stride <= 1 and len(d.shape)
+    ]
+    header = pb.FetchPartsHeader(caller=caller, variables=sorted({d.variable for d in defs}), rows=rows)
+    request = codec.encode(header, ())
     shards = []
     for k, address in enumerate(addresses):
         with transport.Connection(

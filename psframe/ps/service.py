@@ -663,7 +663,7 @@ class ParameterServerService(TaskService):
                 f"{ClusterSpec.caller_name(caller.job_name, caller.task_index)} of fingerprint "
                 f"{caller.cluster_fingerprint or 'none'}"
             )
-        return self.relayout.parts(list(header.variables))
+        return self.relayout.parts(list(header.variables), header.rows)
 
     def _adopt_from_peers(
         self,
@@ -681,9 +681,7 @@ class ParameterServerService(TaskService):
         """
         start = time.monotonic()
         caller = pb.Caller(job_name="ps", task_index=self.task_index, cluster_fingerprint=self.cluster.fingerprint)
-        shards = fetch_shards(
-            addresses, [d.variable for d in defs], caller, MAX_FETCH_SECONDS, self._security, self._liveness
-        )
+        shards = fetch_shards(addresses, defs, caller, MAX_FETCH_SECONDS, self._security, self._liveness)
         fetched = time.monotonic() - start
         restored = recovery.restore_from_shards(
             shards, defs, optimizer, table_optimizer, source="the re-layout's snapshot"

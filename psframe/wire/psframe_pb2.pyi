@@ -599,14 +599,26 @@ class ReshardReply(_message.Message):
     def __init__(self, cluster_spec: _Optional[str] = ..., moved: _Optional[bool] = ..., layout_version: _Optional[int] = ..., before_spec: _Optional[str] = ...) -> None: ...
 
 class FetchPartsHeader(_message.Message):
-    __slots__ = ("caller", "variables", "tensors")
+    __slots__ = ("caller", "variables", "tensors", "rows")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     variables: _containers.RepeatedScalarFieldContainer[str]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
+    rows: _containers.RepeatedCompositeFieldContainer[RowRange]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ...) -> None: ...
+
+class RowRange(_message.Message):
+    __slots__ = ("variable", "start", "end")
+    VARIABLE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    variable: str
+    start: int
+    end: int
+    def __init__(self, variable: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class FetchPartsRequest(_message.Message):
     __slots__ = ("header", "payload")
