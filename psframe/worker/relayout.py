@@ -33,6 +33,17 @@ log = logging.getLogger(__name__)
 ASK_EVERY_SECONDS = 0.05
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What the ps tasks of a new layout are told of the model (as the chief's start-up tells
+    them), and how long each wait may take."""
+
+    optimizer: OptimizerSpec
+    table_optimizer: OptimizerSpec | None
+    sync: SyncReplicas | None
+    timeout: float
+
+
 @dataclass
 class Layout:
     """The model on the ps tasks of ``cluster``: the client that reaches them and the placement."""
@@ -46,11 +57,7 @@ def lead(
     old: PsClient,
     before: ClusterSpec,
     layout: Layout,
-    *,
-    optimizer: OptimizerSpec,
-    table_optimizer: OptimizerSpec | None,
-    sync: SyncReplicas | None,
-    timeout: float,
+    settings: Settings,
 ) -> float:
     """The chief's re-layout from ``before`` (reached by ``old``) to ``layout``; closes the new
     layout's client if it fails.
@@ -60,19 +67,19 @@ def lead(
 
     Raises:
         ConnectTimeoutError: a task added did not answer, or the new layout did not hold the
-            model, within ``timeout``.
+            model, within ``settings.timeout``.
         PsframeError: a ps task refused (the re-layout cannot be taken live, say).
     """
     client, new = layout.client, layout.cluster
     try:
         # The tasks added are up and ready before the cut: training pauses for the transfer alone.
         added = range(before.num_ps, new.num_ps)
-        client.wait_for_ps(timeout, tasks=added)
+        client.wait_for_ps(settings.timeout, tasks=added)
         if added:
             client.prepare(added)
         start = time.monotonic()
         old.move(new)
-        take_parts(before, layout, optimizer=optimizer, table_optimizer=table_optimizer, sync=sync, timeout=timeout)
+        take_parts(before, layout, settings)
     except BaseException:
         client.close()
         raise
@@ -85,37 +92,29 @@ def lead(
 def take_parts(
     before: ClusterSpec,
     layout: Layout,
-    *,
-    optimizer: OptimizerSpec,
-    table_optimizer: OptimizerSpec | None,
-    sync: SyncReplicas | None,
-    timeout: float,
+    settings: Settings,
 ) -> None:
     """After the cut: every ps task of ``layout`` takes its parts from the snapshots of the tasks of
     ``before``, the model is checked there, and the snapshots may go."""
     client = layout.client
-    client.wait_for_ps(timeout)
+    client.wait_for_ps(settings.timeout)
     at_cut = client.get_info(0)  # ps 0 counted this re-layout at its cut, and knows who finished
     client.adopt(
         layout.replica.slots,
-        optimizer,
-        table_optimizer,
-        sync,
+        settings.optimizer,
+        settings.table_optimizer,
+        settings.sync,
         before.job_tasks("ps"),
         at_cut.layout_version,
         at_cut.finished_workers,
     )
-    client.check_model(client.wait_for_ps(timeout, ready=True), layout.replica.slots, sync)
+    client.check_model(client.wait_for_ps(settings.timeout, ready=True), layout.replica.slots, settings.sync)
     client.reshard_done()
 
 
 def resume(
     layout: Layout,
-    *,
-    optimizer: OptimizerSpec,
-    table_optimizer: OptimizerSpec | None,
-    sync: SyncReplicas | None,
-    timeout: float,
+    settings: Settings,
 ) -> bool:
     """A chief started again finishes a re-layout its run before had begun (its cut taken, the
     parts not yet placed): the new layout takes its parts from the snapshots, the drained tasks
@@ -132,7 +131,7 @@ def resume(
         before.job_tasks("ps"),
         layout.cluster.job_tasks("ps"),
     )
-    take_parts(before, layout, optimizer=optimizer, table_optimizer=table_optimizer, sync=sync, timeout=timeout)
+    take_parts(before, layout, settings)
     with PsClient(before, 0, job_name="tool", rpc_timeout=layout.client.rpc_timeout) as old:
         for k in range(layout.cluster.num_ps, before.num_ps):  # drained
             old.shutdown(k)

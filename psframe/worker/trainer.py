@@ -569,13 +569,10 @@ class Trainer:
 
     def _resume_relayout(self, sync: SyncReplicas | None) -> None:
         """The chief, connecting: finish a re-layout its run before had begun (:func:`relayout.resume`)."""
-        relayout.resume(
-            relayout.Layout(self._cluster, self._ps, self._replica),
-            optimizer=self._optimizer,
-            table_optimizer=self._table_optimizer,
-            sync=sync,
-            timeout=self.connect_timeout,
-        )
+        relayout.resume(relayout.Layout(self._cluster, self._ps, self._replica), self._relayout_settings(sync))
+
+    def _relayout_settings(self, sync: SyncReplicas | None) -> relayout.Settings:
+        return relayout.Settings(self._optimizer, self._table_optimizer, sync, self.connect_timeout)
 
     def close(self) -> None:
         """Tell the ps tasks this worker is done and release the channels (idempotent)."""
@@ -793,15 +790,7 @@ class Trainer:
         """The chief's re-layout (:func:`psframe.worker.relayout.lead`); then it trains on the new layout."""
         log.info("chief: re-layout from ps tasks %s to %s", self._cluster.job_tasks("ps"), new.job_tasks("ps"))
         layout = self._layout(new)
-        paused = relayout.lead(
-            self._ps,
-            self._cluster,
-            layout,
-            optimizer=self._optimizer,
-            table_optimizer=self._table_optimizer,
-            sync=self._sync,
-            timeout=self.connect_timeout,
-        )
+        paused = relayout.lead(self._ps, self._cluster, layout, self._relayout_settings(self._sync))
         self._switch_to(layout)
         log.info(
             "chief: re-layout done in %.3f s: %d parts on ps tasks %s, at global step %d",
