@@ -106,12 +106,15 @@ def snapshot_shard(
     *,
     step: int | None = None,
     then: Callable[[], None] | None = None,
+    copy: bool = True,
 ) -> ShardData:
     """The shard record of the store at one instant, in memory (:func:`save_shard` writes it).
 
     ``step``: the checkpoint it is for (a delta from it then holds what changes from
     now on); None: no checkpoint (a re-layout's). ``then``: called under the store's
     lock right after the snapshot, before a push can apply (a re-layout stops them).
+    Without ``copy`` the record holds the store's own tensors: for a ``then`` that
+    makes the store let go of them (a re-layout's cut clears it).
 
     Raises:
         CheckpointError: the store holds no model.
@@ -119,7 +122,7 @@ def snapshot_shard(
     with store.lock:  # the values and the record of the pushes they hold, at one instant
         if cut is not None:
             cut()
-        global_step, values, states = store.snapshot()
+        global_step, values, states = store.snapshot(copy=copy)
         pushes = None if ledger is None else ledger.state_dict()
         dynamic = store.export_dynamic()
         if step is not None:
@@ -289,7 +292,12 @@ def restore_from_shards(
                 held["state"] = held["state"] if same_table_optimizer else {}
                 dynamic[d.name] = held
             continue
-        if d.row_stride > 1 or any(v.variable == d.variable and v.row_stride > 1 for s in shards for v in s.variables):
+        whole = _same_part(shards, d)
+        if whole is not None:  # kept as it was (a re-layout): the part itself, not a copy
+            value, state = whole.value, dict(whole.state)
+        elif d.row_stride > 1 or any(
+            v.variable == d.variable and v.row_stride > 1 for s in shards for v in s.variables
+        ):
             value, state = strided_rows(shards, d.variable, d.row_start, d.shape[0], max(1, d.row_stride))
         else:
             value, state = slice_rows(shards, d.variable, d.row_start, d.row_start + d.shape[0])
@@ -310,6 +318,24 @@ def restore_from_shards(
         else None,
         num_shards=shards[0].num_shards,
     )
+
+
+def _same_part(shards: Sequence[ShardData], definition: pb.VariableDef) -> VariableData | None:
+    """The part of ``shards`` that holds exactly the rows ``definition`` asks for, if one does."""
+    if definition.row_stride > 1:
+        return None
+    shape = tuple(definition.shape)
+    for shard in shards:
+        for part in shard.variables:
+            if (
+                part.variable == definition.variable
+                and part.dynamic is None
+                and part.row_stride <= 1
+                and part.row_start == definition.row_start
+                and tuple(part.shape) == shape
+            ):
+                return part
+    return None
 
 
 # ---- records <-> wire messages: fields pair up by name, so neither side lists them

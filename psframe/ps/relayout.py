@@ -180,9 +180,9 @@ class Relayout:
                 before_spec=self.before_cluster.to_string() if moved and self.before_cluster is not None else "",
             )
 
-    def parts(self, variables: Sequence[str], rows: Sequence[pb.RowRange] = ()) -> bytes:
-        """The ``FetchParts`` reply: the snapshot's parts of ``variables``; of a variable ``rows``
-        names, only the parts of runs of rows that hold some of those wanted.
+    def parts(self, variables: Sequence[str], rows: Sequence[pb.RowRange] = ()) -> ShardData:
+        """What the ``FetchParts`` reply holds: the snapshot's parts of ``variables``; of a
+        variable ``rows`` names, only the parts of runs of rows that hold some of those wanted.
 
         Raises:
             LayoutChangedError: the task took no re-layout's snapshot (it was not asked to move).
@@ -203,17 +203,15 @@ class Relayout:
             first, last = part.row_start, part.row_start + part.shape[0]
             return any(first < end and start < last for start, end in ranges[part.variable])
 
-        return encode_shard(
-            ShardData(
-                global_step=snapshot.global_step,
-                ps_task=snapshot.ps_task,
-                num_shards=snapshot.num_shards,
-                optimizer=snapshot.optimizer,
-                sync=snapshot.sync,
-                variables=tuple(v for v in snapshot.variables if wanted(v)),
-                table_optimizer=snapshot.table_optimizer,
-                pushes=snapshot.pushes,
-            )
+        return ShardData(
+            global_step=snapshot.global_step,
+            ps_task=snapshot.ps_task,
+            num_shards=snapshot.num_shards,
+            optimizer=snapshot.optimizer,
+            sync=snapshot.sync,
+            variables=tuple(v for v in snapshot.variables if wanted(v)),
+            table_optimizer=snapshot.table_optimizer,
+            pushes=snapshot.pushes,
         )
 
 
@@ -281,6 +279,16 @@ def decode_shard(data: bytes) -> ShardData:
     return ShardData.from_dict(rebuilt(record))
 
 
+def wanted_rows(defs: Sequence[pb.VariableDef]) -> list[pb.RowRange]:
+    """The runs of rows ``defs`` hold: a part of such a run is fetched only if it holds some of
+    them. Parts of ids, of every n-th row or of a 0-d variable are all fetched."""
+    return [
+        pb.RowRange(variable=d.variable, start=d.row_start, end=d.row_start + d.shape[0])
+        for d in defs
+        if not d.HasField("dynamic") and d.row_stride <= 1 and len(d.shape)
+    ]
+
+
 def fetch_shards(
     addresses: Sequence[str],
     defs: Sequence[pb.VariableDef],
@@ -288,24 +296,37 @@ def fetch_shards(
     timeout: float,
     security: Security | None = None,
     liveness: Liveness | None = None,
+    own: tuple[int, Relayout] | None = None,
 ) -> list[ShardData]:
     """From each ps task of the layout before (by address, in task order), its snapshot's
-    parts that hold rows of ``defs``: the shards a re-layout restores from.
+    parts that hold rows of ``defs``: the shards a re-layout restores from. The tasks are asked
+    in parallel; ``own`` (this task's index before, and its :class:`Relayout`) is read in place.
 
     Raises:
         PsframeError: a task could not be reached in ``timeout`` seconds, or refused.
     """
-    rows = [  # runs of rows: only the parts that hold some; ids or every n-th row: every part
-        pb.RowRange(variable=d.variable, start=d.row_start, end=d.row_start + d.shape[0])
-        for d in defs
-        if not d.HasField("dynamic") and d.row_stride <= 1 and len(d.shape)
+    variables, rows = sorted({d.variable for d in defs}), wanted_rows(defs)
+    request = codec.encode(pb.FetchPartsHeader(caller=caller, variables=variables, rows=rows), ())
+    asked = [k for k in range(len(addresses)) if own is None or k != own[0]]
+    connections = [
+        transport.Connection(
+            addresses[k],
+            f"{ClusterSpec.task_name('ps', k)} (before the re-layout) at {addresses[k]}",
+            security,
+            liveness,
+        )
+        for k in asked
     ]
-    header = pb.FetchPartsHeader(caller=caller, variables=sorted({d.variable for d in defs}), rows=rows)
-    request = codec.encode(header, ())
-    shards = []
-    for k, address in enumerate(addresses):
-        with transport.Connection(
-            address, f"{ClusterSpec.task_name('ps', k)} (before the re-layout) at {address}", security, liveness
-        ) as connection:
-            shards.append(decode_shard(connection.call("FetchParts", request, timeout=timeout, wait_for_ready=True)))
-    return shards
+    try:
+        replies = (
+            transport.call_all([(c, "FetchParts", request) for c in connections], timeout, wait_for_ready=True)
+            if connections
+            else []
+        )
+    finally:
+        for connection in connections:
+            connection.close()
+    shards = dict(zip(asked, (decode_shard(reply) for reply in replies)))
+    if own is not None:
+        shards[own[0]] = own[1].parts(variables, rows)
+    return [shards[k] for k in range(len(addresses))]

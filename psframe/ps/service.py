@@ -38,7 +38,7 @@ from psframe.ps.incoming_model import PendingModel
 from psframe.ps.ledger import PushLedger
 from psframe.ps.peers import PsPeers
 from psframe.ps.push_pull_request import PushPullRequest
-from psframe.ps.relayout import Relayout, fetch_shards
+from psframe.ps.relayout import Relayout, encode_shard, fetch_shards
 from psframe.ps.relayout import prepare as relayout_prepare
 from psframe.ps.roster import Change, WorkerRoster, check_max_workers
 from psframe.ps.round_replies import RoundReplies, outgoing
@@ -467,7 +467,7 @@ class ParameterServerService(TaskService):
         self._adopt(restored)
         return True
 
-    def _adopt(self, restored: recovery.Restored, *, peers: bool = True, data: bool = True) -> None:
+    def _adopt(self, restored: recovery.Restored, *, peers: bool = True, data: bool = True, take: bool = False) -> None:
         """Become READY with a checkpoint's variables, optimizer state and step.
 
         The global step continues from the highest one among the other ps
@@ -475,7 +475,8 @@ class ParameterServerService(TaskService):
         rolls back to the checkpoint), so a sync cluster stays in lockstep.
         Without ``peers`` (a re-layout's parts, all of one cut) it is the restored one.
         Without ``data``, the data queues stay as they are (ps 0 across a re-layout: the
-        leases out stay the workers').
+        leases out stay the workers'). With ``take``, the store takes the restored tensors as
+        its own, not copies (nothing else holds them).
         """
         global_step = max([restored.global_step, *(self._peers.global_steps() if peers else ())])
         # Under the store's lock, GetInfo sees the model whole or not at all: the
@@ -484,11 +485,12 @@ class ParameterServerService(TaskService):
             self.store.create(
                 restored.values,
                 restored.optimizer,
+                copy=not take,
                 tables=restored.tables,
                 table_optimizer=restored.table_optimizer,
                 dynamic=dynamic_parts(restored.defs),
             )
-            self.store.restore({}, restored.states, global_step)
+            self.store.restore({}, restored.states, global_step, copy=not take)
             self.store.load_dynamic(restored.dynamic)
             if restored.pushes is not None:  # pushes the restored values hold are duplicates if sent again
                 self.ledger.load_state_dict(restored.pushes)
@@ -633,6 +635,7 @@ class ParameterServerService(TaskService):
             self._pushes_held,
             cut,
             then=stop_pushes,
+            copy=False,  # the store lets go of its tensors under the same lock: the snapshot holds them
         )
         self.relayout.keep(snapshot)
         kept = "keeps its index, and waits for its new parts" if self.task_index < after.num_ps else "is drained"
@@ -663,7 +666,7 @@ class ParameterServerService(TaskService):
                 f"{ClusterSpec.caller_name(caller.job_name, caller.task_index)} of fingerprint "
                 f"{caller.cluster_fingerprint or 'none'}"
             )
-        return self.relayout.parts(list(header.variables), header.rows)
+        return encode_shard(self.relayout.parts(list(header.variables), header.rows))
 
     def _adopt_from_peers(
         self,
@@ -681,7 +684,9 @@ class ParameterServerService(TaskService):
         """
         start = time.monotonic()
         caller = pb.Caller(job_name="ps", task_index=self.task_index, cluster_fingerprint=self.cluster.fingerprint)
-        shards = fetch_shards(addresses, defs, caller, MAX_FETCH_SECONDS, self._security, self._liveness)
+        # A task kept reads its own snapshot in place: no copy of the parts it keeps.
+        own = (self.task_index, self.relayout) if self.relayout.snapshot is not None else None
+        shards = fetch_shards(addresses, defs, caller, MAX_FETCH_SECONDS, self._security, self._liveness, own)
         fetched = time.monotonic() - start
         restored = recovery.restore_from_shards(
             shards, defs, optimizer, table_optimizer, source="the re-layout's snapshot"
@@ -689,7 +694,9 @@ class ParameterServerService(TaskService):
         ledger = dict(shards[0].pushes or {})
         restored.pushes = {k: v for k, v in ledger.items() if k in ("last_push", "applied_steps")}
         restored.sync = sync
-        self._adopt(restored, peers=False, data=False)  # ps 0 is kept: its data queues stay, leases and all
+        # ps 0 is kept: its data queues stay, leases and all. The tensors restored are the
+        # snapshot's own (nothing else writes them) or fresh: the store takes them as they are.
+        self._adopt(restored, peers=False, data=False, take=True)
         log.info(
             "%s: took %d parts (%d bytes with optimizer state) from the %d ps tasks before the re-layout "
             "in %.3f s (%.3f s reading them), at global step %d",

@@ -616,17 +616,26 @@ class VariableStore:
             for name in self._model.names:
                 self._memory.place_state(self._model.state_of(name))
 
-    def snapshot(self) -> tuple[int, dict[str, torch.Tensor], dict[str, dict]]:
-        """Copies of the global step, the variables and each one's optimizer state."""
+    def snapshot(self, *, copy: bool = True) -> tuple[int, dict[str, torch.Tensor], dict[str, dict]]:
+        """Copies of the global step, the variables and each one's optimizer state; without
+        ``copy``, the store's own tensors (for a caller that makes the store let go of them)."""
         with self.lock:
             self._require_ready()
-            values, states = self._model.copies()
+            values, states = self._model.copies(clone=copy)
             return self.global_step, values, states
 
-    def restore(self, values: Mapping[str, torch.Tensor], states: Mapping[str, Mapping], global_step: int) -> None:
+    def restore(
+        self,
+        values: Mapping[str, torch.Tensor],
+        states: Mapping[str, Mapping],
+        global_step: int,
+        *,
+        copy: bool = True,
+    ) -> None:
         """Overwrite variables, optimizer state and global step (from a checkpoint).
 
-        Everything is checked before anything changes.
+        Everything is checked before anything changes. Without ``copy`` the state
+        tensors are taken as they are (nothing else holds them).
 
         Raises:
             UnknownVariableError, ShapeMismatchError, DtypeMismatchError.
@@ -638,6 +647,10 @@ class VariableStore:
                 with torch.no_grad():
                     self._model.variable(name).copy_(value)
             for name, state in states.items():
+                if not copy:
+                    self._model.set_state(name, dict(state))
+                    self._memory.place_state(self._model.state_of(name))
+                    continue
                 self._model.set_state(
                     name,
                     {k: self._memory.copy_state(x) if isinstance(x, torch.Tensor) else x for k, x in state.items()},

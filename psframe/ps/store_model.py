@@ -114,12 +114,19 @@ class StoreModel:
         """Bytes of the variables, the tables' parts and the optimizers' tensor state."""
         return self.dense.nbytes() + self.table_parts.nbytes()
 
-    def copies(self, names: Sequence[str] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
-        """Copies of the variables (``names``, or all) and of each one's optimizer state, by name."""
+    def copies(
+        self, names: Sequence[str] | None = None, *, clone: bool = True
+    ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+        """Copies of the variables (``names``, or all) and of each one's optimizer state, by name;
+        without ``clone``, the tensors themselves (detached)."""
         names = self.names if names is None else names
-        values = {name: self.variable(name).detach().clone() for name in names}
+
+        def copied(x: torch.Tensor) -> torch.Tensor:
+            return x.detach().clone() if clone else x.detach()
+
+        values = {name: copied(self.variable(name)) for name in names}
         states = {
-            name: {k: x.clone() if isinstance(x, torch.Tensor) else x for k, x in (self.state_of(name) or {}).items()}
+            name: {k: copied(x) if isinstance(x, torch.Tensor) else x for k, x in (self.state_of(name) or {}).items()}
             for name in names
         }
         return values, states

@@ -125,10 +125,12 @@ class Connection:
         except grpc.RpcError as e:
             raise error_from_rpc(e, self.peer, timeout) from e
 
-    def start_call(self, method: str, request: Any, *, timeout: float) -> PendingCall:
+    def start_call(self, method: str, request: Any, *, timeout: float, wait_for_ready: bool = False) -> PendingCall:
         """Start a unary call and return at once; :meth:`PendingCall.result` waits for it."""
         with _interrupt_after():
-            future = self._callable(method).future(request, timeout=timeout, metadata=self._metadata)
+            future = self._callable(method).future(
+                request, timeout=timeout, wait_for_ready=wait_for_ready, metadata=self._metadata
+            )
         return PendingCall(future, self.peer, timeout)
 
     def open_stream(self, method: str, watchdog: Watchdog) -> Stream:
@@ -161,15 +163,20 @@ class PendingCall:
             raise error_from_rpc(e, self._peer, self._timeout) from e
 
 
-def call_all(calls: Sequence[tuple[Connection, str, Any]], timeout: float) -> list[Any]:
+def call_all(
+    calls: Sequence[tuple[Connection, str, Any]], timeout: float, *, wait_for_ready: bool = False
+) -> list[Any]:
     """Make unary calls to several tasks in parallel; their replies, in order.
 
     Every call is waited for; then the first failure, if any, is raised.
     """
     if len(calls) == 1:  # a blocking call costs less than a future
         ((connection, method, request),) = calls
-        return [connection.call(method, request, timeout=timeout)]
-    pending = [connection.start_call(method, request, timeout=timeout) for connection, method, request in calls]
+        return [connection.call(method, request, timeout=timeout, wait_for_ready=wait_for_ready)]
+    pending = [
+        connection.start_call(method, request, timeout=timeout, wait_for_ready=wait_for_ready)
+        for connection, method, request in calls
+    ]
     replies, failure = [], None
     for call in pending:
         try:
