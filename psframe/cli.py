@@ -129,7 +129,7 @@ def _status(args: argparse.Namespace) -> int:
                 rows.append((ClusterSpec.task_name("ps", k), address, "ps", "down", "", "", "", "", "", ""))
                 continue
             if k == 0 and (info.layout_version or info.reshard_to):
-                layout = _layout_line(info.layout_version, info.reshard_to, cluster)
+                layout = _layout_line(info.relayouts, info.move_stage, info.reshard_to, cluster)
             data.extend((d.name, str(d.consumed), str(d.total), str(d.ranges_out)) for d in info.data_sets)
             if len(changes) == 1:
                 changes.extend(
@@ -201,10 +201,13 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if all(row[3] != "down" for row in rows[1:]) else 1
 
 
-def _layout_line(version: int, reshard_to: str, cluster: ClusterSpec) -> str:
-    """What ps 0 says of re-layouts: how many it went through, and the ps tasks it moved (or moves) to."""
+def _layout_line(relayouts: int, stage: tuple[int, int] | None, reshard_to: str, cluster: ClusterSpec) -> str:
+    """What ps 0 says of re-layouts: how many it went through, the stage of one under way, and the
+    ps tasks it moved (or moves) to."""
     moved_to = ClusterSpec.from_string(reshard_to).job_tasks("ps") if reshard_to else []
-    line = f"re-layouts: {version}"
+    line = f"re-layouts: {relayouts}"
+    if stage is not None:
+        line += f" (one under way: stage {stage[0]} of {stage[1]} taken)"
     if moved_to and moved_to != cluster.job_tasks("ps"):
         line += f"; the ps tasks are (or move to) {','.join(moved_to)}: give --ps_hosts that list"
     elif moved_to:
@@ -271,11 +274,13 @@ def _reshard(args: argparse.Namespace) -> int:
         if args.no_wait:
             return 0
         deadline = start + args.timeout
-        while (asked := client.reshard_asked()) != (new, True):
+        while (status := client.layout_status()).cluster != new or not status.moved or status.moving:
             if time.monotonic() >= deadline:
+                stage = f" (at stage {status.stage.stage} of {status.stage.stages})" if status.stage else ""
                 raise ConnectTimeoutError(
-                    f"the chief did not take the re-layout within {args.timeout:.0f}s (is it training? it takes "
-                    f"one between two steps); it stays asked for: {asked[0] and asked[0].job_tasks('ps')}"
+                    f"the chief did not take the re-layout within {args.timeout:.0f}s{stage} (is it training? it "
+                    f"takes one stage between two steps); it stays asked for: "
+                    f"{status.cluster and status.cluster.job_tasks('ps')}"
                 )
             time.sleep(0.1)
     with PsClient(new, 0, job_name="tool", rpc_timeout=min(args.timeout, 60.0), security=security) as client:

@@ -114,7 +114,9 @@ class TaskStatus:
     # live worker (the last: that many or more; psframe.ps.staleness); empty: none counted
     steps_ahead_counts: tuple[int, ...] = ()
     max_workers: int | None = None  # a ps task's worker slots, if workers may join; None: fixed
-    layout_version: int = 0  # a ps task's re-layouts gone through (ps tasks added or drained live)
+    layout_version: int = 0  # a ps task's layouts gone through (one per stage of a re-layout)
+    relayouts: int = 0  # a ps task's re-layouts gone through to their end (ps tasks added or drained live)
+    move_stage: tuple[int, int] | None = None  # the stage of a re-layout under way, and of how many
     reshard_to: str = ""  # a ps task's re-layout asked for or taken: the cluster (ClusterSpec.to_string)
     membership: tuple[MembershipEvent, ...] = ()  # who joined and left, oldest first
     data_sets: tuple[DataSetStatus, ...] = ()  # ps 0: data sets read in ranges

@@ -239,7 +239,10 @@ def test_a_ps_task_added_then_drained_while_two_workers_train_keeps_every_step_o
             adam.step()
         torch.testing.assert_close(w, ref.w.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(b, ref.b.detach(), rtol=1e-5, atol=1e-6)
-    assert first[0].service.relayout.version == 2 and paused and paused[0] > 0
+    # The parts of w (512 bytes each, a stage's most) moved one per stage: a cut each, counted by ps 0.
+    stages = done[0].relayout_pauses
+    assert len(stages) > 1 and all(p > 0 for p in stages) and paused == [pytest.approx(sum(stages))]
+    assert first[0].service.relayout.version > 2
 
 
 @pytest.mark.service
@@ -354,7 +357,7 @@ def test_psframe_reshard_asks_ps_0_and_waits_until_the_new_layout_holds_the_mode
     out = capsys.readouterr()
     assert "must begin with the old one" in out.err
     assert "hold the model: re-laid out" in out.out
-    assert added.service.store.ready and first.service.relayout.version == 1
+    assert added.service.store.ready and first.service.relayout.relayouts == 1
     cli.main(["status", *flags])  # with the flags of before: says where the ps tasks went
     assert f"re-layouts: 1; the ps tasks are (or move to) {','.join(grown.job_tasks('ps'))}" in capsys.readouterr().out
     held = assemble([first, added])
@@ -644,3 +647,66 @@ def test_a_chief_started_again_finishes_a_re_layout_its_run_before_had_begun(ps_
     held = assemble(first + [added])
     assert first[0].service.store.global_step == 20  # the 10 steps of before the cut, and 10 after
     assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * 20))
+
+
+@pytest.mark.service
+@pytest.mark.parametrize("direction", ["add", "drain"])
+def test_a_chief_lost_between_two_stages_is_followed_by_one_that_takes_the_rest(ps_tasks, tmp_path, direction):
+    from psframe import checkpoint
+    from psframe.ps import recovery
+    from psframe.wire import messages
+    from psframe.worker.replica import Replica
+    from psframe.worker.staging import HostStaging
+
+    cluster, grown = clusters(2, 1)
+    origin, target = (cluster, grown) if direction == "add" else (grown, cluster)
+    servers = [ps_tasks(origin if k < origin.num_ps else grown, k) for k in range(3)]
+    folder = str(tmp_path / "ckpt")
+    options = {"checkpointing": psframe.Checkpointing(folder, save_steps=10**6)}
+    lost = trainer(origin, 0, psframe.optim.SGD(lr=LR), **options).connect()
+    for _ in range(5):
+        lost.step(lost.model.loss())
+    with PsClient(origin, 0, job_name="tool") as tool:
+        tool.ask_reshard(target)
+        # Asked from outside, the chief takes one stage a step (of 512 bytes at most): w/part_2 and b apart.
+        deadline = time.monotonic() + DEADLINE_S
+        while not tool.layout_status().moving:
+            assert time.monotonic() < deadline, "the chief never took the first stage"
+            lost.step(lost.model.loss())
+        status = tool.layout_status()
+    assert status.stage is not None and (status.stage.stage, status.stage.stages) == (1, 2)
+    mid_move = lost.save_checkpoint()  # between the two stages: the parts on the tasks of either side
+    lost._ps.close()  # that chief is gone
+    again = trainer(origin, 0, psframe.optim.SGD(lr=LR), **options)  # started again with the flags of before
+    with again:
+        assert again.relayouts == 0 and again.placement == lost.placement  # it follows ps 0 to stage 1
+        again.step(again.model.loss())  # and takes stage 2 at its first step
+        assert again.relayouts == 1 and again.cluster == target
+        for _ in range(5):
+            again.step(again.model.loss())
+    kept = servers[: target.num_ps]
+    held = assemble(kept)
+    steps = kept[0].service.store.global_step  # every step applied once, none lost at the chief's loss
+    assert steps == lost.local_step + again.local_step
+    assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * steps))
+    assert torch.equal(held["b"], torch.full_like(held["b"], 1.0 - LR * GRAD * steps))
+    assert kept[0].service.relayout.relayouts == 1 and kept[0].service.relayout.version == 2
+    # The checkpoint taken between the stages holds one cut, and restores onto the layout after.
+    shards = checkpoint.read(folder, mid_move.step).read_shards()
+    at_cut = shards[0].global_step
+    assert len(shards) == 3 and {s.global_step for s in shards} == {at_cut} and at_cut > 5
+    replica = Replica(
+        Known(),
+        target.num_ps,
+        HostStaging(torch.device("cpu")),
+        sync=False,
+        variable_devices={},
+        min_partition_bytes=256,
+        max_shard_bytes=512,
+    )
+    for k in range(target.num_ps):
+        defs = messages.variable_defs(s for s in replica.slots if s.shard.ps_task == k)
+        restored = recovery.restore_from_shards(shards, defs, psframe.optim.SGD(lr=LR))
+        for d in defs:
+            expected = -LR * GRAD * at_cut + (1.0 if d.variable == "b" else 0.0)
+            assert torch.equal(restored.values[d.name], torch.full(tuple(d.shape), expected))

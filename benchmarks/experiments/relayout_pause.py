@@ -4,17 +4,21 @@
 
 For each model size (MB of float32 values; Adam keeps twice as much state), two
 ps tasks in this process train it with one worker; a third ps task is added
-(``Trainer.reshard``) and then drained again. Each re-layout reports the
-seconds training paused: from the cut until the new layout held the model.
+(``Trainer.reshard``) and then drained again. A re-layout moves the parts in
+stages (:mod:`psframe.cluster.moves`), each with its cut; each stage reports
+the seconds training paused, from its cut until the layout after it held the
+model (``Trainer.relayout_pauses``).
 The baseline, measured in the same run on the same ps tasks: the chief saving a
 checkpoint of the model (``Trainer.save_checkpoint`` into a local folder). A
 re-layout through a checkpoint (the way without this: save, stop, start with
 the new ps tasks, restore) costs at least that save and as long a restore,
 plus the restart.
 
-It prints, per size, the median of ``--runs`` adds, drains and saves, the
-ratio of each pause to the save, and the add's pause against one step per
-part of the grown layout (the step: the median of a few before the add).
+It prints, per size, the medians over ``--runs`` of: the stages of an add and
+their pauses together, the same for a drain, the save, the ratio of each
+total to the save; then the longest pause of one stage against one step (the
+median of a few before the add): the issue's bound is one step per moved part,
+a ratio of at most 1.
 """
 
 from __future__ import annotations
@@ -43,9 +47,10 @@ class Wide(torch.nn.Module):
         return 1e-3 * self.w.sum()
 
 
-def measure(mb: int, folder: str) -> tuple[float, float, float, float, int]:
-    """One run: the pause of an add, of a drain, the seconds of a checkpoint save, of a step
-    (the median of a few), and the parts the grown layout holds."""
+def measure(mb: int, folder: str) -> tuple[float, float, float, float, int, int, float]:
+    """One run: the pause of an add (all stages), of a drain, the seconds of a checkpoint save, of a
+    step (the median of a few), the stages of the add and of the drain, and the longest pause of one
+    stage of either."""
     ports = pick_free_ports(4)
     cluster = psframe.ClusterSpec({"ps": [f"127.0.0.1:{p}" for p in ports[:2]], "worker": [f"127.0.0.1:{ports[3]}"]})
     grown = psframe.ClusterSpec(
@@ -67,9 +72,10 @@ def measure(mb: int, folder: str) -> tuple[float, float, float, float, int]:
                 t.step(t.model.loss())
                 steps.append(time.monotonic() - begun)
             added = t.reshard(grown)
-            parts = len(t.placement.shards)
+            add_stages = t.relayout_pauses
             t.step(t.model.loss())
             drained = t.reshard(cluster)
+            drain_stages = t.relayout_pauses
             t.step(t.model.loss())
             start = time.monotonic()
             t.save_checkpoint()
@@ -77,7 +83,8 @@ def measure(mb: int, folder: str) -> tuple[float, float, float, float, int]:
     finally:
         for server in servers:
             server.stop(grace=0.1)
-    return added, drained, saved, statistics.median(steps[1:]), parts
+    longest = max(add_stages + drain_stages)
+    return added, drained, saved, statistics.median(steps[1:]), len(add_stages), len(drain_stages), longest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,19 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(
-        f"{'model':>8} {'add (s)':>9} {'drain (s)':>10} {'save (s)':>9} {'add/save':>9} {'drain/save':>11}"
-        f" {'parts':>6} {'step (s)':>9} {'add/(parts x step)':>19}"
+        f"{'model':>8} {'add stages':>11} {'add (s)':>8} {'drain stages':>13} {'drain (s)':>10} {'save (s)':>9}"
+        f" {'add/save':>9} {'drain/save':>11} {'step (s)':>9} {'longest stage (s)':>18} {'longest/step':>13}"
     )
     for mb in (int(s) for s in args.sizes.split(",")):
         runs = []
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as folder:
                 runs.append(measure(mb, folder))
-        added, drained, saved, step = (statistics.median(r[i] for r in runs) for i in range(4))
-        parts = runs[0][4]
+        added, drained, saved, step, add_stages, drain_stages, longest = (
+            statistics.median(r[i] for r in runs) for i in range(7)
+        )
         print(
-            f"{mb:>6}MB {added:>9.3f} {drained:>10.3f} {saved:>9.3f} {added / saved:>8.2f}x {drained / saved:>10.2f}x"
-            f" {parts:>6} {step:>9.4f} {added / (parts * step):>18.2f}x"
+            f"{mb:>6}MB {add_stages:>11.0f} {added:>8.3f} {drain_stages:>13.0f} {drained:>10.3f} {saved:>9.3f}"
+            f" {added / saved:>8.2f}x {drained / saved:>10.2f}x {step:>9.4f} {longest:>18.3f} {longest / step:>12.2f}x"
         )
     return 0
 

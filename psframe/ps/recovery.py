@@ -305,7 +305,8 @@ def restore_from_shards(
         states[d.name] = state if (same_table_optimizer if d.table else same_optimizer) else {}
     return Restored(
         step=-1,
-        global_step=min(s.global_step for s in shards),
+        # A ps task that held no part (a stage of a re-layout can leave one empty) counted no step.
+        global_step=min(s.global_step for s in [*(s for s in shards if s.variables)] or shards),
         defs=list(defs),
         optimizer=optimizer,
         sync=None,

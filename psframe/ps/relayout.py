@@ -86,6 +86,8 @@ class Relayout:
         self.moved_to: ClusterSpec | None = None
         self.snapshot: ShardData | None = None  # its parts at the cut, until the task stops
         self.version = 0
+        self.stage: pb.MoveStage | None = None  # of the re-layout the last move was a stage of
+        self.relayouts = 0  # re-layouts taken to their last stage
         self._cutting_until = 0.0  # a re-layout's cut is under way here until then (monotonic)
 
     def ask(self, current: ClusterSpec, new: ClusterSpec) -> None:
@@ -97,17 +99,27 @@ class Relayout:
         """
         check_new_cluster(current, new)
         with self._lock:
+            stage = self.stage
+            if stage is not None and stage.stage < stage.stages:
+                target = ClusterSpec.from_string(stage.target_spec)
+                raise ClusterSpecError(
+                    f"a re-layout to ps tasks {target.job_tasks('ps')} is under way (stage {stage.stage} of "
+                    f"{stage.stages}); ask again once it is done"
+                )
             if self.requested is not None and self.requested != new:
                 raise ClusterSpecError(
                     f"a re-layout to ps tasks {self.requested.job_tasks('ps')} waits already; ask again once it is done"
                 )
             self.requested = new
 
-    def move(self, before: ClusterSpec, after: ClusterSpec) -> None:
-        """Move at the cut: workers of ``before`` are refused from now on."""
+    def move(self, before: ClusterSpec, after: ClusterSpec, stage: pb.MoveStage | None = None) -> None:
+        """Move at the cut (of ``stage`` of a staged re-layout): workers of the layout before are
+        refused from now on."""
         with self._lock:
             self.before, self.before_cluster = before.fingerprint, before
             self.moved_to = after
+            self.stage = stage if stage is not None and stage.stages else None
+            self.relayouts += self.stage is None or self.stage.stage >= self.stage.stages
             self.snapshot = None
             self.requested = None
             self.version += 1
@@ -129,9 +141,14 @@ class Relayout:
                 f"{task_name} is taking a re-layout's cut (psframe reshard): save again once it is taken"
             )
 
-    def took(self, cluster_spec: str) -> bool:
-        """Whether this task took the cut of the re-layout to ``cluster_spec`` already."""
-        return self.moved_to is not None and self.snapshot is not None and self.moved_to.to_string() == cluster_spec
+    def took(self, cluster_spec: str, stage: pb.MoveStage | None = None) -> bool:
+        """Whether this task took the cut of the re-layout to ``cluster_spec`` (at ``stage``) already."""
+        return (
+            self.moved_to is not None
+            and self.snapshot is not None
+            and self.moved_to.to_string() == cluster_spec
+            and self.stage == (stage if stage is not None and stage.stages else None)
+        )
 
     def adopted(self, before: ClusterSpec, after: ClusterSpec, version: int) -> None:
         """A task new in ``after`` took its parts: it counts the re-layouts as the others do."""
@@ -155,7 +172,8 @@ class Relayout:
         """
         moved_to = self.moved_to
         if moved_to is not None and (
-            caller.cluster_fingerprint == self.before
+            # a stage that kept the cluster (parts moved among its tasks) tells its workers by version only
+            (caller.cluster_fingerprint == self.before and self.before != moved_to.fingerprint)
             or (caller.job_name == "worker" and caller.layout_version != self.version)
         ):
             raise self.refusal()
@@ -178,6 +196,7 @@ class Relayout:
                 moved=moved,
                 layout_version=self.version,
                 before_spec=self.before_cluster.to_string() if moved and self.before_cluster is not None else "",
+                stage=self.stage if moved else None,
             )
 
     def parts(self, variables: Sequence[str], rows: Sequence[pb.RowRange] = ()) -> ShardData:

@@ -316,6 +316,9 @@ class ParameterServerService(TaskService):
                 info.max_workers = self.max_workers
             layout = self.relayout.reply()
             info.reshard_to, info.layout_version = layout.cluster_spec, layout.layout_version
+            info.relayouts = self.relayout.relayouts
+            if layout.HasField("stage") and layout.stage.stage < layout.stage.stages:
+                info.move_stage.CopyFrom(layout.stage)
             for name, counts in sorted(store.dynamic_counts().items()):
                 info.dynamic_tables.add(name=name, **counts)
         out = self.data.ranges_out()
@@ -530,7 +533,7 @@ class ParameterServerService(TaskService):
             cut = functools.partial(aggregator.check_cut, request.round_target)
         try:
             with self._init_lock:
-                if request.move_to and self.relayout.took(request.move_to):
+                if request.move_to and self.relayout.took(request.move_to, request.move_stage):
                     return pb.SaveReply(global_step=self.store.global_step)  # the cut taken again after a lost one
                 self.store.check_names([])  # NotReadyError before the model exists
                 if request.targets:
@@ -539,7 +542,7 @@ class ParameterServerService(TaskService):
                     aggregator.reach(request.round_target)
                 k, num_ps = self.task_index, self.cluster.num_ps
                 if request.move_to:
-                    self._move(ClusterSpec.from_string(request.move_to), cut)
+                    self._move(ClusterSpec.from_string(request.move_to), cut, request.move_stage)
                     return pb.SaveReply(global_step=self.store.global_step)
                 if request.delta:  # what changed since the parent only
                     record = recovery.save_delta_shard(
@@ -604,8 +607,8 @@ class ParameterServerService(TaskService):
                 f"stop the job and start it with the new --ps_hosts: it restores onto the new layout"
             )
 
-    def _move(self, after: ClusterSpec, cut: Callable[[], None] | None) -> None:
-        """Take a re-layout's cut: snapshot the parts into memory and move to ``after``.
+    def _move(self, after: ClusterSpec, cut: Callable[[], None] | None, stage: pb.MoveStage | None = None) -> None:
+        """Take a re-layout's cut (of ``stage``): snapshot the parts into memory and move to ``after``.
 
         Under the store's lock with the snapshot, before a push can apply: the variables go (the
         snapshot holds them), and a worker of the cluster before is refused from then on. A task
@@ -614,13 +617,13 @@ class ParameterServerService(TaskService):
         before = self.cluster
 
         def stop_pushes() -> None:
-            self.relayout.move(before, after)
+            self.relayout.move(before, after, stage)
             if self.aggregator is not None:  # the pushes of the round under way are refused, and sent again
                 self.aggregator.abandon(self.relayout.refusal())
                 self.aggregator, self._sync_def = None, None
             self.store.clear()
             self._variable_defs = []
-            if self.task_index < after.num_ps:
+            if self.task_index < after.num_ps and after != before:
                 self.cluster = after
                 # The connections before stay open (a round may be asking ps 0 on one); closed with the task.
                 self._old_peers.append(self._peers)

@@ -267,6 +267,8 @@ def task_status(info: pb.TaskInfo) -> TaskStatus:
         steps_ahead_counts=tuple(info.steps_ahead_counts),
         max_workers=info.max_workers or None,
         layout_version=info.layout_version,
+        relayouts=info.relayouts,
+        move_stage=(info.move_stage.stage, info.move_stage.stages) if info.HasField("move_stage") else None,
         reshard_to=info.reshard_to,
         membership=tuple(
             MembershipEvent(c.worker, pb.MembershipChange.Kind.Name(c.kind).lower(), c.global_step, c.seconds_ago)

@@ -217,7 +217,7 @@ class DataProgress(_message.Message):
     def __init__(self, name: _Optional[str] = ..., lease: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts", "max_workers", "membership", "data_sets", "reshard_to", "layout_version")
+    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts", "max_workers", "membership", "data_sets", "reshard_to", "layout_version", "relayouts", "move_stage")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STARTING: _ClassVar[TaskInfo.State]
@@ -256,6 +256,8 @@ class TaskInfo(_message.Message):
     DATA_SETS_FIELD_NUMBER: _ClassVar[int]
     RESHARD_TO_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RELAYOUTS_FIELD_NUMBER: _ClassVar[int]
+    MOVE_STAGE_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     task_index: int
     address: str
@@ -284,7 +286,9 @@ class TaskInfo(_message.Message):
     data_sets: _containers.RepeatedCompositeFieldContainer[DataSetCounts]
     reshard_to: str
     layout_version: int
-    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ..., steps_ahead_counts: _Optional[_Iterable[int]] = ..., max_workers: _Optional[int] = ..., membership: _Optional[_Iterable[_Union[MembershipChange, _Mapping]]] = ..., data_sets: _Optional[_Iterable[_Union[DataSetCounts, _Mapping]]] = ..., reshard_to: _Optional[str] = ..., layout_version: _Optional[int] = ...) -> None: ...
+    relayouts: int
+    move_stage: MoveStage
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ..., steps_ahead_counts: _Optional[_Iterable[int]] = ..., max_workers: _Optional[int] = ..., membership: _Optional[_Iterable[_Union[MembershipChange, _Mapping]]] = ..., data_sets: _Optional[_Iterable[_Union[DataSetCounts, _Mapping]]] = ..., reshard_to: _Optional[str] = ..., layout_version: _Optional[int] = ..., relayouts: _Optional[int] = ..., move_stage: _Optional[_Union[MoveStage, _Mapping]] = ...) -> None: ...
 
 class DataSetCounts(_message.Message):
     __slots__ = ("name", "consumed", "total", "ranges_out")
@@ -521,7 +525,7 @@ class StepMembersReply(_message.Message):
     def __init__(self, step: _Optional[int] = ..., workers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SaveRequest(_message.Message):
-    __slots__ = ("caller", "checkpoint_dir", "step", "delta", "parent_step", "hold", "hold_seconds", "targets", "round_target", "cut_rounds", "move_to")
+    __slots__ = ("caller", "checkpoint_dir", "step", "delta", "parent_step", "hold", "hold_seconds", "targets", "round_target", "cut_rounds", "move_to", "move_stage")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -533,6 +537,7 @@ class SaveRequest(_message.Message):
     ROUND_TARGET_FIELD_NUMBER: _ClassVar[int]
     CUT_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     MOVE_TO_FIELD_NUMBER: _ClassVar[int]
+    MOVE_STAGE_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     checkpoint_dir: str
     step: int
@@ -544,7 +549,8 @@ class SaveRequest(_message.Message):
     round_target: int
     cut_rounds: bool
     move_to: str
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., step: _Optional[int] = ..., delta: _Optional[bool] = ..., parent_step: _Optional[int] = ..., hold: _Optional[bool] = ..., hold_seconds: _Optional[float] = ..., targets: _Optional[_Iterable[int]] = ..., round_target: _Optional[int] = ..., cut_rounds: _Optional[bool] = ..., move_to: _Optional[str] = ...) -> None: ...
+    move_stage: MoveStage
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., step: _Optional[int] = ..., delta: _Optional[bool] = ..., parent_step: _Optional[int] = ..., hold: _Optional[bool] = ..., hold_seconds: _Optional[float] = ..., targets: _Optional[_Iterable[int]] = ..., round_target: _Optional[int] = ..., cut_rounds: _Optional[bool] = ..., move_to: _Optional[str] = ..., move_stage: _Optional[_Union[MoveStage, _Mapping]] = ...) -> None: ...
 
 class SaveReply(_message.Message):
     __slots__ = ("file", "sha256", "nbytes", "global_step", "steps_begun", "holds", "holds_rounds")
@@ -587,16 +593,30 @@ class ReshardRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., done: _Optional[bool] = ..., prepare: _Optional[bool] = ...) -> None: ...
 
 class ReshardReply(_message.Message):
-    __slots__ = ("cluster_spec", "moved", "layout_version", "before_spec")
+    __slots__ = ("cluster_spec", "moved", "layout_version", "before_spec", "stage")
     CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
     MOVED_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     BEFORE_SPEC_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     cluster_spec: str
     moved: bool
     layout_version: int
     before_spec: str
-    def __init__(self, cluster_spec: _Optional[str] = ..., moved: _Optional[bool] = ..., layout_version: _Optional[int] = ..., before_spec: _Optional[str] = ...) -> None: ...
+    stage: MoveStage
+    def __init__(self, cluster_spec: _Optional[str] = ..., moved: _Optional[bool] = ..., layout_version: _Optional[int] = ..., before_spec: _Optional[str] = ..., stage: _Optional[_Union[MoveStage, _Mapping]] = ...) -> None: ...
+
+class MoveStage(_message.Message):
+    __slots__ = ("origin_spec", "target_spec", "stage", "stages")
+    ORIGIN_SPEC_FIELD_NUMBER: _ClassVar[int]
+    TARGET_SPEC_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    origin_spec: str
+    target_spec: str
+    stage: int
+    stages: int
+    def __init__(self, origin_spec: _Optional[str] = ..., target_spec: _Optional[str] = ..., stage: _Optional[int] = ..., stages: _Optional[int] = ...) -> None: ...
 
 class FetchPartsHeader(_message.Message):
     __slots__ = ("caller", "variables", "tensors", "rows")

@@ -21,6 +21,7 @@ import torch
 from psframe import errors
 from psframe.checkpoint.manifest import ShardRecord
 from psframe.cluster import ClusterSpec, parse_address
+from psframe.cluster.moves import MoveStage
 from psframe.errors import ConnectTimeoutError
 from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec, SyncReplicas
@@ -514,8 +515,19 @@ class PsClient:
 
     def reshard_asked(self) -> tuple[ClusterSpec | None, bool]:
         """The re-layout ps 0 was asked for (or took), if any; and whether it took it."""
+        status = self.layout_status()
+        return status.cluster, status.moved
+
+    def layout_status(self) -> LayoutStatus:
+        """Where ps 0 stands with re-layouts: asked for, or taken (and at which stage)."""
         reply = self._ps[0].call("Reshard", pb.ReshardRequest(caller=self.caller), timeout=self.rpc_timeout)
-        return (ClusterSpec.from_string(reply.cluster_spec) if reply.cluster_spec else None), reply.moved
+        stage = None
+        if reply.moved and reply.HasField("stage"):
+            s = reply.stage
+            stage = MoveStage(s.origin_spec, s.target_spec, s.stage, s.stages)
+        return LayoutStatus(
+            ClusterSpec.from_string(reply.cluster_spec) if reply.cluster_spec else None, reply.moved, stage
+        )
 
     def moved_from(self) -> ClusterSpec | None:
         """The cluster ps 0 moved from in its last re-layout, if it took one."""
@@ -532,15 +544,25 @@ class PsClient:
             "Reshard", pb.ReshardRequest(caller=self.caller, cluster_spec=new.to_string()), timeout=self.rpc_timeout
         )
 
-    def move(self, new: ClusterSpec) -> None:
-        """The chief's first part of a re-layout: every ps task takes one cut, snapshots its parts
-        into memory and moves to ``new`` (workers of this cluster are refused from then on).
+    def move(self, new: ClusterSpec, stage: MoveStage | None = None) -> None:
+        """The chief's first part of a re-layout (or of its ``stage``): every ps task takes one cut,
+        snapshots its parts into memory and moves to ``new`` (workers of the layout before are
+        refused from then on).
 
         A cut lost to a worker that died in the middle of a step (CheckpointCutError) is taken
         again without the steps it waited for, as a checkpoint is: that step may be applied on
         some parts and not on others.
         """
-        requests = self._cut_requests(move_to=new.to_string())
+        staged = (
+            {}
+            if stage is None
+            else {
+                "move_stage": pb.MoveStage(
+                    origin_spec=stage.origin, target_spec=stage.target, stage=stage.stage, stages=stage.stages
+                )
+            }
+        )
+        requests = self._cut_requests(move_to=new.to_string(), **staged)
         try:
             transport.call_all([(ps, "Save", r) for ps, r in zip(self._ps, requests)], self.rpc_timeout)
         except errors.CheckpointCutError as e:
@@ -645,6 +667,20 @@ class PsClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class LayoutStatus:
+    """What ps 0 says of re-layouts: the one asked for, or the layout taken, and its stage."""
+
+    cluster: ClusterSpec | None  # asked for (not yet taken), or the cluster of the layout taken; None: none
+    moved: bool  # a layout was taken (``cluster`` is where the ps tasks are)
+    stage: MoveStage | None = None  # taken: the stage of the re-layout it is at; None: a layout of one stage
+
+    @property
+    def moving(self) -> bool:
+        """Whether a staged re-layout is under way: taken, its last stage not yet."""
+        return self.moved and self.stage is not None and not self.stage.done
 
 
 @dataclass(frozen=True)

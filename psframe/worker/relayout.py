@@ -11,6 +11,10 @@
 
 Either gives a :class:`Layout`, the client and the placement of the new cluster,
 which the trainer then trains on (``Trainer._switch_to``).
+
+A re-layout moves the parts in stages, a few at a time (:mod:`psframe.cluster.moves`):
+the chief leads one stage per step, each with its cut, and a refused worker follows
+to the stage ps 0 is at. :class:`Layouts` makes the layout of any stage.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from psframe.cluster import ClusterSpec
+from psframe.cluster.moves import MoveStage, stages
+from psframe.cluster.placement import ShardPlacement
 from psframe.errors import ClusterMismatchError, ConnectTimeoutError, LayoutChangedError
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.status import TaskState
-from psframe.worker.ps_client import PsClient
+from psframe.worker.ps_client import LayoutStatus, PsClient
 from psframe.worker.replica import Replica
 
 log = logging.getLogger(__name__)
@@ -51,6 +57,64 @@ class Layout:
     cluster: ClusterSpec
     client: PsClient
     replica: Replica
+    stage: MoveStage | None = None  # the stage of a re-layout this layout is after; None: a layout of its own
+
+    @property
+    def final(self) -> bool:
+        """Whether this is the layout a re-layout ends on (not one of its stages before)."""
+        return self.stage is None or self.stage.done
+
+
+class Layouts:
+    """The layouts a worker trains on: the model's placement on a cluster, or the placement
+    after one stage of a staged re-layout.
+
+    Args:
+        place: the model's placement on so many ps tasks.
+        make: a layout of that placement on that cluster (a client of it, the model bound to it).
+        max_stage_bytes: the most bytes a stage moves (one move at least).
+    """
+
+    def __init__(
+        self,
+        place: Callable[[int], ShardPlacement],
+        make: Callable[[ClusterSpec, ShardPlacement], Layout],
+        max_stage_bytes: int,
+    ) -> None:
+        self._place, self._make, self._max_stage_bytes = place, make, max_stage_bytes
+        self._plan: tuple[tuple[str, str], list[ShardPlacement]] | None = None
+
+    def stages(self, origin: ClusterSpec, target: ClusterSpec) -> list[ShardPlacement]:
+        """The placement after each stage of the re-layout from ``origin`` to ``target``."""
+        key = (origin.to_string(), target.to_string())
+        if self._plan is None or self._plan[0] != key:
+            plan = stages(self._place(origin.num_ps), self._place(target.num_ps), self._max_stage_bytes)
+            self._plan = (key, plan)
+        return self._plan[1]
+
+    def plan(self, origin: ClusterSpec, target: ClusterSpec) -> list[MoveStage]:
+        """The stages of the re-layout from ``origin`` to ``target``, in order."""
+        count = len(self.stages(origin, target))
+        return [MoveStage(origin.to_string(), target.to_string(), k, count) for k in range(1, count + 1)]
+
+    def of_stage(self, stage: MoveStage) -> Layout:
+        """The layout after ``stage``: on the target's ps tasks once done; before, on the larger of
+        the two clusters (a task drained holds its parts not yet moved)."""
+        origin, target = ClusterSpec.from_string(stage.origin), ClusterSpec.from_string(stage.target)
+        if stage.done:
+            layout = self._make(target, self._place(target.num_ps))
+        else:
+            cluster = target if target.num_ps >= origin.num_ps else origin
+            layout = self._make(cluster, self.stages(origin, target)[stage.stage - 1])
+        layout.stage = stage
+        return layout
+
+    def of(self, status: LayoutStatus) -> Layout:
+        """The layout ps 0 says the ps tasks are at (``status.moved``)."""
+        if status.stage is not None and not status.stage.done:
+            return self.of_stage(status.stage)
+        assert status.cluster is not None
+        return self._make(status.cluster, self._place(status.cluster.num_ps))
 
 
 def lead(
@@ -58,9 +122,10 @@ def lead(
     before: ClusterSpec,
     layout: Layout,
     settings: Settings,
+    stage: MoveStage | None = None,
 ) -> float:
-    """The chief's re-layout from ``before`` (reached by ``old``) to ``layout``; closes the new
-    layout's client if it fails.
+    """The chief's re-layout (or ``stage`` of one) from ``before`` (reached by ``old``) to
+    ``layout``; closes the new layout's client if it fails.
 
     Returns:
         The seconds training paused: from the cut until the new layout held the model.
@@ -78,7 +143,7 @@ def lead(
         if added:
             client.prepare(added)
         start = time.monotonic()
-        old.move(new)
+        old.move(new, stage)
         take_parts(before, layout, settings)
     except BaseException:
         client.close()
@@ -140,21 +205,21 @@ def resume(
 
 def follow(
     old: PsClient,
-    make: Callable[[ClusterSpec], Layout],
+    make: Callable[[LayoutStatus], Layout],
     sync: SyncReplicas | None,
     timeout: float,
 ) -> Layout:
-    """The layout ps 0 moved to, once it holds the model (``make`` builds one for a cluster). A
-    worker that missed a re-layout may find another under way: it asks again.
+    """The layout ps 0 moved to, once it holds the model (``make`` builds the layout ps 0 says
+    it is at). A worker that missed a re-layout (or a stage) may find another under way: it asks again.
 
     Raises:
         ConnectTimeoutError: the ps tasks did not hold the model on a new layout within ``timeout``.
     """
     deadline = time.monotonic() + timeout
     while True:
-        new, moved = old.reshard_asked()
-        if new is not None and moved:  # the same cluster too: a layout later than this worker's
-            layout = make(new)
+        status = old.layout_status()
+        if status.cluster is not None and status.moved:  # the same cluster too: a layout later than this worker's
+            layout = make(status)
             try:
                 infos = layout.client.wait_for_ps(max(0.1, deadline - time.monotonic()), ready=True)
                 layout.client.check_model(infos, layout.replica.slots, sync)

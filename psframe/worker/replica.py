@@ -23,6 +23,51 @@ from psframe.worker.step_plan import Request, Slot, StepPlan
 from psframe.worker.tables import EmbeddingTables, find_tables
 
 
+def place_model(
+    model: torch.nn.Module,
+    num_ps: int,
+    *,
+    variable_devices: Mapping[str, str],
+    max_shard_bytes: int,
+    table_partition: str = "mod",
+    **placement_options,
+) -> ShardPlacement:
+    """Where the trainable parameters and embedding tables of ``model`` go on ``num_ps`` ps tasks:
+    dense variables by :func:`~psframe.cluster.placement.place` (``placement_options`` are its
+    keyword arguments), tables one part per task.
+
+    Raises:
+        ValueError: the model has no trainable parameter, or ``variable_devices`` names a
+            parameter it does not have.
+    """
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    dynamic = find_dynamic_tables(model)
+    if not params and not dynamic:
+        raise ValueError("the model has no trainable parameter: nothing to place on the ps tasks")
+    unknown = sorted(set(variable_devices) - {n for n, _ in params})
+    if unknown:
+        raise ValueError(
+            f"variable_devices names {unknown}, which are not trainable parameters of the model; "
+            f"expected names from model.named_parameters()"
+        )
+    tables = find_tables(model)
+    infos = [VariableInfo(n, tuple(p.shape), p.element_size(), variable_devices.get(n)) for n, p in params]
+    dense = place(
+        [i for i in infos if i.name not in tables], num_ps, max_shard_bytes=max_shard_bytes, **placement_options
+    )
+    table_shards = place_tables(
+        [i for i in infos if i.name in tables],
+        num_ps,
+        partition=table_partition,
+        soft_placement=placement_options.get("soft_placement", False),
+    )
+    for name, module in dynamic.items():
+        table_shards += place_dynamic(
+            name, (module.embedding_dim,), module.row_template.element_size(), module.spec, num_ps
+        )
+    return ShardPlacement(num_ps, dense.shards + tuple(table_shards))
+
+
 class Replica:
     """The trainable parameters of ``model`` as variables placed on ``num_ps`` ps tasks.
 
@@ -36,6 +81,8 @@ class Replica:
         placement_options: keyword arguments of :func:`psframe.cluster.placement.place`
             (``strategy``, ``min_partition_bytes``, ``soft_placement``, ``max_shard_bytes``).
         variable_devices: explicit TF device strings for some parameters.
+        placement: where the shards are, when it is not the model's placement on ``num_ps``
+            tasks (:func:`place_model`) but a stage of a re-layout (:mod:`psframe.cluster.moves`).
 
     Raises:
         ValueError: the model has no trainable parameter, or ``variable_devices``
@@ -54,34 +101,23 @@ class Replica:
         wire_dtype: torch.dtype | None = None,
         table_partition: str = "mod",
         row_cache: RowCaching | None = None,
+        placement: ShardPlacement | None = None,
         **placement_options,
     ) -> None:
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         dynamic = find_dynamic_tables(model)
-        if not params and not dynamic:
-            raise ValueError("the model has no trainable parameter: nothing to place on the ps tasks")
-        unknown = sorted(set(variable_devices) - {n for n, _ in params})
-        if unknown:
-            raise ValueError(
-                f"variable_devices names {unknown}, which are not trainable parameters of the model; "
-                f"expected names from model.named_parameters()"
-            )
         tables = find_tables(model)
-        infos = [VariableInfo(n, tuple(p.shape), p.element_size(), variable_devices.get(n)) for n, p in params]
-        dense = place(
-            [i for i in infos if i.name not in tables], num_ps, max_shard_bytes=max_shard_bytes, **placement_options
-        )
-        table_shards = place_tables(
-            [i for i in infos if i.name in tables],
-            num_ps,
-            partition=table_partition,
-            soft_placement=placement_options.get("soft_placement", False),
-        )
-        for name, module in dynamic.items():
-            table_shards += place_dynamic(
-                name, (module.embedding_dim,), module.row_template.element_size(), module.spec, num_ps
+        if placement is None:
+            placement = place_model(
+                model,
+                num_ps,
+                variable_devices=variable_devices,
+                max_shard_bytes=max_shard_bytes,
+                table_partition=table_partition,
+                **placement_options,
             )
-        self.placement: ShardPlacement = ShardPlacement(num_ps, dense.shards + tuple(table_shards))
+        num_ps = placement.num_ps
+        self.placement: ShardPlacement = placement
         by_name = {**dict(params), **{name: module.row_template for name, module in dynamic.items()}}
         self.slots = tuple(Slot(shard, by_name[shard.variable]) for shard in self.placement.shards)
         self.dense_slots = tuple(s for s in self.slots if not s.shard.table)

@@ -33,6 +33,7 @@ import torch
 
 from psframe import checkpoint
 from psframe.cluster import ClusterSpec
+from psframe.cluster.moves import MoveStage
 from psframe.cluster.placement import ShardPlacement
 from psframe.errors import (
     CheckpointError,
@@ -72,7 +73,7 @@ from psframe.worker.operations import DenseReply
 from psframe.worker.overlap import BackwardOverlap
 from psframe.worker.prefetch import Prefetcher
 from psframe.worker.ps_client import PsClient, RangeGrant, resolve_wire_dtype
-from psframe.worker.replica import Replica
+from psframe.worker.replica import Replica, place_model
 from psframe.worker.staging import HostStaging, resolve_device
 from psframe.worker.step_plan import Request
 from psframe.worker.streams import Exchange
@@ -279,6 +280,9 @@ class Trainer:
         self._replica = self._make_replica(self._cluster.num_ps)
         self._next_reshard_poll = 0.0  # the chief asks ps 0 whether a re-layout waits (asked by a tool)
         self._relayouts = 0
+        self._relayout_pauses: list[float] = []  # of the stages of the last re-layout this chief led
+        self._stage: MoveStage | None = None  # the last stage this chief took
+        self._layouts = relayout.Layouts(self._placement_on, self._layout_with, placement.max_shard_bytes)
         self._placement = self._replica.placement
         self._async_tables: frozenset[str] = frozenset()  # sync: tables applied at once (variable names)
         if self._sync_given is not None and self._sync_given.async_tables:
@@ -335,23 +339,38 @@ class Trainer:
             raise
         return self
 
-    def _make_replica(self, num_ps: int) -> Replica:
-        """The model bound to its placement on ``num_ps`` ps tasks (again after a re-layout)."""
-        placement = self._placement_given
+    def _make_replica(self, num_ps: int, placement: ShardPlacement | None = None) -> Replica:
+        """The model bound to its placement on ``num_ps`` ps tasks (again after a re-layout), or to
+        ``placement`` (a stage of a re-layout)."""
         return Replica(
             self._model,
             num_ps,
             HostStaging(self._device),
             sync=self._sync is not None,
-            variable_devices=dict(placement.variable_devices),
-            strategy=placement.strategy,
-            min_partition_bytes=placement.min_partition_bytes,
-            soft_placement=placement.soft,
-            max_shard_bytes=placement.max_shard_bytes,
             wire_dtype=self._wire_dtype,
-            table_partition=placement.table_partition,
             row_cache=self._row_cache,
+            placement=placement,
+            **self._placement_options(),
         )
+
+    def _placement_options(self) -> dict[str, Any]:
+        given = self._placement_given
+        return {
+            "variable_devices": dict(given.variable_devices),
+            "strategy": given.strategy,
+            "min_partition_bytes": given.min_partition_bytes,
+            "soft_placement": given.soft,
+            "max_shard_bytes": given.max_shard_bytes,
+            "table_partition": given.table_partition,
+        }
+
+    def _placement_on(self, num_ps: int) -> ShardPlacement:
+        """The model's own placement on ``num_ps`` ps tasks."""
+        return place_model(self._model, num_ps, **self._placement_options())
+
+    def _layout_with(self, cluster: ClusterSpec, placement: ShardPlacement) -> relayout.Layout:
+        """The model bound to ``placement`` on the ps tasks of ``cluster``, and a client of them."""
+        return relayout.Layout(cluster, self._make_client(cluster), self._make_replica(cluster.num_ps, placement))
 
     def _make_client(self, cluster: ClusterSpec) -> PsClient:
         return PsClient(
@@ -536,15 +555,25 @@ class Trainer:
         try:
             self._join_layout()
         except ClusterMismatchError:
-            # Started with the ps tasks of before a re-layout (flags not yet updated): follow ps 0.
-            new, moved = self._ps.reshard_asked()
-            if new is None or not moved or new == self._cluster or not self._same_workers(new):
+            # Started with the ps tasks of before a re-layout (flags not yet updated), or the ps
+            # tasks are at a stage of one: follow ps 0.
+            status = self._ps.layout_status()
+            if status.cluster is None or not status.moved or not self._same_workers(status.cluster):
                 raise
-            log.info("worker %d: the ps tasks moved to %s; following them", self._task_index, new.job_tasks("ps"))
+            layout = self._layouts.of(status)
+            if layout.cluster == self._cluster and layout.replica.placement == self._placement:
+                layout.client.close()
+                raise
+            log.info(
+                "worker %d: the ps tasks moved to %s%s; following them",
+                self._task_index,
+                layout.cluster.job_tasks("ps"),
+                f" (stage {status.stage.stage} of {status.stage.stages} of a re-layout)" if status.stage else "",
+            )
             self._ps.close()
-            self._replica = self._make_replica(new.num_ps)
-            self._client, self._cluster, self._placement = self._make_client(new), new, self._replica.placement
-            self._relayouts += 1
+            self._client, self._replica, self._cluster = layout.client, layout.replica, layout.cluster
+            self._placement = layout.replica.placement
+            self._relayouts += layout.final
             self._join_layout()
 
     def _same_workers(self, cluster: ClusterSpec) -> bool:
@@ -568,7 +597,23 @@ class Trainer:
         )
 
     def _resume_relayout(self, sync: SyncReplicas | None) -> None:
-        """The chief, connecting: finish a re-layout its run before had begun (:func:`relayout.resume`)."""
+        """The chief, connecting: finish a re-layout (or its stage) its run before had begun
+        (:func:`relayout.resume`); its next stages follow at the next steps.
+
+        Raises:
+            ClusterMismatchError: the ps tasks are at another layout than this chief's: it follows them.
+        """
+        status = self._ps.layout_status()
+        if status.moving:
+            stage = status.stage
+            assert stage is not None
+            layout = self._layouts.of(status)
+            layout.client.close()
+            if layout.cluster != self._cluster or layout.replica.placement != self._placement:
+                raise ClusterMismatchError(
+                    f"the ps tasks are at stage {stage.stage} of {stage.stages} of a re-layout, not at this "
+                    f"chief's placement"
+                )
         relayout.resume(relayout.Layout(self._cluster, self._ps, self._replica), self._relayout_settings(sync))
 
     def _relayout_settings(self, sync: SyncReplicas | None) -> relayout.Settings:
@@ -752,10 +797,14 @@ class Trainer:
 
         As a tool's ``PsClient.ask_reshard`` does from outside: ps tasks added at the end of
         the ps list (started with ``cluster``, empty) or the last ones drained (they stop).
-        The other workers follow at their next step.
+        The parts move in stages (:mod:`psframe.cluster.moves`), each a cut of its own; the other
+        workers follow each at their next step, and train between two. This call returns once
+        every stage is taken (asked through ``PsClient.ask_reshard``, the chief takes one stage
+        per step instead). :attr:`relayout_pauses` holds the pause of each stage.
 
         Returns:
-            The seconds training paused: from the cut until the new layout held the model.
+            The seconds training paused, all stages together: each from its cut until the layout
+            after it held the model.
 
         Raises:
             ClusterSpecError: the re-layout cannot be taken live (the reason says what to do instead).
@@ -769,37 +818,58 @@ class Trainer:
 
     @property
     def relayouts(self) -> int:
-        """The re-layouts (ps tasks added or drained) this worker followed."""
+        """The re-layouts (ps tasks added or drained) this worker followed to the layout they end on."""
         return self._relayouts
 
+    @property
+    def relayout_pauses(self) -> tuple[float, ...]:
+        """The seconds each stage of the last re-layout this chief led paused training."""
+        return tuple(self._relayout_pauses)
+
     def _take_asked_reshard(self) -> None:
-        """The chief, between two steps: take the re-layout ps 0 was asked for, if any."""
+        """The chief, between two steps: take the re-layout ps 0 was asked for, if any, or the
+        next stage of the one under way (then it asks again at the next step)."""
         self._next_reshard_poll = time.monotonic() + RESHARD_POLL_SECONDS
         try:
-            asked, moved = self._ps.reshard_asked()
+            status = self._ps.layout_status()
         except (TaskUnavailableError, RpcTimeoutError):
             return  # asked again at the next poll; the step finds out what is wrong
-        if asked is not None and not moved and asked != self._cluster:
-            self._move_to(asked)
-
-    def _layout(self, cluster: ClusterSpec) -> relayout.Layout:
-        """The model placed on the ps tasks of ``cluster``, and a client of them."""
-        return relayout.Layout(cluster, self._make_client(cluster), self._make_replica(cluster.num_ps))
+        if status.moving:
+            stage = status.stage
+            assert stage is not None
+            self._take_stage(MoveStage(stage.origin, stage.target, stage.stage + 1, stage.stages))
+        elif status.cluster is not None and not status.moved and status.cluster != self._cluster:
+            self._relayout_pauses = []
+            self._take_stage(self._layouts.plan(self._cluster, status.cluster)[0])
+        else:
+            return
+        if self._stage is not None and not self._stage.done:
+            self._next_reshard_poll = 0.0  # the next stage at the next step
 
     def _move_to(self, new: ClusterSpec) -> float:
-        """The chief's re-layout (:func:`psframe.worker.relayout.lead`); then it trains on the new layout."""
-        log.info("chief: re-layout from ps tasks %s to %s", self._cluster.job_tasks("ps"), new.job_tasks("ps"))
-        layout = self._layout(new)
-        paused = relayout.lead(self._ps, self._cluster, layout, self._relayout_settings(self._sync))
+        """The chief's re-layout, every stage of it; then it trains on the new layout."""
+        self._relayout_pauses = []
+        for stage in self._layouts.plan(self._cluster, new):
+            self._take_stage(stage)
+        return sum(self._relayout_pauses)
+
+    def _take_stage(self, stage: MoveStage) -> None:
+        """The chief's ``stage`` of a re-layout (:func:`psframe.worker.relayout.lead`); then it trains
+        on the layout after it."""
+        layout = self._layouts.of_stage(stage)
+        paused = relayout.lead(self._ps, self._cluster, layout, self._relayout_settings(self._sync), stage)
         self._switch_to(layout)
+        self._stage = stage
+        self._relayout_pauses.append(paused)
         log.info(
-            "chief: re-layout done in %.3f s: %d parts on ps tasks %s, at global step %d",
+            "chief: re-layout to ps tasks %s, stage %d of %d taken in %.3f s (%d parts), at global step %d",
+            ClusterSpec.from_string(stage.target).job_tasks("ps"),
+            stage.stage,
+            stage.stages,
             paused,
             len(layout.replica.slots),
-            new.job_tasks("ps"),
             self._global_step,
         )
-        return paused
 
     def _reroute(self, error: LayoutChangedError, pull: bool = True) -> None:
         """A worker refused by a ps task that moved: train on the layout ps 0 moved to
@@ -811,7 +881,7 @@ class Trainer:
         log.info("worker %d: %s", self._task_index, error)
         deadline = time.monotonic() + self.connect_timeout
         while True:
-            layout = relayout.follow(self._ps, self._layout, self._sync, max(0.1, deadline - time.monotonic()))
+            layout = relayout.follow(self._ps, self._layouts.of, self._sync, max(0.1, deadline - time.monotonic()))
             try:
                 self._switch_to(layout, pull)
                 break
@@ -837,7 +907,7 @@ class Trainer:
         if self._overlap is not None:  # the requests sent during backward are the new layout's
             self._overlap.close()
             self._overlap = BackwardOverlap(replica.plan.step, replica.params)
-        self._relayouts += 1
+        self._relayouts += layout.final
         if pull:
             self._pull_all()
 

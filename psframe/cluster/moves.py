@@ -1,0 +1,124 @@
+"""A live re-layout in stages: the parts that move, a few at a time.
+
+Going from the placement of a model on P ps tasks to its placement on Q tasks
+(:func:`psframe.cluster.placement.place`, with the same options) moves some of
+its parts. :func:`stages` orders those moves and groups them into stages of at
+most ``max_stage_bytes`` each (at least one move per stage), and gives the
+placement the model has after each stage: training pauses once per stage, for
+the transfer of that stage's parts alone, and goes on between two stages.
+
+What one move is:
+
+- a part whose rows stay the same (its variable is cut alike on P and Q tasks:
+  a variable below the partitioning threshold, or one cut into parts of
+  ``max_shard_bytes`` either way) and whose ps task changes moves alone;
+- a variable cut otherwise on Q tasks than on P (an embedding table, one part
+  per task; a variable partitioned into one part per task) moves whole, all its
+  parts in one stage.
+
+The stages are a function of the two placements: every worker computes the
+same ones, and only the stage number travels (:class:`MoveStage`). Placement
+works on sizes only and never imports torch::
+
+    for placement in stages(place(infos, 2), place(infos, 3), max_stage_bytes=4 * MiB):
+        print(placement.describe())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from psframe.cluster.placement import Shard, ShardPlacement
+from psframe.errors import PlacementError
+
+
+@dataclass(frozen=True)
+class MoveStage:
+    """Where a staged re-layout stands: stage ``stage`` of ``stages`` (1-based) of the move from
+    ``origin`` to ``target`` (cluster specs as :meth:`ClusterSpec.to_string` writes them)."""
+
+    origin: str
+    target: str
+    stage: int
+    stages: int
+
+    @property
+    def done(self) -> bool:
+        """Whether this is the move's last stage: the layout is then the target's own placement."""
+        return self.stage >= self.stages
+
+
+def _by_variable(placement: ShardPlacement) -> dict[str, list[Shard]]:
+    parts: dict[str, list[Shard]] = {}
+    for shard in placement.shards:
+        parts.setdefault(shard.variable, []).append(shard)
+    return parts
+
+
+def _cut(parts: Sequence[Shard]) -> list[tuple]:
+    """How a variable is cut: its parts' names and rows, whoever holds them."""
+    return [(s.name, s.row_start, s.row_end, s.row_stride, s.shape, s.table, s.dynamic) for s in parts]
+
+
+def stages(before: ShardPlacement, after: ShardPlacement, max_stage_bytes: int) -> list[ShardPlacement]:
+    """The placements a staged re-layout from ``before`` to ``after`` goes through, one per stage.
+
+    Moves are taken in the order of ``after``'s shards, those that bring a part to ps task 0
+    first; a stage holds the moves that fit in ``max_stage_bytes`` together (one at least).
+    The last placement is ``after`` itself; the ones before it are on ``max(before.num_ps,
+    after.num_ps)`` tasks: a task drained still holds the parts not yet moved. Nothing to
+    move: one stage, ``after``.
+
+    Raises:
+        PlacementError: the two placements are not of the same variables, or ``max_stage_bytes`` < 1.
+    """
+    if max_stage_bytes < 1:
+        raise PlacementError(f"max_stage_bytes must be >= 1, got {max_stage_bytes}")
+    old, new = _by_variable(before), _by_variable(after)
+    if set(old) != set(new):
+        raise PlacementError(
+            f"a re-layout keeps the model's variables: {sorted(set(old) ^ set(new))[:4]} are placed on one side only"
+        )
+    # One move: (variable, the part that moves, or None for the whole variable, bytes, whether it
+    # brings a part to ps task 0).
+    moves: list[tuple[str, str | None, int, bool]] = []
+    for variable, parts in new.items():
+        if _cut(old[variable]) != _cut(parts):
+            moves.append((variable, None, sum(s.nbytes for s in parts), any(s.ps_task == 0 for s in parts)))
+            continue
+        moves.extend(
+            (variable, a.name, a.nbytes, a.ps_task == 0) for b, a in zip(old[variable], parts) if a.ps_task != b.ps_task
+        )
+    # The parts ps 0 gains come first: it never holds nothing in between (a step counts the
+    # global step there, and reports its data progress there).
+    moves.sort(key=lambda move: not move[3])
+    groups: list[list[tuple[str, str | None, int, bool]]] = []
+    size = 0
+    for move in moves:
+        if not groups or size + move[2] > max_stage_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(move)
+        size += move[2]
+    num_ps = max(before.num_ps, after.num_ps)
+    placements: list[ShardPlacement] = []
+    whole: set[str] = set()
+    moved: set[str] = set()
+    for group in groups[:-1]:
+        for variable, part, _, _ in group:
+            (whole.add(variable) if part is None else moved.add(part))
+        shards: list[Shard] = []
+        for variable, parts in new.items():
+            if variable in whole:
+                shards.extend(parts)
+            elif _cut(old[variable]) != _cut(parts):
+                shards.extend(old[variable])
+            else:
+                shards.extend(a if a.name in moved else b for b, a in zip(old[variable], parts))
+        placements.append(ShardPlacement(num_ps, tuple(shards)))
+    placements.append(after)
+    return placements
+
+
+__all__ = ["MoveStage", "stages"]
