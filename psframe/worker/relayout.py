@@ -144,25 +144,24 @@ def lead(
             client.prepare(added)
         start = time.monotonic()
         old.move(new, stage)
-        take_parts(before, layout, settings)
+        paused = take_parts(before, layout, settings) - start
     except BaseException:
         client.close()
         raise
-    paused = time.monotonic() - start
     for k in range(new.num_ps, before.num_ps):  # drained: nothing is left on them
         old.shutdown(k)
     return paused
 
 
-def take_parts(
-    before: ClusterSpec,
-    layout: Layout,
-    settings: Settings,
-) -> None:
+def take_parts(before: ClusterSpec, layout: Layout, settings: Settings) -> float:
     """After the cut: every ps task of ``layout`` takes its parts from the snapshots of the tasks of
-    ``before``, the model is checked there, and the snapshots may go."""
+    ``before``, the model is checked there, and the snapshots may go.
+
+    Returns:
+        When (``time.monotonic()``) the layout held the model: training goes on from then.
+    """
     client = layout.client
-    client.wait_for_ps(settings.timeout)
+    client.wait_for_ps(settings.timeout)  # and learns the layout version the tasks moved to
     at_cut = client.get_info(0)  # ps 0 counted this re-layout at its cut, and knows who finished
     client.adopt(
         layout.replica.slots,
@@ -174,7 +173,9 @@ def take_parts(
         at_cut.finished_workers,
     )
     client.check_model(client.wait_for_ps(settings.timeout, ready=True), layout.replica.slots, settings.sync)
+    held = time.monotonic()
     client.reshard_done()
+    return held
 
 
 def resume(

@@ -858,7 +858,8 @@ class Trainer:
         on the layout after it."""
         layout = self._layouts.of_stage(stage)
         paused = relayout.lead(self._ps, self._cluster, layout, self._relayout_settings(self._sync), stage)
-        self._switch_to(layout)
+        # No pull: the parts moved as they were, and hold what this chief's last step was answered.
+        self._switch_to(layout, pull=False)
         self._stage = stage
         self._relayout_pauses.append(paused)
         log.info(
@@ -923,10 +924,7 @@ class Trainer:
         """
         deadline = time.monotonic() + self.connect_timeout
         while True:
-            grads = [p.grad for p in self._replica.params]  # the new layout's pull clears them
-            self._reroute(error)
-            for param, grad in zip(self._replica.params, grads):
-                param.grad = grad
+            self._reroute(error, pull=False)  # the step sent there pulls; its gradients stay
             requests = self._replica.plan.step if pushed else self._replica.plan.pull
             rows = None
             if pushed:
