@@ -24,8 +24,15 @@ memory, ps task to ps task, with their optimizer state:
 5. **Drain.** A ps task the new cluster lacks answers ``FetchParts`` until the
    chief stops it, once every task of the new layout holds its parts.
 
-Training pauses for one transfer: from the cut until the new layout holds the
-model. What may change (:func:`check_new_cluster`): the ps tasks kept keep their
+The chief takes these steps once per stage (:mod:`psframe.cluster.moves`): each
+stage moves a few parts, with a cut of its own (``SaveRequest.move_stage``), and
+ps 0 says which stage the layout is at (``ReshardReply.stage``). A stage that
+keeps the cluster (parts moved among its tasks) refuses the workers of the layout
+before by their layout version alone. Training pauses for one stage's transfer:
+from its cut until the layout after it holds the model; a task keeps the parts it
+keeps as they are (:func:`fetch_shards` reads its own snapshot in place).
+
+What may change (:func:`check_new_cluster`): the ps tasks kept keep their
 index, so the new ps list begins with the old one (tasks added) or the old one
 begins with it (the last tasks drained); the workers stay as they are.
 """
