@@ -39,6 +39,7 @@ begins with it (the last tasks drained); the workers stay as they are.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -229,16 +230,7 @@ class Relayout:
             first, last = part.row_start, part.row_start + part.shape[0]
             return any(first < end and start < last for start, end in ranges[part.variable])
 
-        return ShardData(
-            global_step=snapshot.global_step,
-            ps_task=snapshot.ps_task,
-            num_shards=snapshot.num_shards,
-            optimizer=snapshot.optimizer,
-            sync=snapshot.sync,
-            variables=tuple(v for v in snapshot.variables if wanted(v)),
-            table_optimizer=snapshot.table_optimizer,
-            pushes=snapshot.pushes,
-        )
+        return dataclasses.replace(snapshot, variables=tuple(v for v in snapshot.variables if wanted(v)))
 
 
 def prepare() -> None:
