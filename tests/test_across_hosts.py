@@ -418,6 +418,10 @@ def test_a_ps_task_added_from_its_own_host_and_drained_while_training(host_set, 
         pauses = [float(p) for _, _, p in move]
         _record(f"{scenario} ({len(move)} stages)", longest_stage=max(pauses), paused=sum(pauses), asked_to_done=took)
     assert "is drained" in job.output("ps1"), job.report()
-    assert re.search(r"worker 1: follows the re-layout", job.output("worker1")), job.report()
+    followed = [
+        float(t) for t in re.findall(r"worker 1: follows the re-layout .* in ([\d.]+) s", job.output("worker1"))
+    ]
+    assert followed, job.report()
+    _record("worker 1 rerouted", longest=max(followed), median=sorted(followed)[len(followed) // 2])
     result = job.result("worker0")
     assert result["test_accuracy"] >= 0.97 and result["global_step"] >= TRAIN_STEPS, result

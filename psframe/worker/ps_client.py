@@ -124,11 +124,11 @@ class PsClient:
     # ---- waiting for peers
 
     def wait_for_ps(
-        self, timeout: float, *, ready: bool = False, tasks: Sequence[int] | None = None
+        self, timeout: float, *, ready: bool = False, tasks: Sequence[int] | None = None, poll: float = 0.1
     ) -> list[TaskStatus]:
         """Wait until every ps task (or those of ``tasks``) answers (and, with ``ready``, holds the model).
 
-        Logs whom it waits for every few seconds.
+        Asks again every ``poll`` seconds; logs whom it waits for every few seconds.
 
         Returns:
             Each ps task's (of ``tasks``) :class:`~psframe.status.TaskStatus`, by task index.
@@ -179,7 +179,7 @@ class PsClient:
             if now >= next_log:
                 log.info("%s waiting for %s to %s (%.0fs of %.0fs)", self.name, missing, what, now - start, timeout)
                 next_log = now + LOG_EVERY_SECONDS
-            time.sleep(min(0.1, max(0.0, deadline - now)))
+            time.sleep(min(poll, max(0.0, deadline - now)))
 
     def get_info(self, ps_task: int) -> TaskStatus:
         """One ps task's :class:`~psframe.status.TaskStatus` (who it is, what it holds, its counters)."""

@@ -35,8 +35,9 @@ from psframe.worker.replica import Replica
 
 log = logging.getLogger(__name__)
 
-# How long a refused worker waits between two questions to ps 0 about the layout it moves to.
-ASK_EVERY_SECONDS = 0.05
+# How long a refused worker waits between two questions about the layout it moves to (to ps 0,
+# then to the ps tasks, whether they hold the model): training waits on it, for a stage's transfer.
+ASK_EVERY_SECONDS = 0.005
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,9 @@ def follow(
         if status.cluster is not None and status.moved:  # the same cluster too: a layout later than this worker's
             layout = make(status)
             try:
-                infos = layout.client.wait_for_ps(max(0.1, deadline - time.monotonic()), ready=True)
+                infos = layout.client.wait_for_ps(
+                    max(0.1, deadline - time.monotonic()), ready=True, poll=ASK_EVERY_SECONDS
+                )
                 layout.client.check_model(infos, layout.replica.slots, sync)
                 return layout
             except (ClusterMismatchError, LayoutChangedError):

@@ -315,7 +315,7 @@ class Trainer:
         self._client = self._make_client(self._cluster)
         self._state = TrainerState.RUNNING
         try:
-            self._join()
+            self._join(connecting=True)
             self.pull()
             self._replica.tables.attach(self._pull_rows)
             if self._overlaps():
@@ -551,30 +551,39 @@ class Trainer:
             and all(type(hook).before_push is Hook.before_push for hook in self._hooks)
         )
 
-    def _join(self) -> None:
-        try:
-            self._join_layout()
-        except ClusterMismatchError:
-            # Started with the ps tasks of before a re-layout (flags not yet updated), or the ps
-            # tasks are at a stage of one: follow ps 0.
-            status = self._ps.layout_status()
-            if status.cluster is None or not status.moved or not self._same_workers(status.cluster):
-                raise
-            layout = self._layouts.of(status)
-            if layout.cluster == self._cluster and layout.replica.placement == self._placement:
-                layout.client.close()
-                raise
+    def _join(self, connecting: bool = False) -> None:
+        """Join the model on the ps tasks (:func:`startup.join`); where they moved (a re-layout, or
+        a stage of one, taken before or meanwhile), follow ps 0 there, for up to ``connect_timeout``."""
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            try:
+                self._join_layout()
+                return
+            except ClusterMismatchError:
+                # Started with the ps tasks of before a re-layout (flags not yet updated), or the
+                # ps tasks took a stage of one meanwhile: follow ps 0.
+                status = self._ps.layout_status()
+                if status.cluster is None or not status.moved or not self._same_workers(status.cluster):
+                    raise
+                layout = self._layouts.of(status)
+                if time.monotonic() >= deadline or (
+                    layout.cluster == self._cluster and layout.replica.placement == self._placement
+                ):
+                    layout.client.close()
+                    raise
             log.info(
                 "worker %d: the ps tasks moved to %s%s; following them",
                 self._task_index,
                 layout.cluster.job_tasks("ps"),
                 f" (stage {status.stage.stage} of {status.stage.stages} of a re-layout)" if status.stage else "",
             )
+            if not connecting:  # training: its tables, prefetches and overlap follow too
+                self._switch_to(layout, pull=False)
+                continue
             self._ps.close()
             self._client, self._replica, self._cluster = layout.client, layout.replica, layout.cluster
             self._placement = layout.replica.placement
             self._relayouts += layout.final
-            self._join_layout()
 
     def _same_workers(self, cluster: ClusterSpec) -> bool:
         return cluster.job_tasks("worker") == self._cluster.job_tasks("worker")
@@ -641,8 +650,7 @@ class Trainer:
             try:
                 self._ps.finish()
             except LayoutChangedError as e:  # the ps tasks moved since this worker's last step
-                self._reroute(e, pull=False)
-                self._ps.finish()
+                self._following(e, lambda: self._ps.finish())
             self._ps.close()
             self._state = TrainerState.CLOSED
         if failure is not None:
@@ -880,7 +888,8 @@ class Trainer:
             ConnectTimeoutError: the new layout did not hold the model within ``connect_timeout``.
         """
         log.info("worker %d: %s", self._task_index, error)
-        deadline = time.monotonic() + self.connect_timeout
+        start = time.monotonic()
+        deadline = start + self.connect_timeout
         while True:
             layout = relayout.follow(self._ps, self._layouts.of, self._sync, max(0.1, deadline - time.monotonic()))
             try:
@@ -889,7 +898,26 @@ class Trainer:
             except LayoutChangedError:  # moved again before the pull: follow on
                 if time.monotonic() >= deadline:
                     raise
-        log.info("worker %d: follows the re-layout to ps tasks %s", self._task_index, layout.cluster.job_tasks("ps"))
+        log.info(
+            "worker %d: follows the re-layout to ps tasks %s%s in %.3f s",
+            self._task_index,
+            layout.cluster.job_tasks("ps"),
+            "" if layout.stage is None else f" (stage {layout.stage.stage} of {layout.stage.stages})",
+            time.monotonic() - start,
+        )
+
+    def _following(self, error: LayoutChangedError, attempt: Callable[[], T], pull: bool = False) -> T:
+        """Follow the ps tasks where they moved (:meth:`_reroute`), and ``attempt()`` there; again
+        while they move on meanwhile (the next stage of a re-layout), for up to ``connect_timeout``."""
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            self._reroute(error, pull)
+            try:
+                return attempt()
+            except LayoutChangedError as again:
+                if time.monotonic() >= deadline:
+                    raise
+                error = again
 
     def _switch_to(self, layout: relayout.Layout, pull: bool = True) -> None:
         """Train on the new layout from now on: its client and placement; pull its values."""
@@ -1003,8 +1031,7 @@ class Trainer:
         try:
             return self._ps.data_range(*asked)
         except LayoutChangedError as e:
-            self._reroute(e)
-            return self._ps.data_range(*asked)
+            return self._following(e, lambda: self._ps.data_range(*asked))
 
     def _backward(self, loss: torch.Tensor | None) -> Exchange | None:
         """Run backward on ``loss``; with overlap, the step's requests whose gradients are
@@ -1083,10 +1110,13 @@ class Trainer:
             pulled = self._ps.pull_rows(wanted, self._global_step, create, staleness)
         except LayoutChangedError as e:  # asked of the parts before a re-layout: read where they went
             before = self._replica.tables
-            self._reroute(e)
-            pulled = {
-                ps_task: [self._rows_moved(before, asked) for asked in pulls] for ps_task, pulls in wanted.items()
-            }
+            pulled = self._following(
+                e,
+                lambda: {
+                    ps_task: [self._rows_moved(before, asked) for asked in pulls] for ps_task, pulls in wanted.items()
+                },
+                pull=True,
+            )
         self._rows_looked_up += sum(int(pull[1].numel()) for pulls in wanted.values() for pull in pulls)
         self._rows_pulled += sum(_row_count(rows) for answers in pulled.values() for rows in answers)
         return pulled
