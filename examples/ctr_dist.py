@@ -104,6 +104,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["mod", "range"],
         help="how table rows are shared out among the ps tasks",
     )
+    parser.add_argument(
+        "--table_parts",
+        type=int,
+        default=None,
+        help="cut every table into this many parts whatever the number of ps tasks (psframe reshard then "
+        "moves a table part by part); default: one part per ps task",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the planted model and the model")
     parser.add_argument("--log_every", type=int, default=1000, help="log progress every N local steps")
     parser.add_argument(
@@ -299,7 +306,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         task_index=task_index,
         optimizer=psframe.optim.Adagrad(lr=args.learning_rate),  # and, row by row, for the tables
         sync=sync_from_flags(args),
-        placement=psframe.Placement(table_partition=args.table_partition),
+        placement=psframe.Placement(table_partition=args.table_partition, table_parts=args.table_parts),
         hooks=[StopAtStepHook(last_step=args.train_steps), NanGuardHook()],
         checkpointing=psframe.Checkpointing(
             args.checkpoint_dir,

@@ -47,6 +47,13 @@ class Placement:
         table_partition: how an embedding table's rows are shared out among
             the ps tasks: ``"mod"`` (row ``i`` on ps task ``i % P``, the default:
             frequent ids spread whatever their numbering) or ``"range"``.
+        table_parts: cut every embedding table (fixed or dynamic) into this many
+            parts whatever the number of ps tasks, part ``k`` on ps task ``k % P``;
+            None (the default): one part per ps task. With a fixed number, adding
+            or draining ps tasks while training moves a table part by part, a few
+            parts a stage, instead of cutting it anew in one stage
+            (:mod:`psframe.cluster.moves`). A multiple of the ps task counts the
+            job will run on keeps the tables balanced (12: 2, 3, 4 or 6 tasks).
         log: log where each parameter went and the bytes per ps task.
 
     Raises:
@@ -59,6 +66,7 @@ class Placement:
     min_partition_bytes: int | None = DEFAULT_MIN_PARTITION_BYTES
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
     table_partition: str = "mod"
+    table_parts: int | None = None
     log: bool = False
 
     def __post_init__(self) -> None:
@@ -67,6 +75,8 @@ class Placement:
         if self.table_partition not in TABLE_PARTITIONS:
             raise ValueError(f"table_partition must be one of {TABLE_PARTITIONS}, got {self.table_partition!r}")
         _check_int("max_shard_bytes", self.max_shard_bytes, minimum=1)
+        if self.table_parts is not None:
+            _check_int("table_parts", self.table_parts, minimum=1)
         if self.min_partition_bytes is not None:
             _check_int("min_partition_bytes", self.min_partition_bytes, minimum=0)
         devices = dict(self.variable_devices or {})

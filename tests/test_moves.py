@@ -87,3 +87,22 @@ def test_placements_of_other_variables_or_a_stage_of_no_bytes_are_refused():
 def test_a_stage_says_whether_it_ends_the_move():
     assert not MoveStage("a", "b", 1, 2).done
     assert MoveStage("a", "b", 2, 2).done
+
+
+def test_a_table_cut_into_a_fixed_number_of_parts_moves_part_by_part():
+    table = [VariableInfo("emb", (60, 4), 4)]
+    before = ShardPlacement(2, tuple(place_tables(table, 2, num_parts=6)))
+    after = ShardPlacement(3, tuple(place_tables(table, 3, num_parts=6)))
+    assert [s.ps_task for s in before.shards] == [0, 1, 0, 1, 0, 1]  # part k on task k % P
+    assert [s.ps_task for s in after.shards] == [0, 1, 2, 0, 1, 2]
+    plan = stages(before, after, max_stage_bytes=1)
+    assert len(plan) == 4  # parts 2..5 change task, one a stage; parts 0 and 1 stay
+    assert owners(plan[0])["emb/part_3"] == 0  # the part coming to ps 0 first
+    assert all({s.num_parts for s in p.shards} == {6} for p in plan)  # never cut anew
+
+
+def test_a_number_of_table_parts_below_one_is_refused():
+    import psframe
+
+    with pytest.raises(ValueError, match="table_parts"):
+        psframe.Placement(table_parts=0)

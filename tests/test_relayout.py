@@ -380,7 +380,8 @@ class Tabled(torch.nn.Module):
 
 
 @pytest.mark.service
-def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_cut_anew(ps_tasks):
+@pytest.mark.parametrize("table_parts", [None, 6], ids=["a part per ps task", "six parts"])
+def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_cut_anew(ps_tasks, table_parts):
     cluster, grown = clusters(2, 2)
     first = [ps_tasks(cluster, k) for k in range(2)]
     ps_tasks(grown, 2)
@@ -396,16 +397,22 @@ def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_
             task_index=index,
             optimizer=psframe.optim.Adagrad(lr=0.1),
             table_optimizer=psframe.optim.Adagrad(lr=0.1),
+            # Six parts of about 112 bytes: with 128-byte stages, one part a stage.
+            placement=psframe.Placement(table_parts=table_parts, max_shard_bytes=128),
             transport=psframe.Transport(connect_timeout=DEADLINE_S),
         )
+
+    stages: list[int] = []
 
     def chief() -> psframe.Trainer:
         with make(0, initial) as t:
             while t.local_step < 60:
                 if t.local_step == 15:
                     t.reshard(grown)
+                    stages.append(len(t.relayout_pauses))
                 if t.local_step == 40:
                     t.reshard(cluster)
+                    stages.append(len(t.relayout_pauses))
                 t.step(t.model.loss())
         chief_done.set()
         return t
@@ -426,6 +433,11 @@ def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_
     held = assemble(first)
     torch.testing.assert_close(held["emb.weight"], reference.emb.weight.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(held["w"], reference.w.detach(), rtol=1e-5, atol=1e-6)
+    parts = {d.name for server in first for d in server.service._variable_defs if d.variable == "emb.weight"}
+    if table_parts is None:  # cut anew each time: 2 parts, then 3, then 2, each move in one stage
+        assert len(parts) == 2
+    else:  # the same six parts throughout, moved one a stage: those whose task k % P changes
+        assert len(parts) == 6 and min(stages) > 1
 
 
 @pytest.mark.service
@@ -543,7 +555,8 @@ class Dynamic(torch.nn.Module):
 
 
 @pytest.mark.service
-def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks):
+@pytest.mark.parametrize("table_parts", [None, 4], ids=["a part per ps task", "four parts"])
+def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks, table_parts):
     cluster, grown = clusters(2, 2)
     first = [ps_tasks(cluster, k) for k in range(2)]
     third = ps_tasks(grown, 2)
@@ -556,6 +569,7 @@ def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks):
             task_index=index,
             optimizer=psframe.optim.SGD(lr=LR),
             table_optimizer=psframe.optim.SGD(lr=LR),
+            placement=psframe.Placement(table_parts=table_parts),
             transport=psframe.Transport(connect_timeout=DEADLINE_S),
         )
 
@@ -567,7 +581,7 @@ def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks):
                     held = sum(
                         len(third.service.store.export_dynamic()[n]["ids"]) for n in third.service.store.dynamic_tables
                     )
-                    assert held > 0  # ids modulo 3 == 2 moved to the task added
+                    assert held > 0  # the ids of part 2 (of 3, or of 4: 42 and 1001) moved to the task added
                 if t.local_step == 25:
                     t.reshard(cluster)
                 t.step(t.model.loss())

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import psframe
+from psframe.cluster.placement import ShardPlacement
 from psframe.errors import OptimizerConfigError, RowIdError
 from psframe.sparse_optim import SparseSGD
 
@@ -90,6 +91,23 @@ CASES = [
     ids=["sgd", "momentum", "nesterov-table", "adagrad", "adam"],
 )
 def test_tables_train_as_one_process(local_cluster, partition, optimizer, table_optimizer, dense_local, table_local):
+    train_as_one_process(local_cluster, partition, optimizer, table_optimizer, dense_local, table_local)
+
+
+@pytest.mark.parametrize("partition", ["mod", "range"])
+def test_tables_cut_into_more_parts_than_ps_tasks_train_as_one_process(local_cluster, partition):
+    _, _, dense_local, table_local = CASES[-1]  # Adam: element-wise state in every part
+    placement = train_as_one_process(
+        local_cluster, partition, psframe.optim.Adam(lr=0.01), None, dense_local, table_local, table_parts=5
+    )
+    parts = [s for s in placement.shards if s.variable == "emb.weight"]
+    assert [s.ps_task for s in parts] == [0, 1, 0, 1, 0] and {s.num_parts for s in parts} == {5}
+
+
+def train_as_one_process(
+    local_cluster, partition, optimizer, table_optimizer, dense_local, table_local, table_parts=None
+) -> ShardPlacement:
+    """Six steps on two ps tasks equal six of one process, bit for bit; the placement trained on."""
     cluster = local_cluster(num_ps=2, num_workers=1)
     model, reference = Recommender(), Recommender()
     tables = [reference.emb.weight, reference.bag.weight]
@@ -100,7 +118,7 @@ def test_tables_train_as_one_process(local_cluster, partition, optimizer, table_
         cluster,
         optimizer=optimizer,
         table_optimizer=table_optimizer,
-        placement=psframe.Placement(table_partition=partition),
+        placement=psframe.Placement(table_partition=partition, table_parts=table_parts),
     ) as trainer:
         parts = [s for s in trainer.placement.shards if s.table]
         assert {s.ps_task for s in parts} == {0, 1} and {s.variable for s in parts} == TABLES
@@ -110,6 +128,7 @@ def test_tables_train_as_one_process(local_cluster, partition, optimizer, table_
         pull_every_row(model)
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             assert torch.equal(p, q), f"{name} differs"
+        return trainer.placement
 
 
 def test_a_step_moves_the_rows_it_uses_not_the_table(local_cluster):

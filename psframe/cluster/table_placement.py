@@ -32,9 +32,15 @@ PARTITIONS = ("mod", "range")
 
 
 def place_tables(
-    tables: Sequence[VariableInfo], num_ps: int, *, partition: str = "mod", soft_placement: bool = False
+    tables: Sequence[VariableInfo],
+    num_ps: int,
+    *,
+    partition: str = "mod",
+    soft_placement: bool = False,
+    num_parts: int | None = None,
 ) -> list[Shard]:
-    """One part of each table per ps task (fewer for a table of fewer rows).
+    """One part of each table per ps task, or ``num_parts`` parts (fewer for a table of fewer
+    rows); part ``k`` on ps task ``k % num_ps``.
 
     A table with an explicit device goes whole to that ps task.
 
@@ -44,10 +50,12 @@ def place_tables(
         partition: ``"mod"`` or ``"range"`` (see the module's docstring).
         soft_placement: an explicit device naming no ps task is warned
             about and ignored, instead of refused.
+        num_parts: the parts of every table whatever ``num_ps`` (a live
+            re-layout then moves whole parts); None: ``num_ps``.
 
     Returns:
         The tables' shards (``table=True``), table by table, part by part;
-        part ``k`` is on ps task ``k``.
+        part ``k`` is on ps task ``k % num_ps``.
 
     Raises:
         PlacementError: an unknown partition, a 0-d table, or a device
@@ -60,7 +68,7 @@ def place_tables(
         if not var.shape:
             raise PlacementError(f"embedding table {var.name!r} has no rows (a 0-d tensor)")
         task = explicit_task(var, num_ps, soft_placement)
-        parts = 1 if task is not None else max(1, min(num_ps, var.rows))
+        parts = 1 if task is not None else max(1, min(num_parts or num_ps, var.rows))
         if parts == 1:
             shards.append(Shard(var.name, var.name, task or 0, 0, var.rows, var.shape, var.nbytes, table=True))
             continue
@@ -77,7 +85,7 @@ def place_tables(
                 Shard(
                     f"{var.name}/part_{k}",
                     var.name,
-                    k,
+                    k % num_ps,
                     first,
                     end,
                     (rows, *var.shape[1:]),
@@ -244,9 +252,15 @@ def dynamic_part(table_id: int, num_parts: int) -> int:
 
 
 def place_dynamic(
-    name: str, row_shape: Sequence[int], itemsize: int, spec: DynamicTableSpec, num_ps: int
+    name: str,
+    row_shape: Sequence[int],
+    itemsize: int,
+    spec: DynamicTableSpec,
+    num_ps: int,
+    num_parts: int | None = None,
 ) -> list[Shard]:
-    """One part of dynamic table ``name`` per ps task.
+    """One part of dynamic table ``name`` per ps task, or ``num_parts`` parts, part ``k`` on
+    ps task ``k % num_ps``.
 
     A dynamic table takes any int64 id. Part ``k`` holds the ids whose
     mixed bits (the id times a 64-bit odd constant, its top 32 bits) are
@@ -254,19 +268,20 @@ def place_dynamic(
     multiples of 1000) still spread evenly. A part starts empty
     (``shape == (0, *row_shape)``) and grows with the ids it sees.
     """
+    parts = num_parts or num_ps
     return [
         Shard(
             f"{name}/part_{k}",
             name,
-            k,
+            k % num_ps,
             0,
             0,
             (0, *row_shape),
             0,
             part_index=k,
-            num_parts=num_ps,
+            num_parts=parts,
             table=True,
             dynamic=spec,
         )
-        for k in range(num_ps)
+        for k in range(parts)
     ]

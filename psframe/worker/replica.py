@@ -30,11 +30,13 @@ def place_model(
     variable_devices: Mapping[str, str],
     max_shard_bytes: int,
     table_partition: str = "mod",
+    table_parts: int | None = None,
     **placement_options,
 ) -> ShardPlacement:
     """Where the trainable parameters and embedding tables of ``model`` go on ``num_ps`` ps tasks:
     dense variables by :func:`~psframe.cluster.placement.place` (``placement_options`` are its
-    keyword arguments), tables one part per task.
+    keyword arguments), tables one part per task or ``table_parts`` parts
+    (:func:`~psframe.cluster.table_placement.place_tables`).
 
     Raises:
         ValueError: the model has no trainable parameter, or ``variable_devices`` names a
@@ -60,10 +62,11 @@ def place_model(
         num_ps,
         partition=table_partition,
         soft_placement=placement_options.get("soft_placement", False),
+        num_parts=table_parts,
     )
     for name, module in dynamic.items():
         table_shards += place_dynamic(
-            name, (module.embedding_dim,), module.row_template.element_size(), module.spec, num_ps
+            name, (module.embedding_dim,), module.row_template.element_size(), module.spec, num_ps, table_parts
         )
     return ShardPlacement(num_ps, dense.shards + tuple(table_shards))
 

@@ -362,6 +362,7 @@ class Trainer:
             "soft_placement": given.soft,
             "max_shard_bytes": given.max_shard_bytes,
             "table_partition": given.table_partition,
+            "table_parts": given.table_parts,
         }
 
     def _placement_on(self, num_ps: int) -> ShardPlacement:
