@@ -1,6 +1,11 @@
 """How long a live re-layout pauses training, against a checkpoint of the same model.
 
     python -m benchmarks.experiments.relayout_pause [--sizes 4,32,128] [--runs 3]
+    python -m benchmarks.experiments.relayout_pause --model table --table_parts 48
+
+``--model table``: the model is an embedding table of the size (Adagrad: its
+state is as large), cut into ``--table_parts`` parts, and a step looks up a
+batch of 1,024 ids: a step moves little, a re-layout the whole table.
 
 For each model size (MB of float32 values; Adam keeps twice as much state), two
 ps tasks in this process train it with one worker; a third ps task is added
@@ -47,10 +52,22 @@ class Wide(torch.nn.Module):
         return 1e-3 * self.w.sum()
 
 
-def measure(mb: int, folder: str) -> tuple[float, float, float, float, int, int, float]:
+class Table(torch.nn.Module):
+    """An embedding table of about ``mb`` MB (rows of 64 floats); a loss that looks up a random batch."""
+
+    def __init__(self, mb: int) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(max(1, mb * MiB // (4 * 64)), 64, sparse=True)
+        self.ids = torch.Generator().manual_seed(0)
+
+    def loss(self) -> torch.Tensor:
+        return self.emb(torch.randint(0, self.emb.num_embeddings, (1024,), generator=self.ids)).sum()
+
+
+def measure(mb: int, folder: str, table_parts: int | None = None) -> tuple[float, float, float, float, int, int, float]:
     """One run: the pause of an add (all stages), of a drain, the seconds of a checkpoint save, of a
     step (the median of a few), the stages of the add and of the drain, and the longest pause of one
-    stage of either."""
+    stage of either. ``table_parts``: the model is a :class:`Table` of so many parts."""
     ports = pick_free_ports(4)
     cluster = psframe.ClusterSpec({"ps": [f"127.0.0.1:{p}" for p in ports[:2]], "worker": [f"127.0.0.1:{ports[3]}"]})
     grown = psframe.ClusterSpec(
@@ -60,10 +77,10 @@ def measure(mb: int, folder: str) -> tuple[float, float, float, float, int, int,
     servers.append(psframe.Server(grown, "ps", 2, serving_processes=1, checkpoint_dir=folder))
     try:
         with psframe.Trainer(
-            Wide(mb),
+            Wide(mb) if table_parts is None else Table(mb),
             cluster,
-            optimizer=psframe.optim.Adam(lr=1e-3),
-            placement=psframe.Placement(min_partition_bytes=MiB),
+            optimizer=psframe.optim.Adam(lr=1e-3) if table_parts is None else psframe.optim.Adagrad(lr=0.1),
+            placement=psframe.Placement(min_partition_bytes=MiB, table_parts=table_parts),
             checkpointing=psframe.Checkpointing(folder, save_steps=10**9),
         ) as t:
             steps = []
@@ -91,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="4,32,128", help="model sizes in MB (values; Adam state is twice that)")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--model", choices=["dense", "table"], default="dense", help="a dense weight, or a table")
+    parser.add_argument("--table_parts", type=int, default=48, help="with --model table: the table's parts")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(
@@ -101,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as folder:
-                runs.append(measure(mb, folder))
+                runs.append(measure(mb, folder, args.table_parts if args.model == "table" else None))
         added, drained, saved, step, add_stages, drain_stages, longest = (
             statistics.median(r[i] for r in runs) for i in range(7)
         )
