@@ -110,6 +110,21 @@ def test_a_task_of_the_new_layout_is_sent_only_the_parts_that_hold_its_rows():
     assert sent() == ["w/part_0", "w/part_1", "w/part_2"]  # no range: every part
     assert relayout.parts(["b"], []).variables == ()
 
+    # A table by id modulo its 3 parts: a task cutting it alike is sent the part of its first row
+    # alone; one cutting it otherwise (every 4th row, or runs of rows) every part.
+    strided = tuple(
+        VariableData(f"t/part_{k}", "t", "float32", (4, 2), (12, 2), k, k, 3, torch.zeros(4, 2), {}, row_stride=3)
+        for k in range(3)
+    )
+    relayout.keep(ShardData(3, 0, 2, OptimizerData("SGD", {}), None, strided))
+
+    def table_sent(wanted: pb.RowRange) -> list[str]:
+        return [v.name for v in relayout.parts(["t"], [wanted]).variables]
+
+    assert table_sent(pb.RowRange(variable="t", start=1, end=11, stride=3)) == ["t/part_1"]
+    assert table_sent(pb.RowRange(variable="t", start=1, end=10, stride=4)) == ["t/part_0", "t/part_1", "t/part_2"]
+    assert table_sent(pb.RowRange(variable="t", start=0, end=6)) == ["t/part_0", "t/part_1", "t/part_2"]
+
 
 # ---- ps tasks in this process, workers in threads
 

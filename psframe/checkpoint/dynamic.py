@@ -35,8 +35,9 @@ def gather(parts: Sequence[VariableData], part_index: int = 0, num_parts: int = 
     (ids sorted). Per-row state keys saved by every part are kept; other state
     (a step count) is the largest saved, and so is the clock.
 
-    The counts of ids admitted, filtered and evicted add up, in part 0 (the
-    table's totals stay right whatever the parts); admission counters take
+    The counts of ids admitted, filtered and evicted stay each part's where the
+    parts are cut alike (as many); otherwise they add up, in part 0 (the table's
+    totals stay right whatever the parts); admission counters take
     their largest value over the parts (an id's count is never underestimated)."""
     tables = [_table_of(p) for p in parts]
     ids = torch.cat([t["ids"] for t in tables])
@@ -73,7 +74,11 @@ def gather(parts: Sequence[VariableData], part_index: int = 0, num_parts: int = 
         gathered["seen"] = rows_of([t["seen"] for t in tables])
     counts = [t.get("counts") or {} for t in tables]
     keys = sorted({k for c in counts for k in c})
-    gathered["counts"] = {k: sum(int(c.get(k, 0)) for c in counts) if part_index == 0 else 0 for k in keys}
+    if all(p.num_parts == num_parts for p in parts):  # cut alike: each part keeps its own counts
+        counts = [c for c, p in zip(counts, parts) if p.part_index == part_index]
+        gathered["counts"] = {k: sum(int(c.get(k, 0)) for c in counts) for k in keys}
+    else:  # cut otherwise: the totals, in part 0
+        gathered["counts"] = {k: sum(int(c.get(k, 0)) for c in counts) if part_index == 0 else 0 for k in keys}
     gathered["admission"] = _admission_of([t.get("admission") or {} for t in tables], part_index)
     return gathered
 

@@ -323,15 +323,13 @@ def restore_from_shards(
 
 def _same_part(shards: Sequence[ShardData], definition: pb.VariableDef) -> VariableData | None:
     """The part of ``shards`` that holds exactly the rows ``definition`` asks for, if one does."""
-    if definition.row_stride > 1:
-        return None
-    shape = tuple(definition.shape)
+    shape, stride = tuple(definition.shape), max(1, definition.row_stride)
     for shard in shards:
         for part in shard.variables:
             if (
                 part.variable == definition.variable
                 and part.dynamic is None
-                and part.row_stride <= 1
+                and max(1, part.row_stride) == stride
                 and part.row_start == definition.row_start
                 and tuple(part.shape) == shape
             ):

@@ -218,19 +218,29 @@ class Relayout:
         if snapshot is None:
             raise LayoutChangedError("this ps task took no re-layout's snapshot: it has no parts to hand over")
         named = set(variables)
-        ranges: dict[str, list[tuple[int, int]]] = {}
+        ranges: dict[str, list[pb.RowRange]] = {}
         for r in rows:
-            ranges.setdefault(r.variable, []).append((r.start, r.end))
+            ranges.setdefault(r.variable, []).append(r)
 
         def wanted(part: VariableData) -> bool:
             if part.variable not in named:
                 return False
-            if part.variable not in ranges or part.dynamic is not None or part.row_stride > 1 or not part.shape:
-                return True  # every part: ids, every n-th row, or a 0-d variable
-            first, last = part.row_start, part.row_start + part.shape[0]
-            return any(first < end and start < last for start, end in ranges[part.variable])
+            return part.variable not in ranges or any(_holds(part, r) for r in ranges[part.variable])
 
         return dataclasses.replace(snapshot, variables=tuple(v for v in snapshot.variables if wanted(v)))
+
+
+def _holds(part: VariableData, wanted: pb.RowRange) -> bool:
+    """Whether ``part`` holds rows of ``wanted`` (one asked for of a ``FetchParts`` request). A part
+    of a variable cut otherwise than ``wanted`` says holds some, and is sent: the rows are cut anew."""
+    if wanted.num_parts:  # a dynamic table's part
+        return part.dynamic is None or part.num_parts != wanted.num_parts or part.part_index == wanted.part_index
+    if wanted.stride > 1:  # every stride-th row: the part of the same first row
+        return part.row_stride != wanted.stride or part.row_start == wanted.start
+    if part.dynamic is not None or part.row_stride > 1 or not part.shape:
+        return True  # ids, every n-th row, or a 0-d variable: cut otherwise
+    first, last = part.row_start, part.row_start + part.shape[0]
+    return first < wanted.end and wanted.start < last
 
 
 def prepare() -> None:
@@ -298,13 +308,18 @@ def decode_shard(data: bytes) -> ShardData:
 
 
 def wanted_rows(defs: Sequence[pb.VariableDef]) -> list[pb.RowRange]:
-    """The runs of rows ``defs`` hold: a part of such a run is fetched only if it holds some of
-    them. Parts of ids, of every n-th row or of a 0-d variable are all fetched."""
-    return [
-        pb.RowRange(variable=d.variable, start=d.row_start, end=d.row_start + d.shape[0])
-        for d in defs
-        if not d.HasField("dynamic") and d.row_stride <= 1 and len(d.shape)
-    ]
+    """The rows ``defs`` hold, for a task before to send only the parts that hold some: a run of
+    rows, every n-th row, or a dynamic table's part. A 0-d variable's part is always sent."""
+    wanted = []
+    for d in defs:
+        if d.HasField("dynamic"):
+            wanted.append(pb.RowRange(variable=d.variable, num_parts=d.num_parts, part_index=d.part_index))
+        elif d.row_stride > 1:
+            end = d.row_start + d.row_stride * max(0, d.shape[0] - 1) + 1
+            wanted.append(pb.RowRange(variable=d.variable, start=d.row_start, end=end, stride=d.row_stride))
+        elif len(d.shape):
+            wanted.append(pb.RowRange(variable=d.variable, start=d.row_start, end=d.row_start + d.shape[0]))
+    return wanted
 
 
 def fetch_shards(

@@ -631,14 +631,20 @@ class FetchPartsHeader(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ...) -> None: ...
 
 class RowRange(_message.Message):
-    __slots__ = ("variable", "start", "end")
+    __slots__ = ("variable", "start", "end", "stride", "num_parts", "part_index")
     VARIABLE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTS_FIELD_NUMBER: _ClassVar[int]
+    PART_INDEX_FIELD_NUMBER: _ClassVar[int]
     variable: str
     start: int
     end: int
-    def __init__(self, variable: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+    stride: int
+    num_parts: int
+    part_index: int
+    def __init__(self, variable: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., stride: _Optional[int] = ..., num_parts: _Optional[int] = ..., part_index: _Optional[int] = ...) -> None: ...
 
 class FetchPartsRequest(_message.Message):
     __slots__ = ("header", "payload")
