@@ -306,7 +306,7 @@ def restore_from_shards(
     return Restored(
         step=-1,
         # A ps task that held no part (a stage of a re-layout can leave one empty) counted no step.
-        global_step=min(s.global_step for s in [*(s for s in shards if s.variables)] or shards),
+        global_step=min(s.global_step for s in [s for s in shards if s.variables] or shards),
         defs=list(defs),
         optimizer=optimizer,
         sync=None,

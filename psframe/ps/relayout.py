@@ -108,7 +108,7 @@ class Relayout:
         check_new_cluster(current, new)
         with self._lock:
             stage = self.stage
-            if stage is not None and stage.stage < stage.stages:
+            if stage is not None and self.under_way:
                 target = ClusterSpec.from_string(stage.target_spec)
                 raise ClusterSpecError(
                     f"a re-layout to ps tasks {target.job_tasks('ps')} is under way (stage {stage.stage} of "
@@ -126,8 +126,8 @@ class Relayout:
         with self._lock:
             self.before, self.before_cluster = before.fingerprint, before
             self.moved_to = after
-            self.stage = stage if stage is not None and stage.stages else None
-            self.relayouts += self.stage is None or self.stage.stage >= self.stage.stages
+            self.stage = _staged(stage)
+            self.relayouts += not self.under_way
             self.snapshot = None
             self.requested = None
             self.version += 1
@@ -155,8 +155,13 @@ class Relayout:
             self.moved_to is not None
             and self.snapshot is not None
             and self.moved_to.to_string() == cluster_spec
-            and self.stage == (stage if stage is not None and stage.stages else None)
+            and self.stage == _staged(stage)
         )
+
+    @property
+    def under_way(self) -> bool:
+        """Whether the last move was a stage of a re-layout, not its last."""
+        return self.stage is not None and self.stage.stage < self.stage.stages
 
     def adopted(self, before: ClusterSpec, after: ClusterSpec, version: int) -> None:
         """A task new in ``after`` took its parts: it counts the re-layouts as the others do."""
@@ -228,6 +233,11 @@ class Relayout:
             return part.variable not in ranges or any(_holds(part, r) for r in ranges[part.variable])
 
         return dataclasses.replace(snapshot, variables=tuple(v for v in snapshot.variables if wanted(v)))
+
+
+def _staged(stage: pb.MoveStage | None) -> pb.MoveStage | None:
+    """``stage`` if it names one (a request's field unset has none)."""
+    return stage if stage is not None and stage.stages else None
 
 
 def _holds(part: VariableData, wanted: pb.RowRange) -> bool:

@@ -317,7 +317,7 @@ class ParameterServerService(TaskService):
             layout = self.relayout.reply()
             info.reshard_to, info.layout_version = layout.cluster_spec, layout.layout_version
             info.relayouts = self.relayout.relayouts
-            if layout.HasField("stage") and layout.stage.stage < layout.stage.stages:
+            if self.relayout.under_way:
                 info.move_stage.CopyFrom(layout.stage)
             for name, counts in sorted(store.dynamic_counts().items()):
                 info.dynamic_tables.add(name=name, **counts)

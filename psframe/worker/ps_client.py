@@ -513,11 +513,6 @@ class PsClient:
 
     # ---- a live re-layout (psframe.ps.relayout)
 
-    def reshard_asked(self) -> tuple[ClusterSpec | None, bool]:
-        """The re-layout ps 0 was asked for (or took), if any; and whether it took it."""
-        status = self.layout_status()
-        return status.cluster, status.moved
-
     def layout_status(self) -> LayoutStatus:
         """Where ps 0 stands with re-layouts: asked for, or taken (and at which stage)."""
         reply = self._ps[0].call("Reshard", pb.ReshardRequest(caller=self.caller), timeout=self.rpc_timeout)
@@ -526,13 +521,11 @@ class PsClient:
             s = reply.stage
             stage = MoveStage(s.origin_spec, s.target_spec, s.stage, s.stages)
         return LayoutStatus(
-            ClusterSpec.from_string(reply.cluster_spec) if reply.cluster_spec else None, reply.moved, stage
+            ClusterSpec.from_string(reply.cluster_spec) if reply.cluster_spec else None,
+            reply.moved,
+            stage,
+            ClusterSpec.from_string(reply.before_spec) if reply.moved and reply.before_spec else None,
         )
-
-    def moved_from(self) -> ClusterSpec | None:
-        """The cluster ps 0 moved from in its last re-layout, if it took one."""
-        reply = self._ps[0].call("Reshard", pb.ReshardRequest(caller=self.caller), timeout=self.rpc_timeout)
-        return ClusterSpec.from_string(reply.before_spec) if reply.moved and reply.before_spec else None
 
     def ask_reshard(self, new: ClusterSpec) -> None:
         """Ask ps 0 for a re-layout to ``new`` (from a tool); the chief takes it between two steps.
@@ -676,6 +669,7 @@ class LayoutStatus:
     cluster: ClusterSpec | None  # asked for (not yet taken), or the cluster of the layout taken; None: none
     moved: bool  # a layout was taken (``cluster`` is where the ps tasks are)
     stage: MoveStage | None = None  # taken: the stage of the re-layout it is at; None: a layout of one stage
+    before: ClusterSpec | None = None  # taken: the cluster of the layout it moved from (the last stage's)
 
     @property
     def moving(self) -> bool:

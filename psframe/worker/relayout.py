@@ -98,24 +98,27 @@ class Layouts:
         count = len(self.stages(origin, target))
         return [MoveStage(origin.to_string(), target.to_string(), k, count) for k in range(1, count + 1)]
 
-    def of_stage(self, stage: MoveStage) -> Layout:
-        """The layout after ``stage``: on the target's ps tasks once done; before, on the larger of
-        the two clusters (a task drained holds its parts not yet moved)."""
-        origin, target = ClusterSpec.from_string(stage.origin), ClusterSpec.from_string(stage.target)
-        if stage.done:
-            layout = self._make(target, self._place(target.num_ps))
-        else:
+    def where(self, status: LayoutStatus) -> tuple[ClusterSpec, ShardPlacement]:
+        """The cluster and the placement ps 0 says the ps tasks are at (``status.moved``): after
+        a stage, on the larger of the two clusters (a task drained holds its parts not yet moved);
+        at the end, the target's own placement."""
+        stage = status.stage
+        if stage is not None and not stage.done:
+            origin, target = ClusterSpec.from_string(stage.origin), ClusterSpec.from_string(stage.target)
             cluster = target if target.num_ps >= origin.num_ps else origin
-            layout = self._make(cluster, self.stages(origin, target)[stage.stage - 1])
-        layout.stage = stage
-        return layout
+            return cluster, self.stages(origin, target)[stage.stage - 1]
+        assert status.cluster is not None
+        return status.cluster, self._place(status.cluster.num_ps)
 
     def of(self, status: LayoutStatus) -> Layout:
-        """The layout ps 0 says the ps tasks are at (``status.moved``)."""
-        if status.stage is not None and not status.stage.done:
-            return self.of_stage(status.stage)
-        assert status.cluster is not None
-        return self._make(status.cluster, self._place(status.cluster.num_ps))
+        """The layout (a client, the model bound to the placement) ps 0 says the ps tasks are at."""
+        layout = self._make(*self.where(status))
+        layout.stage = status.stage
+        return layout
+
+    def of_stage(self, stage: MoveStage) -> Layout:
+        """The layout after ``stage``."""
+        return self.of(LayoutStatus(ClusterSpec.from_string(stage.target), True, stage))
 
 
 def lead(
@@ -162,8 +165,8 @@ def take_parts(before: ClusterSpec, layout: Layout, settings: Settings) -> float
         When (``time.monotonic()``) the layout held the model: training goes on from then.
     """
     client = layout.client
-    client.wait_for_ps(settings.timeout)  # and learns the layout version the tasks moved to
-    at_cut = client.get_info(0)  # ps 0 counted this re-layout at its cut, and knows who finished
+    # ps 0 counted this re-layout at its cut, and knows who finished (the client learns the version).
+    at_cut = client.wait_for_ps(settings.timeout)[0]
     client.adopt(
         layout.replica.slots,
         settings.optimizer,
@@ -179,18 +182,15 @@ def take_parts(before: ClusterSpec, layout: Layout, settings: Settings) -> float
     return held
 
 
-def resume(
-    layout: Layout,
-    settings: Settings,
-) -> bool:
+def resume(layout: Layout, settings: Settings, status: LayoutStatus) -> bool:
     """A chief started again finishes a re-layout its run before had begun (its cut taken, the
     parts not yet placed): the new layout takes its parts from the snapshots, the drained tasks
-    stop. The model is never made anew over a re-layout under way.
+    stop. The model is never made anew over a re-layout under way. ``status``: ps 0's.
 
     Returns:
         Whether there was one to finish.
     """
-    before = layout.client.moved_from()
+    before = status.before
     if before is None or layout.client.get_info(0).state is TaskState.READY:
         return False
     log.warning(

@@ -566,12 +566,9 @@ class Trainer:
                 status = self._ps.layout_status()
                 if status.cluster is None or not status.moved or not self._same_workers(status.cluster):
                     raise
-                layout = self._layouts.of(status)
-                if time.monotonic() >= deadline or (
-                    layout.cluster == self._cluster and layout.replica.placement == self._placement
-                ):
-                    layout.client.close()
+                if time.monotonic() >= deadline or self._layouts.where(status) == (self._cluster, self._placement):
                     raise
+            layout = self._layouts.of(status)
             log.info(
                 "worker %d: the ps tasks moved to %s%s; following them",
                 self._task_index,
@@ -614,17 +611,14 @@ class Trainer:
             ClusterMismatchError: the ps tasks are at another layout than this chief's: it follows them.
         """
         status = self._ps.layout_status()
-        if status.moving:
+        if status.moving and self._layouts.where(status) != (self._cluster, self._placement):
             stage = status.stage
             assert stage is not None
-            layout = self._layouts.of(status)
-            layout.client.close()
-            if layout.cluster != self._cluster or layout.replica.placement != self._placement:
-                raise ClusterMismatchError(
-                    f"the ps tasks are at stage {stage.stage} of {stage.stages} of a re-layout, not at this "
-                    f"chief's placement"
-                )
-        relayout.resume(relayout.Layout(self._cluster, self._ps, self._replica), self._relayout_settings(sync))
+            raise ClusterMismatchError(
+                f"the ps tasks are at stage {stage.stage} of {stage.stages} of a re-layout, not at this "
+                f"chief's placement"
+            )
+        relayout.resume(relayout.Layout(self._cluster, self._ps, self._replica), self._relayout_settings(sync), status)
 
     def _relayout_settings(self, sync: SyncReplicas | None) -> relayout.Settings:
         return relayout.Settings(self._optimizer, self._table_optimizer, sync, self.connect_timeout)
@@ -951,9 +945,8 @@ class Trainer:
         Returns:
             The requests sent (of the new layout's plan), and their replies.
         """
-        deadline = time.monotonic() + self.connect_timeout
-        while True:
-            self._reroute(error, pull=False)  # the step sent there pulls; its gradients stay
+
+        def send() -> tuple[tuple[Request, ...], list[DenseReply]]:  # on the layout followed to
             requests = self._replica.plan.step if pushed else self._replica.plan.pull
             rows = None
             if pushed:
@@ -961,12 +954,9 @@ class Trainer:
                     row_gradients, every_table=self._sync is not None, except_tables=self._async_tables
                 )
             sent = [(r, self._replica.gradients(r) if pushed else ()) for r in requests]
-            try:
-                return requests, self._ps.push_pull(sent, computed_at, rows=rows)
-            except LayoutChangedError as again:
-                if time.monotonic() >= deadline:
-                    raise
-                error = again
+            return requests, self._ps.push_pull(sent, computed_at, rows=rows)
+
+        return self._following(error, send)  # no pull first: the step sent there pulls
 
     def _range_lost(self, error: DataRangeLostError) -> None:
         """The step's range of data went to another worker: nothing of the step applied on the
