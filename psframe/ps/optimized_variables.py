@@ -26,6 +26,10 @@ class OptimizedVariables:
         optimizer: what optimizer to build over them.
         per_parameter: run the optimizer's per-parameter kernels (sparse
             gradients have no multi-tensor form); see :func:`psframe.optimizer_kernels.build`.
+        previous: the group these variables were held in before (a live re-layout's: some
+            parts stay, some go, some come). Where it ran the same optimizer, its optimizer is
+            taken over (:meth:`_hand_over`): only the variables new to it cost a build; it
+            is not used afterwards.
     """
 
     def __init__(
@@ -34,12 +38,53 @@ class OptimizedVariables:
         optimizer: OptimizerSpec | None,
         *,
         per_parameter: bool = False,
+        previous: OptimizedVariables | None = None,
     ) -> None:
         self._variables = dict(variables)
+        self.spec, self.per_parameter = optimizer, per_parameter
         self.optimizer: torch.optim.Optimizer | None = None
         self.stepped = False  # a step went through (a stateless optimizer's state is then complete)
-        if self._variables and optimizer is not None:
+        if not self._variables or optimizer is None:
+            return
+        if (
+            previous is not None
+            and previous.optimizer is not None
+            and (previous.spec, previous.per_parameter) == (optimizer, per_parameter)
+        ):
+            self.optimizer = previous._hand_over(list(self._variables.values()))
+            self.stepped = previous.stepped
+        else:
             self.optimizer = optimizer.build(list(self._variables.values()), per_parameter=per_parameter)
+
+    def _hand_over(self, variables: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
+        """This group's optimizer, changed in place to run over ``variables`` instead, for a group
+        that takes it over; this one holds none afterwards.
+
+        The variables it ran over already (the same tensors) keep their place and their state
+        as they are. Those it no longer runs over leave it, with their state. Those new to it
+        join in parameter groups of their own, built as a new optimizer over them would be
+        (:meth:`OptimizerSpec.build`: its multi-tensor groups, the state some optimizers make
+        when built). A re-layout then costs what it moves, not what a task holds.
+        """
+        optimizer = self.optimizer
+        assert optimizer is not None and self.spec is not None
+        wanted = {id(v) for v in variables}
+        groups, held = [], set()
+        for group in optimizer.param_groups:
+            group["params"] = [p for p in group["params"] if id(p) in wanted]  # by identity: == compares values
+            held.update(id(p) for p in group["params"])
+            if group["params"]:
+                groups.append(group)
+        optimizer.param_groups = groups
+        for param in [p for p in optimizer.state if id(p) not in wanted]:
+            del optimizer.state[param]
+        new = [v for v in variables if id(v) not in held]
+        if new:
+            joining = self.spec.build(new, per_parameter=self.per_parameter)
+            optimizer.param_groups.extend(joining.param_groups)
+            optimizer.state.update(joining.state)
+        self.optimizer = None
+        return optimizer
 
     def __contains__(self, name: object) -> bool:
         return name in self._variables

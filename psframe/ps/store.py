@@ -65,6 +65,11 @@ class StoreChanges:
     dynamic: dict[str, dict[str, Any]]  # dynamic table part -> DynamicRows.export_changes
 
 
+def _memory_key(tensor: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype]:
+    """What a tensor is, as memory: two with the same key are views of the same bytes, alike."""
+    return tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype
+
+
 class VariableStore:
     """Variables plus a ``torch.optim`` optimizer over them.
 
@@ -101,6 +106,8 @@ class VariableStore:
         self._counters = counters if counters is not None else numpy.zeros(4, dtype=numpy.int64)
         self._memory = memory if memory is not None else Memory()
         self._model = StoreModel(task_name)  # made anew by create() and adopt()
+        # The model clear() let go of (a re-layout's cut): create() takes over what it keeps of it.
+        self._let_go: StoreModel | None = None
         self._ready = False
         # Bumped whenever a variable's value changes: two reads under the lock
         # that see the same version read the same values.
@@ -188,7 +195,11 @@ class VariableStore:
             optimizer: the dense variables' optimizer.
             copy: copy ``values`` into the store's memory; without, the
                 tensors are used as they are (from :meth:`copy_in` or
-                :meth:`empty`, where the store has memory of its own).
+                :meth:`empty`, where the store has memory of its own). After
+                :meth:`clear`, a value that is a variable of the model let go
+                of (its memory, shape and dtype) is that variable again, and
+                the optimizers of that model carry on over the new one's
+                (a re-layout's step costs the parts that move, not all).
             tables: the variables that are embedding tables, updated by ``table_optimizer``.
             table_optimizer: the tables' optimizer, one that takes sparse gradients.
             dynamic: the parts of dynamic tables, which start empty (:mod:`psframe.dynamic_rows`).
@@ -206,10 +217,18 @@ class VariableStore:
             if self.ready:
                 self._model.check_same(values, optimizer, tables, table_optimizer, dynamic)
                 return False
+            previous, self._let_go = self._let_go, None
+            held = {}
+            if previous is not None and not copy:  # an empty tensor has no memory of its own to know it by
+                held = {_memory_key(v): v for v in previous.variables().values() if v.numel()}
             variables = {}
             for name, value in values.items():
                 if copy:
                     variable = self.copy_in(value)
+                elif (
+                    value.numel() and _memory_key(value) in held
+                ):  # kept across a re-layout: the variable its optimizer knows
+                    variable = held[_memory_key(value)]
                 else:  # made by copy_in or empty already, or a tensor of the request
                     variable = value.detach().to("cpu").contiguous()
                     self._memory.keep(variable)
@@ -225,6 +244,7 @@ class VariableStore:
                     dynamic,
                     self._memory,
                     self._counters[3:4],
+                    previous=previous if held else None,
                 )
             )
             self.version += 1
@@ -271,8 +291,10 @@ class VariableStore:
 
     def clear(self) -> None:
         """Drop the variables and their optimizers (a live re-layout moved them elsewhere):
-        the store is not ready until created again. Requests cached on the variables no longer hold."""
+        the store is not ready until created again. Requests cached on the variables no longer
+        hold. The next :meth:`create` takes over what it keeps of them."""
         with self.lock:
+            self._let_go = self._model if self._ready else None
             self._model = StoreModel(self.task_name)
             self._dense_names, self._fixed_names = {}, {}
             self._ready = False

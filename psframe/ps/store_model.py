@@ -36,6 +36,8 @@ class StoreModel:
         table_optimizer: the tables' optimizer, one that takes sparse gradients.
         dynamic: the parts of dynamic tables, which start empty.
         memory, version_count, versions: see :class:`~psframe.ps.table_parts.TableParts`.
+        previous: the model these variables were held in before, whose optimizers this one
+            takes over (a live re-layout's; see :class:`~psframe.ps.optimized_variables.OptimizedVariables`).
 
     Raises:
         UnknownVariableError: a table is not among ``variables``.
@@ -53,6 +55,7 @@ class StoreModel:
         memory: Memory | None = None,
         version_count: numpy.ndarray | None = None,
         versions: Mapping[str, torch.Tensor] | None = None,
+        previous: StoreModel | None = None,
     ) -> None:
         variables = variables or {}
         unknown = sorted(set(tables) - set(variables))
@@ -67,14 +70,29 @@ class StoreModel:
         self.names = tuple(variables)  # dense and fixed tables, in the order created
         fixed = set(tables)
         self.table_parts = TableParts(
-            task_name, {n: variables[n] for n in tables}, dynamic, table_optimizer, memory, version_count, versions
+            task_name,
+            {n: variables[n] for n in tables},
+            dynamic,
+            table_optimizer,
+            memory,
+            version_count,
+            versions,
+            previous=None if previous is None else previous.table_parts.fixed,
         )
-        self.dense = OptimizedVariables({n: v for n, v in variables.items() if n not in fixed}, optimizer)
+        self.dense = OptimizedVariables(
+            {n: v for n, v in variables.items() if n not in fixed},
+            optimizer,
+            previous=None if previous is None else previous.dense,
+        )
 
     @property
     def groups(self) -> tuple[OptimizedVariables, OptimizedVariables]:
         """The dense variables and the fixed tables, each with its optimizer."""
         return self.dense, self.table_parts.fixed
+
+    def variables(self) -> dict[str, torch.Tensor]:
+        """The variables, dense and fixed tables, by name: the tensors themselves."""
+        return {name: self.variable(name) for name in self.names}
 
     def get(self, name: str) -> torch.Tensor | None:
         """The variable ``name``; None if there is none."""

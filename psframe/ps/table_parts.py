@@ -56,6 +56,8 @@ class TableParts:
         version_count: the one-element count the rows' versions are stamped from
             (:class:`~psframe.ps.row_versions.RowVersions`); shared where the store's counters are.
         versions: the fixed rows' versions, made by another process (a serving process maps the owner's).
+        previous: the fixed tables' group before, whose optimizer this one takes over (see
+            :class:`~psframe.ps.optimized_variables.OptimizedVariables`).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class TableParts:
         memory: Memory | None = None,
         version_count: numpy.ndarray | None = None,
         versions: Mapping[str, torch.Tensor] | None = None,
+        previous: OptimizedVariables | None = None,
     ) -> None:
         fixed, dynamic = fixed or {}, dynamic or {}
         self.task_name = task_name
@@ -76,7 +79,7 @@ class TableParts:
             name: DynamicRows(name, part.row_shape, part.dtype, part.spec, optimizer, memory=self._memory)
             for name, part in dynamic.items()
         }
-        self.fixed = OptimizedVariables(fixed, optimizer, per_parameter=True)
+        self.fixed = OptimizedVariables(fixed, optimizer, per_parameter=True, previous=previous)
         # The version of each fixed table row: for workers' row caches and delta checkpoints.
         self.versions = RowVersions({name: t.shape[0] for name, t in fixed.items()}, version_count, memory, versions)
 
