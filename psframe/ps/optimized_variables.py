@@ -69,7 +69,8 @@ class OptimizedVariables:
         optimizer = self.optimizer
         assert optimizer is not None and self.spec is not None
         wanted = {id(v) for v in variables}
-        groups, held = [], set()
+        groups: list[dict[str, Any]] = []
+        held: set[int] = set()
         for group in optimizer.param_groups:
             group["params"] = [p for p in group["params"] if id(p) in wanted]  # by identity: == compares values
             held.update(id(p) for p in group["params"])

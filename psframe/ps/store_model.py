@@ -69,7 +69,7 @@ class StoreModel:
         self.optimizer_spec = optimizer
         self.names = tuple(variables)  # dense and fixed tables, in the order created
         fixed = set(tables)
-        self.table_parts = TableParts(
+        self.table_parts: TableParts = TableParts(
             task_name,
             {n: variables[n] for n in tables},
             dynamic,
@@ -79,7 +79,7 @@ class StoreModel:
             versions,
             previous=None if previous is None else previous.table_parts.fixed,
         )
-        self.dense = OptimizedVariables(
+        self.dense: OptimizedVariables = OptimizedVariables(
             {n: v for n, v in variables.items() if n not in fixed},
             optimizer,
             previous=None if previous is None else previous.dense,
