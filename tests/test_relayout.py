@@ -615,7 +615,7 @@ def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks, table_p
         assert torch.equal(value, torch.full_like(value, 1.0 - LR * GRAD * steps))
 
 
-@pytest.mark.service
+@pytest.mark.cluster
 def test_the_pause_experiment_runs_and_prints_each_size(capsys):
     from benchmarks.experiments import relayout_pause
 

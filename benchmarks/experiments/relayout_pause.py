@@ -8,7 +8,8 @@ state is as large), cut into ``--table_parts`` parts, and a step looks up a
 batch of 1,024 ids: a step moves little, a re-layout the whole table.
 
 For each model size (MB of float32 values; Adam keeps twice as much state), two
-ps tasks in this process train it with one worker; a third ps task is added
+ps tasks (``psframe server`` processes) train it with this process as their one
+worker; a third ps task is added
 (``Trainer.reshard``) and then drained again. A re-layout moves the parts in
 stages (:mod:`psframe.cluster.moves`), each with its cut; each stage reports
 the seconds training paused, from its cut until the layout after it held the
@@ -22,23 +23,30 @@ plus the restart.
 It prints, per size, the medians over ``--runs`` of: the stages of an add and
 their pauses together, the same for a drain, the save, the ratio of each
 total to the save; then the longest pause of one stage against one step (the
-median of a few before the add): the issue's bound is one step per moved part,
-a ratio of at most 1.
+median of a few before the add), and the same per part the stage moved
+(``Trainer.relayout_parts_moved``): the bound is one step per moved part, a
+ratio of at most 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 import psframe
+from benchmarks.common import Children
 from psframe.launch import pick_free_ports
 
 MiB = 1 << 20
+TIMEOUT_S = 300  # every wait of a run: the ps tasks give up after it too
 
 
 class Wide(torch.nn.Module):
@@ -64,24 +72,60 @@ class Table(torch.nn.Module):
         return self.emb(torch.randint(0, self.emb.num_embeddings, (1024,), generator=self.ids)).sum()
 
 
-def measure(mb: int, folder: str, table_parts: int | None = None) -> tuple[float, float, float, float, int, int, float]:
-    """One run: the pause of an add (all stages), of a drain, the seconds of a checkpoint save, of a
-    step (the median of a few), the stages of the add and of the drain, and the longest pause of one
-    stage of either. ``table_parts``: the model is a :class:`Table` of so many parts."""
+@dataclass(frozen=True)
+class Run:
+    """What one run measured (seconds)."""
+
+    added: float  # the pauses of the add's stages together
+    drained: float  # of the drain's
+    saved: float  # a checkpoint's save of the same model
+    step: float  # one step (the median of a few before the add)
+    pauses: tuple[float, ...]  # of every stage, the add's then the drain's
+    parts: tuple[int, ...]  # the parts each of those stages moved
+    add_stages: int
+
+    @property
+    def longest(self) -> float:
+        return max(self.pauses)
+
+    @property
+    def per_part(self) -> float:
+        """The longest pause of a stage divided by the parts it moved."""
+        return max(p / max(1, n) for p, n in zip(self.pauses, self.parts))
+
+
+def measure(mb: int, folder: str, table_parts: int | None = None) -> Run:
+    """One run on ps tasks in processes of their own (``psframe server``), this process their
+    worker. ``table_parts``: the model is a :class:`Table` of so many parts."""
     ports = pick_free_ports(4)
     cluster = psframe.ClusterSpec({"ps": [f"127.0.0.1:{p}" for p in ports[:2]], "worker": [f"127.0.0.1:{ports[3]}"]})
     grown = psframe.ClusterSpec(
         {"ps": [*cluster.job_tasks("ps"), f"127.0.0.1:{ports[2]}"], "worker": cluster.job_tasks("worker")}
     )
-    servers = [psframe.Server(cluster, "ps", k, serving_processes=1, checkpoint_dir=folder) for k in range(2)]
-    servers.append(psframe.Server(grown, "ps", 2, serving_processes=1, checkpoint_dir=folder))
-    try:
+    with Children(Path(folder) / "logs") as children:
+        for k, spec in ((0, cluster), (1, cluster), (2, grown)):
+            children.start(
+                f"ps{k}",
+                [
+                    sys.executable,
+                    "-m",
+                    "psframe.cli",
+                    "server",
+                    f"--cluster_spec={spec.to_string()}",
+                    "--job_name=ps",
+                    f"--task_index={k}",
+                    "--serving_processes=1",
+                    f"--checkpoint_dir={folder}",
+                    f"--timeout={TIMEOUT_S}",
+                ],
+            )
         with psframe.Trainer(
             Wide(mb) if table_parts is None else Table(mb),
             cluster,
             optimizer=psframe.optim.Adam(lr=1e-3) if table_parts is None else psframe.optim.Adagrad(lr=0.1),
             placement=psframe.Placement(min_partition_bytes=MiB, table_parts=table_parts),
             checkpointing=psframe.Checkpointing(folder, save_steps=10**9),
+            transport=psframe.Transport(connect_timeout=TIMEOUT_S),
         ) as t:
             steps = []
             for _ in range(5):
@@ -89,19 +133,18 @@ def measure(mb: int, folder: str, table_parts: int | None = None) -> tuple[float
                 t.step(t.model.loss())
                 steps.append(time.monotonic() - begun)
             added = t.reshard(grown)
-            add_stages = t.relayout_pauses
+            pauses, parts = t.relayout_pauses, t.relayout_parts_moved
+            add_stages = len(pauses)
             t.step(t.model.loss())
             drained = t.reshard(cluster)
-            drain_stages = t.relayout_pauses
+            pauses, parts = pauses + t.relayout_pauses, parts + t.relayout_parts_moved
             t.step(t.model.loss())
             start = time.monotonic()
             t.save_checkpoint()
             saved = time.monotonic() - start
-    finally:
-        for server in servers:
-            server.stop(grace=0.1)
-    longest = max(add_stages + drain_stages)
-    return added, drained, saved, statistics.median(steps[1:]), len(add_stages), len(drain_stages), longest
+        for k in range(3):  # the job is done: they stop (ps 2 was drained)
+            children.wait_exit(f"ps{k}", 30)
+    return Run(added, drained, saved, statistics.median(steps[1:]), pauses, parts, add_stages)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,18 +158,26 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'model':>8} {'add stages':>11} {'add (s)':>8} {'drain stages':>13} {'drain (s)':>10} {'save (s)':>9}"
         f" {'add/save':>9} {'drain/save':>11} {'step (s)':>9} {'longest stage (s)':>18} {'longest/step':>13}"
+        f" {'per part/step':>14}"
     )
     for mb in (int(s) for s in args.sizes.split(",")):
         runs = []
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as folder:
                 runs.append(measure(mb, folder, args.table_parts if args.model == "table" else None))
-        added, drained, saved, step, add_stages, drain_stages, longest = (
-            statistics.median(r[i] for r in runs) for i in range(7)
+
+        def median(of: Callable[[Run], float], runs: list[Run] = runs) -> float:
+            return statistics.median(of(r) for r in runs)
+
+        added, drained, saved, step = (
+            median(lambda r, f=f: getattr(r, f)) for f in ("added", "drained", "saved", "step")
         )
+        add_stages, stages = median(lambda r: r.add_stages), median(lambda r: len(r.pauses))
+        longest, per_part = median(lambda r: r.longest / r.step), median(lambda r: r.per_part / r.step)
         print(
-            f"{mb:>6}MB {add_stages:>11.0f} {added:>8.3f} {drain_stages:>13.0f} {drained:>10.3f} {saved:>9.3f}"
-            f" {added / saved:>8.2f}x {drained / saved:>10.2f}x {step:>9.4f} {longest:>18.3f} {longest / step:>12.2f}x"
+            f"{mb:>6}MB {add_stages:>11.0f} {added:>8.3f} {stages - add_stages:>13.0f} {drained:>10.3f} {saved:>9.3f}"
+            f" {added / saved:>8.2f}x {drained / saved:>10.2f}x {step:>9.4f} {median(lambda r: r.longest):>18.3f}"
+            f" {longest:>12.2f}x {per_part:>13.2f}x"
         )
     return 0
 

@@ -121,4 +121,34 @@ def stages(before: ShardPlacement, after: ShardPlacement, max_stage_bytes: int) 
     return placements
 
 
-__all__ = ["MoveStage", "stages"]
+def moved_parts(before: ShardPlacement, after: ShardPlacement) -> int:
+    """How many parts of ``after`` a stage from ``before`` moves: those that ``before`` has on
+    another ps task, or not at all (their variable cut otherwise)."""
+    held = {(*_cut([s])[0], s.ps_task) for s in before.shards}
+    return sum((*_cut([s])[0], s.ps_task) not in held for s in after.shards)
+
+
+def sources(before: ShardPlacement, after: ShardPlacement) -> list[list[int]]:
+    """For each ps task of ``after``, the tasks of ``before`` a stage's move reads its parts from:
+    those that hold rows of them, itself where it was a task before (it reads its own parts in
+    place), and ps 0 (whose push ledger every task takes). A task asks no other."""
+    held = _by_variable(before)
+    result: list[list[int]] = []
+    for k in range(after.num_ps):
+        tasks = {0} | ({k} if k < before.num_ps else set())
+        for wanted in (s for s in after.shards if s.ps_task == k):
+            tasks.update(b.ps_task for b in held.get(wanted.variable, ()) if _shares_rows(b, wanted))
+        result.append(sorted(tasks))
+    return result
+
+
+def _shares_rows(a: Shard, b: Shard) -> bool:
+    """Whether two parts of a variable may hold a row in common (a part cut otherwise may)."""
+    if a.dynamic is not None or b.dynamic is not None:  # a dynamic table's part: by its index among as many
+        return a.num_parts != b.num_parts or a.part_index == b.part_index
+    if a.row_stride > 1 or b.row_stride > 1:  # every n-th row: the part of the same first row
+        return a.row_stride != b.row_stride or a.row_start == b.row_start
+    return a.row_start < b.row_end and b.row_start < a.row_end
+
+
+__all__ = ["MoveStage", "moved_parts", "sources", "stages"]

@@ -51,8 +51,7 @@ import torch
 from psframe.checkpoint.shard import ShardData, VariableData
 from psframe.cluster import ClusterSpec
 from psframe.errors import CheckpointError, ClusterSpecError, LayoutChangedError, WireFormatError
-from psframe.liveness import Liveness
-from psframe.security import Security
+from psframe.ps.peers import PsPeers
 from psframe.wire import codec, transport
 from psframe.wire import psframe_pb2 as pb
 
@@ -212,9 +211,11 @@ class Relayout:
                 stage=self.stage if moved else None,
             )
 
-    def parts(self, variables: Sequence[str], rows: Sequence[pb.RowRange] = ()) -> ShardData:
+    def parts(self, variables: Sequence[str], rows: Sequence[pb.RowRange] = (), *, trim: bool = False) -> ShardData:
         """What the ``FetchParts`` reply holds: the snapshot's parts of ``variables``; of a
         variable ``rows`` names, only the parts of runs of rows that hold some of those wanted.
+        With ``trim``, a part of a run of rows is cut to the rows wanted (the rest goes to
+        other tasks: only what the asking task holds next crosses the wire).
 
         Raises:
             LayoutChangedError: the task took no re-layout's snapshot (it was not asked to move).
@@ -232,7 +233,10 @@ class Relayout:
                 return False
             return part.variable not in ranges or any(_holds(part, r) for r in ranges[part.variable])
 
-        return dataclasses.replace(snapshot, variables=tuple(v for v in snapshot.variables if wanted(v)))
+        kept = [v for v in snapshot.variables if wanted(v)]
+        if trim:
+            kept = [piece for v in kept for piece in _trimmed(v, ranges.get(v.variable, ()))]
+        return dataclasses.replace(snapshot, variables=tuple(kept))
 
 
 def _staged(stage: pb.MoveStage | None) -> pb.MoveStage | None:
@@ -251,6 +255,35 @@ def _holds(part: VariableData, wanted: pb.RowRange) -> bool:
         return True  # ids, every n-th row, or a 0-d variable: cut otherwise
     first, last = part.row_start, part.row_start + part.shape[0]
     return first < wanted.end and wanted.start < last
+
+
+def _trimmed(part: VariableData, wanted: Sequence[pb.RowRange]) -> list[VariableData]:
+    """``part`` cut to the rows of ``wanted`` it holds, with their element-wise optimizer state
+    (views, not copies); whole where it is no run of rows, or where ``wanted`` names no run."""
+    runs = [r for r in wanted if r.stride <= 1 and not r.num_parts]
+    if part.dynamic is not None or part.row_stride > 1 or not part.shape or not runs:
+        return [part]
+    first, end = part.row_start, part.row_start + part.shape[0]
+    pieces = []
+    for r in sorted(runs, key=lambda r: r.start):
+        lo, hi = max(first, r.start), min(end, r.end)
+        if lo >= hi:
+            continue
+        if (lo, hi) == (first, end):
+            return [part]
+        pieces.append(
+            dataclasses.replace(
+                part,
+                value=part.value[lo - first : hi - first],
+                state={
+                    k: x[lo - first : hi - first] if isinstance(x, torch.Tensor) and x.shape == part.value.shape else x
+                    for k, x in part.state.items()
+                },
+                shape=(hi - lo, *part.shape[1:]),
+                row_start=lo,
+            )
+        )
+    return pieces
 
 
 def prepare() -> None:
@@ -333,43 +366,29 @@ def wanted_rows(defs: Sequence[pb.VariableDef]) -> list[pb.RowRange]:
 
 
 def fetch_shards(
-    addresses: Sequence[str],
+    peers: PsPeers,
     defs: Sequence[pb.VariableDef],
     caller: pb.Caller,
     timeout: float,
-    security: Security | None = None,
-    liveness: Liveness | None = None,
     own: tuple[int, Relayout] | None = None,
+    tasks: Sequence[int] = (),
 ) -> list[ShardData]:
-    """From each ps task of the layout before (by address, in task order), its snapshot's
-    parts that hold rows of ``defs``: the shards a re-layout restores from. The tasks are asked
-    in parallel; ``own`` (this task's index before, and its :class:`Relayout`) is read in place.
+    """From each ps task of the layout before (``peers``: the connections to its tasks, kept
+    from one stage to the next), its snapshot's parts that hold rows of ``defs``: the shards a
+    re-layout restores from, in task order. Only ``tasks`` are asked (those that hold rows of
+    ``defs``, and ps 0 first among them), or every task; in parallel. ``own`` (this task's
+    index before, and its :class:`Relayout`) is read in place.
 
     Raises:
         PsframeError: a task could not be reached in ``timeout`` seconds, or refused.
     """
     variables, rows = sorted({d.variable for d in defs}), wanted_rows(defs)
     request = codec.encode(pb.FetchPartsHeader(caller=caller, variables=variables, rows=rows), ())
-    asked = [k for k in range(len(addresses)) if own is None or k != own[0]]
-    connections = [
-        transport.Connection(
-            addresses[k],
-            f"{ClusterSpec.task_name('ps', k)} (before the re-layout) at {addresses[k]}",
-            security,
-            liveness,
-        )
-        for k in asked
-    ]
-    try:
-        replies = (
-            transport.call_all([(c, "FetchParts", request) for c in connections], timeout, wait_for_ready=True)
-            if connections
-            else []
-        )
-    finally:
-        for connection in connections:
-            connection.close()
+    read = sorted(set(tasks)) if tasks else list(range(peers.cluster.num_ps))
+    asked = [k for k in read if own is None or k != own[0]]
+    calls = [(peers.connection(k), "FetchParts", request) for k in asked]
+    replies = transport.call_all(calls, timeout, wait_for_ready=True) if calls else []
     shards = dict(zip(asked, (decode_shard(reply) for reply in replies)))
-    if own is not None:
+    if own is not None and own[0] in read:
         shards[own[0]] = own[1].parts(variables, rows)
-    return [shards[k] for k in range(len(addresses))]
+    return [shards[k] for k in read]

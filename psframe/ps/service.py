@@ -387,7 +387,9 @@ class ParameterServerService(TaskService):
                     f"the chief's model does not match what {self.task_name} holds", sync, self._sync_def
                 )
             elif header.adopt_from:
-                self._adopt_from_peers(list(header.adopt_from), defs, optimizer, sync, table_optimizer)
+                self._adopt_from_peers(
+                    list(header.adopt_from), defs, optimizer, sync, table_optimizer, list(header.adopt_tasks)
+                )
                 self._take_finished(header.finished_workers)
                 if self.relayout.moved_to is None:  # new in this layout
                     before = ClusterSpec({"ps": list(header.adopt_from), "worker": self.cluster.job_tasks("worker")})
@@ -669,7 +671,18 @@ class ParameterServerService(TaskService):
                 f"{ClusterSpec.caller_name(caller.job_name, caller.task_index)} of fingerprint "
                 f"{caller.cluster_fingerprint or 'none'}"
             )
-        return encode_shard(self.relayout.parts(list(header.variables), header.rows))
+        return encode_shard(self.relayout.parts(list(header.variables), header.rows, trim=True))
+
+    def _peers_at(self, addresses: list[str]) -> PsPeers:
+        """The connections to the ps tasks at ``addresses`` (the layout before a re-layout's stage):
+        those this task has of its cluster now or of one before, or new ones, kept for later stages."""
+        for peers in [self._peers, *self._old_peers]:
+            if peers.cluster.job_tasks("ps") == addresses:
+                return peers
+        before = ClusterSpec({"ps": addresses, "worker": self.cluster.job_tasks("worker")})
+        peers = PsPeers(before, self.task_index, self._security, self._liveness)
+        self._old_peers.append(peers)
+        return peers
 
     def _adopt_from_peers(
         self,
@@ -678,8 +691,10 @@ class ParameterServerService(TaskService):
         optimizer: OptimizerSpec,
         sync: pb.SyncDef | None,
         table_optimizer: OptimizerSpec | None,
+        tasks: list[int],
     ) -> None:
-        """Take the parts the chief placed here from the ps tasks of the layout before (their cut's snapshots).
+        """Take the parts the chief placed here from the ps tasks of the layout before (their cut's
+        snapshots): from ``tasks`` of them (ps 0 among them), or all.
 
         Every task of the new layout takes the push ledger of ps 0 before (at the cut, every
         task had applied the same steps of every worker). ps 0, which a re-layout always keeps,
@@ -689,7 +704,12 @@ class ParameterServerService(TaskService):
         caller = pb.Caller(job_name="ps", task_index=self.task_index, cluster_fingerprint=self.cluster.fingerprint)
         # A task kept reads its own snapshot in place: no copy of the parts it keeps.
         own = (self.task_index, self.relayout) if self.relayout.snapshot is not None else None
-        shards = fetch_shards(addresses, defs, caller, MAX_FETCH_SECONDS, self._security, self._liveness, own)
+        if tasks and (0 not in tasks or not all(0 <= k < len(addresses) for k in tasks)):
+            raise errors.ClusterMismatchError(
+                f"{self.task_name} takes its parts from ps tasks {tasks} of the {len(addresses)} before the "
+                f"re-layout: expected ps 0 among them (its push ledger), and indices below {len(addresses)}"
+            )
+        shards = fetch_shards(self._peers_at(addresses), defs, caller, MAX_FETCH_SECONDS, own, tasks)
         fetched = time.monotonic() - start
         restored = recovery.restore_from_shards(
             shards, defs, optimizer, table_optimizer, source="the re-layout's snapshot"
@@ -701,11 +721,12 @@ class ParameterServerService(TaskService):
         # snapshot's own (nothing else writes them) or fresh: the store takes them as they are.
         self._adopt(restored, peers=False, data=False, take=True)
         log.info(
-            "%s: took %d parts (%d bytes with optimizer state) from the %d ps tasks before the re-layout "
+            "%s: took %d parts (%d bytes with optimizer state) from %d of the %d ps tasks before the re-layout "
             "in %.3f s (%.3f s reading them), at global step %d",
             self.task_name,
             len(defs),
             self.store.nbytes(),
+            len(shards),
             len(addresses),
             time.monotonic() - start,
             fetched,

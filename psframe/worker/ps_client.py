@@ -574,9 +574,11 @@ class PsClient:
         adopt_from: Sequence[str],
         layout_version: int,
         finished_workers: Sequence[int] = (),
+        sources: Sequence[Sequence[int]] | None = None,
     ) -> None:
         """The chief's second part of a re-layout: every ps task of this (new) cluster takes the
-        parts placed on it from the snapshots of the tasks before (``adopt_from``), in parallel."""
+        parts placed on it from the snapshots of the tasks before (``adopt_from``), in parallel;
+        ps task ``k`` from tasks ``sources[k]`` only (:func:`psframe.cluster.moves.sources`), or all."""
         calls = []
         for k, ps in enumerate(self._ps):
             header = pb.InitHeader(
@@ -587,6 +589,7 @@ class PsClient:
                 adopt_from=adopt_from,
                 layout_version=layout_version,
                 finished_workers=finished_workers,
+                adopt_tasks=() if sources is None else sources[k],
             )
             if table_optimizer is not None:
                 header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))

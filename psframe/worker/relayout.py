@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from psframe.cluster import ClusterSpec
@@ -127,9 +127,11 @@ def lead(
     layout: Layout,
     settings: Settings,
     stage: MoveStage | None = None,
+    sources: Sequence[Sequence[int]] | None = None,
 ) -> float:
     """The chief's re-layout (or ``stage`` of one) from ``before`` (reached by ``old``) to
-    ``layout``; closes the new layout's client if it fails.
+    ``layout``; closes the new layout's client if it fails. ``sources``: the tasks before each
+    task of the new layout reads its parts from (:func:`psframe.cluster.moves.sources`); None: all.
 
     Returns:
         The seconds training paused: from the cut until the new layout held the model.
@@ -148,7 +150,10 @@ def lead(
             client.prepare(added)
         start = time.monotonic()
         old.move(new, stage)
-        paused = take_parts(before, layout, settings) - start
+        cut = time.monotonic()
+        held = take_parts(before, layout, settings, sources)
+        paused = held - start
+        log.debug("re-layout stage: the cut took %.4f s, taking the parts %.4f s", cut - start, held - cut)
     except BaseException:
         client.close()
         raise
@@ -157,16 +162,20 @@ def lead(
     return paused
 
 
-def take_parts(before: ClusterSpec, layout: Layout, settings: Settings) -> float:
+def take_parts(
+    before: ClusterSpec, layout: Layout, settings: Settings, sources: Sequence[Sequence[int]] | None = None
+) -> float:
     """After the cut: every ps task of ``layout`` takes its parts from the snapshots of the tasks of
-    ``before``, the model is checked there, and the snapshots may go.
+    ``before`` (``sources``: as :func:`lead`), the model is checked there, and the snapshots may go.
 
     Returns:
         When (``time.monotonic()``) the layout held the model: training goes on from then.
     """
     client = layout.client
+    start = time.monotonic()
     # ps 0 counted this re-layout at its cut, and knows who finished (the client learns the version).
-    at_cut = client.wait_for_ps(settings.timeout)[0]
+    at_cut = client.wait_for_ps(settings.timeout, tasks=[0])[0]
+    asked = time.monotonic()
     client.adopt(
         layout.replica.slots,
         settings.optimizer,
@@ -175,10 +184,19 @@ def take_parts(before: ClusterSpec, layout: Layout, settings: Settings) -> float
         before.job_tasks("ps"),
         at_cut.layout_version,
         at_cut.finished_workers,
+        sources,
     )
+    adopted = time.monotonic()
     client.check_model(client.wait_for_ps(settings.timeout, ready=True), layout.replica.slots, settings.sync)
     held = time.monotonic()
     client.reshard_done()
+    log.debug(
+        "re-layout: asked ps 0 %.4f s, the tasks took their parts %.4f s, checked %.4f s, told done %.4f s",
+        asked - start,
+        adopted - asked,
+        held - adopted,
+        time.monotonic() - held,
+    )
     return held
 
 
@@ -198,6 +216,7 @@ def resume(layout: Layout, settings: Settings, status: LayoutStatus) -> bool:
         before.job_tasks("ps"),
         layout.cluster.job_tasks("ps"),
     )
+    layout.client.wait_for_ps(settings.timeout)  # every task of the new layout is up (lead waits before its cut)
     take_parts(before, layout, settings)
     with PsClient(before, 0, job_name="tool", rpc_timeout=layout.client.rpc_timeout) as old:
         for k in range(layout.cluster.num_ps, before.num_ps):  # drained

@@ -33,7 +33,7 @@ import torch
 
 from psframe import checkpoint
 from psframe.cluster import ClusterSpec
-from psframe.cluster.moves import MoveStage
+from psframe.cluster.moves import MoveStage, moved_parts, sources
 from psframe.cluster.placement import ShardPlacement
 from psframe.errors import (
     CheckpointError,
@@ -281,6 +281,7 @@ class Trainer:
         self._next_reshard_poll = 0.0  # the chief asks ps 0 whether a re-layout waits (asked by a tool)
         self._relayouts = 0
         self._relayout_pauses: list[float] = []  # of the stages of the last re-layout this chief led
+        self._relayout_parts: list[int] = []  # the parts each of those stages moved
         self._stage: MoveStage | None = None  # the last stage this chief took
         self._layouts = relayout.Layouts(self._placement_on, self._layout_with, placement.max_shard_bytes)
         self._placement = self._replica.placement
@@ -829,6 +830,12 @@ class Trainer:
         """The seconds each stage of the last re-layout this chief led paused training."""
         return tuple(self._relayout_pauses)
 
+    @property
+    def relayout_parts_moved(self) -> tuple[int, ...]:
+        """The parts each stage of the last re-layout this chief led moved (those of
+        :attr:`relayout_pauses`): the issue's measure of a stage's pause is per part moved."""
+        return tuple(self._relayout_parts)
+
     def _take_asked_reshard(self) -> None:
         """The chief, between two steps: take the re-layout ps 0 was asked for, if any, or the
         next stage of the one under way (then it asks again at the next step)."""
@@ -842,7 +849,7 @@ class Trainer:
             assert stage is not None
             self._take_stage(MoveStage(stage.origin, stage.target, stage.stage + 1, stage.stages))
         elif status.cluster is not None and not status.moved and status.cluster != self._cluster:
-            self._relayout_pauses = []
+            self._relayout_pauses, self._relayout_parts = [], []
             self._take_stage(self._layouts.plan(self._cluster, status.cluster)[0])
         else:
             return
@@ -851,7 +858,7 @@ class Trainer:
 
     def _move_to(self, new: ClusterSpec) -> float:
         """The chief's re-layout, every stage of it; then it trains on the new layout."""
-        self._relayout_pauses = []
+        self._relayout_pauses, self._relayout_parts = [], []
         for stage in self._layouts.plan(self._cluster, new):
             self._take_stage(stage)
         return sum(self._relayout_pauses)
@@ -860,17 +867,28 @@ class Trainer:
         """The chief's ``stage`` of a re-layout (:func:`psframe.worker.relayout.lead`); then it trains
         on the layout after it."""
         layout = self._layouts.of_stage(stage)
-        paused = relayout.lead(self._ps, self._cluster, layout, self._relayout_settings(self._sync), stage)
+        after = layout.replica.placement
+        paused = relayout.lead(
+            self._ps,
+            self._cluster,
+            layout,
+            self._relayout_settings(self._sync),
+            stage,
+            sources(self._placement, after),
+        )
+        moved = moved_parts(self._placement, after)
         # No pull: the parts moved as they were, and hold what this chief's last step was answered.
         self._switch_to(layout, pull=False)
         self._stage = stage
         self._relayout_pauses.append(paused)
+        self._relayout_parts.append(moved)
         log.info(
-            "chief: re-layout to ps tasks %s, stage %d of %d taken in %.3f s (%d parts), at global step %d",
+            "chief: re-layout to ps tasks %s, stage %d of %d taken in %.3f s (%d of %d parts moved), at global step %d",
             ClusterSpec.from_string(stage.target).job_tasks("ps"),
             stage.stage,
             stage.stages,
             paused,
+            moved,
             len(layout.replica.slots),
             self._global_step,
         )
