@@ -146,13 +146,15 @@ class PsClient:
         # A worker asks to take part (an elastic ps task counts it, even after it had left).
         request = pb.InfoRequest(caller=self.caller, joining=self.caller.job_name == "worker")
         while True:
-            for k in list(pending):
-                try:
-                    info = messages.task_status(
-                        self._ps[k].call("GetInfo", request, timeout=max(0.1, min(2.0, deadline - time.monotonic())))
-                    )
-                except (errors.TaskUnavailableError, errors.RpcTimeoutError):
+            asked = list(pending)
+            timeout_each = max(0.1, min(2.0, deadline - time.monotonic()))
+            replies = transport.call_each([(self._ps[k], "GetInfo", request) for k in asked], timeout_each)
+            for k, (reply, error) in zip(asked, replies):
+                if isinstance(error, (errors.TaskUnavailableError, errors.RpcTimeoutError)):
                     continue
+                if error is not None:
+                    raise error
+                info = messages.task_status(reply)
                 messages.check_identity(info, self.cluster, "ps", k, self._ps[k].address)
                 if self.caller.job_name == "worker":  # number pushes above those the task applied already
                     last = next((w.last_push_id for w in info.workers if w.task_index == self.task_index), 0)

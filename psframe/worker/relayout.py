@@ -134,7 +134,8 @@ def lead(
     task of the new layout reads its parts from (:func:`psframe.cluster.moves.sources`); None: all.
 
     Returns:
-        The seconds training paused: from the cut until the new layout held the model.
+        When (``time.monotonic()``) the cut began: training is paused from then on, until the
+        chief trains on ``layout``.
 
     Raises:
         ConnectTimeoutError: a task added did not answer, or the new layout did not hold the
@@ -152,14 +153,13 @@ def lead(
         old.move(new, stage)
         cut = time.monotonic()
         held = take_parts(before, layout, settings, sources)
-        paused = held - start
         log.debug("re-layout stage: the cut took %.4f s, taking the parts %.4f s", cut - start, held - cut)
     except BaseException:
         client.close()
         raise
     for k in range(new.num_ps, before.num_ps):  # drained: nothing is left on them
         old.shutdown(k)
-    return paused
+    return start
 
 
 def take_parts(

@@ -865,10 +865,12 @@ class Trainer:
 
     def _take_stage(self, stage: MoveStage) -> None:
         """The chief's ``stage`` of a re-layout (:func:`psframe.worker.relayout.lead`); then it trains
-        on the layout after it."""
+        on the layout after it. Its pause counts from the cut until this chief can step again (on
+        the new layout's client, made before the cut)."""
+        begun = time.monotonic()
         layout = self._layouts.of_stage(stage)
         after = layout.replica.placement
-        paused = relayout.lead(
+        cut_at = relayout.lead(
             self._ps,
             self._cluster,
             layout,
@@ -880,16 +882,19 @@ class Trainer:
         # No pull: the parts moved as they were, and hold what this chief's last step was answered.
         self._switch_to(layout, pull=False)
         self._stage = stage
+        paused = time.monotonic() - cut_at
         self._relayout_pauses.append(paused)
         self._relayout_parts.append(moved)
         log.info(
-            "chief: re-layout to ps tasks %s, stage %d of %d taken in %.3f s (%d of %d parts moved), at global step %d",
+            "chief: re-layout to ps tasks %s, stage %d of %d: paused %.3f s (%d of %d parts moved; "
+            "%.3f s between two steps), at global step %d",
             ClusterSpec.from_string(stage.target).job_tasks("ps"),
             stage.stage,
             stage.stages,
             paused,
             moved,
             len(layout.replica.slots),
+            time.monotonic() - begun,
             self._global_step,
         )
 

@@ -22,7 +22,7 @@
 """
 
 from psframe.wire.transport.auth import UNAUTHENTICATED_MESSAGE, TokenInterceptor, call_metadata, open_channel
-from psframe.wire.transport.client import Connection, PendingCall, Stream, Watchdog, call_all
+from psframe.wire.transport.client import Connection, PendingCall, Stream, Watchdog, call_all, call_each
 from psframe.wire.transport.error_codec import (
     ERROR_METADATA_KEY,
     decode_error,
@@ -50,6 +50,7 @@ __all__ = [
     "TokenInterceptor",
     "Watchdog",
     "call_all",
+    "call_each",
     "call_metadata",
     "decode_error",
     "encode_error",

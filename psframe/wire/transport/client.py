@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import queue
 import signal
 import threading
@@ -168,25 +169,102 @@ def call_all(
 ) -> list[Any]:
     """Make unary calls to several tasks in parallel; their replies, in order.
 
-    Every call is waited for; then the first failure, if any, is raised.
+    Each is a blocking call: the first in the calling thread, the others in threads kept for
+    them (:class:`_Helpers`). gRPC's own parallel calls (futures) start a thread of the
+    channel's for every call on a channel with none in flight: on a busy process that costs
+    more than the call. Every call is waited for (each has its deadline); then the first
+    failure, if any, is raised.
     """
-    if len(calls) == 1:  # a blocking call costs less than a future
-        ((connection, method, request),) = calls
-        return [connection.call(method, request, timeout=timeout, wait_for_ready=wait_for_ready)]
-    pending = [
-        connection.start_call(method, request, timeout=timeout, wait_for_ready=wait_for_ready)
-        for connection, method, request in calls
-    ]
-    replies, failure = [], None
-    for call in pending:
-        try:
-            replies.append(call.result())
-        except PsframeError as e:
-            failure = failure or e
-            replies.append(None)
+    outcomes = call_each(calls, timeout, wait_for_ready=wait_for_ready)
+    failure = next((e for _, e in outcomes if e is not None), None)
     if failure is not None:
         raise failure
-    return replies
+    return [reply for reply, _ in outcomes]
+
+
+def call_each(
+    calls: Sequence[tuple[Connection, str, Any]], timeout: float, *, wait_for_ready: bool = False
+) -> list[tuple[Any, PsframeError | None]]:
+    """:func:`call_all`, each call's outcome apart: ``(reply, None)`` or ``(None, error)``, in order."""
+    if not calls:
+        return []
+
+    def call(connection: Connection, method: str, request: Any) -> Any:
+        return connection.call(method, request, timeout=timeout, wait_for_ready=wait_for_ready)
+
+    others = [_helpers.run(functools.partial(call, *c)) for c in calls[1:]]
+    outcomes: list[tuple[Any, PsframeError | None]] = []
+    try:
+        outcomes.append((call(*calls[0]), None))
+    except PsframeError as e:
+        outcomes.append((None, e))
+    # A helper's call ends by its deadline; the margin covers the thread's own hand-over.
+    outcomes.extend(result.wait(timeout + _HELPER_MARGIN_S) for result in others)
+    return outcomes
+
+
+_HELPER_MARGIN_S = 5.0
+
+
+class _Outcome:
+    """A call a helper makes: its reply or its error, once made."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._reply: Any = None
+        self._error: Exception | None = None
+
+    def finish(self, reply: Any, error: Exception | None) -> None:
+        self._reply, self._error = reply, error
+        self._done.set()
+
+    def wait(self, timeout: float) -> tuple[Any, PsframeError | None]:
+        """``(reply, None)`` or ``(None, error)``; an :class:`RpcTimeoutError` if the helper never answered.
+
+        Raises:
+            Exception: the call raised one that is no :class:`PsframeError` (a bug): as the caller's own would.
+        """
+        if not self._done.wait(timeout):
+            return None, errors.RpcTimeoutError(f"a parallel call did not end within {timeout:.1f}s")
+        if self._error is not None and not isinstance(self._error, PsframeError):
+            raise self._error
+        return self._reply, self._error
+
+
+class _Helpers:
+    """Threads that make the calls of :func:`call_all` beside the caller's own, started as many
+    as were ever needed at once, and kept: daemon threads, so an exit waits for no call in flight."""
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def run(self, call: Callable[[], Any]) -> _Outcome:
+        outcome = _Outcome()
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+                start = False
+            else:
+                start = True
+        self._work.put((call, outcome))
+        if start:
+            threading.Thread(target=self._serve, name="psframe-call", daemon=True).start()
+        return outcome
+
+    def _serve(self) -> None:
+        while True:
+            call, outcome = self._work.get()
+            try:
+                outcome.finish(call(), None)
+            except Exception as e:  # noqa: BLE001 - handed to the caller, who raises it
+                outcome.finish(None, e)
+            with self._lock:
+                self._idle += 1
+
+
+_helpers = _Helpers()
 
 
 class Stream:
