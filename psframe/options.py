@@ -48,8 +48,10 @@ class Placement:
             the ps tasks: ``"mod"`` (row ``i`` on ps task ``i % P``, the default:
             frequent ids spread whatever their numbering) or ``"range"``.
         table_parts: cut every embedding table (fixed or dynamic) into this many
-            parts whatever the number of ps tasks, part ``k`` on ps task ``k % P``;
-            None (the default): one part per ps task. With a fixed number, adding
+            parts whatever the number of ps tasks, dealt among them so that a ps
+            task added takes only its share from the others
+            (:func:`psframe.cluster.table_placement.part_owners`); None (the
+            default): one part per ps task. With a fixed number, adding
             or draining ps tasks while training moves a table part by part, a few
             parts a stage, instead of cutting it anew in one stage
             (:mod:`psframe.cluster.moves`). A multiple of the ps task counts the

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from psframe.cluster.moves import MoveStage, stages
+from psframe.cluster.moves import MoveStage, moved_parts, sources, stages
 from psframe.cluster.placement import Shard, ShardPlacement, VariableInfo, place
-from psframe.cluster.table_placement import place_tables
+from psframe.cluster.table_placement import part_owners, place_tables
 from psframe.errors import PlacementError
 
 # w: 3 parts of 512 bytes on any number of ps tasks (cut by size); b: 32 bytes, whole.
@@ -93,12 +93,39 @@ def test_a_table_cut_into_a_fixed_number_of_parts_moves_part_by_part():
     table = [VariableInfo("emb", (60, 4), 4)]
     before = ShardPlacement(2, tuple(place_tables(table, 2, num_parts=6)))
     after = ShardPlacement(3, tuple(place_tables(table, 3, num_parts=6)))
-    assert [s.ps_task for s in before.shards] == [0, 1, 0, 1, 0, 1]  # part k on task k % P
-    assert [s.ps_task for s in after.shards] == [0, 1, 2, 0, 1, 2]
+    assert [s.ps_task for s in before.shards] == [0, 0, 0, 1, 1, 1]
+    assert [s.ps_task for s in after.shards] == [0, 0, 2, 1, 1, 2]  # the new task takes its share only
     plan = stages(before, after, max_stage_bytes=1)
-    assert len(plan) == 4  # parts 2..5 change task, one a stage; parts 0 and 1 stay
-    assert owners(plan[0])["emb/part_3"] == 0  # the part coming to ps 0 first
+    assert len(plan) == 2  # parts 2 and 5 change task, one a stage; the others stay
+    assert [moved_parts(a, b) for a, b in zip([before, *plan], plan)] == [1, 1]
     assert all({s.num_parts for s in p.shards} == {6} for p in plan)  # never cut anew
+    assert stages(after, before, max_stage_bytes=1)[-1] == before  # drained: the same two come back
+
+
+@pytest.mark.parametrize("num_parts", [1, 2, 5, 12, 48])
+def test_table_parts_are_dealt_evenly_and_a_task_added_takes_only_its_share(num_parts):
+    for num_ps in range(1, 9):
+        owners_before, owners_after = part_owners(num_parts, num_ps), part_owners(num_parts, num_ps + 1)
+        counts = [owners_after.count(t) for t in range(num_ps + 1)]
+        assert max(counts) - min(counts) <= 1 and sum(counts) == num_parts
+        moved = [k for k in range(num_parts) if owners_before[k] != owners_after[k]]
+        assert all(owners_after[k] == num_ps for k in moved)  # only to the task added
+        assert len(moved) == num_parts // (num_ps + 1)  # its share, no more
+
+
+def test_each_task_reads_from_the_tasks_that_hold_rows_of_its_parts_and_ps_0():
+    # w: 3 parts by size on either side, cut alike; b whole on ps 0. A task added reads from
+    # the tasks its parts come from (and ps 0); a task kept reads from itself too.
+    before, after = placed(2), placed(3)
+    moved = {s.name: (b.ps_task, s.ps_task) for b, s in zip(before.shards, after.shards) if b.ps_task != s.ps_task}
+    got = sources(before, after)
+    for task, tasks in enumerate(got):
+        gained = {frm for frm, to in moved.values() if to == task}
+        assert set(tasks) == {0} | gained | ({task} if task < 2 else set())
+    table = [VariableInfo("emb", (30, 4), 4)]  # cut anew: 2 parts -> 3, each new part overlaps old ones
+    assert sources(ShardPlacement(2, tuple(place_tables(table, 2))), ShardPlacement(3, tuple(place_tables(table, 3))))[
+        2
+    ] == [0, 1]  # strided rows, cut otherwise: any part may hold some
 
 
 def test_a_number_of_table_parts_below_one_is_refused():

@@ -17,6 +17,7 @@ import torch
 
 import psframe
 from psframe.checkpoint.shard import OptimizerData, ShardData, VariableData
+from psframe.checkpoint.slices import slice_rows
 from psframe.errors import ClusterSpecError
 from psframe.ps.relayout import check_new_cluster, decode_shard, encode_shard
 from psframe.worker.ps_client import PsClient
@@ -109,6 +110,25 @@ def test_a_task_of_the_new_layout_is_sent_only_the_parts_that_hold_its_rows():
     assert sent((8, 12)) == ["w/part_2"]
     assert sent() == ["w/part_0", "w/part_1", "w/part_2"]  # no range: every part
     assert relayout.parts(["b"], []).variables == ()
+
+    # Trimmed (a FetchParts reply): only the rows asked for cross, with their element-wise state.
+    for k, v in enumerate(relayout.snapshot.variables):
+        v.state.update(sum=v.value * 10, step=torch.tensor(float(k)))
+    wanted = [pb.RowRange(variable="w", start=3, end=5), pb.RowRange(variable="w", start=9, end=12)]
+    pieces = decode_shard(encode_shard(relayout.parts(["w"], wanted, trim=True))).variables
+    assert [(p.name, p.row_start, p.shape) for p in pieces] == [
+        ("w/part_0", 3, (1, 2)),
+        ("w/part_1", 4, (1, 2)),
+        ("w/part_2", 9, (3, 2)),
+    ]
+    for p in pieces:
+        k = int(p.name[-1])
+        assert torch.equal(p.value, torch.full(p.shape, float(k))) and torch.equal(p.state["sum"], p.value * 10)
+        assert float(p.state["step"]) == k  # not element-wise: whole
+    restored, _ = slice_rows([ShardData(3, 0, 2, OptimizerData("SGD", {}), None, tuple(pieces))], "w", 3, 5)
+    assert restored[:, 0].tolist() == [0.0, 1.0]  # the rows rebuilt from the pieces
+    whole = relayout.parts(["w"], [pb.RowRange(variable="w", start=0, end=12)], trim=True).variables
+    assert [p.value.data_ptr() for p in whole] == [v.value.data_ptr() for v in relayout.snapshot.variables]
 
     # A table by id modulo its 3 parts: a task cutting it alike is sent the part of its first row
     # alone; one cutting it otherwise (every 4th row, or runs of rows) every part.

@@ -21,6 +21,7 @@ Like :mod:`psframe.cluster.placement`, this works on sizes only.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,8 +40,8 @@ def place_tables(
     soft_placement: bool = False,
     num_parts: int | None = None,
 ) -> list[Shard]:
-    """One part of each table per ps task, or ``num_parts`` parts (fewer for a table of fewer
-    rows); part ``k`` on ps task ``k % num_ps``.
+    """One part of each table per ps task (part ``k`` on ps task ``k``), or ``num_parts`` parts
+    (fewer for a table of fewer rows) dealt among them by :func:`part_owners`.
 
     A table with an explicit device goes whole to that ps task.
 
@@ -54,8 +55,7 @@ def place_tables(
             re-layout then moves whole parts); None: ``num_ps``.
 
     Returns:
-        The tables' shards (``table=True``), table by table, part by part;
-        part ``k`` is on ps task ``k % num_ps``.
+        The tables' shards (``table=True``), table by table, part by part.
 
     Raises:
         PlacementError: an unknown partition, a 0-d table, or a device
@@ -74,6 +74,7 @@ def place_tables(
             continue
         base, extra = divmod(var.rows, parts)
         start = 0
+        owners = tuple(range(parts)) if num_parts is None else part_owners(parts, num_ps)
         for k in range(parts):
             rows = base + (1 if k < extra else 0)  # the same counts either way
             if partition == "mod":
@@ -85,7 +86,7 @@ def place_tables(
                 Shard(
                     f"{var.name}/part_{k}",
                     var.name,
-                    k % num_ps,
+                    owners[k],
                     first,
                     end,
                     (rows, *var.shape[1:]),
@@ -246,6 +247,30 @@ class DynamicTableSpec:
 ID_MIX = 0x9E3779B97F4A7C15
 
 
+@functools.lru_cache(maxsize=256)
+def part_owners(num_parts: int, num_ps: int) -> tuple[int, ...]:
+    """The ps task of each of a table's ``num_parts`` parts on ``num_ps`` tasks (a number of
+    parts given whatever the tasks: ``Placement(table_parts=...)``).
+
+    The parts are dealt as the tasks come, one at a time: all on task 0; then each task ``p`` added takes its share
+    (``num_parts // (p + 1)``) from the others, one part at a time, the last part of the
+    task that holds the most (the lowest such task on a tie). So every task holds as many
+    parts as another, give or take one, and a live re-layout that adds a ps task at the end
+    moves only the parts the new task takes (draining it, only the parts it gives back): a
+    third of them from 2 tasks to 3, where dealing ``k % num_ps`` moved two thirds.
+    """
+    owners = [0] * num_parts
+    counts = [num_parts] + [0] * max(0, num_ps - 1)
+    for p in range(1, num_ps):
+        for _ in range(num_parts // (p + 1)):
+            fullest = max(range(p), key=lambda t: (counts[t], -t))
+            k = max(i for i in range(num_parts) if owners[i] == fullest)
+            owners[k] = p
+            counts[fullest] -= 1
+            counts[p] += 1
+    return tuple(owners)
+
+
 def dynamic_part(table_id: int, num_parts: int) -> int:
     """The part of a dynamic table that holds id ``table_id`` (see :func:`place_dynamic`)."""
     return (((table_id * ID_MIX) & 0xFFFFFFFFFFFFFFFF) >> 32) % num_parts
@@ -259,8 +284,8 @@ def place_dynamic(
     num_ps: int,
     num_parts: int | None = None,
 ) -> list[Shard]:
-    """One part of dynamic table ``name`` per ps task, or ``num_parts`` parts, part ``k`` on
-    ps task ``k % num_ps``.
+    """One part of dynamic table ``name`` per ps task, or ``num_parts`` parts dealt by
+    :func:`part_owners`.
 
     A dynamic table takes any int64 id. Part ``k`` holds the ids whose
     mixed bits (the id times a 64-bit odd constant, its top 32 bits) are
@@ -269,11 +294,12 @@ def place_dynamic(
     (``shape == (0, *row_shape)``) and grows with the ids it sees.
     """
     parts = num_parts or num_ps
+    owners = tuple(range(parts)) if num_parts is None else part_owners(parts, num_ps)
     return [
         Shard(
             f"{name}/part_{k}",
             name,
-            k % num_ps,
+            owners[k],
             0,
             0,
             (0, *row_shape),
