@@ -447,7 +447,13 @@ class ParameterServerService(TaskService):
                             optimizer,
                         )
             state = pb.TaskInfo.READY if self.store.ready else pb.TaskInfo.WAITING_FOR_MODEL
-            reply = pb.InitReplyHeader(state=state, created=created, global_step=self.store.global_step)
+            reply = pb.InitReplyHeader(
+                state=state,
+                created=created,
+                global_step=self.store.global_step,
+                last_push_id=self.ledger.last_push(header.caller.task_index),
+                layout_version=self.relayout.version,
+            )
         return codec.encode(reply, ())
 
     # ---- checkpoints
@@ -536,7 +542,7 @@ class ParameterServerService(TaskService):
         try:
             with self._init_lock:
                 if request.move_to and self.relayout.took(request.move_to, request.move_stage):
-                    return pb.SaveReply(global_step=self.store.global_step)  # the cut taken again after a lost one
+                    return self._moved_reply()  # the cut taken again after a lost one
                 self.store.check_names([])  # NotReadyError before the model exists
                 if request.targets:
                     self._reach(list(request.targets))
@@ -545,7 +551,7 @@ class ParameterServerService(TaskService):
                 k, num_ps = self.task_index, self.cluster.num_ps
                 if request.move_to:
                     self._move(ClusterSpec.from_string(request.move_to), cut, request.move_stage)
-                    return pb.SaveReply(global_step=self.store.global_step)
+                    return self._moved_reply()
                 if request.delta:  # what changed since the parent only
                     record = recovery.save_delta_shard(
                         self.store, url, request.step, request.parent_step, k, num_ps, self._pushes_held, cut
@@ -573,6 +579,14 @@ class ParameterServerService(TaskService):
         )
 
     # ---- a live re-layout: ps tasks added or drained (psframe.ps.relayout)
+
+    def _moved_reply(self) -> pb.SaveReply:
+        """What a re-layout's cut answers: where this task stands after it."""
+        return pb.SaveReply(
+            global_step=self.store.global_step,
+            layout_version=self.relayout.version,
+            finished_workers=sorted(self.roster.finished),
+        )
 
     def reshard(self, request: pb.ReshardRequest) -> pb.ReshardReply:
         """Ask ps 0 for a re-layout to ``request.cluster_spec``; or, with none, say what is asked or taken

@@ -389,16 +389,20 @@ class InitRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[InitHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class InitReplyHeader(_message.Message):
-    __slots__ = ("state", "created", "global_step", "tensors")
+    __slots__ = ("state", "created", "global_step", "tensors", "last_push_id", "layout_version")
     STATE_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
+    LAST_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     state: TaskInfo.State
     created: bool
     global_step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
-    def __init__(self, state: _Optional[_Union[TaskInfo.State, str]] = ..., created: _Optional[bool] = ..., global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
+    last_push_id: int
+    layout_version: int
+    def __init__(self, state: _Optional[_Union[TaskInfo.State, str]] = ..., created: _Optional[bool] = ..., global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., last_push_id: _Optional[int] = ..., layout_version: _Optional[int] = ...) -> None: ...
 
 class InitResponse(_message.Message):
     __slots__ = ("header", "payload")
@@ -555,7 +559,7 @@ class SaveRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., step: _Optional[int] = ..., delta: _Optional[bool] = ..., parent_step: _Optional[int] = ..., hold: _Optional[bool] = ..., hold_seconds: _Optional[float] = ..., targets: _Optional[_Iterable[int]] = ..., round_target: _Optional[int] = ..., cut_rounds: _Optional[bool] = ..., move_to: _Optional[str] = ..., move_stage: _Optional[_Union[MoveStage, _Mapping]] = ...) -> None: ...
 
 class SaveReply(_message.Message):
-    __slots__ = ("file", "sha256", "nbytes", "global_step", "steps_begun", "holds", "holds_rounds")
+    __slots__ = ("file", "sha256", "nbytes", "global_step", "steps_begun", "holds", "holds_rounds", "layout_version", "finished_workers")
     FILE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
@@ -563,6 +567,8 @@ class SaveReply(_message.Message):
     STEPS_BEGUN_FIELD_NUMBER: _ClassVar[int]
     HOLDS_FIELD_NUMBER: _ClassVar[int]
     HOLDS_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_WORKERS_FIELD_NUMBER: _ClassVar[int]
     file: str
     sha256: str
     nbytes: int
@@ -570,7 +576,9 @@ class SaveReply(_message.Message):
     steps_begun: _containers.RepeatedScalarFieldContainer[int]
     holds: bool
     holds_rounds: bool
-    def __init__(self, file: _Optional[str] = ..., sha256: _Optional[str] = ..., nbytes: _Optional[int] = ..., global_step: _Optional[int] = ..., steps_begun: _Optional[_Iterable[int]] = ..., holds: _Optional[bool] = ..., holds_rounds: _Optional[bool] = ...) -> None: ...
+    layout_version: int
+    finished_workers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, file: _Optional[str] = ..., sha256: _Optional[str] = ..., nbytes: _Optional[int] = ..., global_step: _Optional[int] = ..., steps_begun: _Optional[_Iterable[int]] = ..., holds: _Optional[bool] = ..., holds_rounds: _Optional[bool] = ..., layout_version: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("caller",)

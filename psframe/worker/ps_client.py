@@ -539,10 +539,11 @@ class PsClient:
             "Reshard", pb.ReshardRequest(caller=self.caller, cluster_spec=new.to_string()), timeout=self.rpc_timeout
         )
 
-    def move(self, new: ClusterSpec, stage: MoveStage | None = None) -> None:
+    def move(self, new: ClusterSpec, stage: MoveStage | None = None) -> pb.SaveReply:
         """The chief's first part of a re-layout (or of its ``stage``): every ps task takes one cut,
         snapshots its parts into memory and moves to ``new`` (workers of the layout before are
-        refused from then on).
+        refused from then on). Returns ps 0's reply: the layout version and the workers that had
+        finished, which the tasks of the new layout are told.
 
         A cut lost to a worker that died in the middle of a step (CheckpointCutError) is taken
         again without the steps it waited for, as a checkpoint is: that step may be applied on
@@ -559,13 +560,14 @@ class PsClient:
         )
         requests = self._cut_requests(move_to=new.to_string(), **staged)
         try:
-            transport.call_all([(ps, "Save", r) for ps, r in zip(self._ps, requests)], self.rpc_timeout)
+            replies = transport.call_all([(ps, "Save", r) for ps, r in zip(self._ps, requests)], self.rpc_timeout)
         except errors.CheckpointCutError as e:
             log.warning("%s: the re-layout's cut is taken without waiting for a lost worker's step: %s", self.name, e)
             for request in requests:
                 del request.targets[:]
                 request.cut_rounds = False
-            transport.call_all([(ps, "Save", r) for ps, r in zip(self._ps, requests)], self.rpc_timeout)
+            replies = transport.call_all([(ps, "Save", r) for ps, r in zip(self._ps, requests)], self.rpc_timeout)
+        return replies[0]
 
     def adopt(
         self,
@@ -577,10 +579,16 @@ class PsClient:
         layout_version: int,
         finished_workers: Sequence[int] = (),
         sources: Sequence[Sequence[int]] | None = None,
-    ) -> None:
+    ) -> bool:
         """The chief's second part of a re-layout: every ps task of this (new) cluster takes the
         parts placed on it from the snapshots of the tasks before (``adopt_from``), in parallel;
-        ps task ``k`` from tasks ``sources[k]`` only (:func:`psframe.cluster.moves.sources`), or all."""
+        ps task ``k`` from tasks ``sources[k]`` only (:func:`psframe.cluster.moves.sources`), or all.
+
+        Returns:
+            Whether every task now holds the model (then it holds these variables, and this
+            client numbers its pushes from the replies: no :meth:`wait_for_ps` needed).
+        """
+        self.caller.layout_version = layout_version  # the tasks kept refuse a caller of the layout before
         calls = []
         for k, ps in enumerate(self._ps):
             header = pb.InitHeader(
@@ -596,7 +604,13 @@ class PsClient:
             if table_optimizer is not None:
                 header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
             calls.append((ps, "Init", codec.encode(header, ())))
-        transport.call_all(calls, self.rpc_timeout)
+        replies = [codec.decode(r, pb.InitReplyHeader)[0] for r in transport.call_all(calls, self.rpc_timeout)]
+        if any(r.state != pb.TaskInfo.READY for r in replies):
+            return False
+        for k, reply in enumerate(replies):  # as wait_for_ps would: above the pushes each task applied
+            self._streams.numbers.start_after(k, reply.last_push_id)
+        self.caller.layout_version = replies[0].layout_version
+        return True
 
     def prepare(self, tasks: Sequence[int]) -> None:
         """Have the ps tasks added in a re-layout make ready what taking parts needs, before the cut."""

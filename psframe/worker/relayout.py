@@ -30,6 +30,7 @@ from psframe.cluster.placement import ShardPlacement
 from psframe.errors import ClusterMismatchError, ConnectTimeoutError, LayoutChangedError
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.status import TaskState
+from psframe.wire import psframe_pb2 as pb
 from psframe.worker.ps_client import LayoutStatus, PsClient
 from psframe.worker.replica import Replica
 
@@ -150,9 +151,9 @@ def lead(
         if added:
             client.prepare(added)
         start = time.monotonic()
-        old.move(new, stage)
+        at_cut = old.move(new, stage)
         cut = time.monotonic()
-        held = take_parts(before, layout, settings, sources)
+        held = take_parts(before, layout, settings, sources, at_cut)
         log.debug("re-layout stage: the cut took %.4f s, taking the parts %.4f s", cut - start, held - cut)
     except BaseException:
         client.close()
@@ -163,33 +164,44 @@ def lead(
 
 
 def take_parts(
-    before: ClusterSpec, layout: Layout, settings: Settings, sources: Sequence[Sequence[int]] | None = None
+    before: ClusterSpec,
+    layout: Layout,
+    settings: Settings,
+    sources: Sequence[Sequence[int]] | None = None,
+    at_cut: pb.SaveReply | None = None,
 ) -> float:
     """After the cut: every ps task of ``layout`` takes its parts from the snapshots of the tasks of
-    ``before`` (``sources``: as :func:`lead`), the model is checked there, and the snapshots may go.
+    ``before`` (``sources``: as :func:`lead`), and the model is held there. ``at_cut``: ps 0's
+    answer to the cut (None: ps 0 is asked). After the last stage the snapshots may go (those of
+    a stage before go at the next stage's cut).
 
     Returns:
         When (``time.monotonic()``) the layout held the model: training goes on from then.
     """
     client = layout.client
     start = time.monotonic()
-    # ps 0 counted this re-layout at its cut, and knows who finished (the client learns the version).
-    at_cut = client.wait_for_ps(settings.timeout, tasks=[0])[0]
+    if at_cut is None:  # ps 0 counted this re-layout at its cut, and knows who finished
+        info = client.wait_for_ps(settings.timeout, tasks=[0])[0]
+        version, finished = info.layout_version, list(info.finished_workers)
+    else:
+        version, finished = at_cut.layout_version, list(at_cut.finished_workers)
     asked = time.monotonic()
-    client.adopt(
+    held_model = client.adopt(
         layout.replica.slots,
         settings.optimizer,
         settings.table_optimizer,
         settings.sync,
         before.job_tasks("ps"),
-        at_cut.layout_version,
-        at_cut.finished_workers,
+        version,
+        finished,
         sources,
     )
     adopted = time.monotonic()
-    client.check_model(client.wait_for_ps(settings.timeout, ready=True), layout.replica.slots, settings.sync)
+    if not held_model:  # a task not ready yet (it should not be): wait for it, and check what it holds
+        client.check_model(client.wait_for_ps(settings.timeout, ready=True), layout.replica.slots, settings.sync)
     held = time.monotonic()
-    client.reshard_done()
+    if layout.final:
+        client.reshard_done()
     log.debug(
         "re-layout: asked ps 0 %.4f s, the tasks took their parts %.4f s, checked %.4f s, told done %.4f s",
         asked - start,
