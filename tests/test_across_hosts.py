@@ -409,7 +409,7 @@ def test_a_ps_task_added_from_its_own_host_and_drained_while_training(host_set, 
     drained = reshard(job.cluster_flags(), job.addresses["ps0"])
     job.wait(timeout=300)  # every process exits 0, the drained ps task too
     # The chief takes a re-layout one stage a step: stage k of n, each with its pause.
-    stages = re.findall(r"stage (\d+) of (\d+) taken in ([\d.]+) s", job.output("worker0"))
+    stages = re.findall(r"stage (\d+) of (\d+): paused ([\d.]+) s", job.output("worker0"))
     ends = [i for i, (k, n, _) in enumerate(stages) if k == n]
     assert len(ends) == 2, job.report()  # two re-layouts, each to its last stage
     moves = [stages[: ends[0] + 1], stages[ends[0] + 1 : ends[1] + 1]]

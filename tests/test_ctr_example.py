@@ -177,6 +177,6 @@ def test_a_ps_task_added_mid_way_and_drained_later_keeps_the_auc(processes, caps
     assert result["relayouts"] == 2 and result["num_ps"] == 2 and result["global_step"] >= STEPS, result
     assert abs(result["auc"] - reference["auc"]) <= AUC_TOLERANCE, (result, reference)
     for line in (line for proc in procs.values() for line in proc.output.splitlines()):  # the moves' cost (pytest -s)
-        if "taken in" in line or "before the re-layout in" in line or "follows the re-layout" in line:
+        if ": paused" in line or "before the re-layout in" in line or "follows the re-layout" in line:
             print(line)
     print(f"AUC {result['auc']} against {reference['auc']} in one process")
