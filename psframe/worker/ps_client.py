@@ -539,7 +539,7 @@ class PsClient:
             "Reshard", pb.ReshardRequest(caller=self.caller, cluster_spec=new.to_string()), timeout=self.rpc_timeout
         )
 
-    def move(self, new: ClusterSpec, stage: MoveStage | None = None) -> pb.SaveReply:
+    def move(self, new: ClusterSpec, stage: MoveStage | None = None) -> CutTaken:
         """The chief's first part of a re-layout (or of its ``stage``): every ps task takes one cut,
         snapshots its parts into memory and moves to ``new`` (workers of the layout before are
         refused from then on). Returns ps 0's reply: the layout version and the workers that had
@@ -567,7 +567,7 @@ class PsClient:
                 del request.targets[:]
                 request.cut_rounds = False
             replies = transport.call_all([(ps, "Save", r) for ps, r in zip(self._ps, requests)], self.rpc_timeout)
-        return replies[0]
+        return CutTaken(replies[0].layout_version, tuple(replies[0].finished_workers))
 
     def adopt(
         self,
@@ -679,6 +679,14 @@ class PsClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class CutTaken:
+    """What ps 0 answers a re-layout's cut: what the tasks of the new layout are told with their parts."""
+
+    layout_version: int  # the re-layouts gone through, this one counted
+    finished_workers: tuple[int, ...]  # the workers that had finished before
 
 
 @dataclass(frozen=True)

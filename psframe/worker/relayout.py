@@ -30,8 +30,7 @@ from psframe.cluster.placement import ShardPlacement
 from psframe.errors import ClusterMismatchError, ConnectTimeoutError, LayoutChangedError
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.status import TaskState
-from psframe.wire import psframe_pb2 as pb
-from psframe.worker.ps_client import LayoutStatus, PsClient
+from psframe.worker.ps_client import CutTaken, LayoutStatus, PsClient
 from psframe.worker.replica import Replica
 
 log = logging.getLogger(__name__)
@@ -168,7 +167,7 @@ def take_parts(
     layout: Layout,
     settings: Settings,
     sources: Sequence[Sequence[int]] | None = None,
-    at_cut: pb.SaveReply | None = None,
+    at_cut: CutTaken | None = None,
 ) -> float:
     """After the cut: every ps task of ``layout`` takes its parts from the snapshots of the tasks of
     ``before`` (``sources``: as :func:`lead`), and the model is held there. ``at_cut``: ps 0's
