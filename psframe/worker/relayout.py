@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from psframe.cluster import ClusterSpec
 from psframe.cluster.moves import MoveStage, stages
 from psframe.cluster.placement import ShardPlacement
-from psframe.errors import ClusterMismatchError, ConnectTimeoutError, LayoutChangedError
+from psframe.errors import ClusterMismatchError, ConnectTimeoutError, LayoutChangedError, TrainingFinishedError
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.status import TaskState
 from psframe.worker.ps_client import CutTaken, LayoutStatus, PsClient
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 # How long a refused worker waits between two questions about the layout it moves to (to ps 0,
 # then to the ps tasks, whether they hold the model): training waits on it, for a stage's transfer.
 ASK_EVERY_SECONDS = 0.005
+# How long a follower waits for a layout before it asks ps 0 again whether the ps tasks moved on.
+RECHECK_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -253,11 +255,7 @@ def follow(
         if status.cluster is not None and status.moved:  # the same cluster too: a layout later than this worker's
             layout = make(status)
             try:
-                infos = layout.client.wait_for_ps(
-                    max(0.1, deadline - time.monotonic()), ready=True, poll=ASK_EVERY_SECONDS
-                )
-                layout.client.check_model(infos, layout.replica.slots, sync)
-                return layout
+                return _held(layout, old, status, sync, deadline)
             except (ClusterMismatchError, LayoutChangedError):
                 layout.client.close()  # moved again meanwhile: ask again
             except BaseException:
@@ -268,3 +266,27 @@ def follow(
                 f"{old.name}: the ps tasks moved, and did not hold the model on a new layout within {timeout:.0f}s"
             )
         time.sleep(ASK_EVERY_SECONDS)
+
+
+def _held(layout: Layout, old: PsClient, status: LayoutStatus, sync: SyncReplicas | None, deadline: float) -> Layout:
+    """``layout`` once its ps tasks hold the model, waited for a slice at a time: between two,
+    ps 0 is asked whether the layout moved on (a task of a stage's layout is drained at a later
+    stage: it stops, and is waited for no longer).
+
+    Raises:
+        LayoutChangedError: ps 0 moved on meanwhile (ask it again).
+        ConnectTimeoutError: not held by ``deadline``.
+        TrainingFinishedError: a task of the layout ps 0 is still at saw every worker finish.
+    """
+    while True:
+        try:
+            slice_ = max(0.1, min(RECHECK_SECONDS, deadline - time.monotonic()))
+            infos = layout.client.wait_for_ps(slice_, ready=True, poll=ASK_EVERY_SECONDS)
+            layout.client.check_model(infos, layout.replica.slots, sync)
+            return layout
+        except (ConnectTimeoutError, TrainingFinishedError) as e:
+            now = old.layout_status()
+            if (now.cluster, now.stage, now.moved) != (status.cluster, status.stage, status.moved):
+                raise LayoutChangedError(f"{old.name}: the ps tasks moved on while this worker followed") from e
+            if isinstance(e, TrainingFinishedError) or time.monotonic() >= deadline:
+                raise
