@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from psframe import optim
+from psframe.errors import UnknownVariableError
 from psframe.optim import OptimizerSpec
 from psframe.ps.store import VariableStore
 
@@ -85,7 +86,7 @@ def test_a_part_that_went_leaves_the_optimizer_with_its_state():
     assert store.names == ["kept"]
     assert set(store.optimizer_state() or {}) == {"kept"}
     assert torch.equal(values["gone"], gone)  # the snapshot's part, handed over elsewhere, unchanged
-    with pytest.raises(Exception, match="gone"):
+    with pytest.raises(UnknownVariableError, match="gone"):
         store.apply({"gone": torch.ones(1000)})
 
 

@@ -225,10 +225,8 @@ class VariableStore:
             for name, value in values.items():
                 if copy:
                     variable = self.copy_in(value)
-                elif (
-                    value.numel() and _memory_key(value) in held
-                ):  # kept across a re-layout: the variable its optimizer knows
-                    variable = held[_memory_key(value)]
+                elif value.numel() and _memory_key(value) in held:
+                    variable = held[_memory_key(value)]  # kept across a re-layout: the one its optimizer knows
                 else:  # made by copy_in or empty already, or a tensor of the request
                     variable = value.detach().to("cpu").contiguous()
                     self._memory.keep(variable)
