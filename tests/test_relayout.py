@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import psframe
+from psframe.checkpoint.deltas import RowChanges
 from psframe.checkpoint.shard import OptimizerData, ShardData, VariableData
 from psframe.checkpoint.slices import slice_rows
 from psframe.errors import ClusterSpecError
@@ -80,7 +81,13 @@ def test_a_shard_record_crosses_the_wire_without_pickle_and_comes_back_equal():
         ),
         pushes={"last_push": [5, 0], "applied_steps": [3, 0]},
     )
-    back = decode_shard(encode_shard(shard))
+    rows = {"t/part_0": RowChanges(torch.tensor([2, 5]), torch.ones(2, 3), {"sum": torch.zeros(2, 3), "n": 4})}
+    fetched = decode_shard(encode_shard(shard, rows, mark=11, layout_version=3))
+    assert (fetched.mark, fetched.layout_version) == (11, 3)
+    (changed,) = fetched.rows.values()
+    assert torch.equal(changed.index, torch.tensor([2, 5])) and changed.state["n"] == 4
+    assert torch.equal(changed.state["sum"], torch.zeros(2, 3))
+    back = fetched.shard
     assert back.global_step == 7 and back.pushes == shard.pushes and back.optimizer == shard.optimizer
     (part,) = back.variables
     assert torch.equal(part.value, value) and torch.equal(part.state["exp_avg"], value * 2)
@@ -104,7 +111,7 @@ def test_a_task_of_the_new_layout_is_sent_only_the_parts_that_hold_its_rows():
 
     def sent(*ranges: tuple[int, int]) -> list[str]:
         rows = [pb.RowRange(variable="w", start=a, end=b) for a, b in ranges]
-        return [v.name for v in decode_shard(encode_shard(relayout.parts(["w"], rows))).variables]
+        return [v.name for v in decode_shard(encode_shard(relayout.parts(["w"], rows))).shard.variables]
 
     assert sent((0, 5)) == ["w/part_0", "w/part_1"]  # rows 0..4: the first part and a row of the second
     assert sent((8, 12)) == ["w/part_2"]
@@ -115,7 +122,7 @@ def test_a_task_of_the_new_layout_is_sent_only_the_parts_that_hold_its_rows():
     for k, v in enumerate(relayout.snapshot.variables):
         v.state.update(sum=v.value * 10, step=torch.tensor(float(k)))
     wanted = [pb.RowRange(variable="w", start=3, end=5), pb.RowRange(variable="w", start=9, end=12)]
-    pieces = decode_shard(encode_shard(relayout.parts(["w"], wanted, trim=True))).variables
+    pieces = decode_shard(encode_shard(relayout.parts(["w"], wanted, trim=True))).shard.variables
     assert [(p.name, p.row_start, p.shape) for p in pieces] == [
         ("w/part_0", 3, (1, 2)),
         ("w/part_1", 4, (1, 2)),
@@ -475,6 +482,73 @@ def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_
         assert len(parts) == 6 and min(stages) > 1
 
 
+class Sampled(torch.nn.Module):
+    """An embedding table of which each step looks up a different 25 of its 60 rows (seeded by the
+    step), and a dense weight: some rows of a part change between two steps, others do not."""
+
+    ROWS = 60
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(self.ROWS, 4, sparse=True)
+        self.w = torch.nn.Parameter(torch.zeros(6, 4))
+        self.calls = 0
+
+    def loss(self) -> torch.Tensor:
+        ids = torch.randperm(self.ROWS, generator=torch.Generator().manual_seed(self.calls))[:25]
+        self.calls += 1
+        return GRAD * (self.emb(ids).sum() + self.w.sum())
+
+
+@pytest.mark.service
+def test_table_parts_copied_ahead_while_training_take_only_their_rows_changed_since_at_the_cut(ps_tasks):
+    cluster, grown = clusters(2, 1)
+    first = [ps_tasks(cluster, k) for k in range(2)]
+    third = ps_tasks(grown, 2)
+    torch.manual_seed(3)
+    model = Sampled()
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with psframe.Trainer(
+        model,
+        cluster,
+        optimizer=psframe.optim.Adagrad(lr=0.1),
+        table_optimizer=psframe.optim.Adagrad(lr=0.1),
+        # Six table parts of 160 bytes: with 128-byte stages, one part a stage.
+        placement=psframe.Placement(table_parts=6, max_shard_bytes=128),
+        transport=psframe.Transport(connect_timeout=DEADLINE_S),
+    ) as t:
+        for _ in range(5):
+            t.step(t.model.loss())
+        with PsClient(cluster, 0, job_name="tool") as tool:
+            tool.ask_reshard(grown)  # taken at the chief's polls: each stage readied at a step, cut at a later one
+        deadline = time.monotonic() + DEADLINE_S
+        while t.relayouts == 0:
+            assert time.monotonic() < deadline, "the chief never took the re-layout"
+            t.step(t.model.loss())
+        for _ in range(5):
+            t.step(t.model.loss())
+        steps = t.local_step
+    assert len(t.relayout_pauses) > 1
+    servers = [*first, third]
+    assert third.service.relayout_parts_copied_ahead >= 1  # it took its parts as copies made ahead
+    # A step changed 25 of the 60 rows between a copy and its cut: those crossed at the cut, not the rest.
+    changed = sum(s.service.relayout_rows_changed_since_copy for s in servers)
+    copied = sum(s.service.relayout_parts_copied_ahead for s in servers)
+    assert 0 < changed < copied * 10  # a part holds 10 rows
+    reference = Sampled()
+    reference.load_state_dict({"emb.weight": start["emb.weight"], "w": start["w"]})
+    reference.emb.sparse = False
+    adagrad = torch.optim.Adagrad(reference.parameters(), lr=0.1)
+    for _ in range(steps):
+        adagrad.zero_grad()
+        reference.loss().backward()
+        adagrad.step()
+    held = assemble(servers)
+    assert first[0].service.store.global_step == steps
+    torch.testing.assert_close(held["emb.weight"], reference.emb.weight.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(held["w"], reference.w.detach(), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.service
 def test_checkpoints_before_during_and_after_a_re_layout_restore_onto_either_layout(tmp_path):
     from psframe import checkpoint
@@ -730,7 +804,11 @@ def test_a_chief_lost_between_two_stages_is_followed_by_one_that_takes_the_rest(
     again = trainer(origin, 0, psframe.optim.SGD(lr=LR), **options)  # started again with the flags of before
     with again:
         assert again.relayouts == 0 and again.placement == lost.placement  # it follows ps 0 to stage 1
-        again.step(again.model.loss())  # and takes stage 2 at its first step
+        # It readies stage 2 at its first step (its tasks copy ahead while it trains), and cuts it at one after.
+        deadline = time.monotonic() + DEADLINE_S
+        while again.relayouts == 0:
+            assert time.monotonic() < deadline, "the chief never took stage 2"
+            again.step(again.model.loss())
         assert again.relayouts == 1 and again.cluster == target
         for _ in range(5):
             again.step(again.model.loss())

@@ -9,11 +9,13 @@ batch of 1,024 ids: a step moves little, a re-layout the whole table.
 
 For each model size (MB of float32 values; Adam keeps twice as much state), two
 ps tasks (``psframe server`` processes) train it with this process as their one
-worker; a third ps task is added
-(``Trainer.reshard``) and then drained again. A re-layout moves the parts in
-stages (:mod:`psframe.cluster.moves`), each with its cut; each stage reports
-the seconds training paused, from its cut until the layout after it held the
-model (``Trainer.relayout_pauses``).
+worker; a third ps task is added and then drained again, each asked as
+``psframe reshard`` asks (``PsClient.ask_reshard``) while the worker trains. A
+re-layout moves the parts in stages (:mod:`psframe.cluster.moves`), each
+readied while training goes on (the table parts it moves copied ahead,
+:mod:`psframe.ps.precopy`) and then cut; each stage reports the seconds
+training paused, from its cut until the layout after it held the model
+(``Trainer.relayout_pauses``).
 The baseline, measured in the same run on the same ps tasks: the chief saving a
 checkpoint of the model (``Trainer.save_checkpoint`` into a local folder). A
 re-layout through a checkpoint (the way without this: save, stop, start with
@@ -44,6 +46,7 @@ import torch
 import psframe
 from benchmarks.common import Children
 from psframe.launch import pick_free_ports
+from psframe.worker.ps_client import PsClient
 
 MiB = 1 << 20
 TIMEOUT_S = 300  # every wait of a run: the ps tasks give up after it too
@@ -94,6 +97,21 @@ class Run:
         return max(p / max(1, n) for p, n in zip(self.pauses, self.parts))
 
 
+def relayout(t: psframe.Trainer, to: psframe.ClusterSpec) -> tuple[float, tuple[float, ...], tuple[int, ...]]:
+    """Move ``t``'s model to the ps tasks of ``to`` as ``psframe reshard`` asks it: the chief takes
+    it at its steps, training on (each stage readied, its table parts copied ahead, while it trains;
+    cut at a step after). The pauses of its stages together, each, and the parts each moved."""
+    with PsClient(t.cluster, 0, job_name="tool") as tool:
+        tool.ask_reshard(to)
+    deadline = time.monotonic() + TIMEOUT_S
+    taken = t.relayouts
+    while t.relayouts == taken:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the chief did not take the re-layout to {to.job_tasks('ps')} in {TIMEOUT_S} s")
+        t.step(t.model.loss())
+    return sum(t.relayout_pauses), t.relayout_pauses, t.relayout_parts_moved
+
+
 def measure(mb: int, folder: str, table_parts: int | None = None) -> Run:
     """One run on ps tasks in processes of their own (``psframe server``), this process their
     worker. ``table_parts``: the model is a :class:`Table` of so many parts."""
@@ -132,12 +150,10 @@ def measure(mb: int, folder: str, table_parts: int | None = None) -> Run:
                 begun = time.monotonic()
                 t.step(t.model.loss())
                 steps.append(time.monotonic() - begun)
-            added = t.reshard(grown)
-            pauses, parts = t.relayout_pauses, t.relayout_parts_moved
+            added, pauses, parts = relayout(t, grown)
             add_stages = len(pauses)
-            t.step(t.model.loss())
-            drained = t.reshard(cluster)
-            pauses, parts = pauses + t.relayout_pauses, parts + t.relayout_parts_moved
+            drained, drain_pauses, drain_parts = relayout(t, cluster)
+            pauses, parts = pauses + drain_pauses, parts + drain_parts
             t.step(t.model.loss())
             start = time.monotonic()
             t.save_checkpoint()

@@ -340,6 +340,11 @@ def _same_part(shards: Sequence[ShardData], definition: pb.VariableDef) -> Varia
 # ---- records <-> wire messages: fields pair up by name, so neither side lists them
 
 
+def part_record(definition: pb.VariableDef) -> VariableData:
+    """The record of a fixed part of ``definition``, its values not read yet (empty)."""
+    return _record(VariableData, definition, value=torch.empty(0), state={}, dynamic=None)
+
+
 def _record(cls: type, message: Any, **rest: Any) -> Any:
     """A ``cls`` record from a wire message with the same field names, plus
     the fields the message does not carry (``rest``); repeated fields become

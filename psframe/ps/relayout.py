@@ -43,7 +43,7 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -51,6 +51,8 @@ import torch
 from psframe.checkpoint.shard import ShardData, VariableData
 from psframe.cluster import ClusterSpec
 from psframe.errors import CheckpointError, ClusterSpecError, LayoutChangedError, WireFormatError
+from psframe.optim import OptimizerSpec
+from psframe.ps import precopy
 from psframe.ps.peers import PsPeers
 from psframe.wire import codec, transport
 from psframe.wire import psframe_pb2 as pb
@@ -92,6 +94,7 @@ class Relayout:
         self.before_cluster: ClusterSpec | None = None  # and that cluster
         self.moved_to: ClusterSpec | None = None
         self.snapshot: ShardData | None = None  # its parts at the cut, until the task stops
+        self._row_versions: dict[str, torch.Tensor] = {}  # its fixed table rows' versions at the cut
         self.version = 0
         self.stage: pb.MoveStage | None = None  # of the re-layout the last move was a stage of
         self.relayouts = 0  # re-layouts taken to their last stage
@@ -127,7 +130,7 @@ class Relayout:
             self.moved_to = after
             self.stage = _staged(stage)
             self.relayouts += not self.under_way
-            self.snapshot = None
+            self.snapshot, self._row_versions = None, {}
             self.requested = None
             self.version += 1
 
@@ -167,14 +170,18 @@ class Relayout:
         with self._lock:
             self.before, self.before_cluster, self.moved_to, self.version = before.fingerprint, before, after, version
 
-    def keep(self, snapshot: ShardData) -> None:
-        """Keep the cut's snapshot, to hand its parts over (``FetchParts``): the cut is taken."""
-        self.snapshot = snapshot
-        self._cutting_until = 0.0
+    def keep(self, snapshot: ShardData, row_versions: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Keep the cut's snapshot, to hand its parts over (``FetchParts``): the cut is taken.
+        ``row_versions``: its fixed table parts' rows' versions at the cut (tensors no one
+        changes any more), for the tasks that copied some ahead (:mod:`psframe.ps.precopy`)."""
+        with self._lock:
+            self.snapshot, self._row_versions = snapshot, dict(row_versions or {})
+            self._cutting_until = 0.0
 
     def release(self) -> None:
         """Every task of the new layout holds its parts: the snapshot goes."""
-        self.snapshot = None
+        with self._lock:
+            self.snapshot, self._row_versions = None, {}
 
     def check_caller(self, caller: pb.Caller) -> None:
         """Refuse a worker of the cluster this task moved from.
@@ -223,20 +230,45 @@ class Relayout:
         snapshot = self.snapshot
         if snapshot is None:
             raise LayoutChangedError("this ps task took no re-layout's snapshot: it has no parts to hand over")
-        named = set(variables)
-        ranges: dict[str, list[pb.RowRange]] = {}
-        for r in rows:
-            ranges.setdefault(r.variable, []).append(r)
-
-        def wanted(part: VariableData) -> bool:
-            if part.variable not in named:
-                return False
-            return part.variable not in ranges or any(_holds(part, r) for r in ranges[part.variable])
-
-        kept = [v for v in snapshot.variables if wanted(v)]
+        kept = select(snapshot.variables, variables, rows)
         if trim:
+            ranges = _by_variable(rows)
             kept = [piece for v in kept for piece in _trimmed(v, ranges.get(v.variable, ()))]
         return dataclasses.replace(snapshot, variables=tuple(kept))
+
+    def parts_since(self, header: pb.FetchPartsHeader) -> tuple[ShardData, dict[str, precopy.RowChanges]]:
+        """What a ``FetchParts`` reply holds (:meth:`parts`, trimmed), the parts the asking task copied
+        ahead (``header.precopied``) as their rows changed since its copy: where this snapshot is
+        of the cut right after that copy (:mod:`psframe.ps.precopy`); otherwise whole.
+
+        Raises:
+            LayoutChangedError: as :meth:`parts`.
+        """
+        with self._lock:
+            shard = self.parts(list(header.variables), header.rows, trim=True)
+            versions, version = self._row_versions, self.version
+        if not header.precopied or version != header.since_version + 1:
+            return shard, {}
+        return precopy.split_changed(shard, versions, header.precopied, header.since_mark)
+
+
+def select(parts: Sequence[VariableData], variables: Sequence[str], rows: Sequence[pb.RowRange]) -> list[VariableData]:
+    """The parts of ``variables``; of a variable ``rows`` names, only those that hold some of its rows wanted."""
+    named, ranges = set(variables), _by_variable(rows)
+
+    def wanted(part: VariableData) -> bool:
+        if part.variable not in named:
+            return False
+        return part.variable not in ranges or any(_holds(part, r) for r in ranges[part.variable])
+
+    return [v for v in parts if wanted(v)]
+
+
+def _by_variable(rows: Sequence[pb.RowRange]) -> dict[str, list[pb.RowRange]]:
+    ranges: dict[str, list[pb.RowRange]] = {}
+    for r in rows:
+        ranges.setdefault(r.variable, []).append(r)
+    return ranges
 
 
 def _staged(stage: pb.MoveStage | None) -> pb.MoveStage | None:
@@ -286,23 +318,31 @@ def _trimmed(part: VariableData, wanted: Sequence[pb.RowRange]) -> list[Variable
     return pieces
 
 
-def prepare() -> None:
+def prepare(optimizers: Sequence[tuple[OptimizerSpec, Sequence[torch.dtype], bool]] = ()) -> None:
     """Make ready, once per process, what taking parts needs: the first ``torch.optim`` optimizer a
-    process makes costs about a second (imports behind it), which a task added should pay before
-    the cut, not while training waits for it."""
+    process makes costs about a second (imports behind it), and each optimizer's choice of kernels
+    for its dtypes a few milliseconds (:func:`psframe.optimizer_kernels.foreach_same_results`),
+    which a task should pay before the cut, not while training waits for it. ``optimizers``: those
+    it will build, each with the dtypes of its variables and whether per parameter (tables')."""
     global _prepared
     with _prepare_lock:
         if not _prepared:
             torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
             _prepared = True
+    for spec, dtypes, per_parameter in optimizers:  # each choice is memoised: made once per process
+        spec.build([torch.zeros(1, dtype=d, requires_grad=True) for d in dtypes], per_parameter=per_parameter)
 
 
 _prepared = False
 _prepare_lock = threading.Lock()
 
 
-def encode_shard(shard: ShardData) -> bytes:
-    """A shard record as a codec envelope: its dict as JSON, each tensor in it travelling as raw bytes.
+def encode_shard(
+    shard: ShardData, rows: Mapping[str, precopy.RowChanges] | None = None, *, mark: int = 0, layout_version: int = 0
+) -> bytes:
+    """A ``FetchParts`` reply: the shard record, and the changed rows of parts copied ahead
+    (:mod:`psframe.ps.precopy`), as a codec envelope: a dict as JSON, each tensor in it
+    travelling as raw bytes. ``mark``, ``layout_version``: a live copy's.
 
     No pickle crosses the wire: the JSON holds builtins only.
     """
@@ -318,15 +358,28 @@ def encode_shard(shard: ShardData) -> bytes:
             return [plain(v) for v in x]
         return x
 
-    record = json.dumps(plain(shard.to_dict()))
-    return codec.encode(pb.FetchPartsReplyHeader(record=record), tensors)
+    changed = {name: {"index": r.index, "value": r.value, "state": dict(r.state)} for name, r in (rows or {}).items()}
+    record = json.dumps(plain({"shard": shard.to_dict(), "rows": changed}))
+    header = pb.FetchPartsReplyHeader(record=record, mark=mark, layout_version=layout_version)
+    return codec.encode(header, tensors)
 
 
-def decode_shard(data: bytes) -> ShardData:
-    """The shard record :func:`encode_shard` made, checked as a checkpoint's is.
+@dataclasses.dataclass(frozen=True)
+class Fetched:
+    """A ``FetchParts`` reply, decoded: parts whole, the changed rows of parts copied ahead, and
+    (of a live read) the mark and layout version of the copy."""
+
+    shard: ShardData
+    rows: dict[str, precopy.RowChanges]
+    mark: int
+    layout_version: int
+
+
+def decode_shard(data: bytes) -> Fetched:
+    """The reply :func:`encode_shard` made, its shard checked as a checkpoint's is.
 
     Raises:
-        WireFormatError: the message is not such a record.
+        WireFormatError: the message is not such a reply.
         CheckpointError: the record fails a check of :meth:`ShardData.from_dict`.
     """
     header, tensors = codec.decode(data, pb.FetchPartsReplyHeader)
@@ -347,7 +400,23 @@ def decode_shard(data: bytes) -> ShardData:
             return [rebuilt(v) for v in x]
         return x
 
-    return ShardData.from_dict(rebuilt(record))
+    if not isinstance(record, dict) or set(record) != {"shard", "rows"} or not isinstance(record["rows"], dict):
+        raise WireFormatError("a FetchParts reply's record holds no {'shard', 'rows'}")
+    plain = rebuilt(record)
+    rows = {}
+    for name, r in plain["rows"].items():
+        index, value = r.get("index"), r.get("value")
+        if not (
+            isinstance(index, torch.Tensor)
+            and index.dtype == torch.int64
+            and index.dim() == 1
+            and isinstance(value, torch.Tensor)
+            and value.shape[:1] == index.shape
+            and isinstance(r.get("state"), dict)
+        ):
+            raise WireFormatError(f"a FetchParts reply's changed rows of {name!r} need 1-d int64 indices, a row each")
+        rows[name] = precopy.RowChanges(index, value, r["state"])
+    return Fetched(ShardData.from_dict(plain["shard"]), rows, header.mark, header.layout_version)
 
 
 def wanted_rows(defs: Sequence[pb.VariableDef]) -> list[pb.RowRange]:
@@ -372,23 +441,93 @@ def fetch_shards(
     timeout: float,
     own: tuple[int, Relayout] | None = None,
     tasks: Sequence[int] = (),
-) -> list[ShardData]:
+    copies: Mapping[int, precopy.Copy] | None = None,
+) -> Taken:
     """From each ps task of the layout before (``peers``: the connections to its tasks, kept
     from one stage to the next), its snapshot's parts that hold rows of ``defs``: the shards a
     re-layout restores from, in task order. Only ``tasks`` are asked (those that hold rows of
     ``defs``, and ps 0 first among them), or every task; in parallel. ``own`` (this task's
-    index before, and its :class:`Relayout`) is read in place.
+    index before, and its :class:`Relayout`) is read in place. ``copies``: the parts this task
+    copied ahead from some of them (:mod:`psframe.ps.precopy`), by task: those send only the
+    rows changed since.
+
+    Returns:
+        The shards, and how many parts of them were copied ahead and how many rows changed since.
 
     Raises:
         PsframeError: a task could not be reached in ``timeout`` seconds, or refused.
+        WireFormatError: a task sent changed rows of a part not copied from it.
     """
+    copies = copies or {}
     variables, rows = sorted({d.variable for d in defs}), wanted_rows(defs)
-    request = codec.encode(pb.FetchPartsHeader(caller=caller, variables=variables, rows=rows), ())
     read = sorted(set(tasks)) if tasks else list(range(peers.cluster.num_ps))
     asked = [k for k in read if own is None or k != own[0]]
-    calls = [(peers.connection(k), "FetchParts", request) for k in asked]
+
+    def request(k: int) -> bytes:
+        header = pb.FetchPartsHeader(caller=caller, variables=variables, rows=rows)
+        copy = copies.get(k)
+        if copy is not None:
+            header.precopied.extend(sorted(copy.parts))
+            header.since_mark, header.since_version = copy.mark, copy.version
+        return codec.encode(header, ())
+
+    calls = [(peers.connection(k), "FetchParts", request(k)) for k in asked]
     replies = transport.call_all(calls, timeout, wait_for_ready=True) if calls else []
-    shards = dict(zip(asked, (decode_shard(reply) for reply in replies)))
+    shards, copied, changed = {}, 0, 0
+    for k, reply in zip(asked, replies):
+        fetched = decode_shard(reply)
+        try:
+            shards[k] = precopy.completed(fetched.shard, fetched.rows, copies.get(k))
+        except ValueError as e:
+            raise WireFormatError(f"ps task {k} before the re-layout {e}") from e
+        copied += len(fetched.rows)
+        changed += sum(r.index.numel() for r in fetched.rows.values())
     if own is not None and own[0] in read:
         shards[own[0]] = own[1].parts(variables, rows)
-    return [shards[k] for k in read]
+    return Taken([shards[k] for k in read], copied, changed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Taken:
+    """What :func:`fetch_shards` read: the shards, in task order, and of their parts how many
+    were copied ahead (completed with the rows changed since: ``changed_rows`` in all)."""
+
+    shards: list[ShardData]
+    copied_parts: int
+    changed_rows: int
+
+
+def copy_ahead(
+    peers: PsPeers,
+    defs: Sequence[pb.VariableDef],
+    caller: pb.Caller,
+    timeout: float,
+    tasks: Sequence[int] = (),
+    skip: int | None = None,
+) -> dict[int, precopy.Copy]:
+    """Copies of the fixed table parts of ``defs`` from the tasks of the layout before that hold
+    them (``tasks``, or all; not ``skip``, this task's own index there), read live while training
+    goes on (:mod:`psframe.ps.precopy`): by task, those parts it sent whole as ``defs`` name them."""
+    wanted = {d.name: d for d in defs if precopy.copied_ahead(d)}
+    if not wanted:
+        return {}
+    variables = sorted({d.variable for d in wanted.values()})
+    header = pb.FetchPartsHeader(caller=caller, variables=variables, rows=wanted_rows(list(wanted.values())), live=True)
+    read = [k for k in (sorted(set(tasks)) if tasks else range(peers.cluster.num_ps)) if k != skip]
+    request = codec.encode(header, ())
+    replies = transport.call_all(
+        [(peers.connection(k), "FetchParts", request) for k in read], timeout, wait_for_ready=True
+    )
+    copies = {}
+    for k, reply in zip(read, replies):
+        fetched = decode_shard(reply)
+        parts = {
+            p.name: p
+            for p in fetched.shard.variables
+            if p.name in wanted
+            and tuple(p.shape) == tuple(wanted[p.name].shape)
+            and p.row_start == wanted[p.name].row_start
+        }
+        if parts:
+            copies[k] = precopy.Copy(fetched.mark, fetched.layout_version, parts)
+    return copies

@@ -9,6 +9,7 @@ written once into the reply; the small methods use the generated classes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -19,6 +20,7 @@ import numpy
 import torch
 
 from psframe import allocator, errors
+from psframe.checkpoint.shard import OptimizerData, ShardData
 from psframe.cluster import ClusterSpec
 from psframe.errors import (
     ClusterMismatchError,
@@ -30,7 +32,7 @@ from psframe.errors import (
 from psframe.liveness import Liveness
 from psframe.memory import HugePageMemory
 from psframe.optim import OptimizerSpec
-from psframe.ps import recovery
+from psframe.ps import precopy, recovery
 from psframe.ps.data_ranges import DataSpec, RangeQueue
 from psframe.ps.definitions import dynamic_parts
 from psframe.ps.fast_path import CachedRequest, StreamCache
@@ -38,7 +40,7 @@ from psframe.ps.incoming_model import PendingModel
 from psframe.ps.ledger import PushLedger
 from psframe.ps.peers import PsPeers
 from psframe.ps.push_pull_request import PushPullRequest
-from psframe.ps.relayout import Relayout, encode_shard, fetch_shards
+from psframe.ps.relayout import Relayout, copy_ahead, encode_shard, fetch_shards, select
 from psframe.ps.relayout import prepare as relayout_prepare
 from psframe.ps.roster import Change, WorkerRoster, check_max_workers
 from psframe.ps.round_replies import RoundReplies, outgoing
@@ -119,6 +121,9 @@ class ParameterServerService(TaskService):
         # A live re-layout (psframe.ps.relayout): one asked for, or taken. Not where the task
         # serves from several processes (they share one layout: see shared_service).
         self.relayout = Relayout()
+        self._copies = precopy.Copies()  # table parts copied ahead of a re-layout's next cut
+        self.relayout_parts_copied_ahead = 0  # and taken at their cut with the rows changed since:
+        self.relayout_rows_changed_since_copy = 0  # so many
         self.live_relayout = True
         self._security, self._liveness = security, liveness
         self.max_workers = check_max_workers(max_workers, cluster.num_workers)
@@ -600,9 +605,57 @@ class ParameterServerService(TaskService):
             log.info("%s: a re-layout to ps tasks %s is asked for", self.task_name, new.job_tasks("ps"))
         if request.done:  # the chief: every task of the new layout holds its parts
             self.relayout.release()
-        if request.prepare:  # the chief, before the cut, to a task added
-            relayout_prepare()
+        if request.HasField("precopy"):  # the chief, before a stage's cut, to a task of the layout after it
+            self._copy_ahead(request.caller, request.precopy)
         return self.relayout.reply()
+
+    def _copy_ahead(self, caller: pb.Caller, request: pb.Precopy) -> None:
+        """Before a stage's cut, while training goes on: make ready the optimizers this task will
+        build, and copy the fixed table parts it takes at the cut from the tasks before that hold
+        them (:mod:`psframe.ps.precopy`); kept until that stage's parts are taken.
+
+        Raises:
+            ClusterMismatchError: the caller is no worker or tool of the cluster after the stage,
+                or that cluster has not this task at its index.
+        """
+        start = time.monotonic()
+        after = ClusterSpec.from_string(request.cluster_spec)
+        if (
+            caller.job_name not in ("tool", "worker")
+            or caller.cluster_fingerprint != after.fingerprint
+            or self.task_index >= after.num_ps
+            or after.task_address("ps", self.task_index) != self.cluster.task_address("ps", self.task_index)
+        ):
+            raise ClusterMismatchError(
+                f"{self.task_name} copies parts ahead of a re-layout's cut for a worker or tool of the cluster "
+                f"after it, where it is {self.task_name}; the caller has job {caller.job_name!r} and "
+                f"fingerprint {caller.cluster_fingerprint or 'none'}, the cluster {request.cluster_spec!r}"
+            )
+        dense = {codec.dtype_from_name(d.dtype) for d in request.variables if not d.table}
+        tables = {codec.dtype_from_name(d.dtype) for d in request.variables if d.table}
+        ready = []
+        if request.HasField("optimizer") and dense:
+            ready.append((messages.optimizer_from_proto(request.optimizer), sorted(dense, key=str), False))
+        if request.HasField("table_optimizer") and tables:
+            ready.append((messages.optimizer_from_proto(request.table_optimizer), sorted(tables, key=str), True))
+        relayout_prepare(ready)
+        held = {(d.name, d.row_start, tuple(d.shape)) for d in self._variable_defs}
+        gained = [d for d in request.variables if (d.name, d.row_start, tuple(d.shape)) not in held]
+        addresses = list(request.adopt_from)
+        caller = pb.Caller(job_name="ps", task_index=self.task_index, cluster_fingerprint=self.cluster.fingerprint)
+        own = self.task_index if self.task_index < len(addresses) else None  # a task kept keeps its index
+        copies = copy_ahead(
+            self._peers_at(addresses), gained, caller, MAX_FETCH_SECONDS, list(request.adopt_tasks), own
+        )
+        self._copies.keep(addresses, copies)
+        if copies:
+            log.info(
+                "%s: copied %d table parts (%d bytes with optimizer state) ahead of a re-layout's cut in %.3f s",
+                self.task_name,
+                sum(len(c.parts) for c in copies.values()),
+                self._copies.nbytes(),
+                time.monotonic() - start,
+            )
 
     def _check_relayout_possible(self) -> None:
         """Refuse a re-layout this task cannot take live (see :mod:`psframe.ps.relayout`).
@@ -632,7 +685,10 @@ class ParameterServerService(TaskService):
         """
         before = self.cluster
 
+        row_versions: dict[str, torch.Tensor] = {}
+
         def stop_pushes() -> None:
+            row_versions.update(self.store.row_versions())  # for the tasks that copied parts ahead
             self.relayout.move(before, after, stage)
             if self.aggregator is not None:  # the pushes of the round under way are refused, and sent again
                 self.aggregator.abandon(self.relayout.refusal())
@@ -656,7 +712,7 @@ class ParameterServerService(TaskService):
             then=stop_pushes,
             copy=False,  # the store lets go of its tensors under the same lock: the snapshot holds them
         )
-        self.relayout.keep(snapshot)
+        self.relayout.keep(snapshot, row_versions)
         kept = "keeps its index, and waits for its new parts" if self.task_index < after.num_ps else "is drained"
         log.info(
             "%s: took a re-layout's cut at global step %d (%d parts, %d bytes); it %s",
@@ -674,8 +730,11 @@ class ParameterServerService(TaskService):
             self._worker_left(worker)
 
     def fetch_parts(self, data: bytes) -> bytes:
-        """A task of the new layout reads the parts of some variables, as this task snapshot them at the cut."""
+        """A task of the new layout reads the parts of some variables, as this task snapshot them at
+        the cut (those it copied ahead: their rows changed since); or, ``live``, as they are now."""
         header, _ = codec.decode(data, pb.FetchPartsHeader)
+        if header.live:
+            return self._live_parts(header)
         moved_to = self.relayout.moved_to
         caller = header.caller
         if caller.job_name != "ps" or moved_to is None or caller.cluster_fingerprint != moved_to.fingerprint:
@@ -685,7 +744,28 @@ class ParameterServerService(TaskService):
                 f"{ClusterSpec.caller_name(caller.job_name, caller.task_index)} of fingerprint "
                 f"{caller.cluster_fingerprint or 'none'}"
             )
-        return encode_shard(self.relayout.parts(list(header.variables), header.rows, trim=True))
+        return encode_shard(*self.relayout.parts_since(header))
+
+    def _live_parts(self, header: pb.FetchPartsHeader) -> bytes:
+        """Copies of this task's fixed table parts that hold rows ``header`` wants, as they are now,
+        with the mark of their rows' versions and the layout version: a task of a re-layout's next
+        layout copies them ahead of the cut (:mod:`psframe.ps.precopy`)."""
+        if header.caller.job_name != "ps":
+            raise ClusterMismatchError(
+                f"{self.task_name} hands its parts over only to ps tasks, not to "
+                f"{ClusterSpec.caller_name(header.caller.job_name, header.caller.task_index)}"
+            )
+        with self.store.lock:  # the copies, their mark and the layout version of one instant
+            held = [recovery.part_record(d) for d in self._variable_defs if precopy.copied_ahead(d)]
+            wanted = select(held, list(header.variables), header.rows)
+            values, states, mark = self.store.live_copies([p.name for p in wanted])
+            version = self.relayout.version
+            spec = self.store.table_optimizer_spec or self.store.optimizer_spec
+        assert spec is not None  # the store holds a model: it was read
+        parts = [dataclasses.replace(p, value=values[p.name], state=states[p.name]) for p in wanted]
+        optimizer = OptimizerData(spec.name, dict(spec.kwargs))
+        shard = ShardData(self.store.global_step, self.task_index, self.cluster.num_ps, optimizer, None, tuple(parts))
+        return encode_shard(shard, mark=mark, layout_version=version)
 
     def _peers_at(self, addresses: list[str]) -> PsPeers:
         """The connections to the ps tasks at ``addresses`` (the layout before a re-layout's stage):
@@ -723,7 +803,9 @@ class ParameterServerService(TaskService):
                 f"{self.task_name} takes its parts from ps tasks {tasks} of the {len(addresses)} before the "
                 f"re-layout: expected ps 0 among them (its push ledger), and indices below {len(addresses)}"
             )
-        shards = fetch_shards(self._peers_at(addresses), defs, caller, MAX_FETCH_SECONDS, own, tasks)
+        copies = self._copies.take(addresses)
+        taken = fetch_shards(self._peers_at(addresses), defs, caller, MAX_FETCH_SECONDS, own, tasks, copies)
+        shards = taken.shards
         fetched = time.monotonic() - start
         restored = recovery.restore_from_shards(
             shards, defs, optimizer, table_optimizer, source="the re-layout's snapshot"
@@ -736,7 +818,7 @@ class ParameterServerService(TaskService):
         self._adopt(restored, peers=False, data=False, take=True)
         log.info(
             "%s: took %d parts (%d bytes with optimizer state) from %d of the %d ps tasks before the re-layout "
-            "in %.3f s (%.3f s reading them), at global step %d",
+            "in %.3f s (%.3f s reading them; %d parts copied ahead, %d of their rows changed since), at global step %d",
             self.task_name,
             len(defs),
             self.store.nbytes(),
@@ -744,8 +826,12 @@ class ParameterServerService(TaskService):
             len(addresses),
             time.monotonic() - start,
             fetched,
+            taken.copied_parts,
+            taken.changed_rows,
             self.store.global_step,
         )
+        self.relayout_parts_copied_ahead += taken.copied_parts
+        self.relayout_rows_changed_since_copy += taken.changed_rows
 
     # ---- a checkpoint's cut: every part holds the same steps of every worker
 

@@ -644,6 +644,21 @@ class VariableStore:
             values, states = self._model.copies(clone=copy)
             return self.global_step, values, states
 
+    def live_copies(self, names: Sequence[str]) -> tuple[dict[str, torch.Tensor], dict[str, dict], int]:
+        """Copies of variables ``names`` and of their optimizer state, and the fixed table rows'
+        version count at that instant (:meth:`RowVersions.mark`): a row changed after it has a
+        higher version. Call it under :attr:`lock` to read more of the same instant.
+
+        Raises:
+            NotReadyError: the store holds no model.
+            UnknownVariableError: a name it does not hold.
+        """
+        with self.lock:
+            self._require_ready()
+            self.check_names(names)
+            values, states = self._model.copies(list(names))
+            return values, states, self._model.table_parts.versions.mark()
+
     def restore(
         self,
         values: Mapping[str, torch.Tensor],

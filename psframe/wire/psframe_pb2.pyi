@@ -591,16 +591,32 @@ class ShutdownReply(_message.Message):
     def __init__(self) -> None: ...
 
 class ReshardRequest(_message.Message):
-    __slots__ = ("caller", "cluster_spec", "done", "prepare")
+    __slots__ = ("caller", "cluster_spec", "done", "precopy")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
-    PREPARE_FIELD_NUMBER: _ClassVar[int]
+    PRECOPY_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     cluster_spec: str
     done: bool
-    prepare: bool
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., done: _Optional[bool] = ..., prepare: _Optional[bool] = ...) -> None: ...
+    precopy: Precopy
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., done: _Optional[bool] = ..., precopy: _Optional[_Union[Precopy, _Mapping]] = ...) -> None: ...
+
+class Precopy(_message.Message):
+    __slots__ = ("variables", "adopt_from", "adopt_tasks", "optimizer", "table_optimizer", "cluster_spec")
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    ADOPT_FROM_FIELD_NUMBER: _ClassVar[int]
+    ADOPT_TASKS_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    TABLE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
+    variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
+    adopt_from: _containers.RepeatedScalarFieldContainer[str]
+    adopt_tasks: _containers.RepeatedScalarFieldContainer[int]
+    optimizer: OptimizerDef
+    table_optimizer: OptimizerDef
+    cluster_spec: str
+    def __init__(self, variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., adopt_from: _Optional[_Iterable[str]] = ..., adopt_tasks: _Optional[_Iterable[int]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., cluster_spec: _Optional[str] = ...) -> None: ...
 
 class ReshardReply(_message.Message):
     __slots__ = ("cluster_spec", "moved", "layout_version", "before_spec", "stage")
@@ -629,16 +645,24 @@ class MoveStage(_message.Message):
     def __init__(self, origin_spec: _Optional[str] = ..., target_spec: _Optional[str] = ..., stage: _Optional[int] = ..., stages: _Optional[int] = ...) -> None: ...
 
 class FetchPartsHeader(_message.Message):
-    __slots__ = ("caller", "variables", "tensors", "rows")
+    __slots__ = ("caller", "variables", "tensors", "rows", "live", "precopied", "since_mark", "since_version")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    PRECOPIED_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MARK_FIELD_NUMBER: _ClassVar[int]
+    SINCE_VERSION_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     variables: _containers.RepeatedScalarFieldContainer[str]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     rows: _containers.RepeatedCompositeFieldContainer[RowRange]
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ...) -> None: ...
+    live: bool
+    precopied: _containers.RepeatedScalarFieldContainer[str]
+    since_mark: int
+    since_version: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ..., live: _Optional[bool] = ..., precopied: _Optional[_Iterable[str]] = ..., since_mark: _Optional[int] = ..., since_version: _Optional[int] = ...) -> None: ...
 
 class RowRange(_message.Message):
     __slots__ = ("variable", "start", "end", "stride", "num_parts", "part_index")
@@ -665,12 +689,16 @@ class FetchPartsRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[FetchPartsHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class FetchPartsReplyHeader(_message.Message):
-    __slots__ = ("record", "tensors")
+    __slots__ = ("record", "tensors", "mark", "layout_version")
     RECORD_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
+    MARK_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     record: str
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
-    def __init__(self, record: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
+    mark: int
+    layout_version: int
+    def __init__(self, record: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., mark: _Optional[int] = ..., layout_version: _Optional[int] = ...) -> None: ...
 
 class FetchPartsResponse(_message.Message):
     __slots__ = ("header", "payload")

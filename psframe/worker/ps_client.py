@@ -612,10 +612,31 @@ class PsClient:
         self.caller.layout_version = replies[0].layout_version
         return True
 
-    def prepare(self, tasks: Sequence[int]) -> None:
-        """Have the ps tasks added in a re-layout make ready what taking parts needs, before the cut."""
-        request = pb.ReshardRequest(caller=self.caller, prepare=True)
-        transport.call_all([(self._ps[k], "Reshard", request) for k in tasks], self.rpc_timeout)
+    def copy_ahead(
+        self,
+        slots: Sequence[Slot],
+        optimizer: OptimizerSpec,
+        table_optimizer: OptimizerSpec | None,
+        adopt_from: Sequence[str],
+        sources: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        """Before a re-layout stage's cut, while training goes on: every ps task of this (the
+        next) layout makes its optimizers ready and copies the fixed table parts it takes at the
+        cut from the tasks before (``adopt_from``; ``sources``: as :meth:`adopt`), in parallel;
+        at the cut only their rows changed since cross (:mod:`psframe.ps.precopy`)."""
+        calls = []
+        for k, ps in enumerate(self._ps):
+            precopy = pb.Precopy(
+                variables=messages.variable_defs(s for s in slots if s.shard.ps_task == k),
+                adopt_from=adopt_from,
+                adopt_tasks=() if sources is None else sources[k],
+                optimizer=messages.optimizer_to_proto(optimizer),
+                cluster_spec=self.cluster.to_string(),
+            )
+            if table_optimizer is not None:
+                precopy.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
+            calls.append((ps, "Reshard", pb.ReshardRequest(caller=self.caller, precopy=precopy)))
+        transport.call_all(calls, self.rpc_timeout)
 
     def reshard_done(self) -> None:
         """Tell the ps tasks the new layout holds the model: their snapshots may go."""

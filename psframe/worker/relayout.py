@@ -20,6 +20,7 @@ to the stage ps 0 is at. :class:`Layouts` makes the layout of any stage.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -123,6 +124,84 @@ class Layouts:
         return self.of(LayoutStatus(ClusterSpec.from_string(stage.target), True, stage))
 
 
+def get_ready(
+    before: ClusterSpec,
+    layout: Layout,
+    settings: Settings,
+    sources: Sequence[Sequence[int]] | None = None,
+) -> None:
+    """What a stage of a re-layout does before its cut, while training goes on: the tasks added
+    are up and make ready what taking parts needs, and every task of ``layout`` copies the table
+    parts it will take ahead (:mod:`psframe.ps.precopy`): the pause is for the rest alone.
+
+    Raises:
+        ConnectTimeoutError: a task added did not answer within ``settings.timeout``.
+    """
+    client, new = layout.client, layout.cluster
+    added = range(before.num_ps, new.num_ps)
+    client.wait_for_ps(settings.timeout, tasks=added)
+    client.copy_ahead(
+        layout.replica.slots, settings.optimizer, settings.table_optimizer, before.job_tasks("ps"), sources
+    )
+
+
+class Readying:
+    """A stage's :func:`get_ready` (its copy ahead) run in a thread of its own while the chief
+    trains on: the chief cuts the stage at a step once it is done (:attr:`done`).
+
+    Args:
+        stage: the stage it readies.
+        layout: the layout after it (its client is used by the thread until done).
+        before, settings, sources: as :func:`get_ready`.
+    """
+
+    def __init__(
+        self,
+        stage: MoveStage,
+        layout: Layout,
+        before: ClusterSpec,
+        settings: Settings,
+        sources: Sequence[Sequence[int]] | None,
+    ) -> None:
+        self.stage, self.layout = stage, layout
+        self._failure: BaseException | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(before, settings, sources), name="psframe-relayout-ready", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, before: ClusterSpec, settings: Settings, sources: Sequence[Sequence[int]] | None) -> None:
+        try:
+            get_ready(before, self.layout, settings, sources)
+        except BaseException as e:  # noqa: BLE001 - handed to the chief's thread by result()
+            self._failure = e
+        finally:
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        """Whether it ended (ready, or failed: :meth:`result` says)."""
+        return self._done.is_set()
+
+    def result(self) -> Layout:
+        """The layout, ready for its cut.
+
+        Raises:
+            ConnectTimeoutError, PsframeError: as :func:`get_ready` (the layout's client is closed).
+        """
+        if self._failure is not None:
+            self.layout.client.close()
+            raise self._failure
+        return self.layout
+
+    def cancel(self, seconds: float = 5.0) -> None:
+        """Give it up: wait for the thread (``seconds`` at most: its calls have deadlines of their
+        own) and close the layout's client."""
+        self._done.wait(seconds)
+        self.layout.client.close()
+
+
 def lead(
     old: PsClient,
     before: ClusterSpec,
@@ -130,10 +209,12 @@ def lead(
     settings: Settings,
     stage: MoveStage | None = None,
     sources: Sequence[Sequence[int]] | None = None,
+    ready: bool = False,
 ) -> float:
     """The chief's re-layout (or ``stage`` of one) from ``before`` (reached by ``old``) to
     ``layout``; closes the new layout's client if it fails. ``sources``: the tasks before each
     task of the new layout reads its parts from (:func:`psframe.cluster.moves.sources`); None: all.
+    ``ready``: :func:`get_ready` was done for it (while training went on); otherwise it is done first.
 
     Returns:
         When (``time.monotonic()``) the cut began: training is paused from then on, until the
@@ -146,11 +227,8 @@ def lead(
     """
     client, new = layout.client, layout.cluster
     try:
-        # The tasks added are up and ready before the cut: training pauses for the transfer alone.
-        added = range(before.num_ps, new.num_ps)
-        client.wait_for_ps(settings.timeout, tasks=added)
-        if added:
-            client.prepare(added)
+        if not ready:
+            get_ready(before, layout, settings, sources)
         start = time.monotonic()
         at_cut = old.move(new, stage)
         cut = time.monotonic()

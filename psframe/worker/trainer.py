@@ -283,6 +283,7 @@ class Trainer:
         self._relayout_pauses: list[float] = []  # of the stages of the last re-layout this chief led
         self._relayout_parts: list[int] = []  # the parts each of those stages moved
         self._stage: MoveStage | None = None  # the last stage this chief took
+        self._readying: relayout.Readying | None = None  # the next stage, readied while training goes on
         self._layouts = relayout.Layouts(self._placement_on, self._layout_with, placement.max_shard_bytes)
         self._placement = self._replica.placement
         self._async_tables: frozenset[str] = frozenset()  # sync: tables applied at once (variable names)
@@ -637,6 +638,9 @@ class Trainer:
                 except BaseException as e:  # noqa: BLE001 - re-raised below
                     failure = failure or e
         finally:
+            if self._readying is not None:  # a stage readied, not cut: ps 0 keeps it asked for the next chief
+                self._readying.cancel()
+                self._readying = None
             if self._overlap is not None:
                 self._overlap.close()
                 self._overlap = None
@@ -837,8 +841,10 @@ class Trainer:
         return tuple(self._relayout_parts)
 
     def _take_asked_reshard(self) -> None:
-        """The chief, between two steps: take the re-layout ps 0 was asked for, if any, or the
-        next stage of the one under way (then it asks again at the next step)."""
+        """The chief, between two steps: the re-layout ps 0 was asked for, if any, or the next
+        stage of the one under way. A stage is readied first (its tasks copy the table parts they
+        take ahead, :func:`relayout.get_ready`) in a thread while this chief trains on; it is cut
+        at a step once ready. Until the re-layout is done, ps 0 is asked again at every step."""
         self._next_reshard_poll = time.monotonic() + RESHARD_POLL_SECONDS
         try:
             status = self._ps.layout_status()
@@ -847,14 +853,33 @@ class Trainer:
         if status.moving:
             stage = status.stage
             assert stage is not None
-            self._take_stage(MoveStage(stage.origin, stage.target, stage.stage + 1, stage.stages))
+            stage = MoveStage(stage.origin, stage.target, stage.stage + 1, stage.stages)
         elif status.cluster is not None and not status.moved and status.cluster != self._cluster:
-            self._relayout_pauses, self._relayout_parts = [], []
-            self._take_stage(self._layouts.plan(self._cluster, status.cluster)[0])
+            stage = self._layouts.plan(self._cluster, status.cluster)[0]
         else:
             return
-        if self._stage is not None and not self._stage.done:
-            self._next_reshard_poll = 0.0  # the next stage at the next step
+        self._next_reshard_poll = 0.0  # again at the next step: this stage (or the next) waits
+        readying = self._readying
+        if readying is None or readying.stage != stage:
+            if readying is not None:
+                readying.cancel()
+            layout = self._layouts.of_stage(stage)
+            self._readying = relayout.Readying(
+                stage,
+                layout,
+                self._cluster,
+                self._relayout_settings(self._sync),
+                sources(self._placement, layout.replica.placement),
+            )
+            return
+        if not readying.done:
+            return
+        self._readying = None
+        if stage.stage == 1:
+            self._relayout_pauses, self._relayout_parts = [], []
+        self._take_stage(stage, readying.result())
+        if stage.done:
+            self._next_reshard_poll = time.monotonic() + RESHARD_POLL_SECONDS
 
     def _move_to(self, new: ClusterSpec) -> float:
         """The chief's re-layout, every stage of it; then it trains on the new layout."""
@@ -863,12 +888,13 @@ class Trainer:
             self._take_stage(stage)
         return sum(self._relayout_pauses)
 
-    def _take_stage(self, stage: MoveStage) -> None:
+    def _take_stage(self, stage: MoveStage, ready: relayout.Layout | None = None) -> None:
         """The chief's ``stage`` of a re-layout (:func:`psframe.worker.relayout.lead`); then it trains
         on the layout after it. Its pause counts from the cut until this chief can step again (on
-        the new layout's client, made before the cut)."""
+        the new layout's client, made before the cut). ``ready``: the layout after it, readied
+        while training went on (:class:`relayout.Readying`); None: readied here first."""
         begun = time.monotonic()
-        layout = self._layouts.of_stage(stage)
+        layout = ready or self._layouts.of_stage(stage)
         after = layout.replica.placement
         cut_at = relayout.lead(
             self._ps,
@@ -877,6 +903,7 @@ class Trainer:
             self._relayout_settings(self._sync),
             stage,
             sources(self._placement, after),
+            ready=ready is not None,
         )
         moved = moved_parts(self._placement, after)
         # No pull: the parts moved as they were, and hold what this chief's last step was answered.
