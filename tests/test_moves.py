@@ -113,15 +113,15 @@ def test_table_parts_are_dealt_evenly_and_a_task_added_takes_only_its_share(num_
         assert len(moved) == num_parts // (num_ps + 1)  # its share, no more
 
 
-def test_each_task_reads_from_the_tasks_that_hold_rows_of_its_parts_and_ps_0():
+def test_each_task_reads_from_the_tasks_that_hold_rows_of_its_parts():
     # w: 3 parts by size on either side, cut alike; b whole on ps 0. A task added reads from
-    # the tasks its parts come from (and ps 0); a task kept reads from itself too.
+    # the tasks its parts come from, no other; a task kept reads from itself too.
     before, after = placed(2), placed(3)
     moved = {s.name: (b.ps_task, s.ps_task) for b, s in zip(before.shards, after.shards) if b.ps_task != s.ps_task}
     got = sources(before, after)
     for task, tasks in enumerate(got):
         gained = {frm for frm, to in moved.values() if to == task}
-        assert set(tasks) == {0} | gained | ({task} if task < 2 else set())
+        assert set(tasks) == gained | ({task} if task < 2 else set()) and tasks == sorted(tasks)
     table = [VariableInfo("emb", (30, 4), 4)]  # cut anew: 2 parts -> 3, each new part overlaps old ones
     assert sources(ShardPlacement(2, tuple(place_tables(table, 2))), ShardPlacement(3, tuple(place_tables(table, 3))))[
         2

@@ -130,12 +130,12 @@ def moved_parts(before: ShardPlacement, after: ShardPlacement) -> int:
 
 def sources(before: ShardPlacement, after: ShardPlacement) -> list[list[int]]:
     """For each ps task of ``after``, the tasks of ``before`` a stage's move reads its parts from:
-    those that hold rows of them, itself where it was a task before (it reads its own parts in
-    place), and ps 0 (whose push ledger every task takes). A task asks no other."""
+    those that hold rows of them, and itself where it was a task before (it reads its own parts in
+    place). A task asks no other."""
     held = _by_variable(before)
     result: list[list[int]] = []
     for k in range(after.num_ps):
-        tasks = {0} | ({k} if k < before.num_ps else set())
+        tasks = {k} if k < before.num_ps else set()
         for wanted in (s for s in after.shards if s.ps_task == k):
             tasks.update(b.ps_task for b in held.get(wanted.variable, ()) if _shares_rows(b, wanted))
         result.append(sorted(tasks))

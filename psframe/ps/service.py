@@ -392,8 +392,9 @@ class ParameterServerService(TaskService):
                     f"the chief's model does not match what {self.task_name} holds", sync, self._sync_def
                 )
             elif header.adopt_from:
+                ledger = header.ledger if header.HasField("ledger") else None
                 self._adopt_from_peers(
-                    list(header.adopt_from), defs, optimizer, sync, table_optimizer, list(header.adopt_tasks)
+                    list(header.adopt_from), defs, optimizer, sync, table_optimizer, list(header.adopt_tasks), ledger
                 )
                 self._take_finished(header.finished_workers)
                 if self.relayout.moved_to is None:  # new in this layout
@@ -587,10 +588,13 @@ class ParameterServerService(TaskService):
 
     def _moved_reply(self) -> pb.SaveReply:
         """What a re-layout's cut answers: where this task stands after it."""
+        snapshot = self.relayout.snapshot
+        pushes = (snapshot.pushes if snapshot is not None else None) or {}
         return pb.SaveReply(
             global_step=self.store.global_step,
             layout_version=self.relayout.version,
             finished_workers=sorted(self.roster.finished),
+            ledger=pb.PushLedger(last_push=pushes.get("last_push", ()), applied_steps=pushes.get("applied_steps", ())),
         )
 
     def reshard(self, request: pb.ReshardRequest) -> pb.ReshardReply:
@@ -786,22 +790,25 @@ class ParameterServerService(TaskService):
         sync: pb.SyncDef | None,
         table_optimizer: OptimizerSpec | None,
         tasks: list[int],
+        ledger: pb.PushLedger | None = None,
     ) -> None:
         """Take the parts the chief placed here from the ps tasks of the layout before (their cut's
-        snapshots): from ``tasks`` of them (ps 0 among them), or all.
+        snapshots): from ``tasks`` of them, or all.
 
-        Every task of the new layout takes the push ledger of ps 0 before (at the cut, every
-        task had applied the same steps of every worker). ps 0, which a re-layout always keeps,
-        keeps its data queues as they are.
+        Every task of the new layout takes the push ledger of ps 0 at the cut (every task had
+        applied the same steps of every worker then): ``ledger``, as ps 0 answered the cut; or,
+        without, read from ps 0's snapshot (then ps 0 is among ``tasks``). ps 0, which a
+        re-layout always keeps, keeps its data queues as they are.
         """
         start = time.monotonic()
         caller = pb.Caller(job_name="ps", task_index=self.task_index, cluster_fingerprint=self.cluster.fingerprint)
         # A task kept reads its own snapshot in place: no copy of the parts it keeps.
         own = (self.task_index, self.relayout) if self.relayout.snapshot is not None else None
-        if tasks and (0 not in tasks or not all(0 <= k < len(addresses) for k in tasks)):
+        if tasks and ((ledger is None and 0 not in tasks) or not all(0 <= k < len(addresses) for k in tasks)):
             raise errors.ClusterMismatchError(
                 f"{self.task_name} takes its parts from ps tasks {tasks} of the {len(addresses)} before the "
-                f"re-layout: expected ps 0 among them (its push ledger), and indices below {len(addresses)}"
+                f"re-layout: expected indices below {len(addresses)}, and ps 0 among them unless the chief "
+                f"sends its push ledger"
             )
         copies = self._copies.take(addresses)
         taken = fetch_shards(self._peers_at(addresses), defs, caller, MAX_FETCH_SECONDS, own, tasks, copies)
@@ -810,8 +817,11 @@ class ParameterServerService(TaskService):
         restored = recovery.restore_from_shards(
             shards, defs, optimizer, table_optimizer, source="the re-layout's snapshot"
         )
-        ledger = dict(shards[0].pushes or {})
-        restored.pushes = {k: v for k, v in ledger.items() if k in ("last_push", "applied_steps")}
+        if ledger is not None:
+            restored.pushes = {"last_push": list(ledger.last_push), "applied_steps": list(ledger.applied_steps)}
+        else:  # shards[0] is ps 0's: it is among the tasks read
+            pushes = dict(shards[0].pushes or {})
+            restored.pushes = {k: v for k, v in pushes.items() if k in ("last_push", "applied_steps")}
         restored.sync = sync
         # ps 0 is kept: its data queues stay, leases and all. The tensors restored are the
         # snapshot's own (nothing else writes them) or fresh: the store takes them as they are.

@@ -353,7 +353,7 @@ class WorkerSeen(_message.Message):
     def __init__(self, task_index: _Optional[int] = ..., seconds_ago: _Optional[float] = ..., finished: _Optional[bool] = ..., applied_steps: _Optional[int] = ..., last_push_id: _Optional[int] = ...) -> None: ...
 
 class InitHeader(_message.Message):
-    __slots__ = ("caller", "variables", "optimizer", "tensors", "sync", "checkpoint_dir", "table_optimizer", "global_step", "adopt_from", "layout_version", "finished_workers", "adopt_tasks")
+    __slots__ = ("caller", "variables", "optimizer", "tensors", "sync", "checkpoint_dir", "table_optimizer", "global_step", "adopt_from", "layout_version", "finished_workers", "adopt_tasks", "ledger")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
@@ -366,6 +366,7 @@ class InitHeader(_message.Message):
     LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     FINISHED_WORKERS_FIELD_NUMBER: _ClassVar[int]
     ADOPT_TASKS_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
     optimizer: OptimizerDef
@@ -378,7 +379,8 @@ class InitHeader(_message.Message):
     layout_version: int
     finished_workers: _containers.RepeatedScalarFieldContainer[int]
     adopt_tasks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., global_step: _Optional[int] = ..., adopt_from: _Optional[_Iterable[str]] = ..., layout_version: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., adopt_tasks: _Optional[_Iterable[int]] = ...) -> None: ...
+    ledger: PushLedger
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., global_step: _Optional[int] = ..., adopt_from: _Optional[_Iterable[str]] = ..., layout_version: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., adopt_tasks: _Optional[_Iterable[int]] = ..., ledger: _Optional[_Union[PushLedger, _Mapping]] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("header", "payload")
@@ -559,7 +561,7 @@ class SaveRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., step: _Optional[int] = ..., delta: _Optional[bool] = ..., parent_step: _Optional[int] = ..., hold: _Optional[bool] = ..., hold_seconds: _Optional[float] = ..., targets: _Optional[_Iterable[int]] = ..., round_target: _Optional[int] = ..., cut_rounds: _Optional[bool] = ..., move_to: _Optional[str] = ..., move_stage: _Optional[_Union[MoveStage, _Mapping]] = ...) -> None: ...
 
 class SaveReply(_message.Message):
-    __slots__ = ("file", "sha256", "nbytes", "global_step", "steps_begun", "holds", "holds_rounds", "layout_version", "finished_workers")
+    __slots__ = ("file", "sha256", "nbytes", "global_step", "steps_begun", "holds", "holds_rounds", "layout_version", "finished_workers", "ledger")
     FILE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
@@ -569,6 +571,7 @@ class SaveReply(_message.Message):
     HOLDS_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     FINISHED_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_FIELD_NUMBER: _ClassVar[int]
     file: str
     sha256: str
     nbytes: int
@@ -578,7 +581,16 @@ class SaveReply(_message.Message):
     holds_rounds: bool
     layout_version: int
     finished_workers: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, file: _Optional[str] = ..., sha256: _Optional[str] = ..., nbytes: _Optional[int] = ..., global_step: _Optional[int] = ..., steps_begun: _Optional[_Iterable[int]] = ..., holds: _Optional[bool] = ..., holds_rounds: _Optional[bool] = ..., layout_version: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ...) -> None: ...
+    ledger: PushLedger
+    def __init__(self, file: _Optional[str] = ..., sha256: _Optional[str] = ..., nbytes: _Optional[int] = ..., global_step: _Optional[int] = ..., steps_begun: _Optional[_Iterable[int]] = ..., holds: _Optional[bool] = ..., holds_rounds: _Optional[bool] = ..., layout_version: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., ledger: _Optional[_Union[PushLedger, _Mapping]] = ...) -> None: ...
+
+class PushLedger(_message.Message):
+    __slots__ = ("last_push", "applied_steps")
+    LAST_PUSH_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    last_push: _containers.RepeatedScalarFieldContainer[int]
+    applied_steps: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, last_push: _Optional[_Iterable[int]] = ..., applied_steps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("caller",)

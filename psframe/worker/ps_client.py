@@ -567,7 +567,11 @@ class PsClient:
                 del request.targets[:]
                 request.cut_rounds = False
             replies = transport.call_all([(ps, "Save", r) for ps, r in zip(self._ps, requests)], self.rpc_timeout)
-        return CutTaken(replies[0].layout_version, tuple(replies[0].finished_workers))
+        first = replies[0]
+        ledger = (
+            (tuple(first.ledger.last_push), tuple(first.ledger.applied_steps)) if first.HasField("ledger") else None
+        )
+        return CutTaken(first.layout_version, tuple(first.finished_workers), ledger)
 
     def adopt(
         self,
@@ -579,10 +583,13 @@ class PsClient:
         layout_version: int,
         finished_workers: Sequence[int] = (),
         sources: Sequence[Sequence[int]] | None = None,
+        ledger: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> bool:
         """The chief's second part of a re-layout: every ps task of this (new) cluster takes the
         parts placed on it from the snapshots of the tasks before (``adopt_from``), in parallel;
         ps task ``k`` from tasks ``sources[k]`` only (:func:`psframe.cluster.moves.sources`), or all.
+        ``ledger``: ps 0's pushes applied at the cut (:class:`CutTaken`), which every task takes;
+        None: each reads it from ps 0's snapshot (then ps 0 must be among ``sources[k]``).
 
         Returns:
             Whether every task now holds the model (then it holds these variables, and this
@@ -603,6 +610,8 @@ class PsClient:
             )
             if table_optimizer is not None:
                 header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
+            if ledger is not None:
+                header.ledger.CopyFrom(pb.PushLedger(last_push=ledger[0], applied_steps=ledger[1]))
             calls.append((ps, "Init", codec.encode(header, ())))
         replies = [codec.decode(r, pb.InitReplyHeader)[0] for r in transport.call_all(calls, self.rpc_timeout)]
         if any(r.state != pb.TaskInfo.READY for r in replies):
@@ -708,6 +717,8 @@ class CutTaken:
 
     layout_version: int  # the re-layouts gone through, this one counted
     finished_workers: tuple[int, ...]  # the workers that had finished before
+    # ps 0's pushes applied at the cut, by worker: each one's last push and steps applied (None: unsaid)
+    ledger: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,7 @@ class Readying:
         settings: Settings,
         sources: Sequence[Sequence[int]] | None,
     ) -> None:
-        self.stage, self.layout = stage, layout
+        self.stage, self.layout, self.sources = stage, layout, sources
         self._failure: BaseException | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(
@@ -264,6 +264,9 @@ def take_parts(
         version, finished = info.layout_version, list(info.finished_workers)
     else:
         version, finished = at_cut.layout_version, list(at_cut.finished_workers)
+    ledger = None if at_cut is None else at_cut.ledger
+    if sources is not None and ledger is None:  # each task reads the push ledger from ps 0's snapshot
+        sources = [sorted({0, *tasks}) for tasks in sources]
     asked = time.monotonic()
     held_model = client.adopt(
         layout.replica.slots,
@@ -274,6 +277,7 @@ def take_parts(
         version,
         finished,
         sources,
+        ledger,
     )
     adopted = time.monotonic()
     if not held_model:  # a task not ready yet (it should not be): wait for it, and check what it holds

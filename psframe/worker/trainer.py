@@ -25,6 +25,7 @@ import collections
 import dataclasses
 import enum
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -84,6 +85,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 # How often the chief asks ps 0 whether a re-layout waits (asked by a tool): one small call a second.
 RESHARD_POLL_SECONDS = 1.0
+# How long closing waits for the client of a layout before to close (it closes in a thread of its own).
+CLOSE_WAIT_SECONDS = 10.0
 
 
 class TrainerState(enum.Enum):
@@ -284,6 +287,7 @@ class Trainer:
         self._relayout_parts: list[int] = []  # the parts each of those stages moved
         self._stage: MoveStage | None = None  # the last stage this chief took
         self._readying: relayout.Readying | None = None  # the next stage, readied while training goes on
+        self._closing: list[threading.Thread] = []  # the clients of layouts before, closing
         self._layouts = relayout.Layouts(self._placement_on, self._layout_with, placement.max_shard_bytes)
         self._placement = self._replica.placement
         self._async_tables: frozenset[str] = frozenset()  # sync: tables applied at once (variable names)
@@ -652,6 +656,8 @@ class Trainer:
             except LayoutChangedError as e:  # the ps tasks moved since this worker's last step
                 self._following(e, lambda: self._ps.finish())
             self._ps.close()
+            for closing in self._closing:  # each close ends by its calls' deadlines
+                closing.join(CLOSE_WAIT_SECONDS)
             self._state = TrainerState.CLOSED
         if failure is not None:
             raise failure
@@ -877,7 +883,7 @@ class Trainer:
         self._readying = None
         if stage.stage == 1:
             self._relayout_pauses, self._relayout_parts = [], []
-        self._take_stage(stage, readying.result())
+        self._take_stage(stage, readying)
         if stage.done:
             self._next_reshard_poll = time.monotonic() + RESHARD_POLL_SECONDS
 
@@ -888,24 +894,24 @@ class Trainer:
             self._take_stage(stage)
         return sum(self._relayout_pauses)
 
-    def _take_stage(self, stage: MoveStage, ready: relayout.Layout | None = None) -> None:
+    def _take_stage(self, stage: MoveStage, ready: relayout.Readying | None = None) -> None:
         """The chief's ``stage`` of a re-layout (:func:`psframe.worker.relayout.lead`); then it trains
         on the layout after it. Its pause counts from the cut until this chief can step again (on
-        the new layout's client, made before the cut). ``ready``: the layout after it, readied
-        while training went on (:class:`relayout.Readying`); None: readied here first."""
+        the new layout's client, made before the cut). ``ready``: the stage readied while training
+        went on; None: readied here first."""
         begun = time.monotonic()
-        layout = ready or self._layouts.of_stage(stage)
+        layout = ready.result() if ready is not None else self._layouts.of_stage(stage)
         after = layout.replica.placement
+        moved = moved_parts(self._placement, after)
         cut_at = relayout.lead(
             self._ps,
             self._cluster,
             layout,
             self._relayout_settings(self._sync),
             stage,
-            sources(self._placement, after),
+            ready.sources if ready is not None else sources(self._placement, after),
             ready=ready is not None,
         )
-        moved = moved_parts(self._placement, after)
         # No pull: the parts moved as they were, and hold what this chief's last step was answered.
         self._switch_to(layout, pull=False)
         self._stage = stage
@@ -965,8 +971,12 @@ class Trainer:
                 error = again
 
     def _switch_to(self, layout: relayout.Layout, pull: bool = True) -> None:
-        """Train on the new layout from now on: its client and placement; pull its values."""
-        self._ps.close()
+        """Train on the new layout from now on: its client and placement; pull its values. The
+        client of before is closed in a thread of its own: its streams and channels take
+        milliseconds to close, which training need not wait for."""
+        self._closing = [c for c in self._closing if c.is_alive()]
+        self._closing.append(threading.Thread(target=self._ps.close, name="psframe-close-layout-before", daemon=True))
+        self._closing[-1].start()
         before = self._replica.tables
         state = before.step_state()  # before detaching, which starts the tables afresh
         before.detach()
