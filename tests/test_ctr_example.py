@@ -167,8 +167,11 @@ def test_a_ps_task_added_mid_way_and_drained_later_keeps_the_auc(processes, caps
         assert cli.main([*argv, "--timeout=120"]) == 0
         return capsys.readouterr().out
 
-    processes.wait_until("worker0", lambda out: max(steps(out), default=0) >= 250, "reach global step 250", 240)
+    # The task added is started early, empty: the chief readies a stage while it trains on, and
+    # would wait for a task added to start; started, the add is taken within a second, mid-way.
     processes.start_task(grown, "ps", 2, *flags, script=ROOT / "examples" / "ctr_dist.py")
+    processes.wait_for_output("ps2", "serving at", 120)
+    processes.wait_until("worker0", lambda out: max(steps(out), default=0) >= 250, "reach global step 250", 240)
     assert "hold the model: re-laid out" in reshard(cluster, grown)
     processes.wait_until("worker0", lambda out: max(steps(out), default=0) >= 550, "reach global step 550", 240)
     assert "hold the model: re-laid out" in reshard(grown, cluster)

@@ -13,6 +13,7 @@ from typing import Any
 from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import ClusterSpecError, NotReadyError, PsframeError
 from psframe.liveness import Liveness
+from psframe.ps import relayout
 from psframe.ps.roster import check_max_workers
 from psframe.ps.service import ParameterServerService
 from psframe.ps.serving_processes import ServingProcesses, default_serving_processes
@@ -275,6 +276,8 @@ class Server:
                     self.stop(grace=0.0)
                     raise
             log.info("%s serving at %s (%s)", self.task_name, self.address, self.security.describe())
+            if self.job_name == "ps":  # meanwhile, torch.optim's first optimizer (a second of imports)
+                threading.Thread(target=relayout.prepare, name="psframe-make-ready", daemon=True).start()
 
     def join(self, timeout: float | None = None) -> bool:
         """Serve until training is over (ps: every worker finished) or :meth:`stop`.

@@ -83,8 +83,8 @@ from psframe.worker.tables import EmbeddingTables
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# How often the chief asks ps 0 whether a re-layout waits (asked by a tool): one small call a second.
-RESHARD_POLL_SECONDS = 1.0
+# How often the chief asks ps 0 whether a re-layout waits (asked by a tool): two small calls a second.
+RESHARD_POLL_SECONDS = 0.5
 # How long closing waits for the client of a layout before to close (it closes in a thread of its own).
 CLOSE_WAIT_SECONDS = 10.0
 
