@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from psframe.cluster.moves import MoveStage, moved_parts, sources, stages
+from psframe.cluster.moves import COPY_AHEAD_FACTOR, MoveStage, moved_parts, parts_copied_ahead, sources, stages
 from psframe.cluster.placement import Shard, ShardPlacement, VariableInfo, place
 from psframe.cluster.table_placement import part_owners, place_tables
 from psframe.errors import PlacementError
@@ -133,3 +133,22 @@ def test_a_number_of_table_parts_below_one_is_refused():
 
     with pytest.raises(ValueError, match="table_parts"):
         psframe.Placement(table_parts=0)
+
+
+def test_table_parts_copied_ahead_count_against_a_budget_of_their_own():
+    table = [VariableInfo("emb", (60, 4), 4)]  # six parts of 160 bytes
+    before = ShardPlacement(2, tuple(placed(2).shards) + tuple(place_tables(table, 2, num_parts=6)))
+    after = ShardPlacement(3, tuple(placed(3).shards) + tuple(place_tables(table, 3, num_parts=6)))
+    moving = [a.name for b, a in zip(before.shards, after.shards) if a.variable == "emb" and a.ps_task != b.ps_task]
+    assert parts_copied_ahead(before, after) == moving and len(moving) == 2  # not w/part_2 nor b: dense
+    # b to ps 0 first (32 bytes at the cut), then w/part_2 (512 at the cut: a stage of its own), then
+    # both table parts together: 320 bytes copied ahead, against COPY_AHEAD_FACTOR x 160.
+    plan = stages(before, after, max_stage_bytes=160)
+    assert [moved_parts(a, b) for a, b in zip([before, *plan], plan)] == [1, 1, 2]
+    assert COPY_AHEAD_FACTOR * 160 >= 320
+    # Against a budget of COPY_AHEAD_FACTOR x 20 bytes, one table part a stage.
+    plan = stages(before, after, max_stage_bytes=20)
+    assert [moved_parts(a, b) for a, b in zip([before, *plan], plan)] == [1, 1, 1, 1]
+    # A table cut anew moves whole, at its cut: nothing of it is copied ahead.
+    anew = ShardPlacement(3, tuple(placed(3).shards) + tuple(place_tables(table, 3)))
+    assert parts_copied_ahead(ShardPlacement(2, tuple(placed(2).shards) + tuple(place_tables(table, 2))), anew) == []

@@ -421,6 +421,22 @@ class Tabled(torch.nn.Module):
         return GRAD * (self.emb(torch.arange(self.ROWS)).sum() + self.w.sum())
 
 
+def assert_as_one_adagrad(
+    held: dict[str, torch.Tensor], reference: torch.nn.Module, start: dict[str, torch.Tensor], steps: int
+) -> None:
+    """``held`` (``emb.weight`` and ``w``) is what one process's Adagrad (lr 0.1) makes of ``reference``
+    from ``start`` in ``steps`` steps of its loss: the rows and their sums of squares moved exactly."""
+    reference.load_state_dict({"emb.weight": start["emb.weight"], "w": start["w"]})
+    reference.emb.sparse = False
+    adagrad = torch.optim.Adagrad(reference.parameters(), lr=0.1)
+    for _ in range(steps):
+        adagrad.zero_grad()
+        reference.loss().backward()
+        adagrad.step()
+    torch.testing.assert_close(held["emb.weight"], reference.emb.weight.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(held["w"], reference.w.detach(), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.service
 @pytest.mark.parametrize("table_parts", [None, 6], ids=["a part per ps task", "six parts"])
 def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_cut_anew(ps_tasks, table_parts):
@@ -439,8 +455,9 @@ def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_
             task_index=index,
             optimizer=psframe.optim.Adagrad(lr=0.1),
             table_optimizer=psframe.optim.Adagrad(lr=0.1),
-            # Six parts of about 112 bytes: with 128-byte stages, one part a stage.
-            placement=psframe.Placement(table_parts=table_parts, max_shard_bytes=128),
+            # Six parts of about 112 bytes, copied ahead of their cut: those count against stages of
+            # COPY_AHEAD_FACTOR x 16 bytes, one part a stage.
+            placement=psframe.Placement(table_parts=table_parts, max_shard_bytes=16),
             transport=psframe.Transport(connect_timeout=DEADLINE_S),
         )
 
@@ -464,17 +481,7 @@ def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_
     assert steps == sum(t.pushed_steps for t in done.values()) and done[1].relayouts >= 1
     # One process: Adagrad over `steps` steps of the same gradients; the table's rows and their
     # sums of squares moved among the ps tasks twice, split by id modulo 2, then 3, then 2.
-    reference = Tabled()
-    reference.load_state_dict({"emb.weight": start["emb.weight"], "w": start["w"]})
-    reference.emb.sparse = False
-    adagrad = torch.optim.Adagrad(reference.parameters(), lr=0.1)
-    for _ in range(steps):
-        adagrad.zero_grad()
-        reference.loss().backward()
-        adagrad.step()
-    held = assemble(first)
-    torch.testing.assert_close(held["emb.weight"], reference.emb.weight.detach(), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(held["w"], reference.w.detach(), rtol=1e-5, atol=1e-6)
+    assert_as_one_adagrad(assemble(first), Tabled(), start, steps)
     parts = {d.name for server in first for d in server.service._variable_defs if d.variable == "emb.weight"}
     if table_parts is None:  # cut anew each time: 2 parts, then 3, then 2, each move in one stage
         assert len(parts) == 2
@@ -513,8 +520,8 @@ def test_table_parts_copied_ahead_while_training_take_only_their_rows_changed_si
         cluster,
         optimizer=psframe.optim.Adagrad(lr=0.1),
         table_optimizer=psframe.optim.Adagrad(lr=0.1),
-        # Six table parts of 160 bytes: with 128-byte stages, one part a stage.
-        placement=psframe.Placement(table_parts=6, max_shard_bytes=128),
+        # Six table parts of 160 bytes, copied ahead: against COPY_AHEAD_FACTOR x 16 bytes, one part a stage.
+        placement=psframe.Placement(table_parts=6, max_shard_bytes=16),
         transport=psframe.Transport(connect_timeout=DEADLINE_S),
     ) as t:
         for _ in range(5):
@@ -535,18 +542,8 @@ def test_table_parts_copied_ahead_while_training_take_only_their_rows_changed_si
     changed = sum(s.service.relayout_rows_changed_since_copy for s in servers)
     copied = sum(s.service.relayout_parts_copied_ahead for s in servers)
     assert 0 < changed < copied * 10  # a part holds 10 rows
-    reference = Sampled()
-    reference.load_state_dict({"emb.weight": start["emb.weight"], "w": start["w"]})
-    reference.emb.sparse = False
-    adagrad = torch.optim.Adagrad(reference.parameters(), lr=0.1)
-    for _ in range(steps):
-        adagrad.zero_grad()
-        reference.loss().backward()
-        adagrad.step()
-    held = assemble(servers)
     assert first[0].service.store.global_step == steps
-    torch.testing.assert_close(held["emb.weight"], reference.emb.weight.detach(), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(held["w"], reference.w.detach(), rtol=1e-5, atol=1e-6)
+    assert_as_one_adagrad(assemble(servers), Sampled(), start, steps)
 
 
 @pytest.mark.service

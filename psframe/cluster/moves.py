@@ -16,6 +16,12 @@ What one move is:
   per task; a variable partitioned into one part per task) moves whole, all its
   parts in one stage.
 
+A fixed embedding table's part that moves alone (``Placement(table_parts=N)``)
+is copied ahead of its stage's cut while training goes on, and only its rows
+written since cross at the cut (:mod:`psframe.ps.precopy`): such parts count
+against a budget of their own, :data:`COPY_AHEAD_FACTOR` times
+``max_stage_bytes``, so a stage takes several.
+
 The stages are a function of the two placements: every worker computes the
 same ones, and only the stage number travels (:class:`MoveStage`). Placement
 works on sizes only and never imports torch::
@@ -61,11 +67,25 @@ def _cut(parts: Sequence[Shard]) -> list[tuple]:
     return [(s.name, s.row_start, s.row_end, s.row_stride, s.shape, s.table, s.dynamic) for s in parts]
 
 
+# A stage copies ahead at most this many times ``max_stage_bytes`` of fixed table parts (while
+# training goes on, each part under its holder's lock on its own): what crosses at its cut is
+# their rows written meanwhile, which grows with how long the copies take.
+COPY_AHEAD_FACTOR = 8
+
+
+def copied_ahead(shard: Shard) -> bool:
+    """Whether a part that moves alone is copied ahead of its stage's cut (a fixed table's part:
+    :mod:`psframe.ps.precopy`), so that only its rows written since cross at the cut."""
+    return shard.table and shard.dynamic is None
+
+
 def stages(before: ShardPlacement, after: ShardPlacement, max_stage_bytes: int) -> list[ShardPlacement]:
     """The placements a staged re-layout from ``before`` to ``after`` goes through, one per stage.
 
     Moves are taken in the order of ``after``'s shards, those that bring a part to ps task 0
-    first; a stage holds the moves that fit in ``max_stage_bytes`` together (one at least).
+    first; a stage holds the moves that fit in ``max_stage_bytes`` together (one at least),
+    counting a part copied ahead of the cut (:func:`copied_ahead`) against a budget of its own,
+    :data:`COPY_AHEAD_FACTOR` times larger: its bytes cross before the cut, while training goes on.
     The last placement is ``after`` itself; the ones before it are on ``max(before.num_ps,
     after.num_ps)`` tasks: a task drained still holds the parts not yet moved. Nothing to
     move: one stage, ``after``.
@@ -80,33 +100,37 @@ def stages(before: ShardPlacement, after: ShardPlacement, max_stage_bytes: int) 
         raise PlacementError(
             f"a re-layout keeps the model's variables: {sorted(set(old) ^ set(new))[:4]} are placed on one side only"
         )
-    # One move: (variable, the part that moves, or None for the whole variable, bytes, whether it
-    # brings a part to ps task 0).
-    moves: list[tuple[str, str | None, int, bool]] = []
+    # One move: (variable, the part that moves, or None for the whole variable, bytes at the cut,
+    # bytes copied ahead, whether it brings a part to ps task 0).
+    moves: list[tuple[str, str | None, int, int, bool]] = []
     for variable, parts in new.items():
         if _cut(old[variable]) != _cut(parts):
-            moves.append((variable, None, sum(s.nbytes for s in parts), any(s.ps_task == 0 for s in parts)))
+            moves.append((variable, None, sum(s.nbytes for s in parts), 0, any(s.ps_task == 0 for s in parts)))
             continue
         moves.extend(
-            (variable, a.name, a.nbytes, a.ps_task == 0) for b, a in zip(old[variable], parts) if a.ps_task != b.ps_task
+            (variable, a.name, 0, a.nbytes, a.ps_task == 0)
+            if copied_ahead(a)
+            else (variable, a.name, a.nbytes, 0, a.ps_task == 0)
+            for b, a in zip(old[variable], parts)
+            if a.ps_task != b.ps_task
         )
     # The parts ps 0 gains come first: it never holds nothing in between (a step counts the
     # global step there, and reports its data progress there).
-    moves.sort(key=lambda move: not move[3])
-    groups: list[list[tuple[str, str | None, int, bool]]] = []
-    size = 0
+    moves.sort(key=lambda move: not move[4])
+    groups: list[list[tuple[str, str | None, int, int, bool]]] = []
+    at_cut = ahead = 0
     for move in moves:
-        if not groups or size + move[2] > max_stage_bytes:
+        if not groups or at_cut + move[2] > max_stage_bytes or ahead + move[3] > COPY_AHEAD_FACTOR * max_stage_bytes:
             groups.append([])
-            size = 0
+            at_cut = ahead = 0
         groups[-1].append(move)
-        size += move[2]
+        at_cut, ahead = at_cut + move[2], ahead + move[3]
     num_ps = max(before.num_ps, after.num_ps)
     placements: list[ShardPlacement] = []
     whole: set[str] = set()
     moved: set[str] = set()
     for group in groups[:-1]:
-        for variable, part, _, _ in group:
+        for variable, part, *_ in group:
             (whole.add(variable) if part is None else moved.add(part))
         shards: list[Shard] = []
         for variable, parts in new.items():
@@ -119,6 +143,17 @@ def stages(before: ShardPlacement, after: ShardPlacement, max_stage_bytes: int) 
         placements.append(ShardPlacement(num_ps, tuple(shards)))
     placements.append(after)
     return placements
+
+
+def parts_copied_ahead(before: ShardPlacement, after: ShardPlacement) -> list[str]:
+    """The parts of ``after`` a stage from ``before`` copies ahead of its cut: fixed table parts
+    that move alone (their variable cut alike) to another ps task."""
+    old = _by_variable(before)
+    names = []
+    for variable, parts in _by_variable(after).items():
+        if variable in old and _cut(old[variable]) == _cut(parts):
+            names += [a.name for b, a in zip(old[variable], parts) if a.ps_task != b.ps_task and copied_ahead(a)]
+    return names
 
 
 def moved_parts(before: ShardPlacement, after: ShardPlacement) -> int:
@@ -151,4 +186,4 @@ def _shares_rows(a: Shard, b: Shard) -> bool:
     return a.row_start < b.row_end and b.row_start < a.row_end
 
 
-__all__ = ["MoveStage", "moved_parts", "sources", "stages"]
+__all__ = ["COPY_AHEAD_FACTOR", "MoveStage", "copied_ahead", "moved_parts", "parts_copied_ahead", "sources", "stages"]

@@ -15,10 +15,13 @@ memory, ps task to ps task, with their optimizer state:
    a worker of the cluster before is refused with
    :class:`~psframe.errors.LayoutChangedError`, nothing of its push applied.
 3. **Adopt.** The chief places the model for the new cluster and sends every
-   task of it its definitions (``InitHeader.adopt_from``). Each reads the rows
-   it now holds from the snapshots of the tasks before (the ``FetchParts``
-   RPC), re-sliced as a restore onto another number of ps tasks is
-   (:func:`psframe.ps.recovery.restore_from_shards`); ps 0 keeps the data queues.
+   task of it its definitions (``InitHeader.adopt_from``) and ps 0's push
+   ledger at the cut. Each reads the rows it now holds from the snapshots of
+   the tasks before (the ``FetchParts`` RPC), re-sliced as a restore onto
+   another number of ps tasks is (:func:`psframe.ps.recovery.restore_from_shards`);
+   ps 0 keeps the data queues. Fixed table parts that move alone were copied
+   ahead of the cut while training went on (:mod:`psframe.ps.precopy`): of
+   those, only the rows written since cross.
 4. **Reroute.** A refused worker asks ps 0 where the ps tasks went, places the
    model for the new cluster, pulls, and sends its step again there.
 5. **Drain.** A ps task the new cluster lacks answers ``FetchParts`` until the
@@ -507,27 +510,42 @@ def copy_ahead(
 ) -> dict[int, precopy.Copy]:
     """Copies of the fixed table parts of ``defs`` from the tasks of the layout before that hold
     them (``tasks``, or all; not ``skip``, this task's own index there), read live while training
-    goes on (:mod:`psframe.ps.precopy`): by task, those parts it sent whole as ``defs`` name them."""
-    wanted = {d.name: d for d in defs if precopy.copied_ahead(d)}
-    if not wanted:
-        return {}
-    variables = sorted({d.variable for d in wanted.values()})
-    header = pb.FetchPartsHeader(caller=caller, variables=variables, rows=wanted_rows(list(wanted.values())), live=True)
+    goes on (:mod:`psframe.ps.precopy`): by task, those parts it sent whole as ``defs`` name them.
+
+    One part a call, each copied under its holder's store lock on its own: training waits at
+    most one part's copy there. A task's copy is of the earliest mark its parts were read at
+    (rows written since any of them cross at the cut), and of one layout version only.
+    """
+    wanted = [d for d in defs if precopy.copied_ahead(d)]
     read = [k for k in (sorted(set(tasks)) if tasks else range(peers.cluster.num_ps)) if k != skip]
-    request = codec.encode(header, ())
-    replies = transport.call_all(
-        [(peers.connection(k), "FetchParts", request) for k in read], timeout, wait_for_ready=True
-    )
+    got: dict[int, list[Fetched]] = {k: [] for k in read}
+    for d in wanted:  # part after part; the tasks before in parallel (the one that holds it sends it)
+        header = pb.FetchPartsHeader(caller=caller, variables=[d.variable], rows=wanted_rows([d]), live=True)
+        request = codec.encode(header, ())
+        calls = [(peers.connection(k), "FetchParts", request) for k in read]
+        replies = transport.call_all(calls, timeout, wait_for_ready=True)
+        for k, reply in zip(read, replies):
+            fetched = decode_shard(reply)
+            if any(_same_part(p, d) for p in fetched.shard.variables):
+                got[k].append(fetched)
+    names = {d.name: d for d in wanted}
     copies = {}
-    for k, reply in zip(read, replies):
-        fetched = decode_shard(reply)
-        parts = {
-            p.name: p
-            for p in fetched.shard.variables
-            if p.name in wanted
-            and tuple(p.shape) == tuple(wanted[p.name].shape)
-            and p.row_start == wanted[p.name].row_start
-        }
-        if parts:
-            copies[k] = precopy.Copy(fetched.mark, fetched.layout_version, parts)
+    for k, replies in got.items():
+        if replies and len({f.layout_version for f in replies}) == 1:  # no cut between two of them
+            parts = {
+                p.name: p
+                for f in replies
+                for p in f.shard.variables
+                if p.name in names and _same_part(p, names[p.name])
+            }
+            copies[k] = precopy.Copy(min(f.mark for f in replies), replies[0].layout_version, parts)
     return copies
+
+
+def _same_part(part: VariableData, definition: pb.VariableDef) -> bool:
+    """Whether a part sent whole is the part ``definition`` places (its rows alike)."""
+    return (part.name, tuple(part.shape), part.row_start) == (
+        definition.name,
+        tuple(definition.shape),
+        definition.row_start,
+    )

@@ -643,14 +643,21 @@ class ParameterServerService(TaskService):
         if request.HasField("table_optimizer") and tables:
             ready.append((messages.optimizer_from_proto(request.table_optimizer), sorted(tables, key=str), True))
         relayout_prepare(ready)
+        named = set(request.parts)
         held = {(d.name, d.row_start, tuple(d.shape)) for d in self._variable_defs}
-        gained = [d for d in request.variables if (d.name, d.row_start, tuple(d.shape)) not in held]
+        gained = [d for d in request.variables if d.name in named and (d.name, d.row_start, tuple(d.shape)) not in held]
         addresses = list(request.adopt_from)
         caller = pb.Caller(job_name="ps", task_index=self.task_index, cluster_fingerprint=self.cluster.fingerprint)
         own = self.task_index if self.task_index < len(addresses) else None  # a task kept keeps its index
-        copies = copy_ahead(
-            self._peers_at(addresses), gained, caller, MAX_FETCH_SECONDS, list(request.adopt_tasks), own
-        )
+        try:
+            copies = copy_ahead(
+                self._peers_at(addresses), gained, caller, MAX_FETCH_SECONDS, list(request.adopt_tasks), own
+            )
+        except errors.PsframeError as e:  # the copies only shorten the pause: the parts cross whole at the cut
+            log.warning(
+                "%s: could not copy table parts ahead of a re-layout's cut (%s): they cross at it", self.task_name, e
+            )
+            copies = {}
         self._copies.keep(addresses, copies)
         if copies:
             log.info(

@@ -615,20 +615,22 @@ class ReshardRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., done: _Optional[bool] = ..., precopy: _Optional[_Union[Precopy, _Mapping]] = ...) -> None: ...
 
 class Precopy(_message.Message):
-    __slots__ = ("variables", "adopt_from", "adopt_tasks", "optimizer", "table_optimizer", "cluster_spec")
+    __slots__ = ("variables", "adopt_from", "adopt_tasks", "optimizer", "table_optimizer", "cluster_spec", "parts")
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     ADOPT_FROM_FIELD_NUMBER: _ClassVar[int]
     ADOPT_TASKS_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     TABLE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
     adopt_from: _containers.RepeatedScalarFieldContainer[str]
     adopt_tasks: _containers.RepeatedScalarFieldContainer[int]
     optimizer: OptimizerDef
     table_optimizer: OptimizerDef
     cluster_spec: str
-    def __init__(self, variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., adopt_from: _Optional[_Iterable[str]] = ..., adopt_tasks: _Optional[_Iterable[int]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., cluster_spec: _Optional[str] = ...) -> None: ...
+    parts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., adopt_from: _Optional[_Iterable[str]] = ..., adopt_tasks: _Optional[_Iterable[int]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., parts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReshardReply(_message.Message):
     __slots__ = ("cluster_spec", "moved", "layout_version", "before_spec", "stage")

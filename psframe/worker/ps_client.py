@@ -628,15 +628,20 @@ class PsClient:
         table_optimizer: OptimizerSpec | None,
         adopt_from: Sequence[str],
         sources: Sequence[Sequence[int]] | None = None,
+        parts: Sequence[str] = (),
     ) -> None:
         """Before a re-layout stage's cut, while training goes on: every ps task of this (the
         next) layout makes its optimizers ready and copies the fixed table parts it takes at the
-        cut from the tasks before (``adopt_from``; ``sources``: as :meth:`adopt`), in parallel;
-        at the cut only their rows changed since cross (:mod:`psframe.ps.precopy`)."""
+        cut (``parts``, those of them it holds next) from the tasks before (``adopt_from``;
+        ``sources``: as :meth:`adopt`), in parallel; at the cut only their rows changed since
+        cross (:mod:`psframe.ps.precopy`)."""
+        copied = set(parts)
         calls = []
         for k, ps in enumerate(self._ps):
+            held = [s for s in slots if s.shard.ps_task == k]
             precopy = pb.Precopy(
-                variables=messages.variable_defs(s for s in slots if s.shard.ps_task == k),
+                variables=messages.variable_defs(held),
+                parts=[s.name for s in held if s.name in copied],
                 adopt_from=adopt_from,
                 adopt_tasks=() if sources is None else sources[k],
                 optimizer=messages.optimizer_to_proto(optimizer),

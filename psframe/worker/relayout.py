@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from psframe.cluster import ClusterSpec
-from psframe.cluster.moves import MoveStage, stages
+from psframe.cluster.moves import MoveStage, moved_parts, parts_copied_ahead, sources, stages
 from psframe.cluster.placement import ShardPlacement
 from psframe.errors import ClusterMismatchError, ConnectTimeoutError, LayoutChangedError, TrainingFinishedError
 from psframe.optim import OptimizerSpec, SyncReplicas
@@ -52,6 +52,19 @@ class Settings:
     table_optimizer: OptimizerSpec | None
     sync: SyncReplicas | None
     timeout: float
+
+
+@dataclass(frozen=True)
+class Moves:
+    """What a stage moves, as the chief computes it from the placements before and after it."""
+
+    sources: list[list[int]]  # by task after: the tasks before it reads its parts from
+    copied_ahead: list[str]  # the fixed table parts copied ahead of the cut
+    parts: int  # the parts moved
+
+    @classmethod
+    def between(cls, before: ShardPlacement, after: ShardPlacement) -> Moves:
+        return cls(sources(before, after), parts_copied_ahead(before, after), moved_parts(before, after))
 
 
 @dataclass
@@ -124,15 +137,11 @@ class Layouts:
         return self.of(LayoutStatus(ClusterSpec.from_string(stage.target), True, stage))
 
 
-def get_ready(
-    before: ClusterSpec,
-    layout: Layout,
-    settings: Settings,
-    sources: Sequence[Sequence[int]] | None = None,
-) -> None:
+def get_ready(before: ClusterSpec, layout: Layout, settings: Settings, moves: Moves) -> None:
     """What a stage of a re-layout does before its cut, while training goes on: the tasks added
     are up and make ready what taking parts needs, and every task of ``layout`` copies the table
-    parts it will take ahead (:mod:`psframe.ps.precopy`): the pause is for the rest alone.
+    parts it will take ahead (``moves.copied_ahead``, :mod:`psframe.ps.precopy`): the pause is
+    for the rest alone.
 
     Raises:
         ConnectTimeoutError: a task added did not answer within ``settings.timeout``.
@@ -141,7 +150,12 @@ def get_ready(
     added = range(before.num_ps, new.num_ps)
     client.wait_for_ps(settings.timeout, tasks=added)
     client.copy_ahead(
-        layout.replica.slots, settings.optimizer, settings.table_optimizer, before.job_tasks("ps"), sources
+        layout.replica.slots,
+        settings.optimizer,
+        settings.table_optimizer,
+        before.job_tasks("ps"),
+        moves.sources,
+        moves.copied_ahead,
     )
 
 
@@ -152,28 +166,21 @@ class Readying:
     Args:
         stage: the stage it readies.
         layout: the layout after it (its client is used by the thread until done).
-        before, settings, sources: as :func:`get_ready`.
+        before, settings, moves: as :func:`get_ready`.
     """
 
-    def __init__(
-        self,
-        stage: MoveStage,
-        layout: Layout,
-        before: ClusterSpec,
-        settings: Settings,
-        sources: Sequence[Sequence[int]] | None,
-    ) -> None:
-        self.stage, self.layout, self.sources = stage, layout, sources
+    def __init__(self, stage: MoveStage, layout: Layout, before: ClusterSpec, settings: Settings, moves: Moves) -> None:
+        self.stage, self.layout, self.moves = stage, layout, moves
         self._failure: BaseException | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(before, settings, sources), name="psframe-relayout-ready", daemon=True
+            target=self._run, args=(before, settings), name="psframe-relayout-ready", daemon=True
         )
         self._thread.start()
 
-    def _run(self, before: ClusterSpec, settings: Settings, sources: Sequence[Sequence[int]] | None) -> None:
+    def _run(self, before: ClusterSpec, settings: Settings) -> None:
         try:
-            get_ready(before, self.layout, settings, sources)
+            get_ready(before, self.layout, settings, self.moves)
         except BaseException as e:  # noqa: BLE001 - handed to the chief's thread by result()
             self._failure = e
         finally:
@@ -207,14 +214,14 @@ def lead(
     before: ClusterSpec,
     layout: Layout,
     settings: Settings,
+    moves: Moves,
     stage: MoveStage | None = None,
-    sources: Sequence[Sequence[int]] | None = None,
     ready: bool = False,
 ) -> float:
     """The chief's re-layout (or ``stage`` of one) from ``before`` (reached by ``old``) to
-    ``layout``; closes the new layout's client if it fails. ``sources``: the tasks before each
-    task of the new layout reads its parts from (:func:`psframe.cluster.moves.sources`); None: all.
-    ``ready``: :func:`get_ready` was done for it (while training went on); otherwise it is done first.
+    ``layout``, which ``moves`` says (:meth:`Moves.between` the placements); closes the new
+    layout's client if it fails. ``ready``: :func:`get_ready` was done for it (while training
+    went on); otherwise it is done first.
 
     Returns:
         When (``time.monotonic()``) the cut began: training is paused from then on, until the
@@ -228,11 +235,11 @@ def lead(
     client, new = layout.client, layout.cluster
     try:
         if not ready:
-            get_ready(before, layout, settings, sources)
+            get_ready(before, layout, settings, moves)
         start = time.monotonic()
         at_cut = old.move(new, stage)
         cut = time.monotonic()
-        held = take_parts(before, layout, settings, sources, at_cut)
+        held = take_parts(before, layout, settings, moves.sources, at_cut)
         log.debug("re-layout stage: the cut took %.4f s, taking the parts %.4f s", cut - start, held - cut)
     except BaseException:
         client.close()
@@ -250,7 +257,8 @@ def take_parts(
     at_cut: CutTaken | None = None,
 ) -> float:
     """After the cut: every ps task of ``layout`` takes its parts from the snapshots of the tasks of
-    ``before`` (``sources``: as :func:`lead`), and the model is held there. ``at_cut``: ps 0's
+    ``before`` (``sources``: by task, the tasks it reads from, :class:`Moves`; None: all), and the
+    model is held there. ``at_cut``: ps 0's
     answer to the cut (None: ps 0 is asked). After the last stage the snapshots may go (those of
     a stage before go at the next stage's cut).
 

@@ -34,7 +34,7 @@ import torch
 
 from psframe import checkpoint
 from psframe.cluster import ClusterSpec
-from psframe.cluster.moves import MoveStage, moved_parts, sources
+from psframe.cluster.moves import MoveStage
 from psframe.cluster.placement import ShardPlacement
 from psframe.errors import (
     CheckpointError,
@@ -875,7 +875,7 @@ class Trainer:
                 layout,
                 self._cluster,
                 self._relayout_settings(self._sync),
-                sources(self._placement, layout.replica.placement),
+                relayout.Moves.between(self._placement, layout.replica.placement),
             )
             return
         if not readying.done:
@@ -901,23 +901,16 @@ class Trainer:
         went on; None: readied here first."""
         begun = time.monotonic()
         layout = ready.result() if ready is not None else self._layouts.of_stage(stage)
-        after = layout.replica.placement
-        moved = moved_parts(self._placement, after)
+        moves = ready.moves if ready is not None else relayout.Moves.between(self._placement, layout.replica.placement)
         cut_at = relayout.lead(
-            self._ps,
-            self._cluster,
-            layout,
-            self._relayout_settings(self._sync),
-            stage,
-            ready.sources if ready is not None else sources(self._placement, after),
-            ready=ready is not None,
+            self._ps, self._cluster, layout, self._relayout_settings(self._sync), moves, stage, ready=ready is not None
         )
         # No pull: the parts moved as they were, and hold what this chief's last step was answered.
         self._switch_to(layout, pull=False)
         self._stage = stage
         paused = time.monotonic() - cut_at
         self._relayout_pauses.append(paused)
-        self._relayout_parts.append(moved)
+        self._relayout_parts.append(moves.parts)
         log.info(
             "chief: re-layout to ps tasks %s, stage %d of %d: paused %.3f s (%d of %d parts moved; "
             "%.3f s between two steps), at global step %d",
@@ -925,7 +918,7 @@ class Trainer:
             stage.stage,
             stage.stages,
             paused,
-            moved,
+            moves.parts,
             len(layout.replica.slots),
             time.monotonic() - begun,
             self._global_step,
