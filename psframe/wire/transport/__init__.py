@@ -22,7 +22,7 @@
 """
 
 from psframe.wire.transport.auth import UNAUTHENTICATED_MESSAGE, TokenInterceptor, call_metadata, open_channel
-from psframe.wire.transport.client import Connection, PendingCall, Stream, Watchdog, call_all, call_each
+from psframe.wire.transport.client import Connection, Stream, Watchdog, call_all, call_each
 from psframe.wire.transport.error_codec import (
     ERROR_METADATA_KEY,
     decode_error,
@@ -44,7 +44,6 @@ __all__ = [
     "Connection",
     "Method",
     "PeerLimiter",
-    "PendingCall",
     "RpcServer",
     "Stream",
     "TokenInterceptor",

@@ -126,14 +126,6 @@ class Connection:
         except grpc.RpcError as e:
             raise error_from_rpc(e, self.peer, timeout) from e
 
-    def start_call(self, method: str, request: Any, *, timeout: float, wait_for_ready: bool = False) -> PendingCall:
-        """Start a unary call and return at once; :meth:`PendingCall.result` waits for it."""
-        with _interrupt_after():
-            future = self._callable(method).future(
-                request, timeout=timeout, wait_for_ready=wait_for_ready, metadata=self._metadata
-            )
-        return PendingCall(future, self.peer, timeout)
-
     def open_stream(self, method: str, watchdog: Watchdog) -> Stream:
         """A long-lived two-way stream of ``method``; ``watchdog`` enforces each reply's deadline."""
         return Stream(self._callable(method), self.peer, watchdog, self._metadata)
@@ -147,21 +139,6 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class PendingCall:
-    """A unary call in flight (see :meth:`Connection.start_call`)."""
-
-    def __init__(self, future: Any, peer: str, timeout: float) -> None:
-        self._future, self._peer, self._timeout = future, peer, timeout
-
-    def result(self) -> Any:
-        """The reply, once it came (the call's own deadline bounds the wait)."""
-        try:
-            with _interrupt_after(self._future.cancel):
-                return self._future.result()
-        except grpc.RpcError as e:
-            raise error_from_rpc(e, self._peer, self._timeout) from e
 
 
 def call_all(
