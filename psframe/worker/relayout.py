@@ -64,6 +64,7 @@ class Moves:
 
     @classmethod
     def between(cls, before: ShardPlacement, after: ShardPlacement) -> Moves:
+        """The moves of a stage from placement ``before`` to ``after`` (:mod:`psframe.cluster.moves`)."""
         return cls(sources(before, after), parts_copied_ahead(before, after), moved_parts(before, after))
 
 
