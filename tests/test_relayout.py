@@ -21,6 +21,7 @@ from psframe.checkpoint.shard import OptimizerData, ShardData, VariableData
 from psframe.checkpoint.slices import slice_rows
 from psframe.errors import ClusterSpecError
 from psframe.ps.relayout import check_new_cluster, decode_shard, encode_shard
+from psframe.wire import codec
 from psframe.worker.ps_client import PsClient
 from tests.conftest import free_cluster
 from tests.test_sync import run_workers
@@ -92,6 +93,36 @@ def test_a_shard_record_crosses_the_wire_without_pickle_and_comes_back_equal():
     (part,) = back.variables
     assert torch.equal(part.value, value) and torch.equal(part.state["exp_avg"], value * 2)
     assert part.row_start == 4 and part.full_shape == (8, 3)
+
+
+def test_a_reply_to_a_task_of_this_host_goes_through_a_shared_memory_file_it_removes():
+    import os
+
+    from psframe.errors import SharedRegionError
+    from psframe.ps.relayout import Relayout, received
+    from psframe.wire import psframe_pb2 as pb
+    from psframe.wire import same_host
+
+    if not same_host.available():
+        pytest.skip("no /dev/shm here")
+    value = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    part = VariableData("w", "w", "float32", (6, 4), (6, 4), 0, 0, 1, value, {"sum": value * 3})
+    reply = encode_shard(ShardData(5, 0, 1, OptimizerData("Adagrad", {}), None, (part,)))
+    relayout = Relayout()
+    assert relayout.hand_over(reply, same_host=False) == reply  # another host's task: through gRPC
+    small = relayout.hand_over(reply, same_host=True)
+    assert len(small) < 200 < len(reply)  # the header only: the file holds the rest
+    (path,) = [r.message.path for r in relayout._shared]
+    assert os.path.exists(path)
+    (back,) = received(small).shard.variables
+    assert torch.equal(back.value, value) and torch.equal(back.state["sum"], value * 3)
+    assert not os.path.exists(path)  # read once, removed by the reader
+    relayout.release()  # and the holder lets go of its mapping
+    assert relayout._shared == []
+    # A file this process cannot map as such (another host's): said, for a call through gRPC.
+    bogus = pb.SameHostRegion(path=path, key=b"k" * 16, size=64, request_start=64, reply_start=64)
+    with pytest.raises(SharedRegionError):
+        received(codec.encode(pb.FetchPartsReplyHeader(shared=bogus), ()))
 
 
 def test_a_task_of_the_new_layout_is_sent_only_the_parts_that_hold_its_rows():

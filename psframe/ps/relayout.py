@@ -52,13 +52,15 @@ from typing import Any
 import torch
 
 from psframe.checkpoint.shard import ShardData, VariableData
-from psframe.cluster import ClusterSpec
-from psframe.errors import CheckpointError, ClusterSpecError, LayoutChangedError, WireFormatError
+from psframe.cluster import ClusterSpec, parse_address
+from psframe.errors import CheckpointError, ClusterSpecError, LayoutChangedError, SharedRegionError, WireFormatError
 from psframe.optim import OptimizerSpec
 from psframe.ps import precopy
 from psframe.ps.peers import PsPeers
 from psframe.wire import codec, transport
 from psframe.wire import psframe_pb2 as pb
+from psframe.wire import same_host as same_host_memory
+from psframe.wire.same_host import SameHostRegion
 
 _TENSOR_KEY = "__tensor__"
 
@@ -98,6 +100,7 @@ class Relayout:
         self.moved_to: ClusterSpec | None = None
         self.snapshot: ShardData | None = None  # its parts at the cut, until the task stops
         self._row_versions: dict[str, torch.Tensor] = {}  # its fixed table rows' versions at the cut
+        self._shared: list[SameHostRegion] = []  # replies handed to tasks of this host, until taken
         self.version = 0
         self.stage: pb.MoveStage | None = None  # of the re-layout the last move was a stage of
         self.relayouts = 0  # re-layouts taken to their last stage
@@ -134,6 +137,7 @@ class Relayout:
             self.stage = _staged(stage)
             self.relayouts += not self.under_way
             self.snapshot, self._row_versions = None, {}
+            self._drop_shared()
             self.requested = None
             self.version += 1
 
@@ -185,6 +189,26 @@ class Relayout:
         """Every task of the new layout holds its parts: the snapshot goes."""
         with self._lock:
             self.snapshot, self._row_versions = None, {}
+            self._drop_shared()
+
+    def hand_over(self, reply: bytes, same_host: bool) -> bytes:
+        """A ``FetchParts`` reply as it is sent: through a file of this host's shared memory where
+        the asking task is on this host (``same_host``) and one can be made, the file kept until
+        the stage's snapshot goes (the asking task removes it once read); otherwise as it is."""
+        if not same_host or not same_host_memory.available():
+            return reply
+        try:
+            region = SameHostRegion.holding(reply)
+        except OSError:  # no room in /dev/shm: through gRPC
+            return reply
+        with self._lock:
+            self._shared.append(region)
+        return codec.encode(pb.FetchPartsReplyHeader(shared=region.message), ())
+
+    def _drop_shared(self) -> None:
+        for region in self._shared:
+            region.unlink()
+        self._shared = []
 
     def check_caller(self, caller: pb.Caller) -> None:
         """Refuse a worker of the cluster this task moved from.
@@ -378,7 +402,7 @@ class Fetched:
     layout_version: int
 
 
-def decode_shard(data: bytes) -> Fetched:
+def decode_shard(data: bytes | memoryview) -> Fetched:
     """The reply :func:`encode_shard` made, its shard checked as a checkpoint's is.
 
     Raises:
@@ -445,6 +469,7 @@ def fetch_shards(
     own: tuple[int, Relayout] | None = None,
     tasks: Sequence[int] = (),
     copies: Mapping[int, precopy.Copy] | None = None,
+    host: str = "",
 ) -> Taken:
     """From each ps task of the layout before (``peers``: the connections to its tasks, kept
     from one stage to the next), its snapshot's parts that hold rows of ``defs``: the shards a
@@ -452,7 +477,8 @@ def fetch_shards(
     ``defs``, and ps 0 first among them), or every task; in parallel. ``own`` (this task's
     index before, and its :class:`Relayout`) is read in place. ``copies``: the parts this task
     copied ahead from some of them (:mod:`psframe.ps.precopy`), by task: those send only the
-    rows changed since.
+    rows changed since. ``host``: this task's host; a task of the same host is asked to answer
+    through shared memory (:meth:`Relayout.hand_over`).
 
     Returns:
         The shards, and how many parts of them were copied ahead and how many rows changed since.
@@ -466,19 +492,24 @@ def fetch_shards(
     read = sorted(set(tasks)) if tasks else list(range(peers.cluster.num_ps))
     asked = [k for k in read if own is None or k != own[0]]
 
-    def request(k: int) -> bytes:
+    def request(k: int, shared: bool) -> bytes:
         header = pb.FetchPartsHeader(caller=caller, variables=variables, rows=rows)
         copy = copies.get(k)
         if copy is not None:
             header.precopied.extend(sorted(copy.parts))
             header.since_mark, header.since_version = copy.mark, copy.version
+        header.same_host = shared and same_host_memory.available() and _host(peers, k) == host
         return codec.encode(header, ())
 
-    calls = [(peers.connection(k), "FetchParts", request(k)) for k in asked]
+    calls = [(peers.connection(k), "FetchParts", request(k, bool(host))) for k in asked]
     replies = transport.call_all(calls, timeout, wait_for_ready=True) if calls else []
     shards, copied, changed = {}, 0, 0
     for k, reply in zip(asked, replies):
-        fetched = decode_shard(reply)
+        try:
+            fetched = received(reply)
+        except SharedRegionError:  # not this host's after all: through gRPC
+            reply = peers.connection(k).call("FetchParts", request(k, False), timeout=timeout, wait_for_ready=True)
+            fetched = received(reply)
         try:
             shards[k] = precopy.completed(fetched.shard, fetched.rows, copies.get(k))
         except ValueError as e:
@@ -488,6 +519,29 @@ def fetch_shards(
     if own is not None and own[0] in read:
         shards[own[0]] = own[1].parts(variables, rows)
     return Taken([shards[k] for k in read], copied, changed)
+
+
+def received(reply: bytes) -> Fetched:
+    """A ``FetchParts`` reply, decoded: as it came, or read from the shared-memory file it names
+    (which is removed then: the tensors decoded own their memory).
+
+    Raises:
+        SharedRegionError: it names a file this process cannot map as such (another host's).
+        WireFormatError, CheckpointError: as :func:`decode_shard`.
+    """
+    header = codec.parse(reply, pb.FetchPartsReplyHeader).header
+    if not header.HasField("shared"):
+        return decode_shard(reply)
+    region = SameHostRegion.attach(header.shared)
+    try:
+        return decode_shard(region.request_bytes())
+    finally:
+        same_host_memory.remove(header.shared.path)
+
+
+def _host(peers: PsPeers, task: int) -> str:
+    """The host part of ps task ``task``'s address."""
+    return parse_address(peers.cluster.task_address("ps", task), any_port=True)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -514,10 +568,13 @@ def copy_ahead(
 
     One part a call, each copied under its holder's store lock on its own: training waits at
     most one part's copy there. A task's copy is of the earliest mark its parts were read at
-    (rows written since any of them cross at the cut), and of one layout version only.
+    (rows written since any of them cross at the cut), and of one layout version only. The
+    connections to those tasks are made here too, for the cut's reads.
     """
     wanted = [d for d in defs if precopy.copied_ahead(d)]
     read = [k for k in (sorted(set(tasks)) if tasks else range(peers.cluster.num_ps)) if k != skip]
+    # The connections the cut's reads go through are made now, not in the pause.
+    transport.call_all([(peers.connection(k), "GetInfo", pb.InfoRequest()) for k in read], timeout, wait_for_ready=True)
     got: dict[int, list[Fetched]] = {k: [] for k in read}
     for d in wanted:  # part after part; the tasks before in parallel (the one that holds it sends it)
         header = pb.FetchPartsHeader(caller=caller, variables=[d.variable], rows=wanted_rows([d]), live=True)

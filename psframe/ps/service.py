@@ -21,7 +21,7 @@ import torch
 
 from psframe import allocator, errors
 from psframe.checkpoint.shard import OptimizerData, ShardData
-from psframe.cluster import ClusterSpec
+from psframe.cluster import ClusterSpec, parse_address
 from psframe.errors import (
     ClusterMismatchError,
     NotKeptHere,
@@ -755,7 +755,7 @@ class ParameterServerService(TaskService):
                 f"{ClusterSpec.caller_name(caller.job_name, caller.task_index)} of fingerprint "
                 f"{caller.cluster_fingerprint or 'none'}"
             )
-        return encode_shard(*self.relayout.parts_since(header))
+        return self.relayout.hand_over(encode_shard(*self.relayout.parts_since(header)), header.same_host)
 
     def _live_parts(self, header: pb.FetchPartsHeader) -> bytes:
         """Copies of this task's fixed table parts that hold rows ``header`` wants, as they are now,
@@ -818,7 +818,8 @@ class ParameterServerService(TaskService):
                 f"sends its push ledger"
             )
         copies = self._copies.take(addresses)
-        taken = fetch_shards(self._peers_at(addresses), defs, caller, MAX_FETCH_SECONDS, own, tasks, copies)
+        host = parse_address(self.cluster.task_address("ps", self.task_index), any_port=True)[0]
+        taken = fetch_shards(self._peers_at(addresses), defs, caller, MAX_FETCH_SECONDS, own, tasks, copies, host)
         shards = taken.shards
         fetched = time.monotonic() - start
         restored = recovery.restore_from_shards(

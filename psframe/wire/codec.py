@@ -260,7 +260,7 @@ class Envelope(NamedTuple):
     payload_length: int
 
 
-def parse(data: bytes, header_type: type[H]) -> Envelope:
+def parse(data: bytes | memoryview, header_type: type[H]) -> Envelope:
     """Find an envelope's two fields and parse its header; the tensors are left in place.
 
     Raises:
@@ -310,7 +310,7 @@ def tensors_of(envelope: Envelope) -> list[torch.Tensor]:
     return [_tensor_at(view, start, length, address, meta) for meta in header.tensors]
 
 
-def decode(data: bytes, header_type: type[H]) -> tuple[H, list[torch.Tensor]]:
+def decode(data: bytes | memoryview, header_type: type[H]) -> tuple[H, list[torch.Tensor]]:
     """Parse an envelope message into its header and its tensors.
 
     The tensors share memory with ``data`` (they are read-only views) when

@@ -659,7 +659,7 @@ class MoveStage(_message.Message):
     def __init__(self, origin_spec: _Optional[str] = ..., target_spec: _Optional[str] = ..., stage: _Optional[int] = ..., stages: _Optional[int] = ...) -> None: ...
 
 class FetchPartsHeader(_message.Message):
-    __slots__ = ("caller", "variables", "tensors", "rows", "live", "precopied", "since_mark", "since_version")
+    __slots__ = ("caller", "variables", "tensors", "rows", "live", "precopied", "since_mark", "since_version", "same_host")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -668,6 +668,7 @@ class FetchPartsHeader(_message.Message):
     PRECOPIED_FIELD_NUMBER: _ClassVar[int]
     SINCE_MARK_FIELD_NUMBER: _ClassVar[int]
     SINCE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAME_HOST_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     variables: _containers.RepeatedScalarFieldContainer[str]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
@@ -676,7 +677,8 @@ class FetchPartsHeader(_message.Message):
     precopied: _containers.RepeatedScalarFieldContainer[str]
     since_mark: int
     since_version: int
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ..., live: _Optional[bool] = ..., precopied: _Optional[_Iterable[str]] = ..., since_mark: _Optional[int] = ..., since_version: _Optional[int] = ...) -> None: ...
+    same_host: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ..., live: _Optional[bool] = ..., precopied: _Optional[_Iterable[str]] = ..., since_mark: _Optional[int] = ..., since_version: _Optional[int] = ..., same_host: _Optional[bool] = ...) -> None: ...
 
 class RowRange(_message.Message):
     __slots__ = ("variable", "start", "end", "stride", "num_parts", "part_index")
@@ -703,16 +705,18 @@ class FetchPartsRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[FetchPartsHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class FetchPartsReplyHeader(_message.Message):
-    __slots__ = ("record", "tensors", "mark", "layout_version")
+    __slots__ = ("record", "tensors", "mark", "layout_version", "shared")
     RECORD_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     MARK_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     record: str
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     mark: int
     layout_version: int
-    def __init__(self, record: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., mark: _Optional[int] = ..., layout_version: _Optional[int] = ...) -> None: ...
+    shared: SameHostRegion
+    def __init__(self, record: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., mark: _Optional[int] = ..., layout_version: _Optional[int] = ..., shared: _Optional[_Union[SameHostRegion, _Mapping]] = ...) -> None: ...
 
 class FetchPartsResponse(_message.Message):
     __slots__ = ("header", "payload")

@@ -80,7 +80,24 @@ class SameHostRegion:
         """
         request_start = _aligned(KEY_BYTES, request.lead)
         reply_start = _aligned(request_start + request.payload_length, reply.lead)
-        size = reply_start + reply.payload_length
+        return cls._made(request_start, request.payload_length, reply_start, reply_start + reply.payload_length)
+
+    @classmethod
+    def holding(cls, data: bytes) -> SameHostRegion:
+        """A new region whose request part holds ``data`` (a whole message, from its first cache
+        line on), for another process of this host to read once (:meth:`request_bytes`) and
+        remove (:func:`remove`); the file goes with this object too, or at exit.
+
+        Raises:
+            OSError: the file could not be made or mapped.
+        """
+        region = cls._made(_LINE, len(data), _LINE + len(data), _LINE + len(data))
+        region._mapping[_LINE : _LINE + len(data)] = data
+        return region
+
+    @classmethod
+    def _made(cls, request_start: int, request_length: int, reply_start: int, size: int) -> SameHostRegion:
+        """A new region file of ``size`` bytes, its key first, mapped (this process owns it)."""
         path = os.path.join(DIRECTORY, f"{PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -98,7 +115,7 @@ class SameHostRegion:
             key=key,
             size=size,
             request_start=request_start,
-            request_length=request.payload_length,
+            request_length=request_length,
             reply_start=reply_start,
         )
         return cls(mapping, message, owner=True)
@@ -172,6 +189,11 @@ class SameHostRegion:
         start = self.message.reply_start
         return codec.Envelope(header, self._view, start, self.message.size - start)
 
+    def request_bytes(self) -> memoryview:
+        """The request part's bytes, in place (a message :meth:`holding` put there)."""
+        start = self.message.request_start
+        return self._view[start : start + self.message.request_length]
+
     def fits_reply(self, layout: Layout) -> bool:
         """Whether a reply of ``layout`` fits the reply part."""
         return self.message.reply_start + layout.payload_length <= self.message.size
@@ -197,11 +219,15 @@ class SameHostRegion:
             self._remove()
 
 
-def _remove(path: str) -> None:
+def remove(path: str) -> None:
+    """Remove a region's file (one already gone is left so): its mappings stay until dropped."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+_remove = remove
 
 
 def _aligned(at_least: int, lead: int) -> int:
