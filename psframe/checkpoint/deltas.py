@@ -59,6 +59,27 @@ class RowChanges:
     value: torch.Tensor
     state: Mapping[str, Any]
 
+    @classmethod
+    def of(cls, index: torch.Tensor, value: torch.Tensor, state: Mapping[str, Any]) -> RowChanges:
+        """Copies of rows ``index`` of a fixed table part ``value`` and of its optimizer ``state``
+        (element-wise state by row; any other state whole)."""
+        rows = {
+            k: (x.index_select(0, index) if x.shape == value.shape else x.clone()) if isinstance(x, torch.Tensor) else x
+            for k, x in state.items()
+        }
+        return cls(index, value.detach().index_select(0, index), rows)
+
+    def well_formed(self) -> bool:
+        """Whether it holds 1-d int64 indices and a row of values per index."""
+        return (
+            isinstance(self.index, torch.Tensor)
+            and self.index.dtype == torch.int64
+            and self.index.dim() == 1
+            and isinstance(self.value, torch.Tensor)
+            and self.value.shape[:1] == self.index.shape
+            and isinstance(self.state, Mapping)
+        )
+
 
 @dataclass(frozen=True, eq=False)
 class DeltaShard:
@@ -126,13 +147,7 @@ class DeltaShard:
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise CheckpointError(f"a malformed delta shard: {e!r}") from e
         for name, r in delta.rows.items():
-            if not (
-                isinstance(r.index, torch.Tensor)
-                and r.index.dtype == torch.int64
-                and r.index.dim() == 1
-                and isinstance(r.value, torch.Tensor)
-                and r.value.shape[:1] == r.index.shape
-            ):
+            if not r.well_formed():
                 raise CheckpointError(f"delta rows of {name!r} need 1-d int64 indices and a row per index")
         for name, part in delta.dynamic.items():
             ids, deleted = part.get("ids"), part.get("deleted")
@@ -234,7 +249,7 @@ def apply_delta(shard: ShardData, delta: DeltaShard) -> ShardData:
             value, state = delta.variables[var.name]
             var = dataclasses.replace(var, value=value, state=dict(state))
         elif var.name in delta.rows:
-            var = _with_rows(var, delta.rows[var.name])
+            var = with_rows(var, delta.rows[var.name])
         elif var.name in delta.dynamic:
             var = _with_dynamic(var, delta.dynamic[var.name])
         variables.append(var)
@@ -246,15 +261,16 @@ def apply_delta(shard: ShardData, delta: DeltaShard) -> ShardData:
     )
 
 
-def _with_rows(var: VariableData, rows: RowChanges) -> VariableData:
-    """A fixed table part with its changed rows (and their state) put in."""
-    value = var.value.clone()
+def with_rows(var: VariableData, rows: RowChanges, *, in_place: bool = False) -> VariableData:
+    """A fixed table part with its changed rows (and their state) put in; ``in_place``: into its
+    own tensors (the caller's to change), else into copies."""
+    value = var.value if in_place else var.value.clone()
     value.index_copy_(0, rows.index, rows.value.to(value.dtype))
     state = dict(var.state)
     for key, changed in rows.state.items():
         old = state.get(key)
         if isinstance(changed, torch.Tensor) and isinstance(old, torch.Tensor) and old.shape == var.value.shape:
-            state[key] = old.clone().index_copy_(0, rows.index, changed)
+            state[key] = (old if in_place else old.clone()).index_copy_(0, rows.index, changed.to(old.dtype))
         else:  # other state, whole; or state made since the parent, for which every row is in the delta
             state[key] = changed
     return dataclasses.replace(var, value=value, state=state)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from psframe.checkpoint.deltas import RowChanges
+from psframe.checkpoint.deltas import RowChanges, with_rows
 from psframe.checkpoint.shard import ShardData, VariableData
 from psframe.wire import psframe_pb2 as pb
 
@@ -78,15 +78,8 @@ class Copies:
 
 def changed_rows(part: VariableData, versions: torch.Tensor, mark: int) -> RowChanges:
     """The rows of fixed table ``part`` (as a cut's snapshot holds it) whose version is past
-    ``mark``, with their optimizer state (element-wise state by row; any other whole)."""
-    index = torch.nonzero(versions > mark).squeeze(1)
-    state = {
-        k: (x.index_select(0, index) if x.shape == part.value.shape else x.clone())
-        if isinstance(x, torch.Tensor)
-        else x
-        for k, x in part.state.items()
-    }
-    return RowChanges(index, part.value.index_select(0, index), state)
+    ``mark``, with their optimizer state (:meth:`RowChanges.of`)."""
+    return RowChanges.of(torch.nonzero(versions > mark).squeeze(1), part.value, part.state)
 
 
 def split_changed(
@@ -106,19 +99,6 @@ def split_changed(
     return dataclasses.replace(shard, variables=tuple(whole)), rows
 
 
-def with_changes(copy: VariableData, rows: RowChanges) -> VariableData:
-    """``copy`` (a part copied ahead, this task's own) with the rows changed since put in, in place."""
-    copy.value.index_copy_(0, rows.index, rows.value.to(copy.value.dtype))
-    state = dict(copy.state)
-    for key, changed in rows.state.items():
-        old = state.get(key)
-        if isinstance(changed, torch.Tensor) and isinstance(old, torch.Tensor) and old.shape == copy.value.shape:
-            old.index_copy_(0, rows.index, changed.to(old.dtype))
-        else:  # other state, whole; or state made since the copy, for which every row was sent
-            state[key] = changed
-    return dataclasses.replace(copy, state=state)
-
-
 def completed(shard: ShardData, rows: Mapping[str, RowChanges], copy: Copy | None) -> ShardData:
     """A task's reply at the cut (parts whole, and the changed rows of those copied ahead) made
     whole again with ``copy``.
@@ -131,7 +111,7 @@ def completed(shard: ShardData, rows: Mapping[str, RowChanges], copy: Copy | Non
         part = None if copy is None else copy.parts.get(name)
         if part is None or (changes.index.numel() and int(changes.index.max()) >= part.shape[0]):
             raise ValueError(f"sent the changed rows of table part {name!r}, which this task did not copy as sent")
-        merged.append(with_changes(part, changes))
+        merged.append(with_rows(part, changes, in_place=True))  # the copy is this task's own
     return dataclasses.replace(shard, variables=(*shard.variables, *merged))
 
 

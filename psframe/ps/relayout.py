@@ -432,17 +432,11 @@ def decode_shard(data: bytes | memoryview) -> Fetched:
     plain = rebuilt(record)
     rows = {}
     for name, r in plain["rows"].items():
-        index, value = r.get("index"), r.get("value")
-        if not (
-            isinstance(index, torch.Tensor)
-            and index.dtype == torch.int64
-            and index.dim() == 1
-            and isinstance(value, torch.Tensor)
-            and value.shape[:1] == index.shape
-            and isinstance(r.get("state"), dict)
-        ):
+        complete = isinstance(r, dict) and {"index", "value", "state"} <= set(r)
+        changes = precopy.RowChanges(r["index"], r["value"], r["state"]) if complete else None
+        if changes is None or not changes.well_formed():
             raise WireFormatError(f"a FetchParts reply's changed rows of {name!r} need 1-d int64 indices, a row each")
-        rows[name] = precopy.RowChanges(index, value, r["state"])
+        rows[name] = changes
     return Fetched(ShardData.from_dict(plain["shard"]), rows, header.mark, header.layout_version)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy
 import torch
 
+from psframe.checkpoint.deltas import RowChanges
 from psframe.errors import ClusterMismatchError, UnknownVariableError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
@@ -152,12 +153,8 @@ class StoreModel:
     def row_copies(self, name: str, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         """Copies of rows ``rows`` of fixed table part ``name`` and of their optimizer state
         (element-wise state by row; any other state whole)."""
-        table = self.variable(name)
-        state = {
-            k: (x.index_select(0, rows) if x.shape == table.shape else x.clone()) if isinstance(x, torch.Tensor) else x
-            for k, x in (self.state_of(name) or {}).items()
-        }
-        return table.detach().index_select(0, rows), state
+        changes = RowChanges.of(rows, self.variable(name), self.state_of(name) or {})
+        return changes.value, dict(changes.state)
 
     def check_same(
         self,

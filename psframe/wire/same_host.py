@@ -68,7 +68,7 @@ class SameHostRegion:
         self._mapping = mapping
         self._view = memoryview(mapping)
         # The worker's file goes when it is unlinked, dropped, or at exit at the latest.
-        self._remove = weakref.finalize(self, _remove, message.path) if owner else None
+        self._remove = weakref.finalize(self, remove, message.path) if owner else None
         self._targets: dict[tuple[int, int], list[numpy.ndarray]] = {}
 
     @classmethod
@@ -225,9 +225,6 @@ def remove(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-_remove = remove
 
 
 def _aligned(at_least: int, lead: int) -> int:

@@ -850,7 +850,10 @@ class Trainer:
         """The chief, between two steps: the re-layout ps 0 was asked for, if any, or the next
         stage of the one under way. A stage is readied first (its tasks copy the table parts they
         take ahead, :func:`relayout.get_ready`) in a thread while this chief trains on; it is cut
-        at a step once ready. Until the re-layout is done, ps 0 is asked again at every step."""
+        at a step once ready. Until the re-layout is done, ps 0 is asked again at every step, but
+        not while a stage readies (its thread says when it is done)."""
+        if self._readying is not None and not self._readying.done:
+            return  # looked at again at the next step
         self._next_reshard_poll = time.monotonic() + RESHARD_POLL_SECONDS
         try:
             status = self._ps.layout_status()
