@@ -20,7 +20,7 @@ from psframe.checkpoint.deltas import RowChanges
 from psframe.checkpoint.shard import OptimizerData, ShardData, VariableData
 from psframe.checkpoint.slices import slice_rows
 from psframe.errors import ClusterSpecError
-from psframe.ps.relayout import check_new_cluster, decode_shard, encode_shard
+from psframe.ps.relayout import check_new_cluster, decode_shard, encode_shard, shard_chunks
 from psframe.wire import codec
 from psframe.worker.ps_client import PsClient
 from tests.conftest import free_cluster
@@ -107,17 +107,18 @@ def test_a_reply_to_a_task_of_this_host_goes_through_a_shared_memory_file_it_rem
         pytest.skip("no /dev/shm here")
     value = torch.arange(24, dtype=torch.float32).reshape(6, 4)
     part = VariableData("w", "w", "float32", (6, 4), (6, 4), 0, 0, 1, value, {"sum": value * 3})
-    reply = encode_shard(ShardData(5, 0, 1, OptimizerData("Adagrad", {}), None, (part,)))
+    chunks = shard_chunks(ShardData(5, 0, 1, OptimizerData("Adagrad", {}), None, (part,)))
+    reply = b"".join(chunks)
     relayout = Relayout()
-    assert relayout.hand_over(reply, same_host=False) == reply  # another host's task: through gRPC
-    small = relayout.hand_over(reply, same_host=True)
+    assert relayout.hand_over(chunks, same_host=False) == reply  # another host's task: through gRPC
+    small = relayout.hand_over(chunks, same_host=True)
     assert len(small) < 200 < len(reply)  # the header only: the file holds the rest
     (path,) = [r.message.path for r in relayout._shared]
     assert os.path.exists(path)
     (back,) = received(small).shard.variables
     assert torch.equal(back.value, value) and torch.equal(back.state["sum"], value * 3)
     assert not os.path.exists(path)  # read once, removed by the reader
-    relayout.release()  # and the holder lets go of its mapping
+    relayout.release(relayout.version)  # and the holder lets go of its file
     assert relayout._shared == []
     # A file this process cannot map as such (another host's): said, for a call through gRPC.
     bogus = pb.SameHostRegion(path=path, key=b"k" * 16, size=64, request_start=64, reply_start=64)

@@ -66,6 +66,37 @@ def test_a_region_carries_both_parts_aligned_between_a_maker_and_a_mapper():
     assert not os.path.exists(made.message.path)
 
 
+def test_a_held_message_is_read_whole_by_another_mapper_however_writev_splits_it(monkeypatch):
+    """A message of more buffers than one ``writev`` takes, written a few bytes a call: the
+    reader maps the very message; the file goes with the holder's unlink."""
+    tensors = [(f"t{k}", torch.full((k % 5 + 1,), float(k))) for k in range(1500)]
+    header = pb.FetchPartsReplyHeader(record="{}")
+    chunks = codec.encode_chunks(header, tensors)
+    assert len(chunks) > 2 * 1024  # past IOV_MAX: written in several calls
+    writev = os.writev
+    calls = []
+
+    def stingy(fd, buffers):  # a write may take fewer bytes than asked: the rest is written after
+        calls.append(len(buffers))
+        return writev(fd, [memoryview(buffers[0]).cast("B")[:7]])
+
+    monkeypatch.setattr(same_host.os, "writev", stingy)
+    held = same_host.HeldMessage(chunks[:40])
+    monkeypatch.setattr(same_host.os, "writev", writev)
+    assert len(calls) > 1
+    whole = same_host.HeldMessage(chunks)
+    try:
+        for message, expected in ((held.message, b"".join(chunks[:40])), (whole.message, b"".join(chunks))):
+            mapped = SameHostRegion.attach(message)
+            assert bytes(mapped.request_bytes()) == expected
+        _, back = codec.decode(SameHostRegion.attach(whole.message).request_bytes(), pb.FetchPartsReplyHeader)
+        assert all(torch.equal(a, b) for (_, a), b in zip(tensors, back))
+    finally:
+        held.unlink()
+        whole.unlink()
+    assert not os.path.exists(whole.message.path) and not os.path.exists(held.message.path)
+
+
 def _named(region: SameHostRegion, **changes) -> pb.SameHostRegion:
     message = pb.SameHostRegion()
     message.CopyFrom(region.message)

@@ -137,11 +137,13 @@ class ShardData:
     def __post_init__(self) -> None:
         _as_tuple(self, "variables")
 
-    def to_dict(self) -> dict:
+    def to_dict(self, *, compact: bool = True) -> dict:
         """The plain dict ``torch.save`` writes for this shard.
 
-        Tensors come out detached, on the CPU and compact (a view keeps its
-        rows, not its whole storage); the record itself is left as it is.
+        Tensors come out detached, on the CPU and ``compact``: a view keeps its
+        rows, not its whole storage (a copy, which ``torch.save`` needs; a
+        message that sends a tensor's own bytes does not, ``compact=False``).
+        The record itself is left as it is.
 
         Returns:
             The dict of the module docstring, in the current format.
@@ -159,7 +161,7 @@ class ShardData:
             "sync": None
             if self.sync is None
             else {**_fields_of(self.sync), "async_tables": list(self.sync.async_tables)},
-            "variables": [_variable_to_dict(v) for v in self.variables],
+            "variables": [_variable_to_dict(v, compact) for v in self.variables],
             "table_optimizer": None
             if self.table_optimizer is None
             else {**_fields_of(self.table_optimizer), "kwargs": dict(self.table_optimizer.kwargs)},
@@ -433,28 +435,25 @@ def _fields_of(record: Any) -> dict[str, Any]:
     return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
-def _variable_to_dict(var: VariableData) -> dict:
-    state = {k: _portable(x) if isinstance(x, torch.Tensor) else x for k, x in var.state.items()}
-    dynamic = (
-        None
-        if var.dynamic is None
-        else {k: _portable(x) if isinstance(x, torch.Tensor) else x for k, x in var.dynamic.items()}
-    )
+def _variable_to_dict(var: VariableData, compact: bool = True) -> dict:
+    def out(x: Any) -> Any:
+        return _portable(x, compact) if isinstance(x, torch.Tensor) else x
+
     return {
         **_fields_of(var),
         "shape": list(var.shape),
         "full_shape": list(var.full_shape),
-        "value": _portable(var.value),
-        "state": state,
-        "dynamic": dynamic,
+        "value": out(var.value),
+        "state": {k: out(x) for k, x in var.state.items()},
+        "dynamic": None if var.dynamic is None else {k: out(x) for k, x in var.dynamic.items()},
     }
 
 
-def _portable(t: torch.Tensor) -> torch.Tensor:
-    """Detached, on the CPU, and owning exactly its own bytes (torch.save writes
-    a view's whole storage otherwise)."""
+def _portable(t: torch.Tensor, compact: bool = True) -> torch.Tensor:
+    """Detached, on the CPU, and (``compact``) owning exactly its own bytes
+    (torch.save writes a view's whole storage otherwise)."""
     t = t.detach().cpu()
-    if t.layout != torch.strided:
+    if t.layout != torch.strided or not compact:
         return t
     if not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size():
         t = t.clone(memory_format=torch.contiguous_format)

@@ -60,7 +60,7 @@ from psframe.ps.peers import PsPeers
 from psframe.wire import codec, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire import same_host as same_host_memory
-from psframe.wire.same_host import SameHostRegion
+from psframe.wire.same_host import HeldMessage, SameHostRegion
 
 _TENSOR_KEY = "__tensor__"
 
@@ -100,7 +100,7 @@ class Relayout:
         self.moved_to: ClusterSpec | None = None
         self.snapshot: ShardData | None = None  # its parts at the cut, until the task stops
         self._row_versions: dict[str, torch.Tensor] = {}  # its fixed table rows' versions at the cut
-        self._shared: list[SameHostRegion] = []  # replies handed to tasks of this host, until taken
+        self._shared: list[HeldMessage] = []  # replies handed to tasks of this host, until taken
         self.version = 0
         self.stage: pb.MoveStage | None = None  # of the re-layout the last move was a stage of
         self.relayouts = 0  # re-layouts taken to their last stage
@@ -185,25 +185,36 @@ class Relayout:
             self.snapshot, self._row_versions = snapshot, dict(row_versions or {})
             self._cutting_until = 0.0
 
-    def release(self) -> None:
-        """Every task of the new layout holds its parts: the snapshot goes."""
+    def release(self, version: int) -> bool:
+        """Every task of layout ``version`` holds its parts: the snapshot goes, if this task is at
+        that layout still (the chief says so after training went on: a late word of a layout
+        before leaves a later cut's snapshot alone).
+
+        Returns:
+            Whether it went.
+        """
         with self._lock:
+            if version != self.version:
+                return False
             self.snapshot, self._row_versions = None, {}
             self._drop_shared()
+            return True
 
-    def hand_over(self, reply: bytes, same_host: bool) -> bytes:
-        """A ``FetchParts`` reply as it is sent: through a file of this host's shared memory where
-        the asking task is on this host (``same_host``) and one can be made, the file kept until
-        the stage's snapshot goes (the asking task removes it once read); otherwise as it is."""
-        if not same_host or not same_host_memory.available():
-            return reply
-        try:
-            region = SameHostRegion.holding(reply)
-        except OSError:  # no room in /dev/shm: through gRPC
-            return reply
-        with self._lock:
-            self._shared.append(region)
-        return codec.encode(pb.FetchPartsReplyHeader(shared=region.message), ())
+    def hand_over(self, reply: Sequence[Any], same_host: bool) -> bytes:
+        """A ``FetchParts`` reply (its chunks, :func:`shard_chunks`) as it is sent: through a file
+        of this host's shared memory where the asking task is on this host (``same_host``) and
+        one can be made, the file kept until the stage's snapshot goes (the asking task removes
+        it once read); otherwise as one message."""
+        if same_host and same_host_memory.available():
+            try:
+                held = HeldMessage(reply)
+            except OSError:  # no room in /dev/shm: through gRPC
+                pass
+            else:
+                with self._lock:
+                    self._shared.append(held)
+                return codec.encode(pb.FetchPartsReplyHeader(shared=held.message), ())
+        return b"".join(reply)
 
     def _drop_shared(self) -> None:
         for region in self._shared:
@@ -373,6 +384,14 @@ def encode_shard(
 
     No pickle crosses the wire: the JSON holds builtins only.
     """
+    return b"".join(shard_chunks(shard, rows, mark=mark, layout_version=layout_version))
+
+
+def shard_chunks(
+    shard: ShardData, rows: Mapping[str, precopy.RowChanges] | None = None, *, mark: int = 0, layout_version: int = 0
+) -> list[Any]:
+    """:func:`encode_shard`'s message as chunks (:func:`psframe.wire.codec.encode_chunks`): the
+    tensors' own bytes, a view of the snapshot's rows included, not copies."""
     tensors: list[tuple[str, torch.Tensor]] = []
 
     def plain(x: Any) -> Any:
@@ -386,9 +405,9 @@ def encode_shard(
         return x
 
     changed = {name: {"index": r.index, "value": r.value, "state": dict(r.state)} for name, r in (rows or {}).items()}
-    record = json.dumps(plain({"shard": shard.to_dict(), "rows": changed}))
+    record = json.dumps(plain({"shard": shard.to_dict(compact=False), "rows": changed}))
     header = pb.FetchPartsReplyHeader(record=record, mark=mark, layout_version=layout_version)
-    return codec.encode(header, tensors)
+    return codec.encode_chunks(header, tensors)
 
 
 @dataclasses.dataclass(frozen=True)

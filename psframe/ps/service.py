@@ -40,7 +40,7 @@ from psframe.ps.incoming_model import PendingModel
 from psframe.ps.ledger import PushLedger
 from psframe.ps.peers import PsPeers
 from psframe.ps.push_pull_request import PushPullRequest
-from psframe.ps.relayout import Relayout, copy_ahead, encode_shard, fetch_shards, select
+from psframe.ps.relayout import Relayout, copy_ahead, encode_shard, fetch_shards, select, shard_chunks
 from psframe.ps.relayout import prepare as relayout_prepare
 from psframe.ps.roster import Change, WorkerRoster, check_max_workers
 from psframe.ps.round_replies import RoundReplies, outgoing
@@ -608,7 +608,7 @@ class ParameterServerService(TaskService):
             self.relayout.ask(self.cluster, new)
             log.info("%s: a re-layout to ps tasks %s is asked for", self.task_name, new.job_tasks("ps"))
         if request.done:  # the chief: every task of the new layout holds its parts
-            self.relayout.release()
+            self.relayout.release(request.caller.layout_version)
         if request.HasField("precopy"):  # the chief, before a stage's cut, to a task of the layout after it
             self._copy_ahead(request.caller, request.precopy)
         return self.relayout.reply()
@@ -755,7 +755,7 @@ class ParameterServerService(TaskService):
                 f"{ClusterSpec.caller_name(caller.job_name, caller.task_index)} of fingerprint "
                 f"{caller.cluster_fingerprint or 'none'}"
             )
-        return self.relayout.hand_over(encode_shard(*self.relayout.parts_since(header)), header.same_host)
+        return self.relayout.hand_over(shard_chunks(*self.relayout.parts_since(header)), header.same_host)
 
     def _live_parts(self, header: pb.FetchPartsHeader) -> bytes:
         """Copies of this task's fixed table parts that hold rows ``header`` wants, as they are now,

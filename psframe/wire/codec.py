@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy
 import torch
@@ -191,6 +191,15 @@ def place(sizes: Sequence[int]) -> tuple[list[int], list[int], int, int]:
 
 
 def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]], kinds: Sequence[int] = ()) -> bytes:
+    """Serialize an envelope message: ``header`` plus the named tensors (:func:`encode_chunks`, joined).
+
+    Returns:
+        The bytes of the envelope, a valid protobuf message of the envelope type.
+    """
+    return b"".join(encode_chunks(header, tensors, kinds))
+
+
+def encode_chunks(header: H, tensors: Sequence[tuple[str, torch.Tensor]], kinds: Sequence[int] = ()) -> list[Any]:
     """Serialize an envelope message: ``header`` plus the named tensors.
 
     ``header.tensors`` is replaced by the metadata of ``tensors``. Tensors
@@ -205,7 +214,10 @@ def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]], kinds: Sequen
             table); empty: every tensor is a ``VALUE``.
 
     Returns:
-        The bytes of the envelope, a valid protobuf message of the envelope type.
+        The envelope's bytes in order, as chunks (each an object with the buffer protocol;
+        a tensor's chunk is a view of it, not a copy): written one after the other (a file,
+        :class:`psframe.wire.same_host.HeldMessage`), they make the message without the
+        copy a join into one ``bytes`` makes.
     """
     del header.tensors[:]
     tensors = [(name, sendable(name, tensor)) for name, tensor in tensors]
@@ -231,7 +243,7 @@ def encode(header: H, tensors: Sequence[tuple[str, torch.Tensor]], kinds: Sequen
         del header.tensors[:]  # leave no half-made header behind
         raise
     chunks += (HEADER_TAG, varint(len(header_bytes)), header_bytes)
-    return b"".join(chunks)
+    return chunks
 
 
 def sendable(name: str, tensor: torch.Tensor) -> torch.Tensor:

@@ -29,12 +29,14 @@ through :class:`~psframe.wire.codec.Envelope` like a received message.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import mmap
 import os
 import secrets
 import stat
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import numpy
@@ -81,19 +83,6 @@ class SameHostRegion:
         request_start = _aligned(KEY_BYTES, request.lead)
         reply_start = _aligned(request_start + request.payload_length, reply.lead)
         return cls._made(request_start, request.payload_length, reply_start, reply_start + reply.payload_length)
-
-    @classmethod
-    def holding(cls, data: bytes) -> SameHostRegion:
-        """A new region whose request part holds ``data`` (a whole message, from its first cache
-        line on), for another process of this host to read once (:meth:`request_bytes`) and
-        remove (:func:`remove`); the file goes with this object too, or at exit.
-
-        Raises:
-            OSError: the file could not be made or mapped.
-        """
-        region = cls._made(_LINE, len(data), _LINE + len(data), _LINE + len(data))
-        region._mapping[_LINE : _LINE + len(data)] = data
-        return region
 
     @classmethod
     def _made(cls, request_start: int, request_length: int, reply_start: int, size: int) -> SameHostRegion:
@@ -190,7 +179,7 @@ class SameHostRegion:
         return codec.Envelope(header, self._view, start, self.message.size - start)
 
     def request_bytes(self) -> memoryview:
-        """The request part's bytes, in place (a message :meth:`holding` put there)."""
+        """The request part's bytes, in place (a message of a :class:`HeldMessage`)."""
         start = self.message.request_start
         return self._view[start : start + self.message.request_length]
 
@@ -217,6 +206,71 @@ class SameHostRegion:
         """Remove the file (worker side): the mappings stay, and the memory goes with the last one."""
         if self._remove is not None:
             self._remove()
+
+
+class HeldMessage:
+    """A message written into a new file of ``/dev/shm`` for another process of this host to
+    read once: it maps the file as a :class:`SameHostRegion` (:meth:`SameHostRegion.attach`,
+    the message in its request part, :meth:`SameHostRegion.request_bytes`) and removes it
+    (:func:`remove`). The file goes with :meth:`unlink`, this object, or at exit at the latest.
+
+    The message is written with ``writev``, not through a mapping: a write into tmpfs allocates
+    its pages in the kernel (a mapping would fault on each), and a full ``/dev/shm`` fails the
+    write with ``OSError`` where a mapping would fault (``SIGBUS``).
+    """
+
+    def __init__(self, chunks: Sequence[Any]) -> None:
+        """Write ``chunks`` (objects with the buffer protocol: a message in order,
+        :func:`psframe.wire.codec.encode_chunks`) into a new file.
+
+        Raises:
+            OSError: the file could not be made or written (no ``/dev/shm``, out of space).
+        """
+        views = [memoryview(c).cast("B") for c in chunks]
+        length = sum(v.nbytes for v in views)
+        path = os.path.join(DIRECTORY, f"{PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
+        key = secrets.token_bytes(KEY_BYTES)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, [memoryview(key), memoryview(bytes(_LINE - KEY_BYTES)), *views])
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        self.message = pb.SameHostRegion(
+            path=path,
+            key=key,
+            size=_LINE + length,
+            request_start=_LINE,
+            request_length=length,
+            reply_start=_LINE + length,
+        )
+        self._remove = weakref.finalize(self, remove, path)
+
+    def unlink(self) -> None:
+        """Remove the file (a reader that mapped it keeps its mapping)."""
+        self._remove()
+
+
+def _write_all(fd: int, views: list[memoryview]) -> None:
+    """Write ``views`` one after the other at ``fd``: ``writev`` takes at most ``IOV_MAX``
+    buffers a call, and may write fewer bytes than asked (then the rest is written after)."""
+    at = 0
+    while at < len(views):
+        batch = views[at : at + _IOV_MAX]
+        written = os.writev(fd, batch)
+        if not written:  # a regular file takes some bytes or fails: never loop without end
+            raise OSError(errno.ENOSPC, "writev wrote nothing")
+        for v in batch:
+            if written < v.nbytes:
+                views[at] = v[written:]
+                break
+            written -= v.nbytes
+            at += 1
+
+
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
 
 
 def remove(path: str) -> None:

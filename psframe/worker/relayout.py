@@ -2,8 +2,9 @@
 
 - :func:`lead` is the chief's part, between two of its steps. It waits for the
   tasks added and has them get ready, takes the cut (every ps task snapshots its
-  parts and moves), has every task of the new layout take its parts, checks the
-  model there, and stops the drained tasks.
+  parts and moves), has every task of the new layout take its parts, and checks
+  the model there; :func:`let_go`, once the chief trains on, lets the snapshots
+  go and stops the drained tasks.
 - :func:`follow` is a refused worker's part: it asks ps 0 where the ps tasks
   went, and waits until the new layout holds the model.
 - :func:`resume` is a chief's part when it starts again and finds a re-layout
@@ -28,7 +29,13 @@ from dataclasses import dataclass
 from psframe.cluster import ClusterSpec
 from psframe.cluster.moves import MoveStage, moved_parts, parts_copied_ahead, sources, stages
 from psframe.cluster.placement import ShardPlacement
-from psframe.errors import ClusterMismatchError, ConnectTimeoutError, LayoutChangedError, TrainingFinishedError
+from psframe.errors import (
+    ClusterMismatchError,
+    ConnectTimeoutError,
+    LayoutChangedError,
+    PsframeError,
+    TrainingFinishedError,
+)
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.status import TaskState
 from psframe.worker.ps_client import CutTaken, LayoutStatus, PsClient
@@ -245,9 +252,21 @@ def lead(
     except BaseException:
         client.close()
         raise
-    for k in range(new.num_ps, before.num_ps):  # drained: nothing is left on them
-        old.shutdown(k)
     return start
+
+
+def let_go(old: PsClient, before: ClusterSpec, layout: Layout) -> None:
+    """What a stage leaves to do once ``layout`` holds the model, out of the pause (the chief
+    trains on meanwhile): after the last stage, the tasks kept let their snapshots go, and the
+    drained tasks (of ``before``, reached by ``old``) stop. A failure is logged only: a snapshot
+    left goes at the next cut, a drained task left is stopped by its own deadline."""
+    try:
+        if layout.final:
+            layout.client.reshard_done()
+        for k in range(layout.cluster.num_ps, before.num_ps):  # drained: nothing is left on them
+            old.shutdown(k)
+    except PsframeError as e:
+        log.warning("%s: the ps tasks of the re-layout before could not be let go: %s", old.name, e)
 
 
 def take_parts(
@@ -259,9 +278,9 @@ def take_parts(
 ) -> float:
     """After the cut: every ps task of ``layout`` takes its parts from the snapshots of the tasks of
     ``before`` (``sources``: by task, the tasks it reads from, :class:`Moves`; None: all), and the
-    model is held there. ``at_cut``: ps 0's
-    answer to the cut (None: ps 0 is asked). After the last stage the snapshots may go (those of
-    a stage before go at the next stage's cut).
+    model is held there. ``at_cut``: ps 0's answer to the cut (None: ps 0 is asked). The
+    snapshots stay until :func:`let_go` (after the last stage; those of a stage before go at the
+    next stage's cut).
 
     Returns:
         When (``time.monotonic()``) the layout held the model: training goes on from then.
@@ -292,14 +311,11 @@ def take_parts(
     if not held_model:  # a task not ready yet (it should not be): wait for it, and check what it holds
         client.check_model(client.wait_for_ps(settings.timeout, ready=True), layout.replica.slots, settings.sync)
     held = time.monotonic()
-    if layout.final:
-        client.reshard_done()
     log.debug(
-        "re-layout: asked ps 0 %.4f s, the tasks took their parts %.4f s, checked %.4f s, told done %.4f s",
+        "re-layout: asked ps 0 %.4f s, the tasks took their parts %.4f s, checked %.4f s",
         asked - start,
         adopted - asked,
         held - adopted,
-        time.monotonic() - held,
     )
     return held
 
@@ -323,8 +339,7 @@ def resume(layout: Layout, settings: Settings, status: LayoutStatus) -> bool:
     layout.client.wait_for_ps(settings.timeout)  # every task of the new layout is up (lead waits before its cut)
     take_parts(before, layout, settings)
     with PsClient(before, 0, job_name="tool", rpc_timeout=layout.client.rpc_timeout) as old:
-        for k in range(layout.cluster.num_ps, before.num_ps):  # drained
-            old.shutdown(k)
+        let_go(old, before, layout)
     return True
 
 

@@ -905,11 +905,12 @@ class Trainer:
         begun = time.monotonic()
         layout = ready.result() if ready is not None else self._layouts.of_stage(stage)
         moves = ready.moves if ready is not None else relayout.Moves.between(self._placement, layout.replica.placement)
+        old, before = self._ps, self._cluster
         cut_at = relayout.lead(
-            self._ps, self._cluster, layout, self._relayout_settings(self._sync), moves, stage, ready=ready is not None
+            old, before, layout, self._relayout_settings(self._sync), moves, stage, ready=ready is not None
         )
         # No pull: the parts moved as they were, and hold what this chief's last step was answered.
-        self._switch_to(layout, pull=False)
+        self._switch_to(layout, pull=False, let_go=lambda: relayout.let_go(old, before, layout))
         self._stage = stage
         paused = time.monotonic() - cut_at
         self._relayout_pauses.append(paused)
@@ -966,12 +967,20 @@ class Trainer:
                     raise
                 error = again
 
-    def _switch_to(self, layout: relayout.Layout, pull: bool = True) -> None:
+    def _switch_to(self, layout: relayout.Layout, pull: bool = True, let_go: Callable[[], None] | None = None) -> None:
         """Train on the new layout from now on: its client and placement; pull its values. The
         client of before is closed in a thread of its own: its streams and channels take
-        milliseconds to close, which training need not wait for."""
+        milliseconds to close, which training need not wait for. ``let_go``: called in that
+        thread first (a chief's stage: :func:`relayout.let_go`)."""
+        old = self._ps
+
+        def close_before() -> None:
+            if let_go is not None:
+                let_go()
+            old.close()
+
         self._closing = [c for c in self._closing if c.is_alive()]
-        self._closing.append(threading.Thread(target=self._ps.close, name="psframe-close-layout-before", daemon=True))
+        self._closing.append(threading.Thread(target=close_before, name="psframe-close-layout-before", daemon=True))
         self._closing[-1].start()
         before = self._replica.tables
         state = before.step_state()  # before detaching, which starts the tables afresh
