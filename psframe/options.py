@@ -43,6 +43,13 @@ class Placement:
             ``allow_soft_placement``).
         min_partition_bytes: parameters larger than this are partitioned along
             dim 0 across the ps tasks; None never partitions for balance.
+        dense_parts: cut every parameter so partitioned into this many parts
+            whatever the number of ps tasks (TF's ``fixed_size_partitioner``
+            with a fixed ``num_shards``), dealt among them as ``table_parts``
+            are; None (the default): one part per ps task. With a fixed number,
+            adding or draining ps tasks while training moves parts whole, a few
+            a stage, none cut anew: the pause of a stage is that of its parts'
+            bytes alone (:mod:`psframe.cluster.moves`).
         max_shard_bytes: no stored part is larger than this (one message).
         table_partition: how an embedding table's rows are shared out among
             the ps tasks: ``"mod"`` (row ``i`` on ps task ``i % P``, the default:
@@ -66,6 +73,7 @@ class Placement:
     variable_devices: Mapping[str, str] = field(default_factory=dict)
     soft: bool = False
     min_partition_bytes: int | None = DEFAULT_MIN_PARTITION_BYTES
+    dense_parts: int | None = None
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
     table_partition: str = "mod"
     table_parts: int | None = None
@@ -79,6 +87,8 @@ class Placement:
         _check_int("max_shard_bytes", self.max_shard_bytes, minimum=1)
         if self.table_parts is not None:
             _check_int("table_parts", self.table_parts, minimum=1)
+        if self.dense_parts is not None:
+            _check_int("dense_parts", self.dense_parts, minimum=1)
         if self.min_partition_bytes is not None:
             _check_int("min_partition_bytes", self.min_partition_bytes, minimum=0)
         devices = dict(self.variable_devices or {})

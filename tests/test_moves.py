@@ -128,11 +128,37 @@ def test_each_task_reads_from_the_tasks_that_hold_rows_of_its_parts():
     ] == [0, 1]  # strided rows, cut otherwise: any part may hold some
 
 
+def test_dense_parts_are_fixed_whatever_the_ps_tasks_and_a_re_layout_moves_them_whole():
+    # A 48-row weight partitioned for balance: one part per task by default (cut anew when the
+    # tasks change), six parts with dense_parts whatever the tasks, dealt so that a task added
+    # takes only its share; the small bias goes where the load is least.
+    infos = [VariableInfo("w", (48, 4), 4), VariableInfo("b", (4,), 4)]
+
+    def dense(num_ps, **options):
+        return place(infos, num_ps, min_partition_bytes=64, **options)
+
+    assert [s.num_parts for s in dense(2).shards if s.variable == "w"] == [2, 2]
+    assert [s.num_parts for s in dense(3).shards if s.variable == "w"] == [3, 3, 3]
+    before, after = dense(2, dense_parts=6), dense(3, dense_parts=6)
+    cut = [(s.name, s.row_start, s.row_end) for s in before.shards if s.variable == "w"]
+    assert cut == [(s.name, s.row_start, s.row_end) for s in after.shards if s.variable == "w"]
+    assert [s.ps_task for s in after.shards if s.variable == "w"] == list(part_owners(6, 3)) == [0, 0, 2, 1, 1, 2]
+    assert after.bytes_per_ps() == [2 * 128 + 16, 2 * 128, 2 * 128]  # the parts' loads count: b on the least
+    plan = stages(before, after, max_stage_bytes=8 * 4 * 4)  # one part (8 rows of 4 floats) a stage
+    assert len(plan) == 2 and [moved_parts(a, b) for a, b in zip([before, *plan], plan)] == [1, 1]
+    assert all({s.num_parts for s in p.shards if s.variable == "w"} == {6} for p in plan)  # never cut anew
+    assert stages(after, before, max_stage_bytes=8 * 4 * 4)[-1] == before  # drained: the same two come back
+    with pytest.raises(PlacementError, match="dense_parts"):
+        dense(2, dense_parts=0)
+
+
 def test_a_number_of_table_parts_below_one_is_refused():
     import psframe
 
     with pytest.raises(ValueError, match="table_parts"):
         psframe.Placement(table_parts=0)
+    with pytest.raises(ValueError, match="dense_parts"):
+        psframe.Placement(dense_parts=0)
 
 
 def test_table_parts_copied_ahead_count_against_a_budget_of_their_own():

@@ -118,7 +118,9 @@ def test_a_reply_to_a_task_of_this_host_goes_through_a_shared_memory_file_it_rem
     (back,) = received(small).shard.variables
     assert torch.equal(back.value, value) and torch.equal(back.state["sum"], value * 3)
     assert not os.path.exists(path)  # read once, removed by the reader
-    relayout.release(relayout.version)  # and the holder lets go of its file
+    assert not relayout.release(relayout.version + 1)  # a word for another layout: nothing goes
+    assert relayout._shared
+    assert relayout.release(relayout.version)  # this layout's: the holder lets go of its file
     assert relayout._shared == []
     # A file this process cannot map as such (another host's): said, for a call through gRPC.
     bogus = pb.SameHostRegion(path=path, key=b"k" * 16, size=64, request_start=64, reply_start=64)
@@ -214,13 +216,13 @@ def ps_tasks():
         server.stop(grace=0.1)
 
 
-def trainer(cluster: psframe.ClusterSpec, index: int, optimizer, **options) -> psframe.Trainer:
+def trainer(cluster: psframe.ClusterSpec, index: int, optimizer, dense_parts=None, **options) -> psframe.Trainer:
     return psframe.Trainer(
         Known(),
         cluster,
         task_index=index,
         optimizer=optimizer,
-        placement=psframe.Placement(min_partition_bytes=256, max_shard_bytes=512),
+        placement=psframe.Placement(min_partition_bytes=256, max_shard_bytes=512, dense_parts=dense_parts),
         transport=psframe.Transport(connect_timeout=DEADLINE_S),
         **options,
     )
@@ -252,18 +254,20 @@ def train_until(done: threading.Event, make) -> psframe.Trainer:
 
 
 @pytest.mark.service
-@pytest.mark.parametrize("optimizer", ["SGD", "Adam", "SGD, overlap_backward"])
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam", "SGD, overlap_backward", "Adam, dense_parts"])
 def test_a_ps_task_added_then_drained_while_two_workers_train_keeps_every_step_once(ps_tasks, optimizer):
     cluster, grown = clusters(2, 2)
     first = [ps_tasks(cluster, k) for k in range(2)]
-    spec = psframe.optim.Adam(lr=0.01) if optimizer == "Adam" else psframe.optim.SGD(lr=LR)
+    spec = psframe.optim.Adam(lr=0.01) if optimizer.startswith("Adam") else psframe.optim.SGD(lr=LR)
     overlap = optimizer.endswith("overlap_backward")  # requests sent during backward, to the new layout
+    # Six fixed parts of w: a re-layout moves some whole (a task added takes its share), none cut anew.
+    dense_parts = 6 if optimizer.endswith("dense_parts") else None
     steps_each = 40
     paused: list[float] = []
     chief_done = threading.Event()
 
     def chief() -> psframe.Trainer:
-        with trainer(cluster, 0, spec, overlap_backward=overlap) as t:
+        with trainer(cluster, 0, spec, dense_parts, overlap_backward=overlap) as t:
             for _ in range(steps_each):
                 if t.local_step == 10:  # asked from outside, as psframe reshard does: taken at a poll
                     third = ps_tasks(grown, 2)
@@ -282,7 +286,7 @@ def test_a_ps_task_added_then_drained_while_two_workers_train_keeps_every_step_o
 
     def other() -> psframe.Trainer:
         deadline = time.monotonic() + DEADLINE_S
-        with trainer(cluster, 1, spec, overlap_backward=overlap) as t:
+        with trainer(cluster, 1, spec, dense_parts, overlap_backward=overlap) as t:
             while not chief_done.is_set():  # trains on throughout both re-layouts
                 assert time.monotonic() < deadline, "the chief never finished"
                 t.step(t.model.loss())
@@ -301,7 +305,7 @@ def test_a_ps_task_added_then_drained_while_two_workers_train_keeps_every_step_o
     w, b = held["w"], held["b"]
     applied = infos[0].global_step  # every part holds exactly these updates: none half applied, none twice
     assert applied == answered
-    if optimizer != "Adam":
+    if not optimizer.startswith("Adam"):
         assert torch.equal(w, torch.full_like(w, -LR * GRAD * applied))
         assert torch.equal(b, torch.full_like(b, 1.0 - LR * GRAD * applied))
     else:  # Adam's moments and step count moved with their rows: as one Adam over every step
@@ -313,10 +317,17 @@ def test_a_ps_task_added_then_drained_while_two_workers_train_keeps_every_step_o
             adam.step()
         torch.testing.assert_close(w, ref.w.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(b, ref.b.detach(), rtol=1e-5, atol=1e-6)
-    # The parts of w (512 bytes each, a stage's most) moved one per stage: a cut each, counted by ps 0.
     stages = done[0].relayout_pauses
-    assert len(stages) > 1 and all(p > 0 for p in stages) and paused == [pytest.approx(sum(stages))]
-    assert first[0].service.relayout.version > 2
+    assert all(p > 0 for p in stages) and paused == [pytest.approx(sum(stages))]
+    if not dense_parts:  # the parts of w (512 bytes each, a stage's most) moved one per stage: a cut each
+        assert len(stages) > 1
+    else:  # the drain gave back the two parts (256 bytes each) the task added had taken, whole, in one stage
+        assert done[0].relayout_parts_moved == (2,)
+        assert sorted(d.name for d in first[0].service._variable_defs + first[1].service._variable_defs) == sorted(
+            ["b", *(f"w/part_{k}" for k in range(6))]
+        )
+    # A cut per stage, counted by ps 0 (with dense parts: the add's one stage, the drain's).
+    assert first[0].service.relayout.version == 2 if dense_parts else first[0].service.relayout.version > 2
 
 
 @pytest.mark.service

@@ -2,10 +2,15 @@
 
     python -m benchmarks.experiments.relayout_pause [--sizes 4,32,128] [--runs 3]
     python -m benchmarks.experiments.relayout_pause --model table --table_parts 48
+    python -m benchmarks.experiments.relayout_pause --dense_parts 12
 
 ``--model table``: the model is an embedding table of the size (Adagrad: its
 state is as large), cut into ``--table_parts`` parts, and a step looks up a
 batch of 1,024 ids: a step moves little, a re-layout the whole table.
+``--dense_parts``: the dense weight is cut into that many parts whatever the
+number of ps tasks (``Placement(dense_parts=...)``): a re-layout moves some
+of them whole; without, it is cut into one part per ps task, and every part
+is cut anew.
 
 For each model size (MB of float32 values; Adam keeps twice as much state), two
 ps tasks (``psframe server`` processes) train it with this process as their one
@@ -112,9 +117,10 @@ def relayout(t: psframe.Trainer, to: psframe.ClusterSpec) -> tuple[float, tuple[
     return sum(t.relayout_pauses), t.relayout_pauses, t.relayout_parts_moved
 
 
-def measure(mb: int, folder: str, table_parts: int | None = None) -> Run:
+def measure(mb: int, folder: str, table_parts: int | None = None, dense_parts: int | None = None) -> Run:
     """One run on ps tasks in processes of their own (``psframe server``), this process their
-    worker. ``table_parts``: the model is a :class:`Table` of so many parts."""
+    worker. ``table_parts``: the model is a :class:`Table` of so many parts; ``dense_parts``:
+    the dense weight is cut into so many parts whatever the ps tasks (else one per task)."""
     ports = pick_free_ports(4)
     cluster = psframe.ClusterSpec({"ps": [f"127.0.0.1:{p}" for p in ports[:2]], "worker": [f"127.0.0.1:{ports[3]}"]})
     grown = psframe.ClusterSpec(
@@ -141,7 +147,7 @@ def measure(mb: int, folder: str, table_parts: int | None = None) -> Run:
             Wide(mb) if table_parts is None else Table(mb),
             cluster,
             optimizer=psframe.optim.Adam(lr=1e-3) if table_parts is None else psframe.optim.Adagrad(lr=0.1),
-            placement=psframe.Placement(min_partition_bytes=MiB, table_parts=table_parts),
+            placement=psframe.Placement(min_partition_bytes=MiB, table_parts=table_parts, dense_parts=dense_parts),
             checkpointing=psframe.Checkpointing(folder, save_steps=10**9),
             transport=psframe.Transport(connect_timeout=TIMEOUT_S),
         ) as t:
@@ -169,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--model", choices=["dense", "table"], default="dense", help="a dense weight, or a table")
     parser.add_argument("--table_parts", type=int, default=48, help="with --model table: the table's parts")
+    parser.add_argument(
+        "--dense_parts", type=int, default=None, help="with --model dense: its parts whatever the ps tasks"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(
@@ -180,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as folder:
-                runs.append(measure(mb, folder, args.table_parts if args.model == "table" else None))
+                table = args.model == "table"
+                runs.append(
+                    measure(mb, folder, args.table_parts if table else None, None if table else args.dense_parts)
+                )
 
         def median(of: Callable[[Run], float], runs: list[Run] = runs) -> float:
             return statistics.median(of(r) for r in runs)

@@ -211,8 +211,16 @@ class ShardPlacement:
         return "\n".join(lines)
 
 
-def _num_parts(var: VariableInfo, num_ps: int, min_partition_bytes: int | None, max_shard_bytes: int) -> int:
-    """How many parts ``var`` is cut into along dim 0."""
+def _partitioned(var: VariableInfo, min_partition_bytes: int | None) -> bool:
+    """Whether ``var`` is partitioned for balance (spread over the ps tasks), not only for size."""
+    return min_partition_bytes is not None and var.nbytes > min_partition_bytes and var.rows > 1
+
+
+def _num_parts(
+    var: VariableInfo, num_ps: int, min_partition_bytes: int | None, max_shard_bytes: int, dense_parts: int | None
+) -> int:
+    """How many parts ``var`` is cut into along dim 0: one per ps task (or ``dense_parts``) when
+    partitioned for balance, and as many as ``max_shard_bytes`` needs."""
     if var.row_bytes > HARD_MAX_SHARD_BYTES:
         raise PlacementError(
             f"variable {var.name!r}: one row along dim 0 is {var.row_bytes} bytes "
@@ -223,8 +231,8 @@ def _num_parts(var: VariableInfo, num_ps: int, min_partition_bytes: int | None, 
     if not var.shape or var.rows <= 1 or var.nbytes == 0:
         return 1
     parts = 1
-    if min_partition_bytes is not None and var.nbytes > min_partition_bytes:
-        parts = num_ps
+    if _partitioned(var, min_partition_bytes):
+        parts = dense_parts or num_ps
     # Whole rows per part that fit in max_shard_bytes (at least one, even when a
     # row alone is larger). This is >= ceil(nbytes / max_shard_bytes) and, unlike
     # it, guarantees the largest part (ceil(rows / parts) rows) fits.
@@ -258,6 +266,29 @@ def _split(var: VariableInfo, parts: int) -> list[Shard]:
         )
         start += n
     return shards
+
+
+def part_owners(num_parts: int, num_ps: int) -> tuple[int, ...]:
+    """The ps task of each of a variable's ``num_parts`` parts on ``num_ps`` tasks (a number of
+    parts given whatever the tasks: ``Placement(table_parts=...)`` or ``Placement(dense_parts=...)``).
+
+    The parts are dealt as the tasks come, one at a time: all on task 0; then each task ``p`` added takes its share
+    (``num_parts // (p + 1)``) from the others, one part at a time, the last part of the
+    task that holds the most (the lowest such task on a tie). So every task holds as many
+    parts as another, give or take one, and a live re-layout that adds a ps task at the end
+    moves only the parts the new task takes (draining it, only the parts it gives back): a
+    third of them from 2 tasks to 3, where dealing ``k % num_ps`` moved two thirds.
+    """
+    owners = [0] * num_parts
+    counts = [num_parts] + [0] * max(0, num_ps - 1)
+    for p in range(1, num_ps):
+        for _ in range(num_parts // (p + 1)):
+            fullest = max(range(p), key=lambda t: (counts[t], -t))
+            k = max(i for i in range(num_parts) if owners[i] == fullest)
+            owners[k] = p
+            counts[fullest] -= 1
+            counts[p] += 1
+    return tuple(owners)
 
 
 def explicit_task(var: VariableInfo, num_ps: int, soft_placement: bool) -> int | None:
@@ -303,14 +334,20 @@ def place(
     min_partition_bytes: int | None = DEFAULT_MIN_PARTITION_BYTES,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     soft_placement: bool = False,
+    dense_parts: int | None = None,
 ) -> ShardPlacement:
     """Decides which ps task holds each variable, partitioning large ones.
 
     A variable of more than ``min_partition_bytes`` (and more than one row) is
-    cut along dim 0 into ``num_ps`` parts, and any variable into as many parts
+    cut along dim 0 into ``num_ps`` parts (``dense_parts`` parts whatever the
+    number of ps tasks, if given), and any variable into as many parts
     as needed for every part to hold at most ``max_shard_bytes``, capped at one
     row per part. Variables with an explicit device go (all parts) to that ps
-    task, and their bytes count towards its load; the other shards are placed
+    task, and their bytes count towards its load; the parts of a variable cut
+    into ``dense_parts`` are dealt among the tasks by
+    :func:`part_owners` (a task added takes only
+    its share: a live re-layout moves those parts whole, none is cut anew), and
+    count towards their loads too; the other shards are placed
     by ``strategy``:
 
     * ``"greedy"``: largest shard first (ties in input order), each on the ps
@@ -327,6 +364,9 @@ def place(
             At most :data:`HARD_MAX_SHARD_BYTES`.
         soft_placement: When an explicit device names no existing ps task,
             warn and place the variable automatically instead of raising.
+        dense_parts: The parts of a variable partitioned for balance, whatever
+            ``num_ps`` (TF's ``fixed_size_partitioner`` with a fixed number of
+            shards); None: one per ps task.
 
     Returns:
         The placement; its shards are in variable order, then part order.
@@ -345,6 +385,10 @@ def place(
         raise PlacementError(f"min_partition_bytes must be >= 0 or None, got {min_partition_bytes}")
     if not 0 < max_shard_bytes <= HARD_MAX_SHARD_BYTES:
         raise PlacementError(f"max_shard_bytes must be in 1..{HARD_MAX_SHARD_BYTES}, got {max_shard_bytes}")
+    if dense_parts is not None and (
+        isinstance(dense_parts, bool) or not isinstance(dense_parts, int) or dense_parts < 1
+    ):
+        raise PlacementError(f"dense_parts must be an int >= 1 or None, got {dense_parts!r}")
     seen: set[str] = set()
     for var in variables:
         if not isinstance(var, VariableInfo):
@@ -357,9 +401,12 @@ def place(
     fixed: list[int | None] = []  # explicit ps task per shard, None = automatic
     for var in variables:
         task = explicit_task(var, num_ps, soft_placement)
-        parts = _split(var, _num_parts(var, num_ps, min_partition_bytes, max_shard_bytes))
+        parts = _split(var, _num_parts(var, num_ps, min_partition_bytes, max_shard_bytes, dense_parts))
         shards.extend(parts)
-        fixed.extend([task] * len(parts))
+        if task is None and dense_parts is not None and _partitioned(var, min_partition_bytes):
+            fixed.extend(part_owners(len(parts), num_ps))  # dealt: a task added takes only its share
+        else:
+            fixed.extend([task] * len(parts))
 
     names = [s.name for s in shards]
     if len(set(names)) != len(names):
@@ -400,5 +447,6 @@ __all__ = [
     "Shard",
     "ShardPlacement",
     "VariableInfo",
+    "part_owners",
     "place",
 ]

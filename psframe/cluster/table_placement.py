@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from psframe.cluster.placement import Shard, VariableInfo, explicit_task
+from psframe.cluster.placement import Shard, VariableInfo, explicit_task, part_owners
 from psframe.errors import PlacementError
 
 PARTITIONS = ("mod", "range")
@@ -248,29 +248,6 @@ ID_MIX = 0x9E3779B97F4A7C15
 
 
 @functools.lru_cache(maxsize=256)
-def part_owners(num_parts: int, num_ps: int) -> tuple[int, ...]:
-    """The ps task of each of a table's ``num_parts`` parts on ``num_ps`` tasks (a number of
-    parts given whatever the tasks: ``Placement(table_parts=...)``).
-
-    The parts are dealt as the tasks come, one at a time: all on task 0; then each task ``p`` added takes its share
-    (``num_parts // (p + 1)``) from the others, one part at a time, the last part of the
-    task that holds the most (the lowest such task on a tie). So every task holds as many
-    parts as another, give or take one, and a live re-layout that adds a ps task at the end
-    moves only the parts the new task takes (draining it, only the parts it gives back): a
-    third of them from 2 tasks to 3, where dealing ``k % num_ps`` moved two thirds.
-    """
-    owners = [0] * num_parts
-    counts = [num_parts] + [0] * max(0, num_ps - 1)
-    for p in range(1, num_ps):
-        for _ in range(num_parts // (p + 1)):
-            fullest = max(range(p), key=lambda t: (counts[t], -t))
-            k = max(i for i in range(num_parts) if owners[i] == fullest)
-            owners[k] = p
-            counts[fullest] -= 1
-            counts[p] += 1
-    return tuple(owners)
-
-
 def dynamic_part(table_id: int, num_parts: int) -> int:
     """The part of a dynamic table that holds id ``table_id`` (see :func:`place_dynamic`)."""
     return (((table_id * ID_MIX) & 0xFFFFFFFFFFFFFFFF) >> 32) % num_parts

@@ -365,6 +365,7 @@ class Trainer:
             "variable_devices": dict(given.variable_devices),
             "strategy": given.strategy,
             "min_partition_bytes": given.min_partition_bytes,
+            "dense_parts": given.dense_parts,
             "soft_placement": given.soft,
             "max_shard_bytes": given.max_shard_bytes,
             "table_partition": given.table_partition,
