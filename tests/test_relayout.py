@@ -93,6 +93,15 @@ def test_a_shard_record_crosses_the_wire_without_pickle_and_comes_back_equal():
     (part,) = back.variables
     assert torch.equal(part.value, value) and torch.equal(part.state["exp_avg"], value * 2)
     assert part.row_start == 4 and part.full_shape == (8, 3)
+    # A piece of a part to be made (rows cut anew) stays a view of the reply, but its step count;
+    # a part kept whole is a copy of its own.
+    for piece in (True, False):
+        buffer = bytearray(encode_shard(shard))
+        (part,) = decode_shard(memoryview(buffer), lambda variable, start, shape, p=piece: p).shard.variables
+        buffer[:] = bytes(len(buffer))  # the reply's buffer, written over
+        assert torch.equal(part.value, torch.zeros_like(value) if piece else value)
+        assert torch.equal(part.state["exp_avg"], torch.zeros_like(value) if piece else value * 2)
+        assert float(part.state["step"]) == 3.0
 
 
 def test_a_reply_to_a_task_of_this_host_goes_through_a_shared_memory_file_it_removes():

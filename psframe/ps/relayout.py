@@ -46,7 +46,7 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -421,8 +421,13 @@ class Fetched:
     layout_version: int
 
 
-def decode_shard(data: bytes | memoryview) -> Fetched:
+def decode_shard(data: bytes | memoryview, pieces: Callable[[str, int, tuple], bool] | None = None) -> Fetched:
     """The reply :func:`encode_shard` made, its shard checked as a checkpoint's is.
+
+    Every tensor is a copy of its own (the reply's buffer goes), but those of a part of a run
+    of rows that ``pieces(variable, row_start, shape)`` says is only a piece of a part to be
+    made (rows cut anew: copied once more, into the new part): those are views of ``data``,
+    which they keep alive.
 
     Raises:
         WireFormatError: the message is not such a reply.
@@ -434,21 +439,38 @@ def decode_shard(data: bytes | memoryview) -> Fetched:
     except ValueError as e:
         raise WireFormatError(f"a FetchParts reply's record is not JSON: {e}") from e
 
-    def rebuilt(x: Any) -> Any:
+    def rebuilt(x: Any, copy: bool = True) -> Any:
         if isinstance(x, dict):
             if set(x) == {_TENSOR_KEY}:
                 index = x[_TENSOR_KEY]
                 if not isinstance(index, int) or not 0 <= index < len(tensors):
                     raise WireFormatError(f"a FetchParts reply names tensor {index!r} of {len(tensors)}")
-                return tensors[index].clone()  # its own memory: the reply's buffer goes
-            return {k: rebuilt(v) for k, v in x.items()}
+                return tensors[index].clone() if copy else tensors[index]
+            return {k: rebuilt(v, copy) for k, v in x.items()}
         if isinstance(x, list):
-            return [rebuilt(v) for v in x]
+            return [rebuilt(v, copy) for v in x]
         return x
+
+    def piece(part: Any) -> bool:  # a run of rows that is only a piece of a part to be made
+        if pieces is None or not isinstance(part, dict) or part.get("dynamic") is not None:
+            return False
+        start, shape, stride = part.get("row_start"), part.get("shape"), part.get("row_stride", 0)
+        if not isinstance(start, int) or not isinstance(shape, list) or not shape or stride not in (0, 1):
+            return False
+        return pieces(str(part.get("variable")), start, tuple(shape))
 
     if not isinstance(record, dict) or set(record) != {"shard", "rows"} or not isinstance(record["rows"], dict):
         raise WireFormatError("a FetchParts reply's record holds no {'shard', 'rows'}")
-    plain = rebuilt(record)
+    shard = record["shard"]
+    if isinstance(shard, dict) and isinstance(shard.get("variables"), list):
+        parts = shard["variables"]
+        record["shard"] = {k: v for k, v in shard.items() if k != "variables"}
+        plain = rebuilt(record)
+        plain["shard"]["variables"] = [
+            _own_scalars(rebuilt(part, False)) if piece(part) else rebuilt(part) for part in parts
+        ]
+    else:
+        plain = rebuilt(record)
     rows = {}
     for name, r in plain["rows"].items():
         complete = isinstance(r, dict) and {"index", "value", "state"} <= set(r)
@@ -457,6 +479,17 @@ def decode_shard(data: bytes | memoryview) -> Fetched:
             raise WireFormatError(f"a FetchParts reply's changed rows of {name!r} need 1-d int64 indices, a row each")
         rows[name] = changes
     return Fetched(ShardData.from_dict(plain["shard"]), rows, header.mark, header.layout_version)
+
+
+def _own_scalars(part: dict) -> dict:
+    """A piece's record (its tensors views of the reply) with the tensors other than its rows
+    (an optimizer's step count, say) copied: those are taken as they are, not cut."""
+    value, state = part.get("value"), part.get("state")
+    if isinstance(value, torch.Tensor) and isinstance(state, dict):
+        part["state"] = {
+            k: x.clone() if isinstance(x, torch.Tensor) and x.shape != value.shape else x for k, x in state.items()
+        }
+    return part
 
 
 def wanted_rows(defs: Sequence[pb.VariableDef]) -> list[pb.RowRange]:
@@ -516,13 +549,20 @@ def fetch_shards(
 
     calls = [(peers.connection(k), "FetchParts", request(k, bool(host))) for k in asked]
     replies = transport.call_all(calls, timeout, wait_for_ready=True) if calls else []
+    # A part that is one of ``defs`` whole is kept as it comes (a copy of its own); a piece of one
+    # (rows cut anew) is copied once, into the part made of it, from a view of the reply.
+    whole = {(d.variable, d.row_start, tuple(d.shape)) for d in defs}
+
+    def pieces(variable: str, row_start: int, shape: tuple) -> bool:
+        return (variable, row_start, shape) not in whole
+
     shards, copied, changed = {}, 0, 0
     for k, reply in zip(asked, replies):
         try:
-            fetched = received(reply)
+            fetched = received(reply, pieces)
         except SharedRegionError:  # not this host's after all: through gRPC
             reply = peers.connection(k).call("FetchParts", request(k, False), timeout=timeout, wait_for_ready=True)
-            fetched = received(reply)
+            fetched = received(reply, pieces)
         try:
             shards[k] = precopy.completed(fetched.shard, fetched.rows, copies.get(k))
         except ValueError as e:
@@ -534,9 +574,10 @@ def fetch_shards(
     return Taken([shards[k] for k in read], copied, changed)
 
 
-def received(reply: bytes) -> Fetched:
+def received(reply: bytes, pieces: Callable[[str, int, tuple], bool] | None = None) -> Fetched:
     """A ``FetchParts`` reply, decoded: as it came, or read from the shared-memory file it names
-    (which is removed then: the tensors decoded own their memory).
+    (which is removed then: its mapping stays while the pieces decoded as views hold it).
+    ``pieces``: as :func:`decode_shard`.
 
     Raises:
         SharedRegionError: it names a file this process cannot map as such (another host's).
@@ -544,10 +585,10 @@ def received(reply: bytes) -> Fetched:
     """
     header = codec.parse(reply, pb.FetchPartsReplyHeader).header
     if not header.HasField("shared"):
-        return decode_shard(reply)
+        return decode_shard(reply, pieces)
     region = SameHostRegion.attach(header.shared)
     try:
-        return decode_shard(region.request_bytes())
+        return decode_shard(region.request_bytes(), pieces)
     finally:
         same_host_memory.remove(header.shared.path)
 
