@@ -258,15 +258,21 @@ def lead(
 def let_go(old: PsClient, before: ClusterSpec, layout: Layout) -> None:
     """What a stage leaves to do once ``layout`` holds the model, out of the pause (the chief
     trains on meanwhile): after the last stage, the tasks kept let their snapshots go, and the
-    drained tasks (of ``before``, reached by ``old``) stop. A failure is logged only: a snapshot
-    left goes at the next cut, a drained task left is stopped by its own deadline."""
+    drained tasks (of ``before``, reached by ``old``) stop. A failure is logged only, training
+    goes on: a snapshot left goes at the next cut; a drained task left holds nothing any more,
+    and answers until its process is stopped."""
     try:
         if layout.final:
             layout.client.reshard_done()
         for k in range(layout.cluster.num_ps, before.num_ps):  # drained: nothing is left on them
             old.shutdown(k)
     except PsframeError as e:
-        log.warning("%s: the ps tasks of the re-layout before could not be let go: %s", old.name, e)
+        log.warning(
+            "%s: the ps tasks of the layout before could not be let go (a drained task still up holds nothing: "
+            "stop its process): %s",
+            old.name,
+            e,
+        )
 
 
 def take_parts(
