@@ -46,7 +46,7 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -421,13 +421,13 @@ class Fetched:
     layout_version: int
 
 
-def decode_shard(data: bytes | memoryview, pieces: Callable[[str, int, tuple], bool] | None = None) -> Fetched:
+def decode_shard(data: bytes | memoryview, whole: Collection[tuple[str, int, tuple]] | None = None) -> Fetched:
     """The reply :func:`encode_shard` made, its shard checked as a checkpoint's is.
 
-    Every tensor is a copy of its own (the reply's buffer goes), but those of a part of a run
-    of rows that ``pieces(variable, row_start, shape)`` says is only a piece of a part to be
-    made (rows cut anew: copied once more, into the new part): those are views of ``data``,
-    which they keep alive.
+    Every tensor is a copy of its own (the reply's buffer goes). With ``whole`` (the parts the
+    asking task makes, as ``(variable, row_start, shape)``), a run of rows that is none of them
+    is only a piece of one (rows cut anew, copied once more into the part made of them): its
+    rows are views of ``data``, which they keep alive.
 
     Raises:
         WireFormatError: the message is not such a reply.
@@ -452,20 +452,19 @@ def decode_shard(data: bytes | memoryview, pieces: Callable[[str, int, tuple], b
         return x
 
     def piece(part: Any) -> bool:  # a run of rows that is only a piece of a part to be made
-        if pieces is None or not isinstance(part, dict) or part.get("dynamic") is not None:
+        if whole is None or not isinstance(part, dict) or part.get("dynamic") is not None:
             return False
         start, shape, stride = part.get("row_start"), part.get("shape"), part.get("row_stride", 0)
         if not isinstance(start, int) or not isinstance(shape, list) or not shape or stride not in (0, 1):
             return False
-        return pieces(str(part.get("variable")), start, tuple(shape))
+        return (part.get("variable"), start, tuple(shape)) not in whole
 
     if not isinstance(record, dict) or set(record) != {"shard", "rows"} or not isinstance(record["rows"], dict):
         raise WireFormatError("a FetchParts reply's record holds no {'shard', 'rows'}")
     shard = record["shard"]
-    if isinstance(shard, dict) and isinstance(shard.get("variables"), list):
+    if isinstance(shard, dict) and isinstance(shard.get("variables"), list):  # each part copied or not
         parts = shard["variables"]
-        record["shard"] = {k: v for k, v in shard.items() if k != "variables"}
-        plain = rebuilt(record)
+        plain = rebuilt({"shard": {k: v for k, v in shard.items() if k != "variables"}, "rows": record["rows"]})
         plain["shard"]["variables"] = [
             _own_scalars(rebuilt(part, False)) if piece(part) else rebuilt(part) for part in parts
         ]
@@ -544,7 +543,7 @@ def fetch_shards(
         if copy is not None:
             header.precopied.extend(sorted(copy.parts))
             header.since_mark, header.since_version = copy.mark, copy.version
-        header.same_host = shared and same_host_memory.available() and _host(peers, k) == host
+        header.same_host = shared and same_host_memory.available() and ps_host(peers.cluster, k) == host
         return codec.encode(header, ())
 
     calls = [(peers.connection(k), "FetchParts", request(k, bool(host))) for k in asked]
@@ -553,16 +552,13 @@ def fetch_shards(
     # (rows cut anew) is copied once, into the part made of it, from a view of the reply.
     whole = {(d.variable, d.row_start, tuple(d.shape)) for d in defs}
 
-    def pieces(variable: str, row_start: int, shape: tuple) -> bool:
-        return (variable, row_start, shape) not in whole
-
     shards, copied, changed = {}, 0, 0
     for k, reply in zip(asked, replies):
         try:
-            fetched = received(reply, pieces)
+            fetched = received(reply, whole)
         except SharedRegionError:  # not this host's after all: through gRPC
             reply = peers.connection(k).call("FetchParts", request(k, False), timeout=timeout, wait_for_ready=True)
-            fetched = received(reply, pieces)
+            fetched = received(reply, whole)
         try:
             shards[k] = precopy.completed(fetched.shard, fetched.rows, copies.get(k))
         except ValueError as e:
@@ -574,10 +570,10 @@ def fetch_shards(
     return Taken([shards[k] for k in read], copied, changed)
 
 
-def received(reply: bytes, pieces: Callable[[str, int, tuple], bool] | None = None) -> Fetched:
+def received(reply: bytes, whole: Collection[tuple[str, int, tuple]] | None = None) -> Fetched:
     """A ``FetchParts`` reply, decoded: as it came, or read from the shared-memory file it names
     (which is removed then: its mapping stays while the pieces decoded as views hold it).
-    ``pieces``: as :func:`decode_shard`.
+    ``whole``: as :func:`decode_shard`.
 
     Raises:
         SharedRegionError: it names a file this process cannot map as such (another host's).
@@ -585,17 +581,17 @@ def received(reply: bytes, pieces: Callable[[str, int, tuple], bool] | None = No
     """
     header = codec.parse(reply, pb.FetchPartsReplyHeader).header
     if not header.HasField("shared"):
-        return decode_shard(reply, pieces)
+        return decode_shard(reply, whole)
     region = SameHostRegion.attach(header.shared)
     try:
-        return decode_shard(region.request_bytes(), pieces)
+        return decode_shard(region.request_bytes(), whole)
     finally:
         same_host_memory.remove(header.shared.path)
 
 
-def _host(peers: PsPeers, task: int) -> str:
-    """The host part of ps task ``task``'s address."""
-    return parse_address(peers.cluster.task_address("ps", task), any_port=True)[0]
+def ps_host(cluster: ClusterSpec, task: int) -> str:
+    """The host part of ps task ``task``'s address in ``cluster``."""
+    return parse_address(cluster.task_address("ps", task), any_port=True)[0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ import torch
 
 from psframe import allocator, errors
 from psframe.checkpoint.shard import OptimizerData, ShardData
-from psframe.cluster import ClusterSpec, parse_address
+from psframe.cluster import ClusterSpec
 from psframe.errors import (
     ClusterMismatchError,
     NotKeptHere,
@@ -40,7 +40,7 @@ from psframe.ps.incoming_model import PendingModel
 from psframe.ps.ledger import PushLedger
 from psframe.ps.peers import PsPeers
 from psframe.ps.push_pull_request import PushPullRequest
-from psframe.ps.relayout import Relayout, copy_ahead, encode_shard, fetch_shards, select, shard_chunks
+from psframe.ps.relayout import Relayout, copy_ahead, encode_shard, fetch_shards, ps_host, select, shard_chunks
 from psframe.ps.relayout import prepare as relayout_prepare
 from psframe.ps.roster import Change, WorkerRoster, check_max_workers
 from psframe.ps.round_replies import RoundReplies, outgoing
@@ -818,7 +818,7 @@ class ParameterServerService(TaskService):
                 f"sends its push ledger"
             )
         copies = self._copies.take(addresses)
-        host = parse_address(self.cluster.task_address("ps", self.task_index), any_port=True)[0]
+        host = ps_host(self.cluster, self.task_index)
         taken = fetch_shards(self._peers_at(addresses), defs, caller, MAX_FETCH_SECONDS, own, tasks, copies, host)
         shards = taken.shards
         fetched = time.monotonic() - start
