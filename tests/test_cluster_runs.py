@@ -10,7 +10,7 @@ import time
 import pytest
 
 from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES
-from tests.conftest import CLUSTER_JOB, ROOT, free_cluster
+from tests.conftest import CLUSTER_JOB, MNIST_FLAGS, MNIST_STEPS, ROOT, free_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -148,9 +148,9 @@ def chief_result(output: str) -> dict:
     ids=["float32", "bfloat16_wire", "two_serving_processes"],
 )
 def test_mnist_example_async_reaches_97_percent(processes, mnist_dir, flags):
-    result = chief_result(launch_mnist(processes, mnist_dir, *flags, timeout=400))
+    result = chief_result(launch_mnist(processes, mnist_dir, *MNIST_FLAGS, *flags, timeout=400))
     assert result["test_accuracy"] >= 0.97, result
-    assert result["global_step"] >= 6000
+    assert result["global_step"] >= MNIST_STEPS
     assert {"global_step", "test_accuracy", "wall_seconds", "steps_per_sec"} <= set(result)
 
 

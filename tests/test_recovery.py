@@ -16,7 +16,7 @@ from psframe.optim import OptimizerSpec
 from psframe.ps import recovery
 from psframe.ps.store import VariableStore
 from psframe.wire import psframe_pb2 as pb
-from tests.conftest import ROOT, free_cluster
+from tests.conftest import MNIST_FLAGS, MNIST_STEPS, ROOT, free_cluster
 
 SAVE_EVERY = 40
 ADAM = OptimizerSpec("Adam", {"lr": 0.01})
@@ -230,9 +230,10 @@ def test_mnist_example_survives_a_ps_kill_and_reaches_97_percent(processes, tmp_
         f"--checkpoint_dir={tmp_path / 'ckpt'}",
         "--save_checkpoint_steps=500",
         "--log_every=100",
+        *MNIST_FLAGS,
     ]
     processes.start_cluster(cluster, *flags, script=example)
-    at_local_step = random.randint(6, 20) * 100
+    at_local_step = random.randint(3, 10) * 100  # of each worker's 1,500 or so
     processes.wait_for_output("worker0", f"local step {at_local_step},", timeout=300)
     proc = processes.procs.pop("ps0")
     proc.popen.send_signal(signal.SIGKILL)
@@ -242,5 +243,5 @@ def test_mnist_example_survives_a_ps_kill_and_reaches_97_percent(processes, tmp_
     assert "restored 4 variables from checkpoint" in restarted.output
     result = last_json(procs["worker0"].output)
     assert result["recoveries"] == 1
-    assert result["global_step"] >= 6000
+    assert result["global_step"] >= MNIST_STEPS
     assert result["test_accuracy"] >= 0.97, result

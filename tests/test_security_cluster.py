@@ -16,7 +16,7 @@ import psframe
 from psframe.launch import launch
 from psframe.security import TOKEN_ENV, Security, generate_token
 from psframe.wire import transport
-from tests.conftest import ROOT, assert_params_equal, free_cluster
+from tests.conftest import MNIST_FLAGS, MNIST_STEPS, ROOT, assert_params_equal, free_cluster
 from tests.test_security import PATHS, assert_refused_saying_nothing, call_raw, tls, train
 
 pytestmark = pytest.mark.cluster
@@ -201,6 +201,7 @@ def test_mnist_example_with_token_and_mutual_tls_reaches_97_percent(processes, m
             str(ROOT / "examples" / "mlp_mnist_dist.py"),
             "--",
             f"--data_dir={mnist_dir}",
+            *MNIST_FLAGS,
             "--serving_processes=2",
         ],
     )
@@ -210,4 +211,4 @@ def test_mnist_example_with_token_and_mutual_tls_reaches_97_percent(processes, m
     chief = [line.removeprefix("[worker0] ") for line in output.splitlines() if line.startswith("[worker0] {")]
     result = json.loads(chief[-1])
     assert result["test_accuracy"] >= 0.97, result
-    assert result["global_step"] >= 6000
+    assert result["global_step"] >= MNIST_STEPS
