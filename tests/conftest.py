@@ -118,10 +118,15 @@ _FORBIDDEN = {
 }
 
 
+# The cores the unit and service tiers run as if they had (see tier_guard): a developer's machine.
+SIMULATED_CPUS = 16
+
+
 @pytest.fixture(autouse=True)
 def tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     """Fail a unit or service test that starts what its tier must not (at the call, and at the
-    end if the call was in another thread, whose error the test may never see)."""
+    end if the call was in another thread, whose error the test may never see), run as on a
+    machine of :data:`SIMULATED_CPUS` cores."""
     tier = _tier_of(request.node)
     if tier not in _FORBIDDEN:
         yield
@@ -141,6 +146,12 @@ def tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     for owner, name, what in forbidden:
         if hasattr(owner, name):
             monkeypatch.setattr(owner, name, refuse(what))
+    if hasattr(os, "sched_getaffinity"):
+        # As on a machine of SIMULATED_CPUS cores, where defaults that follow the cores differ
+        # from this one's: a ps task built with its default serving processes starts child
+        # processes there (ps.serving_processes.default_serving_processes), which these tiers
+        # refuse; such a test says serving_processes=1 (the local_cluster fixture does).
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(SIMULATED_CPUS)))
     yield
     if elsewhere:
         pytest.fail("\n".join(elsewhere))

@@ -73,7 +73,7 @@ def servers():
     started: list[psframe.Server] = []
 
     def start(cluster, task_index, **kwargs) -> psframe.Server:
-        server = psframe.Server(cluster, "ps", task_index, **kwargs)
+        server = psframe.Server(cluster, "ps", task_index, **{"serving_processes": 1, **kwargs})
         started.append(server)
         return server
 

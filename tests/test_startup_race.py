@@ -62,7 +62,7 @@ def _check(answers, threads, expected_variables: int) -> None:
 def test_get_info_never_sees_ready_without_the_whole_model(monkeypatch, local_cluster, sync):
     """READY comes with every variable definition, and (sync) with the barrier."""
     cluster = local_cluster(num_ps=1, num_workers=1, start_ps=False)
-    with psframe.Server(cluster, "ps", 0) as server:
+    with psframe.Server(cluster, "ps", 0, serving_processes=1) as server:
         answers, threads = _info_asked_right_after_create(monkeypatch, server)
         model = _model()
         with psframe.Trainer(

@@ -91,7 +91,7 @@ class GrpcBackend:
                 "worker": [f"127.0.0.1:{p}" for p in worker_ports],
             }
         )
-        self.server = psframe.Server(self.cluster, "ps", 0)
+        self.server = psframe.Server(self.cluster, "ps", 0, serving_processes=1)
         self.clients: list[PsClient] = []
         try:
             self.client = self.connect(0)

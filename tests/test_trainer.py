@@ -116,7 +116,7 @@ def test_explicit_device_strings_win(local_cluster):
         assert trainer.placement.bytes_per_ps()[1] > trainer.placement.bytes_per_ps()[0]
 
 
-def test_a_device_string_for_a_missing_ps_task_is_an_error_unless_soft(local_cluster):
+def test_a_device_string_for_a_missing_ps_task_is_an_error_unless_soft():
     cluster = free_cluster(2, 1)  # nothing started: placement fails before any connection
     with pytest.raises(PlacementError, match="/job:ps/task:5"):
         psframe.Trainer(
@@ -225,10 +225,10 @@ def test_port_in_use_is_a_clear_error():
         taken.bind((host, int(port)))
         taken.listen()
         with pytest.raises(PortInUseError, match=f"{host}:{port}"):
-            psframe.Server(cluster, "ps", 0)
-    with psframe.Server(cluster, "ps", 0):
+            psframe.Server(cluster, "ps", 0, serving_processes=1)
+    with psframe.Server(cluster, "ps", 0, serving_processes=1):
         with pytest.raises(PortInUseError, match="/job:ps/task:0"):
-            psframe.Server(cluster, "ps", 0)
+            psframe.Server(cluster, "ps", 0, serving_processes=1)
 
 
 def test_ping_prints_who_answers(local_cluster, capsys):
@@ -247,9 +247,10 @@ def test_ping_of_nothing_fails_with_a_message(capsys):
     assert f"no psframe task answered at {address}" in capsys.readouterr().err
 
 
-def test_server_join_returns_once_every_worker_finished(local_cluster):
+@pytest.mark.service
+def test_server_join_returns_once_every_worker_finished():
     cluster = free_cluster(1, 2)
-    server = psframe.Server(cluster, "ps", 0)
+    server = psframe.Server(cluster, "ps", 0, serving_processes=1)
     try:
         assert server.join(timeout=0.2) is False
         for i in range(2):
@@ -284,7 +285,7 @@ def test_cuda_worker_matches_local_sgd_exactly(local_cluster):
 @pytest.mark.service
 def test_a_ps_stops_waiting_for_workers_silent_after_others_finished():
     cluster = free_cluster(1, 2)
-    server = psframe.Server(cluster, "ps", 0, worker_timeout=0.5)
+    server = psframe.Server(cluster, "ps", 0, serving_processes=1, worker_timeout=0.5)
     try:
         with psframe.Trainer(make_model(), cluster, task_index=0):
             pass
@@ -295,9 +296,10 @@ def test_a_ps_stops_waiting_for_workers_silent_after_others_finished():
         server.stop(grace=0.1)
 
 
-def test_a_ps_waits_for_a_worker_that_is_still_calling(local_cluster):
+@pytest.mark.service
+def test_a_ps_waits_for_a_worker_that_is_still_calling():
     cluster = free_cluster(1, 2)
-    server = psframe.Server(cluster, "ps", 0, worker_timeout=2.0)
+    server = psframe.Server(cluster, "ps", 0, serving_processes=1, worker_timeout=2.0)
     try:
         with psframe.Trainer(make_model(), cluster, task_index=0):
             pass
