@@ -31,7 +31,6 @@ import logging
 import os
 import secrets
 import stat
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -48,8 +47,6 @@ ENVIRONMENT = (TOKEN_ENV, CERT_ENV, KEY_ENV, CA_ENV)
 _TOKEN_CHARS = frozenset(chr(c) for c in range(0x21, 0x7F))
 MIN_TOKEN_LENGTH = 16
 
-LOOSE_ARGUMENTS = ("auth_token", "tls_cert_file", "tls_key_file", "tls_ca_file")
-"""The keyword arguments ``Server`` and ``Trainer`` took before ``security=``; deprecated."""
 
 __all__ = ["AuthenticationError", "Security", "SecurityConfigError", "generate_token", "read_token_file"]
 
@@ -184,54 +181,23 @@ class Security:
         )
 
 
-def accept_security(owner: str, security: Security | None, loose: Mapping[str, str | None]) -> Security:
-    """The settings a constructor was given: ``security`` whole, or the deprecated loose arguments.
-
-    ``Server`` and ``Trainer`` take ``security=Security(...)``, used as given.
-    Their older keyword arguments (:data:`LOOSE_ARGUMENTS`) still work for one
-    release, with a ``DeprecationWarning``, and are resolved as before (the
-    environment fills in those left None). Given neither, the settings come
-    from the ``PSFRAME_*`` environment variables (:meth:`Security.resolve`).
+def accept_security(owner: str, security: Security | None) -> Security:
+    """The settings a constructor was given: ``security`` as given, or, given None, those of the
+    ``PSFRAME_*`` environment variables (:meth:`Security.resolve`).
 
     Args:
         owner: the constructor, for messages (``"Server"``, ``"Trainer"``).
         security: the ``security`` argument.
-        loose: the loose arguments, by name (None: not given).
-
-    Returns:
-        The task's settings.
 
     Raises:
-        SecurityConfigError: ``security`` is not a :class:`Security`, both forms are
-            given, or a setting is invalid.
+        SecurityConfigError: ``security`` is not a :class:`Security`, or a setting from the
+            environment is invalid.
     """
-    given = [name for name in LOOSE_ARGUMENTS if loose.get(name) is not None]
-    if security is not None:
-        if not isinstance(security, Security):
-            raise SecurityConfigError(
-                f"{owner}(security=...) must be a psframe.Security, got {type(security).__name__}"
-            )
-        if given:
-            raise SecurityConfigError(
-                f"{owner} was given security= and also {', '.join(given)}=; give the settings in "
-                f"security=psframe.Security(...) only"
-            )
-        return security
-    if given:
-        example = ", ".join(f"{name}=..." for name in given)
-        warnings.warn(
-            f"{owner}({example}) is deprecated and will be removed in the next release; pass "
-            f"security=psframe.Security({example}) instead (psframe.Security.resolve({example}) also reads "
-            f"the PSFRAME_* environment variables, as these arguments did)",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-    return Security.resolve(
-        auth_token=loose.get("auth_token"),
-        tls_cert_file=loose.get("tls_cert_file"),
-        tls_key_file=loose.get("tls_key_file"),
-        tls_ca_file=loose.get("tls_ca_file"),
-    )
+    if security is None:
+        return Security.resolve()
+    if not isinstance(security, Security):
+        raise SecurityConfigError(f"{owner}(security=...) must be a psframe.Security, got {type(security).__name__}")
+    return security
 
 
 def is_loopback(host: str) -> bool:

@@ -168,9 +168,6 @@ def elastic_ps():
         server.stop(grace=0.1)
 
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
 def wait_for(condition, what: str, timeout: float = DEADLINE_S) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

@@ -11,7 +11,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
@@ -207,9 +206,7 @@ def test_server_and_trainer_take_security_whole(monkeypatch):
     security = psframe.Security(auth_token=token)
     with psframe.local_cluster(num_ps=1, num_workers=1, security=security) as local:
         assert local.ps_servers[0].security is security
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # no deprecation on this path
-            trainer = psframe.Trainer(make_model(), local.cluster, security=security, transport=TRANSPORT)
+        trainer = psframe.Trainer(make_model(), local.cluster, security=security, transport=TRANSPORT)
         assert trainer.security is security
         with trainer:
             assert trainer.step(loss_of(trainer.model, 0)) == 1
@@ -217,33 +214,14 @@ def test_server_and_trainer_take_security_whole(monkeypatch):
     assert psframe.Trainer(make_model(), local.cluster).security.auth_token != token
 
 
-@pytest.mark.parametrize("owner", [pytest.param("Server", marks=pytest.mark.service), "Trainer"])
-def test_the_loose_security_arguments_still_work_with_a_deprecation_warning(owner, monkeypatch):
-    token = generate_token()
-    monkeypatch.delenv("PSFRAME_AUTH_TOKEN", raising=False)
-    cluster = psframe.ClusterSpec({"ps": ["127.0.0.1:0"], "worker": ["127.0.0.1:0"]})
-    with pytest.warns(
-        DeprecationWarning, match=rf"{owner}\(auth_token=...\) is deprecated.*security=psframe\.Security"
-    ):
-        if owner == "Server":
-            with psframe.Server(cluster, "ps", 0, serving_processes=1, auth_token=token) as made:
-                pass
-        else:
-            made = psframe.Trainer(
-                make_model(), psframe.ClusterSpec.from_string("ps|h0:2222,worker|h1:2224"), auth_token=token
-            )
-    assert made.security == psframe.Security(auth_token=token)
-
-
 @pytest.mark.parametrize("owner", ["Server", "Trainer"])
-def test_security_and_the_loose_arguments_together_are_an_error(owner, tls_files):
+def test_security_of_another_type_is_an_error_and_loose_settings_are_no_arguments(owner, tls_files):
     cluster = psframe.ClusterSpec.from_string("ps|127.0.0.1:0,worker|127.0.0.1:2224")
-    both = {"security": psframe.Security(auth_token=generate_token()), "tls_ca_file": tls_files.ca}
-    with pytest.raises(SecurityConfigError, match=rf"{owner} was given security= and also tls_ca_file="):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tls_ca_file'"):
         if owner == "Server":
-            psframe.Server(cluster, "ps", 0, serving_processes=1, **both)
+            psframe.Server(cluster, "ps", 0, serving_processes=1, tls_ca_file=tls_files.ca)
         else:
-            psframe.Trainer(make_model(), cluster.with_task_address("ps", 0, "h0:2222"), **both)
+            psframe.Trainer(make_model(), cluster.with_task_address("ps", 0, "h0:2222"), tls_ca_file=tls_files.ca)
     with pytest.raises(SecurityConfigError, match=rf"{owner}\(security=...\) must be a psframe.Security, got dict"):
         if owner == "Server":
             psframe.Server(cluster, "ps", 0, serving_processes=1, security={"auth_token": "x"})

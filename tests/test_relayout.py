@@ -30,8 +30,6 @@ DEADLINE_S = 60.0
 LR = 0.5
 GRAD = 0.25  # every step's gradient of every element: exact in float32, as are the updates
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
 
 def with_ps(cluster: psframe.ClusterSpec, ps: list[str]) -> psframe.ClusterSpec:
     return psframe.ClusterSpec({"ps": ps, "worker": cluster.job_tasks("worker")})

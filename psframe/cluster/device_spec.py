@@ -13,7 +13,8 @@ import dataclasses
 import re
 from typing import Any
 
-from psframe.cluster.spec import ClusterSpec, _check_index, _describe
+from psframe.cluster.address import _describe
+from psframe.cluster.spec import ClusterSpec, _check_index
 from psframe.errors import ClusterSpecError
 
 _DEVICE_TYPES = {"CPU": "CPU", "GPU": "GPU", "CUDA": "GPU"}

@@ -21,7 +21,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from psframe.cluster.spec import JOBS, ClusterSpec, _describe, _known_jobs
+from psframe.cluster.address import _describe
+from psframe.cluster.spec import JOBS, ClusterSpec, _known_jobs
 from psframe.errors import ClusterSpecError
 
 EVALUATOR = "evaluator"

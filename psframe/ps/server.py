@@ -20,7 +20,7 @@ from psframe.ps.serving_processes import ServingProcesses, default_serving_proce
 from psframe.ps.shared_service import Publisher, shared_service
 from psframe.ps.shared_store import PortLock, SharedStore
 from psframe.ps.task_service import TaskService
-from psframe.security import LOOSE_ARGUMENTS, Security, accept_security
+from psframe.security import Security, accept_security
 from psframe.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, METHODS, RpcServer
 
 MIN_MESSAGE_BYTES = 64 << 10  # below, not even an Init of a small model or a status call's reply fits
@@ -93,18 +93,12 @@ class Server:
             callers must present one it signed: mutual TLS). Used as given.
             None: from the ``PSFRAME_AUTH_TOKEN`` and ``PSFRAME_TLS_*``
             environment variables (:meth:`Security.resolve`), or none.
-        **deprecated: ``auth_token``, ``tls_cert_file``, ``tls_key_file`` and
-            ``tls_ca_file``, the settings of ``security`` one by one, as earlier
-            releases took them (a ``DeprecationWarning``; removed in the next
-            release; those left None are read from the environment).
 
     Raises:
         ClusterSpecError: the cluster, job or index is invalid, or another ps
             task's address has port 0.
         PortInUseError: the address cannot be listened on.
-        SecurityConfigError: a security setting is invalid or its file cannot be read,
-            or ``security`` is given together with the deprecated arguments.
-        TypeError: an unknown keyword argument.
+        SecurityConfigError: a security setting is invalid or its file cannot be read.
 
     Example::
 
@@ -133,11 +127,8 @@ class Server:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         liveness: Liveness | None = None,
         max_workers: int | None = None,
-        **deprecated: str | None,
     ) -> None:
-        if unknown := sorted(set(deprecated) - set(LOOSE_ARGUMENTS)):
-            raise TypeError(f"Server() got an unexpected keyword argument {unknown[0]!r}")
-        self.security = accept_security("Server", security, deprecated)
+        self.security = accept_security("Server", security)
         self.liveness = liveness or Liveness.resolve()
         cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         cluster.validate_task(job_name, task_index)
@@ -342,7 +333,7 @@ class Server:
     def __enter__(self) -> Server:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop(grace=0.5)
 
     def __repr__(self) -> str:
@@ -381,12 +372,12 @@ class _ServiceSlot:
 
     def __init__(self, names: Collection[str]) -> None:
         self._names = frozenset(names)
-        self._handlers: dict[str, Callable] = {}
+        self._handlers: dict[str, Callable[..., Any]] = {}
 
-    def handlers(self) -> dict[str, Callable]:
+    def handlers(self) -> dict[str, Callable[..., Any]]:
         return {name: functools.partial(self._call, name) for name in self._names}
 
-    def fill(self, task_name: str, handlers: dict[str, Callable]) -> None:
+    def fill(self, task_name: str, handlers: dict[str, Callable[..., Any]]) -> None:
         if set(handlers) != self._names:
             raise TypeError(f"{task_name} answers {sorted(handlers)}, expected {sorted(self._names)}")
         self._handlers = handlers

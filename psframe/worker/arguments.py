@@ -1,5 +1,5 @@
 """The Trainer's arguments: its optimizers resolved to what the ps tasks are sent,
-and the keyword arguments of earlier releases turned into option groups, or refused.
+and its option groups checked.
 
 Each names what it expected when it refuses: a wrong type, or two ways of
 giving the same thing. (The wire dtype is resolved by the client, which
@@ -8,79 +8,26 @@ speaks the wire: :func:`psframe.worker.ps_client.resolve_wire_dtype`.)
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import MutableMapping
-from typing import Any
-
 from psframe.optim import SGD, OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
 from psframe.options import Checkpointing, Placement, Transport
 
-# The Trainer's keyword arguments before the option groups: (group, its field).
-DEPRECATED_ARGUMENTS: dict[str, tuple[str, str]] = {
-    "placement": ("placement", "strategy"),  # a string then: "greedy" or "round_robin"
-    "variable_devices": ("placement", "variable_devices"),
-    "soft_placement": ("placement", "soft"),
-    "min_partition_bytes": ("placement", "min_partition_bytes"),
-    "max_shard_bytes": ("placement", "max_shard_bytes"),
-    "table_partition": ("placement", "table_partition"),
-    "log_placement": ("placement", "log"),
-    "checkpoint_dir": ("checkpointing", "dir"),
-    "save_checkpoint_steps": ("checkpointing", "save_steps"),
-    "save_checkpoint_secs": ("checkpointing", "save_secs"),
-    "keep_checkpoints": ("checkpointing", "keep"),
-    "connect_timeout": ("transport", "connect_timeout"),
-    "rpc_timeout": ("transport", "rpc_timeout"),
-    "wire_dtype": ("transport", "wire_dtype"),
-    "shared_memory": ("transport", "same_host_memory"),
-}
 _GROUP_CLASS = {"placement": Placement, "checkpointing": Checkpointing, "transport": Transport}
 
 
-def groups_from_deprecated(
-    placement: Placement | str | None,
-    checkpointing: Checkpointing | None,
-    transport: Transport | None,
-    deprecated: MutableMapping[str, Any],
+def option_groups(
+    placement: Placement | None, checkpointing: Checkpointing | None, transport: Transport | None
 ) -> tuple[Placement, Checkpointing | None, Transport]:
-    """The Trainer's option groups, from the groups given or the keyword arguments they replace.
-
-    Each deprecated argument warns once, naming its place in a group. A group
-    given whole and one of its old arguments together are refused, and so is
-    an argument the Trainer never took.
+    """The Trainer's option groups, the defaults filled in (no checkpoints by default).
 
     Raises:
-        TypeError: an unknown keyword argument, or a group and its old arguments both given.
+        TypeError: a group of another type (a string for ``placement``, say).
     """
-    if isinstance(placement, str):  # Trainer(placement="round_robin"), before the groups
-        deprecated["placement"] = placement
-        placement = None
-    unknown = sorted(set(deprecated) - set(DEPRECATED_ARGUMENTS))
-    if unknown:
-        raise TypeError(f"Trainer() got an unexpected keyword argument {unknown[0]!r}")
     given = {"placement": placement, "checkpointing": checkpointing, "transport": transport}
-    fields: dict[str, dict[str, Any]] = {group: {} for group in given}
-    for name, value in deprecated.items():
-        group, field = DEPRECATED_ARGUMENTS[name]
-        if value is None and name != "min_partition_bytes":  # None was the default: not given
-            continue
-        if given[group] is not None:
-            raise TypeError(f"Trainer() got {group}= and {name}=, its old form: give {group}= only")
-        warnings.warn(
-            f"Trainer({name}=...) is deprecated and will be removed: give "
-            f"{group}=psframe.{_GROUP_CLASS[group].__name__}({field}=...)",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        fields[group][field] = value
-    deprecated.clear()
-    placement = placement or Placement(**fields["placement"])
-    transport = transport or Transport(**fields["transport"])
-    if checkpointing is None and fields["checkpointing"].get("dir"):
-        checkpointing = Checkpointing(**fields["checkpointing"])
-    for group, value in (("placement", placement), ("checkpointing", checkpointing), ("transport", transport)):
+    for group, value in given.items():
         if value is not None and not isinstance(value, _GROUP_CLASS[group]):
-            raise TypeError(f"{group} must be a psframe.{_GROUP_CLASS[group].__name__}, got {type(value).__name__}")
-    return placement, checkpointing, transport
+            expected = _GROUP_CLASS[group].__name__
+            raise TypeError(f"Trainer({group}=...) must be a psframe.{expected}, got {type(value).__name__}")
+    return placement or Placement(), checkpointing, transport or Transport()
 
 
 def resolve_table_optimizer(

@@ -58,12 +58,12 @@ from psframe.options import (
     RowCaching,
     Transport,
 )
-from psframe.rows import UNKNOWN_VERSION, CachedPull, FreshRows, RowPull
-from psframe.security import LOOSE_ARGUMENTS, Security, accept_security
+from psframe.rows import UNKNOWN_VERSION, CachedPull, FreshRows, RowPull, RowPush
+from psframe.security import Security, accept_security
 from psframe.worker import relayout, startup
 from psframe.worker.arguments import (
     async_table_names,
-    groups_from_deprecated,
+    option_groups,
     resolve_optimizer,
     resolve_table_optimizer,
 )
@@ -135,12 +135,6 @@ class Trainer:
             chain to (calls use TLS). Used as given. None: from the
             ``PSFRAME_AUTH_TOKEN`` and ``PSFRAME_TLS_*`` environment variables
             (:meth:`Security.resolve`; ``psframe launch`` sets them), or none.
-        **deprecated: the keyword arguments of earlier releases that the
-            groups replace (``checkpoint_dir``, ``rpc_timeout``,
-            ``max_shard_bytes``, ``auth_token``...; see
-            :data:`DEPRECATED_ARGUMENTS`), each with a ``DeprecationWarning``
-            naming its place in a group; removed in the next release. Those
-            left None read the environment, as before.
         liveness: how this worker's connections are probed for a ps task
             that went away (keepalive pings; see :mod:`psframe.liveness`):
             a dead connection is noticed within ``keepalive_time +
@@ -175,8 +169,8 @@ class Trainer:
     Raises:
         ClusterSpecError: the cluster or task index is invalid, or a ps task's address has port 0.
         ValueError: the model has no trainable parameter, or an argument is out of range.
-        SecurityConfigError: a security setting is invalid or its file cannot be read,
-            or ``security`` is given together with the deprecated arguments.
+        SecurityConfigError: a security setting is invalid or its file cannot be read.
+        TypeError: an option group of another type.
 
     Example::
 
@@ -209,11 +203,9 @@ class Trainer:
         row_cache: RowCaching | None = None,
         staleness: BoundedStaleness | None = None,
         replica_devices: Sequence[str | torch.device] | None = None,
-        **deprecated: Any,
     ) -> None:
-        loose_security = {name: deprecated.pop(name, None) for name in LOOSE_ARGUMENTS}
-        placement, checkpointing, transport = groups_from_deprecated(placement, checkpointing, transport, deprecated)
-        self._security = accept_security("Trainer", security, loose_security)
+        placement, checkpointing, transport = option_groups(placement, checkpointing, transport)
+        self._security = accept_security("Trainer", security)
         self._liveness = liveness or Liveness.resolve()
         self._cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self._cluster.validate_task("worker", task_index)
@@ -666,7 +658,7 @@ class Trainer:
     def __enter__(self) -> Trainer:
         return self.connect()
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if isinstance(exc, KeyboardInterrupt):  # no failure: the user stopped it, and the interrupt goes on
             log.info("worker %d interrupted; telling the ps tasks it stopped", self._task_index)
             try:
@@ -744,7 +736,7 @@ class Trainer:
             hook.before_push(self, loss)
         self._replica.tables.drop_prefetched()  # rows pulled ahead for this step's lookups, not taken
         rows = None
-        row_gradients: dict = {}
+        row_gradients: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = {}
         pushed = self._replica.has_gradients()
         if pushed:
             requests = self._replica.plan.step
@@ -757,7 +749,9 @@ class Trainer:
             requests = self._replica.plan.pull
             exchange = None
 
-        def pushes() -> list:  # the gradients each request carries (views, no copies on a CPU replica)
+        def pushes() -> list[
+            tuple[Request, Any]
+        ]:  # the gradients each request carries (views, no copies on a CPU replica)
             return [(r, self._replica.gradients(r) if pushed else ()) for r in requests]
 
         prefetched: dict[int, list[torch.Tensor]]
@@ -1002,7 +996,11 @@ class Trainer:
             self._pull_all()
 
     def _send_to_new_layout(
-        self, error: LayoutChangedError, pushed: bool, row_gradients: dict, computed_at: int
+        self,
+        error: LayoutChangedError,
+        pushed: bool,
+        row_gradients: dict[str, tuple[torch.Tensor, torch.Tensor] | None],
+        computed_at: int,
     ) -> tuple[tuple[Request, ...], list[DenseReply]]:
         """A step refused by a ps task that moved (nothing of it applied before the move): follow
         the re-layout and send the step there, once, its rows cut for the new parts; again if
@@ -1156,7 +1154,9 @@ class Trainer:
         if self._in_graph is not None:
             self._in_graph.share_values()
 
-    def _pull_rows(self, wanted, create: bool = True, staleness: int = 0):
+    def _pull_rows(
+        self, wanted: Mapping[int, Sequence[RowPull | CachedPull]], create: bool = True, staleness: int = 0
+    ) -> dict[int, list[torch.Tensor | FreshRows]]:
         """Rows of embedding tables for a lookup (see :mod:`psframe.worker.tables`); a lost
         ps task is waited for, as in :meth:`step`, and the rows asked of it again."""
         try:
@@ -1208,7 +1208,9 @@ class Trainer:
         if steps:
             self._global_step = max(steps) if self._sync is None else min(steps)
 
-    def _send_again(self, error: PsframeError, pushes, rows) -> list[DenseReply]:
+    def _send_again(
+        self, error: PsframeError, pushes: list[tuple[Request, Any]], rows: dict[int, list[RowPush]] | None
+    ) -> list[DenseReply]:
         """Wait for the lost ps tasks, then send this step's pushes again, with the numbers
         they had: a ps task that applied one before the stream died answers it without
         applying it twice, and none is lost (see :mod:`psframe.ps.ledger`).
