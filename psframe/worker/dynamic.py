@@ -106,6 +106,13 @@ class DynamicEmbedding(torch.nn.Module):
         self._rows: RowSource | None = None
         self._looked_up: list[tuple[torch.Tensor, torch.Tensor]] = []
 
+    def __getstate__(self) -> dict[str, object]:
+        """The module as pickled (``torch.save(model)``, ``copy.deepcopy``): its definition, not
+        where its lookups get their rows (the trainer's, which holds its client): unattached."""
+        state = dict(self.__dict__)
+        state["_rows"], state["_looked_up"] = None, []
+        return state
+
     def extra_repr(self) -> str:
         spec = self.spec
         return f"{self.embedding_dim}, mode={self.mode!r}, {spec.initializer}, {spec.eviction}, {spec.admission}"

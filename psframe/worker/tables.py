@@ -207,6 +207,17 @@ class Table:
             raise RowIdError(f"id {bad} looked up in embedding table {self.name!r}, which has rows 0..{self.rows - 1}")
 
 
+# What attach() gives a table module of its own, for as long as it is attached.
+_ATTACHED = ("forward", "__getstate__")
+
+
+def _own_state(module: torch.nn.Module) -> dict[str, object]:
+    """The state pickling takes of an attached table module (pickle reads ``__getstate__`` off
+    the instance): its own, without the lookup through the ps tasks, which holds the trainer's
+    client; a model saved or copied while the trainer is connected is the user's model."""
+    return {name: value for name, value in module.__dict__.items() if name not in _ATTACHED}
+
+
 class EmbeddingTables:
     """The tables of a replica, with their lookups hooked while attached to the ps tasks.
 
@@ -252,17 +263,20 @@ class EmbeddingTables:
         # huge pages, as on the ps tasks, a large table costs a step about what a small one does.
         huge_pages.back(table.param for table in self.tables)
         for table in self.tables:
-            # This module's own forward, for as long as it is attached (detach() removes it).
+            # This module's own forward, for as long as it is attached (detach() removes it); the
+            # module pickles (torch.save, copy.deepcopy) as the user's own, without it.
             table.module.forward = functools.partial(  # type: ignore[method-assign]
                 table.lookup, functools.partial(self._pull, table, pull)
             )
+            table.module.__getstate__ = functools.partial(_own_state, table.module)  # type: ignore[method-assign]
         for dynamic in self.dynamic:
             dynamic.module.attach(functools.partial(dynamic.pull, pull=pull))
 
     def detach(self) -> None:
         """Give the table modules their own forward back (the local weights keep the rows last pulled)."""
         for table in self.tables:
-            table.module.__dict__.pop("forward", None)
+            for name in _ATTACHED:
+                table.module.__dict__.pop(name, None)
             table.looked_up = []
             table.prefetched = []
         for dynamic in self.dynamic:
