@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -312,3 +313,26 @@ def test_a_ps_waits_for_a_worker_that_is_still_calling():
         assert server.join(timeout=10) is True
     finally:
         server.stop(grace=0.1)
+
+
+@pytest.mark.service
+def test_a_connect_that_cannot_succeed_ends_within_connect_timeout_whatever_it_waited_for():
+    """One deadline for the whole connect: worker 1 waits for the ps task to come up (it starts
+    after 2 s of the 3), then for a model the chief never creates; it gives up within its 3 s
+    plus a second, not 3 s for each wait."""
+    cluster = free_cluster(1, 2)
+    servers: list[psframe.Server] = []
+    late = threading.Timer(2.0, lambda: servers.append(psframe.Server(cluster, "ps", 0, serving_processes=1)))
+    late.start()
+    trainer = psframe.Trainer(make_model(), cluster, task_index=1, transport=psframe.Transport(connect_timeout=3.0))
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConnectTimeoutError, match="to hold the model"):
+            trainer.connect()
+        took = time.monotonic() - started
+    finally:
+        late.join(10)
+        for server in servers:
+            server.stop(grace=0.1)
+    assert servers, "the ps task never started"
+    assert took <= 3.0 + 1.0, f"connect_timeout=3 s, yet the connect gave up after {took:.1f}s"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 
 from psframe.optim import OptimizerSpec, SyncReplicas
@@ -27,7 +28,7 @@ def join(
     optimizer: OptimizerSpec,
     sync: SyncReplicas | None,
     checkpoint_dir: str | None,
-    timeout: float,
+    deadline: float,
     table_optimizer: OptimizerSpec | None = None,
     global_step: int = 0,
     resume: Callable[[SyncReplicas | None], object] | None = None,
@@ -40,24 +41,25 @@ def join(
     the chief gives one that comes back with neither variables nor a checkpoint
     the values of its replica, and this step to go on from. ``resume``: the chief calls it with the sync
     settings resolved once the ps tasks answer, before it creates the variables (it finishes a
-    re-layout under way).
+    re-layout under way). ``deadline`` (``time.monotonic()``): one for every wait here, so that
+    ``connect_timeout`` bounds the whole join.
 
     Returns:
         The sync settings resolved (None: asynchronous training).
 
     Raises:
-        ConnectTimeoutError: a ps task (or the model) did not come up within ``timeout``.
+        ConnectTimeoutError: a ps task (or the model) did not come up by ``deadline``.
         ClusterMismatchError: a ps task holds another model, cluster or sync setting.
         ValueError: the sync settings do not fit the cluster.
     """
-    infos = client.wait_for_ps(timeout)
+    infos = client.wait_for_ps(max(0.0, deadline - time.monotonic()))
     if sync is not None:
         sync = sync.resolve(client.cluster.num_workers, elastic=infos[0].max_workers is not None)
     if is_chief:
         if resume is not None:
             resume(sync)
         create_variables(client, replica, optimizer, sync, checkpoint_dir, table_optimizer, global_step)
-    infos = client.wait_for_ps(timeout, ready=True)
+    infos = client.wait_for_ps(max(0.0, deadline - time.monotonic()), ready=True)
     client.check_model(infos, replica.slots, sync)
     return sync
 

@@ -551,13 +551,14 @@ class Trainer:
             and all(type(hook).before_push is Hook.before_push for hook in self._hooks)
         )
 
-    def _join(self, connecting: bool = False) -> None:
+    def _join(self, connecting: bool = False, deadline: float | None = None) -> None:
         """Join the model on the ps tasks (:func:`startup.join`); where they moved (a re-layout, or
-        a stage of one, taken before or meanwhile), follow ps 0 there, for up to ``connect_timeout``."""
-        deadline = time.monotonic() + self.connect_timeout
+        a stage of one, taken before or meanwhile), follow ps 0 there; all by ``deadline``
+        (``time.monotonic()``; default: ``connect_timeout`` from now)."""
+        deadline = time.monotonic() + self.connect_timeout if deadline is None else deadline
         while True:
             try:
-                self._join_layout()
+                self._join_layout(deadline)
                 return
             except ClusterMismatchError:
                 # Started with the ps tasks of before a re-layout (flags not yet updated), or the
@@ -585,7 +586,7 @@ class Trainer:
     def _same_workers(self, cluster: ClusterSpec) -> bool:
         return cluster.job_tasks("worker") == self._cluster.job_tasks("worker")
 
-    def _join_layout(self) -> None:
+    def _join_layout(self, deadline: float) -> None:
         self._ps.async_parts = frozenset(
             slot.name for slot in self._replica.slots if slot.shard.variable in self._async_tables
         )
@@ -596,7 +597,7 @@ class Trainer:
             optimizer=self._optimizer,
             sync=self._sync_given,
             checkpoint_dir=self.checkpoint_dir,
-            timeout=self.connect_timeout,
+            deadline=deadline,
             table_optimizer=self._table_optimizer,
             global_step=self._global_step,
             resume=self._resume_relayout,
@@ -923,16 +924,17 @@ class Trainer:
             self._global_step,
         )
 
-    def _reroute(self, error: LayoutChangedError, pull: bool = True) -> None:
+    def _reroute(self, error: LayoutChangedError, pull: bool = True, deadline: float | None = None) -> None:
         """A worker refused by a ps task that moved: train on the layout ps 0 moved to
-        (:func:`psframe.worker.relayout.follow`), and pull.
+        (:func:`psframe.worker.relayout.follow`), and pull; by ``deadline`` (``time.monotonic()``;
+        default: ``connect_timeout`` from now).
 
         Raises:
-            ConnectTimeoutError: the new layout did not hold the model within ``connect_timeout``.
+            ConnectTimeoutError: the new layout did not hold the model by the deadline.
         """
         log.info("worker %d: %s", self._task_index, error)
         start = time.monotonic()
-        deadline = start + self.connect_timeout
+        deadline = start + self.connect_timeout if deadline is None else deadline
         while True:
             layout = relayout.follow(self._ps, self._layouts.of, self._sync, max(0.1, deadline - time.monotonic()))
             try:
@@ -952,9 +954,9 @@ class Trainer:
     def _following(self, error: LayoutChangedError, attempt: Callable[[], T], pull: bool = False) -> T:
         """Follow the ps tasks where they moved (:meth:`_reroute`), and ``attempt()`` there; again
         while they move on meanwhile (the next stage of a re-layout), for up to ``connect_timeout``."""
-        deadline = time.monotonic() + self.connect_timeout
+        deadline = time.monotonic() + self.connect_timeout  # one deadline for every reroute
         while True:
-            self._reroute(error, pull)
+            self._reroute(error, pull, deadline)
             try:
                 return attempt()
             except LayoutChangedError as again:
@@ -1258,7 +1260,7 @@ class Trainer:
             self._ps.reset_streams()
             # A restarted ps restores its shard from the checkpoint (or, with
             # none, takes the chief's current values); the others ignore the chief.
-            self._join()
+            self._join(deadline=deadline)
             try:
                 result = attempt()
             except (TaskUnavailableError, NotReadyError, RpcTimeoutError) as e:
