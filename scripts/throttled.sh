@@ -33,12 +33,11 @@ fi
 echo "[throttled] $SHARE core(s)' worth of CPU ($QUOTA_US us every $PERIOD_US us), cgroup $GROUP" >&2
 
 # The command runs in a child shell moved into the group before it execs; this shell stays
-# outside, waits, and removes the group once the command and everything it left have ended.
-bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' throttled "$GROUP" "$@" &
-child=$!
-trap 'kill -TERM "$child" 2>/dev/null || true' INT TERM
+# outside and removes the group once the command and everything it left have ended. In the
+# foreground: a shell without job control starts a background command with SIGINT ignored,
+# which the suite's Ctrl-C tests would inherit.
 set +e
-wait "$child"
+bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' throttled "$GROUP" "$@"
 code=$?
 set -e
 started=$SECONDS
