@@ -1,19 +1,24 @@
 """psframe: parameter-server training for PyTorch over gRPC.
 
 The front door: the names most programs need. Everything else is imported
-from its module (``psframe.flags`` for scripts' command-line flags,
-``psframe.hooks``, ``psframe.checkpoint``, ``psframe.export`` for serving
-snapshots, ``psframe.cluster.placement``...).
+from its module.
 
-The tree shows the layers (imports point down only): ``psframe.cluster``,
-``psframe.errors``, ``psframe.optim``, ``psframe.sparse_optim``,
-``psframe.security``, ``psframe.flags`` and ``psframe.dynamic_rows``
-(core); ``psframe.wire`` (the ``.proto``, the codec, gRPC);
-``psframe.checkpoint`` and ``psframe.export`` (the formats on disk); ``psframe.ps`` (the ps side)
-and ``psframe.worker`` (the worker side), which never import each other;
-``psframe.cli``, ``psframe.launch``, ``psframe.local`` (a cluster's ps
-tasks in this process) and the engines that start a cluster,
-``psframe.spark``, ``psframe.ray`` and ``psframe.k8s`` (the edges).
+The top level holds only what users import or run: this module,
+``psframe.errors``, ``psframe.version``; the public helper modules
+``psframe.flags`` (scripts' command-line flags), ``psframe.hooks``,
+``psframe.status`` and ``psframe.export`` (serving snapshots); and the
+edges that start a cluster, ``psframe.cli``, ``psframe.launch``,
+``psframe.local`` (a cluster's ps tasks in this process), ``psframe.k8s``,
+``psframe.ray`` and ``psframe.spark``.
+
+The packages are the layers, bottom to top (imports point down only; see
+tests/test_layers.py): ``psframe.optim`` (optimizers and their kernels) and
+``psframe.memory`` (where tensors live); ``psframe.cluster`` (tasks and
+placement); ``psframe.config`` (option groups, security, liveness);
+``psframe.tables`` (embedding tables, both sides' part); ``psframe.wire``
+(the ``.proto``, the codec, gRPC); ``psframe.checkpoint`` (the formats on
+disk); ``psframe.ps`` (the ps side) and ``psframe.worker`` (the worker side),
+which never import each other.
 
 ``Server`` and ``local_cluster`` are loaded on first use, so that
 ``import psframe`` in a worker process loads nothing of the ps side.
@@ -25,7 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from psframe import optim
 from psframe.cluster import ClusterSpec
-from psframe.cluster.table_placement import RowInitializer
+from psframe.config.liveness import Liveness
+from psframe.config.options import BoundedStaleness, Checkpointing, DataRanges, Placement, RowCaching, Transport
+from psframe.config.security import Security
 from psframe.errors import (
     BarrierTimeoutError,
     ClusterSpecError,
@@ -33,18 +40,16 @@ from psframe.errors import (
     PsframeError,
     ShapeMismatchError,
 )
-from psframe.liveness import Liveness
 from psframe.optim import SyncReplicas
-from psframe.options import BoundedStaleness, Checkpointing, DataRanges, Placement, RowCaching, Transport
-from psframe.security import Security
+from psframe.tables.spec import RowInitializer
 from psframe.version import __version__
-from psframe.worker.dynamic import DynamicEmbedding, DynamicTables
 from psframe.worker.evaluator import Evaluator, checkpoints_iterator
+from psframe.worker.model.dynamic import DynamicEmbedding, DynamicTables
 from psframe.worker.trainer import Trainer
 
 if TYPE_CHECKING:
     from psframe.local import local_cluster
-    from psframe.ps.server import Server
+    from psframe.ps.serving.server import Server
 
 __all__ = [
     "BarrierTimeoutError",
@@ -81,7 +86,7 @@ def tune_process() -> bool:
 
     Keeps large freed buffers for reuse instead of mapping them afresh every
     step (glibc malloc: one arena, buffers up to 256 MiB from the heap; see
-    :mod:`psframe.allocator`). It sets the whole process, so no constructor
+    :mod:`psframe.memory.malloc`). It sets the whole process, so no constructor
     does it: ``psframe server`` does, and a script that runs a ps task or a
     worker calls it before creating them (before any gRPC thread starts). It
     changes nothing where the user chose the allocator (``MALLOC_*``,
@@ -91,14 +96,14 @@ def tune_process() -> bool:
     Returns:
         True if the allocator's settings were changed, False if they were left alone.
     """
-    from psframe import allocator
+    from psframe.memory import malloc
 
-    return allocator.tune_malloc()
+    return malloc.tune_malloc()
 
 
 def __getattr__(name: str) -> Any:
     if name == "Server":
-        from psframe.ps.server import Server
+        from psframe.ps.serving.server import Server
 
         return Server
     if name == "local_cluster":

@@ -1,13 +1,16 @@
-"""The ``psframe`` command: ``server``, ``ping``, ``status``, ``shutdown`` and ``launch``.
+"""The ``psframe`` command: server, ping, status, shutdown, reshard, launch, evaluate and export.
 
     psframe server --cluster_spec='ps|h0:2222;h0:2223,worker|h1:2224' --job_name=ps --task_index=0
     psframe ping grpc://h0:2222
     psframe status --cluster_spec='ps|h0:2222;h0:2223,worker|h1:2224'
     psframe shutdown --cluster_spec='ps|h0:2222;h0:2223,worker|h1:2224'
+    psframe reshard --cluster_spec='ps|h0:2222;h0:2223,worker|h1:2224' --new_ps_hosts=h0:2222,h0:2223,h2:2222
     psframe launch --num_ps 2 --num_workers 2 examples/mlp_mnist_dist.py -- --train_steps 2000
+    psframe evaluate --checkpoint_dir=ckpt/ examples/ctr_dist.py:evaluation
+    psframe export ckpt/ snapshot/
 
 Every command takes ``--auth_token_file`` and the ``--tls_*`` flags
-(:func:`psframe.flags.add_security_flags`; see :mod:`psframe.security`).
+(:func:`psframe.flags.add_security_flags`; see :mod:`psframe.config.security`).
 An expected failure ends a command with one line, ``psframe COMMAND: error:
 ...``, and exit code 1; Ctrl-C with one line and 130, as a script's
 :func:`psframe.flags.run` does.
@@ -21,7 +24,6 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from psframe import allocator
 from psframe.cluster import ClusterSpec
 from psframe.errors import (
     AuthenticationError,
@@ -40,6 +42,7 @@ from psframe.flags import (
     run,
     security_from_flags,
 )
+from psframe.memory import malloc
 from psframe.version import __version__
 
 if TYPE_CHECKING:
@@ -50,9 +53,9 @@ log = logging.getLogger("psframe")
 
 
 def _server(args: argparse.Namespace) -> int:
-    from psframe.ps.server import Server
+    from psframe.ps.serving.server import Server
 
-    allocator.tune_malloc()  # a process of its own: tune it before the server starts its gRPC threads
+    malloc.tune_malloc()  # a process of its own: tune it before the server starts its gRPC threads
 
     cluster, job_name, task_index = cluster_from_flags(args)
     server = Server(
@@ -79,7 +82,7 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def _ping(args: argparse.Namespace) -> int:
-    from psframe.worker.ps_client import ping
+    from psframe.worker.client.ps_client import ping
 
     info = ping(args.target, timeout=args.timeout, security=security_from_flags(args))
     state = info.state.value
@@ -102,7 +105,7 @@ def _cluster_only(args: argparse.Namespace):
 
 
 def _status(args: argparse.Namespace) -> int:
-    from psframe.worker.ps_client import PsClient
+    from psframe.worker.client.ps_client import PsClient
 
     cluster = _cluster_only(args)
     rows = [
@@ -237,7 +240,7 @@ def _fresher(worker: WorkerStatus, than: WorkerStatus) -> bool:
 def _shutdown(args: argparse.Namespace) -> int:
     from psframe import checkpoint
     from psframe.status import TaskState
-    from psframe.worker.ps_client import PsClient
+    from psframe.worker.client.ps_client import PsClient
 
     cluster = _cluster_only(args)
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))
@@ -262,7 +265,7 @@ def _reshard(args: argparse.Namespace) -> int:
     """Ask ps 0 for a live re-layout onto ``--new_ps_hosts``; wait until the new layout holds the model."""
     import time
 
-    from psframe.worker.ps_client import PsClient
+    from psframe.worker.client.ps_client import PsClient
 
     cluster = _cluster_only(args)
     new = ClusterSpec({"ps": _host_list(args.new_ps_hosts), "worker": cluster.job_tasks("worker")})

@@ -95,13 +95,13 @@ class TrainingFinishedError(PsframeError):
 class DataRangeLostError(PsframeError):
     """A step's push said how far it read into a range of data that is no longer the worker's
     (it was presumed dead and the range went to another worker, or the ps task restored a
-    checkpoint): nothing of that push was applied (:mod:`psframe.ps.data_ranges`)."""
+    checkpoint): nothing of that push was applied (:mod:`psframe.ps.protocol.data_ranges`)."""
 
 
 class LayoutChangedError(PsframeError):
     """The ps tasks moved to another layout (ps tasks added or drained while training,
     ``Trainer.reshard``): the push was refused with nothing applied. The worker takes the
-    new cluster from ps 0, and sends its step there (:mod:`psframe.ps.relayout`)."""
+    new cluster from ps 0, and sends its step there (:mod:`psframe.ps.elastic.relayout`)."""
 
 
 class NotKeptHere(Exception):

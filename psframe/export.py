@@ -52,8 +52,8 @@ import torch
 from psframe import checkpoint
 from psframe.checkpoint.dynamic import dynamic_parts_of, gather
 from psframe.checkpoint.slices import assemble
+from psframe.checkpoint.tensor_file import read_tensors, write_tensors
 from psframe.errors import CheckpointError, SnapshotError
-from psframe.tensor_file import read_tensors, write_tensors
 
 __all__ = [
     "FORMAT_VERSION",

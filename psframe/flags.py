@@ -2,8 +2,8 @@
 
 The flags of TF's ``mnist_replica.py`` (``--ps_hosts``, ``--worker_hosts``,
 ``--job_name``, ``--task_index``), plus ``--cluster_spec``, ``TF_CONFIG`` as
-TensorFlow reads it, the auth token and TLS files (:mod:`psframe.security`)
-and keepalive (:mod:`psframe.liveness`). ``psframe launch`` and the
+TensorFlow reads it, the auth token and TLS files (:mod:`psframe.config.security`)
+and keepalive (:mod:`psframe.config.liveness`). ``psframe launch`` and the
 ``psframe`` command speak the same flags.
 
 Example::
@@ -38,11 +38,11 @@ from typing import Any
 
 from psframe.cluster import ClusterSpec
 from psframe.cluster.tf_config import EVALUATOR, resolve_cluster
+from psframe.config.liveness import Liveness
+from psframe.config.options import BoundedStaleness
+from psframe.config.security import Security
 from psframe.errors import PsframeError
-from psframe.liveness import Liveness
 from psframe.optim import SyncReplicas
-from psframe.options import BoundedStaleness
-from psframe.security import Security
 
 CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "cluster_spec", "job_name", "task_index")
 SECURITY_FLAGS = ("auth_token_file", "tls_cert_file", "tls_key_file", "tls_ca_file")
@@ -112,7 +112,7 @@ def add_security_flags(parser: argparse.ArgumentParser, no_token: str = "no toke
         parser: the script's parser.
         no_token: what happens with neither a token file nor the variable, for the help text.
     """
-    group = parser.add_argument_group("security", "who may talk to the cluster (see psframe.security)")
+    group = parser.add_argument_group("security", "who may talk to the cluster (see psframe.config.security)")
     group.add_argument(
         "--auth_token_file",
         default=None,
@@ -138,7 +138,7 @@ def add_security_flags(parser: argparse.ArgumentParser, no_token: str = "no toke
 
 
 def add_liveness_flags(parser: argparse.ArgumentParser) -> None:
-    """Adds the keepalive flags, in a group of their own (see :mod:`psframe.liveness`).
+    """Adds the keepalive flags, in a group of their own (see :mod:`psframe.config.liveness`).
 
     ``--keepalive_time`` and ``--keepalive_timeout``; each left unset falls
     back on its ``PSFRAME_KEEPALIVE_*`` environment variable, then on 5 s.
@@ -146,7 +146,9 @@ def add_liveness_flags(parser: argparse.ArgumentParser) -> None:
     Args:
         parser: the script's parser.
     """
-    group = parser.add_argument_group("liveness", "how soon a peer that went away is noticed (see psframe.liveness)")
+    group = parser.add_argument_group(
+        "liveness", "how soon a peer that went away is noticed (see psframe.config.liveness)"
+    )
     group.add_argument(
         "--keepalive_time",
         type=float,
@@ -248,7 +250,7 @@ def cluster_from_flags(
 
 
 def security_from_flags(args: argparse.Namespace) -> Security:
-    """The :class:`~psframe.security.Security` of :func:`add_security_flags`'s flags and the environment.
+    """The :class:`~psframe.config.security.Security` of :func:`add_security_flags`'s flags and the environment.
 
     Pass it whole: ``psframe.Server(..., security=...)``, ``psframe.Trainer(..., security=...)``.
 
@@ -266,7 +268,7 @@ def security_from_flags(args: argparse.Namespace) -> Security:
 
 
 def liveness_from_flags(args: argparse.Namespace) -> Liveness:
-    """The :class:`~psframe.liveness.Liveness` of :func:`add_liveness_flags`'s flags and the environment.
+    """The :class:`~psframe.config.liveness.Liveness` of :func:`add_liveness_flags`'s flags and the environment.
 
     Args:
         args: the parsed flags of a parser given :func:`add_liveness_flags`.

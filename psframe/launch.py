@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TextIO
 
+from psframe.config.security import Security, generate_token
 from psframe.errors import LaunchError
-from psframe.security import Security, generate_token
 
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130

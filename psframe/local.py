@@ -26,7 +26,7 @@ from typing import Any
 from psframe.cluster import ClusterSpec
 from psframe.errors import PortInUseError
 from psframe.launch import pick_free_ports
-from psframe.ps.server import Server
+from psframe.ps.serving.server import Server
 
 log = logging.getLogger(__name__)
 

@@ -46,9 +46,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from psframe import allocator
 from psframe.cluster import ClusterSpec
 from psframe.errors import RayConfigError, RayRunError
+from psframe.memory import malloc
 
 log = logging.getLogger("psframe.ray")
 
@@ -108,7 +108,7 @@ class _TaskActor:
             self._socket = None
         ctx = TaskContext(ClusterSpec.from_string(cluster_spec), self.job_name, self.task_index)
         # The actor's process is this task's alone: tuned as `psframe server` tunes its own.
-        allocator.tune_malloc()
+        malloc.tune_malloc()
         return main_fun(args, ctx)
 
 

@@ -111,7 +111,7 @@ class TaskStatus:
     checkpoint_dir: str | None = None  # where it restores from (and saves to)
     dynamic_tables: tuple[DynamicTableStatus, ...] = ()  # a ps task's dynamic tables' parts
     # async: how many step-ending pushes found their worker 0, 1, ... steps ahead of the slowest
-    # live worker (the last: that many or more; psframe.ps.staleness); empty: none counted
+    # live worker (the last: that many or more; psframe.ps.protocol.staleness); empty: none counted
     steps_ahead_counts: tuple[int, ...] = ()
     max_workers: int | None = None  # a ps task's worker slots, if workers may join; None: fixed
     layout_version: int = 0  # a ps task's layouts gone through (one per stage of a re-layout)

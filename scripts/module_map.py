@@ -24,12 +24,12 @@ GENERATED = {"psframe_pb2.py"}  # scripts/gen_proto.py makes it from psframe.pro
 HEADER = """# Module map
 
 Every module of psframe, by package, with the summary (first paragraph) of its docstring.
-Written by `scripts/module_map.py` (a test fails when it differs); the layers
-and what each may import are in `tests/test_layers.py`: core (`psframe.cluster`,
-`psframe.optim`, ...: the standard library and torch only), wire
-(`psframe.wire`), checkpoints (`psframe.checkpoint`), the ps side (`psframe.ps`)
-and the worker side (`psframe.worker`), which never import each other, and
-the edges (`psframe.cli`, `psframe.launch`, the engines).
+Written by `scripts/module_map.py` (a test fails when it differs). The top level holds
+what users import or run; the packages are the layers, bottom to top: `psframe.optim`
+and `psframe.memory`, `psframe.cluster`, `psframe.config`, `psframe.tables`,
+`psframe.wire`, `psframe.checkpoint`, then the ps side (`psframe.ps`) and the worker
+side (`psframe.worker`), which never import each other. What each may import is in
+`tests/test_layers.py`.
 """
 
 

@@ -394,7 +394,7 @@ def tls_files(tmp_path_factory) -> TlsFiles:
 @pytest.fixture
 def token_file(tmp_path) -> tuple[str, str]:
     """A fresh auth token and the file (mode 600) that holds it, with a trailing newline."""
-    from psframe.security import generate_token
+    from psframe.config.security import generate_token
 
     token = generate_token()
     path = tmp_path / "token"

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import psframe
-from psframe import allocator
 from psframe.hooks import StopAtStepHook
+from psframe.memory import malloc
 
 
 def train_tiny(args: dict, ctx) -> dict:
@@ -23,8 +23,8 @@ def train_tiny(args: dict, ctx) -> dict:
         "is_chief": ctx.is_chief,
         "pid": os.getpid(),
         # The actor's process is the task's own: tuned before main_fun, as `psframe server` tunes its own.
-        "malloc_tuned": allocator.malloc_tuned(),
-        "malloc_tunable": allocator.user_choice(os.environ) is None and allocator._glibc() is not None,
+        "malloc_tuned": malloc.malloc_tuned(),
+        "malloc_tunable": malloc.user_choice(os.environ) is None and malloc._glibc() is not None,
     }
     if ctx.job_name == "ps":
         psframe.Server(ctx.cluster, "ps", ctx.task_index, serving_processes=1).join()

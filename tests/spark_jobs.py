@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 
 import psframe
-from psframe import allocator
 from psframe.checkpoint import files as checkpoint_files
 from psframe.hooks import StopAtStepHook
+from psframe.memory import malloc
 
 IN_FEATURES = 8
 TRUE_WEIGHT = torch.arange(1.0, IN_FEATURES + 1) / IN_FEATURES
@@ -98,8 +98,8 @@ def regression_main(args: dict, ctx) -> dict | None:
             ),
             "cluster": ctx.cluster.to_string(),
             # The Python worker runs the task for the whole job: tuned before main_fun.
-            "malloc_tuned": allocator.malloc_tuned(),
-            "malloc_tunable": allocator.user_choice(os.environ) is None and allocator._glibc() is not None,
+            "malloc_tuned": malloc.malloc_tuned(),
+            "malloc_tunable": malloc.user_choice(os.environ) is None and malloc._glibc() is not None,
         }
 
 

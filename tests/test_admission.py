@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 
 import psframe
-from psframe.admission import AdmissionFilter
 from psframe.checkpoint import files as checkpoint_files
-from psframe.cluster.table_placement import Admission, DynamicTableSpec, Eviction, RowInitializer
-from psframe.dynamic_rows import DynamicRows, initial_rows
 from psframe.errors import PsframeError
+from psframe.tables.admission import AdmissionFilter
+from psframe.tables.dynamic_rows import DynamicRows, initial_rows
+from psframe.tables.spec import Admission, DynamicTableSpec, Eviction, RowInitializer
 from psframe.wire import messages
-from psframe.worker.ps_client import PsClient
+from psframe.worker.client.ps_client import PsClient
 from tests.test_dynamic_tables import Clicks
 
 DIM = 4

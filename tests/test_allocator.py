@@ -1,4 +1,4 @@
-"""psframe.allocator: freed tensor buffers are reused, not mapped afresh every step."""
+"""psframe.memory.malloc: freed tensor buffers are reused, not mapped afresh every step."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from psframe import allocator
+from psframe.memory import malloc
 
 # Allocates, fills and frees a 64 MiB tensor (a large MLP's 4096 x 4096 gradient)
 # a few times, and counts the page faults once the heap has settled.
 _PROBE = r"""
 import json, resource, torch
-from psframe import allocator
-tuned = allocator.tune_malloc()
+from psframe.memory import malloc
+tuned = malloc.tune_malloc()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(4):
@@ -32,8 +32,8 @@ print(json.dumps({"tuned": tuned, "faults": faults() - before}))
 # once it is freed (fordblks: free bytes held for reuse).
 _HEAP_PROBE = r"""
 import ctypes, json, torch
-from psframe import allocator
-tuned = allocator.tune_malloc()
+from psframe.memory import malloc
+tuned = malloc.tune_malloc()
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -52,7 +52,7 @@ def _probe(code: str = _PROBE, **env_changes: str) -> dict:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD", allocator.OPT_OUT_VARIABLE)
+        if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD", malloc.OPT_OUT_VARIABLE)
     }
     env.update(env_changes)
     out = subprocess.run(
@@ -62,13 +62,13 @@ def _probe(code: str = _PROBE, **env_changes: str) -> dict:
 
 
 def test_docstring_examples():
-    result = doctest.testmod(allocator)
+    result = doctest.testmod(malloc)
     assert result.attempted > 0
     assert result.failed == 0
 
 
 @pytest.mark.cluster
-@pytest.mark.skipif(allocator._glibc() is None, reason="needs glibc")
+@pytest.mark.skipif(malloc._glibc() is None, reason="needs glibc")
 def test_tuned_process_keeps_large_buffers_in_the_heap_for_reuse():
     tuned = _probe(_HEAP_PROBE)
     assert tuned["tuned"] is True
@@ -79,7 +79,7 @@ def test_tuned_process_keeps_large_buffers_in_the_heap_for_reuse():
 
 
 @pytest.mark.cluster
-@pytest.mark.skipif(allocator._glibc() is None, reason="needs glibc")
+@pytest.mark.skipif(malloc._glibc() is None, reason="needs glibc")
 def test_opting_out_keeps_glibcs_defaults():
     untuned = _probe(PSFRAME_TUNE_MALLOC="0")
     assert untuned["tuned"] is False
@@ -101,42 +101,42 @@ def test_opting_out_keeps_glibcs_defaults():
     ],
 )
 def test_user_choice_of_allocator_is_respected(environ, reason):
-    assert allocator.user_choice(environ) == reason
+    assert malloc.user_choice(environ) == reason
 
 
 def test_first_decision_holds_for_the_process(monkeypatch):
-    monkeypatch.setattr(allocator, "_result", None)
-    assert allocator.tune_malloc({"PSFRAME_TUNE_MALLOC": "0"}) is False
+    monkeypatch.setattr(malloc, "_result", None)
+    assert malloc.tune_malloc({"PSFRAME_TUNE_MALLOC": "0"}) is False
     # A later call (another Server or Trainer in the same process) changes nothing.
-    assert allocator.tune_malloc({}) is False
+    assert malloc.tune_malloc({}) is False
 
 
 def test_memory_returner_trims_every_so_many_bytes_only_when_enabled():
     trims = []
-    returner = allocator.MemoryReturner(enabled=True)
+    returner = malloc.MemoryReturner(enabled=True)
     returner._trim = trims.append  # count the calls instead of trimming
     for _ in range(5):
-        returner.handled(allocator.MemoryReturner.EVERY_BYTES // 2)
+        returner.handled(malloc.MemoryReturner.EVERY_BYTES // 2)
     assert trims == [0, 0]  # after the 2nd and the 4th message
-    off = allocator.MemoryReturner(enabled=False)
-    off.handled(10 * allocator.MemoryReturner.EVERY_BYTES)
+    off = malloc.MemoryReturner(enabled=False)
+    off.handled(10 * malloc.MemoryReturner.EVERY_BYTES)
     assert off._trim is None
 
 
 _CONSTRUCTORS_PROBE = r"""
 import json, torch, psframe
-from psframe import allocator
+from psframe.memory import malloc
 cluster = psframe.ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]})
 psframe.Trainer(torch.nn.Linear(2, 2), cluster, task_index=0)
-after_trainer = allocator.malloc_tuned()
+after_trainer = malloc.malloc_tuned()
 server = psframe.Server(cluster, "ps", 0, start=False)
-after_server = allocator.malloc_tuned()
+after_server = malloc.malloc_tuned()
 print(json.dumps({"trainer": after_trainer, "server": after_server, "explicit": psframe.tune_process()}))
 """
 
 
 @pytest.mark.cluster
-@pytest.mark.skipif(allocator._glibc() is None, reason="glibc only")
+@pytest.mark.skipif(malloc._glibc() is None, reason="glibc only")
 def test_constructors_leave_the_process_allocator_alone():
     # Process-wide settings are the entry points' (psframe server) or the script's own call.
     assert _probe(_CONSTRUCTORS_PROBE) == {"trainer": False, "server": False, "explicit": True}

@@ -16,7 +16,7 @@ from psframe import checkpoint, cli
 from psframe.checkpoint import files as checkpoint_io
 from psframe.status import TaskState
 from psframe.wire import psframe_pb2 as pb
-from psframe.worker.ps_client import PsClient
+from psframe.worker.client.ps_client import PsClient
 from tests.conftest import assert_params_equal, free_cluster, params
 
 TRANSPORT = psframe.Transport(connect_timeout=20.0, rpc_timeout=30.0)

@@ -19,7 +19,7 @@ import torch
 
 import psframe
 from psframe.errors import CheckpointError, DataRangeLostError, PsframeError, WireFormatError
-from psframe.ps.data_ranges import DataSpec, Progress, RangeQueue
+from psframe.ps.protocol.data_ranges import DataSpec, Progress, RangeQueue
 from tests.test_elastic import grow
 from tests.test_sync import run_workers
 

@@ -20,9 +20,9 @@ from psframe import checkpoint
 from psframe.checkpoint import deltas
 from psframe.checkpoint import files as checkpoint_files
 from psframe.checkpoint.shard import ShardData
-from psframe.cluster.table_placement import RowInitializer
 from psframe.errors import CheckpointError
-from psframe.worker.ps_client import PsClient
+from psframe.tables.spec import RowInitializer
+from psframe.worker.client.ps_client import PsClient
 from tests.conftest import free_cluster
 
 DIM = 4
@@ -337,7 +337,7 @@ def test_a_serving_snapshot_kept_current_from_deltas_equals_the_export_of_a_full
 
 
 def test_the_ledger_holds_pushes_until_each_worker_reaches_its_target():
-    from psframe.ps.ledger import PushLedger
+    from psframe.ps.protocol.ledger import PushLedger
 
     ledger = PushLedger(2)
     ledger.record(0, 1, ends_step=True)

@@ -16,11 +16,11 @@ import torch.nn.functional as F
 
 import psframe
 from psframe.checkpoint import files as checkpoint_files
-from psframe.cluster.table_placement import DynamicTableSpec, Eviction, RowInitializer, dynamic_part
-from psframe.dynamic_rows import DynamicRows, initial_rows, part_of
 from psframe.errors import PsframeError, RowIdError
 from psframe.optim import OptimizerSpec
-from psframe.sparse_optim import SparseSGD
+from psframe.optim.rows_kernels import SparseSGD
+from psframe.tables.dynamic_rows import DynamicRows, initial_rows, part_of
+from psframe.tables.spec import DynamicTableSpec, Eviction, RowInitializer, dynamic_part
 
 DIM = 4
 INIT = RowInitializer(std=0.3, seed=7)
@@ -460,7 +460,7 @@ def test_a_cap_per_ps_task_bounds_the_rows_each_holds(local_cluster, url):
 def test_bad_pushes_and_pulls_of_a_dynamic_table_change_nothing():
     from psframe.errors import DtypeMismatchError, ShapeMismatchError, UnknownVariableError
     from psframe.ps.store import VariableStore
-    from psframe.ps.table_parts import DynamicPart
+    from psframe.ps.store.table_parts import DynamicPart
 
     store = VariableStore("/job:ps/task:0")
     store.create(
@@ -496,7 +496,7 @@ def test_bad_pushes_and_pulls_of_a_dynamic_table_change_nothing():
 
 
 def test_the_id_index_finds_ids_across_merges_and_removals(monkeypatch):
-    from psframe.dynamic_rows import IdIndex
+    from psframe.tables.dynamic_rows import IdIndex
 
     monkeypatch.setattr(IdIndex, "MERGE_AT", 8)
     index, expected = IdIndex(), {}

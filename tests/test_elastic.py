@@ -18,9 +18,9 @@ import torch
 import psframe
 from psframe.errors import ClusterMismatchError, WireFormatError
 from psframe.launch import pick_free_ports
-from psframe.ps.roster import Change, WorkerRoster, check_max_workers
+from psframe.ps.protocol.roster import Change, WorkerRoster, check_max_workers
+from psframe.ps.protocol.sync import SyncAggregator
 from psframe.ps.store import VariableStore
-from psframe.ps.sync import SyncAggregator
 from psframe.wire import messages
 from tests.conftest import free_cluster
 from tests.test_sync import batches_for, linear_model, run_workers

@@ -24,8 +24,8 @@ from psframe.ps.service import ParameterServerService
 from psframe.wire import codec, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.transport import error_codec
-from psframe.worker.operations import PullRows
-from psframe.worker.streams import PushPullStreams
+from psframe.worker.client.operations import PullRows
+from psframe.worker.client.streams import PushPullStreams
 from tests.conftest import ROOT
 
 DEADLINE_S = 10.0

@@ -24,9 +24,9 @@ import psframe
 from psframe import cli, flags
 from psframe.checkpoint import files as checkpoint_files
 from psframe.checkpoint.shard import OptimizerData, ShardData, VariableData
-from psframe.dynamic_rows import initial_rows
 from psframe.errors import ClusterMismatchError, ClusterSpecError
 from psframe.hooks import StopAtStepHook
+from psframe.tables.dynamic_rows import initial_rows
 from psframe.worker.model_state import load_model_state
 from tests.conftest import ROOT, cluster_flags, free_cluster, psframe_command
 from tests.evaluator_jobs import linear, linear_data, linear_model, mse

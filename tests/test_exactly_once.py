@@ -23,13 +23,13 @@ import psframe
 from psframe.cluster import ClusterSpec
 from psframe.errors import SharedRegionError
 from psframe.launch import pick_free_ports
-from psframe.ps.fast_path import StreamCache
-from psframe.ps.ledger import PushLedger
+from psframe.ps.protocol.ledger import PushLedger
 from psframe.ps.service import ParameterServerService
+from psframe.ps.service.fast_path import StreamCache
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
+from psframe.worker.client.streams import PushNumbers
 from psframe.worker.hooks import Hook
-from psframe.worker.streams import PushNumbers
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]})
 
@@ -281,8 +281,8 @@ def test_a_worker_started_again_numbers_its_pushes_above_its_earlier_runs(local_
     """A new process of worker 0 starts numbering at 1; the ps remembers the old run's
     numbers: the new run's pushes must still be applied, each once."""
     from psframe.cluster.placement import Shard
-    from psframe.worker.ps_client import PsClient
-    from psframe.worker.step_plan import Request, Slot
+    from psframe.worker.client.ps_client import PsClient
+    from psframe.worker.plan.step_plan import Request, Slot
 
     cluster = local_cluster(num_ps=1, num_workers=1)
     start = torch.zeros(4)

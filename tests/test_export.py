@@ -27,6 +27,7 @@ import psframe
 import psframe.checkpoint
 from psframe.checkpoint import files as cio
 from psframe.checkpoint.shard import OptimizerData, ShardData, VariableData
+from psframe.checkpoint.tensor_file import write_tensors
 from psframe.cli import main as cli_main
 from psframe.errors import CheckpointError, SnapshotError
 from psframe.export import (
@@ -42,7 +43,6 @@ from psframe.export import (
     write_snapshot,
     write_update,
 )
-from psframe.tensor_file import write_tensors
 from tests.conftest import ROOT, free_cluster, psframe_command
 
 DIM = 4

@@ -1,4 +1,4 @@
-"""The ps task's fast path (psframe.ps.fast_path), against its general path. No network.
+"""The ps task's fast path (psframe.ps.service.fast_path), against its general path. No network.
 
 Oracle: two services fed the same requests, one with a stream's cached requests and one
 without, give the same replies and end with the same variables, bit for bit;
@@ -13,8 +13,8 @@ import torch
 
 import psframe
 from psframe.cluster import ClusterSpec
-from psframe.ps.fast_path import StreamCache
 from psframe.ps.service import ParameterServerService
+from psframe.ps.service.fast_path import StreamCache
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
 

@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import psframe
+from psframe.config.security import generate_token
 from psframe.errors import WireFormatError
-from psframe.security import generate_token
 from psframe.wire import codec, row_tensors, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.transport import limits

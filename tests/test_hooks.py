@@ -20,7 +20,7 @@ from psframe import checkpoint
 from psframe.checkpoint import files as checkpoint_io
 from psframe.errors import CheckpointError, NanLossError
 from psframe.hooks import Hook, LoggingHook, NanGuardHook, StopAtStepHook, TensorBoardHook
-from psframe.worker.ps_client import PsClient
+from psframe.worker.client.ps_client import PsClient
 from psframe.worker.trainer import TrainerState
 from tests.conftest import assert_params_equal, params
 

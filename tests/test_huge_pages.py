@@ -15,10 +15,9 @@ import pytest
 import torch
 
 import psframe
-from psframe import huge_pages
-from psframe.memory import HugePageMemory
+from psframe.memory import HugePageMemory, huge_pages
 from psframe.ps.store import VariableStore
-from psframe.ps.table_parts import DynamicPart
+from psframe.ps.store.table_parts import DynamicPart
 
 ROWS = huge_pages.MIN_BYTES // (64 * 4)  # a 64-wide float32 table of exactly MIN_BYTES
 
@@ -93,7 +92,7 @@ def test_back_moves_a_touched_tensor_in_place():
 @needs_madvise_mode
 def test_opting_out_leaves_every_tensor_on_small_pages():
     code = (
-        "import torch; from psframe import huge_pages; from tests.test_huge_pages import eligible, ROWS;"
+        "import torch; from psframe.memory import huge_pages; from tests.test_huge_pages import eligible, ROWS;"
         "t = huge_pages.full((ROWS, 64), 0.0, torch.float32); s = torch.ones(ROWS, 64); huge_pages.back([s]);"
         "print(huge_pages.enabled(), eligible(t), eligible(s))"
     )  # a fresh process: nothing advised before

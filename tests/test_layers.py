@@ -1,4 +1,4 @@
-"""Imports point down the layers of DESIGN.md only."""
+"""Imports point down the layers of DESIGN.md only: the folders are the layers."""
 
 from __future__ import annotations
 
@@ -10,60 +10,39 @@ from tests.conftest import ROOT
 
 PACKAGE = ROOT / "psframe"
 
-# module or package -> layer; a module may import psframe modules of its own
-# layer and of the layers listed in ALLOWED for it. A package's entry covers
-# every module in it.
-LAYER_OF = {
-    "psframe.errors": "core",
-    "psframe.version": "core",
-    "psframe.optim": "core",
-    "psframe.optimizer_kernels": "core",
-    "psframe.sparse_optim": "core",
-    "psframe.dynamic_rows": "core",
-    "psframe.admission": "core",
-    "psframe.allocator": "core",
-    "psframe.huge_pages": "core",
-    "psframe.security": "core",
-    "psframe.liveness": "core",
-    "psframe.cluster": "core",
-    "psframe.flags": "core",
-    "psframe.options": "core",
-    "psframe.memory": "core",
-    "psframe.rows": "core",
-    "psframe.status": "core",
-    "psframe.wire": "wire",
-    "psframe.checkpoint": "storage",
-    "psframe.tensor_file": "storage",
-    "psframe.export": "storage",
-    "psframe.ps": "ps",
-    "psframe.worker": "worker",
-    "psframe.hooks": "worker",
-    "psframe.cli": "edge",
-    "psframe.launch": "edge",
-    "psframe.local": "edge",
-    "psframe.ray": "edge",
-    "psframe.k8s": "edge",
-    "psframe.spark": "edge",
-    "psframe": "edge",
-}
-ALLOWED = {
-    "core": {"core"},
-    "wire": {"wire", "core"},
-    "storage": {"storage", "core"},
-    "ps": {"ps", "storage", "wire", "core"},
-    "worker": {"worker", "storage", "wire", "core"},
-    "edge": {"edge", "worker", "ps", "storage", "wire", "core"},
-}
-# Third-party packages per layer: core is stdlib only (optim and its kernels wrap torch.optim).
-THIRD_PARTY_OF_CORE = {
+# The layers, bottom first: each entry is a package (every module in it) or a
+# top-level module. A module may import its own entry and the entries of the
+# layers below; entries of one layer never import each other (ps and worker
+# above all), except the edges, which start a cluster and may use one another.
+LAYERS = (
+    ("root", ("psframe.errors", "psframe.version")),
+    ("kernels", ("psframe.optim", "psframe.memory")),
+    ("status", ("psframe.status",)),
+    ("cluster", ("psframe.cluster",)),
+    ("config", ("psframe.config",)),
+    ("tables", ("psframe.tables",)),
+    ("wire", ("psframe.wire",)),
+    ("checkpoint", ("psframe.checkpoint",)),
+    ("sides", ("psframe.ps", "psframe.worker")),
+    ("helpers", ("psframe.flags", "psframe.export", "psframe.hooks")),
+    (
+        "edges",
+        ("psframe", "psframe.cli", "psframe.launch", "psframe.local", "psframe.k8s", "psframe.ray", "psframe.spark"),
+    ),
+)
+SIDEWAYS = {"edges"}
+BELOW_WIRE = {name for name, _ in LAYERS[: [name for name, _ in LAYERS].index("wire")]}
+# Below the wire: the standard library only, but where torch (and numpy) is the point.
+THIRD_PARTY_BELOW_WIRE = {
     "psframe.optim": {"torch"},
-    "psframe.sparse_optim": {"torch"},
-    "psframe.optimizer_kernels": {"torch"},
     "psframe.memory": {"torch"},
-    "psframe.rows": {"torch"},
-    "psframe.huge_pages": {"torch"},
-    "psframe.dynamic_rows": {"torch", "numpy"},
-    "psframe.admission": {"torch", "numpy"},
+    "psframe.tables": {"torch", "numpy"},
+}
+# Inside each side, its packages bottom first (a module at the side's top level, such as
+# psframe.worker.trainer, is above them all); psframe.ps.recovery sits beside elastic.
+SUBLAYERS = {
+    "psframe.ps": (("store",), ("protocol",), ("elastic", "recovery"), ("service",), ("serving",)),
+    "psframe.worker": (("plan",), ("client",), ("model",), ("session",)),
 }
 
 
@@ -97,15 +76,23 @@ def _absolute(path, level: int, module: str | None) -> str:
     return ".".join([*base, module] if module else base)
 
 
-def layer(name: str) -> str | None:
-    """The layer of a module, from its own entry or its package's; the root's
-    entry covers ``psframe/__init__.py`` only."""
-    if name == "psframe":
-        return LAYER_OF[name]
-    while "." in name:
-        if name in LAYER_OF:
-            return LAYER_OF[name]
-        name = name.rpartition(".")[0]
+def entry(name: str) -> tuple[int, str] | None:
+    """The layer (its index) and the entry a module belongs to; the root's entry,
+    ``psframe``, covers ``psframe/__init__.py`` only."""
+    for index, (_, entries) in enumerate(LAYERS):
+        for each in entries:
+            if name == each or (each != "psframe" and name.startswith(each + ".")):
+                return index, each
+    return None
+
+
+def sublayer(name: str) -> int | None:
+    """The rank of a module's package inside its side (None: not on a side); a
+    module at the side's top level ranks above every package."""
+    for side, packages in SUBLAYERS.items():
+        if name.startswith(side + "."):
+            first = name[len(side) + 1 :].split(".")[0]
+            return next((rank for rank, names in enumerate(packages) if first in names), len(packages))
     return None
 
 
@@ -114,24 +101,49 @@ SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if not p.name.endswith("_pb2.p
 
 def test_every_module_has_a_layer():
     assert SOURCES
-    missing = [module_name(p) for p in SOURCES if layer(module_name(p)) is None]
-    assert not missing, f"give these modules a layer in tests/test_layers.py: {missing}"
+    missing = [module_name(p) for p in SOURCES if entry(module_name(p)) is None]
+    assert not missing, (
+        f"give these modules a layer in tests/test_layers.py (a package, or a top-level entry): {missing}"
+    )
+
+
+def test_every_package_on_a_side_has_a_place():
+    for side, packages in SUBLAYERS.items():
+        folder = PACKAGE / side.split(".")[1]
+        placed = {name for names in packages for name in names}
+        found = {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+        assert found <= placed, f"place {sorted(found - placed)} among {side}'s packages in tests/test_layers.py"
+        assert {p for p in placed if p != "recovery"} <= found, f"{sorted(placed - found)} are gone from {side}"
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=module_name)
 def test_imports_point_down(path):
     me = module_name(path)
-    mine = layer(me)
+    mine, my_entry = entry(me)
+    layer_name = LAYERS[mine][0]
     for imported in imports_of(path):
         if not imported.startswith("psframe"):
-            if mine == "core" and imported.split(".")[0] not in THIRD_PARTY_OF_CORE.get(me, set()):
-                assert imported.split(".")[0] in _stdlib(), f"{me} (core) imports {imported}"
+            if layer_name in BELOW_WIRE:
+                allowed = _stdlib() | THIRD_PARTY_BELOW_WIRE.get(my_entry, set())
+                assert imported.split(".")[0] in allowed, f"{me} ({layer_name}) imports {imported}"
             continue
-        theirs = layer(imported)
         if imported == "psframe":
             continue
-        assert theirs is not None, f"{me} imports {imported}, which has no layer"
-        assert theirs in ALLOWED[mine], f"{me} ({mine}) must not import {imported} ({theirs})"
+        found = entry(imported)
+        assert found is not None, f"{me} imports {imported}, which has no layer"
+        theirs, their_entry = found
+        sideways = theirs == mine and (their_entry == my_entry or layer_name in SIDEWAYS)
+        assert theirs < mine or sideways, f"{me} ({my_entry}) must not import {imported} ({their_entry})"
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if sublayer(module_name(p)) is not None], ids=module_name)
+def test_inside_each_side_imports_point_down(path):
+    me = module_name(path)
+    mine = sublayer(me)
+    for imported in imports_of(path):
+        theirs = sublayer(imported)
+        if theirs is not None and imported.split(".")[:2] == me.split(".")[:2]:
+            assert theirs <= mine, f"{me} must not import {imported}, a package above it (tests/test_layers.py)"
 
 
 def _stdlib() -> set[str]:
@@ -156,26 +168,26 @@ def test_a_worker_process_loads_nothing_of_the_ps_side():
 
 
 def test_the_trainer_speaks_tensors_and_names_only():
-    for path in (PACKAGE / "worker").glob("*.py"):
-        # The client, its streams, the operations encoder and prepared requests (and the replica's
-        # on-GPU compression) speak wire.
-        if path.stem in ("ps_client", "streams", "operations", "prepared", "replica"):
+    # The client package (its streams, the operations encoder, prepared requests) speaks wire,
+    # and so does the replica's on-GPU compression.
+    speaks_wire = {PACKAGE / "worker" / "model" / "replica.py"}
+    for path in (PACKAGE / "worker").rglob("*.py"):
+        if path.parent.name == "client" or path in speaks_wire:
             continue
         wire = {name for name in imports_of(path) if name.startswith("psframe.wire")}
         assert not wire, f"{module_name(path)} imports {sorted(wire)}"
 
 
 # DESIGN: the store and the barrier never touch the network, so they are tested
-# in milliseconds. Neither they, nor the parts the store is made of, nor the rows
-# of dynamic tables, import the wire (the service translates for them).
+# in milliseconds. Neither the store and its parts (psframe.ps.store), nor the
+# rules between workers (psframe.ps.protocol: the barrier, the ledger, staleness...),
+# nor the rows of dynamic tables, import the wire (the service translates for them).
 PLAIN_TORCH = sorted(
     {
-        *(PACKAGE / "ps").glob("store*.py"),
-        PACKAGE / "ps" / "optimized_variables.py",
-        PACKAGE / "ps" / "table_parts.py",
-        PACKAGE / "ps" / "sync.py",
-        PACKAGE / "dynamic_rows.py",
-        PACKAGE / "admission.py",
+        *(PACKAGE / "ps" / "store").glob("*.py"),
+        *(PACKAGE / "ps" / "protocol").glob("*.py"),
+        PACKAGE / "tables" / "dynamic_rows.py",
+        PACKAGE / "tables" / "admission.py",
     }
 )
 
@@ -193,23 +205,25 @@ def test_the_store_and_the_barrier_never_see_the_wire(path):
 
 
 # The store and its parts are given a memory policy (psframe.memory, or the ps
-# task's shared memory: psframe.ps.store_memory) and name no memory of their own.
-MEMORY_MACHINERY = ("psframe.huge_pages", "psframe.allocator", "psframe.ps.shared_store")
+# task's shared memory: psframe.ps.serving.store_memory) and name no memory of their own.
+MEMORY_MACHINERY = ("psframe.memory.huge_pages", "psframe.memory.malloc", "psframe.ps.serving")
+STORE = sorted(
+    {
+        *(PACKAGE / "ps" / "store").glob("*.py"),
+        PACKAGE / "tables" / "dynamic_rows.py",
+        PACKAGE / "tables" / "admission.py",
+    }
+)
 
 
-@pytest.mark.parametrize("path", [p for p in PLAIN_TORCH if p.stem not in ("store_memory", "sync")], ids=module_name)
+@pytest.mark.parametrize("path", STORE, ids=module_name)
 def test_the_store_names_no_memory_of_its_own(path):
     named = sorted(name for name in imports_of(path) if name.startswith(MEMORY_MACHINERY))
     assert not named, f"{module_name(path)} imports {named}: it is given a psframe.memory.Memory instead"
 
 
-# Serving processes wrap the plain service (psframe.ps.shared_service), never the other way round.
-SERVING_MACHINERY = ("psframe.ps.shared_store", "psframe.ps.store_memory", "psframe.ps.serving_processes")
-
-
-def test_the_service_knows_nothing_of_serving_processes():
-    path = PACKAGE / "ps" / "service.py"
-    named = sorted(
-        name for name in imports_of(path) if name.startswith(SERVING_MACHINERY + ("psframe.ps.shared_service",))
-    )
-    assert not named, f"psframe.ps.service imports {named}: serving processes wrap the service instead"
+# Serving processes (psframe.ps.serving) wrap the plain service, never the other way round.
+@pytest.mark.parametrize("path", sorted((PACKAGE / "ps" / "service").glob("*.py")), ids=module_name)
+def test_the_service_knows_nothing_of_serving_processes(path):
+    named = sorted(name for name in imports_of(path) if name.startswith("psframe.ps.serving"))
+    assert not named, f"{module_name(path)} imports {named}: serving processes wrap the service instead"

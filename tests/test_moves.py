@@ -6,8 +6,8 @@ import pytest
 
 from psframe.cluster.moves import COPY_AHEAD_FACTOR, MoveStage, moved_parts, parts_copied_ahead, sources, stages
 from psframe.cluster.placement import Shard, ShardPlacement, VariableInfo, place
-from psframe.cluster.table_placement import part_owners, place_tables
 from psframe.errors import PlacementError
+from psframe.tables.spec import part_owners, place_tables
 
 # w: 3 parts of 512 bytes on any number of ps tasks (cut by size); b: 32 bytes, whole.
 MODEL = [VariableInfo("w", (48, 8), 4), VariableInfo("b", (8,), 4)]

@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from psframe import optim, optimizer_kernels
+from psframe import optim
 from psframe.errors import OptimizerConfigError, PsframeError
-from psframe.optim import SUPPORTED, OptimizerSpec
-from psframe.sparse_optim import SparseSGD
+from psframe.optim import SUPPORTED, OptimizerSpec, kernels
+from psframe.optim.rows_kernels import SparseSGD
 
 
 def _param() -> torch.Tensor:
@@ -48,8 +48,8 @@ def test_factory_per_optimizer(name):
     assert isinstance(spec, OptimizerSpec)
     assert spec.name == name
     assert dict(spec.kwargs) == {}
-    assert type(spec.build([_param()])) is optimizer_kernels.optimizer_class(name)
-    assert optimizer_kernels.optimizer_class(name) is (SparseSGD if name == "SparseSGD" else getattr(torch.optim, name))
+    assert type(spec.build([_param()])) is kernels.optimizer_class(name)
+    assert kernels.optimizer_class(name) is (SparseSGD if name == "SparseSGD" else getattr(torch.optim, name))
 
 
 def test_factory_keeps_kwargs_exactly():
@@ -220,15 +220,15 @@ def test_refusal_is_not_cached_as_acceptance():
 @pytest.fixture
 def fresh_foreach_decisions():
     """Forget the per-process foreach decisions before and after the test."""
-    optimizer_kernels._decide_foreach.cache_clear()
+    kernels._decide_foreach.cache_clear()
     yield
-    optimizer_kernels._decide_foreach.cache_clear()
+    kernels._decide_foreach.cache_clear()
 
 
 # SparseAdam and SparseSGD: sparse gradients only
 @pytest.mark.parametrize("name", [n for n in SUPPORTED if n not in ("SparseAdam", "SparseSGD")])
 def test_build_groups_small_variables_for_multi_tensor_kernels_with_the_same_results(name, monkeypatch):
-    monkeypatch.setattr(optimizer_kernels, "FOREACH_GROUP_BYTES", 64)  # 16 float32 values
+    monkeypatch.setattr(kernels, "FOREACH_GROUP_BYTES", 64)  # 16 float32 values
     torch.manual_seed(0)
     shapes = [(3,), (4, 2), (5,), (40,), (2,), (6, 2), (100,)]  # the 40- and 100-value ones are large
     mine = [torch.randn(s, requires_grad=True) for s in shapes]
@@ -238,7 +238,7 @@ def test_build_groups_small_variables_for_multi_tensor_kernels_with_the_same_res
     groups = [([tuple(p.shape) for p in g["params"]], g["foreach"]) for g in built.param_groups]
     # Whatever the installed torch makes of this optimizer, the groups follow
     # the decision and the values are the per-parameter kernels' exactly.
-    if optimizer_kernels.foreach_same_results(getattr(torch.optim, name), kwargs, [torch.float32]):
+    if kernels.foreach_same_results(getattr(torch.optim, name), kwargs, [torch.float32]):
         # In order, up to 64 bytes a group: 12 + 32 + 20 bytes, then 8 + 48; 160 and 400 bytes apart.
         assert groups == [([(3,), (4, 2), (5,)], True), ([(2,), (6, 2)], True), ([(40,), (100,)], False)]
     else:
@@ -278,36 +278,36 @@ class _NoMultiTensorKernels(torch.optim.SGD):
 
 def test_foreach_decision_holds_where_the_kernels_agree(fresh_foreach_decisions, caplog):
     # Plain SGD's multi-tensor step is the same single add as its per-parameter one.
-    with caplog.at_level(logging.DEBUG, logger="psframe.optimizer_kernels"):
-        assert optimizer_kernels.foreach_same_results(torch.optim.SGD, {"lr": 0.1}) is True
+    with caplog.at_level(logging.DEBUG, logger="psframe.optim.kernels"):
+        assert kernels.foreach_same_results(torch.optim.SGD, {"lr": 0.1}) is True
     assert "SGD(lr=0.1) on torch.float32: multi-tensor kernels give the same bits" in caplog.text
     assert torch.__version__ in caplog.text
 
 
 def test_foreach_decision_fails_on_one_ulp(fresh_foreach_decisions, caplog):
-    with caplog.at_level(logging.INFO, logger="psframe.optimizer_kernels"):
-        assert optimizer_kernels.foreach_same_results(_OneUlpOff, {"lr": 0.1}) is False
+    with caplog.at_level(logging.INFO, logger="psframe.optim.kernels"):
+        assert kernels.foreach_same_results(_OneUlpOff, {"lr": 0.1}) is False
     assert "_OneUlpOff(lr=0.1) on torch.float32: no multi-tensor groups" in caplog.text
     assert "differ after" in caplog.text and "torch.float32 tensor" in caplog.text
 
 
 def test_foreach_decision_fails_when_the_check_cannot_run(fresh_foreach_decisions, caplog):
-    with caplog.at_level(logging.INFO, logger="psframe.optimizer_kernels"):
-        assert optimizer_kernels.foreach_same_results(_NoMultiTensorKernels, {"lr": 0.1}) is False
+    with caplog.at_level(logging.INFO, logger="psframe.optim.kernels"):
+        assert kernels.foreach_same_results(_NoMultiTensorKernels, {"lr": 0.1}) is False
     assert "could not be compared (RuntimeError: no multi-tensor kernel for this)" in caplog.text
 
 
 def test_build_falls_back_to_per_parameter_groups_when_the_check_fails(fresh_foreach_decisions, monkeypatch):
-    monkeypatch.setattr(optimizer_kernels, "FOREACH_GROUP_BYTES", 64)
-    monkeypatch.setattr(optimizer_kernels, "_same_bits", lambda a, b: False)
+    monkeypatch.setattr(kernels, "FOREACH_GROUP_BYTES", 64)
+    monkeypatch.setattr(kernels, "_same_bits", lambda a, b: False)
     params = [torch.zeros(3, requires_grad=True), torch.zeros(100, requires_grad=True)]
     built = optim.SGD(lr=0.1).build(params)
     assert [(len(g["params"]), g["foreach"]) for g in built.param_groups] == [(2, False)]
 
 
 def test_build_groups_when_the_check_passes(fresh_foreach_decisions, monkeypatch):
-    monkeypatch.setattr(optimizer_kernels, "FOREACH_GROUP_BYTES", 64)
-    monkeypatch.setattr(optimizer_kernels, "_same_bits", lambda a, b: True)
+    monkeypatch.setattr(kernels, "FOREACH_GROUP_BYTES", 64)
+    monkeypatch.setattr(kernels, "_same_bits", lambda a, b: True)
     params = [torch.zeros(3, requires_grad=True), torch.zeros(100, requires_grad=True)]
     built = optim.NAdam(lr=0.1).build(params)
     assert [(len(g["params"]), g["foreach"]) for g in built.param_groups] == [(1, True), (1, False)]
@@ -315,22 +315,20 @@ def test_build_groups_when_the_check_passes(fresh_foreach_decisions, monkeypatch
 
 def test_foreach_decision_is_made_once_per_optimizer_arguments_and_dtypes(fresh_foreach_decisions, monkeypatch):
     calls = []
-    check = optimizer_kernels._foreach_difference
-    monkeypatch.setattr(optimizer_kernels, "_foreach_difference", lambda *args: calls.append(args) or check(*args))
+    check = kernels._foreach_difference
+    monkeypatch.setattr(kernels, "_foreach_difference", lambda *args: calls.append(args) or check(*args))
     for _ in range(3):
-        optimizer_kernels.foreach_same_results(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})
-        optimizer_kernels.foreach_same_results(
-            torch.optim.SGD, {"momentum": 0.9, "lr": 0.1}, [torch.float32, torch.float32]
-        )
+        kernels.foreach_same_results(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})
+        kernels.foreach_same_results(torch.optim.SGD, {"momentum": 0.9, "lr": 0.1}, [torch.float32, torch.float32])
     assert len(calls) == 1
-    optimizer_kernels.foreach_same_results(torch.optim.SGD, {"lr": 0.2, "momentum": 0.9})
-    optimizer_kernels.foreach_same_results(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, [torch.float64])
+    kernels.foreach_same_results(torch.optim.SGD, {"lr": 0.2, "momentum": 0.9})
+    kernels.foreach_same_results(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, [torch.float64])
     assert len(calls) == 3
 
 
 def test_foreach_decision_checks_the_variables_dtypes(fresh_foreach_decisions, monkeypatch):
     seen = []
-    monkeypatch.setattr(optimizer_kernels, "_foreach_difference", lambda cls, kwargs, dtypes: seen.append(dtypes))
+    monkeypatch.setattr(kernels, "_foreach_difference", lambda cls, kwargs, dtypes: seen.append(dtypes))
     params = [
         torch.zeros(3, requires_grad=True),
         torch.zeros(2, dtype=torch.float64, requires_grad=True),
@@ -344,18 +342,18 @@ def test_foreach_decision_leaves_the_global_random_state_alone(fresh_foreach_dec
     torch.manual_seed(7)
     expected = torch.rand(4)
     torch.manual_seed(7)
-    optimizer_kernels.foreach_same_results(torch.optim.Adam, {"lr": 0.1})
+    kernels.foreach_same_results(torch.optim.Adam, {"lr": 0.1})
     assert torch.equal(torch.rand(4), expected)
 
 
 def test_build_keeps_an_explicit_foreach(monkeypatch):
-    monkeypatch.setattr(optimizer_kernels, "FOREACH_GROUP_BYTES", 64)
+    monkeypatch.setattr(kernels, "FOREACH_GROUP_BYTES", 64)
     params = [torch.zeros(3, requires_grad=True), torch.zeros(100, requires_grad=True)]
     built = optim.Adam(lr=0.1, foreach=True).build(params)
     assert len(built.param_groups) == 1 and built.param_groups[0]["foreach"] is True
 
 
-# ------------------------------------------------------------ optimizer_kernels.step
+# ------------------------------------------------------------ kernels.step
 
 
 def _stepped_twice(step_function, hook=None) -> tuple[list[torch.Tensor], list[str]]:
@@ -374,13 +372,13 @@ def _stepped_twice(step_function, hook=None) -> tuple[list[torch.Tensor], list[s
 
 
 def test_step_gives_the_bits_optimizer_step_gives():
-    ours, _ = _stepped_twice(optimizer_kernels.step)
+    ours, _ = _stepped_twice(kernels.step)
     theirs, _ = _stepped_twice(lambda o: o.step())
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
 def test_step_runs_the_hooks_registered_on_an_optimizer():
-    _, calls = _stepped_twice(optimizer_kernels.step, hook=True)
+    _, calls = _stepped_twice(kernels.step, hook=True)
     assert calls == ["pre", "post"] * 2
 
 
@@ -388,7 +386,7 @@ def test_step_opens_the_profiler_range_when_a_profiler_runs():
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        _stepped_twice(optimizer_kernels.step)
+        _stepped_twice(kernels.step)
     names = {event.name for event in prof.events()}
     assert "Optimizer.step#Adam.step" in names
 
@@ -399,7 +397,7 @@ def test_step_opens_the_profiler_range_when_a_profiler_runs():
 @pytest.mark.parametrize("name", SUPPORTED)
 def test_factories_name_the_optimizers_own_arguments(name):
     named = [p.name for p in inspect.signature(getattr(optim, name)).parameters.values() if p.kind is p.KEYWORD_ONLY]
-    accepted = inspect.signature(optimizer_kernels.optimizer_class(name).__init__).parameters
+    accepted = inspect.signature(kernels.optimizer_class(name).__init__).parameters
     assert "lr" in named
     assert [n for n in named if n not in accepted] == []
 

@@ -1,4 +1,4 @@
-"""Sending a step's messages during backward (psframe.worker.overlap) changes nothing but when they go.
+"""Sending a step's messages during backward (psframe.worker.model.overlap) changes nothing but when they go.
 
 Oracle: the same training with ``overlap_backward`` on and off gives the same
 parameters bit for bit, asynchronous (one worker, 2 ps tasks, several

@@ -14,8 +14,8 @@ import pytest
 
 import psframe
 from psframe import flags
+from psframe.config.liveness import Liveness
 from psframe.errors import ClusterSpecError, SecurityConfigError
-from psframe.liveness import Liveness
 from tests.conftest import ROOT
 
 PUBLIC_MODULES = {

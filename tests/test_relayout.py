@@ -1,4 +1,4 @@
-"""A live re-layout: ps tasks added and drained while workers train (:mod:`psframe.ps.relayout`).
+"""A live re-layout: ps tasks added and drained while workers train (:mod:`psframe.ps.elastic.relayout`).
 
 Unit tests of the parts (which clusters may follow which, the shard record on
 the wire), then ps tasks in this process with workers in threads: a ps task is
@@ -20,9 +20,9 @@ from psframe.checkpoint.deltas import RowChanges
 from psframe.checkpoint.shard import OptimizerData, ShardData, VariableData
 from psframe.checkpoint.slices import slice_rows
 from psframe.errors import ClusterSpecError
-from psframe.ps.relayout import check_new_cluster, decode_shard, encode_shard, shard_chunks
+from psframe.ps.elastic.relayout import check_new_cluster, decode_shard, encode_shard, shard_chunks
 from psframe.wire import codec
-from psframe.worker.ps_client import PsClient
+from psframe.worker.client.ps_client import PsClient
 from tests.conftest import free_cluster
 from tests.test_sync import run_workers
 
@@ -107,7 +107,7 @@ def test_a_reply_to_a_task_of_this_host_goes_through_a_shared_memory_file_it_rem
     import os
 
     from psframe.errors import SharedRegionError
-    from psframe.ps.relayout import Relayout, received
+    from psframe.ps.elastic.relayout import Relayout, received
     from psframe.wire import psframe_pb2 as pb
     from psframe.wire import same_host
 
@@ -137,7 +137,7 @@ def test_a_reply_to_a_task_of_this_host_goes_through_a_shared_memory_file_it_rem
 
 
 def test_a_task_of_the_new_layout_is_sent_only_the_parts_that_hold_its_rows():
-    from psframe.ps.relayout import Relayout
+    from psframe.ps.elastic.relayout import Relayout
     from psframe.wire import psframe_pb2 as pb
 
     def part(k: int, rows: int = 4, stride: int = 0) -> VariableData:
@@ -602,8 +602,8 @@ def test_checkpoints_before_during_and_after_a_re_layout_restore_onto_either_lay
     from psframe import checkpoint
     from psframe.ps import recovery
     from psframe.wire import messages
-    from psframe.worker.replica import Replica
-    from psframe.worker.staging import HostStaging
+    from psframe.worker.model.replica import Replica
+    from psframe.worker.model.staging import HostStaging
 
     folder = str(tmp_path / "ckpt")
     their_folder = str(tmp_path / "command")  # the command's checkpoints, beside the chief's
@@ -831,8 +831,8 @@ def test_a_chief_lost_between_two_stages_is_followed_by_one_that_takes_the_rest(
     from psframe import checkpoint
     from psframe.ps import recovery
     from psframe.wire import messages
-    from psframe.worker.replica import Replica
-    from psframe.worker.staging import HostStaging
+    from psframe.worker.model.replica import Replica
+    from psframe.worker.model.staging import HostStaging
 
     cluster, grown = clusters(2, 1)
     origin, target = (cluster, grown) if direction == "add" else (grown, cluster)

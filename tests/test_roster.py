@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from psframe.ps.roster import WorkerRoster
+from psframe.ps.protocol.roster import WorkerRoster
 
 
 def test_nobody_is_presumed_dead_before_someone_finished():

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 
 import psframe
-from psframe.cluster.table_placement import DynamicTableSpec, RowInitializer
-from psframe.dynamic_rows import DynamicRows
 from psframe.optim import OptimizerSpec
 from psframe.ps.store import VariableStore
-from psframe.rows import NOT_CACHED, to_refresh
-from psframe.worker.row_cache import RowCache
+from psframe.tables.dynamic_rows import DynamicRows
+from psframe.tables.rows import NOT_CACHED, to_refresh
+from psframe.tables.spec import DynamicTableSpec, RowInitializer
+from psframe.worker.model.row_cache import RowCache
 from tests.conftest import assert_params_equal, params
 
 DIM = 4

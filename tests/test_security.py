@@ -19,11 +19,11 @@ import torch
 
 import psframe
 from psframe import cli
+from psframe.config.security import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, Security, generate_token, read_token_file
 from psframe.errors import AuthenticationError, ConnectTimeoutError, SecurityConfigError
-from psframe.security import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, Security, generate_token, read_token_file
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire import transport
-from psframe.worker.ps_client import PsClient, ping
+from psframe.worker.client.ps_client import PsClient, ping
 from tests.conftest import assert_params_equal, free_cluster, params
 
 DEADLINE_S = 20.0
@@ -87,7 +87,7 @@ def test_a_token_file_others_may_read_is_warned_about(token_file, caplog):
     import os
 
     os.chmod(path, 0o644)
-    with caplog.at_level(logging.WARNING, logger="psframe.security"):
+    with caplog.at_level(logging.WARNING, logger="psframe.config.security"):
         assert read_token_file(path) == token
     assert "chmod 600" in caplog.text and token not in caplog.text
 
@@ -338,7 +338,7 @@ def test_commands_read_the_token_from_the_environment(serve, monkeypatch, capsys
 
 
 def test_a_token_without_tls_off_loopback_is_warned_about(tls_files):
-    from psframe.security import is_loopback
+    from psframe.config.security import is_loopback
 
     assert [is_loopback(h) for h in ("localhost", "127.0.0.1", "127.1.2.3", "::1", "0.0.0.0", "h0", "10.0.0.5")] == [
         True,

@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 import psframe
+from psframe.config.security import TOKEN_ENV, Security, generate_token
 from psframe.launch import launch
-from psframe.security import TOKEN_ENV, Security, generate_token
 from psframe.wire import transport
 from tests.conftest import MNIST_FLAGS, MNIST_STEPS, ROOT, assert_params_equal, free_cluster
 from tests.test_security import PATHS, assert_refused_saying_nothing, call_raw, tls, train
@@ -99,8 +99,8 @@ LAUNCHED = textwrap.dedent('''
     from psframe.cluster.tf_config import resolve_cluster
     from psframe.errors import AuthenticationError
     from psframe.hooks import StopAtStepHook
-    from psframe.security import Security
-    from psframe.worker.ps_client import PsClient
+    from psframe.config.security import Security
+    from psframe.worker.client.ps_client import PsClient
     import argparse
 
     parser = argparse.ArgumentParser()

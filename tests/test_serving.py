@@ -1,4 +1,4 @@
-"""A ps task served from several processes on its one port (psframe.ps.serving_processes).
+"""A ps task served from several processes on its one port (psframe.ps.serving.serving_processes).
 
 Whichever process a worker's connection lands on, the task behaves as one:
 exact arithmetic over every push, one global step, exact sync rounds, one
@@ -19,8 +19,8 @@ import torch
 import psframe
 from psframe.cluster.placement import Shard
 from psframe.errors import PsframeError
-from psframe.worker.ps_client import PsClient
-from psframe.worker.step_plan import Request, Slot
+from psframe.worker.client.ps_client import PsClient
+from psframe.worker.plan.step_plan import Request, Slot
 from tests.conftest import free_cluster
 from tests.test_sync import connect_all, data, grads_of, linear_model, run_workers
 
@@ -311,8 +311,8 @@ def test_table_rows_and_their_optimizer_state_are_one_across_the_serving_process
 def test_a_dynamic_table_is_served_by_the_owner_whichever_process_a_worker_reaches(multi_ps):
     """Its rows grow in the owner's memory: the serving processes forward, and N pushes
     in any order are N steps of one optimizer over the rows made on first touch."""
-    from psframe.cluster.table_placement import DynamicTableSpec, RowInitializer
-    from psframe.dynamic_rows import DynamicRows
+    from psframe.tables.dynamic_rows import DynamicRows
+    from psframe.tables.spec import DynamicTableSpec, RowInitializer
 
     num_workers, pushes = 6, 4
     cluster, server = multi_ps(num_workers)
@@ -345,7 +345,7 @@ def test_a_dynamic_table_is_served_by_the_owner_whichever_process_a_worker_reach
 
 
 def test_the_default_number_of_serving_processes_follows_the_cores():
-    from psframe.ps.serving_processes import default_serving_processes
+    from psframe.ps.serving.serving_processes import default_serving_processes
 
     assert [default_serving_processes(c) for c in (1, 2, 7, 8, 16, 32, 64, 256)] == [1, 1, 1, 2, 4, 8, 8, 8]
     assert default_serving_processes() == default_serving_processes(len(os.sched_getaffinity(0)))

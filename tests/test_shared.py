@@ -1,4 +1,5 @@
-"""psframe.ps.shared_store: one model, one lock and one set of counters for a ps task's processes. No network."""
+"""psframe.ps.serving.shared_store: one model, one lock and one set of counters for a ps task's
+processes. No network."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 import torch
 
 import psframe
-from psframe.ps.shared_store import SharedStore, publish_store
+from psframe.ps.serving.shared_store import SharedStore, publish_store
+from psframe.ps.serving.store_memory import SharedStoreMemory
 from psframe.ps.store import VariableStore
-from psframe.ps.store_memory import SharedStoreMemory
 
 
 @pytest.fixture
@@ -179,7 +180,7 @@ def _published_with_a_table(
 def test_a_table_row_updated_through_one_view_moves_its_version_in_every_view(memory):
     """A worker's row cache may ask any of the task's processes: the rows' versions, and
     the count they are stamped from, are one across them."""
-    from psframe.rows import NOT_CACHED
+    from psframe.tables.rows import NOT_CACHED
 
     owner, other = _published_with_a_table(memory)
     ids = torch.tensor([1, 2, 3])

@@ -15,13 +15,13 @@ import torch
 
 import psframe
 from psframe.errors import SharedRegionError
-from psframe.ps.fast_path import StreamCache
 from psframe.ps.service import ParameterServerService
+from psframe.ps.service.fast_path import StreamCache
 from psframe.wire import codec, same_host
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.layout import Layout
 from psframe.wire.same_host import SameHostRegion
-from psframe.worker.prepared import PreparedRequest
+from psframe.worker.client.prepared import PreparedRequest
 from tests.conftest import assert_params_equal, params
 from tests.test_fast_path import CLUSTER, VALUES, _service, _variables
 from tests.test_trainer import loss_of, make_model

@@ -1,11 +1,11 @@
-"""psframe.worker.step_plan: which message of a step carries which shard (pure, no network)."""
+"""psframe.worker.plan.step_plan: which message of a step carries which shard (pure, no network)."""
 
 from __future__ import annotations
 
 import torch
 
 from psframe.cluster.placement import Shard, VariableInfo, place
-from psframe.worker.step_plan import Slot, StepPlan, batches
+from psframe.worker.plan.step_plan import Slot, StepPlan, batches
 
 
 def slots_of(sizes: list[tuple[str, int, int]]) -> list[Slot]:

@@ -1,4 +1,4 @@
-"""Adagrad on embedding tables by gathers and scatters of the rows (psframe.sparse_optim.adagrad_rows_step):
+"""Adagrad on embedding tables by gathers and scatters of the rows (psframe.optim.rows_kernels.adagrad_rows_step):
 torch.optim.Adagrad's bits, or torch's own step."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from psframe import optimizer_kernels, sparse_optim
+from psframe.optim import kernels, rows_kernels
 
 ROWS = 97
 
@@ -14,9 +14,9 @@ ROWS = 97
 @pytest.fixture
 def fresh_rows_decisions():
     """Forget the per-process decisions before and after the test."""
-    sparse_optim._decide_rows_kernel.cache_clear()
+    rows_kernels._decide_rows_kernel.cache_clear()
     yield
-    sparse_optim._decide_rows_kernel.cache_clear()
+    rows_kernels._decide_rows_kernel.cache_clear()
 
 
 def _sparse(rows: torch.Tensor, values: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -46,7 +46,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _step_both(kwargs: dict, shape: tuple[int, ...], dtype: torch.dtype, steps: int = 8):
-    """torch.optim.Adagrad stepped by torch, and by optimizer_kernels.step, from the same values and gradients."""
+    """torch.optim.Adagrad stepped by torch, and by kernels.step, from the same values and gradients."""
     start = torch.randn(shape, dtype=dtype, generator=torch.Generator().manual_seed(1))
     theirs, ours = start.clone().requires_grad_(), start.clone().requires_grad_()
     torch_opt = torch.optim.Adagrad([theirs], foreach=False, **kwargs)
@@ -56,9 +56,9 @@ def _step_both(kwargs: dict, shape: tuple[int, ...], dtype: torch.dtype, steps: 
         for grad in _gradients(shape, dtype, steps):
             theirs.grad, ours.grad = grad, grad.clone()
             torch_opt.step()
-            took.append(sparse_optim.adagrad_rows_step(psframe_opt))
+            took.append(rows_kernels.adagrad_rows_step(psframe_opt))
             if not took[-1]:
-                optimizer_kernels.step(psframe_opt)
+                kernels.step(psframe_opt)
     return (theirs, torch_opt.state[theirs]), (ours, psframe_opt.state[ours]), took
 
 
@@ -82,8 +82,8 @@ def test_rows_step_gives_torch_optims_bits(fresh_rows_decisions, dtype, row_shap
 
 def test_optimizer_kernels_step_takes_the_rows_step(fresh_rows_decisions, monkeypatch):
     taken = []
-    rows_step = sparse_optim.adagrad_rows_step
-    monkeypatch.setattr(sparse_optim, "adagrad_rows_step", lambda opt: taken.append(rows_step(opt)) or taken[-1])
+    rows_step = rows_kernels.adagrad_rows_step
+    monkeypatch.setattr(rows_kernels, "adagrad_rows_step", lambda opt: taken.append(rows_step(opt)) or taken[-1])
     start = torch.randn(ROWS, 4)
     theirs, ours = start.clone().requires_grad_(), start.clone().requires_grad_()
     torch_opt = torch.optim.Adagrad([theirs], lr=0.1, foreach=False)
@@ -92,12 +92,12 @@ def test_optimizer_kernels_step_takes_the_rows_step(fresh_rows_decisions, monkey
         for grad in _gradients((ROWS, 4), torch.float32, 5):
             theirs.grad, ours.grad = grad, grad.clone()
             torch_opt.step()
-            optimizer_kernels.step(psframe_opt)
+            kernels.step(psframe_opt)
     assert taken == [True] * 5
     assert _same_bits(theirs, ours)
 
 
-_TORCH_ORDER_ROWS = sparse_optim._adagrad_rows
+_TORCH_ORDER_ROWS = rows_kernels._adagrad_rows
 
 
 def _one_ulp_off(param, grad, state, group):
@@ -107,8 +107,8 @@ def _one_ulp_off(param, grad, state, group):
 
 
 def test_a_kernel_one_ulp_off_is_never_used(fresh_rows_decisions, monkeypatch, caplog):
-    monkeypatch.setattr(sparse_optim, "_adagrad_rows", _one_ulp_off)
-    with caplog.at_level("INFO", logger="psframe.sparse_optim"):
+    monkeypatch.setattr(rows_kernels, "_adagrad_rows", _one_ulp_off)
+    with caplog.at_level("INFO", logger="psframe.optim.rows_kernels"):
         (theirs, _), (ours, _), took = _step_both({"lr": 0.1}, (ROWS, 8), torch.float32)
     assert not any(took)
     assert _same_bits(theirs, ours)  # torch's own step, every time
@@ -117,8 +117,8 @@ def test_a_kernel_one_ulp_off_is_never_used(fresh_rows_decisions, monkeypatch, c
 
 def test_the_decision_is_made_once_per_dtype_row_shape_and_arguments(fresh_rows_decisions, monkeypatch):
     calls = []
-    check = sparse_optim._rows_kernel_difference
-    monkeypatch.setattr(sparse_optim, "_rows_kernel_difference", lambda *args: calls.append(args) or check(*args))
+    check = rows_kernels._rows_kernel_difference
+    monkeypatch.setattr(rows_kernels, "_rows_kernel_difference", lambda *args: calls.append(args) or check(*args))
     for _ in range(2):
         _step_both({"lr": 0.1}, (ROWS, 8), torch.float32, steps=3)
     _step_both({"lr": 0.1}, (ROWS, 4), torch.float32, steps=3)
@@ -132,7 +132,7 @@ def test_the_decision_is_made_once_per_dtype_row_shape_and_arguments(fresh_rows_
 
 def test_the_decision_leaves_the_global_random_state_alone(fresh_rows_decisions):
     before = torch.get_rng_state()
-    assert sparse_optim.rows_kernel_agrees(torch.float32, (8,), 0.1, 0.0, 1e-10, False) in (True, False)
+    assert rows_kernels.rows_kernel_agrees(torch.float32, (8,), 0.1, 0.0, 1e-10, False) in (True, False)
     assert torch.equal(before, torch.get_rng_state())
 
 
@@ -160,7 +160,7 @@ def _stepped_once(kwargs: dict | None = None, **group: object) -> tuple[torch.op
 def test_groups_the_rows_step_does_not_cover_are_left_to_torch(fresh_rows_decisions, change):
     optimizer, param = _stepped_once(**change)
     before = param.detach().clone()
-    assert sparse_optim.adagrad_rows_step(optimizer) is False
+    assert rows_kernels.adagrad_rows_step(optimizer) is False
     assert torch.equal(param.detach(), before)
 
 
@@ -173,14 +173,14 @@ def test_a_step_with_any_dense_gradient_is_left_to_torch_whole(fresh_rows_decisi
     before = [t.detach().clone() for t in tables]
     tables[0].grad = _sparse(torch.tensor([3]), torch.ones(1, 4), (ROWS, 4)).coalesce()
     tables[1].grad = torch.ones(ROWS, 4)  # dense: torch's step, for both tables
-    assert sparse_optim.adagrad_rows_step(optimizer) is False
+    assert rows_kernels.adagrad_rows_step(optimizer) is False
     assert all(torch.equal(t.detach(), b) for t, b in zip(tables, before))
 
 
 def test_other_optimizers_are_left_to_torch():
     param = torch.randn(ROWS, 4).requires_grad_()
     param.grad = _sparse(torch.tensor([1]), torch.ones(1, 4), (ROWS, 4)).coalesce()
-    assert sparse_optim.adagrad_rows_step(torch.optim.SGD([param], lr=0.1)) is False
+    assert rows_kernels.adagrad_rows_step(torch.optim.SGD([param], lr=0.1)) is False
 
 
 @pytest.mark.parametrize("kwargs", [{"lr": 0.05}, {"lr": 0.3, "lr_decay": 0.01, "maximize": True}])
@@ -194,7 +194,7 @@ def test_pushed_rows_stepped_directly_give_torch_optims_bits(fresh_rows_decision
         grad = grad.coalesce()
         theirs.grad = grad
         torch_opt.step()
-        assert optimizer_kernels.step_rows(psframe_opt, [(ours, grad.indices()[0], grad.values())])
+        assert kernels.step_rows(psframe_opt, [(ours, grad.indices()[0], grad.values())])
     assert _same_bits(theirs, ours)
     assert _same_bits(torch_opt.state[theirs]["sum"], psframe_opt.state[ours]["sum"])
     assert _same_bits(torch_opt.state[theirs]["step"], psframe_opt.state[ours]["step"])
@@ -205,10 +205,8 @@ def test_pushed_rows_out_of_order_or_repeated_are_left_to_the_sparse_step(fresh_
     optimizer = torch.optim.Adagrad([table], lr=0.1, foreach=False)
     before = (table.detach().clone(), optimizer.state[table]["sum"].clone(), optimizer.state[table]["step"].clone())
     for ids in (torch.tensor([3, 1, 7]), torch.tensor([1, 3, 3])):
-        assert not optimizer_kernels.step_rows(optimizer, [(table, ids, torch.ones(3, 4))])
-    assert not optimizer_kernels.step_rows(
-        optimizer, [(table, torch.tensor([1, 2]), torch.ones(2, 4, dtype=torch.float64))]
-    )
+        assert not kernels.step_rows(optimizer, [(table, ids, torch.ones(3, 4))])
+    assert not kernels.step_rows(optimizer, [(table, torch.tensor([1, 2]), torch.ones(2, 4, dtype=torch.float64))])
     after = (table.detach(), optimizer.state[table]["sum"], optimizer.state[table]["step"])
     assert all(torch.equal(a, b) for a, b in zip(before, after))  # nothing changed
 
@@ -218,7 +216,7 @@ def test_a_store_steps_a_sorted_push_directly_and_any_other_through_the_sparse_g
 ):
     import psframe
     from psframe.ps.store import VariableStore
-    from psframe.ps.table_parts import TableParts
+    from psframe.ps.store.table_parts import TableParts
 
     made = []
     sparse_gradients = TableParts.sparse_gradients

@@ -1,6 +1,6 @@
 """Bounded staleness (SSP): a worker runs at most ``steps`` ahead of the slowest live worker.
 
-Unit tests of the ps task's gate (:mod:`psframe.ps.staleness`), then workers on a
+Unit tests of the ps task's gate (:mod:`psframe.ps.protocol.staleness`), then workers on a
 local cluster, one of them slowed on purpose: the steps ahead every push found
 (counted by the ps task, and by each worker) never exceed the bound, and without
 a bound the fast worker does run ahead (the same test would fail).
@@ -17,9 +17,9 @@ import torch.nn.functional as F
 
 import psframe
 from psframe.errors import BarrierTimeoutError
-from psframe.ps.ledger import PushLedger
-from psframe.ps.roster import WorkerRoster
-from psframe.ps.staleness import HISTOGRAM_BUCKETS, StalenessGate
+from psframe.ps.protocol.ledger import PushLedger
+from psframe.ps.protocol.roster import WorkerRoster
+from psframe.ps.protocol.staleness import HISTOGRAM_BUCKETS, StalenessGate
 
 # ---- the gate, no network
 

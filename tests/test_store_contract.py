@@ -31,8 +31,8 @@ from psframe.ps.store import VariableStore
 from psframe.status import TaskState
 from psframe.wire import codec, transport
 from psframe.wire import psframe_pb2 as pb
-from psframe.worker.ps_client import PsClient
-from psframe.worker.step_plan import Request, Slot
+from psframe.worker.client.ps_client import PsClient
+from psframe.worker.plan.step_plan import Request, Slot
 
 DEADLINE_S = 30.0  # a wait that never ends is a failure, not a hang
 

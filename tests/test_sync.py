@@ -15,7 +15,7 @@ import torch
 import psframe
 from psframe.errors import BarrierTimeoutError, ClusterMismatchError
 from psframe.hooks import NanGuardHook
-from psframe.worker.ps_client import PsClient
+from psframe.worker.client.ps_client import PsClient
 from tests.conftest import MNIST_FLAGS, MNIST_STEPS, ROOT, free_cluster
 
 THREAD_DEADLINE = 60.0

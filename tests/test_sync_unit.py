@@ -1,4 +1,4 @@
-"""Unit tests of the synchronous barrier (``psframe.ps.sync.SyncAggregator``), no network.
+"""Unit tests of the synchronous barrier (``psframe.ps.protocol.sync.SyncAggregator``), no network.
 
 Every update is checked bit for bit against ``torch.optim.SGD`` run on copies
 of the same variables (leaf tensors, ``.grad`` set, ``opt.step()``), with the
@@ -28,8 +28,8 @@ from psframe.errors import (
     TaskUnavailableError,
     UnknownVariableError,
 )
+from psframe.ps.protocol.sync import SyncAggregator
 from psframe.ps.store import VariableStore
-from psframe.ps.sync import SyncAggregator
 
 LR = 0.5
 TIMEOUT = 5.0  # the aggregator's deadline in tests that must not time out

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 import psframe
 from psframe.cluster.placement import ShardPlacement
-from psframe.cluster.table_placement import part_owners
 from psframe.errors import OptimizerConfigError, RowIdError
-from psframe.sparse_optim import SparseSGD
+from psframe.optim.rows_kernels import SparseSGD
+from psframe.tables.spec import part_owners
 
 ROWS, BAG_ROWS, DIM = 37, 23, 4
 

@@ -17,7 +17,7 @@ from psframe.errors import (
     PlacementError,
     PortInUseError,
 )
-from psframe.worker.ps_client import PsClient
+from psframe.worker.client.ps_client import PsClient
 from tests.conftest import free_cluster
 
 

@@ -18,7 +18,7 @@ from psframe import errors
 from psframe.cluster import ClusterSpec
 from psframe.launch import pick_free_ports
 from psframe.ps.service import ParameterServerService
-from psframe.ps.task_service import TaskService
+from psframe.ps.service.task_service import TaskService
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire import transport
 from tests.conftest import ROOT

@@ -18,7 +18,7 @@ worker; a third ps task is added and then drained again, each asked as
 ``psframe reshard`` asks (``PsClient.ask_reshard``) while the worker trains. A
 re-layout moves the parts in stages (:mod:`psframe.cluster.moves`), each
 readied while training goes on (the table parts it moves copied ahead,
-:mod:`psframe.ps.precopy`) and then cut; each stage reports the seconds
+:mod:`psframe.ps.elastic.precopy`) and then cut; each stage reports the seconds
 training paused, from its cut until the layout after it held the model
 (``Trainer.relayout_pauses``).
 The baseline, measured in the same run on the same ps tasks: the chief saving a
@@ -51,7 +51,7 @@ import torch
 import psframe
 from benchmarks.common import Children
 from psframe.launch import pick_free_ports
-from psframe.worker.ps_client import PsClient
+from psframe.worker.client.ps_client import PsClient
 
 MiB = 1 << 20
 TIMEOUT_S = 300  # every wait of a run: the ps tasks give up after it too

@@ -38,7 +38,7 @@ from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, VariableInfo, pla
 from psframe.ps.store import VariableStore
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.layout import Layout
-from psframe.worker.step_plan import Slot, StepPlan
+from psframe.worker.plan.step_plan import Slot, StepPlan
 
 REPEATS = 5  # the best of so many timed rounds
 

@@ -29,14 +29,14 @@ import torch
 
 import psframe
 from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, Shard, VariableInfo, place
-from psframe.cluster.table_placement import DynamicTableSpec, place_tables
-from psframe.dynamic_rows import DynamicRows
 from psframe.optim import OptimizerSpec
 from psframe.ps.store import VariableStore
+from psframe.tables.dynamic_rows import DynamicRows
+from psframe.tables.spec import DynamicTableSpec, place_tables
 from psframe.wire import transport
-from psframe.worker.ps_client import PsClient
-from psframe.worker.step_plan import Request, Slot, StepPlan, batches
-from psframe.worker.tables import Table
+from psframe.worker.client.ps_client import PsClient
+from psframe.worker.model.tables import Table
+from psframe.worker.plan.step_plan import Request, Slot, StepPlan, batches
 
 __all__ = [
     "DEFAULT_MAX_SHARD_BYTES",
@@ -89,7 +89,7 @@ def _slots(shards: Sequence[Tensors]) -> list[Slot]:
 
 def shard_requests(shards: Sequence[Tensors], max_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Step:
     """The requests of one asynchronous worker step, as the trainer plans them
-    (:class:`psframe.worker.step_plan.StepPlan`), each with its gradients: ``shards[i]``."""
+    (:class:`psframe.worker.plan.step_plan.StepPlan`), each with its gradients: ``shards[i]``."""
     by_name = {name: tensor for tensors in shards for name, tensor in tensors}
     plan = StepPlan.make(_slots(shards), len(shards), max_bytes, sync=False)
     return [(request, [(s.name, by_name[s.name]) for s in request.push]) for request in plan.step]

@@ -11,7 +11,7 @@ psframe         1 and 2   N workers of :mod:`benchmarks.suite.train_psframe`; a 
                           pushes its gradients and pulls the parameters on one
                           PushPull stream per ps task.
 psframe_kK      1         the same, with the ps task served from K processes
-                          (:mod:`psframe.ps.serving_processes`; K = a quarter of the
+                          (:mod:`psframe.ps.serving.serving_processes`; K = a quarter of the
                           cores, 2 to 4): its server CPU counts them all.
 torch_rpc_ps    1         N trainers of :mod:`benchmarks.baselines.rpc_ps`: one
                           ``rpc_sync`` per step carries the whole model each way.
@@ -284,7 +284,7 @@ def trips_in_window(times: Sequence[float], window: Sequence[float]) -> int:
 # that the rows compared meet the same load. Another system is one more entry.
 SYSTEMS: tuple[System, ...] = (
     System("psframe", (1, 2), run_psframe),
-    # One ps task served from SERVING_PROCESSES processes (psframe.ps.serving_processes).
+    # One ps task served from SERVING_PROCESSES processes (psframe.ps.serving.serving_processes).
     System(
         f"psframe_k{SERVING_PROCESSES}",
         (1,),

@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--serving_processes",
         type=int,
         default=1,
-        help="ps: processes serving the task's port (psframe.ps.serving_processes)",
+        help="ps: processes serving the task's port (psframe.ps.serving.serving_processes)",
     )
     parser.add_argument("--log_level", default="WARNING", help="logging level (INFO shows psframe's progress)")
     return parser.parse_args(argv)

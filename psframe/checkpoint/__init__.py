@@ -8,6 +8,14 @@ deltas hold only what changed (:mod:`psframe.checkpoint.deltas`).
 after it) back as a plain ``state_dict``, with no cluster running::
 
     model.load_state_dict(psframe.checkpoint.load("ckpt/"), strict=False)
+
+The package also holds the formats beside checkpoints: the shard record
+(:mod:`psframe.checkpoint.shard`), dynamic tables' rows
+(:mod:`psframe.checkpoint.dynamic`), re-partitioning
+(:mod:`psframe.checkpoint.slices`), atomic writes
+(:mod:`psframe.checkpoint.atomic`), and whole files of named tensors in
+safetensors format (:mod:`psframe.checkpoint.tensor_file`, which
+:mod:`psframe.export` writes).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ instant::
 A delta shard (:class:`DeltaShard`) holds the dense variables that changed
 (whole, with their optimizer state), the rows of fixed tables that changed
 (with theirs), each dynamic table part's changed rows (as
-:meth:`psframe.dynamic_rows.DynamicRows.export` gives them) and the ids it
+:meth:`psframe.tables.dynamic_rows.DynamicRows.export` gives them) and the ids it
 evicted (tombstones), the part's clock and counts, and the global step and
 pushes of the instant.
 
@@ -87,7 +87,7 @@ class DeltaShard:
 
     ``variables`` are dense variables, whole, by stored name, each as
     ``(value, state)``; ``rows`` fixed table parts; ``dynamic`` dynamic table
-    parts, each as :meth:`~psframe.dynamic_rows.DynamicRows.export_changes` gives it.
+    parts, each as :meth:`~psframe.tables.dynamic_rows.DynamicRows.export_changes` gives it.
     """
 
     global_step: int

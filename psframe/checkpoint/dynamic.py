@@ -4,7 +4,7 @@ A dynamic table's part is saved as the ids it held, their rows, their
 optimizer state and ages (:mod:`psframe.checkpoint.shard`). Restoring onto
 as many ps tasks gives each part back its own; onto another number, every
 id goes to the part that holds it now
-(:func:`psframe.dynamic_rows.part_of`), with its row, state and ages.
+(:func:`psframe.tables.dynamic_rows.part_of`), with its row, state and ages.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from psframe.checkpoint.shard import ShardData, VariableData
-from psframe.dynamic_rows import part_of
 from psframe.errors import CheckpointError
+from psframe.tables.dynamic_rows import part_of
 
 
 def dynamic_parts_of(shards: Sequence[ShardData]) -> dict[str, list[VariableData]]:
@@ -31,7 +31,7 @@ def dynamic_parts_of(shards: Sequence[ShardData]) -> dict[str, list[VariableData
 
 def gather(parts: Sequence[VariableData], part_index: int = 0, num_parts: int = 1) -> dict[str, Any]:
     """The rows of one table that part ``part_index`` of ``num_parts`` holds, from
-    its saved parts, as :meth:`psframe.dynamic_rows.DynamicRows.export` gives them
+    its saved parts, as :meth:`psframe.tables.dynamic_rows.DynamicRows.export` gives them
     (ids sorted). Per-row state keys saved by every part are kept; other state
     (a step count) is the largest saved, and so is the clock.
 

@@ -33,9 +33,9 @@ last looked up or updated, for ``ttl_seconds`` eviction, ``counts`` the
 ids the part ``admitted``, ``filtered`` and ``evicted`` (ints), and
 ``admission`` the admission filter's ``counts`` (uint8) and ``random``
 (a generator's state), those in use; the last three are absent in older
-files (see :class:`psframe.dynamic_rows.DynamicRows`). ``pushes`` holds, by worker, the
+files (see :class:`psframe.tables.dynamic_rows.DynamicRows`). ``pushes`` holds, by worker, the
 last push the ps task had applied and the steps it applied, at the instant
-of the values (:mod:`psframe.ps.ledger`). Format 4 differs only in having no
+of the values (:mod:`psframe.ps.protocol.ledger`). Format 4 differs only in having no
 ``pushes``, format 3 also in having no dynamic tables, format 2 also in having no tables at all (nor
 ``table_optimizer``, ``row_stride``, ``table``), format 1 also in naming the
 sync deadline ``timeout``; all are still read. :mod:`psframe.checkpoint.files` stores shards;
@@ -129,9 +129,9 @@ class ShardData:
     variables: tuple[VariableData, ...]
     table_optimizer: OptimizerData | None = None  # the embedding tables' (None: no table)
     # Each worker's last push applied and steps applied, at the same instant as the
-    # values ({"last_push": [int], "applied_steps": [int]}, see psframe.ps.ledger), and
+    # values ({"last_push": [int], "applied_steps": [int]}, see psframe.ps.protocol.ledger), and
     # what those pushes consumed of data sets read in ranges ("data:<name>": [int],
-    # see psframe.ps.data_ranges).
+    # see psframe.ps.protocol.data_ranges).
     pushes: Mapping[str, list[int]] | None = None
 
     def __post_init__(self) -> None:

@@ -18,7 +18,7 @@ What one move is:
 
 A fixed embedding table's part that moves alone (``Placement(table_parts=N)``)
 is copied ahead of its stage's cut while training goes on, and only its rows
-written since cross at the cut (:mod:`psframe.ps.precopy`): such parts count
+written since cross at the cut (:mod:`psframe.ps.elastic.precopy`): such parts count
 against a budget of their own, :data:`COPY_AHEAD_FACTOR` times
 ``max_stage_bytes``, so a stage takes several.
 
@@ -75,7 +75,7 @@ COPY_AHEAD_FACTOR = 8
 
 def copied_ahead(shard: Shard) -> bool:
     """Whether a part that moves alone is copied ahead of its stage's cut (a fixed table's part:
-    :mod:`psframe.ps.precopy`), so that only its rows written since cross at the cut."""
+    :mod:`psframe.ps.elastic.precopy`), so that only its rows written since cross at the cut."""
     return shard.table and shard.dynamic is None
 
 

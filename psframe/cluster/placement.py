@@ -109,7 +109,7 @@ class Shard:
     variable is partitioned. The shard holds rows ``[row_start, row_end)`` of
     dim 0 of the variable (``0, 1`` for a 0-d tensor), every ``row_stride``-th
     one: an embedding table shared out by id modulo its number of parts
-    (:func:`psframe.cluster.table_placement.place_tables`) has ``row_stride``
+    (:func:`psframe.tables.spec.place_tables`) has ``row_stride``
     = ``num_parts``; every other shard holds contiguous rows. ``table``
     marks an embedding table's part, which travels row by row.
     """
@@ -125,7 +125,7 @@ class Shard:
     num_parts: int = 1
     row_stride: int = 1
     table: bool = False
-    dynamic: Any = None  # a dynamic table part: its DynamicTableSpec (psframe.cluster.table_placement)
+    dynamic: Any = None  # a dynamic table part: its DynamicTableSpec (psframe.tables.spec)
 
     @property
     def partitioned(self) -> bool:

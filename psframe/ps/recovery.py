@@ -24,7 +24,7 @@ from psframe.checkpoint.shard import OptimizerData, ShardData, SyncData, Variabl
 from psframe.checkpoint.slices import slice_rows, strided_rows
 from psframe.errors import CheckpointError
 from psframe.optim import OptimizerSpec
-from psframe.ps.data_ranges import STATE_PREFIX
+from psframe.ps.protocol.data_ranges import STATE_PREFIX
 from psframe.ps.store import VariableStore
 from psframe.wire import psframe_pb2 as pb
 
@@ -44,7 +44,7 @@ class Restored:
     states: Mapping[str, Mapping[str, Any]]
     table_optimizer: OptimizerSpec | None = None  # of the embedding tables, if any
     dynamic: dict[str, dict] = field(default_factory=dict)  # dynamic table parts' exports, by name
-    pushes: dict | None = None  # the workers' pushes the values hold (psframe.ps.ledger), if recorded
+    pushes: dict | None = None  # the workers' pushes the values hold (psframe.ps.protocol.ledger), if recorded
     num_shards: int = 0  # of the checkpoint it came from
 
     @property
@@ -235,7 +235,7 @@ def restore_onto(
     (for embedding tables, the same table optimizer). The push ledger is not:
     its numbers are per ps task, and the layout changed. ``keeps_data``: the
     task keeps the data queues (ps 0), and takes them from the first shard's
-    record, where ps 0 saved them (:mod:`psframe.ps.data_ranges`).
+    record, where ps 0 saved them (:mod:`psframe.ps.protocol.data_ranges`).
 
     Returns:
         What to restore, or None when there is no checkpoint.
@@ -268,7 +268,7 @@ def restore_from_shards(
     source: str = "the snapshot",
 ) -> Restored:
     """The rows ``defs`` ask for, re-sliced from the parts ``shards`` hold (a checkpoint's,
-    or a live re-layout's snapshots: :mod:`psframe.ps.relayout`); as :func:`restore_onto`.
+    or a live re-layout's snapshots: :mod:`psframe.ps.elastic.relayout`); as :func:`restore_onto`.
 
     ``step`` of the result is -1 (no checkpoint); ``num_shards`` that of the shards.
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from psframe import allocator
 from psframe.cluster import ClusterSpec, parse_address
+from psframe.memory import malloc
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -146,7 +146,7 @@ def run_node(
         cluster.to_string(),
     )
     # The Python worker runs this task for the whole job: tuned as `psframe server` tunes its own.
-    allocator.tune_malloc()
+    malloc.tune_malloc()
     result = main_fun(args, ctx)
     if ctx.is_chief:
         yield RESULT_KEY, result

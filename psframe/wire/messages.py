@@ -17,7 +17,6 @@ import torch
 
 from psframe.cluster import ClusterSpec
 from psframe.cluster.placement import Shard
-from psframe.cluster.table_placement import Admission, DynamicTableSpec, Eviction, RowInitializer
 from psframe.errors import ClusterMismatchError, WireFormatError
 from psframe.optim import KwargValue, OptimizerSpec, SyncReplicas
 from psframe.status import (
@@ -29,6 +28,7 @@ from psframe.status import (
     VariableStatus,
     WorkerStatus,
 )
+from psframe.tables.spec import Admission, DynamicTableSpec, Eviction, RowInitializer
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.codec import check_shape, dtype_from_name, dtype_name
 
@@ -197,7 +197,7 @@ def check_same_variables(where: str, expected: Sequence[VariableKey], found: Seq
 
     Used by a worker against each ps task (:meth:`PsClient.check_model`); a ps
     task checks a chief's request to create what it holds already in its store
-    (:meth:`psframe.ps.store_model.StoreModel.check_same`).
+    (:meth:`psframe.ps.store.store_model.StoreModel.check_same`).
 
     Raises:
         ClusterMismatchError: ``where`` (e.g. "A does not match B") and the first differences.

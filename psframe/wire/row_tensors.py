@@ -12,7 +12,7 @@ has a :class:`TensorMeta.Kind`:
   Followed by ``CACHED_VERSIONS`` of the same name (a worker's row cache:
   the version of each id's row it holds), the reply carries
   ``ROW_VERSIONS`` (each id's version now) and then ``ROWS`` of only the
-  ids :func:`psframe.rows.to_refresh` picks.
+  ids :func:`psframe.tables.rows.to_refresh` picks.
 
 Every function here is plain bookkeeping over names and tensors; the
 codec moves the bytes.
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from psframe.errors import WireFormatError
-from psframe.rows import CachedPull, FreshRows, RowPull, RowPush
+from psframe.tables.rows import CachedPull, FreshRows, RowPull, RowPush
 from psframe.wire import psframe_pb2 as pb
 
 VALUE = pb.TensorMeta.VALUE

@@ -3,7 +3,7 @@
 :func:`psframe.checkpoint.load` gives a ``state_dict`` of the trainable
 parameters, and a dynamic table ``name`` as ``name.ids`` (sorted) and
 ``name.rows``. :func:`load_model_state` puts both into a model: the
-parameters by name, and each :class:`~psframe.worker.dynamic.DynamicEmbedding`
+parameters by name, and each :class:`~psframe.worker.model.dynamic.DynamicEmbedding`
 a row source over the rows the checkpoint held (:class:`CheckpointRows`),
 so that the model evaluates as it would against the ps tasks that saved them,
 with no cluster running.
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 
 import torch
 
-from psframe.dynamic_rows import initial_rows
 from psframe.errors import ClusterMismatchError
-from psframe.worker.dynamic import DynamicEmbedding, find_dynamic_tables
+from psframe.tables.dynamic_rows import initial_rows
+from psframe.worker.model.dynamic import DynamicEmbedding, find_dynamic_tables
 
 
 class CheckpointRows:

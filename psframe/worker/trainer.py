@@ -11,11 +11,11 @@ Each :meth:`Trainer.step` runs backward, sends every ps task the gradients of
 the variables it holds and receives their updated values in the same call,
 to all ps tasks in parallel.
 
-The parts, each readable alone: :mod:`psframe.worker.replica` (the local
-model bound to its shards), :mod:`psframe.worker.step_plan` (which message
-carries which shard), :mod:`psframe.worker.startup` (the chief's
+The parts, each readable alone: :mod:`psframe.worker.model.replica` (the local
+model bound to its shards), :mod:`psframe.worker.plan.step_plan` (which message
+carries which shard), :mod:`psframe.worker.session.startup` (the chief's
 initialisation, and joining the model after a lost ps task),
-:mod:`psframe.worker.ps_client` (tensors to and from the ps tasks) and
+:mod:`psframe.worker.client.ps_client` (tensors to and from the ps tasks) and
 :mod:`psframe.checkpoint` (saving).
 """
 
@@ -36,6 +36,17 @@ from psframe import checkpoint
 from psframe.cluster import ClusterSpec
 from psframe.cluster.moves import MoveStage
 from psframe.cluster.placement import ShardPlacement
+from psframe.config.liveness import Liveness
+from psframe.config.options import (
+    DEFAULT_KEEP_CHECKPOINTS,
+    BoundedStaleness,
+    Checkpointing,
+    DataRanges,
+    Placement,
+    RowCaching,
+    Transport,
+)
+from psframe.config.security import Security, accept_security
 from psframe.errors import (
     CheckpointError,
     ClusterMismatchError,
@@ -47,38 +58,27 @@ from psframe.errors import (
     RpcTimeoutError,
     TaskUnavailableError,
 )
-from psframe.liveness import Liveness
 from psframe.optim import OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
-from psframe.options import (
-    DEFAULT_KEEP_CHECKPOINTS,
-    BoundedStaleness,
-    Checkpointing,
-    DataRanges,
-    Placement,
-    RowCaching,
-    Transport,
-)
-from psframe.rows import UNKNOWN_VERSION, CachedPull, FreshRows, RowPull, RowPush
-from psframe.security import Security, accept_security
-from psframe.worker import relayout, startup
-from psframe.worker.arguments import (
+from psframe.tables.rows import UNKNOWN_VERSION, CachedPull, FreshRows, RowPull, RowPush
+from psframe.worker.client.operations import DenseReply
+from psframe.worker.client.ps_client import PsClient, RangeGrant, resolve_wire_dtype
+from psframe.worker.client.streams import Exchange
+from psframe.worker.hooks import CheckpointSaverHook, Hook
+from psframe.worker.model.overlap import BackwardOverlap
+from psframe.worker.model.prefetch import Prefetcher
+from psframe.worker.model.replica import Replica, place_model
+from psframe.worker.model.staging import HostStaging, resolve_device
+from psframe.worker.model.tables import EmbeddingTables
+from psframe.worker.plan.step_plan import Request
+from psframe.worker.session import relayout, startup
+from psframe.worker.session.arguments import (
     async_table_names,
     option_groups,
     resolve_optimizer,
     resolve_table_optimizer,
 )
-from psframe.worker.data_reader import Outcome, RangeReader
-from psframe.worker.hooks import CheckpointSaverHook, Hook
-from psframe.worker.in_graph import InGraphReplicas
-from psframe.worker.operations import DenseReply
-from psframe.worker.overlap import BackwardOverlap
-from psframe.worker.prefetch import Prefetcher
-from psframe.worker.ps_client import PsClient, RangeGrant, resolve_wire_dtype
-from psframe.worker.replica import Replica, place_model
-from psframe.worker.staging import HostStaging, resolve_device
-from psframe.worker.step_plan import Request
-from psframe.worker.streams import Exchange
-from psframe.worker.tables import EmbeddingTables
+from psframe.worker.session.data_reader import Outcome, RangeReader
+from psframe.worker.session.in_graph import InGraphReplicas
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Trainer:
             :class:`psframe.Transport`; default ``Transport()``.
         table_optimizer: the optimizer of the model's embedding tables
             (``nn.Embedding``/``nn.EmbeddingBag`` with ``sparse=True``, see
-            :mod:`psframe.worker.tables`): one that updates only the rows a
+            :mod:`psframe.worker.model.tables`): one that updates only the rows a
             batch touched, ``psframe.optim.SGD``, ``SparseSGD`` (lazy
             momentum), ``Adagrad`` or ``SparseAdam``. Defaults to the row-by-row
             form of ``optimizer`` (``SGD`` with momentum: ``SparseSGD``;
@@ -136,7 +136,7 @@ class Trainer:
             ``PSFRAME_AUTH_TOKEN`` and ``PSFRAME_TLS_*`` environment variables
             (:meth:`Security.resolve`; ``psframe launch`` sets them), or none.
         liveness: how this worker's connections are probed for a ps task
-            that went away (keepalive pings; see :mod:`psframe.liveness`):
+            that went away (keepalive pings; see :mod:`psframe.config.liveness`):
             a dead connection is noticed within ``keepalive_time +
             keepalive_timeout`` seconds, and the worker waits for the task
             and goes on. None: the ``PSFRAME_KEEPALIVE_*`` environment
@@ -144,7 +144,7 @@ class Trainer:
 
         overlap_backward: send each of a step's messages as soon as backward
             has made its gradients, while it goes on (see
-            :mod:`psframe.worker.overlap`); training is unchanged. Off by
+            :mod:`psframe.worker.model.overlap`); training is unchanged. Off by
             default: on 2 cores and a 1 Gbit/s link it gained nothing on the
             large MLP and lost 5% on a deeper one (docs/decisions.md). It
             applies to CPU replicas without embedding tables and without hooks
@@ -152,7 +152,7 @@ class Trainer:
         row_cache: keep embedding rows between steps, a
             :class:`psframe.RowCaching`: a lookup sends the versions of the
             rows held, and a ps task sends back only those that moved more
-            than its ``staleness`` past them (:mod:`psframe.worker.row_cache`).
+            than its ``staleness`` past them (:mod:`psframe.worker.model.row_cache`).
             None: every lookup pulls its rows. Prefetched rows are pulled whole.
         staleness: asynchronous training in which this worker runs at most
             ``staleness.steps`` steps ahead of the slowest live worker, a
@@ -163,7 +163,7 @@ class Trainer:
             first of them ``model`` itself; :meth:`step` then takes one loss per
             replica (:attr:`replicas`). Synchronous training averages the replicas'
             gradients here and pushes once; asynchronous training pushes each
-            replica's gradient as a step of its own (:mod:`psframe.worker.in_graph`).
+            replica's gradient as a step of its own (:mod:`psframe.worker.session.in_graph`).
             Not with embedding tables or ``overlap_backward``. None: one replica.
 
     Raises:
@@ -800,7 +800,7 @@ class Trainer:
             self._take_asked_reshard()  # between two steps: this one's lookups and pushes are done
         return self._global_step
 
-    # ---- a live re-layout (psframe.ps.relayout)
+    # ---- a live re-layout (psframe.ps.elastic.relayout)
 
     def reshard(self, cluster: ClusterSpec | Mapping[str, Sequence[str]]) -> float:
         """Move the model to the ps tasks of ``cluster`` now, while training goes on (chief only).
@@ -894,7 +894,7 @@ class Trainer:
         return sum(self._relayout_pauses)
 
     def _take_stage(self, stage: MoveStage, ready: relayout.Readying | None = None) -> None:
-        """The chief's ``stage`` of a re-layout (:func:`psframe.worker.relayout.lead`); then it trains
+        """The chief's ``stage`` of a re-layout (:func:`psframe.worker.session.relayout.lead`); then it trains
         on the layout after it. Its pause counts from the cut until this chief can step again (on
         the new layout's client, made before the cut). ``ready``: the stage readied while training
         went on; None: readied here first."""
@@ -926,7 +926,7 @@ class Trainer:
 
     def _reroute(self, error: LayoutChangedError, pull: bool = True, deadline: float | None = None) -> None:
         """A worker refused by a ps task that moved: train on the layout ps 0 moved to
-        (:func:`psframe.worker.relayout.follow`), and pull; by ``deadline`` (``time.monotonic()``;
+        (:func:`psframe.worker.session.relayout.follow`), and pull; by ``deadline`` (``time.monotonic()``;
         default: ``connect_timeout`` from now).
 
         Raises:
@@ -1114,7 +1114,7 @@ class Trainer:
         ``ids`` travel with the step's own messages, read once its
         gradients are applied, and the next lookup of ``table`` with the same
         distinct ids takes them instead of waiting on a round trip of its own
-        (see :mod:`psframe.worker.prefetch`). Any other lookup pulls as usual::
+        (see :mod:`psframe.worker.model.prefetch`). Any other lookup pulls as usual::
 
             loss = loss_fn(model(ids), labels)
             trainer.prefetch(model.embedding, next_ids)
@@ -1159,7 +1159,7 @@ class Trainer:
     def _pull_rows(
         self, wanted: Mapping[int, Sequence[RowPull | CachedPull]], create: bool = True, staleness: int = 0
     ) -> dict[int, list[torch.Tensor | FreshRows]]:
-        """Rows of embedding tables for a lookup (see :mod:`psframe.worker.tables`); a lost
+        """Rows of embedding tables for a lookup (see :mod:`psframe.worker.model.tables`); a lost
         ps task is waited for, as in :meth:`step`, and the rows asked of it again."""
         try:
             pulled = self._ps.pull_rows(wanted, self._global_step, create, staleness)
@@ -1215,7 +1215,7 @@ class Trainer:
     ) -> list[DenseReply]:
         """Wait for the lost ps tasks, then send this step's pushes again, with the numbers
         they had: a ps task that applied one before the stream died answers it without
-        applying it twice, and none is lost (see :mod:`psframe.ps.ledger`).
+        applying it twice, and none is lost (see :mod:`psframe.ps.protocol.ledger`).
 
         Raises:
             ConnectTimeoutError: a ps task did not come back within ``connect_timeout``.

@@ -15,7 +15,7 @@
   streams to one task), :func:`call_all`, and :class:`Watchdog`, which gives
   each reply on a stream a deadline;
 - :mod:`~psframe.wire.transport.auth`: every channel and server made with a
-  task's :class:`~psframe.security.Security` (the auth token in each call's
+  task's :class:`~psframe.config.security.Security` (the auth token in each call's
   metadata, checked by one server interceptor; TLS);
 - :mod:`~psframe.wire.transport.limits`: what one caller may take of a
   server (message size, calls in flight per host, streams per connection).

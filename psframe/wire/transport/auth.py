@@ -1,4 +1,4 @@
-"""Channels and servers made with a task's :class:`~psframe.security.Security`.
+"""Channels and servers made with a task's :class:`~psframe.config.security.Security`.
 
 Every gRPC channel psframe opens comes from :func:`open_channel`, and every
 server gets :func:`server_credentials` and :func:`interceptors`:
@@ -28,9 +28,9 @@ from typing import Any
 
 import grpc
 
+from psframe.config.liveness import Liveness
+from psframe.config.security import Security
 from psframe.errors import SecurityConfigError
-from psframe.liveness import Liveness
-from psframe.security import Security
 from psframe.wire.transport.methods import channel_options
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 
 from psframe import errors
+from psframe.config.liveness import Liveness
+from psframe.config.security import Security
 from psframe.errors import PsframeError
-from psframe.liveness import Liveness
-from psframe.security import Security
 from psframe.wire.transport.auth import call_metadata, open_channel
 from psframe.wire.transport.error_codec import error_from_rpc
 from psframe.wire.transport.methods import METHODS

@@ -29,7 +29,7 @@ from typing import Any
 
 import grpc
 
-from psframe.liveness import Liveness
+from psframe.config.liveness import Liveness
 from psframe.wire.transport.methods import PING_POLICY_OPTIONS, keepalive_options
 
 MiB = 1 << 20

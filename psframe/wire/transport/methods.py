@@ -7,7 +7,7 @@
   envelope) travel as the bytes :mod:`psframe.wire.codec` made, untouched;
   the others as their generated message classes.
 - the channel options (no 4 MiB message cap, quick reconnects, keepalive
-  pings: see :mod:`psframe.liveness`).
+  pings: see :mod:`psframe.config.liveness`).
 
 Errors cross in :mod:`psframe.wire.transport.error_codec`.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from psframe.liveness import Liveness
+from psframe.config.liveness import Liveness
 from psframe.wire import psframe_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"]
@@ -46,7 +46,7 @@ CHANNEL_OPTIONS = MESSAGE_OPTIONS + (
 
 def keepalive_options(liveness: Liveness) -> tuple[tuple[str, Any], ...]:
     """The options that make a channel or a server probe its connections (see
-    :mod:`psframe.liveness`). gRPC sets ``TCP_USER_TIMEOUT`` to the keepalive
+    :mod:`psframe.config.liveness`). gRPC sets ``TCP_USER_TIMEOUT`` to the keepalive
     timeout whenever keepalive is on, so unacknowledged data is bounded too."""
     return (
         ("grpc.keepalive_time_ms", round(liveness.keepalive_time * 1000)),

@@ -3,7 +3,7 @@
 A server may forward the methods it does not handle to another task, as
 the bytes it received and with the caller's deadline: the reply, or the
 error with its status code and class name, comes back unchanged. A ps task
-served from several processes does this (see :mod:`psframe.ps.serving_processes`).
+served from several processes does this (see :mod:`psframe.ps.serving.serving_processes`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from google.protobuf.message import DecodeError
 
 from psframe import errors
 from psframe.cluster import parse_address
-from psframe.liveness import Liveness
-from psframe.security import Security
+from psframe.config.liveness import Liveness
+from psframe.config.security import Security
 from psframe.wire.transport.auth import call_metadata, interceptors, open_channel, server_credentials
 from psframe.wire.transport.error_codec import abort
 from psframe.wire.transport.limits import (

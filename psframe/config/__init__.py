@@ -1,0 +1,10 @@
+"""The settings users give whole: option groups, security and liveness.
+
+Plain dataclasses, checked when they are made; the front door re-exports them
+(``psframe.Placement``, ``psframe.Security``, ``psframe.Liveness``...):
+
+- :mod:`psframe.config.options`: the Trainer's groups (placement,
+  checkpoints, transport, row caching, bounded staleness, data ranges);
+- :mod:`psframe.config.security`: who may talk to a task (an auth token, TLS);
+- :mod:`psframe.config.liveness`: how soon a task notices a peer is gone.
+"""

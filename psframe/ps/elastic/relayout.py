@@ -1,0 +1,658 @@
+"""A live re-layout: ps tasks added or drained while training goes on.
+
+Placement is computed by every worker from the model and the number of ps
+tasks (:mod:`psframe.cluster.placement`), so another number of ps tasks is
+another layout of the same model. A re-layout moves the parts there through
+memory, ps task to ps task, with their optimizer state:
+
+1. **Asked.** A tool (``PsClient(cluster, 0, job_name="tool").ask_reshard(new)``) gives ps 0 the new cluster
+   (:meth:`Relayout.ask`); the new ps tasks are started with it, empty.
+2. **Cut.** Between two of its steps the chief, which polls ps 0 for such a
+   request, takes a checkpoint's cut of every ps task of the layout before
+   (each worker's steps begun anywhere applied everywhere; in synchronous
+   training, a round boundary). At the cut each task snapshots its parts into
+   memory (:func:`psframe.ps.recovery.snapshot_shard`) and moves: from then on
+   a worker of the cluster before is refused with
+   :class:`~psframe.errors.LayoutChangedError`, nothing of its push applied.
+3. **Adopt.** The chief places the model for the new cluster and sends every
+   task of it its definitions (``InitHeader.adopt_from``) and ps 0's push
+   ledger at the cut. Each reads the rows it now holds from the snapshots of
+   the tasks before (the ``FetchParts`` RPC), re-sliced as a restore onto
+   another number of ps tasks is (:func:`psframe.ps.recovery.restore_from_shards`);
+   ps 0 keeps the data queues. Fixed table parts that move alone were copied
+   ahead of the cut while training went on (:mod:`psframe.ps.elastic.precopy`): of
+   those, only the rows written since cross.
+4. **Reroute.** A refused worker asks ps 0 where the ps tasks went, places the
+   model for the new cluster, pulls, and sends its step again there.
+5. **Drain.** A ps task the new cluster lacks answers ``FetchParts`` until the
+   chief stops it, once every task of the new layout holds its parts.
+
+The chief takes these steps once per stage (:mod:`psframe.cluster.moves`): each
+stage moves a few parts, with a cut of its own (``SaveRequest.move_stage``), and
+ps 0 says which stage the layout is at (``ReshardReply.stage``). A stage that
+keeps the cluster (parts moved among its tasks) refuses the workers of the layout
+before by their layout version alone. Training pauses for one stage's transfer:
+from its cut until the layout after it holds the model; a task keeps the parts it
+keeps as they are (:func:`fetch_shards` reads its own snapshot in place).
+
+What may change (:func:`check_new_cluster`): the ps tasks kept keep their
+index, so the new ps list begins with the old one (tasks added) or the old one
+begins with it (the last tasks drained); the workers stay as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from psframe.checkpoint.shard import ShardData, VariableData
+from psframe.cluster import ClusterSpec, parse_address
+from psframe.errors import CheckpointError, ClusterSpecError, LayoutChangedError, SharedRegionError, WireFormatError
+from psframe.optim import OptimizerSpec
+from psframe.ps.elastic import precopy
+from psframe.ps.elastic.peers import PsPeers
+from psframe.wire import codec, transport
+from psframe.wire import psframe_pb2 as pb
+from psframe.wire import same_host as same_host_memory
+from psframe.wire.same_host import HeldMessage, SameHostRegion
+
+_TENSOR_KEY = "__tensor__"
+
+
+def check_new_cluster(before: ClusterSpec, after: ClusterSpec) -> None:
+    """Check that ``after`` is a re-layout of ``before`` that psframe makes live.
+
+    Raises:
+        ClusterSpecError: naming what differs, and what may.
+    """
+    old, new = before.job_tasks("ps"), after.job_tasks("ps")
+    if before.job_tasks("worker") != after.job_tasks("worker"):
+        raise ClusterSpecError(
+            "a re-layout moves ps tasks only: the new cluster must list the same workers "
+            f"({before.job_tasks('worker')}), got {after.job_tasks('worker')}"
+        )
+    if old == new:
+        raise ClusterSpecError(f"the new cluster has the ps tasks the job has already ({old}): nothing to move")
+    if new[: len(old)] != old and old[: len(new)] != new:
+        raise ClusterSpecError(
+            f"the ps tasks kept keep their index: the new ps list must begin with the old one {old} "
+            f"(tasks added at its end) or be a beginning of it (the last tasks drained), got {new}"
+        )
+
+
+class Relayout:
+    """What one ps task knows of re-layouts: the one asked for, and the one it moved to.
+
+    Every method is safe to call from any thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requested: ClusterSpec | None = None  # ps 0: asked for, not yet taken
+        self.before: str | None = None  # the fingerprint of the cluster this task moved from
+        self.before_cluster: ClusterSpec | None = None  # and that cluster
+        self.moved_to: ClusterSpec | None = None
+        self.snapshot: ShardData | None = None  # its parts at the cut, until the task stops
+        self._row_versions: dict[str, torch.Tensor] = {}  # its fixed table rows' versions at the cut
+        self._shared: list[HeldMessage] = []  # replies handed to tasks of this host, until taken
+        self.version = 0
+        self.stage: pb.MoveStage | None = None  # of the re-layout the last move was a stage of
+        self.relayouts = 0  # re-layouts taken to their last stage
+        self._cutting_until = 0.0  # a re-layout's cut is under way here until then (monotonic)
+
+    def ask(self, current: ClusterSpec, new: ClusterSpec) -> None:
+        """Record that the ps tasks move from ``current`` to ``new`` (ps 0; a tool asked).
+
+        Raises:
+            ClusterSpecError: ``new`` is no re-layout psframe makes live (:func:`check_new_cluster`),
+                or another one is asked for already.
+        """
+        check_new_cluster(current, new)
+        with self._lock:
+            stage = self.stage
+            if stage is not None and self.under_way:
+                target = ClusterSpec.from_string(stage.target_spec)
+                raise ClusterSpecError(
+                    f"a re-layout to ps tasks {target.job_tasks('ps')} is under way (stage {stage.stage} of "
+                    f"{stage.stages}); ask again once it is done"
+                )
+            if self.requested is not None and self.requested != new:
+                raise ClusterSpecError(
+                    f"a re-layout to ps tasks {self.requested.job_tasks('ps')} waits already; ask again once it is done"
+                )
+            self.requested = new
+
+    def move(self, before: ClusterSpec, after: ClusterSpec, stage: pb.MoveStage | None = None) -> None:
+        """Move at the cut (of ``stage`` of a staged re-layout): workers of the layout before are
+        refused from now on."""
+        with self._lock:
+            self.before, self.before_cluster = before.fingerprint, before
+            self.moved_to = after
+            self.stage = _staged(stage)
+            self.relayouts += not self.under_way
+            self.snapshot, self._row_versions = None, {}
+            self._drop_shared()
+            self.requested = None
+            self.version += 1
+
+    def cutting_for(self, seconds: float) -> None:
+        """A re-layout's cut begins here (its hold): other cuts are refused until it is taken, or
+        for ``seconds`` at most (the hold's own deadline)."""
+        self._cutting_until = time.monotonic() + seconds
+
+    def check_not_cutting(self, task_name: str) -> None:
+        """Refuse a checkpoint's cut while a re-layout's is under way here: two cuts at once
+        would let pushes past the re-layout's.
+
+        Raises:
+            CheckpointError: saying to save again once the re-layout is taken.
+        """
+        if self.snapshot is None and time.monotonic() < self._cutting_until:
+            raise CheckpointError(
+                f"{task_name} is taking a re-layout's cut (psframe reshard): save again once it is taken"
+            )
+
+    def took(self, cluster_spec: str, stage: pb.MoveStage | None = None) -> bool:
+        """Whether this task took the cut of the re-layout to ``cluster_spec`` (at ``stage``) already."""
+        return (
+            self.moved_to is not None
+            and self.snapshot is not None
+            and self.moved_to.to_string() == cluster_spec
+            and self.stage == _staged(stage)
+        )
+
+    @property
+    def under_way(self) -> bool:
+        """Whether the last move was a stage of a re-layout, not its last."""
+        return self.stage is not None and self.stage.stage < self.stage.stages
+
+    def adopted(self, before: ClusterSpec, after: ClusterSpec, version: int) -> None:
+        """A task new in ``after`` took its parts: it counts the re-layouts as the others do."""
+        with self._lock:
+            self.before, self.before_cluster, self.moved_to, self.version = before.fingerprint, before, after, version
+
+    def keep(self, snapshot: ShardData, row_versions: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Keep the cut's snapshot, to hand its parts over (``FetchParts``): the cut is taken.
+        ``row_versions``: its fixed table parts' rows' versions at the cut (tensors no one
+        changes any more), for the tasks that copied some ahead (:mod:`psframe.ps.elastic.precopy`)."""
+        with self._lock:
+            self.snapshot, self._row_versions = snapshot, dict(row_versions or {})
+            self._cutting_until = 0.0
+
+    def release(self, version: int) -> bool:
+        """Every task of layout ``version`` holds its parts: the snapshot goes, if this task is at
+        that layout still (the chief says so after training went on: a late word of a layout
+        before leaves a later cut's snapshot alone).
+
+        Returns:
+            Whether it went.
+        """
+        with self._lock:
+            if version != self.version:
+                return False
+            self.snapshot, self._row_versions = None, {}
+            self._drop_shared()
+            return True
+
+    def hand_over(self, reply: Sequence[Any], same_host: bool) -> bytes:
+        """A ``FetchParts`` reply (its chunks, :func:`shard_chunks`) as it is sent: through a file
+        of this host's shared memory where the asking task is on this host (``same_host``) and
+        one can be made, the file kept until the stage's snapshot goes (the asking task removes
+        it once read); otherwise as one message."""
+        if same_host and same_host_memory.available():
+            try:
+                held = HeldMessage(reply)
+            except OSError:  # no room in /dev/shm: through gRPC
+                pass
+            else:
+                with self._lock:
+                    self._shared.append(held)
+                return codec.encode(pb.FetchPartsReplyHeader(shared=held.message), ())
+        return b"".join(reply)
+
+    def _drop_shared(self) -> None:
+        for region in self._shared:
+            region.unlink()
+        self._shared = []
+
+    def check_caller(self, caller: pb.Caller) -> None:
+        """Refuse a worker of the cluster this task moved from.
+
+        Raises:
+            LayoutChangedError: naming the ps tasks of the new cluster.
+        """
+        moved_to = self.moved_to
+        if moved_to is not None and (
+            # a stage that kept the cluster (parts moved among its tasks) tells its workers by version only
+            (caller.cluster_fingerprint == self.before and self.before != moved_to.fingerprint)
+            or (caller.job_name == "worker" and caller.layout_version != self.version)
+        ):
+            raise self.refusal()
+
+    def refusal(self) -> LayoutChangedError:
+        """The error a push of the layout before gets."""
+        moved_to = self.moved_to
+        return LayoutChangedError(
+            f"the ps tasks moved to {moved_to and moved_to.job_tasks('ps')} (a re-layout); ask "
+            f"{ClusterSpec.task_name('ps', 0)} for the new cluster and send the step there"
+        )
+
+    def reply(self) -> pb.ReshardReply:
+        """What a ``Reshard`` call that only asks is told."""
+        with self._lock:
+            wanted = self.requested or self.moved_to
+            moved = self.requested is None and self.moved_to is not None
+            return pb.ReshardReply(
+                cluster_spec="" if wanted is None else wanted.to_string(),
+                moved=moved,
+                layout_version=self.version,
+                before_spec=self.before_cluster.to_string() if moved and self.before_cluster is not None else "",
+                stage=self.stage if moved else None,
+            )
+
+    def parts(self, variables: Sequence[str], rows: Sequence[pb.RowRange] = (), *, trim: bool = False) -> ShardData:
+        """What the ``FetchParts`` reply holds: the snapshot's parts of ``variables``; of a
+        variable ``rows`` names, only the parts of runs of rows that hold some of those wanted.
+        With ``trim``, a part of a run of rows is cut to the rows wanted (the rest goes to
+        other tasks: only what the asking task holds next crosses the wire).
+
+        Raises:
+            LayoutChangedError: the task took no re-layout's snapshot (it was not asked to move).
+        """
+        snapshot = self.snapshot
+        if snapshot is None:
+            raise LayoutChangedError("this ps task took no re-layout's snapshot: it has no parts to hand over")
+        kept = select(snapshot.variables, variables, rows)
+        if trim:
+            ranges = _by_variable(rows)
+            kept = [piece for v in kept for piece in _trimmed(v, ranges.get(v.variable, ()))]
+        return dataclasses.replace(snapshot, variables=tuple(kept))
+
+    def parts_since(self, header: pb.FetchPartsHeader) -> tuple[ShardData, dict[str, precopy.RowChanges]]:
+        """What a ``FetchParts`` reply holds (:meth:`parts`, trimmed), the parts the asking task copied
+        ahead (``header.precopied``) as their rows changed since its copy: where this snapshot is
+        of the cut right after that copy (:mod:`psframe.ps.elastic.precopy`); otherwise whole.
+
+        Raises:
+            LayoutChangedError: as :meth:`parts`.
+        """
+        with self._lock:
+            shard = self.parts(list(header.variables), header.rows, trim=True)
+            versions, version = self._row_versions, self.version
+        if not header.precopied or version != header.since_version + 1:
+            return shard, {}
+        return precopy.split_changed(shard, versions, header.precopied, header.since_mark)
+
+
+def select(parts: Sequence[VariableData], variables: Sequence[str], rows: Sequence[pb.RowRange]) -> list[VariableData]:
+    """The parts of ``variables``; of a variable ``rows`` names, only those that hold some of its rows wanted."""
+    named, ranges = set(variables), _by_variable(rows)
+
+    def wanted(part: VariableData) -> bool:
+        if part.variable not in named:
+            return False
+        return part.variable not in ranges or any(_holds(part, r) for r in ranges[part.variable])
+
+    return [v for v in parts if wanted(v)]
+
+
+def _by_variable(rows: Sequence[pb.RowRange]) -> dict[str, list[pb.RowRange]]:
+    ranges: dict[str, list[pb.RowRange]] = {}
+    for r in rows:
+        ranges.setdefault(r.variable, []).append(r)
+    return ranges
+
+
+def _staged(stage: pb.MoveStage | None) -> pb.MoveStage | None:
+    """``stage`` if it names one (a request's field unset has none)."""
+    return stage if stage is not None and stage.stages else None
+
+
+def _holds(part: VariableData, wanted: pb.RowRange) -> bool:
+    """Whether ``part`` holds rows of ``wanted`` (one asked for of a ``FetchParts`` request). A part
+    of a variable cut otherwise than ``wanted`` says holds some, and is sent: the rows are cut anew."""
+    if wanted.num_parts:  # a dynamic table's part
+        return part.dynamic is None or part.num_parts != wanted.num_parts or part.part_index == wanted.part_index
+    if wanted.stride > 1:  # every stride-th row: the part of the same first row
+        return part.row_stride != wanted.stride or part.row_start == wanted.start
+    if part.dynamic is not None or part.row_stride > 1 or not part.shape:
+        return True  # ids, every n-th row, or a 0-d variable: cut otherwise
+    first, last = part.row_start, part.row_start + part.shape[0]
+    return first < wanted.end and wanted.start < last
+
+
+def _trimmed(part: VariableData, wanted: Sequence[pb.RowRange]) -> list[VariableData]:
+    """``part`` cut to the rows of ``wanted`` it holds, with their element-wise optimizer state
+    (views, not copies); whole where it is no run of rows, or where ``wanted`` names no run."""
+    runs = [r for r in wanted if r.stride <= 1 and not r.num_parts]
+    if part.dynamic is not None or part.row_stride > 1 or not part.shape or not runs:
+        return [part]
+    first, end = part.row_start, part.row_start + part.shape[0]
+    pieces = []
+    for r in sorted(runs, key=lambda r: r.start):
+        lo, hi = max(first, r.start), min(end, r.end)
+        if lo >= hi:
+            continue
+        if (lo, hi) == (first, end):
+            return [part]
+        pieces.append(
+            dataclasses.replace(
+                part,
+                value=part.value[lo - first : hi - first],
+                state={
+                    k: x[lo - first : hi - first] if isinstance(x, torch.Tensor) and x.shape == part.value.shape else x
+                    for k, x in part.state.items()
+                },
+                shape=(hi - lo, *part.shape[1:]),
+                row_start=lo,
+            )
+        )
+    return pieces
+
+
+def prepare(optimizers: Sequence[tuple[OptimizerSpec, Sequence[torch.dtype], bool]] = ()) -> None:
+    """Make ready, once per process, what taking parts needs: the first ``torch.optim`` optimizer a
+    process makes costs about a second (imports behind it), and each optimizer's choice of kernels
+    for its dtypes a few milliseconds (:func:`psframe.optim.kernels.foreach_same_results`),
+    which a task should pay before the cut, not while training waits for it. ``optimizers``: those
+    it will build, each with the dtypes of its variables and whether per parameter (tables')."""
+    global _prepared
+    with _prepare_lock:
+        if not _prepared:
+            torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+            _prepared = True
+    for spec, dtypes, per_parameter in optimizers:  # each choice is memoised: made once per process
+        spec.build([torch.zeros(1, dtype=d, requires_grad=True) for d in dtypes], per_parameter=per_parameter)
+
+
+_prepared = False
+_prepare_lock = threading.Lock()
+
+
+def encode_shard(
+    shard: ShardData, rows: Mapping[str, precopy.RowChanges] | None = None, *, mark: int = 0, layout_version: int = 0
+) -> bytes:
+    """A ``FetchParts`` reply: the shard record, and the changed rows of parts copied ahead
+    (:mod:`psframe.ps.elastic.precopy`), as a codec envelope: a dict as JSON, each tensor in it
+    travelling as raw bytes. ``mark``, ``layout_version``: a live copy's.
+
+    No pickle crosses the wire: the JSON holds builtins only.
+    """
+    return b"".join(shard_chunks(shard, rows, mark=mark, layout_version=layout_version))
+
+
+def shard_chunks(
+    shard: ShardData, rows: Mapping[str, precopy.RowChanges] | None = None, *, mark: int = 0, layout_version: int = 0
+) -> list[Any]:
+    """:func:`encode_shard`'s message as chunks (:func:`psframe.wire.codec.encode_chunks`): the
+    tensors' own bytes, a view of the snapshot's rows included, not copies."""
+    tensors: list[tuple[str, torch.Tensor]] = []
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            tensors.append((str(len(tensors)), x.detach().cpu().contiguous()))
+            return {_TENSOR_KEY: len(tensors) - 1}
+        if isinstance(x, dict):
+            return {str(k): plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        return x
+
+    changed = {name: {"index": r.index, "value": r.value, "state": dict(r.state)} for name, r in (rows or {}).items()}
+    record = json.dumps(plain({"shard": shard.to_dict(compact=False), "rows": changed}))
+    header = pb.FetchPartsReplyHeader(record=record, mark=mark, layout_version=layout_version)
+    return codec.encode_chunks(header, tensors)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fetched:
+    """A ``FetchParts`` reply, decoded: parts whole, the changed rows of parts copied ahead, and
+    (of a live read) the mark and layout version of the copy."""
+
+    shard: ShardData
+    rows: dict[str, precopy.RowChanges]
+    mark: int
+    layout_version: int
+
+
+def decode_shard(data: bytes | memoryview, whole: Collection[tuple[str, int, tuple]] | None = None) -> Fetched:
+    """The reply :func:`encode_shard` made, its shard checked as a checkpoint's is.
+
+    Every tensor is a copy of its own (the reply's buffer goes). With ``whole`` (the parts the
+    asking task makes, as ``(variable, row_start, shape)``), a run of rows that is none of them
+    is only a piece of one (rows cut anew, copied once more into the part made of them): its
+    rows are views of ``data``, which they keep alive.
+
+    Raises:
+        WireFormatError: the message is not such a reply.
+        CheckpointError: the record fails a check of :meth:`ShardData.from_dict`.
+    """
+    header, tensors = codec.decode(data, pb.FetchPartsReplyHeader)
+    try:
+        record = json.loads(header.record)
+    except ValueError as e:
+        raise WireFormatError(f"a FetchParts reply's record is not JSON: {e}") from e
+
+    def rebuilt(x: Any, copy: bool = True) -> Any:
+        if isinstance(x, dict):
+            if set(x) == {_TENSOR_KEY}:
+                index = x[_TENSOR_KEY]
+                if not isinstance(index, int) or not 0 <= index < len(tensors):
+                    raise WireFormatError(f"a FetchParts reply names tensor {index!r} of {len(tensors)}")
+                return tensors[index].clone() if copy else tensors[index]
+            return {k: rebuilt(v, copy) for k, v in x.items()}
+        if isinstance(x, list):
+            return [rebuilt(v, copy) for v in x]
+        return x
+
+    def piece(part: Any) -> bool:  # a run of rows that is only a piece of a part to be made
+        if whole is None or not isinstance(part, dict) or part.get("dynamic") is not None:
+            return False
+        start, shape, stride = part.get("row_start"), part.get("shape"), part.get("row_stride", 0)
+        if not isinstance(start, int) or not isinstance(shape, list) or not shape or stride not in (0, 1):
+            return False
+        return (part.get("variable"), start, tuple(shape)) not in whole
+
+    if not isinstance(record, dict) or set(record) != {"shard", "rows"} or not isinstance(record["rows"], dict):
+        raise WireFormatError("a FetchParts reply's record holds no {'shard', 'rows'}")
+    shard = record["shard"]
+    if isinstance(shard, dict) and isinstance(shard.get("variables"), list):  # each part copied or not
+        parts = shard["variables"]
+        plain = rebuilt({"shard": {k: v for k, v in shard.items() if k != "variables"}, "rows": record["rows"]})
+        plain["shard"]["variables"] = [
+            _own_scalars(rebuilt(part, False)) if piece(part) else rebuilt(part) for part in parts
+        ]
+    else:
+        plain = rebuilt(record)
+    rows = {}
+    for name, r in plain["rows"].items():
+        complete = isinstance(r, dict) and {"index", "value", "state"} <= set(r)
+        changes = precopy.RowChanges(r["index"], r["value"], r["state"]) if complete else None
+        if changes is None or not changes.well_formed():
+            raise WireFormatError(f"a FetchParts reply's changed rows of {name!r} need 1-d int64 indices, a row each")
+        rows[name] = changes
+    return Fetched(ShardData.from_dict(plain["shard"]), rows, header.mark, header.layout_version)
+
+
+def _own_scalars(part: dict) -> dict:
+    """A piece's record (its tensors views of the reply) with the tensors other than its rows
+    (an optimizer's step count, say) copied: those are taken as they are, not cut."""
+    value, state = part.get("value"), part.get("state")
+    if isinstance(value, torch.Tensor) and isinstance(state, dict):
+        part["state"] = {
+            k: x.clone() if isinstance(x, torch.Tensor) and x.shape != value.shape else x for k, x in state.items()
+        }
+    return part
+
+
+def wanted_rows(defs: Sequence[pb.VariableDef]) -> list[pb.RowRange]:
+    """The rows ``defs`` hold, for a task before to send only the parts that hold some: a run of
+    rows, every n-th row, or a dynamic table's part. A 0-d variable's part is always sent."""
+    wanted = []
+    for d in defs:
+        if d.HasField("dynamic"):
+            wanted.append(pb.RowRange(variable=d.variable, num_parts=d.num_parts, part_index=d.part_index))
+        elif d.row_stride > 1:
+            end = d.row_start + d.row_stride * max(0, d.shape[0] - 1) + 1
+            wanted.append(pb.RowRange(variable=d.variable, start=d.row_start, end=end, stride=d.row_stride))
+        elif len(d.shape):
+            wanted.append(pb.RowRange(variable=d.variable, start=d.row_start, end=d.row_start + d.shape[0]))
+    return wanted
+
+
+def fetch_shards(
+    peers: PsPeers,
+    defs: Sequence[pb.VariableDef],
+    caller: pb.Caller,
+    timeout: float,
+    own: tuple[int, Relayout] | None = None,
+    tasks: Sequence[int] = (),
+    copies: Mapping[int, precopy.Copy] | None = None,
+    host: str = "",
+) -> Taken:
+    """From each ps task of the layout before (``peers``: the connections to its tasks, kept
+    from one stage to the next), its snapshot's parts that hold rows of ``defs``: the shards a
+    re-layout restores from, in task order. Only ``tasks`` are asked (those that hold rows of
+    ``defs``, and ps 0 first among them), or every task; in parallel. ``own`` (this task's
+    index before, and its :class:`Relayout`) is read in place. ``copies``: the parts this task
+    copied ahead from some of them (:mod:`psframe.ps.elastic.precopy`), by task: those send only the
+    rows changed since. ``host``: this task's host; a task of the same host is asked to answer
+    through shared memory (:meth:`Relayout.hand_over`).
+
+    Returns:
+        The shards, and how many parts of them were copied ahead and how many rows changed since.
+
+    Raises:
+        PsframeError: a task could not be reached in ``timeout`` seconds, or refused.
+        WireFormatError: a task sent changed rows of a part not copied from it.
+    """
+    copies = copies or {}
+    variables, rows = sorted({d.variable for d in defs}), wanted_rows(defs)
+    read = sorted(set(tasks)) if tasks else list(range(peers.cluster.num_ps))
+    asked = [k for k in read if own is None or k != own[0]]
+
+    def request(k: int, shared: bool) -> bytes:
+        header = pb.FetchPartsHeader(caller=caller, variables=variables, rows=rows)
+        copy = copies.get(k)
+        if copy is not None:
+            header.precopied.extend(sorted(copy.parts))
+            header.since_mark, header.since_version = copy.mark, copy.version
+        header.same_host = shared and same_host_memory.available() and ps_host(peers.cluster, k) == host
+        return codec.encode(header, ())
+
+    calls = [(peers.connection(k), "FetchParts", request(k, bool(host))) for k in asked]
+    replies = transport.call_all(calls, timeout, wait_for_ready=True) if calls else []
+    # A part that is one of ``defs`` whole is kept as it comes (a copy of its own); a piece of one
+    # (rows cut anew) is copied once, into the part made of it, from a view of the reply.
+    whole = {(d.variable, d.row_start, tuple(d.shape)) for d in defs}
+
+    shards, copied, changed = {}, 0, 0
+    for k, reply in zip(asked, replies):
+        try:
+            fetched = received(reply, whole)
+        except SharedRegionError:  # not this host's after all: through gRPC
+            reply = peers.connection(k).call("FetchParts", request(k, False), timeout=timeout, wait_for_ready=True)
+            fetched = received(reply, whole)
+        try:
+            shards[k] = precopy.completed(fetched.shard, fetched.rows, copies.get(k))
+        except ValueError as e:
+            raise WireFormatError(f"ps task {k} before the re-layout {e}") from e
+        copied += len(fetched.rows)
+        changed += sum(r.index.numel() for r in fetched.rows.values())
+    if own is not None and own[0] in read:
+        shards[own[0]] = own[1].parts(variables, rows)
+    return Taken([shards[k] for k in read], copied, changed)
+
+
+def received(reply: bytes, whole: Collection[tuple[str, int, tuple]] | None = None) -> Fetched:
+    """A ``FetchParts`` reply, decoded: as it came, or read from the shared-memory file it names
+    (which is removed then: its mapping stays while the pieces decoded as views hold it).
+    ``whole``: as :func:`decode_shard`.
+
+    Raises:
+        SharedRegionError: it names a file this process cannot map as such (another host's).
+        WireFormatError, CheckpointError: as :func:`decode_shard`.
+    """
+    header = codec.parse(reply, pb.FetchPartsReplyHeader).header
+    if not header.HasField("shared"):
+        return decode_shard(reply, whole)
+    region = SameHostRegion.attach(header.shared)
+    try:
+        return decode_shard(region.request_bytes(), whole)
+    finally:
+        same_host_memory.remove(header.shared.path)
+
+
+def ps_host(cluster: ClusterSpec, task: int) -> str:
+    """The host part of ps task ``task``'s address in ``cluster``."""
+    return parse_address(cluster.task_address("ps", task), any_port=True)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Taken:
+    """What :func:`fetch_shards` read: the shards, in task order, and of their parts how many
+    were copied ahead (completed with the rows changed since: ``changed_rows`` in all)."""
+
+    shards: list[ShardData]
+    copied_parts: int
+    changed_rows: int
+
+
+def copy_ahead(
+    peers: PsPeers,
+    defs: Sequence[pb.VariableDef],
+    caller: pb.Caller,
+    timeout: float,
+    tasks: Sequence[int] = (),
+    skip: int | None = None,
+) -> dict[int, precopy.Copy]:
+    """Copies of the fixed table parts of ``defs`` from the tasks of the layout before that hold
+    them (``tasks``, or all; not ``skip``, this task's own index there), read live while training
+    goes on (:mod:`psframe.ps.elastic.precopy`): by task, those parts it sent whole as ``defs`` name them.
+
+    One part a call, each copied under its holder's store lock on its own: training waits at
+    most one part's copy there. A task's copy is of the earliest mark its parts were read at
+    (rows written since any of them cross at the cut), and of one layout version only. The
+    connections to those tasks are made here too, for the cut's reads.
+    """
+    wanted = [d for d in defs if precopy.copied_ahead(d)]
+    read = [k for k in (sorted(set(tasks)) if tasks else range(peers.cluster.num_ps)) if k != skip]
+    # The connections the cut's reads go through are made now, not in the pause.
+    transport.call_all([(peers.connection(k), "GetInfo", pb.InfoRequest()) for k in read], timeout, wait_for_ready=True)
+    got: dict[int, list[Fetched]] = {k: [] for k in read}
+    for d in wanted:  # part after part; the tasks before in parallel (the one that holds it sends it)
+        header = pb.FetchPartsHeader(caller=caller, variables=[d.variable], rows=wanted_rows([d]), live=True)
+        request = codec.encode(header, ())
+        calls = [(peers.connection(k), "FetchParts", request) for k in read]
+        replies = transport.call_all(calls, timeout, wait_for_ready=True)
+        for k, reply in zip(read, replies):
+            fetched = decode_shard(reply)
+            if any(_same_part(p, d) for p in fetched.shard.variables):
+                got[k].append(fetched)
+    names = {d.name: d for d in wanted}
+    copies = {}
+    for k, replies in got.items():
+        if replies and len({f.layout_version for f in replies}) == 1:  # no cut between two of them
+            parts = {
+                p.name: p
+                for f in replies
+                for p in f.shard.variables
+                if p.name in names and _same_part(p, names[p.name])
+            }
+            copies[k] = precopy.Copy(min(f.mark for f in replies), replies[0].layout_version, parts)
+    return copies
+
+
+def _same_part(part: VariableData, definition: pb.VariableDef) -> bool:
+    """Whether a part sent whole is the part ``definition`` places (its rows alike)."""
+    return (part.name, tuple(part.shape), part.row_start) == (
+        definition.name,
+        tuple(definition.shape),
+        definition.row_start,
+    )

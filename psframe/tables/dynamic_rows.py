@@ -1,0 +1,574 @@
+"""The rows of a dynamic embedding table: any int64 id, a row made on first touch.
+
+A dynamic table (:class:`psframe.DynamicEmbedding`) has no size: it takes
+any int64 id (a hashed feature, a user id) and makes that id's row the first
+time it is looked up or updated, from the table's
+:class:`~psframe.tables.spec.RowInitializer` (the same id always
+gets the same row). Its memory follows the ids it holds, never the id
+space. :class:`~psframe.tables.spec.Admission` may hold a new
+id back until it was seen often enough (:mod:`psframe.tables.admission`), and
+:class:`~psframe.tables.spec.Eviction` bounds the rows: a cap,
+least recently or least frequently updated rows first; an age, in updates
+or in wall-clock time, after which an untouched row is forgotten; a norm
+below which an updated row is dropped.
+
+:class:`DynamicRows` holds one part of such a table: on a ps task (one part
+per ps task, :func:`~psframe.tables.spec.place_dynamic`), or
+the whole table in one process (:class:`psframe.worker.model.dynamic.DynamicTables`).
+Rows live in the slots of one tensor that doubles when full, with the
+table optimizer's per-row state beside them; an id's slot is found in a
+sorted index (:class:`IdIndex`). A row evicted frees its slot for the next
+new id, whose values and optimizer state start fresh.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy
+import torch
+
+from psframe.errors import InvalidGradientError, RowIdError
+from psframe.memory import Memory
+from psframe.optim import OptimizerSpec, kernels
+from psframe.optim.rows_kernels import fresh_row_state, strictly_increasing
+from psframe.tables.admission import AdmissionFilter
+from psframe.tables.rows import to_refresh
+from psframe.tables.spec import ID_MIX, DynamicTableSpec, RowInitializer
+
+INITIAL_SLOTS = 1024
+_MASK = 0xFFFFFFFFFFFFFFFF
+_SEED_MIX = 0xD1B54A32D192ED03
+_NEVER = torch.iinfo(torch.int64).max
+COUNTS = ("admitted", "filtered", "evicted")  # what became of new ids, kept in status and checkpoints
+
+
+def part_of(ids: torch.Tensor, num_parts: int) -> torch.Tensor:
+    """The part of a dynamic table holding each id (int64 in, int64 out):
+    :func:`psframe.tables.spec.dynamic_part`, for a tensor of ids."""
+    if num_parts == 1:
+        return torch.zeros_like(ids)
+    mixed = (ids.numpy().view(numpy.uint64) * numpy.uint64(ID_MIX)) >> numpy.uint64(32)  # wraps modulo 2^64
+    return torch.from_numpy((mixed % numpy.uint64(num_parts)).astype(numpy.int64))
+
+
+def row_gradient(rows: torch.Tensor, values: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """The sparse gradient of a table of ``shape`` whose rows ``rows`` (int64, any order, maybe
+    repeated) have gradients ``values``: coalesced, repeats summed, as backward makes them.
+
+    Rows that are distinct (a worker's push: each id once) are only sorted, which costs a tenth
+    of coalescing and gives the same tensor."""
+    if rows.numel() > 1:
+        ordered, ordered_values = rows, values
+        distinct = strictly_increasing(rows)  # and sorted already
+        if not distinct:
+            order = torch.argsort(rows)
+            ordered, ordered_values = rows.index_select(0, order), values.index_select(0, order)
+            distinct = strictly_increasing(ordered)  # else repeats, summed below
+        if distinct:
+            return torch.sparse_coo_tensor(
+                ordered.unsqueeze(0), ordered_values, tuple(shape), check_invariants=False, is_coalesced=True
+            )
+    return torch.sparse_coo_tensor(rows.unsqueeze(0), values, tuple(shape), check_invariants=False).coalesce()
+
+
+def initial_rows(
+    initializer: RowInitializer, ids: torch.Tensor, row_shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    """The rows ``initializer`` gives ``ids`` (int64, any values): one torch
+    generator per id, seeded from the id and the initializer's seed, so a
+    row never depends on which other ids come with it."""
+    rows = torch.empty((ids.numel(), *row_shape), dtype=torch.float32)
+    if initializer.distribution == "constant":
+        rows.fill_(initializer.value)
+        return rows.to(dtype)
+    generator = torch.Generator()
+    seed_bits = (initializer.seed * _SEED_MIX) & _MASK
+    for i, table_id in enumerate(ids.tolist()):
+        generator.manual_seed(((table_id ^ seed_bits) * ID_MIX) & _MASK)
+        if initializer.distribution == "normal":
+            rows[i].normal_(initializer.mean, initializer.std, generator=generator)
+        else:
+            rows[i].uniform_(initializer.low, initializer.high, generator=generator)
+    return rows.to(dtype)
+
+
+class IdIndex:
+    """Where each id's row is: sorted tensors of ids searched in bulk.
+
+    Looking ids up one by one in a dict costs a Python call per id, several
+    times a step; here a batch's ids are found with ``searchsorted`` over
+    sorted ids, in two parts: the bulk, and the ids added since it was last
+    merged (kept sorted, merged with each batch added in one linear pass).
+    Once there are :data:`MERGE_AT` recent ids, they are merged into the
+    bulk. A removed id keeps its place, marked -1, until its part is merged.
+    About 16 bytes per id, against a dict's ~100.
+    """
+
+    MERGE_AT = 1 << 15
+
+    def __init__(self) -> None:
+        self._ids = torch.zeros(0, dtype=torch.int64)  # the bulk, sorted
+        self._slots = torch.zeros(0, dtype=torch.int64)  # -1: removed
+        self._recent_ids = torch.zeros(0, dtype=torch.int64)  # added since the bulk was merged, sorted
+        self._recent_slots = torch.zeros(0, dtype=torch.int64)
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def nbytes(self) -> int:
+        """Bytes of both sorted parts."""
+        return 16 * (self._ids.numel() + self._recent_ids.numel())
+
+    def find(self, ids: torch.Tensor) -> torch.Tensor:
+        """The slot of each id, -1 where it has none."""
+        slots = _search(self._ids, self._slots, ids)
+        if self._recent_ids.numel():
+            missing = torch.nonzero(slots < 0).squeeze(1)
+            if missing.numel():
+                slots[missing] = _search(self._recent_ids, self._recent_slots, ids[missing])
+        return slots
+
+    def add(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """Index ``ids`` (distinct, none of them held) at ``slots``."""
+        self._recent_ids, self._recent_slots = _merged(self._recent_ids, self._recent_slots, ids, slots)
+        self._count += ids.numel()
+        if self._recent_ids.numel() >= self.MERGE_AT:
+            self._ids, self._slots = _merged(self._ids, self._slots, self._recent_ids, self._recent_slots)
+            self._recent_ids, self._recent_slots = self._recent_ids[:0], self._recent_slots[:0]
+
+    def remove(self, ids: torch.Tensor) -> None:
+        """Forget ``ids`` (all of them held)."""
+        self._count -= ids.numel()
+        for keys, slots in ((self._recent_ids, self._recent_slots), (self._ids, self._slots)):
+            if keys.numel() and ids.numel():
+                at = torch.from_numpy(numpy.searchsorted(keys.numpy(), ids.numpy())).clamp_(max=keys.numel() - 1)
+                hit = (keys.index_select(0, at) == ids) & (slots.index_select(0, at) >= 0)
+                slots[at[hit]] = -1
+                ids = ids[~hit]  # each id is held in one part
+
+
+def _search(keys: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The slot of each id among sorted ``keys`` (-1 where it is not there, or removed)."""
+    if not keys.numel():
+        return torch.full_like(ids, -1)
+    # numpy's searchsorted is about 3 times torch's on CPU for int64 (a step's ~5,000 ids).
+    at = torch.from_numpy(numpy.searchsorted(keys.numpy(), ids.numpy())).clamp_(max=keys.numel() - 1)
+    return torch.where(keys.index_select(0, at) == ids, slots.index_select(0, at), -1)
+
+
+def _merged(
+    keys: torch.Tensor, slots: torch.Tensor, new_keys: torch.Tensor, new_slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted ``keys`` (their removed entries dropped) and ``new_keys`` (none among them), merged in one pass."""
+    held = slots >= 0
+    if not bool(held.all()):
+        keys, slots = keys[held], slots[held]
+    new_keys, order = torch.sort(new_keys)
+    new_slots = new_slots.index_select(0, order)
+    # Each new key lands after the old keys below it and the new keys before it.
+    at = torch.from_numpy(numpy.searchsorted(keys.numpy(), new_keys.numpy())) + torch.arange(new_keys.numel())
+    old_place = torch.ones(keys.numel() + new_keys.numel(), dtype=torch.bool)
+    old_place[at] = False
+    merged_keys = torch.empty(old_place.numel(), dtype=torch.int64)
+    merged_slots = torch.empty(old_place.numel(), dtype=torch.int64)
+    merged_keys[at], merged_slots[at] = new_keys, new_slots
+    merged_keys[old_place], merged_slots[old_place] = keys, slots
+    return merged_keys, merged_slots
+
+
+class DynamicRows:
+    """One part of a dynamic table: the ids it holds, their rows and the table optimizer's state of them.
+
+    Not thread-safe: a ps task calls it under its store's lock.
+
+    Args:
+        name: the part's name, for error messages.
+        row_shape: the shape of a row (``(embedding_dim,)``).
+        dtype: the rows' dtype.
+        spec: the table's initializer and eviction.
+        optimizer: the table optimizer (one that takes sparse gradients); None
+            for rows that are only read (a reference, a loaded checkpoint).
+        slots: rows to make room for at first (doubled as ids arrive).
+        memory: where the rows' optimizer state and grown slots live
+            (:class:`psframe.memory.Memory`); plain torch by default.
+        wall_clock: the time in seconds, for ``ttl_seconds`` eviction (default:
+            ``time.time``, which checkpoints keep meaning across restarts).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        row_shape: Sequence[int],
+        dtype: torch.dtype,
+        spec: DynamicTableSpec,
+        optimizer: OptimizerSpec | None = None,
+        *,
+        slots: int = INITIAL_SLOTS,
+        memory: Memory | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.name = name
+        self._memory = memory if memory is not None else Memory()
+        self.row_shape = tuple(row_shape)
+        self.dtype = dtype
+        self.spec = spec
+        self.optimizer_spec = optimizer
+        slots = max(1, slots)
+        self.weight = torch.zeros((slots, *self.row_shape), dtype=dtype, requires_grad=True)
+        self.optimizer = optimizer.build([self.weight], per_parameter=True) if optimizer is not None else None
+        self._fresh = fresh_row_state(optimizer.name, dict(optimizer.kwargs)) if optimizer is not None else {}
+        self._index = IdIndex()
+        self._id_of = torch.zeros(slots, dtype=torch.int64)
+        self._used = torch.zeros(slots, dtype=torch.bool)
+        self._updated = torch.zeros(slots, dtype=torch.int64)  # the update that last touched the row
+        self._updates = torch.zeros(slots, dtype=torch.int64)  # how many updates touched it
+        self._wall_clock = wall_clock
+        self._seen = torch.zeros(slots, dtype=torch.float64)  # when it was last looked up or updated (seconds)
+        self._next_sweep = 0.0  # wall-clock time of the next sweep for rows not seen for ttl_seconds
+        self._free: list[int] = []  # slots whose row was evicted
+        self._next = 0  # slots from here on were never used
+        self._admission = AdmissionFilter(spec.admission, spec.initializer.seed)
+        # For delta checkpoints (psframe.ps.store.changes): the epoch each slot's row last changed in
+        # (made, updated, or seen where seen is kept), and the ids evicted in each epoch.
+        self.epoch = 1
+        self._stamp = torch.zeros(slots, dtype=torch.int64)
+        self._deleted: list[tuple[int, torch.Tensor]] = []
+        self._state_keys: set[str] = set()  # the optimizer's state keys as of the last stamp
+        # For workers' row caches: each slot's row version, the count of the part's changes when
+        # it was made or last updated, from a base of the wall clock in ns (so a part made anew,
+        # after a restart, counts past every version the old one gave).
+        self._mutations = time.time_ns()
+        self._version = torch.zeros(slots, dtype=torch.int64)
+        self.clock = 0  # updates of this part so far
+        self.admitted = 0  # ids given a row (a restore's rows aside)
+        self.filtered = 0  # training lookups' ids refused a row by the admission
+        self.evicted = 0  # rows evicted, for any reason
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def slots(self) -> int:
+        """The rows there is memory for (a power of two times the initial slots)."""
+        return self.weight.shape[0]
+
+    def nbytes(self) -> int:
+        """Bytes of the slots (rows, per-row optimizer state, bookkeeping) and of the id index."""
+        total = self.weight.numel() * self.weight.element_size()
+        for value in self._state().values():
+            if isinstance(value, torch.Tensor):
+                total += value.numel() * value.element_size()
+        return total + self.slots * (6 * 8 + 1) + self._index.nbytes()  # id, 5 int64/float64 stamps, used
+
+    # ---- reading and updating
+
+    def read(self, ids: torch.Tensor, *, create: bool = True) -> torch.Tensor:
+        """A copy of the rows of ``ids`` (1-d int64, any values, distinct or not).
+
+        With ``create`` (a training lookup) an id not held is given its row,
+        if the table's admission lets it in, and counts against the cap;
+        without (an evaluation's lookup), nothing is kept. An id with no row
+        reads as its initial row.
+
+        Raises:
+            RowIdError: making the new rows would evict rows this read uses
+                (more distinct new ids than the cap allows).
+        """
+        if create:
+            slots = self._slots(ids, admit=True)  # first: making rows may grow the weight
+            if not self.spec.admission.filters:
+                rows = self.weight.detach().index_select(0, slots)
+                self._saw(slots)
+                return rows
+        else:
+            slots = self._lookup(ids)
+        rows = self._rows_of(ids, slots)
+        if create:
+            self._saw(slots[slots >= 0])
+        return rows
+
+    def read_since(
+        self, ids: torch.Tensor, cached: torch.Tensor, staleness: int, *, create: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`read`, for a worker's row cache holding versions ``cached`` of the ids' rows:
+        each id's row version now (0 for an id with no row), and copies of the rows
+        :func:`psframe.tables.rows.to_refresh` picks only."""
+        slots = self._slots(ids, admit=True) if create else self._lookup(ids)
+        held = slots >= 0
+        versions = torch.zeros_like(ids)
+        versions[held] = self._version.index_select(0, slots[held])
+        refresh = to_refresh(cached, versions, staleness)
+        rows = self._rows_of(ids[refresh], slots[refresh])
+        if create:
+            self._saw(slots[held])
+        return versions, rows
+
+    def _rows_of(self, ids: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Copies of the rows of ``ids`` at ``slots``; the initial row where the slot is -1."""
+        held = slots >= 0
+        if bool(held.all()):
+            return self.weight.detach().index_select(0, slots)
+        rows = torch.empty((ids.numel(), *self.row_shape), dtype=self.dtype)
+        rows[held] = self.weight.detach().index_select(0, slots[held])
+        rows[~held] = initial_rows(self.spec.initializer, ids[~held], self.row_shape, self.dtype)
+        return rows
+
+    def apply(self, ids: torch.Tensor, grads: torch.Tensor) -> None:
+        """One step of the table optimizer with these rows' gradients (an id
+        may repeat: its gradients are summed); an id not held is made first,
+        unless the table admits new ids by count or chance: then its lookup
+        did not admit it, and its gradient is dropped.
+        With no ids, the optimizer still counts a step, as for a batch that used the table.
+
+        Raises:
+            InvalidGradientError: this part holds rows only to read (it has no optimizer).
+        """
+        if self.optimizer is None:
+            raise InvalidGradientError(
+                f"dynamic table part {self.name!r} holds rows only to read: it has no optimizer to apply "
+                f"gradients with; nothing was applied"
+            )
+        if self.spec.admission.filters:
+            # Ids the admission refused at their lookup have no row: their gradients are dropped.
+            slots = self._lookup(ids)
+            held = slots >= 0
+            if not bool(held.all()):
+                slots, grads = slots[held], grads[held]
+        else:
+            slots = self._slots(ids)
+        grad = row_gradient(slots, grads, self.weight.shape)
+        self.weight.grad = grad
+        try:
+            kernels.step(self.optimizer)
+            self._memory.back_state(self.optimizer)  # state torch made at this step (SparseAdam's first)
+        finally:
+            self.weight.grad = None
+        self.clock += 1
+        touched = grad.indices()[0]
+        self._mutations += 1
+        self._version.index_fill_(0, touched, self._mutations)
+        self._stamp.index_fill_(0, touched, self.epoch)
+        if self._state_keys != set(self._state()):  # state torch made at this step: every row's is new
+            self._state_keys = set(self._state())
+            self._stamp[self._used] = self.epoch
+        self._updated.index_fill_(0, touched, self.clock)
+        self._updates[touched] += 1
+        self._age_out()
+        self._saw(touched)
+        self._drop_small(touched)
+
+    # ---- checkpoints
+
+    def export(self) -> dict[str, Any]:
+        """What a checkpoint keeps: ids (sorted), their rows, per-row and other optimizer state, ages."""
+        return self._export(torch.nonzero(self._used).squeeze(1))
+
+    def export_changes(self, since: int) -> dict[str, Any]:
+        """What a delta checkpoint keeps: as :meth:`export`, of the rows changed after epoch ``since``
+        only, plus ``deleted``, the ids evicted after it (sorted; an id evicted and made again is in both)."""
+        changed = self._export(torch.nonzero(self._used & (self._stamp > since)).squeeze(1))
+        deleted = [ids for epoch, ids in self._deleted if epoch > since]
+        changed["deleted"] = torch.unique(torch.cat(deleted)) if deleted else torch.zeros(0, dtype=torch.int64)
+        return changed
+
+    def close_epoch(self, oldest: int) -> None:
+        """Move on to the next epoch (a snapshot was taken); forget evictions no delta after ``oldest`` needs."""
+        self.epoch += 1
+        self._deleted = [(epoch, ids) for epoch, ids in self._deleted if epoch > oldest]
+
+    def _export(self, slots: torch.Tensor) -> dict[str, Any]:
+        order = torch.argsort(self._id_of[slots])
+        slots = slots[order]
+        state = {}
+        for key, value in self._state().items():
+            if self._per_row(value):
+                state[key] = value.index_select(0, slots)
+            else:
+                state[key] = value.clone() if isinstance(value, torch.Tensor) else value
+        return {
+            "ids": self._id_of[slots].clone(),
+            "rows": self.weight.detach().index_select(0, slots),
+            "state": state,
+            "updated": self._updated[slots],
+            "updates": self._updates[slots],
+            "clock": self.clock,
+            "seen": self._seen[slots],
+            "counts": self.counts(),
+            "admission": self._admission.state_dict(),
+        }
+
+    def counts(self) -> dict[str, int]:
+        """The ids this part admitted (gave a row), filtered (refused a row) and evicted so far."""
+        return dict(zip(COUNTS, (self.admitted, self.filtered, self.evicted)))
+
+    def load(self, saved: Mapping[str, Any]) -> None:
+        """Take rows, state and ages as :meth:`export` gave them (this part must be empty)."""
+        ids = saved["ids"]
+        slots = self._slots(ids, fill=False)
+        with torch.no_grad():
+            self.weight.index_copy_(0, slots, saved["rows"].to(self.dtype))
+        if saved["state"] and self.optimizer is not None:
+            state = self.optimizer.state[self.weight]
+            for key, value in saved["state"].items():
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.dim()
+                    and value.shape[0] == ids.numel()
+                    and tuple(value.shape[1:]) == self.row_shape
+                ):
+                    full = self._memory.full(self.weight.shape, self._fresh.get(key, 0.0), value.dtype)
+                    state[key] = full.index_copy_(0, slots, value)
+                else:
+                    state[key] = value.clone() if isinstance(value, torch.Tensor) else value
+        self._updated[slots] = saved["updated"]
+        self._updates[slots] = saved["updates"]
+        self.clock = int(saved["clock"])
+        # Saved before rows were timed (or by an older psframe): seen now, so a TTL starts from the restore.
+        seen = saved.get("seen")
+        self._seen[slots] = seen.to(torch.float64) if seen is not None else self._wall_clock()
+        counts = saved.get("counts") or {}  # absent in older files: counted from the restore
+        self.admitted, self.filtered, self.evicted = (int(counts.get(k, 0)) for k in COUNTS)
+        self._admission.load_state_dict(saved.get("admission") or {})
+        self._state_keys = set(self._state())
+
+    # ---- slots
+
+    def _state(self) -> dict[str, Any]:
+        return self.optimizer.state.get(self.weight, {}) if self.optimizer is not None else {}
+
+    def _per_row(self, value: Any) -> bool:
+        return isinstance(value, torch.Tensor) and value.shape == self.weight.shape
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._index.find(ids)
+
+    def _slots(self, ids: torch.Tensor, *, fill: bool = True, admit: bool = False) -> torch.Tensor:
+        """The slots of ``ids``, making those not held (their initial rows and fresh state, unless not ``fill``).
+
+        With ``admit`` (a training lookup) the table's admission decides which
+        new ids get a row; the slot of an id refused is -1.
+        """
+        slots = self._lookup(ids)
+        missing = slots < 0
+        if not bool(missing.any()):
+            return slots
+        wanted = ids[missing]
+        new_ids, occurrences = torch.unique(wanted, return_counts=True)
+        if admit and self.spec.admission.filters:
+            admitted = self._admission.admit(new_ids, occurrences)
+            self.filtered += int(new_ids.numel() - int(admitted.sum()))
+            new_ids = new_ids[admitted]
+            if not new_ids.numel():
+                return slots
+        self._make_room(new_ids.numel(), keep=slots[~missing])
+        new_slots = self._take_slots(new_ids.numel())
+        self._index.add(new_ids, new_slots)
+        self._id_of[new_slots] = new_ids
+        self._used[new_slots] = True
+        self._updated[new_slots] = self.clock
+        self._updates[new_slots] = 0
+        self._seen[new_slots] = self._wall_clock()
+        self._stamp[new_slots] = self.epoch if fill else 0  # a restored row is as the snapshot holds it
+        self._mutations += 1
+        self._version[new_slots] = self._mutations
+        if fill:
+            with torch.no_grad():
+                self.weight.index_copy_(
+                    0, new_slots, initial_rows(self.spec.initializer, new_ids, self.row_shape, self.dtype)
+                )
+            for key, value in self._state().items():
+                if self._per_row(value):
+                    value.index_fill_(0, new_slots, self._fresh.get(key, 0.0))
+            self.admitted += new_ids.numel()
+        at = torch.searchsorted(new_ids, wanted).clamp_(max=new_ids.numel() - 1)
+        slots[missing] = torch.where(new_ids[at] == wanted, new_slots[at], -1)
+        return slots
+
+    def _take_slots(self, count: int) -> torch.Tensor:
+        """``count`` unused slots: evicted rows' first, then never used ones (growing as needed)."""
+        reused = self._free[len(self._free) - min(count, len(self._free)) :]
+        del self._free[len(self._free) - len(reused) :]
+        fresh = count - len(reused)
+        while self._next + fresh > self.slots:
+            self._grow()
+        self._next += fresh
+        return torch.cat(
+            [torch.tensor(reused, dtype=torch.int64), torch.arange(self._next - fresh, self._next, dtype=torch.int64)]
+        )
+
+    def _grow(self) -> None:
+        """Double the slots; rows and optimizer state keep their slots."""
+        old = self.slots
+
+        def doubled(tensor: torch.Tensor, fill: float | bool = 0) -> torch.Tensor:
+            grown = self._memory.full((2 * old, *tensor.shape[1:]), fill, tensor.dtype)
+            grown[:old] = tensor
+            return grown
+
+        for key, value in self._state().items():
+            if self._per_row(value):
+                self._state()[key] = doubled(value, self._fresh.get(key, 0.0))
+        with torch.no_grad():
+            self.weight.data = doubled(self.weight.detach())
+        self._id_of, self._used = doubled(self._id_of), doubled(self._used, False)
+        self._updated, self._updates = doubled(self._updated), doubled(self._updates)
+        self._seen, self._stamp = doubled(self._seen), doubled(self._stamp)
+        self._version = doubled(self._version)
+
+    def _make_room(self, new: int, keep: torch.Tensor) -> None:
+        """Evict rows (never those in ``keep``) until ``new`` more fit under the cap."""
+        cap = self.spec.eviction.max_rows
+        excess = len(self) + new - cap if cap is not None else 0
+        if excess <= 0:
+            return
+        if self.spec.eviction.policy == "lru":
+            score = self._updated.clone()
+        else:  # fewest updates first, the oldest among equals
+            score = self._updates * (self.clock + 1) + self._updated
+        score[~self._used] = _NEVER
+        score[keep] = _NEVER
+        if int((score < _NEVER).sum()) < excess:
+            raise RowIdError(
+                f"dynamic table {self.name!r} keeps at most {cap} rows on its ps task, but one "
+                f"request uses {int(keep.unique().numel()) + new} of them; raise its max_rows"
+            )
+        self._evict(torch.topk(score, excess, largest=False).indices)
+
+    def _age_out(self) -> None:
+        max_age = self.spec.eviction.max_age
+        if max_age is None or self.clock % max(1, max_age // 8):
+            return  # swept every eighth of max_age updates: a row lives max_age to 1.125 * max_age updates
+        self._evict(torch.nonzero(self._used & (self._updated < self.clock - max_age)).squeeze(1))
+
+    def _saw(self, slots: torch.Tensor) -> None:
+        """Mark the rows of ``slots`` seen now; then, once in a while, evict those not seen for ``ttl_seconds``."""
+        ttl = self.spec.eviction.ttl_seconds
+        if ttl is None:
+            return
+        now = self._wall_clock()
+        self._seen[slots] = now
+        self._stamp[slots] = self.epoch
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + ttl / 8  # a row lives ttl to 1.125 * ttl seconds since last seen
+        self._evict(torch.nonzero(self._used & (self._seen < now - ttl)).squeeze(1))
+
+    def _drop_small(self, slots: torch.Tensor) -> None:
+        """Evict the rows of ``slots`` whose L2 norm is below the eviction's ``min_norm``."""
+        min_norm = self.spec.eviction.min_norm
+        if min_norm is None or not slots.numel():
+            return
+        norms = self.weight.detach().index_select(0, slots).flatten(1).float().norm(dim=1)
+        self._evict(slots[norms < min_norm])
+
+    def _evict(self, slots: torch.Tensor) -> None:
+        if slots.numel():
+            self._deleted.append((self.epoch, self._id_of[slots].clone()))
+        self._index.remove(self._id_of[slots])
+        self._free.extend(slots.tolist())
+        self._used[slots] = False
+        self.evicted += slots.numel()

@@ -1,0 +1,304 @@
+"""What a worker asks of a ps task, and what it gets back: named operations, one encoder.
+
+Every operation travels as one PushPull message on the ps task's stream
+(:mod:`psframe.worker.client.streams`), and is answered by one reply of its own type:
+
+=================  =====================================  ================================  ===============
+operation          pushes                                 pulls                             reply
+=================  =====================================  ================================  ===============
+:class:`PushPull`  gradients of dense shards (or none)    their values, after the update    :class:`DenseReply`
+:class:`PushRows`  gradients of some rows of table parts  nothing                           :class:`RowsPushed`
+:class:`PullRows`  nothing                                rows of table parts, by id        :class:`RowsPulled`
+=================  =====================================  ================================  ===============
+
+A step's messages to a ps task are as few as it can make them: the rows'
+gradients travel in the message that ends the step there (a
+:class:`PushPull`'s ``rows``), and in asynchronous training the rows
+pulled ahead for the next step (:mod:`psframe.worker.model.prefetch`) too
+(``row_pulls``, read once the message's pushes are applied). A ps task
+that holds only embedding tables gets one :class:`PushRows`, which may
+carry the pulls the same way. Each message costs a ps task about a
+quarter of a millisecond of gRPC's Python beyond its tensors' work, more
+than the row update of a CTR batch's table part.
+
+*End of step* is a field of the operations that push (a :class:`PushPull`'s
+planned request, or :attr:`PushRows.end_of_step`): the worker's last push of
+its step to that ps task, which counts the step (and, in synchronous
+training, closes the worker's part of the round).
+
+:class:`OperationEncoder` is the one place that turns an operation into a
+message and a reply back into its type. A :class:`PushPull` is sent every
+step, so its header is made once (:class:`~psframe.worker.client.prepared.PreparedRequest`),
+and on the ps task's host its tensors may move through a shared region.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+import torch
+
+from psframe.config.options import BoundedStaleness
+from psframe.tables.rows import CachedPull, FreshRows, RowPull, RowPush
+from psframe.wire import codec, row_tensors
+from psframe.wire import psframe_pb2 as pb
+from psframe.worker.client.prepared import PreparedRequest
+from psframe.worker.plan.step_plan import Request
+
+log = logging.getLogger(__name__)
+
+Gradients = Sequence[tuple[str, torch.Tensor]]
+"""Tensors by shard name: the gradients a :class:`PushPull` sends."""
+
+
+@dataclass(frozen=True, slots=True)
+class PushPull:
+    """A planned request of a step (:class:`~psframe.worker.plan.step_plan.Request`) with its gradients.
+
+    ``grads`` may be empty for a request that only pulls, or left to the
+    exchange that sends it (its gradients are not all there yet: see
+    :meth:`psframe.worker.client.streams.PushPullStreams.begin`).
+    """
+
+    request: Request
+    grads: Gradients = ()
+    rows: Sequence[RowPush] = ()  # gradients of rows of the ps task's table parts, applied with the request's
+    row_pulls: Sequence[RowPull] = ()  # rows read after the update (asynchronous training), answered in the reply
+
+    @property
+    def ps_task(self) -> int:
+        return self.request.ps_task
+
+    @property
+    def pushes(self) -> bool:
+        return bool(self.request.push or self.rows)
+
+    @property
+    def carries_rows(self) -> bool:
+        """Whether it travels with rows (a message of its own make, not its prepared request's)."""
+        return bool(self.rows or self.row_pulls)
+
+
+@dataclass(frozen=True, slots=True)
+class PushRows:
+    """Gradients of rows of embedding table parts held by one ps task."""
+
+    ps_task: int
+    rows: Sequence[RowPush]
+    end_of_step: bool  # no PushPull of the step to this ps task ends it: this message does
+    row_pulls: Sequence[RowPull] = ()  # rows read after these are applied (asynchronous training)
+    rows_async: bool = False  # sync training: rows of tables applied at once, outside the round
+
+    @property
+    def pushes(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class PullRows:
+    """The current values of rows of embedding table parts held by one ps task.
+
+    ``create``: a dynamic table makes the rows of ids it does not hold (else
+    it answers their initial rows and keeps nothing). A :class:`~psframe.tables.rows.CachedPull`
+    (a worker's row cache) is answered with :class:`~psframe.tables.rows.FreshRows`: only
+    the rows that moved more than ``staleness`` versions past the cached ones.
+    """
+
+    ps_task: int
+    rows: Sequence[RowPull | CachedPull]
+    create: bool = True
+    staleness: int = 0
+
+    @property
+    def pushes(self) -> bool:
+        return False
+
+
+Operation = PushPull | PushRows | PullRows
+
+
+@dataclass(slots=True)
+class DenseReply:
+    """The answer to a :class:`PushPull`: the ps task's global step and the values pulled."""
+
+    global_step: int
+    dropped: bool  # sync: the gradients were stale or late, and not applied
+    values: list[torch.Tensor]  # in the order of the request's ``pull``; read-only views of the reply
+    duplicate: bool = False  # a push sent again whose first copy the ps task had applied (not applied again)
+    rows: list[torch.Tensor] = field(default_factory=list)  # the rows of the request's ``row_pulls``, in order
+    steps_ahead: int = 0  # async, a step-ending push: how far ahead of the slowest live worker it found this one
+
+
+@dataclass(slots=True)
+class RowsPushed:
+    """The answer to a :class:`PushRows`."""
+
+    global_step: int
+    duplicate: bool  # sent again after its first copy was applied (not applied again)
+    rows: list[torch.Tensor] = field(default_factory=list)  # the rows of its ``row_pulls``, in order
+
+
+@dataclass(slots=True)
+class RowsPulled:
+    """The answer to a :class:`PullRows`: the rows of each ``(part, ids)`` pair, in order (read-only
+    views); for a cached pull, its :class:`~psframe.tables.rows.FreshRows`."""
+
+    rows: list[torch.Tensor | FreshRows]
+
+
+Reply = DenseReply | RowsPushed | RowsPulled
+
+
+class OperationEncoder:
+    """Operations to PushPull messages, and replies to their types, for one client.
+
+    Args:
+        caller: who sends (every header names it).
+        wire_dtype: the dtype compressed :class:`PushPull` gradients move in; None: none.
+        share_with: the ps tasks that may take shared regions (on this host, with
+            shared memory available); one that says it cannot map them is dropped.
+        staleness: the bound every push that ends a step carries
+            (:class:`psframe.BoundedStaleness`, :mod:`psframe.ps.protocol.staleness`); None: none.
+    """
+
+    def __init__(
+        self,
+        caller: pb.Caller,
+        wire_dtype: torch.dtype | None,
+        share_with: set[int],
+        staleness: BoundedStaleness | None = None,
+    ) -> None:
+        self._caller = caller
+        self._staleness = staleness
+        self._wire_dtype = wire_dtype
+        self._wire_name = codec.dtype_name(wire_dtype) if wire_dtype is not None else ""
+        self.share_with = share_with
+        # Made once per planned request (and compression): see PreparedRequest.
+        self.prepared: dict[tuple[Request, bool], PreparedRequest] = {}
+        # Data read in ranges: the ps task that keeps the queue, and what this step consumed,
+        # for its step-ending push there (psframe.ps.protocol.data_ranges); None between such steps.
+        self.progress: tuple[int, pb.DataProgress] | None = None
+
+    def encode(self, operation: Operation, step: int, compress: bool, push_id: int, grads: Gradients = ()) -> bytes:
+        """The message of ``operation`` at ``step``, numbered ``push_id`` (0 for one that pushes nothing).
+
+        ``compress``: a :class:`PushPull`'s tensors travel in the wire dtype; ``grads``:
+        its gradients, where the operation does not hold them.
+        """
+        if isinstance(operation, PushPull):
+            if operation.carries_rows:
+                return self._encode_with_rows(operation, grads or operation.grads, step, compress, push_id)
+            return self._encode_planned(operation.request, grads or operation.grads, step, compress, push_id)
+        if isinstance(operation, PushRows):
+            tensors, kinds = row_tensors.push_tensors(operation.rows)
+            pulled, pulled_kinds = row_tensors.pull_tensors(operation.row_pulls)
+            header = pb.PushPullHeader(
+                caller=self._caller,
+                step=step,
+                end_of_step=operation.end_of_step,
+                push_id=push_id,
+                rows_async=operation.rows_async,
+            )
+            self._bound(header)
+            self._report_progress(header, operation.ps_task)
+            return codec.encode(header, tensors + pulled, kinds + pulled_kinds)
+        tensors, kinds = row_tensors.pull_tensors(operation.rows, operation.create)
+        header = pb.PushPullHeader(caller=self._caller, step=step, row_staleness=operation.staleness)
+        return codec.encode(header, tensors, kinds)
+
+    def _encode_planned(self, request: Request, grads: Gradients, step: int, compress: bool, push_id: int) -> bytes:
+        prepared = self.prepared.get((request, compress))
+        if prepared is None:  # every step sends the same header but for the step number
+            prepared = self.prepared[(request, compress)] = PreparedRequest(
+                self._planned_header(request, compress), share=request.ps_task in self.share_with
+            )
+        elif prepared.share and request.ps_task not in self.share_with:
+            prepared.share = False
+            prepared.drop_region()
+        self._report_progress(prepared.header, request.ps_task)
+        return prepared.encode(step, self._to_wire(grads, compress), push_id)
+
+    def _planned_header(self, request: Request, compress: bool) -> pb.PushPullHeader:
+        """The header of a planned request, but for its step and push number."""
+        header = pb.PushPullHeader(
+            caller=self._caller,
+            pull=[s.name for s in request.pull],
+            end_of_step=request.end_of_step,
+            wire_dtype=self._wire_name if compress else "",
+        )
+        self._bound(header)
+        return header
+
+    def _to_wire(self, grads: Gradients, compress: bool) -> Gradients:
+        """The gradients as they travel: in the wire dtype when compressed."""
+        if not compress:
+            return grads
+        return [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
+
+    def _bound(self, header: pb.PushPullHeader) -> None:
+        """Name the staleness bound in a step-ending push's header (where there is one)."""
+        if self._staleness is not None and header.end_of_step:
+            header.staleness_bound = self._staleness.steps
+            header.staleness_timeout = self._staleness.timeout
+
+    def _report_progress(self, header: pb.PushPullHeader, ps_task: int) -> None:
+        """Name the data this step consumed in its step-ending push to the queue's ps task (only there)."""
+        if self.progress is not None and header.end_of_step and ps_task == self.progress[0]:
+            header.progress.CopyFrom(self.progress[1])
+        elif header.HasField("progress"):
+            header.ClearField("progress")
+
+    def _encode_with_rows(
+        self, operation: PushPull, grads: Gradients, step: int, compress: bool, push_id: int
+    ) -> bytes:
+        """A planned request that carries rows too: its header, its gradients and the rows, in the message."""
+        header = self._planned_header(operation.request, compress)
+        header.step, header.push_id = step, push_id
+        self._report_progress(header, operation.ps_task)
+        grads = self._to_wire(grads, compress)
+        pushed, pushed_kinds = row_tensors.push_tensors(operation.rows)
+        pulled, pulled_kinds = row_tensors.pull_tensors(operation.row_pulls)
+        kinds = [int(row_tensors.VALUE)] * len(grads) + pushed_kinds + pulled_kinds
+        return codec.encode(header, [*grads, *pushed, *pulled], kinds)
+
+    def decode(self, operation: Operation, data: bytes, compress: bool) -> tuple[pb.PushPullReplyHeader, Reply]:
+        """The reply to ``operation``: its header (errors and region fields) and its typed answer."""
+        if isinstance(operation, PushPull) and operation.carries_rows:
+            header, tensors = codec.decode(data, pb.PushPullReplyHeader)
+            values = [t for meta, t in zip(header.tensors, tensors) if meta.kind == row_tensors.VALUE]
+            rows = cast(list[torch.Tensor], row_tensors.pulled_rows(header.tensors, tensors))  # no row cache
+            return header, DenseReply(
+                header.global_step, header.dropped, values, header.duplicate, rows, header.steps_ahead
+            )
+        if isinstance(operation, PushPull):
+            prepared = self.prepared[(operation.request, compress)]
+            header, tensors = prepared.decode(data)
+            if header.region_refused:
+                self.share_with.discard(operation.ps_task)
+            if header.region_unusable:  # nothing was applied: the tensors go again in the message
+                prepared.drop_region()
+            return header, DenseReply(
+                header.global_step, header.dropped, tensors, header.duplicate, steps_ahead=header.steps_ahead
+            )
+        header, tensors = codec.decode(data, pb.PushPullReplyHeader)
+        if isinstance(operation, PushRows):
+            rows = cast(list[torch.Tensor], row_tensors.pulled_rows(header.tensors, tensors))  # no row cache
+            return header, RowsPushed(header.global_step, header.duplicate, rows)
+        return header, RowsPulled(row_tensors.pulled_rows(header.tensors, tensors))
+
+    def drop_regions(self, operations: Sequence[Operation], compress: bool) -> None:
+        """Give the planned requests among ``operations`` regions of their own next time (a step that failed
+        may have left gradients in theirs that a ps task still holds: a sync round waits for them)."""
+        for operation in operations:
+            if isinstance(operation, PushPull):
+                prepared = self.prepared.get((operation.request, compress))
+                if prepared is not None:
+                    prepared.drop_region()
+
+    def drop_all_regions(self) -> None:
+        """Offer shared regions anew (the streams were closed)."""
+        for prepared in self.prepared.values():
+            prepared.drop_region()
