@@ -30,6 +30,7 @@ import argparse
 import sys
 
 import psframe
+from benchmarks.common import forked_children
 from benchmarks.suite.ctr_throughput import cores_note, ctr_throughput_table, run_ctr_throughput
 from benchmarks.suite.row_rate import profile_paths, row_rate_table, run_row_rate_benchmarks
 
@@ -46,10 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     psframe.tune_process()  # as psframe's own entry points do: this process is the row rate's worker
     print(cores_note(), flush=True)
-    print(
-        f"\n{THROUGHPUT_CAPTION}:\n\n" + ctr_throughput_table(run_ctr_throughput(args.quick, args.timeout)), flush=True
-    )
-    rows = run_row_rate_benchmarks(args.quick, args.timeout)
+    with forked_children(args.quick):  # --quick: children forked from one that imported torch and psframe
+        throughput = run_ctr_throughput(args.quick, args.timeout)
+        print(f"\n{THROUGHPUT_CAPTION}:\n\n" + ctr_throughput_table(throughput), flush=True)
+        rows = run_row_rate_benchmarks(args.quick, args.timeout)
     print(f"\n{ROW_RATE_CAPTION}:\n\n" + row_rate_table(rows), flush=True)
     if args.profile:
         print("\n" + profile_paths(), flush=True)

@@ -1,6 +1,6 @@
 """Run every benchmark, print each table as it completes, write the report.
 
-    python -m benchmarks.run [--quick] [--skip training,memory,...] [--out docs/benchmarks.md]
+    python -m benchmarks.run [--quick] [--skip training,memory,...] [--out docs/benchmarks.md] [--json rows.json]
 
 Sections, in the order they run: ``raw`` (the raw gRPC ceiling; from
 :mod:`benchmarks.baselines.raw_grpc`), ``transport`` (psframe push+pull; from
@@ -19,7 +19,10 @@ and uncapped, against each link's limit; from :mod:`benchmarks.suite.hosts`; nee
 A section that fails is reported (in the report and on stderr) and the others
 still run; the exit code is then 1. ``--quick`` is a smoke test: 4 KiB and
 320 KiB only, few repeats, one small memory case, training's and scaling's
-quick modes on ``mnist_mlp`` only (scaling with 1 and 2 workers).
+quick modes on ``mnist_mlp`` only (scaling with 1 and 2 workers), the CTR
+example's tasks started without ``psframe launch``, and every Python child
+forked from one process that imported torch and psframe once
+(:func:`benchmarks.common.forked_children`), not started afresh.
 """
 
 from __future__ import annotations
@@ -33,13 +36,14 @@ os.environ["MKL_NUM_THREADS"] = "1"
 import argparse
 import datetime
 import faulthandler
+import json
 import shlex
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from benchmarks.common import ROOT, Settings, single_thread
+from benchmarks.common import ROOT, Settings, forked_children, single_thread
 
 SECTIONS = ("raw", "transport", "security", "memory", "training", "scaling", "sparse", "hosts")
 TRAINING_MODELS = ("mnist_mlp", "large_mlp")
@@ -148,34 +152,37 @@ def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
         links = (100,) if quick else (100, 1000, 0)
         return run_hosts_benchmark(models, links, quick=quick)
 
-    for section, run in (
-        ("raw", raw),
-        ("transport", transport),
-        ("security", security),
-        ("memory", memory),
-        ("training", training),
-        ("scaling", scaling),
-        ("sparse", sparse),
-        ("hosts", hosts),
-    ):
-        if section in skip:
-            continue
-        t = time.monotonic()
-        print(f"[bench] {section}...", file=sys.stderr, flush=True)
-        # Backstop: every wait inside has a deadline, but should one not hold,
-        # print where it hangs and exit (children stop on their own --timeout).
-        faulthandler.dump_traceback_later(section_timeout(section) + BACKSTOP_S, exit=True)
-        try:
-            results[section] = run()
-        except Exception as e:  # noqa: BLE001 - a failed section is reported, the rest still run
-            traceback.print_exc()
-            results["errors"][section] = f"{type(e).__name__}: {e}".splitlines()[0]
-            print(f"[bench] {section} FAILED: {e}", file=sys.stderr, flush=True)
-            continue
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-        print(report.section_text(section, results[section]), flush=True)
-        print(f"[bench] {section} took {time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
+    # --quick forks each Python child from one process that imported torch and psframe once
+    # (benchmarks.common.forked_children): their start-up was most of a quick run's CPU.
+    with forked_children(quick):
+        for section, run in (
+            ("raw", raw),
+            ("transport", transport),
+            ("security", security),
+            ("memory", memory),
+            ("training", training),
+            ("scaling", scaling),
+            ("sparse", sparse),
+            ("hosts", hosts),
+        ):
+            if section in skip:
+                continue
+            t = time.monotonic()
+            print(f"[bench] {section}...", file=sys.stderr, flush=True)
+            # Backstop: every wait inside has a deadline, but should one not hold,
+            # print where it hangs and exit (children stop on their own --timeout).
+            faulthandler.dump_traceback_later(section_timeout(section) + BACKSTOP_S, exit=True)
+            try:
+                results[section] = run()
+            except Exception as e:  # noqa: BLE001 - a failed section is reported, the rest still run
+                traceback.print_exc()
+                results["errors"][section] = f"{type(e).__name__}: {e}".splitlines()[0]
+                print(f"[bench] {section} FAILED: {e}", file=sys.stderr, flush=True)
+                continue
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+            print(report.section_text(section, results[section]), flush=True)
+            print(f"[bench] {section} took {time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
     results["seconds"] = time.monotonic() - start
     results["load_after"] = _load_average()
     return results
@@ -202,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke test: small sizes, few repeats, training and scaling quick modes on mnist_mlp",
+        help="smoke test: small sizes, few repeats, training and scaling quick modes on mnist_mlp, "
+        "children forked from one process that imported torch and psframe",
     )
     parser.add_argument(
         "--skip", type=parse_skip, default=set(), help=f"comma-separated sections not to run: {','.join(SECTIONS)}"
@@ -220,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         help="deadline of each section in seconds (training's timeout too; "
         "training gets 1.7 times this outside --quick)",
     )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write every section's rows (and the run's details) to this file"
+    )
     args = parser.parse_args(argv)
     single_thread()
     command = "OMP_NUM_THREADS=1 python -m benchmarks.run" + "".join(
@@ -230,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks import report
 
     md, png = report.write_report(results, args.out)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
     scaling_png = f" and {md.parent / report.scaling_png_name(png.name)}" if results.get("scaling") else ""
     print(f"[bench] wrote {md}, {png}{scaling_png} in {results['seconds']:.0f} s", file=sys.stderr)
     if results["errors"]:

@@ -1,16 +1,20 @@
 """Smoke test of the benchmark suite: ``python -m benchmarks.run --quick`` runs
 end to end, prints every table and writes the report and its plots (the
-scaling and security sections in tests of their own).
+scaling, security and hosts sections in tests of their own). The tests of the
+report, of the sparse section's ps memory and of the CTR example's rows read
+the same run (the ``quick_run`` fixture): no section runs twice.
 
 No timing is asserted: speed goals live in benchmarks/, never in tests.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -50,13 +54,40 @@ def _run_quick(out: Path, *flags: str) -> subprocess.CompletedProcess:
     return _run_quick_module("benchmarks.run", "--out", str(out), *flags, tf=False)
 
 
+@dataclass
+class QuickRun:
+    """One ``python -m benchmarks.run --quick`` of the sections but scaling, security and hosts (their
+    own tests below): its process, its report, and its rows (``--json``; None if it wrote none)."""
+
+    proc: subprocess.CompletedProcess
+    out: Path
+    results: dict | None
+
+    def check(self) -> None:
+        assert self.proc.returncode == 0, f"stdout:\n{self.proc.stdout}\nstderr:\n{self.proc.stderr[-5000:]}"
+
+    def rows(self, section: str, kind: str) -> list[dict]:
+        """The rows of ``kind`` in ``section``'s results."""
+        self.check()
+        assert self.results is not None and self.results[section], self.proc.stdout
+        return [r for r in self.results[section] if r.get("kind") == kind]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> QuickRun:
+    """The tests of the report's tables, of the sparse section's ps memory and of the CTR example's
+    rows read one run: each of those sections runs once."""
+    folder = tmp_path_factory.mktemp("quick")
+    out, rows = folder / "benchmarks.md", folder / "benchmarks.json"
+    proc = _run_quick(out, "--skip", "scaling,security,hosts", "--json", str(rows))
+    return QuickRun(proc, out, json.loads(rows.read_text()) if rows.is_file() else None)
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(TIMEOUT_S + 30)
-def test_quick_run_prints_every_table_and_writes_the_report(tmp_path):
-    out = tmp_path / "benchmarks.md"
-    proc = _run_quick(out, "--skip", "scaling,security,hosts")  # scaling, security, hosts: their own tests below
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
-    stdout = proc.stdout
+def test_quick_run_prints_every_table_and_writes_the_report(quick_run):
+    quick_run.check()
+    out, stdout = quick_run.out, quick_run.proc.stdout
 
     raw = table_rows(stdout, TITLES["raw"])
     assert {(r[0], r[1]) for r in raw} >= {("raw gRPC", "unary"), ("raw gRPC", "stream")}, stdout
@@ -167,6 +198,38 @@ def test_training_repeats_may_differ_per_model(monkeypatch):
     assert calls == ["mnist_mlp"] * 6 + ["large_mlp"] * 2  # refused before running anything
 
 
+@pytest.mark.cluster
+def test_a_forked_child_runs_its_command_line_as_python_would(tmp_path):
+    from benchmarks.common import ForkServer
+
+    code = "import os, sys; print(sys.argv[1:], os.environ['WHO'], os.getcwd(), flush=True); sys.exit(3)"
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nprint(__name__, sys.argv[1:])\nraise ValueError('broken')\n")
+    with ForkServer(preload=()) as server:  # nothing preloaded: this test costs no torch import
+        child = server.start(
+            [sys.executable, "-c", code, "a", "b"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={"WHO": "me"},
+            cwd=tmp_path,
+            text=True,
+        )
+        assert child.wait(timeout=30) == 3 and child.stdout.read() == f"['a', 'b'] me {tmp_path}\n"
+        with open(tmp_path / "out", "w") as out:
+            failing = server.start([sys.executable, str(script), "x"], stdout=out, stderr=subprocess.STDOUT)
+        assert failing.wait(timeout=30) == 1
+        assert (tmp_path / "out").read_text().startswith("__main__ ['x']\nTraceback")
+        assert "ValueError: broken" in (tmp_path / "out").read_text()
+        module = server.start([sys.executable, "-m", "this"], stdout=subprocess.PIPE, text=True)
+        assert module.wait(timeout=30) == 0 and "Zen of Python" in module.stdout.read()
+        sleeper = server.start([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.DEVNULL)
+        assert sleeper.poll() is None
+        sleeper.kill()
+        assert sleeper.wait(timeout=30) == -9
+        assert server.start(["sh", "-c", "true"]) is None  # not Python: Popen's to start
+        assert server.reaped_cpu_seconds() >= 0
+
+
 def test_cpu_in_window_interpolates_between_samples():
     from benchmarks.suite.processes import cpu_in_window
 
@@ -244,7 +307,8 @@ def _cell(text: str) -> float:
 @pytest.mark.timeout(TIMEOUT_S + 30)
 def test_quick_scaling_section_runs_every_system_and_computes_the_ratios(tmp_path):
     out = tmp_path / "benchmarks.md"
-    proc = _run_quick(out, "--skip", "raw,transport,security,memory,training,sparse")  # sparse: the test above
+    # Every other section has a test of its own (hosts too, which needs root: this one does not).
+    proc = _run_quick(out, "--skip", "raw,transport,security,memory,training,sparse,hosts")
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
     rows = table_rows(proc.stdout, TITLES["scaling"])
     # model, system, ps tasks, workers, steps/s, vs rpc, per worker, requests/step, size, CPU ms, vs echo, load
@@ -287,7 +351,7 @@ def test_quick_security_section_times_a_step_with_every_setting(tmp_path):
     from benchmarks.suite.security import SETTINGS
 
     out = tmp_path / "benchmarks.md"
-    proc = _run_quick(out, "--skip", "raw,transport,memory,training,scaling,sparse")
+    proc = _run_quick(out, "--skip", "raw,transport,memory,training,scaling,sparse,hosts")
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
     rows = table_rows(proc.stdout, TITLES["security"])
     # payload, security, round trips/s, us/step, over none, CPU us/step, CPU over none, vs none, spread
@@ -433,18 +497,17 @@ def _table_after(text: str, caption: str) -> list[list[str]]:
 
 
 @pytest.mark.cluster
-@pytest.mark.timeout(180)
-def test_table_memory_holds_each_ps_task_against_its_rows_state_and_an_idle_ps(tmp_path):
-    from benchmarks.common import Children, Deadline
+@pytest.mark.timeout(TIMEOUT_S + 30)
+def test_table_memory_holds_each_ps_task_against_its_rows_state_and_an_idle_ps(quick_run):
     from benchmarks.embedding_workload import DIM
     from benchmarks.suite import sparse
     from benchmarks.suite.memory import LIMIT_FACTOR
 
-    rows = 10_000
-    with Children(tmp_path) as children:
-        results = sparse.table_memory(children, rows, Deadline(150, "table memory test"), steps=2, idle_rows=1_024)
+    rows = sparse.QUICK_MEMORY_ROWS  # the quick run's table (sparse.table_memory)
+    results = quick_run.rows("sparse", "memory")
     assert [r["ps_task"] for r in results] == [0, 1], results
-    # mod partition: 5,000 rows of 64 float32 on each ps task, and all of them together.
+    assert all(r["rows"] == rows for r in results), results
+    # mod partition: half the rows of 64 float32 on each ps task, and all of them together.
     assert [r["table_bytes"] for r in results] == [rows // 2 * DIM * 4] * 2, results
     pids = set()
     for r in results:
@@ -457,7 +520,7 @@ def test_table_memory_holds_each_ps_task_against_its_rows_state_and_an_idle_ps(t
     assert len(pids) == 2, results  # each ps task's own process
     text = sparse.sparse_table(results)
     body = _table_after(text, sparse.MEMORY_CAPTION)
-    assert [(r[0], r[1]) for r in body] == [("10,000", "0"), ("10,000", "1")], text
+    assert [(r[0], r[1]) for r in body] == [(f"{rows:,}", "0"), (f"{rows:,}", "1")], text
     assert all(r[-1] in ("yes", "NO") for r in body), text
 
 
@@ -489,12 +552,12 @@ def test_ctr_rows_read_the_chiefs_line_and_compare_with_the_single_process():
 
 
 @pytest.mark.cluster
-@pytest.mark.timeout(300)
-def test_ctr_benchmark_runs_every_mode_on_the_same_samples():
+@pytest.mark.timeout(TIMEOUT_S + 30)
+def test_ctr_benchmark_runs_every_mode_on_the_same_samples(quick_run):
     from benchmarks.suite import ctr, sparse
 
-    case = ctr.CtrCase(train_steps=60, batch_size=64, train_samples=4_096, test_samples=2_048, hash_buckets=4_096)
-    rows = ctr.run_ctr_benchmarks(timeout=240, case=case)
+    case = ctr.QUICK_CASE  # the quick run's (ctr.run_ctr_benchmarks, from the sparse section)
+    rows = quick_run.rows("sparse", "ctr")
     assert [(r["mode"], r["num_ps"], r["num_workers"]) for r in rows] == [
         ("single_process", 0, 1),
         ("async", 2, 2),

@@ -759,16 +759,18 @@ def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks, table_p
 
 @pytest.mark.cluster
 def test_the_pause_experiment_runs_and_prints_each_size(capsys):
+    from benchmarks.common import forked_children
     from benchmarks.experiments import relayout_pause
 
-    for size, model in (
-        ("1", ["--model", "dense"]),
-        ("2", ["--model", "dense", "--dense_parts", "4"]),  # partitioned (above 1 MiB): 4 fixed parts
-        ("1", ["--model", "table", "--table_parts", "4"]),
-    ):
-        assert relayout_pause.main(["--sizes", size, "--runs", "1", *model]) == 0
-        row = capsys.readouterr().out.splitlines()[-1].split()
-        assert row[0] == f"{size}MB" and all(float(cell.rstrip("x")) > 0 for cell in row[1:]), row
+    with forked_children():  # every ps task forked from one process that imported psframe once
+        for size, model in (
+            ("1", ["--model", "dense"]),
+            ("2", ["--model", "dense", "--dense_parts", "4"]),  # partitioned (above 1 MiB): 4 fixed parts
+            ("1", ["--model", "table", "--table_parts", "4"]),
+        ):
+            assert relayout_pause.main(["--sizes", size, "--runs", "1", *model]) == 0
+            row = capsys.readouterr().out.splitlines()[-1].split()
+            assert row[0] == f"{size}MB" and all(float(cell.rstrip("x")) > 0 for cell in row[1:]), row
 
 
 @pytest.mark.service

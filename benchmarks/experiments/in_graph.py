@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks.common import start_process
 from psframe.launch import pick_free_ports
 
 _WORKER = r"""
@@ -78,14 +79,14 @@ def run(kind: str, replicas: int, batch: int, steps: int) -> dict[str, float]:
     spec = f"ps|127.0.0.1:{ports[0]},worker|{';'.join(f'127.0.0.1:{p}' for p in ports[1:])}"
     env = {"OMP_NUM_THREADS": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     server = [sys.executable, "-m", "psframe.cli", "server", f"--cluster_spec={spec}", "--job_name=ps"]
-    ps = subprocess.Popen(
+    ps = start_process(
         [*server, "--task_index=0", "--serving_processes=1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,
     )
     procs = [
-        subprocess.Popen(
+        start_process(
             [sys.executable, "-c", _WORKER, spec, str(i), str(in_process), str(per_replica), str(steps), str(workers)],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

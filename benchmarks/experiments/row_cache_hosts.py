@@ -28,7 +28,8 @@ same global steps in every mode); runs are interleaved (none, cached,
 prefetch, none, cached, ... ``--repeats`` rounds per link and tables), so
 that a slow spell of the machine falls on every mode alike; each row of the
 table is the median of its runs. ``--quick``: about 2 s of training a run,
-tables of 2^14 rows (a smoke test).
+tables of 2^14 rows, each task forked from a process on its host that imported
+torch and psframe once (a smoke test).
 
 Per row: *samples/s*, the example's own figure (its chief's: samples trained
 over its whole training loop, cold cache included; every run's value
@@ -52,6 +53,8 @@ It needs root (network namespaces); without, it says so and exits 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import re
@@ -67,7 +70,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks.common import ROOT, child_env
+from benchmarks.common import ROOT, ForkedProcess, ForkServer, child_env
 from benchmarks.formatting import format_number, format_ratio, markdown_table
 from benchmarks.suite.processes import load_mark, other_load_since
 
@@ -128,6 +131,9 @@ class Settings:
     hash_buckets: int
     run_timeout: float  # seconds one run may take, start-up and evaluation included
     min_steps: int
+    # Fork each task from a fork server on its host (benchmarks.common.ForkServer), which imported
+    # torch and psframe once: the smoke test's tasks live seconds, most of them spent importing.
+    fork: bool = False
 
     def train_steps(self, link_mbit: float) -> int:
         """Global steps of a run on a link of ``link_mbit``: about :attr:`seconds` of training."""
@@ -140,7 +146,13 @@ FULL = Settings(
     seconds=12.0, train_samples=150_000, test_samples=10_000, hash_buckets=1 << 17, run_timeout=240.0, min_steps=30
 )
 QUICK = Settings(
-    seconds=2.0, train_samples=20_000, test_samples=2_000, hash_buckets=1 << 14, run_timeout=90.0, min_steps=12
+    seconds=2.0,
+    train_samples=20_000,
+    test_samples=2_000,
+    hash_buckets=1 << 14,
+    run_timeout=90.0,
+    min_steps=12,
+    fork=True,
 )
 
 
@@ -217,9 +229,11 @@ def run_once(
     cache_rows: int,
     settings: Settings,
     keep_logs: Path | None = None,
+    servers: dict[str, ForkServer] | None = None,
 ) -> dict:
     """One run of the example on ``hosts`` (a :class:`tests.hosts.HostSet` of :data:`HOSTS`): its row
-    (the tasks' logs copied into ``keep_logs`` if given)."""
+    (the tasks' logs copied into ``keep_logs`` if given; each task forked by its host's server of
+    ``servers`` where there is one)."""
     steps = settings.train_steps(link_mbit)
     flags = example_flags(tables, mode, cache_rows, steps, settings)
     cluster = [
@@ -228,7 +242,7 @@ def run_once(
     ]
     mark, started = load_mark(), time.monotonic()
     deadline = started + settings.run_timeout
-    procs: dict[str, subprocess.Popen] = {}
+    procs: dict[str, subprocess.Popen | ForkedProcess] = {}
     trace: list[tuple[float, int, int]] = []
     with tempfile.TemporaryDirectory(prefix="psframe-row-cache-hosts-") as tmp:
         logs = {host: Path(tmp, f"{host}.log") for host in HOSTS}
@@ -236,9 +250,10 @@ def run_once(
             for host, (job, index) in HOSTS.items():
                 argv = [sys.executable, str(EXAMPLE), *cluster, f"--job_name={job}", f"--task_index={index}", *flags]
                 with open(logs[host], "w") as out:
-                    procs[host] = hosts.popen(
-                        host, argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env()
-                    )
+                    streams = {"stdout": out, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+                    server = (servers or {}).get(host)
+                    forked = server.start(argv, **streams, env=child_env()) if server else None
+                    procs[host] = forked or hosts.popen(host, argv, **streams, env=child_env())
             while True:
                 if procs["ps0"].poll() is None:
                     counters = _net_dev(procs["ps0"].pid)
@@ -329,7 +344,11 @@ def run_experiment(
         raise ValueError(f"repeats ({repeats}) must be >= 1")
     end = time.monotonic() + timeout
     runs: list[dict] = []
-    with HostSet(list(HOSTS)) as hosts:
+    with HostSet(list(HOSTS)) as hosts, contextlib.ExitStack() as stack:
+        servers = {
+            host: stack.enter_context(ForkServer(popen=functools.partial(hosts.popen, host)))
+            for host in (HOSTS if settings.fork else ())
+        }
         for link in links:
             for host in HOSTS:
                 hosts.cap(host, link)
@@ -343,7 +362,7 @@ def run_experiment(
                             return runs
                         run_settings = replace(settings, run_timeout=min(settings.run_timeout, left))
                         try:
-                            run = run_once(hosts, link, kind, mode, cache_rows, run_settings, keep_logs)
+                            run = run_once(hosts, link, kind, mode, cache_rows, run_settings, keep_logs, servers)
                         except RunError as e:
                             run = {**what, "error": str(e)}
                         runs.append(run)

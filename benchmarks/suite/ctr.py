@@ -14,6 +14,9 @@ the same samples:
 
 The log holds more samples than a run trains on (:data:`FULL_CASE`: 3,000
 steps of 256 from 800,000), so no mode sees a sample twice on one worker.
+``--quick`` (a smoke test) starts the cluster's tasks itself, as ``psframe
+launch`` would, so that each can be forked from a process that has imported
+torch and psframe already (:func:`run_tasks`).
 
 *samples/s* is the example's own figure, printed by its chief (or the single
 process) in its JSON line: samples trained over the seconds of its training
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 
 from benchmarks.common import ROOT, BenchmarkError, Children, Deadline, single_thread, table_main
 from benchmarks.formatting import format_number, format_ratio, markdown_table
+from psframe.launch import pick_free_ports
 
 EXAMPLE = ROOT / "examples" / "ctr_dist.py"
 NUM_PS = 2
@@ -94,13 +98,49 @@ def command(mode: str, case: CtrCase, timeout: float) -> list[str]:
     ]
 
 
-def result_line(output: str, mode: str) -> dict:
-    """The JSON line the chief (``[worker0] {...}`` under launch) or the single process printed last.
+def run_tasks(
+    children: Children, name: str, num_ps: int, num_workers: int, flags: list[str], deadline: Deadline
+) -> str:
+    """The example as ``num_ps`` ps and ``num_workers`` worker tasks, each a child started here with
+    the cluster flags ``psframe launch`` would give it (free loopback ports); the chief's output once
+    every task ended with 0. ``--quick`` runs start a cluster so, where each task can be forked
+    (:func:`benchmarks.common.forked_children`); ``psframe launch`` starts every task afresh.
+
+    Raises:
+        BenchmarkError: a task failed, or ``deadline`` passed (every task is then killed).
+    """
+    ports = pick_free_ports(num_ps + num_workers)
+    hosts = [f"127.0.0.1:{port}" for port in ports]
+    cluster = [f"--ps_hosts={','.join(hosts[:num_ps])}", f"--worker_hosts={','.join(hosts[num_ps:])}"]
+    tasks = {
+        f"{name}-{job}{index}": [f"--job_name={job}", f"--task_index={index}"]
+        for job, count in (("ps", num_ps), ("worker", num_workers))
+        for index in range(count)
+    }
+    for task, job in tasks.items():
+        children.start(task, [sys.executable, str(EXAMPLE), *cluster, *job, *flags])
+    while True:
+        codes = {task: children.procs[task].poll() for task in tasks}
+        if all(code == 0 for code in codes.values()):
+            return children.log_path(f"{name}-worker0").read_text(errors="replace")
+        failed = {task: code for task, code in codes.items() if code not in (None, 0)}
+        if failed or deadline.expired():
+            for task in tasks:
+                children.kill(task)
+            what = f"ended with {failed}" if failed else f"still ran after {deadline.seconds:g}s"
+            logs = "\n".join(f"--- {task}:\n{children.log_tail(task, 15)}" for task in tasks)
+            raise BenchmarkError(f"the CTR example's tasks {what}; their logs:\n{logs}")
+        time.sleep(0.05)
+
+
+def result_line(output: str, mode: str, launched: bool = True) -> dict:
+    """The JSON line the chief (``[worker0] {...}`` under launch; ``{...}`` in its own output, not
+    ``launched``) or the single process printed last.
 
     Raises:
         BenchmarkError: there is none.
     """
-    prefix = "{" if mode == "single_process" else "[worker0] {"
+    prefix = "{" if mode == "single_process" or not launched else "[worker0] {"
     lines = [line for line in output.splitlines() if line.startswith(prefix)]
     if not lines:
         raise BenchmarkError(
@@ -110,17 +150,22 @@ def result_line(output: str, mode: str) -> dict:
     return json.loads(lines[-1][len(prefix) - 1 :])
 
 
-def run_mode(children: Children, mode: str, case: CtrCase, deadline: Deadline) -> dict:
-    """Run the example once in ``mode``; its row (without the comparisons with the single process)."""
+def run_mode(children: Children, mode: str, case: CtrCase, deadline: Deadline, launch: bool = True) -> dict:
+    """Run the example once in ``mode``; its row (without the comparisons with the single process).
+    A cluster through ``psframe launch``, or, not ``launch``, its tasks started here (:func:`run_tasks`)."""
     name = f"ctr-{mode}"
     started = time.monotonic()
-    children.start(name, command(mode, case, deadline.remaining()))
-    code = children.wait_exit(name, deadline.remaining())
+    if launch or mode == "single_process":
+        children.start(name, command(mode, case, deadline.remaining()))
+        code = children.wait_exit(name, deadline.remaining())
+        if code != 0:
+            children.kill(name)
+            raise BenchmarkError(f"the CTR example ({mode}) ended with {code}; its log:\n{children.log_tail(name)}")
+        output = children.log_path(name).read_text(errors="replace")
+    else:
+        output = run_tasks(children, name, NUM_PS, NUM_WORKERS, case.flags(mode), deadline)
     seconds = time.monotonic() - started
-    if code != 0:
-        children.kill(name)
-        raise BenchmarkError(f"the CTR example ({mode}) ended with {code}; its log:\n{children.log_tail(name)}")
-    result = result_line(children.log_path(name).read_text(errors="replace"), mode)
+    result = result_line(output, mode, launched=launch)
     missing = [k for k in ("global_step", "auc", "log_loss", "ceiling_auc", "samples_per_sec") if k not in result]
     if missing or result.get("mode") != mode:
         raise BenchmarkError(f"the CTR example ({mode}) printed {result}: expected mode {mode!r} and {missing}")
@@ -174,7 +219,7 @@ def run_ctr_benchmarks(quick: bool = False, timeout: float = 600.0, case: CtrCas
     case = case or (QUICK_CASE if quick else FULL_CASE)
     deadline = Deadline(timeout, "CTR example benchmark")
     with tempfile.TemporaryDirectory(prefix="psframe-bench-ctr-") as logs, Children(logs) as children:
-        return compare([run_mode(children, mode, case, deadline) for mode in MODES])
+        return compare([run_mode(children, mode, case, deadline, launch=not quick) for mode in MODES])
 
 
 def ctr_table(rows: list[dict]) -> str:

@@ -16,7 +16,9 @@ and each layout, on the same samples (``--train_steps`` global steps of
 
 - **single process**: ``--single_process``, the reference (torch.optim; the
   dynamic tables' rows in ``psframe.DynamicTables``);
-- **1 ps + 1 worker**, **1 ps + 2 workers**: ``psframe launch``, async.
+- **1 ps + 1 worker**, **1 ps + 2 workers**: ``psframe launch``, async
+  (``--quick``: the same tasks started by the benchmark, each forked;
+  :func:`benchmarks.suite.ctr.run_tasks`).
 
 *samples/s* is the example's own figure (its chief's, or the single
 process's): samples trained over the seconds of its training loop, after
@@ -42,7 +44,7 @@ from pathlib import Path
 
 from benchmarks.common import BenchmarkError, Children, Deadline, single_thread, table_main
 from benchmarks.formatting import format_number, format_ratio, markdown_table
-from benchmarks.suite.ctr import EXAMPLE, against_single, result_line, signed
+from benchmarks.suite.ctr import EXAMPLE, against_single, result_line, run_tasks, signed
 
 BATCH_SIZE = 512  # DeepRec's, for its Criteo-shaped models
 TABLES = ("fixed", "dynamic")
@@ -100,18 +102,29 @@ def command(num_ps: int, num_workers: int, tables: str, case: ThroughputCase, ti
 
 
 def run_one(
-    children: Children, tables: str, num_ps: int, num_workers: int, case: ThroughputCase, deadline: Deadline
+    children: Children,
+    tables: str,
+    num_ps: int,
+    num_workers: int,
+    case: ThroughputCase,
+    deadline: Deadline,
+    launch: bool = True,
 ) -> dict:
-    """Run the example once; its row (without the comparisons with the single process)."""
+    """Run the example once; its row (without the comparisons with the single process). A cluster
+    through ``psframe launch``, or, not ``launch``, its tasks started here (:func:`~benchmarks.suite.ctr.run_tasks`)."""
     name = f"ctr-{tables}-{num_ps}ps-{num_workers}w"
     started = time.monotonic()
-    children.start(name, command(num_ps, num_workers, tables, case, deadline.remaining()))
-    code = children.wait_exit(name, deadline.remaining())
+    if launch or not num_ps:
+        children.start(name, command(num_ps, num_workers, tables, case, deadline.remaining()))
+        code = children.wait_exit(name, deadline.remaining())
+        if code != 0:
+            children.kill(name)
+            raise BenchmarkError(f"the CTR example ({name}) ended with {code}; its log:\n{children.log_tail(name)}")
+        output = children.log_path(name).read_text(errors="replace")
+    else:
+        output = run_tasks(children, name, num_ps, num_workers, case.flags(tables), deadline)
     seconds = time.monotonic() - started
-    if code != 0:
-        children.kill(name)
-        raise BenchmarkError(f"the CTR example ({name}) ended with {code}; its log:\n{children.log_tail(name)}")
-    result = result_line(children.log_path(name).read_text(errors="replace"), "async" if num_ps else "single_process")
+    result = result_line(output, "async" if num_ps else "single_process", launched=launch)
     return {
         "kind": "ctr_throughput",
         "tables": tables,
@@ -148,7 +161,7 @@ def run_ctr_throughput(quick: bool = False, timeout: float = 900.0, case: Throug
     deadline = Deadline(timeout, "CTR throughput benchmark")
     with tempfile.TemporaryDirectory(prefix="psframe-bench-ctr-") as logs, Children(Path(logs)) as children:
         rows = [
-            run_one(children, tables, num_ps, num_workers, case, deadline)
+            run_one(children, tables, num_ps, num_workers, case, deadline, launch=not quick)
             for tables in TABLES
             for num_ps, num_workers in LAYOUTS
         ]

@@ -36,11 +36,14 @@ without, it says so and exits 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import math
 import sys
 import time
 from collections.abc import Sequence
 
+from benchmarks.common import ForkServer
 from benchmarks.mlp_workload import MODELS, model_bytes
 from benchmarks.suite.processes import Placement
 from benchmarks.suite.training import SystemUnavailable, run_psframe_processes, run_rpc_processes, run_tf_processes
@@ -55,7 +58,7 @@ EXTRA_SYSTEMS = ("psframe_overlap",)
 PEERS = ("torch_rpc_ps", "tf_ps")
 # About this many seconds of timed steps per row, at the link limit (or at the
 # uncapped rate measured first); never fewer steps than these.
-TARGET_SECONDS = {"full": 12.0, "quick": 2.0}
+TARGET_SECONDS = {"full": 12.0, "quick": 0.5}
 MIN_STEPS = {"mnist_mlp": (200, 20), "large_mlp": (4, 1)}
 QUICK_MIN_STEPS = {"mnist_mlp": (20, 5), "large_mlp": (2, 1)}
 ROW_TIMEOUT_S = 600.0
@@ -109,12 +112,19 @@ def run_hosts_benchmark(
     from tests.hosts import HostSet
 
     rows: list[dict] = []
-    with HostSet(list(HOST_NAMES)) as hosts:
-        placement = Placement(
-            address=lambda task: hosts.address(TASK_HOSTS[task]),
-            popen=lambda task, argv, **kwargs: hosts.popen(TASK_HOSTS[task], argv, **kwargs),
-            interface="eth0",
-        )
+    with HostSet(list(HOST_NAMES)) as hosts, contextlib.ExitStack() as stack:
+        # --quick: one fork server on each host (benchmarks.common.ForkServer), its children on that host.
+        servers = {
+            name: stack.enter_context(ForkServer(popen=functools.partial(hosts.popen, name)))
+            for name in (HOST_NAMES if quick else ())
+        }
+
+        def popen(task: str, argv: list[str], **kwargs):
+            host = TASK_HOSTS[task]
+            forked = servers[host].start(argv, **kwargs) if host in servers else None
+            return forked or hosts.popen(host, argv, **kwargs)
+
+        placement = Placement(address=lambda task: hosts.address(TASK_HOSTS[task]), popen=popen, interface="eth0")
         uncapped: dict[tuple[str, str], float] = {}
         # Uncapped first: it says which capped rows are link-bound, and how many steps fit the time.
         for link in sorted(links, key=lambda mbit: mbit != 0):

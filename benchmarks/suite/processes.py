@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, ForkedProcess, forked_cpu_seconds, start_process
 
 # Children never leave loopback, and never get more than one compute thread.
 CHILD_ENV = {
@@ -50,7 +50,7 @@ class ChildError(RuntimeError):
 @dataclass
 class _Child:
     name: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     stdout: Path
     stderr: Path
 
@@ -109,7 +109,7 @@ def run_processes(
             for name, argv in tasks:
                 out, err = Path(tmp, f"{name}.out"), Path(tmp, f"{name}.err")
                 with open(out, "wb") as fout, open(err, "wb") as ferr:
-                    start = subprocess.Popen if placement is None else functools.partial(placement.popen, name)
+                    start = start_process if placement is None else functools.partial(placement.popen, name)
                     proc = start(argv, stdin=subprocess.DEVNULL, stdout=fout, stderr=ferr, cwd=ROOT, env=env)
                 children.append(_Child(name, proc, out, err))
             while True:
@@ -239,7 +239,7 @@ def _children_cpu_seconds() -> float:
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # children reaped so far
-    return usage.ru_utime + usage.ru_stime
+    return usage.ru_utime + usage.ru_stime + forked_cpu_seconds()
 
 
 def _other_load(busy_before: float | None, mine_before: float, seconds: float) -> float | None:
