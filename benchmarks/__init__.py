@@ -24,13 +24,14 @@ Where a module lives says what it is:
 - At the top: the command (:mod:`benchmarks.run`), the report it writes
   (:mod:`benchmarks.report`), the CTR command (:mod:`benchmarks.ctr`: the
   two suite modules above, printed together), and the leaves every other module shares:
-  :mod:`benchmarks.common` (settings, deadlines, timing, child processes;
-  standard library only, so the TensorFlow baseline can import it),
+  :mod:`benchmarks.common` (settings, deadlines, timing; standard library
+  only, so the TensorFlow baseline can import it), :mod:`benchmarks.children`
+  (child processes, and the ``--quick`` runs' fork server; standard library only),
   :mod:`benchmarks.formatting` (numbers, markdown tables, plots) and the
   workloads (:mod:`benchmarks.mlp_workload`, :mod:`benchmarks.embedding_workload`).
 
 Imports point down that list, never up: experiments and the report may import
 the suite, the suite may import the baselines, and everything may import the
-leaves; no module imports one that imports it back
+leaves (a leaf only other leaves); no module imports one that imports it back
 (``tests/test_benchmark_layout.py`` checks all of this).
 """

@@ -30,7 +30,7 @@ import argparse
 import sys
 
 import psframe
-from benchmarks.common import forked_children
+from benchmarks.children import forked_children
 from benchmarks.suite.ctr_throughput import cores_note, ctr_throughput_table, run_ctr_throughput
 from benchmarks.suite.row_rate import profile_paths, row_rate_table, run_row_rate_benchmarks
 

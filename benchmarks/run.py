@@ -22,7 +22,7 @@ still run; the exit code is then 1. ``--quick`` is a smoke test: 4 KiB and
 quick modes on ``mnist_mlp`` only (scaling with 1 and 2 workers), the CTR
 example's tasks started without ``psframe launch``, and every Python child
 forked from one process that imported torch and psframe once
-(:func:`benchmarks.common.forked_children`), not started afresh.
+(:func:`benchmarks.children.forked_children`), not started afresh.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ import time
 import traceback
 from pathlib import Path
 
-from benchmarks.common import ROOT, Settings, forked_children, single_thread
+from benchmarks.children import forked_children
+from benchmarks.common import ROOT, Settings, single_thread
 
 SECTIONS = ("raw", "transport", "security", "memory", "training", "scaling", "sparse", "hosts")
 TRAINING_MODELS = ("mnist_mlp", "large_mlp")
@@ -153,7 +154,7 @@ def run_all(quick: bool, skip: set[str], timeout: float, command: str) -> dict:
         return run_hosts_benchmark(models, links, quick=quick)
 
     # --quick forks each Python child from one process that imported torch and psframe once
-    # (benchmarks.common.forked_children): their start-up was most of a quick run's CPU.
+    # (benchmarks.children.forked_children): their start-up was most of a quick run's CPU.
     with forked_children(quick):
         for section, run in (
             ("raw", raw),

@@ -200,7 +200,7 @@ def test_training_repeats_may_differ_per_model(monkeypatch):
 
 @pytest.mark.cluster
 def test_a_forked_child_runs_its_command_line_as_python_would(tmp_path):
-    from benchmarks.common import ForkServer
+    from benchmarks.children import ForkServer
 
     code = "import os, sys; print(sys.argv[1:], os.environ['WHO'], os.getcwd(), flush=True); sys.exit(3)"
     script = tmp_path / "script.py"

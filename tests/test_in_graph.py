@@ -122,7 +122,7 @@ def test_replicas_on_two_gpus_hold_the_same_values_after_a_step(local_cluster):
 
 @pytest.mark.cluster
 def test_the_in_graph_benchmark_runs_each_way(capsys):
-    from benchmarks.common import forked_children
+    from benchmarks.children import forked_children
     from benchmarks.experiments import in_graph
 
     with forked_children():  # its ps task and workers forked from one process that imported psframe once

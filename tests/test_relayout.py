@@ -759,7 +759,7 @@ def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks, table_p
 
 @pytest.mark.cluster
 def test_the_pause_experiment_runs_and_prints_each_size(capsys):
-    from benchmarks.common import forked_children
+    from benchmarks.children import forked_children
     from benchmarks.experiments import relayout_pause
 
     with forked_children():  # every ps task forked from one process that imported psframe once

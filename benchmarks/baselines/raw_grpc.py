@@ -39,9 +39,9 @@ from concurrent import futures
 
 import grpc
 
+from benchmarks.children import Children
 from benchmarks.common import (
     BenchmarkError,
-    Children,
     Deadline,
     Settings,
     file_barrier,

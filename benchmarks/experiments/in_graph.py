@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.common import start_process
+from benchmarks.children import start_process
 from psframe.launch import pick_free_ports
 
 _WORKER = r"""

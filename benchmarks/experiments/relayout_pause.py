@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 import psframe
-from benchmarks.common import Children
+from benchmarks.children import Children
 from psframe.launch import pick_free_ports
 from psframe.worker.client.ps_client import PsClient
 

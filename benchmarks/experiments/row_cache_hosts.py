@@ -70,7 +70,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks.common import ROOT, ForkedProcess, ForkServer, child_env
+from benchmarks.children import ForkedProcess, ForkServer
+from benchmarks.common import ROOT, child_env
 from benchmarks.formatting import format_number, format_ratio, markdown_table
 from benchmarks.suite.processes import load_mark, other_load_since
 
@@ -131,7 +132,7 @@ class Settings:
     hash_buckets: int
     run_timeout: float  # seconds one run may take, start-up and evaluation included
     min_steps: int
-    # Fork each task from a fork server on its host (benchmarks.common.ForkServer), which imported
+    # Fork each task from a fork server on its host (benchmarks.children.ForkServer), which imported
     # torch and psframe once: the smoke test's tasks live seconds, most of them spent importing.
     fork: bool = False
 

@@ -35,7 +35,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from benchmarks.common import ROOT, BenchmarkError, Children, Deadline, single_thread, table_main
+from benchmarks.children import Children
+from benchmarks.common import ROOT, BenchmarkError, Deadline, single_thread, table_main
 from benchmarks.formatting import format_number, format_ratio, markdown_table
 from psframe.launch import pick_free_ports
 
@@ -104,7 +105,7 @@ def run_tasks(
     """The example as ``num_ps`` ps and ``num_workers`` worker tasks, each a child started here with
     the cluster flags ``psframe launch`` would give it (free loopback ports); the chief's output once
     every task ended with 0. ``--quick`` runs start a cluster so, where each task can be forked
-    (:func:`benchmarks.common.forked_children`); ``psframe launch`` starts every task afresh.
+    (:func:`benchmarks.children.forked_children`); ``psframe launch`` starts every task afresh.
 
     Raises:
         BenchmarkError: a task failed, or ``deadline`` passed (every task is then killed).
@@ -150,18 +151,28 @@ def result_line(output: str, mode: str, launched: bool = True) -> dict:
     return json.loads(lines[-1][len(prefix) - 1 :])
 
 
+def run_whole(children: Children, name: str, argv: list[str], deadline: Deadline) -> str:
+    """Run ``argv`` (the example in one process, or ``psframe launch`` of it) as child ``name`` to
+    its end; its output.
+
+    Raises:
+        BenchmarkError: it ended with another code than 0 (its log's tail in the message).
+    """
+    children.start(name, argv)
+    code = children.wait_exit(name, deadline.remaining())
+    if code != 0:
+        children.kill(name)
+        raise BenchmarkError(f"the CTR example ({name}) ended with {code}; its log:\n{children.log_tail(name)}")
+    return children.log_path(name).read_text(errors="replace")
+
+
 def run_mode(children: Children, mode: str, case: CtrCase, deadline: Deadline, launch: bool = True) -> dict:
     """Run the example once in ``mode``; its row (without the comparisons with the single process).
     A cluster through ``psframe launch``, or, not ``launch``, its tasks started here (:func:`run_tasks`)."""
     name = f"ctr-{mode}"
     started = time.monotonic()
     if launch or mode == "single_process":
-        children.start(name, command(mode, case, deadline.remaining()))
-        code = children.wait_exit(name, deadline.remaining())
-        if code != 0:
-            children.kill(name)
-            raise BenchmarkError(f"the CTR example ({mode}) ended with {code}; its log:\n{children.log_tail(name)}")
-        output = children.log_path(name).read_text(errors="replace")
+        output = run_whole(children, name, command(mode, case, deadline.remaining()), deadline)
     else:
         output = run_tasks(children, name, NUM_PS, NUM_WORKERS, case.flags(mode), deadline)
     seconds = time.monotonic() - started

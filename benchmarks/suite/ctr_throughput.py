@@ -42,9 +42,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import BenchmarkError, Children, Deadline, single_thread, table_main
+from benchmarks.children import Children
+from benchmarks.common import Deadline, single_thread, table_main
 from benchmarks.formatting import format_number, format_ratio, markdown_table
-from benchmarks.suite.ctr import EXAMPLE, against_single, result_line, run_tasks, signed
+from benchmarks.suite.ctr import EXAMPLE, against_single, result_line, run_tasks, run_whole, signed
 
 BATCH_SIZE = 512  # DeepRec's, for its Criteo-shaped models
 TABLES = ("fixed", "dynamic")
@@ -115,12 +116,7 @@ def run_one(
     name = f"ctr-{tables}-{num_ps}ps-{num_workers}w"
     started = time.monotonic()
     if launch or not num_ps:
-        children.start(name, command(num_ps, num_workers, tables, case, deadline.remaining()))
-        code = children.wait_exit(name, deadline.remaining())
-        if code != 0:
-            children.kill(name)
-            raise BenchmarkError(f"the CTR example ({name}) ended with {code}; its log:\n{children.log_tail(name)}")
-        output = children.log_path(name).read_text(errors="replace")
+        output = run_whole(children, name, command(num_ps, num_workers, tables, case, deadline.remaining()), deadline)
     else:
         output = run_tasks(children, name, num_ps, num_workers, case.flags(tables), deadline)
     seconds = time.monotonic() - started

@@ -43,7 +43,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from benchmarks.common import ForkServer
+from benchmarks.children import ForkServer
 from benchmarks.mlp_workload import MODELS, model_bytes
 from benchmarks.suite.processes import Placement
 from benchmarks.suite.training import SystemUnavailable, run_psframe_processes, run_rpc_processes, run_tf_processes
@@ -113,7 +113,7 @@ def run_hosts_benchmark(
 
     rows: list[dict] = []
     with HostSet(list(HOST_NAMES)) as hosts, contextlib.ExitStack() as stack:
-        # --quick: one fork server on each host (benchmarks.common.ForkServer), its children on that host.
+        # --quick: one fork server on each host (benchmarks.children.ForkServer), its children on that host.
         servers = {
             name: stack.enter_context(ForkServer(popen=functools.partial(hosts.popen, name)))
             for name in (HOST_NAMES if quick else ())

@@ -44,7 +44,8 @@ import psutil
 import torch
 
 import psframe
-from benchmarks.common import MB, Children, Deadline, MiB, single_thread, table_main
+from benchmarks.children import Children
+from benchmarks.common import MB, Deadline, MiB, single_thread, table_main
 from benchmarks.formatting import format_bytes, format_number, markdown_table
 from benchmarks.suite.ps_cluster import PsCluster
 from benchmarks.suite.psframe_internals import DEFAULT_MAX_SHARD_BYTES, create_variables, push_pull, shard_requests

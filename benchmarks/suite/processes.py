@@ -6,7 +6,7 @@ child that prints one JSON line with what it measured. Its CPU time is
 sampled while it runs, so the CPU it spent inside a timed window can be told
 afterwards (:func:`cpu_in_window`); :func:`load_mark` and
 :func:`other_load_since` say how busy other work kept the machine meanwhile.
-(:class:`benchmarks.common.Children` is the other kind of child: a server
+(:class:`benchmarks.children.Children` is the other kind of child: a server
 that a benchmark talks to itself.)
 """
 
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.common import ROOT, ForkedProcess, forked_cpu_seconds, start_process
+from benchmarks.children import ForkedProcess, forked_cpu_seconds, start_process
+from benchmarks.common import ROOT
 
 # Children never leave loopback, and never get more than one compute thread.
 CHILD_ENV = {

@@ -15,7 +15,8 @@ from concurrent import futures
 from typing import TypeVar
 
 import psframe
-from benchmarks.common import BenchmarkError, Children, Deadline
+from benchmarks.children import Children
+from benchmarks.common import BenchmarkError, Deadline
 from benchmarks.suite.psframe_internals import PsClient, worker_client
 from psframe.launch import pick_free_ports
 

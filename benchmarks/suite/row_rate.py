@@ -65,7 +65,8 @@ import torch.nn.functional as F
 
 import psframe
 from benchmarks.baselines.torch_rows import RowAdagrad, TorchAdagrad, read
-from benchmarks.common import ROOT, Children, Deadline, Settings, single_thread
+from benchmarks.children import Children
+from benchmarks.common import ROOT, Deadline, Settings, single_thread
 from benchmarks.formatting import format_number, format_ratio, markdown_table
 from benchmarks.suite.ps_cluster import PsCluster
 from benchmarks.suite.psframe_internals import DynamicRows, DynamicTableSpec, VariableStore

@@ -38,7 +38,8 @@ from pathlib import Path
 import psutil
 import torch
 
-from benchmarks.common import BenchmarkError, Children, Deadline, Settings, single_thread, table_main
+from benchmarks.children import Children
+from benchmarks.common import BenchmarkError, Deadline, Settings, single_thread, table_main
 from benchmarks.formatting import (
     format_bytes,
     format_number,

@@ -60,7 +60,8 @@ import torch
 import torch.nn.functional as F
 
 import psframe
-from benchmarks.common import MB, BenchmarkError, Children, Deadline, Settings, measure_rate, single_thread, table_main
+from benchmarks.children import Children
+from benchmarks.common import MB, BenchmarkError, Deadline, Settings, measure_rate, single_thread, table_main
 from benchmarks.embedding_workload import BATCH, BATCHES, DIM, FEATURES, HASH, LEARNING_RATE, CtrModel, batches
 from benchmarks.formatting import format_number, format_ratio, markdown_table
 from benchmarks.suite.ctr import ctr_table, run_ctr_benchmarks

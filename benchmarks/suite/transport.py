@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 
 import psframe
+from benchmarks.children import Children
 from benchmarks.common import (
     BenchmarkError,
-    Children,
     Deadline,
     KiB,
     Settings,
