@@ -22,10 +22,14 @@ if [ -w /sys/fs/cgroup/cpu ] && [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
     mkdir "$GROUP"
     echo "$PERIOD_US" > "$GROUP/cpu.cfs_period_us"
     echo "$QUOTA_US" > "$GROUP/cpu.cfs_quota_us"
+    # The cap is the only limit: a high weight keeps other work on the machine from taking the
+    # group below its quota (each busy process outside would otherwise weigh as much as it).
+    echo 16384 > "$GROUP/cpu.shares"
 elif [ -w /sys/fs/cgroup/cgroup.subtree_control ] && grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then  # v2
     GROUP="/sys/fs/cgroup/$NAME"
     mkdir "$GROUP"
     echo "$QUOTA_US $PERIOD_US" > "$GROUP/cpu.max"
+    echo 10000 > "$GROUP/cpu.weight"  # the cap is the only limit (see above)
 else
     echo "[throttled] no writable CPU cgroup here: pinning to core 0 with taskset" >&2
     exec taskset -c 0 "$@"

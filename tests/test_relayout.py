@@ -20,7 +20,8 @@ from psframe.checkpoint.deltas import RowChanges
 from psframe.checkpoint.shard import OptimizerData, ShardData, VariableData
 from psframe.checkpoint.slices import slice_rows
 from psframe.errors import ClusterSpecError
-from psframe.ps.elastic.relayout import check_new_cluster, decode_shard, encode_shard, shard_chunks
+from psframe.ps.elastic.relayout import check_new_cluster
+from psframe.ps.elastic.shard_codec import decode_shard, encode_shard, shard_chunks
 from psframe.wire import codec
 from psframe.worker.client.ps_client import PsClient
 from tests.conftest import free_cluster
@@ -107,7 +108,8 @@ def test_a_reply_to_a_task_of_this_host_goes_through_a_shared_memory_file_it_rem
     import os
 
     from psframe.errors import SharedRegionError
-    from psframe.ps.elastic.relayout import Relayout, received
+    from psframe.ps.elastic.relayout import Relayout
+    from psframe.ps.elastic.shard_codec import received
     from psframe.wire import psframe_pb2 as pb
     from psframe.wire import same_host
 

@@ -33,36 +33,37 @@ ps 0 says which stage the layout is at (``ReshardReply.stage``). A stage that
 keeps the cluster (parts moved among its tasks) refuses the workers of the layout
 before by their layout version alone. Training pauses for one stage's transfer:
 from its cut until the layout after it holds the model; a task keeps the parts it
-keeps as they are (:func:`fetch_shards` reads its own snapshot in place).
+keeps as they are (its own snapshot is read in place).
 
 What may change (:func:`check_new_cluster`): the ps tasks kept keep their
 index, so the new ps list begins with the old one (tasks added) or the old one
 begins with it (the last tasks drained); the workers stay as they are.
+
+This module is what one ps task knows of re-layouts (:class:`Relayout`) and
+which parts of its snapshot a ``FetchParts`` request gets (:func:`select`).
+The reads of step 3 are :mod:`psframe.ps.elastic.fetch`; the replies' format,
+:mod:`psframe.ps.elastic.shard_codec`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from psframe.checkpoint.shard import ShardData, VariableData
-from psframe.cluster import ClusterSpec, parse_address
-from psframe.errors import CheckpointError, ClusterSpecError, LayoutChangedError, SharedRegionError, WireFormatError
+from psframe.cluster import ClusterSpec
+from psframe.errors import CheckpointError, ClusterSpecError, LayoutChangedError
 from psframe.optim import OptimizerSpec
 from psframe.ps.elastic import precopy
-from psframe.ps.elastic.peers import PsPeers
-from psframe.wire import codec, transport
+from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire import same_host as same_host_memory
-from psframe.wire.same_host import HeldMessage, SameHostRegion
-
-_TENSOR_KEY = "__tensor__"
+from psframe.wire.same_host import HeldMessage
 
 
 def check_new_cluster(before: ClusterSpec, after: ClusterSpec) -> None:
@@ -201,10 +202,10 @@ class Relayout:
             return True
 
     def hand_over(self, reply: Sequence[Any], same_host: bool) -> bytes:
-        """A ``FetchParts`` reply (its chunks, :func:`shard_chunks`) as it is sent: through a file
-        of this host's shared memory where the asking task is on this host (``same_host``) and
-        one can be made, the file kept until the stage's snapshot goes (the asking task removes
-        it once read); otherwise as one message."""
+        """A ``FetchParts`` reply (its chunks, :func:`psframe.ps.elastic.shard_codec.shard_chunks`) as
+        it is sent: through a file of this host's shared memory where the asking task is on this
+        host (``same_host``) and one can be made, the file kept until the stage's snapshot goes
+        (the asking task removes it once read); otherwise as one message."""
         if same_host and same_host_memory.available():
             try:
                 held = HeldMessage(reply)
@@ -373,286 +374,3 @@ def prepare(optimizers: Sequence[tuple[OptimizerSpec, Sequence[torch.dtype], boo
 
 _prepared = False
 _prepare_lock = threading.Lock()
-
-
-def encode_shard(
-    shard: ShardData, rows: Mapping[str, precopy.RowChanges] | None = None, *, mark: int = 0, layout_version: int = 0
-) -> bytes:
-    """A ``FetchParts`` reply: the shard record, and the changed rows of parts copied ahead
-    (:mod:`psframe.ps.elastic.precopy`), as a codec envelope: a dict as JSON, each tensor in it
-    travelling as raw bytes. ``mark``, ``layout_version``: a live copy's.
-
-    No pickle crosses the wire: the JSON holds builtins only.
-    """
-    return b"".join(shard_chunks(shard, rows, mark=mark, layout_version=layout_version))
-
-
-def shard_chunks(
-    shard: ShardData, rows: Mapping[str, precopy.RowChanges] | None = None, *, mark: int = 0, layout_version: int = 0
-) -> list[Any]:
-    """:func:`encode_shard`'s message as chunks (:func:`psframe.wire.codec.encode_chunks`): the
-    tensors' own bytes, a view of the snapshot's rows included, not copies."""
-    tensors: list[tuple[str, torch.Tensor]] = []
-
-    def plain(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            tensors.append((str(len(tensors)), x.detach().cpu().contiguous()))
-            return {_TENSOR_KEY: len(tensors) - 1}
-        if isinstance(x, dict):
-            return {str(k): plain(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [plain(v) for v in x]
-        return x
-
-    changed = {name: {"index": r.index, "value": r.value, "state": dict(r.state)} for name, r in (rows or {}).items()}
-    record = json.dumps(plain({"shard": shard.to_dict(compact=False), "rows": changed}))
-    header = pb.FetchPartsReplyHeader(record=record, mark=mark, layout_version=layout_version)
-    return codec.encode_chunks(header, tensors)
-
-
-@dataclasses.dataclass(frozen=True)
-class Fetched:
-    """A ``FetchParts`` reply, decoded: parts whole, the changed rows of parts copied ahead, and
-    (of a live read) the mark and layout version of the copy."""
-
-    shard: ShardData
-    rows: dict[str, precopy.RowChanges]
-    mark: int
-    layout_version: int
-
-
-def decode_shard(data: bytes | memoryview, whole: Collection[tuple[str, int, tuple]] | None = None) -> Fetched:
-    """The reply :func:`encode_shard` made, its shard checked as a checkpoint's is.
-
-    Every tensor is a copy of its own (the reply's buffer goes). With ``whole`` (the parts the
-    asking task makes, as ``(variable, row_start, shape)``), a run of rows that is none of them
-    is only a piece of one (rows cut anew, copied once more into the part made of them): its
-    rows are views of ``data``, which they keep alive.
-
-    Raises:
-        WireFormatError: the message is not such a reply.
-        CheckpointError: the record fails a check of :meth:`ShardData.from_dict`.
-    """
-    header, tensors = codec.decode(data, pb.FetchPartsReplyHeader)
-    try:
-        record = json.loads(header.record)
-    except ValueError as e:
-        raise WireFormatError(f"a FetchParts reply's record is not JSON: {e}") from e
-
-    def rebuilt(x: Any, copy: bool = True) -> Any:
-        if isinstance(x, dict):
-            if set(x) == {_TENSOR_KEY}:
-                index = x[_TENSOR_KEY]
-                if not isinstance(index, int) or not 0 <= index < len(tensors):
-                    raise WireFormatError(f"a FetchParts reply names tensor {index!r} of {len(tensors)}")
-                return tensors[index].clone() if copy else tensors[index]
-            return {k: rebuilt(v, copy) for k, v in x.items()}
-        if isinstance(x, list):
-            return [rebuilt(v, copy) for v in x]
-        return x
-
-    def piece(part: Any) -> bool:  # a run of rows that is only a piece of a part to be made
-        if whole is None or not isinstance(part, dict) or part.get("dynamic") is not None:
-            return False
-        start, shape, stride = part.get("row_start"), part.get("shape"), part.get("row_stride", 0)
-        if not isinstance(start, int) or not isinstance(shape, list) or not shape or stride not in (0, 1):
-            return False
-        return (part.get("variable"), start, tuple(shape)) not in whole
-
-    if not isinstance(record, dict) or set(record) != {"shard", "rows"} or not isinstance(record["rows"], dict):
-        raise WireFormatError("a FetchParts reply's record holds no {'shard', 'rows'}")
-    shard = record["shard"]
-    if isinstance(shard, dict) and isinstance(shard.get("variables"), list):  # each part copied or not
-        parts = shard["variables"]
-        plain = rebuilt({"shard": {k: v for k, v in shard.items() if k != "variables"}, "rows": record["rows"]})
-        plain["shard"]["variables"] = [
-            _own_scalars(rebuilt(part, False)) if piece(part) else rebuilt(part) for part in parts
-        ]
-    else:
-        plain = rebuilt(record)
-    rows = {}
-    for name, r in plain["rows"].items():
-        complete = isinstance(r, dict) and {"index", "value", "state"} <= set(r)
-        changes = precopy.RowChanges(r["index"], r["value"], r["state"]) if complete else None
-        if changes is None or not changes.well_formed():
-            raise WireFormatError(f"a FetchParts reply's changed rows of {name!r} need 1-d int64 indices, a row each")
-        rows[name] = changes
-    return Fetched(ShardData.from_dict(plain["shard"]), rows, header.mark, header.layout_version)
-
-
-def _own_scalars(part: dict) -> dict:
-    """A piece's record (its tensors views of the reply) with the tensors other than its rows
-    (an optimizer's step count, say) copied: those are taken as they are, not cut."""
-    value, state = part.get("value"), part.get("state")
-    if isinstance(value, torch.Tensor) and isinstance(state, dict):
-        part["state"] = {
-            k: x.clone() if isinstance(x, torch.Tensor) and x.shape != value.shape else x for k, x in state.items()
-        }
-    return part
-
-
-def wanted_rows(defs: Sequence[pb.VariableDef]) -> list[pb.RowRange]:
-    """The rows ``defs`` hold, for a task before to send only the parts that hold some: a run of
-    rows, every n-th row, or a dynamic table's part. A 0-d variable's part is always sent."""
-    wanted = []
-    for d in defs:
-        if d.HasField("dynamic"):
-            wanted.append(pb.RowRange(variable=d.variable, num_parts=d.num_parts, part_index=d.part_index))
-        elif d.row_stride > 1:
-            end = d.row_start + d.row_stride * max(0, d.shape[0] - 1) + 1
-            wanted.append(pb.RowRange(variable=d.variable, start=d.row_start, end=end, stride=d.row_stride))
-        elif len(d.shape):
-            wanted.append(pb.RowRange(variable=d.variable, start=d.row_start, end=d.row_start + d.shape[0]))
-    return wanted
-
-
-def fetch_shards(
-    peers: PsPeers,
-    defs: Sequence[pb.VariableDef],
-    caller: pb.Caller,
-    timeout: float,
-    own: tuple[int, Relayout] | None = None,
-    tasks: Sequence[int] = (),
-    copies: Mapping[int, precopy.Copy] | None = None,
-    host: str = "",
-) -> Taken:
-    """From each ps task of the layout before (``peers``: the connections to its tasks, kept
-    from one stage to the next), its snapshot's parts that hold rows of ``defs``: the shards a
-    re-layout restores from, in task order. Only ``tasks`` are asked (those that hold rows of
-    ``defs``, and ps 0 first among them), or every task; in parallel. ``own`` (this task's
-    index before, and its :class:`Relayout`) is read in place. ``copies``: the parts this task
-    copied ahead from some of them (:mod:`psframe.ps.elastic.precopy`), by task: those send only the
-    rows changed since. ``host``: this task's host; a task of the same host is asked to answer
-    through shared memory (:meth:`Relayout.hand_over`).
-
-    Returns:
-        The shards, and how many parts of them were copied ahead and how many rows changed since.
-
-    Raises:
-        PsframeError: a task could not be reached in ``timeout`` seconds, or refused.
-        WireFormatError: a task sent changed rows of a part not copied from it.
-    """
-    copies = copies or {}
-    variables, rows = sorted({d.variable for d in defs}), wanted_rows(defs)
-    read = sorted(set(tasks)) if tasks else list(range(peers.cluster.num_ps))
-    asked = [k for k in read if own is None or k != own[0]]
-
-    def request(k: int, shared: bool) -> bytes:
-        header = pb.FetchPartsHeader(caller=caller, variables=variables, rows=rows)
-        copy = copies.get(k)
-        if copy is not None:
-            header.precopied.extend(sorted(copy.parts))
-            header.since_mark, header.since_version = copy.mark, copy.version
-        header.same_host = shared and same_host_memory.available() and ps_host(peers.cluster, k) == host
-        return codec.encode(header, ())
-
-    calls = [(peers.connection(k), "FetchParts", request(k, bool(host))) for k in asked]
-    replies = transport.call_all(calls, timeout, wait_for_ready=True) if calls else []
-    # A part that is one of ``defs`` whole is kept as it comes (a copy of its own); a piece of one
-    # (rows cut anew) is copied once, into the part made of it, from a view of the reply.
-    whole = {(d.variable, d.row_start, tuple(d.shape)) for d in defs}
-
-    shards, copied, changed = {}, 0, 0
-    for k, reply in zip(asked, replies):
-        try:
-            fetched = received(reply, whole)
-        except SharedRegionError:  # not this host's after all: through gRPC
-            reply = peers.connection(k).call("FetchParts", request(k, False), timeout=timeout, wait_for_ready=True)
-            fetched = received(reply, whole)
-        try:
-            shards[k] = precopy.completed(fetched.shard, fetched.rows, copies.get(k))
-        except ValueError as e:
-            raise WireFormatError(f"ps task {k} before the re-layout {e}") from e
-        copied += len(fetched.rows)
-        changed += sum(r.index.numel() for r in fetched.rows.values())
-    if own is not None and own[0] in read:
-        shards[own[0]] = own[1].parts(variables, rows)
-    return Taken([shards[k] for k in read], copied, changed)
-
-
-def received(reply: bytes, whole: Collection[tuple[str, int, tuple]] | None = None) -> Fetched:
-    """A ``FetchParts`` reply, decoded: as it came, or read from the shared-memory file it names
-    (which is removed then: its mapping stays while the pieces decoded as views hold it).
-    ``whole``: as :func:`decode_shard`.
-
-    Raises:
-        SharedRegionError: it names a file this process cannot map as such (another host's).
-        WireFormatError, CheckpointError: as :func:`decode_shard`.
-    """
-    header = codec.parse(reply, pb.FetchPartsReplyHeader).header
-    if not header.HasField("shared"):
-        return decode_shard(reply, whole)
-    region = SameHostRegion.attach(header.shared)
-    try:
-        return decode_shard(region.request_bytes(), whole)
-    finally:
-        same_host_memory.remove(header.shared.path)
-
-
-def ps_host(cluster: ClusterSpec, task: int) -> str:
-    """The host part of ps task ``task``'s address in ``cluster``."""
-    return parse_address(cluster.task_address("ps", task), any_port=True)[0]
-
-
-@dataclasses.dataclass(frozen=True)
-class Taken:
-    """What :func:`fetch_shards` read: the shards, in task order, and of their parts how many
-    were copied ahead (completed with the rows changed since: ``changed_rows`` in all)."""
-
-    shards: list[ShardData]
-    copied_parts: int
-    changed_rows: int
-
-
-def copy_ahead(
-    peers: PsPeers,
-    defs: Sequence[pb.VariableDef],
-    caller: pb.Caller,
-    timeout: float,
-    tasks: Sequence[int] = (),
-    skip: int | None = None,
-) -> dict[int, precopy.Copy]:
-    """Copies of the fixed table parts of ``defs`` from the tasks of the layout before that hold
-    them (``tasks``, or all; not ``skip``, this task's own index there), read live while training
-    goes on (:mod:`psframe.ps.elastic.precopy`): by task, those parts it sent whole as ``defs`` name them.
-
-    One part a call, each copied under its holder's store lock on its own: training waits at
-    most one part's copy there. A task's copy is of the earliest mark its parts were read at
-    (rows written since any of them cross at the cut), and of one layout version only. The
-    connections to those tasks are made here too, for the cut's reads.
-    """
-    wanted = [d for d in defs if precopy.copied_ahead(d)]
-    read = [k for k in (sorted(set(tasks)) if tasks else range(peers.cluster.num_ps)) if k != skip]
-    # The connections the cut's reads go through are made now, not in the pause.
-    transport.call_all([(peers.connection(k), "GetInfo", pb.InfoRequest()) for k in read], timeout, wait_for_ready=True)
-    got: dict[int, list[Fetched]] = {k: [] for k in read}
-    for d in wanted:  # part after part; the tasks before in parallel (the one that holds it sends it)
-        header = pb.FetchPartsHeader(caller=caller, variables=[d.variable], rows=wanted_rows([d]), live=True)
-        request = codec.encode(header, ())
-        calls = [(peers.connection(k), "FetchParts", request) for k in read]
-        replies = transport.call_all(calls, timeout, wait_for_ready=True)
-        for k, reply in zip(read, replies):
-            fetched = decode_shard(reply)
-            if any(_same_part(p, d) for p in fetched.shard.variables):
-                got[k].append(fetched)
-    names = {d.name: d for d in wanted}
-    copies = {}
-    for k, replies in got.items():
-        if replies and len({f.layout_version for f in replies}) == 1:  # no cut between two of them
-            parts = {
-                p.name: p
-                for f in replies
-                for p in f.shard.variables
-                if p.name in names and _same_part(p, names[p.name])
-            }
-            copies[k] = precopy.Copy(min(f.mark for f in replies), replies[0].layout_version, parts)
-    return copies
-
-
-def _same_part(part: VariableData, definition: pb.VariableDef) -> bool:
-    """Whether a part sent whole is the part ``definition`` places (its rows alike)."""
-    return (part.name, tuple(part.shape), part.row_start) == (
-        definition.name,
-        tuple(definition.shape),
-        definition.row_start,
-    )

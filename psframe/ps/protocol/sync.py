@@ -23,14 +23,11 @@ For the ps's current step ``s`` a *round* gathers gradients:
   summed, divided by the number of members, and applied by the table
   optimizer, to those rows only.
 
-A checkpoint takes every ps task's part at one round: :meth:`SyncAggregator.hold`
-stops rounds from being applied here (pushes still join them) and says the
-round this ps task is at; the ps tasks differ by at most one round, since a
-worker computes a step only once every ps task answered the one before.
-:meth:`SyncAggregator.reach` then applies rounds up to the latest of them,
-the snapshot is taken there, and :meth:`SyncAggregator.release` lets rounds
-go on. A hold ends by itself after its seconds, so a chief lost between the
-two never stalls training for long.
+A checkpoint takes every ps task's part at one round: the aggregator's cut
+(:class:`psframe.ps.protocol.round_cut.RoundCut`, :attr:`SyncAggregator.cut`)
+holds rounds back, reaches the latest round of any ps task, and releases them.
+:meth:`SyncAggregator.hold`, :meth:`~SyncAggregator.reach`,
+:meth:`~SyncAggregator.check_cut` and :meth:`~SyncAggregator.release` call it.
 
 Every wait has a deadline; when it runs out the error names the step, the
 workers that arrived and the ones missing.
@@ -50,7 +47,8 @@ from typing import Any
 import torch
 
 from psframe.cluster import ClusterSpec
-from psframe.errors import BarrierTimeoutError, CheckpointCutError, PsframeError, RemoteError
+from psframe.errors import BarrierTimeoutError, PsframeError, RemoteError
+from psframe.ps.protocol.round_cut import RoundCut
 from psframe.ps.store import VariableStore
 from psframe.ps.store.table_parts import RowPush
 
@@ -141,9 +139,8 @@ class SyncAggregator:
         self._on_applied = on_applied
         self.async_parts = frozenset(async_parts)
         self.dropped_gradients = 0
-        # A checkpoint's hold: rounds of step _held_from and later wait, until _held_until (monotonic).
-        self._held_from: int | None = None
-        self._held_until = 0.0
+        # The cut of a checkpoint or a re-layout (psframe.ps.protocol.round_cut): rounds it holds wait.
+        self.cut = RoundCut(self._cond, self.task_name, lambda: self._round.step, lambda: self._try_apply(self._round))
         self._abandoned: PsframeError | None = None  # a re-layout took its cut: every push gets this
 
     # ---- what workers call
@@ -307,70 +304,30 @@ class SyncAggregator:
         with self._cond:
             return worker in self._decisions.get(step, ())
 
-    # ---- a checkpoint's cut
+    # ---- a checkpoint's cut: the cut's own (psframe.ps.protocol.round_cut), under this lock
 
     def hold(self, seconds: float) -> int:
-        """Stop applying rounds, for at most ``seconds``; the step of the round this ps task is at."""
-        with self._cond:
-            self._held_from = self._round.step
-            self._held_until = time.monotonic() + seconds
-            return self._round.step
+        """:meth:`RoundCut.hold`: stop applying rounds for at most ``seconds``; the step this ps task is at."""
+        return self.cut.hold(seconds)
 
     def reach(self, step: int) -> None:
-        """Apply rounds until the global step is ``step``, then hold the rest (the caller snapshots
-        then, under the store's lock, and calls :meth:`release`).
-
-        Raises:
-            CheckpointCutError: the hold ended first, or this ps task is past ``step`` already.
-        """
-        with self._cond:
-            self._check_held()
-            if self._round.step > step:
-                raise CheckpointCutError(
-                    f"{self.task_name} is at sync step {self._round.step}, past the checkpoint's cut at {step}"
-                )
-            self._held_from = step
-            self._try_apply(self._round)
-            self._cond.notify_all()
-            while self._round.step < step:
-                self._check_held()
-                self._cond.wait(max(0.0, self._held_until - time.monotonic()))
-                self._try_apply(self._round)
+        """:meth:`RoundCut.reach`: apply rounds until the global step is ``step``, then hold the rest."""
+        self.cut.reach(step)
 
     def check_cut(self, step: int) -> None:
-        """Raise unless rounds are still held at global step ``step`` (under the store's lock, right before a snapshot).
-
-        Raises:
-            CheckpointCutError: the hold ended, or the step moved.
-        """
-        with self._cond:
-            self._check_held()
-            if self._round.step != step:
-                raise CheckpointCutError(f"{self.task_name} moved past the checkpoint's cut at sync step {step}")
+        """:meth:`RoundCut.check`: raise unless rounds are still held at global step ``step``."""
+        self.cut.check(step)
 
     def abandon(self, error: PsframeError) -> None:
         """Give up the round under way (a re-layout took its cut): every push waiting in it raises
         ``error``, nothing of it applied. Call under the store's lock; the aggregator is not used again."""
         self._abandoned = self._round.failure = error
-        self._held_from, self._held_until = self._round.step, float("inf")  # never applied here
+        self.cut.hold_for_good()  # never applied here
         self._cond.notify_all()
 
     def release(self) -> None:
-        """Let rounds be applied again (after the snapshot, or after a failed one)."""
-        with self._cond:
-            self._held_from = None
-            self._try_apply(self._round)
-            self._cond.notify_all()
-
-    def _held(self, step: int) -> bool:
-        return self._held_from is not None and step >= self._held_from and time.monotonic() < self._held_until
-
-    def _check_held(self) -> None:
-        if self._held_from is None or time.monotonic() >= self._held_until:
-            raise CheckpointCutError(
-                f"{self.task_name} could not take the checkpoint's cut: its hold on rounds ended before the save "
-                f"(a hold lasts at most its seconds)"
-            )
+        """:meth:`RoundCut.release`: let rounds be applied again (after the snapshot, or a failed one)."""
+        self.cut.release()
 
     # ---- what the other ps tasks ask ps 0
 
@@ -445,7 +402,7 @@ class SyncAggregator:
             self._cond.notify_all()
 
     def _try_apply(self, round_: _Round) -> None:
-        if round_ is not self._round or round_.members is None or self._held(round_.step):
+        if round_ is not self._round or round_.members is None or self.cut.held(round_.step):
             return
         if not all(w in round_.completed for w in round_.members):
             return
@@ -504,8 +461,8 @@ class SyncAggregator:
             if remaining <= 0:
                 # The round stays open: a worker that comes back can still complete it.
                 raise self._timeout_error(round_, round_.step, started)
-            if self._held(round_.step):  # a checkpoint's hold: applied once it ends, at the latest
-                remaining = min(remaining, self._held_until - now)
+            if self.cut.held(round_.step):  # a checkpoint's hold: applied once it ends, at the latest
+                remaining = min(remaining, self.cut.held_until - now)
             self._cond.wait(remaining)
             self._try_apply(round_)
 
