@@ -19,7 +19,7 @@ from psframe.ps.service import ParameterServerService
 from psframe.ps.service.fast_path import StreamCache
 from psframe.wire import codec, same_host
 from psframe.wire import psframe_pb2 as pb
-from psframe.wire.layout import Layout
+from psframe.wire.encoding import MessageEncoding
 from psframe.wire.same_host import SameHostRegion
 from psframe.worker.client.prepared import PreparedRequest
 from tests.conftest import assert_params_equal, params
@@ -34,8 +34,8 @@ def _region_files() -> set[str]:
 
 
 def _layouts():
-    request = Layout(pb.PushPullHeader, [("a", torch.float32, (5,)), ("h", torch.bfloat16, (3, 3))])
-    reply = Layout(pb.PushPullReplyHeader, [("w", torch.float64, (2, 2)), ("c", torch.int8, (3,))])
+    request = MessageEncoding(pb.PushPullHeader, [("a", torch.float32, (5,)), ("h", torch.bfloat16, (3, 3))])
+    reply = MessageEncoding(pb.PushPullReplyHeader, [("w", torch.float64, (2, 2)), ("c", torch.int8, (3,))])
     return request, reply
 
 

@@ -17,7 +17,7 @@ by psframe's own placement and step plan, with the trainer's defaults
 (messages of at most ``DEFAULT_MAX_SHARD_BYTES``).
 Under the lock a request runs the optimizer step on its variables
 (``VariableStore.update``, ``torch.optim.SGD``) and copies the values it
-pulls into the worker's shared region (``Layout.write``): exactly what the
+pulls into the worker's shared region (``MessageEncoding.write``): exactly what the
 ps's planned path (``ParameterServerService._push_pull_cached``) does.
 Rows: the time held per request, the requests a step sends, and the
 ceiling that follows, in requests/s and global steps/s.
@@ -37,7 +37,7 @@ from benchmarks.mlp_workload import MODELS, parameter_shapes
 from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, VariableInfo, place
 from psframe.ps.store import VariableStore
 from psframe.wire import psframe_pb2 as pb
-from psframe.wire.layout import Layout
+from psframe.wire.encoding import MessageEncoding
 from psframe.worker.plan.step_plan import Slot, StepPlan
 
 REPEATS = 5  # the best of so many timed rounds
@@ -64,7 +64,9 @@ def measure(model_name: str, rounds: int) -> dict:
     for request in requests:
         names = list(request)
         variables = store.variables(names)
-        layout = Layout(pb.PushPullReplyHeader, [(n, v.dtype, tuple(v.shape)) for n, v in zip(names, variables)])
+        layout = MessageEncoding(
+            pb.PushPullReplyHeader, [(n, v.dtype, tuple(v.shape)) for n, v in zip(names, variables)]
+        )
         region = bytearray(layout.payload_length)  # the reply part of a worker's region
         prepared.append(
             (

@@ -6,7 +6,7 @@
 - :mod:`psframe.wire.codec`: tensors to and from message bytes;
 - :mod:`psframe.wire.messages`: settings (optimizer, sync, variables) as
   messages, and the checks that two tasks agree on them;
-- :mod:`psframe.wire.layout`: messages that carry the same tensors every step,
+- :mod:`psframe.wire.encoding`: messages that carry the same tensors every step,
   their per-tensor work done once;
 - :mod:`psframe.wire.row_tensors`: rows of embedding tables in a message's tensors;
 - :mod:`psframe.wire.same_host`: tensor bytes through shared memory, for a

@@ -205,7 +205,7 @@ def encode_chunks(header: H, tensors: Sequence[tuple[str, torch.Tensor]], kinds:
     ``header.tensors`` is replaced by the metadata of ``tensors``. Tensors
     must be on the CPU; non-contiguous ones are made contiguous (a copy).
     Messages that carry the same tensors again and again are encoded with
-    less work per message by a :class:`psframe.wire.layout.Layout`.
+    less work per message by a :class:`psframe.wire.encoding.MessageEncoding`.
 
     Args:
         header: the envelope's header message (e.g. ``PushPullHeader``).

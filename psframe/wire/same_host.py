@@ -44,7 +44,7 @@ import numpy
 from psframe.errors import SharedRegionError
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
-from psframe.wire.layout import Layout
+from psframe.wire.encoding import MessageEncoding
 
 DIRECTORY = "/dev/shm"  # a tmpfs on Linux: files there are memory
 PREFIX = "psframe-"
@@ -74,7 +74,7 @@ class SameHostRegion:
         self._targets: dict[tuple[int, int], list[numpy.ndarray]] = {}
 
     @classmethod
-    def create(cls, request: Layout, reply: Layout) -> SameHostRegion:
+    def create(cls, request: MessageEncoding, reply: MessageEncoding) -> SameHostRegion:
         """A new region for requests of layout ``request`` answered in layout ``reply`` (worker side).
 
         Raises:
@@ -183,19 +183,19 @@ class SameHostRegion:
         start = self.message.request_start
         return self._view[start : start + self.message.request_length]
 
-    def fits_reply(self, layout: Layout) -> bool:
+    def fits_reply(self, layout: MessageEncoding) -> bool:
         """Whether a reply of ``layout`` fits the reply part."""
         return self.message.reply_start + layout.payload_length <= self.message.size
 
-    def write_request(self, layout: Layout, buffers: list[Any]) -> None:
+    def write_request(self, layout: MessageEncoding, buffers: list[Any]) -> None:
         """Copy a request's tensors (``layout.buffers``) into the request part."""
         layout.write(self._targets_of(layout, self.message.request_start), buffers)
 
-    def write_reply(self, layout: Layout, buffers: list[Any]) -> None:
+    def write_reply(self, layout: MessageEncoding, buffers: list[Any]) -> None:
         """Copy a reply's tensors (``layout.buffers``) into the reply part (it must :meth:`fits_reply`)."""
         layout.write(self._targets_of(layout, self.message.reply_start), buffers)
 
-    def _targets_of(self, layout: Layout, start: int) -> list[numpy.ndarray]:
+    def _targets_of(self, layout: MessageEncoding, start: int) -> list[numpy.ndarray]:
         key = (id(layout), start)
         targets = self._targets.get(key)
         if targets is None:

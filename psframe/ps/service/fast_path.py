@@ -25,7 +25,7 @@ import torch
 from psframe.errors import SharedRegionError
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
-from psframe.wire.layout import Layout
+from psframe.wire.encoding import MessageEncoding
 from psframe.wire.same_host import SameHostRegion
 
 
@@ -45,9 +45,9 @@ class CachedRequest:
 
     caller: pb.Caller
     pull: list[str]
-    request: Layout
+    request: MessageEncoding
     variables: list[torch.Tensor]
-    reply: Layout
+    reply: MessageEncoding
     reply_buffers: list
     generation: int
 
@@ -61,11 +61,11 @@ class CachedRequest:
     ) -> CachedRequest:
         """The cached form of a request the store just answered: ``variables`` are those its
         gradients updated, ``pulled`` those it read (live, updated in place)."""
-        request = Layout(
+        request = MessageEncoding(
             pb.PushPullHeader,
             [(meta.name, codec.dtype_from_name(meta.dtype), tuple(meta.shape)) for meta in header.tensors],
         )
-        reply = Layout(
+        reply = MessageEncoding(
             pb.PushPullReplyHeader,
             [(name, value.dtype, tuple(value.shape)) for name, value in zip(header.pull, pulled)],
         )

@@ -18,7 +18,7 @@ import torch
 from psframe.ps.store import VariableStore
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
-from psframe.wire.layout import Layout
+from psframe.wire.encoding import MessageEncoding
 from psframe.wire.same_host import SameHostRegion
 
 
@@ -75,7 +75,7 @@ class RegionReplies:
     """
 
     def __init__(self) -> None:
-        self._laid_out: dict[tuple[int, tuple[str, ...]], tuple[Layout, list]] = {}
+        self._laid_out: dict[tuple[int, tuple[str, ...]], tuple[MessageEncoding, list]] = {}
 
     def reply(
         self,
@@ -90,7 +90,7 @@ class RegionReplies:
         key = (generation, tuple(pull))
         laid_out = self._laid_out.get(key)
         if laid_out is None:
-            layout = Layout(
+            layout = MessageEncoding(
                 pb.PushPullReplyHeader, [(name, value.dtype, tuple(value.shape)) for name, value in zip(pull, values)]
             )
             # Only the current generation's layouts are kept: older variables are gone.

@@ -4,7 +4,7 @@ A worker sends each ps task the same planned requests every step; only the
 step and the tensors' values change. A :class:`PreparedRequest` keeps the
 header, and learns the layouts of the request's gradients and of the reply's
 values from the first message of each, so that later ones that fit are
-encoded and decoded without per-tensor work (:mod:`psframe.wire.layout`).
+encoded and decoded without per-tensor work (:mod:`psframe.wire.encoding`).
 
 On the ps task's host it also moves the tensors through a shared region
 (:mod:`psframe.wire.same_host`): the second request of its kind (both
@@ -22,7 +22,7 @@ import torch
 from psframe.errors import WireFormatError
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
-from psframe.wire.layout import Layout
+from psframe.wire.encoding import MessageEncoding
 from psframe.wire.same_host import SameHostRegion
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,8 @@ class PreparedRequest:
     def __init__(self, header: pb.PushPullHeader, share: bool = False) -> None:
         self.header = header
         self.share = share
-        self._request: Layout | None = None
-        self._reply: Layout | None = None
+        self._request: MessageEncoding | None = None
+        self._reply: MessageEncoding | None = None
         self._region: SameHostRegion | None = None
         self._in_region = False  # the ps task answered in the region: requests leave their tensors there
 
@@ -54,7 +54,7 @@ class PreparedRequest:
         self.header.step = step
         self.header.push_id = push_id
         if self._request is None:
-            self._request = Layout(pb.PushPullHeader, [(name, g.dtype, tuple(g.shape)) for name, g in grads])
+            self._request = MessageEncoding(pb.PushPullHeader, [(name, g.dtype, tuple(g.shape)) for name, g in grads])
         try:
             buffers = self._request.buffers([g for _, g in grads])
         except WireFormatError:  # gradients of another layout, or not contiguous: general, in the message
@@ -96,7 +96,7 @@ class PreparedRequest:
         else:
             tensors = codec.tensors_of(envelope)
             if not (header.error_class or header.region_unusable) and self._reply is None:  # a refusal has no tensors
-                self._reply = Layout(
+                self._reply = MessageEncoding(
                     pb.PushPullReplyHeader,
                     [(meta.name, t.dtype, tuple(t.shape)) for meta, t in zip(header.tensors, tensors)],
                 )

@@ -1,4 +1,4 @@
-"""Unit tests for psframe.wire.layout: messages of a fixed list of tensors, placed once.
+"""Unit tests for psframe.wire.encoding: messages of a fixed list of tensors, placed once.
 
 Oracles: the message codec.encode makes of the same header and tensors, and
 codec.decode of what a layout encodes.
@@ -12,7 +12,7 @@ import torch
 from psframe.errors import WireFormatError
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
-from psframe.wire.layout import Layout
+from psframe.wire.encoding import MessageEncoding
 from tests.test_codec import ALL_DTYPES, _random_tensor
 
 SHAPES = [(3, 5), (), (0, 4), (7,), (1, 1, 9)]
@@ -25,8 +25,8 @@ def _named(dtypes: list[str], seed: int = 0) -> list[tuple[str, torch.Tensor]]:
     ]
 
 
-def _layout(header_type, named) -> Layout:
-    return Layout(header_type, [(name, t.dtype, t.shape) for name, t in named])
+def _layout(header_type, named) -> MessageEncoding:
+    return MessageEncoding(header_type, [(name, t.dtype, t.shape) for name, t in named])
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ def test_a_misaligned_buffer_is_copied_not_viewed():
 
 @pytest.mark.parametrize("bad", ["dtype", "shape", "count", "noncontiguous"])
 def test_buffers_refuse_tensors_that_do_not_fit(bad):
-    layout = Layout(pb.PushPullReplyHeader, [("w", torch.float32, (4, 3))])
+    layout = MessageEncoding(pb.PushPullReplyHeader, [("w", torch.float32, (4, 3))])
     tensor = {
         "dtype": [torch.zeros(4, 3, dtype=torch.float64)],
         "shape": [torch.zeros(3, 4)],
@@ -137,7 +137,7 @@ def test_buffers_refuse_tensors_that_do_not_fit(bad):
 
 
 def test_encode_refuses_a_header_that_lists_tensors():
-    layout = Layout(pb.PushPullReplyHeader, [("w", torch.float32, (2,))])
+    layout = MessageEncoding(pb.PushPullReplyHeader, [("w", torch.float32, (2,))])
     header = pb.PushPullReplyHeader()
     header.tensors.add(name="x", dtype="float32", shape=[2], offset=0, nbytes=8)
     with pytest.raises(ValueError, match="lists tensors"):

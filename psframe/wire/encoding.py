@@ -2,21 +2,21 @@
 
 A worker sends each ps task the same planned requests every step, and the ps
 task answers each with the same variables: only the tensors' values and a
-few header fields change from step to step. A :class:`Layout` holds what
+few header fields change from step to step. A :class:`MessageEncoding` holds what
 :func:`~psframe.wire.codec.encode` and :func:`~psframe.wire.codec.decode`
 would otherwise work out for every message: each tensor's dtype, shape,
 offset and padding, and the serialized tensor metadata. A message made with
-a layout is the message :func:`~psframe.wire.codec.encode` makes (the same
+an encoding is the message :func:`~psframe.wire.codec.encode` makes (the same
 payload bytes; the header's fields perhaps in another order), so either side
 may use one or not::
 
-    layout = Layout(pb.PushPullReplyHeader, [(name, tensor.dtype, tensor.shape), ...])
-    buffers = layout.buffers(tensors)          # once, for tensors updated in place
-    data = layout.encode(pb.PushPullReplyHeader(global_step=7), buffers)
+    encoding = MessageEncoding(pb.PushPullReplyHeader, [(name, tensor.dtype, tensor.shape), ...])
+    buffers = encoding.buffers(tensors)          # once, for tensors updated in place
+    data = encoding.encode(pb.PushPullReplyHeader(global_step=7), buffers)
 
     envelope = codec.parse(data, pb.PushPullReplyHeader)
-    if layout.matches(envelope.header):
-        tensors = layout.tensors(envelope)     # views of ``data``
+    if encoding.matches(envelope.header):
+        tensors = encoding.tensors(envelope)     # views of ``data``
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from psframe.wire import codec
 TensorSpec = tuple[str, torch.dtype, tuple[int, ...]]  # name, dtype, shape
 
 
-class Layout:
+class MessageEncoding:
     """The tensors of one kind of message, placed once.
 
     Args:
@@ -113,7 +113,7 @@ class Layout:
             same payload; the header's tensor list serialized after its other fields.
         """
         if header.tensors:
-            raise ValueError("the header given to Layout.encode lists tensors already; the layout adds them")
+            raise ValueError("the header given to MessageEncoding.encode lists tensors already; the encoding adds them")
         if len(buffers) != len(self._pads):
             raise ValueError(f"a layout of {len(self._pads)} tensors was given {len(buffers)} buffers")
         chunks = [self._prefix]
@@ -130,7 +130,9 @@ class Layout:
         """An envelope of ``header`` listing the laid-out tensors, without a payload:
         the tensors travel elsewhere (a shared region, :mod:`psframe.wire.same_host`)."""
         if header.tensors:
-            raise ValueError("the header given to Layout.encode_header lists tensors already; the layout adds them")
+            raise ValueError(
+                "the header given to MessageEncoding.encode_header lists tensors already; the encoding adds them"
+            )
         header_bytes = header.SerializeToString() + self._metas_bytes
         return codec.HEADER_TAG + codec.varint(len(header_bytes)) + header_bytes
 
