@@ -648,21 +648,21 @@ def test_a_hold_keeps_rounds_from_being_applied_until_released_or_its_end():
     store = make_store(values0())
     agg = SyncAggregator(store, num_workers=1, replicas_to_aggregate=1, timeout=TIMEOUT)
     grads = {"w": rand((4, 3), 5), "b": rand((3,), 6)}
-    assert agg.hold(5.0) == 0
+    assert agg.cut.hold(5.0) == 0
     first = Call(agg.push, 0, 0, grads)
     wait_until(lambda: agg._round.completed == [0], store, first, what="the round to complete")
     assert store.global_step == 0 and first.thread.is_alive()  # complete, not applied: held
-    agg.reach(1)  # the cut is one round on: applied, and held there
+    agg.cut.reach(1)  # the cut is one round on: applied, and held there
     assert first.value() is False and store.global_step == 1
-    agg.check_cut(1)
+    agg.cut.check()
     second = Call(agg.push, 0, 1, grads)
     wait_until(lambda: agg._round.completed == [0], store, second, what="the next round to complete")
     assert store.global_step == 1
     with pytest.raises(CheckpointCutError, match="past the checkpoint's cut at 0"):
-        agg.reach(0)
-    agg.release()
+        agg.cut.reach(0)
+    agg.cut.release()
     assert second.value() is False and store.global_step == 2
     with pytest.raises(CheckpointCutError, match="its hold on rounds ended"):
-        agg.check_cut(2)
-    agg.hold(0.2)  # never released: the round goes through once the hold ends
+        agg.cut.check()
+    agg.cut.hold(0.2)  # never released: the round goes through once the hold ends
     assert Call(agg.push, 0, 2, grads).value() is False and store.global_step == 3

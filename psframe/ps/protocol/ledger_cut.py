@@ -39,7 +39,9 @@ def hold_seconds(asked: float) -> float:
 
 
 class LedgerCut:
-    """The cut of a checkpoint over ``ledger``, whose pushes apply under ``lock`` (the store's).
+    """The cut of a checkpoint (or of a re-layout) over ``ledger``, whose pushes apply under
+    ``lock`` (the store's): a :class:`~psframe.ps.protocol.cut.Cut` whose point is each worker's
+    steps begun.
 
     Args:
         ledger: each worker's pushes applied here.

@@ -26,7 +26,8 @@ from psframe.errors import CheckpointCutError
 
 
 class RoundCut:
-    """The cut of a checkpoint (or of a re-layout) over the rounds of one aggregator.
+    """The cut of a checkpoint (or of a re-layout) over the rounds of one aggregator: a
+    :class:`~psframe.ps.protocol.cut.Cut` whose point is a global step.
 
     Args:
         cond: the aggregator's condition, over the store's lock: every round is applied under it.
@@ -45,6 +46,7 @@ class RoundCut:
         # Rounds of step _held_from and later wait, until _held_until (monotonic).
         self._held_from: int | None = None
         self._held_until = 0.0
+        self._reached: int | None = None  # the point of the last reach, which check holds it to
 
     @property
     def held_until(self) -> float:
@@ -76,7 +78,7 @@ class RoundCut:
                 raise CheckpointCutError(
                     f"{self._task_name} is at sync step {self._step()}, past the checkpoint's cut at {step}"
                 )
-            self._held_from = step
+            self._held_from = self._reached = step
             self._apply()
             self._cond.notify_all()
             while self._step() < step:
@@ -84,21 +86,23 @@ class RoundCut:
                 self._cond.wait(max(0.0, self._held_until - time.monotonic()))
                 self._apply()
 
-    def check(self, step: int) -> None:
-        """Raise unless rounds are still held at global step ``step`` (under the store's lock, right before a snapshot).
+    def check(self) -> None:
+        """Raise unless rounds are still held at the global step :meth:`reach` reached (under the
+        store's lock, right before a snapshot).
 
         Raises:
             CheckpointCutError: the hold ended, or the step moved.
         """
         with self._cond:
             self._check_held()
-            if self._step() != step:
+            step = self._reached
+            if step is None or self._step() != step:
                 raise CheckpointCutError(f"{self._task_name} moved past the checkpoint's cut at sync step {step}")
 
     def release(self) -> None:
         """Let rounds be applied again (after the snapshot, or after a failed one)."""
         with self._cond:
-            self._held_from = None
+            self._held_from = self._reached = None
             self._apply()
             self._cond.notify_all()
 

@@ -25,9 +25,8 @@ For the ps's current step ``s`` a *round* gathers gradients:
 
 A checkpoint takes every ps task's part at one round: the aggregator's cut
 (:class:`psframe.ps.protocol.round_cut.RoundCut`, :attr:`SyncAggregator.cut`)
-holds rounds back, reaches the latest round of any ps task, and releases them.
-:meth:`SyncAggregator.hold`, :meth:`~SyncAggregator.reach`,
-:meth:`~SyncAggregator.check_cut` and :meth:`~SyncAggregator.release` call it.
+holds rounds back, reaches the latest round of any ps task, and releases them
+(:class:`psframe.ps.protocol.cut.Cut`, the interface of both kinds of cut).
 
 Every wait has a deadline; when it runs out the error names the step, the
 workers that arrived and the ones missing.
@@ -304,19 +303,7 @@ class SyncAggregator:
         with self._cond:
             return worker in self._decisions.get(step, ())
 
-    # ---- a checkpoint's cut: the cut's own (psframe.ps.protocol.round_cut), under this lock
-
-    def hold(self, seconds: float) -> int:
-        """:meth:`RoundCut.hold`: stop applying rounds for at most ``seconds``; the step this ps task is at."""
-        return self.cut.hold(seconds)
-
-    def reach(self, step: int) -> None:
-        """:meth:`RoundCut.reach`: apply rounds until the global step is ``step``, then hold the rest."""
-        self.cut.reach(step)
-
-    def check_cut(self, step: int) -> None:
-        """:meth:`RoundCut.check`: raise unless rounds are still held at global step ``step``."""
-        self.cut.check(step)
+    # ---- a checkpoint's cut is :attr:`cut`'s (psframe.ps.protocol.round_cut), under this lock
 
     def abandon(self, error: PsframeError) -> None:
         """Give up the round under way (a re-layout took its cut): every push waiting in it raises
@@ -324,10 +311,6 @@ class SyncAggregator:
         self._abandoned = self._round.failure = error
         self.cut.hold_for_good()  # never applied here
         self._cond.notify_all()
-
-    def release(self) -> None:
-        """:meth:`RoundCut.release`: let rounds be applied again (after the snapshot, or a failed one)."""
-        self.cut.release()
 
     # ---- what the other ps tasks ask ps 0
 

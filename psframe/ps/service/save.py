@@ -20,13 +20,14 @@ Whatever happens, the hold ends with the save.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
+from typing import Any
 
 from psframe import errors
 from psframe.cluster import ClusterSpec
 from psframe.ps import recovery
 from psframe.ps.elastic.relayout import Relayout
+from psframe.ps.protocol.cut import Cut
 from psframe.ps.protocol.ledger_cut import LedgerCut, hold_seconds
 from psframe.ps.service.place import TaskPlace
 from psframe.ps.service.relayout_participant import RelayoutParticipant
@@ -41,7 +42,8 @@ class SaveHandler:
     Args:
         store, model: the variables and what goes with them (synchronous training: the rounds' cut
             is the aggregator's).
-        cut: the ledger's cut (asynchronous training).
+        cut: the ledger's cut (asynchronous training; synchronous training's is the aggregator's:
+            both are a :class:`~psframe.ps.protocol.cut.Cut`).
         pushes: what a shard keeps of the pushes its values hold.
         relayout, participant: the re-layout state machine, and what the task does at a re-layout's cut.
         place: the task's cluster (the number of shards).
@@ -83,21 +85,16 @@ class SaveHandler:
         url = request.checkpoint_dir or self._checkpoint_dir or ""
         if not url and not request.move_to:
             raise errors.CheckpointError(f"{self._task_name} has no checkpoint_dir and the request named none")
-        # With targets (or a round's), the snapshot is the cut's: checked under the lock it is taken under.
-        check: Callable[[], None] | None = self._cut.check if request.targets else None
-        aggregator = model.aggregator if request.cut_rounds else None
-        rounds = aggregator.cut if aggregator is not None else None
-        if rounds is not None:
-            check = functools.partial(rounds.check, request.round_target)
+        cut, point = self._cut_asked(request)
+        # With a cut, the snapshot is the cut's: checked under the lock it is taken under.
+        check = cut.check if cut is not None else None
         try:
             with model.lock:
                 if request.move_to and relayout.took(request.move_to, request.move_stage):
                     return self._participant.moved_reply()  # the cut taken again after a lost one
                 store.check_names([])  # NotReadyError before the model exists
-                if request.targets:
-                    self._cut.reach(list(request.targets))
-                if rounds is not None:
-                    rounds.reach(request.round_target)
+                if cut is not None:
+                    cut.reach(point)
                 k, num_ps = self._task_index, self._place.cluster.num_ps
                 if request.move_to:
                     self._participant.move(ClusterSpec.from_string(request.move_to), check, request.move_stage)
@@ -111,13 +108,23 @@ class SaveHandler:
                         store, model.defs, model.sync_def, url, request.step, k, num_ps, self._pushes, check
                     )
         finally:
-            if request.targets:
-                self._cut.release()
-            if model.aggregator is not None:  # a hold's, whether this save took its cut or not
+            if cut is not None:
+                cut.release()
+            elif model.aggregator is not None:  # a hold's, whether this save took its cut or not
                 model.aggregator.cut.release()
         return pb.SaveReply(
             file=record.file, sha256=record.sha256, nbytes=record.nbytes, global_step=record.global_step
         )
+
+    def _cut_asked(self, request: pb.SaveRequest) -> tuple[Cut[Any] | None, Any]:
+        """The cut a save reaches, and its point: each worker's steps (``targets``, asynchronous
+        training), or a round (``cut_rounds``: ``round_target``, synchronous); none without either."""
+        aggregator = self._model.aggregator
+        if request.cut_rounds and aggregator is not None:
+            return aggregator.cut, request.round_target
+        if request.targets:
+            return self._cut, list(request.targets)
+        return None, None
 
     def _hold(self, seconds: float) -> pb.SaveReply:
         """Hold pushes back (asynchronous training) and say each worker's steps begun here;
