@@ -92,8 +92,25 @@ def test_optimizer_kernels_step_takes_the_rows_step(fresh_rows_decisions, monkey
         for grad in _gradients((ROWS, 4), torch.float32, 5):
             theirs.grad, ours.grad = grad, grad.clone()
             torch_opt.step()
-            kernels.step(psframe_opt)
+            kernels.step(psframe_opt, rows=True)
     assert taken == [True] * 5
+    assert _same_bits(theirs, ours)
+
+
+def test_a_dense_step_never_looks_for_the_rows_step(monkeypatch):
+    """Off costs nothing: a dense variable's Adagrad step does not probe the row kernel."""
+    probed = []
+    monkeypatch.setattr(rows_kernels, "adagrad_rows_step", lambda opt: probed.append(opt) or False)
+    start = torch.randn(ROWS, 4)
+    theirs, ours = start.clone().requires_grad_(), start.clone().requires_grad_()
+    torch_opt = torch.optim.Adagrad([theirs], lr=0.1)
+    psframe_opt = torch.optim.Adagrad([ours], lr=0.1)
+    for seed in range(3):
+        grad = torch.randn(ROWS, 4, generator=torch.Generator().manual_seed(seed))
+        theirs.grad, ours.grad = grad, grad.clone()
+        torch_opt.step()
+        kernels.step(psframe_opt)
+    assert probed == []
     assert _same_bits(theirs, ours)
 
 

@@ -60,7 +60,7 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
     return rows_kernels.SparseSGD if name == "SparseSGD" else getattr(torch.optim, name)
 
 
-def step(optimizer: torch.optim.Optimizer) -> None:
+def step(optimizer: torch.optim.Optimizer, *, rows: bool = False) -> None:
     """``optimizer.step()``, without the profiler range and hook dispatch around it when nothing uses them.
 
     torch.optim wraps every optimizer class's ``step`` in a function that
@@ -72,14 +72,15 @@ def step(optimizer: torch.optim.Optimizer) -> None:
     but call the step, so the step is called directly; with a profiler or a
     hook, or a torch without the wrapper, ``optimizer.step()`` is.
 
-    An embedding table's Adagrad step (sparse gradients) is taken by
+    An embedding table's Adagrad step (``rows``: sparse gradients) is taken by
     :func:`psframe.optim.rows_kernels.adagrad_rows_step` where it gives torch's
-    bits: a third of the time of torch's on rows of 8 floats.
+    bits: a third of the time of torch's on rows of 8 floats. A dense step
+    (``rows`` False) never looks for it.
     """
     unwrapped = getattr(type(optimizer).step, "__wrapped__", None)
     if unwrapped is None or _watched(optimizer):
         optimizer.step()
-    elif not rows_kernels.adagrad_rows_step(optimizer):
+    elif not (rows and rows_kernels.adagrad_rows_step(optimizer)):
         unwrapped(optimizer)
 
 

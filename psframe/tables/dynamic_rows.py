@@ -343,7 +343,7 @@ class DynamicRows:
         grad = row_gradient(slots, grads, self.weight.shape)
         self.weight.grad = grad
         try:
-            kernels.step(self.optimizer)
+            kernels.step(self.optimizer, rows=True)
             self._memory.back_state(self.optimizer)  # state torch made at this step (SparseAdam's first)
         finally:
             self.weight.grad = None

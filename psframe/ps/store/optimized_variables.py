@@ -120,7 +120,7 @@ class OptimizedVariables:
         for variable, grad in zip(variables, grads):
             variable.grad = grad
         try:
-            kernels.step(self.optimizer)
+            kernels.step(self.optimizer, rows=self.per_parameter)  # per-parameter: a table's sparse rows
             self.stepped = True
             state = self.optimizer.state
             for variable in variables:  # torch makes some state at a variable's first step
