@@ -53,6 +53,7 @@ class StalenessGate:
         self._roster = roster
         self._task_name = task_name
         self._changed = threading.Condition()
+        self._waiting = 0  # replies held to a bound now: without any, a step wakes no one
         self.counts = [0] * HISTOGRAM_BUCKETS
         """How many step-ending pushes found their worker 0, 1, ... steps ahead (the last: that many or more)."""
 
@@ -64,9 +65,10 @@ class StalenessGate:
         return ahead
 
     def stepped(self) -> None:
-        """A worker's step was recorded: waits look again."""
-        with self._changed:
-            self._changed.notify_all()
+        """A worker's step was recorded: waits look again (no lock taken while none waits)."""
+        if self._waiting:
+            with self._changed:
+                self._changed.notify_all()
 
     def wait(self, worker: int, bound: int, timeout: float) -> None:
         """Return once ``worker`` is at most ``bound`` steps ahead of the slowest other live worker
@@ -77,12 +79,18 @@ class StalenessGate:
         """
         started = time.monotonic()
         deadline = started + timeout
-        while self._ahead(worker) > bound:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self._timeout_error(worker, bound, time.monotonic() - started)
+        with self._changed:
+            self._waiting += 1  # before the first look: a step recorded after it wakes this wait
+        try:
+            while self._ahead(worker) > bound:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._timeout_error(worker, bound, time.monotonic() - started)
+                with self._changed:
+                    self._changed.wait(min(remaining, _POLL_SECONDS))
+        finally:
             with self._changed:
-                self._changed.wait(min(remaining, _POLL_SECONDS))
+                self._waiting -= 1
 
     def _ahead(self, worker: int) -> int:
         others = [w for w in self._roster.live() if w != worker]
