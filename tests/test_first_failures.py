@@ -34,6 +34,7 @@ import pytest
 
 import psframe
 from psframe import cli, flags
+from psframe.cli import server as server_command
 from psframe.errors import ClusterSpecError, ConnectTimeoutError, PsframeError
 from psframe.launch import pick_free_ports
 from tests.conftest import ROOT, psframe_command
@@ -236,7 +237,7 @@ def test_ctrl_c_is_one_line_and_130_from_psframe_server_in_process(capsys, monke
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cluster_from_flags", interrupted)
+    monkeypatch.setattr(server_command, "cluster_from_flags", interrupted)
     code, err = run_cli(capsys, "server", *hosts(2222, 2224), "--job_name=ps", "--task_index=0")
     assert code == 130
     assert the_line(err) == f"psframe server: {INTERRUPTED}"

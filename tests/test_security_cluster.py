@@ -95,7 +95,7 @@ LAUNCHED = textwrap.dedent('''
     import os, sys
     import torch
     import psframe
-    from psframe.cli import add_cluster_flags
+    from psframe.flags import add_cluster_flags
     from psframe.cluster.tf_config import resolve_cluster
     from psframe.errors import AuthenticationError
     from psframe.hooks import StopAtStepHook
