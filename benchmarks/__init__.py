@@ -6,7 +6,10 @@ Where a module lives says what it is:
   ``docs/benchmarks.md`` reports, one module per section (``transport``,
   ``security``, ``memory``, ``training``, ``scaling``, ``sparse`` with
   ``ctr``, ``hosts``), each with its own table function and
-  ``python -m`` command line; two that :mod:`benchmarks.ctr` runs apart from
+  ``python -m`` command line, some with parts of their own (``training_systems``:
+  each training system's processes, which scaling and hosts run too;
+  ``training_tables``; ``scaling_echo``: the raw gRPC echo's run;
+  ``scaling_tables``); two that :mod:`benchmarks.ctr` runs apart from
   the report (``ctr_throughput``: the CTR example at batch 512, one process
   against 1 ps + N workers; ``row_rate``: a ps task's rows per core-second
   against raw torch's); and what they share (``train_psframe``, psframe's
@@ -19,7 +22,8 @@ Where a module lives says what it is:
   TensorFlow's (``tf_ps``, run from its own environment found by ``tf_env``)
   and raw torch on an embedding table's rows (``torch_rows``).
 - ``benchmarks/experiments/``: one-off measurements behind ``docs/decisions.md``
-  (``store_lock``, ``recovery``, ``step_cpu``); they may use psframe's internals and are not
+  (``store_lock``, ``recovery``, ``step_cpu``; ``row_cache_hosts``, its runs made and
+  measured by ``row_cache_run``); they may use psframe's internals and are not
   part of :mod:`benchmarks.run`.
 - At the top: the command (:mod:`benchmarks.run`), the report it writes
   (:mod:`benchmarks.report`), the CTR command (:mod:`benchmarks.ctr`: the
@@ -31,7 +35,8 @@ Where a module lives says what it is:
   workloads (:mod:`benchmarks.mlp_workload`, :mod:`benchmarks.embedding_workload`).
 
 Imports point down that list, never up: experiments and the report may import
-the suite, the suite may import the baselines, and everything may import the
+the suite (and an experiment the other modules of its own), the suite may
+import the baselines, and everything may import the
 leaves (a leaf only other leaves); no module imports one that imports it back
 (``tests/test_benchmark_layout.py`` checks all of this).
 """

@@ -27,7 +27,8 @@ from benchmarks.baselines.raw_grpc import raw_table
 from benchmarks.formatting import plot_scaling, plot_throughput_and_training
 from benchmarks.suite.hosts import hosts_table
 from benchmarks.suite.memory import memory_table
-from benchmarks.suite.scaling import scaling_table, step_plan_sizes
+from benchmarks.suite.scaling import step_plan_sizes
+from benchmarks.suite.scaling_tables import scaling_table
 from benchmarks.suite.security import security_table
 from benchmarks.suite.sparse import sparse_table
 from benchmarks.suite.training import PLOT_ORDER

@@ -25,7 +25,8 @@ embedding tables (``sparse=True``: the wide part's weights, and the deep
 part's vectors), so a step moves only the rows its batch uses. With
 ``--dynamic_tables`` the ids are not folded into buckets: the tables are
 ``psframe.DynamicEmbedding``s, which make a row for each id on first touch
-(``--max_rows_per_ps`` caps the rows each ps task keeps). At global
+(``--max_rows_per_ps`` caps the rows each ps task keeps, ``--admit_after``
+and ``--row_ttl_seconds`` admit and forget them). At global
 step --train_steps the chief evaluates on held-out samples and prints one
 JSON line: AUC and log loss, and the AUC of the true click probability
 (the ceiling no model can pass).
@@ -89,6 +90,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help="with --dynamic_tables: the most rows of a table a ps task keeps (least used go first)",
+    )
+    parser.add_argument(
+        "--admit_after",
+        type=int,
+        default=1,
+        help="with --dynamic_tables: give a new id a row only once it was looked up this many times for training "
+        "(until then it reads as its initial row and takes no memory)",
+    )
+    parser.add_argument(
+        "--row_ttl_seconds",
+        type=float,
+        default=None,
+        help="with --dynamic_tables: forget the rows not looked up for training for this many seconds",
     )
     parser.add_argument(
         "--train_samples",
@@ -180,15 +194,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class WideAndDeep(torch.nn.Module):
     """A linear model over every feature (wide) plus an MLP over the features' vectors (deep)."""
 
-    def __init__(self, buckets: int | None, dim: int, hidden: int, max_rows_per_ps: int | None = None) -> None:
+    def __init__(
+        self,
+        buckets: int | None,
+        dim: int,
+        hidden: int,
+        max_rows_per_ps: int | None = None,
+        admit_after: int = 1,
+        row_ttl_seconds: float | None = None,
+    ) -> None:
         super().__init__()
+        self.wide: torch.nn.Module
+        self.deep: torch.nn.Module
         if buckets is None:  # dynamic tables over any id, rows made as the sparse ones start
-            self.wide = psframe.DynamicEmbedding(
-                1, initializer=psframe.RowInitializer("constant", value=0.0), max_rows=max_rows_per_ps, eviction="lfu"
-            )
-            self.deep = psframe.DynamicEmbedding(
-                dim, initializer=psframe.RowInitializer(std=0.01, seed=1), max_rows=max_rows_per_ps, eviction="lfu"
-            )
+
+            def table(width: int, initializer: psframe.RowInitializer) -> psframe.DynamicEmbedding:
+                return psframe.DynamicEmbedding(
+                    width,
+                    initializer=initializer,
+                    max_rows=max_rows_per_ps,
+                    eviction="lfu",
+                    admit_after=admit_after,
+                    ttl_seconds=row_ttl_seconds,
+                )
+
+            self.wide = table(1, psframe.RowInitializer("constant", value=0.0))
+            self.deep = table(dim, psframe.RowInitializer(std=0.01, seed=1))
         else:
             self.wide = torch.nn.Embedding(buckets, 1, sparse=True)
             self.deep = torch.nn.Embedding(buckets, dim, sparse=True)
@@ -208,7 +239,12 @@ class WideAndDeep(torch.nn.Module):
 def build_model(args: argparse.Namespace) -> WideAndDeep:
     torch.manual_seed(args.seed)  # the chief's initial values are the ones that count
     return WideAndDeep(
-        None if args.dynamic_tables else args.hash_buckets, args.embedding_dim, args.hidden_units, args.max_rows_per_ps
+        None if args.dynamic_tables else args.hash_buckets,
+        args.embedding_dim,
+        args.hidden_units,
+        args.max_rows_per_ps,
+        args.admit_after,
+        args.row_ttl_seconds,
     )
 
 
@@ -335,22 +371,22 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
                 trainer.prefetch(model.wide, next_ids)
                 trainer.prefetch(model.deep, next_ids)
             global_step = trainer.step(loss)
-            if trainer.local_step % args.log_every == 0:
+            if trainer.stats.local_step % args.log_every == 0:
                 log.info(
                     "worker %d: local step %d global step %d, loss %.4f",
                     task_index,
-                    trainer.local_step,
+                    trainer.stats.local_step,
                     global_step,
                     loss.item(),
                 )
         wall = time.perf_counter() - start
-        steps = max(1, trainer.local_step)
+        steps = max(1, trainer.stats.local_step)
         rows = {
-            "rows_looked_up_per_step": round(trainer.rows_looked_up / steps, 1),
-            "rows_pulled_per_step": round(trainer.rows_pulled / steps, 1),
+            "rows_looked_up_per_step": round(trainer.stats.rows_looked_up / steps, 1),
+            "rows_pulled_per_step": round(trainer.stats.rows_pulled / steps, 1),
         }
         if not trainer.is_chief:
-            log.info("worker %d done after %d local steps", task_index, trainer.local_step)
+            log.info("worker %d done after %d local steps", task_index, trainer.stats.local_step)
             return 0
         trainer.pull()  # the dense parameters; the tables' rows come with the lookups
         samples = (
@@ -361,10 +397,10 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
             "global_step": trainer.global_step,
             **evaluate(model, data_of(args, 1)),
             "samples_per_sec": round(samples / wall, 1),
-            "recoveries": trainer.recoveries,
+            "recoveries": trainer.stats.recoveries,
             **rows,
             "num_ps": trainer.cluster.num_ps,  # after any re-layout (psframe reshard)
-            "relayouts": trainer.relayouts,
+            "relayouts": trainer.stats.relayouts,
             "num_workers": cluster.num_workers,
         }
     print(json.dumps(result), flush=True)

@@ -209,19 +209,19 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         else:
             order = batches(len(train_x), args.batch_size, args.seed + 1 + task_index)
         for indices in order:
-            if trainer.should_stop() or trainer.local_step == args.max_local_steps:
+            if trainer.should_stop() or trainer.stats.local_step == args.max_local_steps:
                 break
             indices = indices.to(device)
             loss = F.cross_entropy(model(train_x[indices]), train_y[indices])
             global_step = trainer.step(loss)
             if progress is not None:
                 progress.update(global_step - progress.n)
-            if trainer.local_step % args.log_every == 0:
+            if trainer.stats.local_step % args.log_every == 0:
                 rate = (global_step - first_step) / (time.perf_counter() - start)
                 log.info(
                     "worker %d: local step %d, global step %d, loss %.4f, %.0f global steps/s",
                     task_index,
-                    trainer.local_step,
+                    trainer.stats.local_step,
                     global_step,
                     loss.item(),
                     rate,
@@ -233,25 +233,25 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
             log.info(
                 "worker %d done after %d local steps; steps ahead of the slowest worker: %s",
                 task_index,
-                trainer.local_step,
-                json.dumps({str(k): v for k, v in trainer.steps_ahead.items()}),
+                trainer.stats.local_step,
+                json.dumps({str(k): v for k, v in trainer.stats.steps_ahead.items()}),
             )
             return 0
         trainer.pull()  # the final parameters, with every worker's last update
         test_x, test_y = (t.to(device) for t in load_mnist(args.data_dir, train=False))
         result = {
             "global_step": trainer.global_step,
-            "local_steps": trainer.local_step,
+            "local_steps": trainer.stats.local_step,
             "sync_replicas": args.sync_replicas,
-            "dropped_local_steps": trainer.dropped_steps,
-            "recoveries": trainer.recoveries,
+            "dropped_local_steps": trainer.stats.dropped_steps,
+            "recoveries": trainer.stats.recoveries,
             "test_accuracy": round(accuracy(model, test_x, test_y), 4),
             "wall_seconds": round(wall, 3),
             "steps_per_sec": round((trainer.global_step - first_step) / wall, 1),
             "num_ps": cluster.num_ps,
             "num_workers": cluster.num_workers,
             # Async: how many of the chief's steps found it 0, 1, ... steps ahead of the slowest worker.
-            "steps_ahead": {str(k): v for k, v in trainer.steps_ahead.items()},
+            "steps_ahead": {str(k): v for k, v in trainer.stats.steps_ahead.items()},
         }
     print(json.dumps(result), flush=True)
     return 0

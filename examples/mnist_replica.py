@@ -310,7 +310,7 @@ def run_worker(
             loss = cross_entropy(model(train_x[indices]), train_y[indices])
             step = trainer.step(loss)  # backward, push the gradients, pull the new values
             now = time.time()
-            print(f"{now:f}: Worker {task_index}: training step {trainer.local_step} done (global step: {step})")
+            print(f"{now:f}: Worker {task_index}: training step {trainer.stats.local_step} done (global step: {step})")
         time_end = time.time()
         print(f"Training ends @ {time_end:f}")
         training_time = time_end - time_begin
@@ -327,9 +327,9 @@ def run_worker(
         result = {
             "task": f"worker{task_index}",
             "global_step": trainer.global_step,
-            "local_steps": trainer.local_step,
+            "local_steps": trainer.stats.local_step,
             "sync_replicas": args.sync_replicas,
-            "dropped_local_steps": trainer.dropped_steps,
+            "dropped_local_steps": trainer.stats.dropped_steps,
             "validation_cross_entropy": round(val_xent, 4),
             "validation_examples": len(val_x),
             "validation_accuracy": round(val_accuracy, 4),

@@ -131,7 +131,7 @@ def main_fun(args: argparse.Namespace, ctx: psframe.ray.TaskContext) -> dict | N
         test_x, test_y = (t.to(device) for t in load_mnist(args.data_dir, train=False))
         return {
             "global_step": trainer.global_step,
-            "local_steps": trainer.local_step,
+            "local_steps": trainer.stats.local_step,
             "test_accuracy": round(accuracy(model, test_x, test_y), 4),
             "num_ps": ctx.cluster.num_ps,
             "num_workers": ctx.cluster.num_workers,

@@ -125,7 +125,7 @@ def main_fun(args: argparse.Namespace, ctx: psframe.spark.NodeContext) -> dict |
         return {
             "global_step": trainer.global_step,
             "first_global_step": first_step,
-            "local_steps": trainer.local_step,
+            "local_steps": trainer.stats.local_step,
             "examples": len(train_x),
             "wall_seconds": round(wall, 3),
             "steps_per_sec": round((trainer.global_step - first_step) / max(wall, 1e-9), 1),

@@ -20,36 +20,68 @@ placement); ``psframe.config`` (option groups, security, liveness);
 disk); ``psframe.ps`` (the ps side) and ``psframe.worker`` (the worker side),
 which never import each other.
 
-``Server`` and ``local_cluster`` are loaded on first use, so that
-``import psframe`` in a worker process loads nothing of the ps side.
+Every name here but ``__version__`` is loaded on first use (PEP 562), so
+that ``import psframe`` loads neither torch nor gRPC (``psframe --version``
+and ``--help`` start without either, ``psframe status`` and ``ping`` without
+torch), and a worker process loads nothing of the ps side (``Server``,
+``local_cluster``).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from psframe import optim
-from psframe.cluster import ClusterSpec
-from psframe.config.liveness import Liveness
-from psframe.config.options import BoundedStaleness, Checkpointing, DataRanges, Placement, RowCaching, Transport
-from psframe.config.security import Security
-from psframe.errors import (
-    BarrierTimeoutError,
-    ClusterSpecError,
-    ConnectTimeoutError,
-    PsframeError,
-    ShapeMismatchError,
-)
-from psframe.optim import SyncReplicas
-from psframe.tables.spec import RowInitializer
 from psframe.version import __version__
-from psframe.worker.evaluator import Evaluator, checkpoints_iterator
-from psframe.worker.model.dynamic import DynamicEmbedding, DynamicTables
-from psframe.worker.trainer import Trainer
 
 if TYPE_CHECKING:
+    from psframe import optim
+    from psframe.cluster import ClusterSpec
+    from psframe.config.liveness import Liveness
+    from psframe.config.options import BoundedStaleness, Checkpointing, DataRanges, Placement, RowCaching, Transport
+    from psframe.config.security import Security
+    from psframe.errors import (
+        BarrierTimeoutError,
+        ClusterSpecError,
+        ConnectTimeoutError,
+        PsframeError,
+        ShapeMismatchError,
+    )
     from psframe.local import local_cluster
+    from psframe.optim import SyncReplicas
     from psframe.ps.serving.server import Server
+    from psframe.tables.spec import RowInitializer
+    from psframe.worker.evaluator import Evaluator, checkpoints_iterator
+    from psframe.worker.model.dynamic import DynamicEmbedding, DynamicTables
+    from psframe.worker.trainer import Trainer
+
+# Where each public name is defined: loaded from there on first use (see __getattr__).
+_LAZY = {
+    "ClusterSpec": "psframe.cluster",
+    "Liveness": "psframe.config.liveness",
+    "BoundedStaleness": "psframe.config.options",
+    "Checkpointing": "psframe.config.options",
+    "DataRanges": "psframe.config.options",
+    "Placement": "psframe.config.options",
+    "RowCaching": "psframe.config.options",
+    "Transport": "psframe.config.options",
+    "Security": "psframe.config.security",
+    "BarrierTimeoutError": "psframe.errors",
+    "ClusterSpecError": "psframe.errors",
+    "ConnectTimeoutError": "psframe.errors",
+    "PsframeError": "psframe.errors",
+    "ShapeMismatchError": "psframe.errors",
+    "local_cluster": "psframe.local",
+    "SyncReplicas": "psframe.optim",
+    "Server": "psframe.ps.serving.server",
+    "RowInitializer": "psframe.tables.spec",
+    "Evaluator": "psframe.worker.evaluator",
+    "checkpoints_iterator": "psframe.worker.evaluator",
+    "DynamicEmbedding": "psframe.worker.model.dynamic",
+    "DynamicTables": "psframe.worker.model.dynamic",
+    "Trainer": "psframe.worker.trainer",
+}
 
 __all__ = [
     "BarrierTimeoutError",
@@ -102,12 +134,18 @@ def tune_process() -> bool:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Server":
-        from psframe.ps.serving.server import Server
+    """A public name, imported from its module the first time it is asked for (then kept here);
+    or a module of psframe (``psframe.optim``, ``psframe.checkpoint``...), imported as ``import psframe.NAME`` does."""
+    where = _LAZY.get(name)
+    if where is not None:
+        value = getattr(importlib.import_module(where), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module 'psframe' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
-        return Server
-    if name == "local_cluster":
-        from psframe.local import local_cluster
 
-        return local_cluster
-    raise AttributeError(f"module 'psframe' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

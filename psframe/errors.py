@@ -110,6 +110,27 @@ class NotKeptHere(Exception):
     as it came (nothing was applied). Never crosses the wire."""
 
 
+class TaskStopped(SystemExit):
+    """Not a failure: a signal asked the process to stop, it stopped, and said so in one line.
+
+    A :class:`SystemExit` whose ``code`` is 128 + the signal's number (143 after
+    SIGTERM), so that a script ends with that exit code and no traceback
+    whether or not :func:`psframe.flags.run` wraps it. ``psframe.Server.join``
+    raises it after SIGTERM, and ``psframe.Trainer.step`` once a worker given
+    SIGTERM has finished its step (see the guide "Failures and exit codes");
+    ``psframe launch`` given SIGTERM stops its tasks on it.
+    """
+
+
+class Interrupted(TaskStopped, KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped the task, which said so in one line: exit code 130.
+
+    A :class:`KeyboardInterrupt` too, so that ``except KeyboardInterrupt:`` in
+    a script still catches it; uncaught, the script ends with 130 and no
+    traceback. ``psframe.Server.join`` raises it.
+    """
+
+
 class CheckpointError(PsframeError):
     """A checkpoint cannot be written or read as asked."""
 
@@ -202,6 +223,7 @@ __all__ = [
     "ConnectTimeoutError",
     "DataRangeLostError",
     "DtypeMismatchError",
+    "Interrupted",
     "InvalidGradientError",
     "LaunchError",
     "NanLossError",
@@ -220,6 +242,7 @@ __all__ = [
     "SharedRegionError",
     "SnapshotError",
     "SparkJobError",
+    "TaskStopped",
     "TaskUnavailableError",
     "TrainingFinishedError",
     "UnknownVariableError",

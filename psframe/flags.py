@@ -34,15 +34,18 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psframe.cluster import ClusterSpec
 from psframe.cluster.tf_config import EVALUATOR, resolve_cluster
+from psframe.config import stopping
 from psframe.config.liveness import Liveness
 from psframe.config.options import BoundedStaleness
 from psframe.config.security import Security
-from psframe.errors import PsframeError
-from psframe.optim import SyncReplicas
+from psframe.errors import PsframeError, TaskStopped
+
+if TYPE_CHECKING:
+    from psframe.optim import SyncReplicas  # imported where used: psframe.optim loads torch; parsing flags does not
 
 CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "cluster_spec", "job_name", "task_index")
 SECURITY_FLAGS = ("auth_token_file", "tls_cert_file", "tls_key_file", "tls_ca_file")
@@ -295,6 +298,8 @@ def sync_from_flags(args: argparse.Namespace) -> SyncReplicas | None:
         TypeError: ``args`` lacks the flags (the parser was not given them).
         ValueError: a count is not positive, or ``replicas_to_aggregate`` > ``total_num_replicas``.
     """
+    from psframe.optim import SyncReplicas
+
     values = _flags(args, SYNC_FLAGS, "add_sync_flags")
     if not values["sync_replicas"]:
         return None
@@ -324,7 +329,7 @@ def staleness_from_flags(args: argparse.Namespace) -> BoundedStaleness | None:
 
 
 def run(
-    main: Callable[[], int | None],
+    main: Callable[[], int | bool | None],
     *,
     expected: tuple[type[BaseException], ...] = (),
     prog: str | None = None,
@@ -338,13 +343,17 @@ def run(
     :data:`EXIT_FAILURE` (1): psframe's messages say what was expected and
     what to do, so no traceback follows. Ctrl-C (``KeyboardInterrupt``)
     prints ``"PROG: interrupted by Ctrl-C (SIGINT); stopped"`` and gives
-    :data:`EXIT_INTERRUPTED` (130). Any other exception is a bug (the script's or
-    psframe's): it propagates with its traceback. ``SystemExit`` (argparse's
-    usage errors, exit code 2) passes through unchanged.
+    :data:`EXIT_INTERRUPTED` (130). A task that a signal stopped and that said
+    so in its own line (:class:`~psframe.errors.TaskStopped`: a ps task's
+    :meth:`psframe.Server.join` after Ctrl-C or SIGTERM, a worker given SIGTERM)
+    gives its code (130, 143) and no second line. Any other exception is a bug
+    (the script's or psframe's): it propagates with its traceback. Another
+    ``SystemExit`` (argparse's usage errors, exit code 2) passes through unchanged.
 
     Args:
         main: the script's entry point, called with no arguments (a lambda
-            passes some); it returns the exit code, None counting as 0.
+            passes some); it returns the exit code, None counting as 0, or a
+            bool: True (``Server.join()``'s "training is over") is 0, False 1.
         expected: more exception classes to report in one line, such as
             ``FileNotFoundError`` for a data set that is not there, when
             their messages say what to do.
@@ -353,7 +362,7 @@ def run(
 
     Returns:
         ``main``'s exit code; :data:`EXIT_FAILURE` after an expected failure;
-        :data:`EXIT_INTERRUPTED` after Ctrl-C.
+        :data:`EXIT_INTERRUPTED` after Ctrl-C; a stopped task's code (143 after SIGTERM).
 
     Raises:
         BaseException: whatever ``main`` raises that is neither a
@@ -372,13 +381,18 @@ def run(
     name = prog or os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "python")
     reported: tuple[type[BaseException], ...] = (PsframeError, *expected)
     try:
-        code = main()
+        with stopping.named(name):  # the line a task stopped by a signal says starts with it too
+            code = main()
+    except TaskStopped as e:  # stopped by a signal, and said so in its line already (Ctrl-C too)
+        return e.code if isinstance(e.code, int) else EXIT_FAILURE
     except KeyboardInterrupt:
         _say(f"{name}: interrupted by Ctrl-C (SIGINT); stopped")
         return EXIT_INTERRUPTED
     except reported as e:
         _say(f"{name}: error: {_one_line(e)}")
         return EXIT_FAILURE
+    if isinstance(code, bool):  # psframe.Server.join(): True once training is over
+        return 0 if code else EXIT_FAILURE
     return 0 if code is None else code
 
 

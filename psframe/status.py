@@ -1,4 +1,4 @@
-"""What a task says of itself when asked (``psframe status``, ``psframe ping``, :meth:`PsClient.get_info`).
+"""What a task says of itself when asked (``psframe status``, ``psframe ping``, ``control_calls.get_info``).
 
 Plain, frozen dataclasses: a caller reads names and Python values, never the
 wire's messages (:func:`psframe.wire.messages.task_status` converts them).
@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from psframe.optim import OptimizerSpec, SyncReplicas
+if TYPE_CHECKING:  # annotations only: psframe.optim loads torch, and reading a status needs none
+    from psframe.optim import OptimizerSpec, SyncReplicas
 
 
 class TaskState(enum.Enum):
@@ -84,7 +86,7 @@ class MembershipEvent:
 class TaskStatus:
     """A task's answer to "who are you, and how are you?".
 
-    The counters (``global_step``, ``pushes``...) are a ps task's; a worker's
+    The counters (``global_step``, ``applied_steps``...) are a ps task's; a worker's
     task answers who it is and its state only.
     """
 
@@ -102,7 +104,9 @@ class TaskStatus:
     optimizer: OptimizerSpec | None = None  # None: no model yet
     table_optimizer: OptimizerSpec | None = None  # None: no embedding table
     sync: SyncReplicas | None = None  # None: asynchronous training (or no model yet)
-    pushes: int = 0  # gradient pushes applied
+    # a ps task's workers' steps whose gradients it applied, each once (the workers' applied_steps added):
+    # asynchronous training, its global step; synchronous, each round's members (R a round)
+    applied_steps: int = 0
     rejected_pushes: int = 0  # pushes refused as invalid
     dropped_gradients: int = 0  # stale or late gradients dropped (sync)
     finished_workers: tuple[int, ...] = ()

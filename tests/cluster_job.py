@@ -65,13 +65,13 @@ def read_in_ranges(trainer: psframe.Trainer, model: Model, args: argparse.Namesp
             seen.write(f"B {','.join(map(str, indices.tolist()))}\n")
             seen.flush()
             time.sleep(args.step_delay)
-            dropped = trainer.dropped_steps
+            dropped = trainer.stats.dropped_steps
             rows = indices % len(x)
             trainer.step(model.loss(x[rows], y[rows]))
-            if trainer.dropped_steps == dropped:
+            if trainer.stats.dropped_steps == dropped:
                 seen.write("A\n")
                 seen.flush()
-            print(f"local step {trainer.local_step} global step {trainer.global_step}", flush=True)
+            print(f"local step {trainer.stats.local_step} global step {trainer.global_step}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,18 +146,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.data_ranges:
             read_in_ranges(trainer, model, args)
         generator = torch.Generator().manual_seed(task_index)
-        while not args.data_ranges and not trainer.should_stop() and trainer.local_step != args.max_local_steps:
+        while not args.data_ranges and not trainer.should_stop() and trainer.stats.local_step != args.max_local_steps:
             batch = torch.randint(0, len(x), (64,), generator=generator)
             time.sleep(args.step_delay)
             trainer.step(model.loss(x[batch], y[batch]))
-            print(f"local step {trainer.local_step} global step {trainer.global_step}", flush=True)
+            print(f"local step {trainer.stats.local_step} global step {trainer.global_step}", flush=True)
         trainer.pull()
         result = {
             "task": f"worker{task_index}",
             "global_step": trainer.global_step,
-            "local_steps": trainer.local_step,
-            "dropped_steps": trainer.dropped_steps,
-            "recoveries": trainer.recoveries,
+            "local_steps": trainer.stats.local_step,
+            "dropped_steps": trainer.stats.dropped_steps,
+            "recoveries": trainer.stats.recoveries,
             "initial_loss": initial_loss,
             "final_loss": torch.nn.functional.mse_loss(model(x), y).item(),
         }

@@ -91,7 +91,7 @@ def regression_main(args: dict, ctx) -> dict | None:
         return {
             "first_global_step": first_step,
             "global_step": trainer.global_step,
-            "local_steps": trainer.local_step,
+            "local_steps": trainer.stats.local_step,
             "rows": len(x),
             "weight_error": max(
                 (model.weight.detach()[0] - TRUE_WEIGHT).abs().max().item(), abs(model.bias.item() - TRUE_BIAS)

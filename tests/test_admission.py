@@ -20,6 +20,7 @@ from psframe.tables.admission import AdmissionFilter
 from psframe.tables.dynamic_rows import DynamicRows, initial_rows
 from psframe.tables.spec import Admission, DynamicTableSpec, Eviction, RowInitializer
 from psframe.wire import messages
+from psframe.worker.client import control_calls
 from psframe.worker.client.ps_client import PsClient
 from tests.test_dynamic_tables import Clicks
 
@@ -217,7 +218,7 @@ def test_a_cluster_admits_and_evicts_as_one_process_and_reports_the_counts(local
             torch.testing.assert_close(model.users(VOCABULARY), local.users(VOCABULARY), rtol=1e-6, atol=0)
         client = PsClient(cluster, 0)
         try:
-            statuses = [client.get_info(k) for k in range(2)]
+            statuses = [control_calls.get_info(client, k) for k in range(2)]
         finally:
             client.close()
     # Each id has its own counters on its own part: the parts' counts add up to one process's.
@@ -239,7 +240,7 @@ def test_a_cluster_admits_and_evicts_as_one_process_and_reports_the_counts(local
     with psframe.Trainer(again, one_ps, optimizer=optimizer, checkpointing=psframe.Checkpointing(url)):
         client = PsClient(one_ps, 0)
         try:
-            (restored,) = client.get_info(0).dynamic_tables
+            (restored,) = control_calls.get_info(client, 0).dynamic_tables
         finally:
             client.close()
     assert {k: getattr(restored, k) for k in expected} == expected

@@ -406,7 +406,7 @@ def test_request_plan_sends_every_byte_in_messages_of_at_most_4_mib():
 
 
 def test_scaling_ratios_compare_with_the_rpc_ps_and_the_echo_per_byte():
-    from benchmarks.suite.scaling import add_ratios, scaling_table
+    from benchmarks.suite.scaling_tables import add_ratios, scaling_table
 
     def row(system, ps_tasks, rate, cpu_ms, request_bytes, workers=1):
         return {
@@ -479,7 +479,7 @@ def test_a_system_is_one_entry_and_a_failed_run_costs_only_its_row():
 
 
 def test_echo_trips_are_counted_in_the_window_all_clients_timed():
-    from benchmarks.suite.scaling import common_window, trips_in_window
+    from benchmarks.suite.scaling_echo import common_window, trips_in_window
 
     window = common_window([[1.0, 5.0], [2.0, 6.0]])
     assert window == [2.0, 5.0]

@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks import mlp_workload, report
 from benchmarks.baselines import tf_env
-from benchmarks.suite import scaling, training, training_tables
+from benchmarks.suite import scaling, scaling_tables, training, training_tables
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_without_tensorflow_the_rows_say_unavailable_and_nothing_fails(tf_off):
     rows = scaling.run_scaling_benchmarks(["mnist_mlp"], quick=True, timeout=60, workers=[1], systems=[tf_ps])
     assert [(r["system"], r["workers"]) for r in rows] == [("tf_ps", 1)]
     assert "error" not in rows[0] and "turned off" in rows[0]["unavailable"]
-    header = scaling.scaling_table(rows).splitlines()[0]
+    header = scaling_tables.scaling_table(rows).splitlines()[0]
     assert header.rstrip(" |").endswith("note"), header  # not "error": nothing failed
 
 

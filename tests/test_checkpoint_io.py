@@ -144,7 +144,7 @@ def test_a_shard_on_disk_is_a_plain_dict_keyed_by_the_record_fields(url):
     fs, path = shard_path(manifest, 0)
     with fs.open(path, "rb") as f:
         content = torch.load(f, weights_only=True)
-    assert type(content) is dict and content["format_version"] == cio.FORMAT_VERSION == 5
+    assert type(content) is dict and content["format_version"] == cio.FORMAT_VERSION == 6
     assert set(content) == {
         "format_version",
         "global_step",
@@ -157,7 +157,12 @@ def test_a_shard_on_disk_is_a_plain_dict_keyed_by_the_record_fields(url):
         "pushes",
     }
     assert content["table_optimizer"] is None and content["pushes"] is None
-    assert content["optimizer"] == {"name": "Adam", "kwargs": {"lr": 0.001, "betas": (0.9, 0.999)}}
+    assert content["optimizer"] == {
+        "name": "Adam",
+        "kwargs": {"lr": 0.001, "betas": (0.9, 0.999)},
+        "schedule": None,
+        "schedule_state": None,
+    }
     assert content["sync"] == {
         "replicas_to_aggregate": 2,
         "total_num_replicas": 3,
@@ -622,7 +627,7 @@ def _malformed():
             dict(good, sync=dict(_without(good["sync"], "timeout_seconds"), timeout=30.0)),
             r"sync lacks keys \['timeout_seconds'\]",
         ),  # the old key in the new format
-        (dict(good, format_version=6), r"format 6; this psframe reads formats \[1, 2, 3, 4, 5\]"),
+        (dict(good, format_version=7), r"format 7; this psframe reads formats \[1, 2, 3, 4, 5, 6\]"),
         (_without(good, "format_version"), "format_version"),
         ([good], "must be a dict, got list"),
         (dict(good, ps_task=1, num_shards=2), "holds ps task 1 of 2; the manifest expects ps task 0 of 1"),
@@ -641,7 +646,7 @@ def test_a_manifest_of_an_unknown_format_is_skipped(url, caplog):
     save(url, 1)
     newer = save(url, 2)
     fs, path = fsspec.core.url_to_fs(f"{newer.folder}/MANIFEST.json")
-    fs.pipe_file(path, json.dumps(dict(json.loads(fs.cat_file(path)), format_version=6)).encode())
+    fs.pipe_file(path, json.dumps(dict(json.loads(fs.cat_file(path)), format_version=7)).encode())
     with caplog.at_level(logging.WARNING, logger="psframe.checkpoint.files"):
         assert [m.step for m in cio.list_checkpoints(url)] == [1]
-    assert "format 6" in caplog.text
+    assert "format 7" in caplog.text

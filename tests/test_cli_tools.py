@@ -16,6 +16,7 @@ from psframe import checkpoint, cli
 from psframe.checkpoint import files as checkpoint_io
 from psframe.status import TaskState
 from psframe.wire import psframe_pb2 as pb
+from psframe.worker.client import control_calls
 from psframe.worker.client.ps_client import PsClient
 from tests.conftest import assert_params_equal, free_cluster, params
 
@@ -53,7 +54,7 @@ def status_table(out: str) -> dict[str, dict[str, str]]:
         "global_step",
         "variables",
         "bytes_held",
-        "pushes",
+        "applied_steps",
         "dropped",
         "last_seen",
     ]
@@ -100,12 +101,12 @@ def test_status_shows_every_task_while_training_and_after(local_cluster, capsys)
         assert sorted(rows) == ["/job:ps/task:0", "/job:worker/task:0"]
         ps = rows["/job:ps/task:0"]
         assert (ps["address"], ps["role"], ps["state"]) == (ps_address, "ps", "ready")
-        assert (ps["global_step"], ps["variables"], ps["pushes"], ps["dropped"]) == ("3", "4", "3", "0")
+        assert (ps["global_step"], ps["variables"], ps["applied_steps"], ps["dropped"]) == ("3", "4", "3", "0")
         n_params = sum(p.numel() for p in model.parameters())
         assert ps["bytes_held"] == f"{n_params * 4} B"  # SGD without momentum keeps no state
         worker = rows["/job:worker/task:0"]
         assert (worker["address"], worker["role"], worker["state"]) == (worker_address, "chief", "training")
-        assert worker["pushes"] == "3"  # its steps applied (on every ps task)
+        assert worker["applied_steps"] == "3"  # its steps applied (on every ps task)
         assert re.fullmatch(r"\d+\.\ds ago", worker["last_seen"]), worker["last_seen"]
     finally:
         t.close()
@@ -253,7 +254,7 @@ def test_shutdown_saves_a_checkpoint_and_stops_every_ps(servers, tmp_path, capsy
     try:
         assert any(s.partitioned for s in t.placement.shards)
         with PsClient(cluster, 0) as client:
-            assert [client.get_info(k).checkpoint_dir for k in range(2)] == [url, url]
+            assert [control_calls.get_info(client, k).checkpoint_dir for k in range(2)] == [url, url]
         assert [s.join(timeout=0.3) for s in ps] == [False, False]  # a worker is still training
         expected = params(model)
         code, out = run_cli(capsys, "shutdown", f"--cluster_spec={cluster.to_string()}", "--timeout", "20")
@@ -314,7 +315,7 @@ def test_shutdown_without_any_checkpoint_dir_only_stops(local_cluster, capsys):
         assert "saved" not in out
         assert out.splitlines() == [f"/job:ps/task:0 at {cluster.task_address('ps', 0)} is shutting down"]
         with PsClient(cluster, 0) as client:
-            assert client.get_info(0).state is TaskState.FINISHED
+            assert control_calls.get_info(client, 0).state is TaskState.FINISHED
     finally:
         t.close()
 
@@ -343,7 +344,7 @@ def test_a_ps_started_with_a_checkpoint_dir_restores_before_any_chief(local_clus
     assert f", {n_params * 4} bytes), psframe {psframe.__version__}, " in out
     assert out.rstrip().endswith(f"cluster {cluster2.to_string()}")
     with PsClient(cluster2, 0) as client:
-        info = client.get_info(0)
+        info = control_calls.get_info(client, 0)
     assert (info.restored_step, info.global_step, info.checkpoint_dir) == (4, 4, url)
 
     # A chief with another random init then finds the checkpoint's values there.

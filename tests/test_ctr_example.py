@@ -59,6 +59,18 @@ def test_the_planted_click_log_is_reproducible_and_has_a_known_ceiling():
     assert 0.85 < ceiling_auc(held_out) < 1.0 and 0.1 < float(a.clicks.mean()) < 0.5
 
 
+def test_the_admission_and_ttl_flags_reach_the_dynamic_tables():
+    import ctr_dist
+
+    args = ctr_dist.parse_args(["--dynamic_tables", "--admit_after=3", "--row_ttl_seconds=90", "--max_rows_per_ps=50"])
+    model = ctr_dist.build_model(args)
+    for table in (model.wide, model.deep):
+        spec = table.spec
+        assert (spec.admission.min_count, spec.eviction.ttl_seconds, spec.eviction.max_rows) == (3, 90.0, 50)
+    defaults = ctr_dist.build_model(ctr_dist.parse_args(["--dynamic_tables"])).deep.spec
+    assert (defaults.admission.min_count, defaults.eviction.ttl_seconds) == (1, None)
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_async_and_sync_reach_the_auc_of_one_process(processes, reference):

@@ -159,9 +159,9 @@ class Seen:
         try:
             for indices in trainer.read(ranges):
                 time.sleep(delay)
-                dropped = trainer.dropped_steps
+                dropped = trainer.stats.dropped_steps
                 trainer.step(torch.nn.functional.mse_loss(trainer.model(x[indices]), y[indices]))
-                if trainer.dropped_steps == dropped:
+                if trainer.stats.dropped_steps == dropped:
                     with self.lock:
                         self.counts.update(indices.tolist())
                 steps += 1
@@ -243,11 +243,11 @@ def test_sync_a_batch_whose_step_came_too_late_comes_again(ps_tasks):
     own = next(mine)
     first.step(torch.nn.functional.mse_loss(first.model(x[own]), y[own]))  # ...worker 0 alone makes step 1
     second.step(torch.nn.functional.mse_loss(second.model(x[late_batch]), y[late_batch]))
-    assert second.dropped_steps == 1
+    assert second.stats.dropped_steps == 1
     again = next(late)
     assert again.tolist() == late_batch.tolist() == [0, 1, 2, 3]
     second.step(torch.nn.functional.mse_loss(second.model(x[again]), y[again]))
-    assert second.dropped_steps == 1
+    assert second.stats.dropped_steps == 1
     assert next(late).tolist() == [4, 5, 6, 7]
 
 

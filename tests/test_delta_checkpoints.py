@@ -22,6 +22,7 @@ from psframe.checkpoint import files as checkpoint_files
 from psframe.checkpoint.shard import ShardData
 from psframe.errors import CheckpointError
 from psframe.tables.spec import RowInitializer
+from psframe.worker.client import control_calls
 from psframe.worker.client.ps_client import PsClient
 from tests.conftest import free_cluster
 
@@ -133,7 +134,7 @@ def test_a_chain_of_deltas_restores_bit_for_bit_what_a_full_checkpoint_holds(loc
         save_full(cluster, other_url, second.step)
         client = PsClient(cluster, 0, job_name="tool")
         try:
-            evicted = sum(t.evicted for k in range(2) for t in client.get_info(k).dynamic_tables)
+            evicted = sum(t.evicted for k in range(2) for t in control_calls.get_info(client, k).dynamic_tables)
         finally:
             client.close()
     assert (first.parent, second.parent) == (base.step, first.step)
@@ -494,3 +495,23 @@ def test_a_cut_a_lost_worker_never_completes_gives_up_and_the_save_goes_on(url, 
     finally:
         for server in servers:
             server.stop(grace=0.1)
+
+
+def test_a_step_with_both_a_full_checkpoint_and_a_delta_reads_the_full_one(local_cluster, url):
+    model = Clicks()
+    with trainer_on(local_cluster(num_ps=2), model, url) as t:
+        train(t, model, range(0, 2))
+        base = t.save_checkpoint()
+        train(t, model, range(2, 4))
+        delta = t.save_delta()
+        full = t.save_checkpoint()  # the same step: both committed
+    assert (delta.parent, delta.step) == (base.step, full.step)
+    assert full.step in [m.step for m in checkpoint_files.list_checkpoints(url, deltas=True)]
+    chain = checkpoint.read(url, full.step)
+    assert (chain.base.step, chain.deltas) == (full.step, ())  # the full one, no chain
+    assert checkpoint.read(url).base.step == full.step and not checkpoint.read(url).deltas
+    # Both hold the model of that step: the full one read, or the delta through its chain.
+    through_delta = deltas.chain_of(base, checkpoint_files.list_checkpoints(url, deltas=True), until=delta.step)
+    assert through_delta.step == delta.step
+    assert_same_shards(chain.read_shards(), through_delta.read_shards())
+    assert_same(checkpoint.load(url, step=full.step), checkpoint.load(url), "load")

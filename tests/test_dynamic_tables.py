@@ -496,7 +496,7 @@ def test_bad_pushes_and_pulls_of_a_dynamic_table_change_nothing():
 
 
 def test_the_id_index_finds_ids_across_merges_and_removals(monkeypatch):
-    from psframe.tables.dynamic_rows import IdIndex
+    from psframe.tables.id_index import IdIndex
 
     monkeypatch.setattr(IdIndex, "MERGE_AT", 8)
     index, expected = IdIndex(), {}

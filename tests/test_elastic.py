@@ -197,26 +197,26 @@ def test_async_a_worker_joins_and_one_leaves_while_the_others_train(elastic_ps):
     def work(t: psframe.Trainer, index: int, until) -> int:
         with t:
             while not until(t):
-                x, y = shard(t.local_step % 400, index)
+                x, y = shard(t.stats.local_step % 400, index)
                 t.step(torch.nn.functional.cross_entropy(t.model(x), y))
-        return t.local_step
+        return t.stats.local_step
 
     def chief() -> int:
         # Trains on until the joiner has trained 20 steps (the ps waits for it, then it for the chief).
-        return work(first, 0, lambda t: server.service.ledger.applied_steps(2) >= 20 and t.local_step >= 30)
+        return work(first, 0, lambda t: server.service.ledger.applied_steps(2) >= 20 and t.stats.local_step >= 30)
 
     def leaver() -> int:
-        return work(trainer(cluster, 1), 1, lambda t: t.local_step >= 15)
+        return work(trainer(cluster, 1), 1, lambda t: t.stats.local_step >= 15)
 
     def joiner() -> int:
         wait_for(lambda: server.service.roster.finished == [1], "worker 1 to leave")
-        return work(trainer(grown, 2), 2, lambda t: t.local_step >= 25)
+        return work(trainer(grown, 2), 2, lambda t: t.stats.local_step >= 25)
 
     steps = run_workers({0: chief, 1: leaver, 2: joiner})
     assert steps[1] == 15 and steps[2] == 25 and steps[0] >= 30
     info = messages.task_status(server.service.info())
     assert info.max_workers == 3
-    assert info.pushes == sum(steps.values())
+    assert info.applied_steps == sum(steps.values())
     assert [w.task_index for w in info.workers] == [0, 1, 2]
     assert [(c.worker, c.kind) for c in info.membership if c.kind != "returned"][:2] == [
         (1, "left"),

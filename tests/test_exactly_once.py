@@ -238,7 +238,7 @@ class LoseRepliesAt(Hook):
         self.proxy, self.local_steps = proxy, local_steps
 
     def before_push(self, trainer, loss) -> None:
-        if trainer.local_step in self.local_steps:
+        if trainer.stats.local_step in self.local_steps:
             self.proxy.lose_replies(after=0.5)
 
 
@@ -265,8 +265,8 @@ def test_steps_whose_replies_were_lost_are_applied_exactly_once(sync):
         with trainer:
             for _ in range(steps):
                 trainer.step(model(x).sum())  # the gradient is 1 everywhere, every step
-            assert trainer.recoveries == len(lost)
-            assert trainer.pushed_steps == steps
+            assert trainer.stats.recoveries == len(lost)
+            assert trainer.stats.pushed_steps == steps
             info = server.service.info()
             assert info.workers[0].applied_steps == steps  # each step once, however often sent
             assert info.global_step == steps
@@ -281,6 +281,7 @@ def test_a_worker_started_again_numbers_its_pushes_above_its_earlier_runs(local_
     """A new process of worker 0 starts numbering at 1; the ps remembers the old run's
     numbers: the new run's pushes must still be applied, each once."""
     from psframe.cluster.placement import Shard
+    from psframe.worker.client import control_calls
     from psframe.worker.client.ps_client import PsClient
     from psframe.worker.plan.step_plan import Request, Slot
 
@@ -291,9 +292,9 @@ def test_a_worker_started_again_numbers_its_pushes_above_its_earlier_runs(local_
     runs = []
     for run in range(2):
         with PsClient(cluster, 0, rpc_timeout=30.0) as client:
-            client.wait_for_ps(30.0)
+            control_calls.wait_for_ps(client, 30.0)
             if run == 0:
-                client.create(0, [slot], [("w", start)], psframe.optim.SGD(lr=0.5), None, None)
+                control_calls.create(client, 0, [slot], [("w", start)], psframe.optim.SGD(lr=0.5), None, None)
             replies = [client.push_pull([(push, [("w", torch.ones(4))])], step=0)[0] for _ in range(3)]
             runs.append([r.duplicate for r in replies])
             last = replies[-1].values[0].clone()

@@ -103,7 +103,7 @@ class Target:
         return codec.decode(reply, pb.PushPullReplyHeader)[0]
 
     def snapshot(self) -> dict[str, object]:
-        """Every stored value (whole variables, and every row of the table), the step and the pushes applied."""
+        """Every stored value (whole variables, and every row of the table), the step and the steps applied."""
         dense = sorted(name for name, d in self.defs.items() if not d.table)
         ids = torch.arange(self.defs[TABLE].shape[0])
         header = pb.PushPullHeader(caller=self.caller, pull=dense)
@@ -115,7 +115,7 @@ class Target:
         return {
             **{n: v.clone() for n, v in zip([*dense, TABLE], values)},
             "global_step": info.global_step,
-            "pushes": info.pushes,
+            "applied_steps": info.applied_steps,
         }
 
 

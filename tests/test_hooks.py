@@ -20,6 +20,7 @@ from psframe import checkpoint
 from psframe.checkpoint import files as checkpoint_io
 from psframe.errors import CheckpointError, NanLossError
 from psframe.hooks import Hook, LoggingHook, NanGuardHook, StopAtStepHook, TensorBoardHook
+from psframe.worker.client import control_calls
 from psframe.worker.client.ps_client import PsClient
 from psframe.worker.trainer import TrainerState
 from tests.conftest import assert_params_equal, params
@@ -53,16 +54,16 @@ class Recorder(Hook):
         self.calls: list[tuple] = []
 
     def begin(self, trainer):
-        self.calls.append(("begin", trainer.state, trainer.global_step, trainer.local_step))
+        self.calls.append(("begin", trainer.state, trainer.global_step, trainer.stats.local_step))
 
     def before_step(self, trainer):
-        self.calls.append(("before", trainer.global_step, trainer.local_step))
+        self.calls.append(("before", trainer.global_step, trainer.stats.local_step))
 
     def after_step(self, trainer, global_step, loss):
-        self.calls.append(("after", global_step, trainer.global_step, trainer.local_step, loss))
+        self.calls.append(("after", global_step, trainer.global_step, trainer.stats.local_step, loss))
 
     def end(self, trainer):
-        self.calls.append(("end", trainer.state, trainer.global_step, trainer.local_step))
+        self.calls.append(("end", trainer.state, trainer.global_step, trainer.stats.local_step))
 
 
 # ---- the Hook protocol
@@ -127,7 +128,7 @@ def test_end_is_called_when_the_body_raises_and_the_error_propagates(local_clust
     assert [c[0] for c in recorder.calls].count("end") == 1
     # The worker still reported that it finished.
     with PsClient(cluster, 0) as client:
-        assert list(client.get_info(0).finished_workers) == [0]
+        assert list(control_calls.get_info(client, 0).finished_workers) == [0]
 
 
 def test_end_is_called_when_a_hook_raises_in_after_step(local_cluster):
@@ -171,7 +172,7 @@ def test_stop_at_last_step_stops_exactly_there(local_cluster, last_step):
         assert t.should_stop() is False
         seen = run_until_stop(t, model)
         assert seen == [False] * (last_step - 1) + [True]
-        assert t.global_step == last_step and t.local_step == last_step
+        assert t.global_step == last_step and t.stats.local_step == last_step
         assert hook.last_step == last_step
 
 
@@ -186,7 +187,7 @@ def test_stop_at_step_counts_num_steps_from_the_step_at_begin(local_cluster):
             assert t.global_step == 3 and hook.last_step == 7
             seen = run_until_stop(t, model)
             assert seen == [False, False, False, True]
-            assert t.global_step == 7 and t.local_step == 4
+            assert t.global_step == 7 and t.stats.local_step == 4
         # Already past last_step at begin: asks to stop before any step.
         late = StopAtStepHook(last_step=2)
         with trainer(make_model(2), cluster, 1, hooks=[late]) as t:
@@ -236,7 +237,7 @@ def test_nan_loss_raises_naming_the_global_step(local_cluster):
     # Nothing reached the ps: its variables are still those of global step 2.
     client = PsClient(cluster, 0)
     try:
-        info = client.get_info(0)
+        info = control_calls.get_info(client, 0)
     finally:
         client.close()
     assert info.global_step == 2
@@ -337,7 +338,7 @@ def test_tensorboard_hook_writes_loss_and_rate_on_the_chief(local_cluster, tmp_p
             loss = loss_of(model, step)
             losses.append(loss.item())
             t.step(loss)
-        assert t.global_step == 5 and t.local_step == 4
+        assert t.global_step == 5 and t.stats.local_step == 4
     assert not other_dir.exists() or not any(other_dir.rglob("events.out.tfevents.*"))
     assert list(chief_dir.glob("events.out.tfevents.*"))
     scalars = read_scalars(chief_dir)
@@ -524,7 +525,7 @@ def test_restore_onto_more_ps_tasks_repartitions_and_keeps_adam_state(local_clus
         assert t3.global_step == 4
         assert_params_equal(params(model3), at_4)
         with PsClient(cluster3, 0) as client:
-            infos = [client.get_info(k) for k in range(3)]
+            infos = [control_calls.get_info(client, k) for k in range(3)]
         assert [i.global_step for i in infos] == [4, 4, 4]
         assert [i.restored_step for i in infos] == [4, 4, 4]
 

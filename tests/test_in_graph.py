@@ -142,5 +142,5 @@ def test_async_replicas_read_in_ranges_record_each_batch_once(local_cluster):
             halves = indices.chunk(2)
             trainer.step([torch.nn.functional.mse_loss(r(x[h]), y[h]) for r, h in zip(trainer.replicas, halves)])
             seen += indices.tolist()
-        assert trainer.dropped_steps == 0 and trainer.global_step == 20
+        assert trainer.stats.dropped_steps == 0 and trainer.global_step == 20
     assert seen == list(range(40))

@@ -33,6 +33,14 @@ def wait_for(paths):
 """
 
 
+@pytest.fixture(autouse=True)
+def launch_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's launches keep their records (psframe.launch.record) in a folder of its own."""
+    folder = tmp_path / "launched"
+    monkeypatch.setenv("PSFRAME_LAUNCH_DIR", str(folder))
+    return folder
+
+
 def _script(tmp_path: Path, body: str) -> str:
     path = tmp_path / "child.py"
     path.write_text(PRELUDE + textwrap.dedent(body))
@@ -180,7 +188,7 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
     """,
     )
     out = io.StringIO()
-    assert launch(script, 1, 1, timeout=TIMEOUT, kill_grace=0.2, out=out) == 1
+    assert launch(script, 1, 1, timeout=TIMEOUT, grace=0.2, out=out) == 1
     _assert_gone([int(_tagged(out, "PID ")["ps0"])])
     assert "ps0=137 (stopped)" in _lines(out)[-1][1]
 
@@ -222,8 +230,8 @@ def test_keyboard_interrupt_stops_everything_and_returns_130(tmp_path: Path) -> 
     """,
     )
     out = io.StringIO()
-    assert launch(script, 1, 1, timeout=TIMEOUT, out=out) == 130
-    assert "[launch] interrupted; stopping every task" in out.getvalue()
+    assert launch(script, 1, 1, timeout=TIMEOUT, grace=1.0, out=out) == 130
+    assert "[launch] interrupted; every task has 1s (--grace) to stop on its own" in out.getvalue()
     _assert_gone([int(_tagged(out, "PID ")["ps0"])])
 
 
@@ -280,7 +288,8 @@ def test_pick_free_ports_are_distinct_and_bindable() -> None:
         ({"script_args": "--train_steps 5"}, "script_args must be a sequence of str"),
         ({"script_args": ["--n", 5]}, "script_args must be a sequence of str"),
         ({"timeout": 0}, "timeout must be > 0"),
-        ({"kill_grace": -1}, "kill_grace must be >= 0"),
+        ({"grace": -1}, "grace must be >= 0"),
+        ({"on_failure": "again"}, "on_failure must be one of 'stop', 'restart', 'continue', got 'again'"),
     ],
 )
 def test_bad_inputs_are_refused_before_anything_starts(tmp_path: Path, kwargs: dict, match: str) -> None:

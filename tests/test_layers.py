@@ -187,6 +187,9 @@ PLAIN_TORCH = sorted(
         *(PACKAGE / "ps" / "store").glob("*.py"),
         *(PACKAGE / "ps" / "protocol").glob("*.py"),
         PACKAGE / "tables" / "dynamic_rows.py",
+        PACKAGE / "tables" / "id_index.py",
+        PACKAGE / "tables" / "eviction.py",
+        PACKAGE / "tables" / "change_stamps.py",
         PACKAGE / "tables" / "admission.py",
     }
 )
@@ -211,6 +214,9 @@ STORE = sorted(
     {
         *(PACKAGE / "ps" / "store").glob("*.py"),
         PACKAGE / "tables" / "dynamic_rows.py",
+        PACKAGE / "tables" / "id_index.py",
+        PACKAGE / "tables" / "eviction.py",
+        PACKAGE / "tables" / "change_stamps.py",
         PACKAGE / "tables" / "admission.py",
     }
 )

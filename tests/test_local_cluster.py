@@ -19,7 +19,7 @@ import psframe
 from psframe.config.security import generate_token
 from psframe.errors import ClusterSpecError, SecurityConfigError
 from psframe.launch import pick_free_ports
-from psframe.worker.client.ps_client import ping
+from psframe.worker.client.control_calls import ping
 from tests.conftest import ROOT
 from tests.test_trainer import loss_of, make_model
 

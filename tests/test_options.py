@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import pytest
@@ -109,8 +110,8 @@ def test_the_groups_alone_raise_no_warning():
 
 def test_the_trainer_s_settings_and_counters_are_read_only():
     trainer = psframe.Trainer(model(), CLUSTER)
-    names = [name for name, value in vars(psframe.Trainer).items() if isinstance(value, property)]
-    assert {"global_step", "local_step", "state", "sync", "hooks", "model", "checkpoint_dir"} <= set(names)
+    names = [name for name, value in inspect.getmembers(psframe.Trainer) if isinstance(value, property)]
+    assert {"global_step", "stats", "state", "sync", "hooks", "model", "checkpoint_dir"} <= set(names)
     for name in names:
         if name.startswith("_"):
             continue

@@ -64,9 +64,9 @@ def test_async_with_overlap_equals_without(local_cluster):
     with_overlap, trainer = _train_async(local_cluster, overlap=True)
     without, plain = _train_async(local_cluster, overlap=False)
     assert_params_equal(with_overlap, without)
-    assert trainer.sent_during_backward > 0  # requests did go while backward ran
-    assert plain.sent_during_backward == 0
-    assert len(trainer._replica.plan.step) > 2 * 2  # several messages per ps task
+    assert trainer.stats.sent_during_backward > 0  # requests did go while backward ran
+    assert plain.stats.sent_during_backward == 0
+    assert len(trainer._session.replica.plan.step) > 2 * 2  # several messages per ps task
 
 
 def test_sync_with_overlap_equals_without(local_cluster):
@@ -97,7 +97,7 @@ def test_sync_with_overlap_equals_without(local_cluster):
                 run_workers({i: (lambda i=i: one(i)) for i in range(2)})
             for trainer in trainers.values():
                 trainer.pull()
-            return [params(models[i]) for i in range(2)], sum(t.sent_during_backward for t in trainers.values())
+            return [params(models[i]) for i in range(2)], sum(t.stats.sent_during_backward for t in trainers.values())
         finally:
             for trainer in trainers.values():
                 trainer.close()
@@ -111,4 +111,4 @@ def test_sync_with_overlap_equals_without(local_cluster):
 
 def test_nothing_goes_early_where_overlap_must_not_apply(local_cluster):
     _, guarded = _train_async(local_cluster, overlap=True, hooks=[NanGuardHook()])
-    assert guarded._overlap is None and guarded.sent_during_backward == 0
+    assert guarded._overlap is None and guarded.stats.sent_during_backward == 0

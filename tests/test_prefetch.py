@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import psframe
 from psframe.errors import RowIdError, WireFormatError
+from psframe.worker.client import control_calls
 from tests.test_tables import ROWS, Recommender, batch, local_step, pull_every_row
 
 STEPS = 6
@@ -17,13 +18,13 @@ STEPS = 6
 def counting_pulls(trainer: psframe.Trainer) -> list[int]:
     """Record the rows of every pull a lookup makes (not the prefetches, which ride on steps)."""
     pulled: list[int] = []
-    pull_rows = trainer._client.pull_rows
+    pull_rows = trainer._session.client.pull_rows
 
     def counting(wanted, step, create=True, staleness=0):
         pulled.append(sum(int(ids.numel()) for pulls in wanted.values() for _, ids in pulls))
         return pull_rows(wanted, step, create, staleness)
 
-    trainer._client.pull_rows = counting
+    trainer._session.client.pull_rows = counting
     return pulled
 
 
@@ -132,9 +133,9 @@ def test_bad_prefetches_are_refused_and_nothing_is_sent(local_cluster):
             with pytest.raises(RowIdError, match=f"id {bad} .*'emb.weight'"):
                 trainer.prefetch(model.emb, torch.tensor([0, bad]))
         assert not trainer._prefetcher  # nothing pending: the next step sends no pull
-        before = [trainer._client.get_info(k).pushes for k in range(2)]
+        before = [control_calls.get_info(trainer._session.client, k).applied_steps for k in range(2)]
         trainer.pull()
-        assert [trainer._client.get_info(k).pushes for k in range(2)] == before
+        assert [control_calls.get_info(trainer._session.client, k).applied_steps for k in range(2)] == before
 
 
 def test_a_prefetch_behind_a_request_sent_again_goes_again_behind_it(local_cluster):
@@ -155,7 +156,7 @@ def test_a_prefetch_behind_a_request_sent_again_goes_again_behind_it(local_clust
         transport=psframe.Transport(same_host_memory=True),
     ) as trainer:
         pulled = counting_pulls(trainer)
-        streams = trainer._client._streams
+        streams = trainer._session.client._streams
         for step in range(STEPS):
             if step == 3:
                 assert any(p.in_region for p in streams.encoder.prepared.values())
@@ -180,7 +181,7 @@ def test_asynchronous_prefetches_ride_in_the_message_that_ends_the_step(local_cl
     dense_opt, table_opt = reference_optimizers(reference, torch.optim.Adagrad)
     with psframe.Trainer(model, cluster, optimizer=psframe.optim.Adagrad(lr=0.1)) as trainer:
         pulled = counting_pulls(trainer)
-        streams = trainer._client._streams
+        streams = trainer._session.client._streams
         sent: list[int] = []
         exchange = streams.exchange
 
@@ -197,7 +198,7 @@ def test_asynchronous_prefetches_ride_in_the_message_that_ends_the_step(local_cl
         assert steps == [2] * STEPS, sent
         # Rows looked up and pulled count the prefetched ones: every step's distinct ids, and the next's.
         distinct = sum(torch.unique(batch(step)[k]).numel() for step in range(STEPS + 1) for k in (0, 1))
-        assert trainer.rows_looked_up == trainer.rows_pulled == distinct
+        assert trainer.stats.rows_looked_up == trainer.stats.rows_pulled == distinct
         pull_every_row(model)
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             assert torch.equal(p, q), f"{name} differs"
@@ -246,12 +247,12 @@ def test_a_synchronous_push_that_asks_for_rows_is_refused_naming_the_table(local
     ) as trainer:
         ids, bag_ids, offsets, target = batch(0)
         F.mse_loss(model(ids, bag_ids, offsets), target).backward()
-        requests = [(r, trainer._replica.gradients(r)) for r in trainer._replica.plan.step]
-        rows = trainer._replica.tables.gradients(every_table=True)
+        requests = [(r, trainer._session.replica.gradients(r)) for r in trainer._session.replica.plan.step]
+        rows = trainer._session.replica.tables.gradients(every_table=True)
         part = rows[0][0][0]
         with pytest.raises(WireFormatError, match=f"synchronous push asked for rows of '{part}'"):
-            trainer._client.push_pull_and_prefetch(
+            trainer._session.client.push_pull_and_prefetch(
                 requests, trainer.global_step, {0: [(part, torch.tensor([0]))]}, rows=rows, pulls_with_pushes=True
             )
-        info = trainer._client.get_info(0)
-        assert (info.pushes, info.global_step) == (0, 0)
+        info = control_calls.get_info(trainer._session.client, 0)
+        assert (info.applied_steps, info.global_step) == (0, 0)

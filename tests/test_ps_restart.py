@@ -42,7 +42,7 @@ def test_a_ps_started_again_without_a_checkpoint_takes_the_chiefs_values_and_ste
             with caplog.at_level(logging.WARNING, logger="psframe.ps.service"):
                 for _ in range(STEPS_AFTER):
                     trainer.step(model(x).sum())
-            assert trainer.recoveries == 1
+            assert trainer.stats.recoveries == 1
             info = server.service.info()
             # Not from 0: the step the chief had reached, then the steps after.
             assert info.global_step == trainer.global_step == STEPS_BEFORE + STEPS_AFTER

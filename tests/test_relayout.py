@@ -23,6 +23,7 @@ from psframe.errors import ClusterSpecError
 from psframe.ps.elastic.relayout import check_new_cluster
 from psframe.ps.elastic.shard_codec import decode_shard, encode_shard, shard_chunks
 from psframe.wire import codec
+from psframe.worker.client import control_calls, relayout_calls
 from psframe.worker.client.ps_client import PsClient
 from tests.conftest import free_cluster
 from tests.test_sync import run_workers
@@ -279,16 +280,16 @@ def test_a_ps_task_added_then_drained_while_two_workers_train_keeps_every_step_o
     def chief() -> psframe.Trainer:
         with trainer(cluster, 0, spec, dense_parts, overlap_backward=overlap) as t:
             for _ in range(steps_each):
-                if t.local_step == 10:  # asked from outside, as psframe reshard does: taken at a poll
+                if t.stats.local_step == 10:  # asked from outside, as psframe reshard does: taken at a poll
                     third = ps_tasks(grown, 2)
                     with PsClient(cluster, 0, job_name="tool") as tool:
-                        tool.ask_reshard(grown)
+                        relayout_calls.ask_reshard(tool, grown)
                     deadline = time.monotonic() + DEADLINE_S
-                    while t.relayouts == 0:
+                    while t.stats.relayouts == 0:
                         assert time.monotonic() < deadline, "the chief never took the re-layout"
                         t.step(t.model.loss())
                     assert third.service.store.ready
-                if t.local_step >= 30 and t.relayouts == 1:  # the last ps task drained
+                if t.stats.local_step >= 30 and t.stats.relayouts == 1:  # the last ps task drained
                     paused.append(t.reshard(cluster))
                 t.step(t.model.loss())
             chief_done.set()
@@ -304,11 +305,11 @@ def test_a_ps_task_added_then_drained_while_two_workers_train_keeps_every_step_o
             return t
 
     done = run_workers({0: chief, 1: other})
-    assert done[0].relayouts == 2 and done[1].relayouts >= 1  # a worker behind may skip a layout
-    answered = sum(t.pushed_steps for t in done.values())
-    assert answered == sum(t.local_step for t in done.values())  # every step answered as applied
+    assert done[0].stats.relayouts == 2 and done[1].stats.relayouts >= 1  # a worker behind may skip a layout
+    answered = sum(t.stats.pushed_steps for t in done.values())
+    assert answered == sum(t.stats.local_step for t in done.values())  # every step answered as applied
     with PsClient(cluster, 0, job_name="tool") as tool:
-        infos = [tool.get_info(k) for k in range(2)]
+        infos = [control_calls.get_info(tool, k) for k in range(2)]
     values = {v.name: v for v in infos[0].variables}
     assert values  # ps 0 holds parts again
     held = assemble(first)
@@ -327,12 +328,12 @@ def test_a_ps_task_added_then_drained_while_two_workers_train_keeps_every_step_o
             adam.step()
         torch.testing.assert_close(w, ref.w.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(b, ref.b.detach(), rtol=1e-5, atol=1e-6)
-    stages = done[0].relayout_pauses
+    stages = done[0].stats.relayout_pauses
     assert all(p > 0 for p in stages) and paused == [pytest.approx(sum(stages))]
     if not dense_parts:  # the parts of w (512 bytes each, a stage's most) moved one per stage: a cut each
         assert len(stages) > 1
     else:  # the drain gave back the two parts (256 bytes each) the task added had taken, whole, in one stage
-        assert done[0].relayout_parts_moved == (2,)
+        assert done[0].stats.relayout_parts_moved == (2,)
         assert sorted(d.name for d in first[0].service._variable_defs + first[1].service._variable_defs) == sorted(
             ["b", *(f"w/part_{k}" for k in range(6))]
         )
@@ -371,13 +372,13 @@ def test_a_worker_started_with_the_ps_tasks_of_before_follows_the_re_layouts(ps_
             while not chief_done.is_set():
                 assert time.monotonic() < deadline, "the chief never finished"
                 t.step(t.model.loss())
-                if t.local_step == 5:
+                if t.stats.local_step == 5:
                     stepped.set()
         return t
 
     done = run_workers({0: chief, 1: late})
-    assert done[1].relayouts == 2  # it followed ps 0 to the grown layout at connect, then the drain
-    assert first[0].service.store.global_step == sum(t.pushed_steps for t in done.values())
+    assert done[1].stats.relayouts == 2  # it followed ps 0 to the grown layout at connect, then the drain
+    assert first[0].service.store.global_step == sum(t.stats.pushed_steps for t in done.values())
     held = assemble(first)
     assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * first[0].service.store.global_step))
 
@@ -401,18 +402,18 @@ def test_sync_rounds_go_on_across_a_ps_task_added_and_drained(ps_tasks):
             transport=psframe.Transport(connect_timeout=DEADLINE_S),
         )
         with t:
-            while t.local_step < steps:
-                if index == 0 and t.local_step == 10:
+            while t.stats.local_step < steps:
+                if index == 0 and t.stats.local_step == 10:
                     t.reshard(grown)  # the round under way is given up and sent again on the new layout
-                if index == 0 and t.local_step == 20:
+                if index == 0 and t.stats.local_step == 20:
                     t.reshard(cluster)
                 t.step(t.model.loss())
         return t
 
     done = run_workers({0: lambda: work(0), 1: lambda: work(1)})
-    assert done[0].relayouts == 2 and done[1].relayouts >= 1
+    assert done[0].stats.relayouts == 2 and done[1].stats.relayouts >= 1
     rounds = first[0].service.store.global_step
-    assert rounds == steps and all(t.dropped_steps == 0 for t in done.values())  # every round, both workers
+    assert rounds == steps and all(t.stats.dropped_steps == 0 for t in done.values())  # every round, both workers
     held = assemble(first)
     assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * rounds))  # each round: the mean, GRAD
     assert torch.equal(held["b"], torch.full_like(held["b"], 1.0 - LR * GRAD * rounds))
@@ -448,7 +449,7 @@ def test_psframe_reshard_asks_ps_0_and_waits_until_the_new_layout_holds_the_mode
             stop.set()
 
     done = run_workers({0: chief, 1: command})
-    assert done[1] == 0 and done[0].relayouts == 1
+    assert done[1] == 0 and done[0].stats.relayouts == 1
     out = capsys.readouterr()
     assert "must begin with the old one" in out.err
     assert "hold the model: re-laid out" in out.out
@@ -518,20 +519,20 @@ def test_embedding_rows_move_with_their_optimizer_state_and_a_step_in_flight_is_
 
     def chief() -> psframe.Trainer:
         with make(0, initial) as t:
-            while t.local_step < 60:
-                if t.local_step == 15:
+            while t.stats.local_step < 60:
+                if t.stats.local_step == 15:
                     t.reshard(grown)
-                    stages.append(len(t.relayout_pauses))
-                if t.local_step == 40:
+                    stages.append(len(t.stats.relayout_pauses))
+                if t.stats.local_step == 40:
                     t.reshard(cluster)
-                    stages.append(len(t.relayout_pauses))
+                    stages.append(len(t.stats.relayout_pauses))
                 t.step(t.model.loss())
         chief_done.set()
         return t
 
     done = run_workers({0: chief, 1: lambda: train_until(chief_done, lambda: make(1, Tabled()))})
     steps = first[0].service.store.global_step
-    assert steps == sum(t.pushed_steps for t in done.values()) and done[1].relayouts >= 1
+    assert steps == sum(t.stats.pushed_steps for t in done.values()) and done[1].stats.relayouts >= 1
     # One process: Adagrad over `steps` steps of the same gradients; the table's rows and their
     # sums of squares moved among the ps tasks twice, split by id modulo 2, then 3, then 2.
     assert_as_one_adagrad(assemble(first), Tabled(), start, steps)
@@ -580,15 +581,16 @@ def test_table_parts_copied_ahead_while_training_take_only_their_rows_changed_si
         for _ in range(5):
             t.step(t.model.loss())
         with PsClient(cluster, 0, job_name="tool") as tool:
-            tool.ask_reshard(grown)  # taken at the chief's polls: each stage readied at a step, cut at a later one
+            # Taken at the chief's polls: each stage readied at a step, cut at a later one.
+            relayout_calls.ask_reshard(tool, grown)
         deadline = time.monotonic() + DEADLINE_S
-        while t.relayouts == 0:
+        while t.stats.relayouts == 0:
             assert time.monotonic() < deadline, "the chief never took the re-layout"
             t.step(t.model.loss())
         for _ in range(5):
             t.step(t.model.loss())
-        steps = t.local_step
-    assert len(t.relayout_pauses) > 1
+        steps = t.stats.local_step
+    assert len(t.stats.relayout_pauses) > 1
     servers = [*first, third]
     assert third.service.relayout_parts_copied_ahead >= 1  # it took its parts as copies made ahead
     # A step changed 25 of the 60 rows between a copy and its cut: those crossed at the cut, not the rest.
@@ -623,7 +625,7 @@ def test_checkpoints_before_during_and_after_a_re_layout_restore_onto_either_lay
             for layout in (cluster, grown):
                 try:
                     with PsClient(layout, 0, job_name="tool", rpc_timeout=10.0) as tool:
-                        step = tool.get_info(0).global_step
+                        step = control_calls.get_info(tool, 0).global_step
                         if step and step not in during:
                             during.append(checkpoint.save(tool, their_folder, step, keep=100).step)
                 except psframe.errors.PsframeError:
@@ -734,14 +736,14 @@ def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks, table_p
 
     def chief() -> psframe.Trainer:
         with make(0) as t:
-            while t.local_step < 40:
-                if t.local_step == 10:
+            while t.stats.local_step < 40:
+                if t.stats.local_step == 10:
                     t.reshard(grown)
                     held = sum(
                         len(third.service.store.export_dynamic()[n]["ids"]) for n in third.service.store.dynamic_tables
                     )
                     assert held > 0  # the ids of part 2 (of 3, or of 4: 42 and 1001) moved to the task added
-                if t.local_step == 25:
+                if t.stats.local_step == 25:
                     t.reshard(cluster)
                 t.step(t.model.loss())
         chief_done.set()
@@ -749,7 +751,7 @@ def test_dynamic_table_rows_move_to_the_part_their_id_falls_in(ps_tasks, table_p
 
     done = run_workers({0: chief, 1: lambda: train_until(chief_done, lambda: make(1))})
     steps = first[0].service.store.global_step
-    assert steps == sum(t.pushed_steps for t in done.values()) and done[1].relayouts >= 1
+    assert steps == sum(t.stats.pushed_steps for t in done.values()) and done[1].stats.relayouts >= 1
     rows: dict[int, torch.Tensor] = {}
     for server in first:
         for held in server.service.store.export_dynamic().values():
@@ -786,16 +788,17 @@ def test_data_read_in_ranges_is_consumed_once_across_re_layouts_and_no_lease_is_
     def work(index: int) -> psframe.Trainer:
         with trainer(cluster, index, psframe.optim.SGD(lr=LR)) as t:
             for batch in t.read(data):
-                if index == 0 and t.local_step == 10:
+                if index == 0 and t.stats.local_step == 10:
                     t.reshard(grown)
-                if index == 0 and t.local_step == 40:
+                if index == 0 and t.stats.local_step == 40:
                     t.reshard(cluster)
                 t.step(t.model.loss())
                 seen[index].extend(batch.tolist())
         return t
 
     done = run_workers({0: lambda: work(0), 1: lambda: work(1)})
-    assert done[0].relayouts == 2 and all(t.dropped_steps == 0 for t in done.values())  # no range taken back
+    # No range taken back.
+    assert done[0].stats.relayouts == 2 and all(t.stats.dropped_steps == 0 for t in done.values())
     assert sorted(seen[0] + seen[1]) == list(range(480))  # every example once, across the moves
     steps = first[0].service.store.global_step
     assert steps == 120 and first[0].service.data.counts()["train"] == (480, 480)
@@ -812,16 +815,16 @@ def test_a_chief_started_again_finishes_a_re_layout_its_run_before_had_begun(ps_
     for _ in range(10):
         lost.step(lost.model.loss())
     with PsClient(cluster, 0, job_name="tool") as tool:  # the cut taken, as a chief lost right after it
-        tool.ask_reshard(grown)
-        tool.move(grown)
-    lost._ps.close()  # that chief is gone
+        relayout_calls.ask_reshard(tool, grown)
+        relayout_calls.move(tool, grown)
+    lost._session.client.close()  # that chief is gone
     with PsClient(grown, 0) as chief:  # a chief that would make the model anew meanwhile: refused
-        chief.wait_for_ps(DEADLINE_S)  # and learns the layout the ps tasks are at
+        control_calls.wait_for_ps(chief, DEADLINE_S)  # and learns the layout the ps tasks are at
         with pytest.raises(psframe.errors.LayoutChangedError, match="in the middle of a re-layout"):
-            chief.create(0, [], [], psframe.optim.SGD(lr=LR), None, None)
+            control_calls.create(chief, 0, [], [], psframe.optim.SGD(lr=LR), None, None)
     again = trainer(cluster, 0, psframe.optim.SGD(lr=LR))  # started again with the flags of before
     with again:
-        assert again.relayouts == 1 and again.cluster == grown and added.service.store.ready
+        assert again.stats.relayouts == 1 and again.cluster == grown and added.service.store.ready
         for _ in range(10):
             again.step(again.model.loss())
     held = assemble(first + [added])
@@ -847,31 +850,31 @@ def test_a_chief_lost_between_two_stages_is_followed_by_one_that_takes_the_rest(
     for _ in range(5):
         lost.step(lost.model.loss())
     with PsClient(origin, 0, job_name="tool") as tool:
-        tool.ask_reshard(target)
+        relayout_calls.ask_reshard(tool, target)
         # Asked from outside, the chief takes one stage a step (of 512 bytes at most): w/part_2 and b apart.
         deadline = time.monotonic() + DEADLINE_S
-        while not tool.layout_status().moving:
+        while not relayout_calls.layout_status(tool).moving:
             assert time.monotonic() < deadline, "the chief never took the first stage"
             lost.step(lost.model.loss())
-        status = tool.layout_status()
+        status = relayout_calls.layout_status(tool)
     assert status.stage is not None and (status.stage.stage, status.stage.stages) == (1, 2)
     mid_move = lost.save_checkpoint()  # between the two stages: the parts on the tasks of either side
-    lost._ps.close()  # that chief is gone
+    lost._session.client.close()  # that chief is gone
     again = trainer(origin, 0, psframe.optim.SGD(lr=LR), **options)  # started again with the flags of before
     with again:
-        assert again.relayouts == 0 and again.placement == lost.placement  # it follows ps 0 to stage 1
+        assert again.stats.relayouts == 0 and again.placement == lost.placement  # it follows ps 0 to stage 1
         # It readies stage 2 at its first step (its tasks copy ahead while it trains), and cuts it at one after.
         deadline = time.monotonic() + DEADLINE_S
-        while again.relayouts == 0:
+        while again.stats.relayouts == 0:
             assert time.monotonic() < deadline, "the chief never took stage 2"
             again.step(again.model.loss())
-        assert again.relayouts == 1 and again.cluster == target
+        assert again.stats.relayouts == 1 and again.cluster == target
         for _ in range(5):
             again.step(again.model.loss())
     kept = servers[: target.num_ps]
     held = assemble(kept)
     steps = kept[0].service.store.global_step  # every step applied once, none lost at the chief's loss
-    assert steps == lost.local_step + again.local_step
+    assert steps == lost.stats.local_step + again.stats.local_step
     assert torch.equal(held["w"], torch.full_like(held["w"], -LR * GRAD * steps))
     assert torch.equal(held["b"], torch.full_like(held["b"], 1.0 - LR * GRAD * steps))
     assert kept[0].service.relayout.relayouts == 1 and kept[0].service.relayout.version == 2

@@ -133,7 +133,7 @@ def train(local_cluster, steps: int, row_cache=None, push_every: int = 1):
         with torch.no_grad():
             every = torch.arange(200), torch.arange(500) * 7919
             tables = model.items(every[0]), model.users(every[1])
-        return params(model), tables, (trainer.rows_looked_up, trainer.rows_pulled)
+        return params(model), tables, (trainer.stats.rows_looked_up, trainer.stats.rows_pulled)
 
 
 def test_an_exact_cache_trains_as_no_cache_and_a_bounded_one_pulls_fewer_rows(local_cluster):

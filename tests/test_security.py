@@ -23,7 +23,9 @@ from psframe.config.security import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, Securi
 from psframe.errors import AuthenticationError, ConnectTimeoutError, SecurityConfigError
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire import transport
-from psframe.worker.client.ps_client import PsClient, ping
+from psframe.worker.client import control_calls
+from psframe.worker.client.control_calls import ping
+from psframe.worker.client.ps_client import PsClient
 from tests.conftest import assert_params_equal, free_cluster, params
 
 DEADLINE_S = 20.0
@@ -172,7 +174,7 @@ def test_psframe_clients_are_told_at_once_and_the_token_is_not_in_the_error(serv
     wrong = Security(auth_token=generate_token())
     start = time.monotonic()
     with PsClient(server.cluster, 0, security=wrong) as client, pytest.raises(AuthenticationError) as e:
-        client.wait_for_ps(timeout=DEADLINE_S)
+        control_calls.wait_for_ps(client, timeout=DEADLINE_S)
     assert time.monotonic() - start < DEADLINE_S / 2  # not waited for as if the task were down
     assert "unauthenticated" in str(e.value) and token not in str(e.value)
     assert wrong.auth_token not in str(e.value)
@@ -217,18 +219,18 @@ def test_a_tls_task_refuses_plaintext_and_certificates_of_another_ca(serve, tls_
         **({"tls_cert_file": tls_files.cert, "tls_key_file": tls_files.key} if mutual else {}),
     )
     with PsClient(server.cluster, 0, security=client) as ok:
-        assert ok.wait_for_ps(timeout=DEADLINE_S)[0].job_name == "ps"
+        assert control_calls.wait_for_ps(ok, timeout=DEADLINE_S)[0].job_name == "ps"
     without_token = Security(
         tls_ca_file=client.tls_ca_file, tls_cert_file=client.tls_cert_file, tls_key_file=client.tls_key_file
     )
     with PsClient(server.cluster, 0, security=without_token) as refused, pytest.raises(AuthenticationError):
-        refused.wait_for_ps(timeout=DEADLINE_S)
+        control_calls.wait_for_ps(refused, timeout=DEADLINE_S)
 
 
 def test_a_plaintext_client_of_a_tls_task_times_out_naming_the_task(serve, tls_files):
     server = serve(tls(tls_files, mutual=False))
     with PsClient(server.cluster, 0) as client, pytest.raises(ConnectTimeoutError, match="/job:ps/task:0"):
-        client.wait_for_ps(timeout=1.0)
+        control_calls.wait_for_ps(client, timeout=1.0)
 
 
 def test_a_server_needs_a_certificate_to_serve_tls(tls_files):

@@ -100,6 +100,7 @@ LAUNCHED = textwrap.dedent('''
     from psframe.errors import AuthenticationError
     from psframe.hooks import StopAtStepHook
     from psframe.config.security import Security
+    from psframe.worker.client import control_calls
     from psframe.worker.client.ps_client import PsClient
     import argparse
 
@@ -116,7 +117,7 @@ LAUNCHED = textwrap.dedent('''
     for security in (Security(), Security(auth_token="not-the-cluster-token")):
         with PsClient(cluster, index, security=security) as client:
             try:
-                client.wait_for_ps(timeout=30)
+                control_calls.wait_for_ps(client, timeout=30)
             except AuthenticationError:
                 print("refused without the cluster's token", flush=True)
             else:

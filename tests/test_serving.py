@@ -19,6 +19,7 @@ import torch
 import psframe
 from psframe.cluster.placement import Shard
 from psframe.errors import PsframeError
+from psframe.worker.client import control_calls
 from psframe.worker.client.ps_client import PsClient
 from psframe.worker.plan.step_plan import Request, Slot
 from tests.conftest import free_cluster
@@ -78,10 +79,12 @@ class Workers:
         self.slot = Slot(Shard("w", "w", 0, 0, start.numel(), tuple(start.shape), start.nbytes), start)
         self.clients = {i: PsClient(cluster, i, rpc_timeout=DEADLINE_S) for i in range(cluster.num_workers)}
         for client in self.clients.values():
-            client.wait_for_ps(DEADLINE_S)
+            control_calls.wait_for_ps(client, DEADLINE_S)
 
     def create(self, optimizer, checkpoint_dir: str | None = None) -> bool:
-        return self.clients[0].create(0, [self.slot], [("w", self.start)], optimizer, None, checkpoint_dir)
+        return control_calls.create(
+            self.clients[0], 0, [self.slot], [("w", self.start)], optimizer, None, checkpoint_dir
+        )
 
     def push(self, grad_of, pushes: int) -> None:
         """Every worker pushes ``grad_of(worker)`` ``pushes`` times, all at once."""
@@ -127,13 +130,14 @@ def test_every_push_through_any_serving_process_is_applied_exactly_once(multi_ps
         assert sum(by_process[pid] for pid in server._serving.pids) > 0, by_process
         assert workers.create(psframe.optim.SGD(lr=LR))
         workers.push(lambda i: torch.full((64,), float(i + 1)), pushes)
-        infos = [client.get_info(0) for client in workers.clients.values()]  # over each worker's connection
+        # Over each worker's connection.
+        infos = [control_calls.get_info(client, 0) for client in workers.clients.values()]
         value = workers.value()
     finally:
         workers.close()
     total = pushes * sum(range(1, num_workers + 1))
     assert torch.equal(value, torch.full((64,), -LR * total))
-    assert {(info.global_step, info.pushes) for info in infos} == {(num_workers * pushes, num_workers * pushes)}
+    assert {(info.global_step, info.applied_steps) for info in infos} == {(num_workers * pushes, num_workers * pushes)}
 
 
 @pytest.mark.parametrize(
@@ -174,7 +178,9 @@ def test_a_restarted_task_restores_and_shares_its_optimizer_state(tmp_path):
             if create:
                 workers.create(optimizer, url)
             workers.push(lambda i: grad, pushes)
-            psframe.checkpoint.save(workers.clients[0], url, workers.clients[0].get_info(0).global_step, keep=2)
+            psframe.checkpoint.save(
+                workers.clients[0], url, control_calls.get_info(workers.clients[0], 0).global_step, keep=2
+            )
             return workers.value()
         finally:
             workers.close()
@@ -220,8 +226,8 @@ def test_the_serving_processes_stop_with_the_task(multi_ps):
     pids = server._serving.pids
     assert len(pids) == 2 and all(_alive(p) for p in pids)
     with PsClient(cluster, 0, rpc_timeout=DEADLINE_S) as client:
-        client.wait_for_ps(DEADLINE_S)
-        client.finish()  # the only worker is done: the task's join returns
+        control_calls.wait_for_ps(client, DEADLINE_S)
+        control_calls.finish(client)  # the only worker is done: the task's join returns
     assert server.join(timeout=DEADLINE_S) is True
     assert _wait_gone(pids) == []
 
@@ -260,7 +266,7 @@ def _connected_clients(cluster, server, num_workers: int) -> dict[int, PsClient]
     """A client per worker, each connected, some of them to a serving process."""
     clients = {i: PsClient(cluster, i, rpc_timeout=DEADLINE_S) for i in range(num_workers)}
     for client in clients.values():
-        client.wait_for_ps(DEADLINE_S)
+        control_calls.wait_for_ps(client, DEADLINE_S)
     assert sum(_connections_by_process(server)[pid] for pid in server._serving.pids) > 0
     return clients
 
@@ -277,7 +283,8 @@ def test_table_rows_and_their_optimizer_state_are_one_across_the_serving_process
     optimizer = psframe.optim.SparseSGD(lr=0.1, momentum=0.9)
     clients = _connected_clients(cluster, server, num_workers)
     try:
-        assert clients[0].create(
+        assert control_calls.create(
+            clients[0],
             0,
             [table],
             [],
@@ -322,7 +329,9 @@ def test_a_dynamic_table_is_served_by_the_owner_whichever_process_a_worker_reach
     optimizer = psframe.optim.SparseSGD(lr=0.1, momentum=0.9)
     clients = _connected_clients(cluster, server, num_workers)
     try:
-        assert clients[0].create(0, [part], [], psframe.optim.SGD(lr=0.1), None, None, table_optimizer=optimizer)
+        assert control_calls.create(
+            clients[0], 0, [part], [], psframe.optim.SGD(lr=0.1), None, None, table_optimizer=optimizer
+        )
         run_workers(
             {
                 i: (

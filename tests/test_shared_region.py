@@ -30,7 +30,23 @@ pytestmark = pytest.mark.skipif(not same_host.available(), reason="no writable /
 
 
 def _region_files() -> set[str]:
+    """This process's region files, less those an earlier test of the process left (its own check)."""
+    return _files_of_this_process() - _LEFT_BEFORE
+
+
+def _files_of_this_process() -> set[str]:
     return {name for name in os.listdir(same_host.DIRECTORY) if name.startswith(f"{same_host.PREFIX}{os.getpid()}-")}
+
+
+_LEFT_BEFORE: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _files_left_before():
+    """What this process held before the test: a test here answers for its own files only."""
+    _LEFT_BEFORE.clear()
+    _LEFT_BEFORE.update(_files_of_this_process())
+    yield
 
 
 def _layouts():
@@ -241,7 +257,7 @@ def test_a_trainer_through_shared_memory_matches_one_through_messages_and_leaves
                 trainer.step(loss_of(model, step))
             # Each step's requests (one per ps task at least) went through regions; the
             # pull at connect, sent once, never got past its offer.
-            in_region = sum(p.in_region for p in trainer._client._streams.encoder.prepared.values())
+            in_region = sum(p.in_region for p in trainer._session.client._streams.encoder.prepared.values())
             assert in_region >= 2 if shared_memory else in_region == 0
             trainer.pull()
         results[shared_memory] = params(model)
@@ -279,7 +295,7 @@ def test_sync_workers_through_shared_memory_match_messages_and_leave_no_file(loc
             for step in range(steps):
                 x, y = shard(step, i)
                 trainers[i].step(torch.nn.functional.cross_entropy(models[i](x), y))  # noqa: B023
-            return sum(p.in_region for p in trainers[i]._client._streams.encoder.prepared.values())  # noqa: B023
+            return sum(p.in_region for p in trainers[i]._session.client._streams.encoder.prepared.values())  # noqa: B023
 
         in_region = run_workers({i: (lambda i=i: train(i)) for i in range(num_workers)})
         assert all(count >= 2 for count in in_region.values()) if shared_memory else not any(in_region.values())
@@ -311,12 +327,13 @@ def test_a_failed_sync_step_leaves_its_regions_to_the_ps_and_goes_on_in_new_ones
 
     for k in range(2):
         run_workers({i: (lambda i=i, k=k: step(i, k)) for i in range(2)})
-    prepared = [p for p in trainers[0]._client._streams.encoder.prepared.values() if p.in_region]
+    prepared = [p for p in trainers[0]._session.client._streams.encoder.prepared.values() if p.in_region]
     regions = [p._region for p in prepared]
     assert prepared
     with pytest.raises(BarrierTimeoutError):
         step(0, 2)  # worker 1 never comes
-    assert not any(p.in_region or p._region in regions for p in trainers[0]._client._streams.encoder.prepared.values())
+    after = trainers[0]._session.client._streams.encoder.prepared.values()
+    assert not any(p.in_region or p._region in regions for p in after)
     run_workers({i: trainers[i].close for i in range(2)})
     assert not _region_files()
 

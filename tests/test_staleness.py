@@ -20,6 +20,7 @@ from psframe.errors import BarrierTimeoutError
 from psframe.ps.protocol.ledger import PushLedger
 from psframe.ps.protocol.roster import WorkerRoster
 from psframe.ps.protocol.staleness import HISTOGRAM_BUCKETS, StalenessGate
+from psframe.worker.client import control_calls
 
 # ---- the gate, no network
 
@@ -124,9 +125,9 @@ def run(cluster, bound: int | None, slow_seconds: float = 0.02) -> tuple[dict[in
                         time.sleep(slow_seconds)
                     x = torch.randn(8, 4, generator=torch.Generator().manual_seed(step))
                     trainer.step(F.mse_loss(model(x), x.sum(1, keepdim=True)))
-                results[index] = trainer.steps_ahead
+                results[index] = trainer.stats.steps_ahead
                 if index == 0:
-                    counts.extend(trainer._client.get_info(0).steps_ahead_counts)
+                    counts.extend(control_calls.get_info(trainer._session.client, 0).steps_ahead_counts)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
 
 import pytest
+import torch
 
+import psframe
 from psframe import optim
 from psframe.status import TaskState, TaskStatus, VariableStatus, WorkerStatus
 from psframe.wire import messages
 from psframe.wire import psframe_pb2 as pb
+from tests.conftest import free_cluster
 
 
 def _info(**fields) -> pb.TaskInfo:
@@ -30,7 +35,7 @@ def test_every_field_of_a_ps_task_s_info_reads_as_python_values():
     info = _info(
         global_step=7,
         bytes_held=4096,
-        pushes=9,
+        applied_steps=9,
         rejected_pushes=1,
         dropped_gradients=2,
         finished_workers=[0],
@@ -69,7 +74,7 @@ def test_every_field_of_a_ps_task_s_info_reads_as_python_values():
         optimizer=optim.Adam(lr=0.5),
         table_optimizer=optim.Adagrad(lr=0.1),
         sync=optim.SyncReplicas(1, 2, 30.0),
-        pushes=9,
+        applied_steps=9,
         rejected_pushes=1,
         dropped_gradients=2,
         finished_workers=(0,),
@@ -93,3 +98,80 @@ def test_what_a_task_without_a_model_leaves_unset_reads_as_none():
     status = messages.task_status(_info(restored_step=-1))
     assert (status.optimizer, status.table_optimizer, status.sync) == (None, None, None)
     assert (status.restored_step, status.checkpoint_dir, status.variables, status.workers) == (None, None, (), ())
+
+
+# ---- applied steps: one meaning, in a ps task's status and in its last line
+
+
+class _Clicks(torch.nn.Module):
+    """A dense head, over an embedding table's rows when ``table``."""
+
+    def __init__(self, table: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(10, 4, sparse=True) if table else None
+        self.head = torch.nn.Linear(4, 1)
+
+    def loss(self, step: int, worker: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(10 * step + worker)
+        x = (
+            self.emb(torch.randint(0, 10, (6,), generator=g))
+            if self.emb is not None
+            else torch.randn(6, 4, generator=g)
+        )
+        return torch.nn.functional.mse_loss(self.head(x).squeeze(1), torch.rand(6, generator=g))
+
+
+@pytest.mark.service
+@pytest.mark.parametrize(
+    "sync, table",
+    [(False, False), (False, True), (True, False), (True, True)],
+    ids=["async", "async_table", "sync", "sync_table"],
+)
+def test_applied_steps_count_the_workers_steps_the_ps_applied(caplog, sync, table):
+    """Each worker's step whose gradients the ps applied counts once, however many messages or optimizers it
+    took: asynchronous training, one per global step; synchronous with R=2, two a round. ``psframe status``
+    (TaskStatus.applied_steps) and the ps task's last line say the same number."""
+    steps, cluster = 3, free_cluster(1, 2)
+    server = psframe.Server(cluster, "ps", 0, serving_processes=1)
+    try:
+        replicas = psframe.SyncReplicas(replicas_to_aggregate=2, timeout=30) if sync else None
+        models = {i: _Clicks(table) for i in range(2)}
+        trainers = {
+            i: psframe.Trainer(models[i], cluster, task_index=i, optimizer=optim.SGD(lr=0.1), sync=replicas)
+            for i in range(2)
+        }
+        trainers[0].connect()
+
+        errors: list[BaseException] = []
+
+        def work(i: int) -> None:
+            try:
+                if i:  # the chief is connected: it created the model
+                    trainers[i].connect()
+                for step in range(steps):
+                    trainers[i].step(models[i].loss(step, i))
+                trainers[i].close()
+            except BaseException as e:  # noqa: BLE001 - handed to the test thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+            assert not thread.is_alive(), "a worker hung"
+        assert not errors, errors
+        status = messages.task_status(server.service.info())
+        with caplog.at_level(logging.INFO, logger="psframe.ps.serving.server"):
+            assert server.join(timeout=30)
+    finally:
+        server.stop(grace=0.1)
+    global_step = steps if sync else 2 * steps
+    applied = 2 * steps  # two workers' steps each: async, one a global step; sync, both members of each round
+    assert status.global_step == global_step
+    assert status.applied_steps == applied == sum(w.applied_steps for w in status.workers)
+    assert (
+        f"/job:ps/task:0: training is over at global step {global_step} ({applied} worker steps applied, "
+        "0 dropped as stale or late, 0 pushes refused as invalid); exiting"
+    ) in caplog.text

@@ -31,6 +31,7 @@ from psframe.ps.store import VariableStore
 from psframe.status import TaskState
 from psframe.wire import codec, transport
 from psframe.wire import psframe_pb2 as pb
+from psframe.worker.client import control_calls
 from psframe.worker.client.ps_client import PsClient
 from psframe.worker.plan.step_plan import Request, Slot
 
@@ -103,7 +104,7 @@ class GrpcBackend:
         client = PsClient(cluster or self.cluster, task_index, rpc_timeout=DEADLINE_S)
         self.clients.append(client)
         if wait:
-            client.wait_for_ps(DEADLINE_S)
+            control_calls.wait_for_ps(client, DEADLINE_S)
         return client
 
     def create(
@@ -111,8 +112,10 @@ class GrpcBackend:
     ) -> bool:
         client = client or self.client
         slots = [_slot(name, value) for name, value in values.items()]
-        created = client.create(0, slots, list(values.items()), optimizer_spec, sync=None, checkpoint_dir=None)
-        assert client.get_info(0).state is TaskState.READY
+        created = control_calls.create(
+            client, 0, slots, list(values.items()), optimizer_spec, sync=None, checkpoint_dir=None
+        )
+        assert control_calls.get_info(client, 0).state is TaskState.READY
         return created
 
     def push_pull(
@@ -125,7 +128,7 @@ class GrpcBackend:
         return reply.global_step, {name: t.clone() for name, t in zip(pull, reply.values)}
 
     def nbytes(self) -> int:
-        return self.client.get_info(0).bytes_held
+        return control_calls.get_info(self.client, 0).bytes_held
 
     def close(self) -> None:
         for client in self.clients:
@@ -488,7 +491,7 @@ def test_grpc_wrong_cluster_is_refused(grpc_backend):
         grpc_backend.create(values, optim.SGD(lr=0.1), client=stranger)
     # Its connect check also notices, on the worker side.
     with pytest.raises(ClusterMismatchError):
-        stranger.wait_for_ps(DEADLINE_S)
+        control_calls.wait_for_ps(stranger, DEADLINE_S)
     # Nothing was applied.
     step, pulled = _pull_all(grpc_backend, list(values))
     assert step == 0
@@ -540,16 +543,16 @@ def test_grpc_init_from_worker_1_is_refused(grpc_backend):
 
 def test_grpc_info_reports_the_store(grpc_backend):
     values = _initial()
-    info = grpc_backend.client.get_info(0)
+    info = control_calls.get_info(grpc_backend.client, 0)
     assert info.state is TaskState.WAITING_FOR_MODEL and info.global_step == 0
     spec = optim.RMSprop(lr=0.01, momentum=0.5)
     grpc_backend.create(values, spec)
     grpc_backend.push_pull(_grads(values, 1), [])
     with pytest.raises(ShapeMismatchError):
         grpc_backend.push_pull({"scale": torch.zeros(2)}, [])
-    info = grpc_backend.client.get_info(0)
+    info = control_calls.get_info(grpc_backend.client, 0)
     assert info.state is TaskState.READY
-    assert (info.global_step, info.pushes, info.rejected_pushes) == (1, 1, 1)
+    assert (info.global_step, info.applied_steps, info.rejected_pushes) == (1, 1, 1)
     assert [(v.name, v.dtype, list(v.shape)) for v in info.variables] == [
         (n, "float32", list(v.shape)) for n, v in values.items()
     ]

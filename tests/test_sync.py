@@ -15,6 +15,7 @@ import torch
 import psframe
 from psframe.errors import BarrierTimeoutError, ClusterMismatchError
 from psframe.hooks import NanGuardHook
+from psframe.worker.client import control_calls
 from psframe.worker.client.ps_client import PsClient
 from tests.conftest import MNIST_FLAGS, MNIST_STEPS, ROOT, free_cluster
 
@@ -138,7 +139,7 @@ def test_backup_worker_a_slow_gradient_is_dropped_and_counted(local_cluster):
     # round of workers 0 and 1 was applied.
     run_workers({i: (lambda i=i: step(i)) for i in range(2)})
     run_workers({2: lambda: step(2)})
-    assert [trainers[i].dropped_steps for i in range(3)] == [0, 0, 1]
+    assert [trainers[i].stats.dropped_steps for i in range(3)] == [0, 0, 1]
     for p, v, g0, g1 in zip(models[0].parameters(), initial, expected_grads[0], expected_grads[1]):
         reference = v.clone().requires_grad_(True)
         reference.grad = (g0 + g1) / 2
@@ -150,7 +151,7 @@ def test_backup_worker_a_slow_gradient_is_dropped_and_counted(local_cluster):
         assert torch.equal(p, q)
     client = PsClient(cluster, 0)
     try:
-        infos = [client.get_info(i) for i in range(2)]
+        infos = [control_calls.get_info(client, i) for i in range(2)]
     finally:
         client.close()
     assert [info.dropped_gradients for info in infos] == [1, 1]
@@ -187,7 +188,7 @@ def test_n_sync_workers_equal_one_process_on_the_combined_batch(local_cluster, o
         for i in range(num_workers)
     }
     if max_shard_bytes == 64:
-        assert len(trainers[0]._replica.plan.pull) > 2 * cluster.num_ps  # several messages per ps task
+        assert len(trainers[0]._session.replica.plan.pull) > 2 * cluster.num_ps  # several messages per ps task
     connect_all(trainers)
 
     def train(i):
@@ -242,7 +243,7 @@ def test_a_step_skipped_by_the_nan_guard_is_no_member_of_the_round(local_cluster
             if trainers[i].should_stop():
                 break
         trainers[i].close()
-        return trainers[i].global_step, trainers[i].skipped_steps
+        return trainers[i].global_step, trainers[i].stats.skipped_steps
 
     results = run_workers({i: (lambda i=i: train(i)) for i in range(num_workers)})
     assert results[0] == results[1] == (steps, 0)

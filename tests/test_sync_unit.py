@@ -13,6 +13,7 @@ in the round before the next one starts; no test depends on a sleep.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -460,6 +461,38 @@ def test_a_worker_finishing_releases_a_waiting_push():
     assert waiting.value() is False
     assert_exact(snapshot(store), sgd_reference(init, g0))
     assert store.global_step == 1
+
+
+def test_workers_finishing_together_at_a_clean_end_warn_of_nothing(caplog):
+    init = values0()
+    store = make_store(init)
+    agg = SyncAggregator(store, num_workers=2, replicas_to_aggregate=2, timeout=TIMEOUT)
+    pushes = [Call(agg.push, w, 0, grads_for(init, 140 + w)) for w in (0, 1)]
+    assert [p.value() for p in pushes] == [False, False]
+    with caplog.at_level(logging.INFO, logger="psframe.ps.protocol.sync"):
+        agg.worker_finished(1)
+        agg.worker_finished(0)  # the last: no round follows, none averages fewer than 2
+    assert store.global_step == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_a_round_short_of_replicas_to_aggregate_while_one_trains_on_warns_once(caplog):
+    init = values0()
+    store = make_store(init)
+    agg = SyncAggregator(store, num_workers=3, replicas_to_aggregate=2, timeout=TIMEOUT)
+    with caplog.at_level(logging.INFO, logger="psframe.ps.protocol.sync"):
+        agg.worker_finished(2)  # 2 left: rounds still average 2, nothing to say
+        pushes = [Call(agg.push, w, 0, grads_for(init, 150 + w)) for w in (0, 1)]
+        assert [p.value() for p in pushes] == [False, False]
+        agg.worker_finished(1)  # said once a round averages fewer, not before
+        assert not caplog.records, caplog.text
+        for step in (1, 2):
+            assert Call(agg.push, 0, step, grads_for(init, 160 + step)).value() is False
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "/job:ps/task:0: 1 workers still training, fewer than replicas_to_aggregate=2; "
+        "from step 1 each update averages the gradients of 1"
+    ]
 
 
 # --------------------------------------------------------------------- 8. a contribution in two pushes

@@ -12,6 +12,7 @@ from psframe.cluster.placement import ShardPlacement
 from psframe.errors import OptimizerConfigError, RowIdError
 from psframe.optim.rows_kernels import SparseSGD
 from psframe.tables.spec import part_owners
+from psframe.worker.client import control_calls
 
 ROWS, BAG_ROWS, DIM = 37, 23, 4
 
@@ -139,19 +140,19 @@ def test_a_step_moves_the_rows_it_uses_not_the_table(local_cluster):
     model = Recommender()
     with psframe.Trainer(model, cluster, optimizer=psframe.optim.SGD(lr=0.1)) as trainer:
         pulled = []
-        pull_rows = trainer._client.pull_rows
+        pull_rows = trainer._session.client.pull_rows
 
         def counting(wanted, step, create=True, staleness=0):
             pulled.append(sum(int(ids.numel()) for pulls in wanted.values() for _, ids in pulls))
             return pull_rows(wanted, step, create, staleness)
 
-        trainer._client.pull_rows = counting
+        trainer._session.client.pull_rows = counting
         ids, bag_ids, offsets, target = batch(0)
         trainer.step(F.mse_loss(model(ids, bag_ids, offsets), target))
         # One pull per table, of its distinct ids only.
         assert pulled == [len(torch.unique(ids)), len(torch.unique(bag_ids))]
-        infos = [trainer._client.get_info(k) for k in range(2)]
-        assert sum(info.pushes for info in infos) > 0
+        infos = [control_calls.get_info(trainer._session.client, k) for k in range(2)]
+        assert sum(info.applied_steps for info in infos) > 0
 
 
 def test_a_second_worker_pulls_the_rows_the_first_updated(local_cluster):
@@ -175,7 +176,7 @@ def test_bad_ids_are_refused_naming_the_table(local_cluster):
         for bad in (ROWS, -1):
             with pytest.raises(RowIdError, match=f"id {bad} .*'emb.weight'"):
                 model.emb(torch.tensor([[0, bad]]))
-        client = trainer._client
+        client = trainer._session.client
         part = next(s for s in trainer.placement.shards if s.table and s.ps_task == 1)
         # Straight to a ps task: out of its part, negative, the wrong dtype or width, no such table.
         for ids, rows, match in [
@@ -193,7 +194,7 @@ def test_bad_ids_are_refused_naming_the_table(local_cluster):
             client.pull_rows({0: [("head.weight", torch.tensor([0]))]}, 0)
         pull_every_row(model)
         assert torch.equal(model.emb.weight, before)  # nothing stored changed
-        assert sum(client.get_info(k).rejected_pushes for k in range(2)) == 6
+        assert sum(control_calls.get_info(client, k).rejected_pushes for k in range(2)) == 6
 
 
 def test_sparse_sgd_is_torch_sgd_when_every_row_is_touched():

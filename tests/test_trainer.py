@@ -17,6 +17,7 @@ from psframe.errors import (
     PlacementError,
     PortInUseError,
 )
+from psframe.worker.client import control_calls
 from psframe.worker.client.ps_client import PsClient
 from tests.conftest import free_cluster
 
@@ -65,7 +66,7 @@ def test_one_worker_matches_local_torch_optim_exactly(local_cluster, placement, 
             local_opt.step()
             for (name, p), q in zip(model.named_parameters(), reference.parameters()):
                 assert torch.equal(p, q), f"{name} differs at step {step}"
-        assert trainer.local_step == 5 and trainer.should_stop() is False
+        assert trainer.stats.local_step == 5 and trainer.should_stop() is False
 
 
 def test_second_worker_receives_the_chiefs_variables_and_updates(local_cluster):
@@ -110,7 +111,7 @@ def test_explicit_device_strings_win(local_cluster):
     with psframe.Trainer(model, cluster, placement=psframe.Placement(variable_devices=devices)) as trainer:
         client = PsClient(cluster, 0)
         try:
-            on_ps1 = {d.name for d in client.get_info(1).variables}
+            on_ps1 = {d.name for d in control_calls.get_info(client, 1).variables}
         finally:
             client.close()
         assert set(devices) <= on_ps1

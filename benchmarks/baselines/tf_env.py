@@ -11,7 +11,7 @@ for it with :func:`write_inputs`.
 ``PSFRAME_TF_PYTHON`` names another python to run it with; set to the empty
 string, it turns the ``tf_ps`` system off (the tests do, to stay fast and
 independent of whether ``.venv-tf`` exists). Where TensorFlow cannot run,
-``tf_ps`` rows say why (:class:`benchmarks.suite.training.SystemUnavailable`) and
+``tf_ps`` rows say why (:class:`benchmarks.suite.training_systems.SystemUnavailable`) and
 the other systems still run.
 """
 

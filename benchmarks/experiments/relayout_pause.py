@@ -15,12 +15,12 @@ is cut anew.
 For each model size (MB of float32 values; Adam keeps twice as much state), two
 ps tasks (``psframe server`` processes) train it with this process as their one
 worker; a third ps task is added and then drained again, each asked as
-``psframe reshard`` asks (``PsClient.ask_reshard``) while the worker trains. A
+``psframe reshard`` asks (``relayout_calls.ask_reshard``) while the worker trains. A
 re-layout moves the parts in stages (:mod:`psframe.cluster.moves`), each
 readied while training goes on (the table parts it moves copied ahead,
 :mod:`psframe.ps.elastic.precopy`) and then cut; each stage reports the seconds
 training paused, from its cut until the layout after it held the model
-(``Trainer.relayout_pauses``).
+(``Trainer.stats.relayout_pauses``).
 The baseline, measured in the same run on the same ps tasks: the chief saving a
 checkpoint of the model (``Trainer.save_checkpoint`` into a local folder). A
 re-layout through a checkpoint (the way without this: save, stop, start with
@@ -31,7 +31,7 @@ It prints, per size, the medians over ``--runs`` of: the stages of an add and
 their pauses together, the same for a drain, the save, the ratio of each
 total to the save; then the longest pause of one stage against one step (the
 median of a few before the add), and the same per part the stage moved
-(``Trainer.relayout_parts_moved``): the bound is one step per moved part, a
+(``Trainer.stats.relayout_parts_moved``): the bound is one step per moved part, a
 ratio of at most 1.
 """
 
@@ -51,6 +51,7 @@ import torch
 import psframe
 from benchmarks.children import Children
 from psframe.launch import pick_free_ports
+from psframe.worker.client import relayout_calls
 from psframe.worker.client.ps_client import PsClient
 
 MiB = 1 << 20
@@ -107,14 +108,14 @@ def relayout(t: psframe.Trainer, to: psframe.ClusterSpec) -> tuple[float, tuple[
     it at its steps, training on (each stage readied, its table parts copied ahead, while it trains;
     cut at a step after). The pauses of its stages together, each, and the parts each moved."""
     with PsClient(t.cluster, 0, job_name="tool") as tool:
-        tool.ask_reshard(to)
+        relayout_calls.ask_reshard(tool, to)
     deadline = time.monotonic() + TIMEOUT_S
-    taken = t.relayouts
-    while t.relayouts == taken:
+    taken = t.stats.relayouts
+    while t.stats.relayouts == taken:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the chief did not take the re-layout to {to.job_tasks('ps')} in {TIMEOUT_S} s")
         t.step(t.model.loss())
-    return sum(t.relayout_pauses), t.relayout_pauses, t.relayout_parts_moved
+    return sum(t.stats.relayout_pauses), t.stats.relayout_pauses, t.stats.relayout_parts_moved
 
 
 def measure(mb: int, folder: str, table_parts: int | None = None, dense_parts: int | None = None) -> Run:

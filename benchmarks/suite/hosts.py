@@ -46,7 +46,12 @@ from collections.abc import Sequence
 from benchmarks.children import ForkServer
 from benchmarks.mlp_workload import MODELS, model_bytes
 from benchmarks.suite.processes import Placement
-from benchmarks.suite.training import SystemUnavailable, run_psframe_processes, run_rpc_processes, run_tf_processes
+from benchmarks.suite.training_systems import (
+    SystemUnavailable,
+    run_psframe_processes,
+    run_rpc_processes,
+    run_tf_processes,
+)
 
 HOST_NAMES = ("ps0", "w0", "w1")
 # Each process of every system, by the name the training section gives it (ps0, worker1, trainer0...), on its host.

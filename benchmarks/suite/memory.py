@@ -48,7 +48,13 @@ from benchmarks.children import Children
 from benchmarks.common import MB, Deadline, MiB, single_thread, table_main
 from benchmarks.formatting import format_bytes, format_number, markdown_table
 from benchmarks.suite.ps_cluster import PsCluster
-from benchmarks.suite.psframe_internals import DEFAULT_MAX_SHARD_BYTES, create_variables, push_pull, shard_requests
+from benchmarks.suite.psframe_internals import (
+    DEFAULT_MAX_SHARD_BYTES,
+    control_calls,
+    create_variables,
+    push_pull,
+    shard_requests,
+)
 from psframe import optim
 from psframe.optim import OptimizerSpec
 
@@ -145,7 +151,7 @@ def measure_case(children: Children, case: MemoryCase, steps: int, deadline: Dea
     cluster = PsCluster(children, 1, case.name, deadline.remaining() + 60, extra_flags=flags)
     client = cluster.connect(deadline)
     pid = cluster.procs[0].pid
-    reported_pid = client.get_info(0).pid
+    reported_pid = control_calls.get_info(client, 0).pid
     if reported_pid != pid:  # `python -m psframe.cli` serves in the started process itself
         print(
             f"[bench] warning: ps reports pid {reported_pid}, started pid {pid}; measuring the former", file=sys.stderr
@@ -168,7 +174,7 @@ def measure_case(children: Children, case: MemoryCase, steps: int, deadline: Dea
             pulled = push_pull(client, grads)
             del pulled
         seconds_per_step = (time.perf_counter() - start) / steps
-        info = client.get_info(0)
+        info = control_calls.get_info(client, 0)
         peak = None if shared else vm_hwm(pid)
     finally:
         sampled = sampler.stop()

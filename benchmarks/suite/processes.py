@@ -1,6 +1,6 @@
 """The processes of one training run, run together: started, watched, their CPU sampled, their JSON lines read.
 
-Every training system (:mod:`benchmarks.suite.training`), and through it the
+Every training system (:mod:`benchmarks.suite.training_systems`), and through it the
 scaling and hosts sections, runs its tasks with :func:`run_processes`: each a
 child that prints one JSON line with what it measured. Its CPU time is
 sampled while it runs, so the CPU it spent inside a timed window can be told

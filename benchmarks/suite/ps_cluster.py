@@ -17,7 +17,7 @@ from typing import TypeVar
 import psframe
 from benchmarks.children import Children
 from benchmarks.common import BenchmarkError, Deadline
-from benchmarks.suite.psframe_internals import PsClient, worker_client
+from benchmarks.suite.psframe_internals import PsClient, control_calls, worker_client
 from psframe.launch import pick_free_ports
 
 RPC_TIMEOUT_S = 120.0
@@ -94,7 +94,7 @@ class PsCluster:
             self.cluster, rpc_timeout=min(RPC_TIMEOUT_S, deadline.remaining(1.0)), security=self.security
         )
         try:
-            self.client.wait_for_ps(deadline.remaining())
+            control_calls.wait_for_ps(self.client, deadline.remaining())
         except psframe.PsframeError as e:
             logs = "\n".join(f"--- {n}:\n{self.children.log_tail(n)}" for n in self.names)
             raise BenchmarkError(f"ps tasks did not come up: {e}\n{logs}") from e
@@ -118,7 +118,7 @@ def finish_clusters(clusters: Sequence[PsCluster], timeout: float = 15.0) -> lis
     """
     for cluster in clusters:
         if cluster.client is not None:
-            cluster.client.finish()
+            control_calls.finish(cluster.client)
             cluster.client.close()
             cluster.client = None
     deadline = Deadline(timeout, "ps tasks exiting")

@@ -34,8 +34,9 @@ from psframe.ps.store import VariableStore
 from psframe.tables.dynamic_rows import DynamicRows
 from psframe.tables.spec import DynamicTableSpec, place_tables
 from psframe.wire import transport
+from psframe.worker.client import control_calls
 from psframe.worker.client.ps_client import PsClient
-from psframe.worker.model.tables import Table
+from psframe.worker.model.table_views import Table
 from psframe.worker.plan.step_plan import Request, Slot, StepPlan, batches
 
 __all__ = [
@@ -99,7 +100,8 @@ def create_variables(client: PsClient, shards: Sequence[Tensors], optimizer: Opt
     """Create ``shards[i]`` on ps task i with ``optimizer`` (one Init request at a time, as the trainer does)."""
     slots = _slots(shards)
     for ps, batch in batches(slots, len(shards), DEFAULT_MAX_SHARD_BYTES):
-        client.create(
+        control_calls.create(
+            client,
             ps,
             [s for s in slots if s.shard.ps_task == ps],
             [(s.name, s.param) for s in batch],
@@ -108,7 +110,7 @@ def create_variables(client: PsClient, shards: Sequence[Tensors], optimizer: Opt
             checkpoint_dir=None,
         )
     # Every ps task holds its variables once its last Init request is in.
-    client.wait_for_ps(timeout=30.0, ready=True)
+    control_calls.wait_for_ps(client, timeout=30.0, ready=True)
 
 
 def push_pull(client: PsClient, requests: Step) -> list[list[torch.Tensor]]:

@@ -48,8 +48,10 @@ they answered:
   were timing together.
 
 The CPU per request is compared with the echo server's CPU per round trip at
-the same model and N (:func:`add_ratios`). A system is one entry of
-:data:`SYSTEMS`: a name, its ps counts, and a function that runs it.
+the same model and N (:func:`benchmarks.suite.scaling_tables.add_ratios`). A
+system is one entry of :data:`SYSTEMS`: a name, its ps counts, and a function
+that runs it (on the processes of :mod:`benchmarks.suite.training_systems`, or
+the echo's of :mod:`benchmarks.suite.scaling_echo`).
 
     python -m benchmarks.suite.scaling [--quick] [--models mnist_mlp] [--workers 1 2] [--systems tf_ps raw_echo]
                                  [--plot scaling.png]
@@ -63,21 +65,19 @@ import json
 import math
 import os
 import signal
-import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import ratio
-from benchmarks.formatting import format_bytes, format_number, format_ratio, markdown_table, plot_scaling
+from benchmarks.formatting import plot_scaling
 from benchmarks.mlp_workload import MODELS, model_bytes, parameter_shapes
-from benchmarks.suite import training
-from benchmarks.suite.processes import cpu_in_window, load_mark, other_load_since, run_processes
+from benchmarks.suite import training_systems
+from benchmarks.suite.processes import load_mark, other_load_since
 from benchmarks.suite.psframe_internals import step_message_bytes
-from psframe.launch import pick_free_ports
+from benchmarks.suite.scaling_echo import run_echo_processes
+from benchmarks.suite.scaling_tables import add_ratios, scaling_table
 
 MODEL_NAMES = ("mnist_mlp", "large_mlp")
 # (timed steps, warm-up steps) per worker
@@ -95,8 +95,6 @@ CORES_FOR_PS = 2
 SERVING_PROCESSES = max(
     2, min(4, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) // 4)
 )
-BASELINE = "torch_rpc_ps"  # throughput is compared with this system's
-CEILING = "raw_echo"  # CPU per request is compared with this system's
 
 
 @dataclass(frozen=True)
@@ -178,7 +176,7 @@ def _from_training_row(row: dict, servers: Sequence[str], requests_per_step: int
 def run_psframe(case: Case, deadline: float, extra_flags: Sequence[str] = ()) -> dict:
     """psframe async: ``case.ps_tasks`` ps tasks, ``case.workers`` workers; ``extra_flags``
     go to every :mod:`benchmarks.suite.train_psframe` task (a variant is ``functools.partial`` of this)."""
-    row = training.run_psframe_processes(
+    row = training_systems.run_psframe_processes(
         case.model,
         False,
         case.steps,
@@ -194,7 +192,9 @@ def run_psframe(case: Case, deadline: float, extra_flags: Sequence[str] = ()) ->
 
 def run_rpc(case: Case, deadline: float) -> dict:
     """The torch.distributed.rpc parameter server, async, with ``case.workers`` trainers."""
-    row = training.run_rpc_processes(case.model, False, case.steps, case.warmup, deadline, num_workers=case.workers)
+    row = training_systems.run_rpc_processes(
+        case.model, False, case.steps, case.warmup, deadline, num_workers=case.workers
+    )
     return _from_training_row(row, ["ps"], 1, model_bytes(case.model))
 
 
@@ -202,82 +202,16 @@ def run_tf(case: Case, deadline: float) -> dict:
     """TensorFlow's parameter server, async, with ``case.workers`` workers (one request per step).
 
     Raises:
-        training.SystemUnavailable: no TensorFlow environment here.
+        training_systems.SystemUnavailable: no TensorFlow environment here.
     """
-    row = training.run_tf_processes(case.model, case.steps, case.warmup, deadline, num_workers=case.workers)
+    row = training_systems.run_tf_processes(case.model, case.steps, case.warmup, deadline, num_workers=case.workers)
     return _from_training_row(row, ["ps"], 1, model_bytes(case.model))
 
 
 def run_echo(case: Case, deadline: float) -> dict:
-    """The raw gRPC echo server and ``case.workers`` clients, one stream each."""
-    (port,) = pick_free_ports(1, "127.0.0.1")
-    payload = echo_payload(case.model)
-    timeout = max(10.0, deadline - time.monotonic())
+    """The raw gRPC echo server and ``case.workers`` clients, one stream each, at :func:`echo_payload`."""
     seconds = QUICK_ECHO_SECONDS if case.quick else ECHO_SECONDS
-    with tempfile.TemporaryDirectory(prefix="psframe-barrier-") as barrier:
-        tasks = [
-            (
-                "server",
-                [
-                    sys.executable,
-                    "-m",
-                    "benchmarks.baselines.raw_grpc",
-                    "--serve",
-                    f"--port={port}",
-                    f"--clients={case.workers}",
-                    f"--timeout={timeout:.0f}",
-                ],
-            )
-        ]
-        tasks += [
-            (
-                f"client{i}",
-                [
-                    sys.executable,
-                    "-m",
-                    "benchmarks.baselines.raw_grpc",
-                    f"--client=127.0.0.1:{port}",
-                    f"--bytes={payload}",
-                    f"--trips={case.steps}",
-                    f"--warmup={case.warmup}",
-                    f"--seconds={seconds}",
-                    f"--barrier_dir={barrier}",
-                    f"--index={i}",
-                    f"--clients={case.workers}",
-                    f"--timeout={timeout:.0f}",
-                ],
-            )
-            for i in range(case.workers)
-        ]
-        results = run_processes(tasks, deadline)
-    clients = [results[f"client{i}"] for i in range(case.workers)]
-    window = common_window([c["window"] for c in clients])
-    trips = sum(trips_in_window(c["trip_times"], window) for c in clients) if window else 0
-    cpu = cpu_in_window(results["server"]["cpu_trace"], window) if window else None
-    return {
-        # Every client waits for its own reply only: their rates add up.
-        "global_steps_per_sec": sum(c["steps_per_sec"] for c in clients),
-        "per_worker_steps_per_sec": [c["steps_per_sec"] for c in clients],
-        "steps": trips,
-        "seconds": window[1] - window[0] if window else math.nan,
-        "window_rates": clients[0]["window_rates"],
-        "requests_per_step": 1,
-        "request_bytes": payload,
-        "requests": trips,
-        "server_cpu_seconds": cpu if trips else None,
-        "processes": 1 + case.workers,
-    }
-
-
-def common_window(windows: Sequence[Sequence[float]]) -> list[float] | None:
-    """The time every one of ``windows`` (``[start, end]``) covers; None if they do not overlap."""
-    start, end = max(w[0] for w in windows), min(w[1] for w in windows)
-    return [start, end] if end > start else None
-
-
-def trips_in_window(times: Sequence[float], window: Sequence[float]) -> int:
-    """Round trips that ended inside ``window``, after its start."""
-    return sum(1 for t in times if window[0] < t <= window[1])
+    return run_echo_processes(case.workers, echo_payload(case.model), case.steps, case.warmup, seconds, deadline)
 
 
 # Run in this order at every model and worker count, one after the other, so
@@ -345,7 +279,7 @@ def _run_or_error(system: System, case: Case, deadline: float, timeout: float) -
     else:
         try:
             return run_case(system, case, deadline)
-        except training.SystemUnavailable as e:
+        except training_systems.SystemUnavailable as e:
             print(f"[scaling] {system.name} {case.model} unavailable: {e}", file=sys.stderr, flush=True)
             return {**_empty_row(system, case), "unavailable": str(e)}
         except Exception as e:  # noqa: BLE001 - one broken run must not cost the others' rows
@@ -396,7 +330,8 @@ def run_scaling_benchmarks(
         ``global_steps_per_sec`` (raw_echo: round trips/s),
         ``per_worker_steps_per_sec``, ``requests_per_step``, ``request_bytes``,
         ``requests``, ``server_cpu_seconds``, ``server_cpu_ms_per_request``,
-        ``cores``, ``other_cpu_load``..., and the ratios of :func:`add_ratios`.
+        ``cores``, ``other_cpu_load``..., and the ratios of
+        :func:`benchmarks.suite.scaling_tables.add_ratios`.
         A run that failed has ``error`` and NaN numbers, one of a system that
         cannot run here (tf_ps without its environment) ``unavailable``; the
         others still run.
@@ -421,101 +356,6 @@ def run_scaling_benchmarks(
                     case = Case(model, n, ps_tasks, *steps[model], quick=quick)
                     rows.append(_run_or_error(system, case, deadline, timeout))
     return add_ratios(rows)
-
-
-def add_ratios(rows: Sequence[dict]) -> list[dict]:
-    """Each row with ``vs_torch_rpc_ps`` and ``cpu_vs_raw_echo`` (None where not comparable).
-
-    ``vs_torch_rpc_ps``: global steps/s over torch_rpc_ps's at the same model
-    and workers (rows of other training systems only).
-
-    ``cpu_vs_raw_echo``: the server CPU per request over the echo server's
-    CPU per round trip at the same model and workers, both per byte of their
-    requests: where the mean request has the echo's payload (psframe with 1
-    ps task; torch_rpc_ps on the MNIST MLP) this is the CPU per request over
-    the CPU per round trip; where it differs (2 ps tasks share a step's bytes;
-    torch_rpc_ps sends the large MLP in one request of 80 MB) the echo's CPU
-    per trip is scaled to the request's bytes. Rows other than the echo's.
-    """
-
-    def key(row: dict) -> tuple[str, int]:
-        return row["model"], row["workers"]
-
-    baseline = {key(r): r for r in rows if r["system"] == BASELINE}
-    ceiling = {key(r): r for r in rows if r["system"] == CEILING}
-    out = []
-    for row in rows:
-        base, echo = baseline.get(key(row), {}), ceiling.get(key(row), {})
-        out.append(
-            {
-                **row,
-                "vs_torch_rpc_ps": None
-                if row["system"] in (BASELINE, CEILING)
-                else ratio(row.get("global_steps_per_sec"), base.get("global_steps_per_sec")),
-                "cpu_vs_raw_echo": None if row["system"] == CEILING else ratio(_per_byte(row), _per_byte(echo)),
-            }
-        )
-    return out
-
-
-def _per_byte(row: dict) -> float | None:
-    return ratio(row.get("server_cpu_ms_per_request"), row.get("request_bytes"))
-
-
-def scaling_table(rows: Sequence[dict]) -> str:
-    """Markdown table of :func:`run_scaling_benchmarks` rows, with ratios."""
-    rows = add_ratios(rows)
-    notes = any("error" in r or "unavailable" in r for r in rows)
-    last = "error" if any("error" in r for r in rows) else "note"
-    return markdown_table(
-        [
-            "model",
-            "system",
-            "ps tasks",
-            "workers",
-            "global steps/s (echo: trips/s)",
-            "vs torch_rpc_ps",
-            "per-worker steps/s: median (min-max)",
-            "requests/step",
-            "request size",
-            "server CPU ms/request",
-            "CPU/request vs raw_echo",
-            "other load",
-            *([last] if notes else []),
-        ],
-        [
-            [
-                r["model"],
-                r["system"],
-                r["ps_tasks"],
-                r["workers"],
-                format_number(r["global_steps_per_sec"]),
-                format_ratio(r.get("vs_torch_rpc_ps")),
-                _spread_of(r.get("per_worker_steps_per_sec", ())),
-                r.get("requests_per_step", "-"),
-                format_bytes(r["request_bytes"]) if r.get("request_bytes") else "-",
-                format_number(r.get("server_cpu_ms_per_request")),
-                format_ratio(r.get("cpu_vs_raw_echo")),
-                "-" if r.get("other_cpu_load") is None else f"{r['other_cpu_load']:.2f}",
-                *([r.get("error") or _unavailable(r)] if notes else []),
-            ]
-            for r in rows
-        ],
-    )
-
-
-def _unavailable(row: dict) -> str:
-    return f"unavailable: {row['unavailable']}" if "unavailable" in row else ""
-
-
-def _spread_of(values: Sequence[float]) -> str:
-    """``median (min-max)`` of the workers' rates; the one rate of a single worker."""
-    values = [v for v in values if v == v]  # NaN: a worker with too few timed steps
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return format_number(values[0])
-    return f"{format_number(statistics.median(values))} ({format_number(min(values))}-{format_number(max(values))})"
 
 
 # ---------------------------------------------------------------- command line

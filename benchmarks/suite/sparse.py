@@ -67,7 +67,7 @@ from benchmarks.formatting import format_number, format_ratio, markdown_table
 from benchmarks.suite.ctr import ctr_table, run_ctr_benchmarks
 from benchmarks.suite.memory import LIMIT_FACTOR, MemorySampler, vm_hwm
 from benchmarks.suite.ps_cluster import PsCluster
-from benchmarks.suite.psframe_internals import table_split_loads, tool_client
+from benchmarks.suite.psframe_internals import control_calls, table_split_loads, tool_client
 from psframe.launch import pick_free_ports
 
 TABLE_ROWS = (10**4, 10**5, 10**6, 10**7)
@@ -228,7 +228,7 @@ def ps_memory(children: Children, rows: int, steps: int, deadline: Deadline) -> 
     samplers: list[MemorySampler] = []
     try:
         try:
-            infos = tool.wait_for_ps(deadline.remaining())
+            infos = control_calls.wait_for_ps(tool, deadline.remaining())
         except psframe.PsframeError as e:
             raise BenchmarkError(
                 f"ps tasks did not come up: {e}\n" + "\n".join(children.log_tail(n) for n in cluster.names)
@@ -250,7 +250,7 @@ def ps_memory(children: Children, rows: int, steps: int, deadline: Deadline) -> 
                 deadline.check(f"stepping the {rows:,}-row table")
                 ids, target = next(cycle)
                 trainer.step(F.mse_loss(torch.sigmoid(model(ids)), target))
-            infos = [tool.get_info(k) for k in range(cluster.num_ps)]
+            infos = [control_calls.get_info(tool, k) for k in range(cluster.num_ps)]
             peaks = [vm_hwm(pid) for pid in pids]
         del model, trainer
     finally:

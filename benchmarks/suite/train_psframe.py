@@ -10,7 +10,7 @@ Every worker trains until the global step reaches the warm-up plus the timed
 steps of all workers (async: (warmup + steps) x workers; sync: warmup + steps),
 so every worker is busy until the end. The chief measures global steps/s over
 the steps after warm-up, as the median of a few windows. Each task prints one
-JSON line. :mod:`benchmarks.suite.training` starts these processes.
+JSON line. :mod:`benchmarks.suite.training_systems` starts these processes.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
             global_step = trainer.step(loss)
             times.append(time.perf_counter())
             global_steps.append(global_step)
-            local_steps.append(trainer.local_step)
+            local_steps.append(trainer.stats.local_step)
         final_loss = loss.item()
     # This worker's own rate: its steps from the moment the global step passed warm-up.
     first = next((i for i, g in enumerate(global_steps) if g >= warmup_step), len(global_steps) - 1)
@@ -134,9 +134,9 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         "task": f"worker{task_index}",
         "sync": args.sync,
         "model": args.model,
-        "local_steps": trainer.local_step,
+        "local_steps": trainer.stats.local_step,
         "global_step": trainer.global_step,
-        "dropped_steps": trainer.dropped_steps,
+        "dropped_steps": trainer.stats.dropped_steps,
         "local_steps_per_sec": local["steps_per_sec"],
         "final_loss": final_loss,
     }

@@ -48,10 +48,14 @@ def load(checkpoint_dir: str, step: int | None = None) -> dict[str, torch.Tensor
 
     Args:
         checkpoint_dir: the folder or fsspec URL given to the trainer.
-        step: which checkpoint (full or delta); None takes the latest valid
-            one: the newest full checkpoint whose files verify, and the valid
-            deltas after it (a corrupt checkpoint or delta is reported, and
-            the one before it taken).
+        step: which checkpoint (full or delta: a delta is read through its
+            chain, from the full checkpoint before it); where a full and a
+            delta checkpoint of ``step`` are both committed (the chief saved a
+            delta, then a full checkpoint, at one step), the full one, which
+            holds the same values and needs no chain. None takes the latest
+            valid one: the newest full checkpoint whose files verify, and the
+            valid deltas after it (a corrupt checkpoint or delta is reported,
+            and the one before it taken).
 
     Returns:
         A ``state_dict`` of the trainable parameters, partitioned ones put
@@ -68,6 +72,9 @@ def load(checkpoint_dir: str, step: int | None = None) -> dict[str, torch.Tensor
 
 def read(checkpoint_dir: str, step: int | None = None) -> Chain:
     """The checkpoint of ``step`` (None: the latest valid one), as a full checkpoint and the deltas after it.
+
+    ``step`` is taken as :func:`load` takes it: a full checkpoint of ``step`` where there is one
+    (then no deltas), else the chain that ends at the delta of ``step``.
 
     Raises:
         CheckpointError: there is no such (valid) checkpoint.

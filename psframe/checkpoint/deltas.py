@@ -15,8 +15,8 @@ A delta shard (:class:`DeltaShard`) holds the dense variables that changed
 (whole, with their optimizer state), the rows of fixed tables that changed
 (with theirs), each dynamic table part's changed rows (as
 :meth:`psframe.tables.dynamic_rows.DynamicRows.export` gives them) and the ids it
-evicted (tombstones), the part's clock and counts, and the global step and
-pushes of the instant.
+evicted (tombstones), the part's clock and counts, and the global step,
+pushes and learning-rate schedules' states of the instant.
 
 A *chain* (:class:`Chain`) is a full checkpoint and the deltas that follow
 it, each naming the one before as its parent. :func:`latest_chain` finds
@@ -40,7 +40,7 @@ import torch
 from psframe.checkpoint import files
 from psframe.checkpoint.atomic import join, norm
 from psframe.checkpoint.manifest import Manifest, ShardRecord, folder_name
-from psframe.checkpoint.shard import DELTA_FORMAT_VERSION, DELTA_FORMATS, ShardData, VariableData
+from psframe.checkpoint.shard import DELTA_FORMAT_VERSION, DELTA_FORMATS, OptimizerData, ShardData, VariableData
 from psframe.errors import CheckpointCorruptError, CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,8 @@ class DeltaShard:
     rows: Mapping[str, RowChanges]
     dynamic: Mapping[str, Mapping[str, Any]]
     pushes: Mapping[str, list[int]] | None = None
+    # Where the optimizers' schedules stood, by optimizer ("optimizer", "table_optimizer"); absent: as before.
+    schedules: Mapping[str, Mapping[str, Any]] | None = None
 
     def to_dict(self) -> dict:
         """The plain dict ``torch.save`` writes (read back with ``weights_only=True``)."""
@@ -118,6 +120,7 @@ class DeltaShard:
             },
             "dynamic": {name: dict(part) for name, part in self.dynamic.items()},
             "pushes": None if self.pushes is None else {k: [int(x) for x in v] for k, v in self.pushes.items()},
+            "schedules": None if self.schedules is None else {k: dict(v) for k, v in self.schedules.items()},
         }
 
     @classmethod
@@ -143,6 +146,7 @@ class DeltaShard:
                 rows={n: RowChanges(r["index"], r["value"], dict(r["state"])) for n, r in obj["rows"].items()},
                 dynamic={n: dict(p) for n, p in obj["dynamic"].items()},
                 pushes=obj["pushes"],
+                schedules=obj.get("schedules"),  # absent from deltas written before schedules
             )
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise CheckpointError(f"a malformed delta shard: {e!r}") from e
@@ -253,11 +257,20 @@ def apply_delta(shard: ShardData, delta: DeltaShard) -> ShardData:
         elif var.name in delta.dynamic:
             var = _with_dynamic(var, delta.dynamic[var.name])
         variables.append(var)
+    schedules = delta.schedules or {}  # where each optimizer's schedule stood, if it has one
+
+    def scheduled(key: str, record: OptimizerData | None) -> OptimizerData | None:
+        if record is None or key not in schedules:
+            return record
+        return dataclasses.replace(record, schedule_state=dict(schedules[key]))
+
     return dataclasses.replace(
         shard,
         global_step=delta.global_step,
         variables=tuple(variables),
         pushes=shard.pushes if delta.pushes is None else dict(delta.pushes),
+        optimizer=scheduled("optimizer", shard.optimizer) or shard.optimizer,
+        table_optimizer=scheduled("table_optimizer", shard.table_optimizer),
     )
 
 

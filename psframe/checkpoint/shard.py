@@ -7,8 +7,9 @@ it back without unpickling any code. Its keys are the dataclasses' field
 names, nested the same way, plus ``format_version``::
 
     {"format_version": 5, "global_step": int, "ps_task": int, "num_shards": int,
-     "optimizer": {"name": "Adam", "kwargs": {"lr": 0.001}},
-     "table_optimizer": None or {"name": "SparseAdam", "kwargs": {...}},
+     "optimizer": {"name": "Adam", "kwargs": {"lr": 0.001}, "schedule": None or {...},
+                   "schedule_state": None or {...}},
+     "table_optimizer": None or {"name": "SparseAdam", "kwargs": {...}, "schedule": ..., "schedule_state": ...},
      "sync": None or {"replicas_to_aggregate": int, "total_num_replicas": int,
                       "timeout_seconds": float, "fraction_to_aggregate": float, "async_tables": [str]},
      "variables": [{"name": "emb.weight/part_1", "variable": "emb.weight",
@@ -35,7 +36,10 @@ ids the part ``admitted``, ``filtered`` and ``evicted`` (ints), and
 (a generator's state), those in use; the last three are absent in older
 files (see :class:`psframe.tables.dynamic_rows.DynamicRows`). ``pushes`` holds, by worker, the
 last push the ps task had applied and the steps it applied, at the instant
-of the values (:mod:`psframe.ps.protocol.ledger`). Format 4 differs only in having no
+of the values (:mod:`psframe.ps.protocol.ledger`). An optimizer's ``schedule`` is its
+learning-rate schedule (:meth:`psframe.optim.lr_scheduler.ScheduleSpec.to_dict`) and
+``schedule_state`` where the schedule stood (:meth:`psframe.optim.schedule_clock.ScheduleClock.state_dict`),
+both builtins. Format 5 differs only in having no schedules, format 4 also in having no
 ``pushes``, format 3 also in having no dynamic tables, format 2 also in having no tables at all (nor
 ``table_optimizer``, ``row_stride``, ``table``), format 1 also in naming the
 sync deadline ``timeout``; all are still read. :mod:`psframe.checkpoint.files` stores shards;
@@ -52,9 +56,9 @@ import torch
 
 from psframe.errors import CheckpointError
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 # Every format this version reads; each step up is converted on reading.
-READABLE_FORMATS = (1, 2, 3, 4, 5)
+READABLE_FORMATS = (1, 2, 3, 4, 5, 6)
 # The format of delta checkpoints' shards and manifests (psframe.checkpoint.deltas), and those read.
 DELTA_FORMAT_VERSION = 1
 DELTA_FORMATS = (1,)
@@ -64,10 +68,13 @@ _FORMAT_1_SYNC_KEYS = {"timeout": "timeout_seconds"}
 
 @dataclass(frozen=True)
 class OptimizerData:
-    """The ``torch.optim`` optimizer a shard was trained with: class name and kwargs."""
+    """The ``torch.optim`` optimizer a shard was trained with: class name and kwargs, and its
+    learning-rate schedule and where it stood (builtins; absent from earlier shards: None)."""
 
     name: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    schedule: Mapping[str, Any] | None = None
+    schedule_state: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -253,6 +260,11 @@ def _check_optimizer(optimizer: Any) -> None:
     ):
         raise CheckpointError(f"optimizer must be {{'name': str, 'kwargs': dict}}, got {optimizer!r}")
     _check_plain(dict(optimizer.kwargs), "optimizer kwargs")
+    for key in ("schedule", "schedule_state"):
+        value = getattr(optimizer, key)
+        if value is not None and not isinstance(value, dict):
+            raise CheckpointError(f"optimizer {key} must be None or a dict, got {value!r}")
+        _check_plain(value, f"optimizer {key}")
 
 
 def _check_sync(sync: Any) -> None:

@@ -19,7 +19,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     """Print one line on the task at ``args.target``; a task that does not answer raises."""
-    from psframe.worker.client.ps_client import ping
+    from psframe.worker.client.reports import ping  # gRPC and protobuf: no torch
 
     info = ping(args.target, timeout=args.timeout, security=security_from_flags(args))
     state = info.state.value

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     """Ask ps 0 for a live re-layout onto ``--new_ps_hosts``; wait until the new layout holds the model."""
     import time
 
+    from psframe.worker.client import control_calls, relayout_calls
     from psframe.worker.client.ps_client import PsClient
 
     cluster = cluster_named(args)
@@ -49,12 +50,12 @@ def run(args: argparse.Namespace) -> int:
     security = security_from_flags(args)
     start = time.monotonic()
     with PsClient(cluster, 0, job_name="tool", rpc_timeout=min(args.timeout, 60.0), security=security) as client:
-        client.ask_reshard(new)
+        relayout_calls.ask_reshard(client, new)
         print(f"asked {ClusterSpec.task_name('ps', 0)} to move the model onto ps tasks {new.job_tasks('ps')}")
         if args.no_wait:
             return 0
         deadline = start + args.timeout
-        while (status := client.layout_status()).cluster != new or not status.moved or status.moving:
+        while (status := relayout_calls.layout_status(client)).cluster != new or not status.moved or status.moving:
             if time.monotonic() >= deadline:
                 stage = f" (at stage {status.stage.stage} of {status.stage.stages})" if status.stage else ""
                 raise ConnectTimeoutError(
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             time.sleep(0.1)
     with PsClient(new, 0, job_name="tool", rpc_timeout=min(args.timeout, 60.0), security=security) as client:
-        client.wait_for_ps(max(1.0, deadline - time.monotonic()), ready=True)
+        control_calls.wait_for_ps(client, max(1.0, deadline - time.monotonic()), ready=True)
     print(
         f"the ps tasks {new.job_tasks('ps')} hold the model: re-laid out {time.monotonic() - start:.2f}s after asking"
     )

@@ -18,7 +18,6 @@ from psframe.flags import (
     liveness_from_flags,
     security_from_flags,
 )
-from psframe.memory import malloc
 from psframe.version import __version__
 
 log = logging.getLogger("psframe")
@@ -80,6 +79,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     """Serve the task the flags name until every worker finished (0) or ``--timeout`` ran out (1)."""
+    from psframe.memory import malloc
     from psframe.ps.serving.server import Server
 
     malloc.tune_malloc()  # a process of its own: tune it before the server starts its gRPC threads

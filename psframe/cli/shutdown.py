@@ -28,13 +28,14 @@ def run(args: argparse.Namespace) -> int:
     """Save (unless ``--no_save``, and only when every ps task is ready), then ask each ps task to stop."""
     from psframe import checkpoint
     from psframe.status import TaskState
+    from psframe.worker.client import control_calls
     from psframe.worker.client.ps_client import PsClient
 
     cluster = cluster_named(args)
     client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))
     try:
         try:
-            infos = [client.get_info(k) for k in range(cluster.num_ps)]
+            infos = [control_calls.get_info(client, k) for k in range(cluster.num_ps)]
         except (TaskUnavailableError, RpcTimeoutError) as e:
             raise type(e)(f"{e}; is it running, and is the cluster the one it was started with?") from e
         checkpoint_dir = args.checkpoint_dir or infos[0].checkpoint_dir
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
             manifest = checkpoint.save(client, checkpoint_dir, infos[0].global_step, args.keep_checkpoints)
             print(f"saved checkpoint of global step {manifest.step} in {manifest.folder}")
         for k in range(cluster.num_ps):
-            client.shutdown(k)
+            control_calls.shutdown(client, k)
             print(f"{ClusterSpec.task_name('ps', k)} at {cluster.task_address('ps', k)} is shutting down")
     finally:
         client.close()

@@ -33,11 +33,22 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     """Ask each ps task for its report and print the tables; 0 when every ps task answered, else 1."""
-    from psframe.worker.client.ps_client import PsClient
+    from psframe.worker.client.reports import ReportClient  # gRPC and protobuf: no torch
 
     cluster = cluster_named(args)
     rows = [
-        ("task", "address", "role", "state", "global_step", "variables", "bytes_held", "pushes", "dropped", "last_seen")
+        (
+            "task",
+            "address",
+            "role",
+            "state",
+            "global_step",
+            "variables",
+            "bytes_held",
+            "applied_steps",
+            "dropped",
+            "last_seen",
+        )
     ]
     seen: dict[int, WorkerStatus] = {}
     applied: dict[int, list[int]] = {}  # a worker's steps applied, by each ps task that answered
@@ -49,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     # Data sets read in ranges (psframe.DataRanges), as ps 0 keeps their queues.
     data: list[tuple[str, ...]] = [("data set", "consumed", "of", "ranges out")]
     layout = ""  # ps 0's word on re-layouts (psframe reshard), if any
-    client = PsClient(cluster, 0, job_name="tool", rpc_timeout=args.timeout, security=security_from_flags(args))
+    client = ReportClient(cluster, rpc_timeout=args.timeout, security=security_from_flags(args))
     try:
         for k, address in enumerate(cluster.job_tasks("ps")):
             try:
@@ -85,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                     str(info.global_step),
                     str(len(info.variables)),
                     _bytes(info.bytes_held),
-                    str(info.pushes),
+                    str(info.applied_steps),  # its workers' steps applied (async: its global step)
                     str(info.dropped_gradients),
                     "-",
                 )
@@ -105,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             state = "training" if heard.seconds_ago < 10 else "silent"
             last = f"{heard.seconds_ago:.1f}s ago"
-        # A worker's pushes: its steps applied on every ps task (each once, however often sent).
-        pushes = str(min(applied[w])) if applied.get(w) else ""
+        # A worker's steps applied on every ps task (each once, however often sent).
+        steps = str(min(applied[w])) if applied.get(w) else ""
         rows.append(
             (
                 ClusterSpec.task_name("worker", w),
@@ -116,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
                 "",
                 "",
                 "",
-                pushes,
+                steps,
                 "",
                 last,
             )

@@ -237,7 +237,7 @@ class BoundedStaleness:
     asynchronous training. A worker that finished, or has been silent past
     the ps task's ``worker_timeout`` (lost), is no longer waited for. Each
     ps task counts how many steps ahead every push found its worker
-    (``psframe status``); :attr:`psframe.Trainer.steps_ahead` and
+    (``psframe status``); ``psframe.Trainer.stats.steps_ahead`` and
     ``TensorBoardHook`` give a worker's own.
 
     Args:

@@ -8,11 +8,13 @@ hold; a worker only says which one and with which keyword arguments::
 
 Arguments are checked on the worker, up front, by building the optimizer
 once over a dummy parameter, so a typo fails before any task is contacted.
+A learning-rate schedule goes with its optimizer (``schedule=``, one of
+:mod:`psframe.optim.lr_scheduler`) and runs on the ps tasks too, by global step.
 
 How a ps task runs them is in the modules beside this one:
-:mod:`psframe.optim.kernels` (fast, with torch's own results) and
+:mod:`psframe.optim.kernels` (fast, with torch's own results),
 :mod:`psframe.optim.rows_kernels` (the optimizers of embedding tables, row
-by row).
+by row) and :mod:`psframe.optim.schedule_clock` (schedules).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import Any
 import torch
 
 from psframe.errors import OptimizerConfigError
-from psframe.optim import kernels, rows_kernels
+from psframe.optim import kernels, lr_scheduler, rows_kernels
+from psframe.optim.lr_scheduler import ScheduleSpec
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +62,15 @@ class OptimizerSpec:
         name: the class name in ``torch.optim`` (one of :data:`SUPPORTED`).
         kwargs: keyword arguments for its constructor; numbers, bools,
             strings and tuples of numbers only, since they cross the wire.
+        schedule: its learning-rate schedule (:mod:`psframe.optim.lr_scheduler`); None: a constant rate.
 
     Raises:
-        OptimizerConfigError: unknown name, or arguments torch.optim refuses.
+        OptimizerConfigError: unknown name, or arguments torch.optim refuses (or its schedule).
     """
 
     name: str
     kwargs: Mapping[str, KwargValue] = field(default_factory=dict)
+    schedule: ScheduleSpec | None = None
 
     def __post_init__(self) -> None:
         if self.name not in SUPPORTED:
@@ -88,6 +93,12 @@ class OptimizerSpec:
             kernels.check_arguments(self.name, tuple(sorted(clean.items())))
         except (TypeError, ValueError) as e:
             raise OptimizerConfigError(f"torch.optim.{self.name} refused {clean}: {e}") from e
+        if self.schedule is not None:
+            if not isinstance(self.schedule, ScheduleSpec):
+                raise OptimizerConfigError(
+                    f"schedule= takes a psframe.optim.lr_scheduler spec, got {type(self.schedule).__name__}"
+                )
+            lr_scheduler.check(self.schedule, self.name, clean, resolve=False)
 
     def build(self, params: list[torch.Tensor], *, per_parameter: bool = False) -> torch.optim.Optimizer:
         """Create the torch optimizer over ``params``, as a ps task runs it
@@ -102,23 +113,26 @@ class OptimizerSpec:
             OptimizerConfigError: it has no row-by-row form.
         """
         name, kwargs = rows_kernels.table_optimizer(self.name, dict(self.kwargs))
-        return OptimizerSpec(name, kwargs)
+        return OptimizerSpec(name, kwargs, self.schedule)
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
-        return f"psframe.optim.{self.name}({args})"
+        args = [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        if self.schedule is not None:
+            args.append(f"schedule={self.schedule!r}")
+        return f"psframe.optim.{self.name}({', '.join(args)})"
 
 
 # The factories below name torch.optim's arguments so that editors and the
 # API reference show them. An argument left None is not sent: the ps builds
 # the optimizer with torch.optim's default for it. ``**more`` passes any other
-# keyword argument of the installed torch's optimizer (checked like the rest).
+# keyword argument of the installed torch's optimizer (checked like the rest);
+# ``schedule`` is the learning-rate schedule (psframe.optim.lr_scheduler).
 
 
 def _spec(name: str, arguments: dict[str, Any]) -> OptimizerSpec:
-    """The spec of a factory's arguments: those given, plus its ``more``."""
-    more = arguments.pop("more")
-    return OptimizerSpec(name, {**{k: v for k, v in arguments.items() if v is not None}, **more})
+    """The spec of a factory's arguments: those given, plus its ``more``, and its schedule."""
+    more, schedule = arguments.pop("more"), arguments.pop("schedule")
+    return OptimizerSpec(name, {**{k: v for k, v in arguments.items() if v is not None}, **more}, schedule)
 
 
 def SGD(
@@ -130,17 +144,20 @@ def SGD(
     nesterov: bool | None = None,
     maximize: bool | None = None,
     foreach: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run ``torch.optim.SGD`` on the ps tasks.
 
     Arguments are ``torch.optim.SGD``'s; one left None takes torch's default.
+    ``schedule``: a learning-rate schedule of :mod:`psframe.optim.lr_scheduler`, e.g.
+    ``StepLR(step_size=1000, gamma=0.5)``, applied on the ps tasks by global step.
 
     Returns:
         An :class:`OptimizerSpec` to pass to ``psframe.Trainer``.
 
     Raises:
-        OptimizerConfigError: torch.optim.SGD refuses the arguments.
+        OptimizerConfigError: torch.optim.SGD refuses the arguments (or torch the schedule).
     """
     return _spec("SGD", locals())
 
@@ -155,6 +172,7 @@ def Adam(
     decoupled_weight_decay: bool | None = None,
     maximize: bool | None = None,
     foreach: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run ``torch.optim.Adam`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
@@ -170,6 +188,7 @@ def AdamW(
     amsgrad: bool | None = None,
     maximize: bool | None = None,
     foreach: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run ``torch.optim.AdamW`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
@@ -185,6 +204,7 @@ def Adagrad(
     eps: float | None = None,
     maximize: bool | None = None,
     foreach: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run ``torch.optim.Adagrad`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
@@ -201,6 +221,7 @@ def RMSprop(
     centered: bool | None = None,
     maximize: bool | None = None,
     foreach: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run ``torch.optim.RMSprop`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
@@ -215,6 +236,7 @@ def Adadelta(
     weight_decay: float | None = None,
     maximize: bool | None = None,
     foreach: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run ``torch.optim.Adadelta`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
@@ -229,6 +251,7 @@ def Adamax(
     weight_decay: float | None = None,
     maximize: bool | None = None,
     foreach: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run ``torch.optim.Adamax`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
@@ -245,6 +268,7 @@ def NAdam(
     decoupled_weight_decay: bool | None = None,
     maximize: bool | None = None,
     foreach: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run ``torch.optim.NAdam`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
@@ -260,6 +284,7 @@ def RAdam(
     decoupled_weight_decay: bool | None = None,
     maximize: bool | None = None,
     foreach: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run ``torch.optim.RAdam`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
@@ -275,6 +300,7 @@ def ASGD(
     weight_decay: float | None = None,
     maximize: bool | None = None,
     foreach: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run ``torch.optim.ASGD`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
@@ -288,6 +314,7 @@ def Rprop(
     step_sizes: tuple[float, float] | None = None,
     maximize: bool | None = None,
     foreach: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run ``torch.optim.Rprop`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
@@ -300,6 +327,7 @@ def SparseAdam(
     betas: tuple[float, float] | None = None,
     eps: float | None = None,
     maximize: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run ``torch.optim.SparseAdam`` on the ps tasks, for embedding tables
@@ -312,6 +340,7 @@ def SparseSGD(
     lr: float | None = None,
     momentum: float | None = None,
     nesterov: bool | None = None,
+    schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run :class:`psframe.optim.rows_kernels.SparseSGD` (SGD with lazy momentum, for embedding

@@ -271,6 +271,16 @@ _ADD_PARAM_GROUP = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__",
 def check_arguments(name: str, items: tuple[tuple[str, Any], ...]) -> None:
     """Build ``torch.optim.<name>(**dict(items))`` over a dummy parameter (accepted arguments are remembered).
 
+    Raises:
+        TypeError, ValueError: torch refused the arguments (its own exception).
+    """
+    probe(name, dict(items))
+
+
+def probe(name: str, kwargs: Mapping[str, Any]) -> torch.optim.Optimizer:
+    """``torch.optim.<name>(**kwargs)`` over one dummy parameter, never stepped: to check arguments,
+    and for a learning-rate schedule to run over (:mod:`psframe.optim.schedule_clock`).
+
     Its ``add_param_group`` (which ``Optimizer.__init__`` calls) is replaced,
     on that one instance, by the unwrapped function (see :data:`_ADD_PARAM_GROUP`).
 
@@ -278,6 +288,7 @@ def check_arguments(name: str, items: tuple[tuple[str, Any], ...]) -> None:
         TypeError, ValueError: torch refused the arguments (its own exception).
     """
     cls = optimizer_class(name)
-    probe = cls.__new__(cls)
-    probe.add_param_group = types.MethodType(_ADD_PARAM_GROUP, probe)  # type: ignore[method-assign]
-    cls.__init__(probe, [torch.zeros(1, requires_grad=True)], **dict(items))
+    optimizer = cls.__new__(cls)
+    optimizer.add_param_group = types.MethodType(_ADD_PARAM_GROUP, optimizer)  # type: ignore[method-assign]
+    cls.__init__(optimizer, [torch.zeros(1, requires_grad=True)], **kwargs)
+    return optimizer

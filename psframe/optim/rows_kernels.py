@@ -181,7 +181,9 @@ def fresh_row_state(name: str, kwargs: dict) -> dict[str, float]:
 # multiply-add, as ``add_(alpha=)`` is on CPUs with FMA). Whether both give
 # the same bits depends on the BLAS and the CPU, so it is decided by running
 # both, once per process for each dtype, row shape and arguments
-# (rows_kernel_agrees); where they differ, torch's step runs.
+# (rows_kernel_agrees); where they differ, torch's step runs. Under a
+# learning-rate schedule the rate changes at every step: the decision is the
+# one for the rate the schedule started from, not a check per rate.
 
 _ROWS_CHECK_TABLE = 67  # rows of the check's table: odd, so no row count lines up with a vector width
 _ROWS_CHECK_STEPS = 4
@@ -260,8 +262,11 @@ def adagrad_rows_direct(
     return True
 
 
-def _hyperparameters(group: dict) -> tuple[float, float, float, bool]:
-    return (group["lr"], group["lr_decay"], group["eps"], bool(group["maximize"]))
+def _hyperparameters(group: dict, *, started: bool = False) -> tuple[float, float, float, bool]:
+    """A group's arguments of the update; ``started``: with the rate a learning-rate schedule started
+    from (``initial_lr``, as torch's schedulers write it), for which the kernel is decided once."""
+    lr = group.get("initial_lr", group["lr"]) if started else group["lr"]
+    return (lr, group["lr_decay"], group["eps"], bool(group["maximize"]))
 
 
 def _rows_step_applies(group: dict, param: torch.Tensor, grad: torch.Tensor, state: dict) -> bool:
@@ -294,7 +299,7 @@ def _table_takes_rows(group: dict, param: torch.Tensor, state: dict) -> bool:
     total = state["sum"]
     if total.dtype != param.dtype or total.shape != param.shape or not total.is_contiguous():
         return False
-    return rows_kernel_agrees(param.dtype, tuple(param.shape[1:]), *_hyperparameters(group))
+    return rows_kernel_agrees(param.dtype, tuple(param.shape[1:]), *_hyperparameters(group, started=True))
 
 
 def _adagrad_rows(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:

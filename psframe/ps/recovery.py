@@ -24,6 +24,7 @@ from psframe.checkpoint.shard import OptimizerData, ShardData, SyncData, Variabl
 from psframe.checkpoint.slices import slice_rows, strided_rows
 from psframe.errors import CheckpointError
 from psframe.optim import OptimizerSpec
+from psframe.optim.lr_scheduler import ScheduleSpec
 from psframe.ps.protocol.data_ranges import STATE_PREFIX
 from psframe.ps.store import VariableStore
 from psframe.wire import psframe_pb2 as pb
@@ -46,6 +47,8 @@ class Restored:
     dynamic: dict[str, dict] = field(default_factory=dict)  # dynamic table parts' exports, by name
     pushes: dict | None = None  # the workers' pushes the values hold (psframe.ps.protocol.ledger), if recorded
     num_shards: int = 0  # of the checkpoint it came from
+    # Where the optimizers' learning-rate schedules stood, by optimizer (psframe.ps.store.schedules).
+    schedules: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tables(self) -> list[str]:
@@ -128,6 +131,7 @@ def snapshot_shard(
         if step is not None:
             store.mark_snapshot(step)  # a delta from this checkpoint holds what changes from now on
         spec, table_spec = store.optimizer_spec, store.table_optimizer_spec
+        schedules = store.schedules.state_dict()
         if then is not None:
             then()
     if spec is None:
@@ -136,7 +140,7 @@ def snapshot_shard(
         global_step=global_step,
         ps_task=ps_task,
         num_shards=num_shards,
-        optimizer=OptimizerData(spec.name, dict(spec.kwargs)),
+        optimizer=_optimizer_data(spec, schedules.get("optimizer")),
         sync=None if sync is None else _record(SyncData, sync),
         variables=tuple(
             _dynamic_record(d, dynamic[d.name])
@@ -144,7 +148,7 @@ def snapshot_shard(
             else _record(VariableData, d, value=values[d.name], state=states[d.name], dynamic=None)
             for d in defs
         ),
-        table_optimizer=None if table_spec is None else OptimizerData(table_spec.name, dict(table_spec.kwargs)),
+        table_optimizer=None if table_spec is None else _optimizer_data(table_spec, schedules.get("table_optimizer")),
         pushes=pushes,
     )
 
@@ -173,6 +177,7 @@ def save_delta_shard(
             cut()  # as for save_shard
         changes = store.changes_since(parent)
         pushes = None if ledger is None else ledger.state_dict()
+        schedules = store.schedules.state_dict()
         store.mark_snapshot(step)
     delta = deltas.DeltaShard(
         global_step=changes.global_step,
@@ -183,6 +188,7 @@ def save_delta_shard(
         rows={name: deltas.RowChanges(*rows) for name, rows in changes.rows.items()},
         dynamic=changes.dynamic,
         pushes=pushes,
+        schedules=schedules,
     )
     return deltas.write_delta_shard(url, step, delta)
 
@@ -208,16 +214,15 @@ def restore_own_shard(url: str, ps_task: int, num_ps: int) -> Restored | None:
         step=chain.step,
         global_step=shard.global_step,
         defs=[_definition(v) for v in shard.variables],
-        optimizer=OptimizerSpec(shard.optimizer.name, shard.optimizer.kwargs),
+        optimizer=optimizer_spec(shard.optimizer),
         sync=None if shard.sync is None else _message(pb.SyncDef, shard.sync),
         values={v.name: v.value for v in static},
         states={v.name: v.state for v in static},
-        table_optimizer=None
-        if shard.table_optimizer is None
-        else OptimizerSpec(shard.table_optimizer.name, shard.table_optimizer.kwargs),
+        table_optimizer=None if shard.table_optimizer is None else optimizer_spec(shard.table_optimizer),
         dynamic={v.name: gather([v]) for v in shard.variables if v.dynamic is not None},
         pushes=None if shard.pushes is None else dict(shard.pushes),
         num_shards=chain.num_shards,
+        schedules=schedule_states(shard),
     )
 
 
@@ -318,7 +323,39 @@ def restore_from_shards(
         if keeps_data
         else None,
         num_shards=shards[0].num_shards,
+        # Every ps task's schedules stood alike; one that held parts stepped them.
+        schedules=schedule_states(next((s for s in shards if s.variables), shards[0]), optimizer, table_optimizer),
     )
+
+
+def _optimizer_data(spec: OptimizerSpec, schedule_state: dict | None) -> OptimizerData:
+    """The record of an optimizer, with its schedule and where it stood."""
+    schedule = None if spec.schedule is None else spec.schedule.to_dict()
+    return OptimizerData(spec.name, dict(spec.kwargs), schedule, schedule_state)
+
+
+def optimizer_spec(record: OptimizerData) -> OptimizerSpec:
+    """The optimizer a shard's record names, with its schedule."""
+    schedule = None if record.schedule is None else ScheduleSpec.from_dict(record.schedule)
+    return OptimizerSpec(record.name, record.kwargs, schedule)
+
+
+def schedule_states(
+    shard: ShardData, optimizer: OptimizerSpec | None = None, table_optimizer: OptimizerSpec | None = None
+) -> dict[str, Any]:
+    """Where the shard's schedules stood, by optimizer; given the optimizers now, only those whose
+    schedule is the one saved (another schedule starts from global step 0)."""
+    states = {}
+    for name, record, now in (
+        ("optimizer", shard.optimizer, optimizer),
+        ("table_optimizer", shard.table_optimizer, table_optimizer),
+    ):
+        if record is None or record.schedule_state is None:
+            continue
+        if now is not None and (now.schedule is None or now.schedule.to_dict() != record.schedule):
+            continue
+        states[name] = dict(record.schedule_state)
+    return states
 
 
 def _same_part(shards: Sequence[ShardData], definition: pb.VariableDef) -> VariableData | None:

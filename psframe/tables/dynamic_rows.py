@@ -17,8 +17,13 @@ per ps task, :func:`~psframe.tables.spec.place_dynamic`), or
 the whole table in one process (:class:`psframe.worker.model.dynamic.DynamicTables`).
 Rows live in the slots of one tensor that doubles when full, with the
 table optimizer's per-row state beside them; an id's slot is found in a
-sorted index (:class:`IdIndex`). A row evicted frees its slot for the next
-new id, whose values and optimizer state start fresh.
+sorted index (:class:`~psframe.tables.id_index.IdIndex`). A row evicted frees
+its slot for the next new id, whose values and optimizer state start fresh.
+
+Beside the rows, a part keeps what the rules over them read, each in a
+module of its own: the rows' ages, by which its eviction picks the rows to
+forget (:mod:`psframe.tables.eviction`), and what changed, for delta
+checkpoints and row caches (:mod:`psframe.tables.change_stamps`).
 """
 
 from __future__ import annotations
@@ -34,14 +39,17 @@ from psframe.errors import InvalidGradientError, RowIdError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec, kernels
 from psframe.optim.rows_kernels import fresh_row_state, strictly_increasing
+from psframe.optim.schedule_clock import ScheduleClock
 from psframe.tables.admission import AdmissionFilter
+from psframe.tables.change_stamps import ChangeStamps
+from psframe.tables.eviction import EvictionPolicy
+from psframe.tables.id_index import IdIndex
 from psframe.tables.rows import to_refresh
 from psframe.tables.spec import ID_MIX, DynamicTableSpec, RowInitializer
 
 INITIAL_SLOTS = 1024
 _MASK = 0xFFFFFFFFFFFFFFFF
 _SEED_MIX = 0xD1B54A32D192ED03
-_NEVER = torch.iinfo(torch.int64).max
 COUNTS = ("admitted", "filtered", "evicted")  # what became of new ids, kept in status and checkpoints
 
 
@@ -95,91 +103,6 @@ def initial_rows(
     return rows.to(dtype)
 
 
-class IdIndex:
-    """Where each id's row is: sorted tensors of ids searched in bulk.
-
-    Looking ids up one by one in a dict costs a Python call per id, several
-    times a step; here a batch's ids are found with ``searchsorted`` over
-    sorted ids, in two parts: the bulk, and the ids added since it was last
-    merged (kept sorted, merged with each batch added in one linear pass).
-    Once there are :data:`MERGE_AT` recent ids, they are merged into the
-    bulk. A removed id keeps its place, marked -1, until its part is merged.
-    About 16 bytes per id, against a dict's ~100.
-    """
-
-    MERGE_AT = 1 << 15
-
-    def __init__(self) -> None:
-        self._ids = torch.zeros(0, dtype=torch.int64)  # the bulk, sorted
-        self._slots = torch.zeros(0, dtype=torch.int64)  # -1: removed
-        self._recent_ids = torch.zeros(0, dtype=torch.int64)  # added since the bulk was merged, sorted
-        self._recent_slots = torch.zeros(0, dtype=torch.int64)
-        self._count = 0
-
-    def __len__(self) -> int:
-        return self._count
-
-    def nbytes(self) -> int:
-        """Bytes of both sorted parts."""
-        return 16 * (self._ids.numel() + self._recent_ids.numel())
-
-    def find(self, ids: torch.Tensor) -> torch.Tensor:
-        """The slot of each id, -1 where it has none."""
-        slots = _search(self._ids, self._slots, ids)
-        if self._recent_ids.numel():
-            missing = torch.nonzero(slots < 0).squeeze(1)
-            if missing.numel():
-                slots[missing] = _search(self._recent_ids, self._recent_slots, ids[missing])
-        return slots
-
-    def add(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
-        """Index ``ids`` (distinct, none of them held) at ``slots``."""
-        self._recent_ids, self._recent_slots = _merged(self._recent_ids, self._recent_slots, ids, slots)
-        self._count += ids.numel()
-        if self._recent_ids.numel() >= self.MERGE_AT:
-            self._ids, self._slots = _merged(self._ids, self._slots, self._recent_ids, self._recent_slots)
-            self._recent_ids, self._recent_slots = self._recent_ids[:0], self._recent_slots[:0]
-
-    def remove(self, ids: torch.Tensor) -> None:
-        """Forget ``ids`` (all of them held)."""
-        self._count -= ids.numel()
-        for keys, slots in ((self._recent_ids, self._recent_slots), (self._ids, self._slots)):
-            if keys.numel() and ids.numel():
-                at = torch.from_numpy(numpy.searchsorted(keys.numpy(), ids.numpy())).clamp_(max=keys.numel() - 1)
-                hit = (keys.index_select(0, at) == ids) & (slots.index_select(0, at) >= 0)
-                slots[at[hit]] = -1
-                ids = ids[~hit]  # each id is held in one part
-
-
-def _search(keys: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The slot of each id among sorted ``keys`` (-1 where it is not there, or removed)."""
-    if not keys.numel():
-        return torch.full_like(ids, -1)
-    # numpy's searchsorted is about 3 times torch's on CPU for int64 (a step's ~5,000 ids).
-    at = torch.from_numpy(numpy.searchsorted(keys.numpy(), ids.numpy())).clamp_(max=keys.numel() - 1)
-    return torch.where(keys.index_select(0, at) == ids, slots.index_select(0, at), -1)
-
-
-def _merged(
-    keys: torch.Tensor, slots: torch.Tensor, new_keys: torch.Tensor, new_slots: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted ``keys`` (their removed entries dropped) and ``new_keys`` (none among them), merged in one pass."""
-    held = slots >= 0
-    if not bool(held.all()):
-        keys, slots = keys[held], slots[held]
-    new_keys, order = torch.sort(new_keys)
-    new_slots = new_slots.index_select(0, order)
-    # Each new key lands after the old keys below it and the new keys before it.
-    at = torch.from_numpy(numpy.searchsorted(keys.numpy(), new_keys.numpy())) + torch.arange(new_keys.numel())
-    old_place = torch.ones(keys.numel() + new_keys.numel(), dtype=torch.bool)
-    old_place[at] = False
-    merged_keys = torch.empty(old_place.numel(), dtype=torch.int64)
-    merged_slots = torch.empty(old_place.numel(), dtype=torch.int64)
-    merged_keys[at], merged_slots[at] = new_keys, new_slots
-    merged_keys[old_place], merged_slots[old_place] = keys, slots
-    return merged_keys, merged_slots
-
-
 class DynamicRows:
     """One part of a dynamic table: the ids it holds, their rows and the table optimizer's state of them.
 
@@ -197,6 +120,8 @@ class DynamicRows:
             (:class:`psframe.memory.Memory`); plain torch by default.
         wall_clock: the time in seconds, for ``ttl_seconds`` eviction (default:
             ``time.time``, which checkpoints keep meaning across restarts).
+        schedule: the table optimizer's learning-rate schedule, which brings it to the global
+            step's rate before each step (:mod:`psframe.optim.schedule_clock`); None: none.
     """
 
     def __init__(
@@ -210,8 +135,10 @@ class DynamicRows:
         slots: int = INITIAL_SLOTS,
         memory: Memory | None = None,
         wall_clock: Callable[[], float] = time.time,
+        schedule: ScheduleClock | None = None,
     ) -> None:
         self.name = name
+        self._schedule, self._scheduled = schedule, -1  # the schedule's version the optimizer is at
         self._memory = memory if memory is not None else Memory()
         self.row_shape = tuple(row_shape)
         self.dtype = dtype
@@ -224,32 +151,32 @@ class DynamicRows:
         self._index = IdIndex()
         self._id_of = torch.zeros(slots, dtype=torch.int64)
         self._used = torch.zeros(slots, dtype=torch.bool)
-        self._updated = torch.zeros(slots, dtype=torch.int64)  # the update that last touched the row
-        self._updates = torch.zeros(slots, dtype=torch.int64)  # how many updates touched it
-        self._wall_clock = wall_clock
-        self._seen = torch.zeros(slots, dtype=torch.float64)  # when it was last looked up or updated (seconds)
-        self._next_sweep = 0.0  # wall-clock time of the next sweep for rows not seen for ttl_seconds
         self._free: list[int] = []  # slots whose row was evicted
         self._next = 0  # slots from here on were never used
         self._admission = AdmissionFilter(spec.admission, spec.initializer.seed)
-        # For delta checkpoints (psframe.ps.store.changes): the epoch each slot's row last changed in
-        # (made, updated, or seen where seen is kept), and the ids evicted in each epoch.
-        self.epoch = 1
-        self._stamp = torch.zeros(slots, dtype=torch.int64)
-        self._deleted: list[tuple[int, torch.Tensor]] = []
+        self._eviction = EvictionPolicy(spec.eviction, slots, wall_clock)  # the rows' ages
+        self._stamps = ChangeStamps(slots)  # what changed, for delta checkpoints and row caches
         self._state_keys: set[str] = set()  # the optimizer's state keys as of the last stamp
-        # For workers' row caches: each slot's row version, the count of the part's changes when
-        # it was made or last updated, from a base of the wall clock in ns (so a part made anew,
-        # after a restart, counts past every version the old one gave).
-        self._mutations = time.time_ns()
-        self._version = torch.zeros(slots, dtype=torch.int64)
-        self.clock = 0  # updates of this part so far
         self.admitted = 0  # ids given a row (a restore's rows aside)
         self.filtered = 0  # training lookups' ids refused a row by the admission
         self.evicted = 0  # rows evicted, for any reason
 
     def __len__(self) -> int:
         return len(self._index)
+
+    @property
+    def clock(self) -> int:
+        """Updates of this part so far."""
+        return self._eviction.clock
+
+    @property
+    def epoch(self) -> int:
+        """What changes now is stamped with (:mod:`psframe.tables.change_stamps`); the store sets it."""
+        return self._stamps.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._stamps.epoch = value
 
     @property
     def slots(self) -> int:
@@ -300,7 +227,7 @@ class DynamicRows:
         slots = self._slots(ids, admit=True) if create else self._lookup(ids)
         held = slots >= 0
         versions = torch.zeros_like(ids)
-        versions[held] = self._version.index_select(0, slots[held])
+        versions[held] = self._stamps.versions(slots[held])
         refresh = to_refresh(cached, versions, staleness)
         rows = self._rows_of(ids[refresh], slots[refresh])
         if create:
@@ -341,25 +268,23 @@ class DynamicRows:
         else:
             slots = self._slots(ids)
         grad = row_gradient(slots, grads, self.weight.shape)
+        if self._schedule is not None:
+            self._scheduled = self._schedule.apply(self.optimizer, self._scheduled)
         self.weight.grad = grad
         try:
             kernels.step(self.optimizer, rows=True)
             self._memory.back_state(self.optimizer)  # state torch made at this step (SparseAdam's first)
         finally:
             self.weight.grad = None
-        self.clock += 1
         touched = grad.indices()[0]
-        self._mutations += 1
-        self._version.index_fill_(0, touched, self._mutations)
-        self._stamp.index_fill_(0, touched, self.epoch)
+        self._eviction.updated(touched)
+        self._stamps.updated(touched)
         if self._state_keys != set(self._state()):  # state torch made at this step: every row's is new
             self._state_keys = set(self._state())
-            self._stamp[self._used] = self.epoch
-        self._updated.index_fill_(0, touched, self.clock)
-        self._updates[touched] += 1
-        self._age_out()
+            self._stamps.changed(self._used)
+        self._evict(self._eviction.aged_out(self._used))
         self._saw(touched)
-        self._drop_small(touched)
+        self._evict(self._eviction.too_small(touched, self.weight))
 
     # ---- checkpoints
 
@@ -370,15 +295,13 @@ class DynamicRows:
     def export_changes(self, since: int) -> dict[str, Any]:
         """What a delta checkpoint keeps: as :meth:`export`, of the rows changed after epoch ``since``
         only, plus ``deleted``, the ids evicted after it (sorted; an id evicted and made again is in both)."""
-        changed = self._export(torch.nonzero(self._used & (self._stamp > since)).squeeze(1))
-        deleted = [ids for epoch, ids in self._deleted if epoch > since]
-        changed["deleted"] = torch.unique(torch.cat(deleted)) if deleted else torch.zeros(0, dtype=torch.int64)
+        changed = self._export(self._stamps.changed_since(since, self._used))
+        changed["deleted"] = self._stamps.removed_since(since)
         return changed
 
     def close_epoch(self, oldest: int) -> None:
         """Move on to the next epoch (a snapshot was taken); forget evictions no delta after ``oldest`` needs."""
-        self.epoch += 1
-        self._deleted = [(epoch, ids) for epoch, ids in self._deleted if epoch > oldest]
+        self._stamps.close_epoch(oldest)
 
     def _export(self, slots: torch.Tensor) -> dict[str, Any]:
         order = torch.argsort(self._id_of[slots])
@@ -393,10 +316,7 @@ class DynamicRows:
             "ids": self._id_of[slots].clone(),
             "rows": self.weight.detach().index_select(0, slots),
             "state": state,
-            "updated": self._updated[slots],
-            "updates": self._updates[slots],
-            "clock": self.clock,
-            "seen": self._seen[slots],
+            **self._eviction.export(slots),
             "counts": self.counts(),
             "admission": self._admission.state_dict(),
         }
@@ -424,12 +344,7 @@ class DynamicRows:
                     state[key] = full.index_copy_(0, slots, value)
                 else:
                     state[key] = value.clone() if isinstance(value, torch.Tensor) else value
-        self._updated[slots] = saved["updated"]
-        self._updates[slots] = saved["updates"]
-        self.clock = int(saved["clock"])
-        # Saved before rows were timed (or by an older psframe): seen now, so a TTL starts from the restore.
-        seen = saved.get("seen")
-        self._seen[slots] = seen.to(torch.float64) if seen is not None else self._wall_clock()
+        self._eviction.load(slots, saved)
         counts = saved.get("counts") or {}  # absent in older files: counted from the restore
         self.admitted, self.filtered, self.evicted = (int(counts.get(k, 0)) for k in COUNTS)
         self._admission.load_state_dict(saved.get("admission") or {})
@@ -469,12 +384,8 @@ class DynamicRows:
         self._index.add(new_ids, new_slots)
         self._id_of[new_slots] = new_ids
         self._used[new_slots] = True
-        self._updated[new_slots] = self.clock
-        self._updates[new_slots] = 0
-        self._seen[new_slots] = self._wall_clock()
-        self._stamp[new_slots] = self.epoch if fill else 0  # a restored row is as the snapshot holds it
-        self._mutations += 1
-        self._version[new_slots] = self._mutations
+        self._eviction.made(new_slots)
+        self._stamps.made(new_slots, restored=not fill)  # a restored row is as the snapshot holds it
         if fill:
             with torch.no_grad():
                 self.weight.index_copy_(
@@ -515,60 +426,36 @@ class DynamicRows:
         with torch.no_grad():
             self.weight.data = doubled(self.weight.detach())
         self._id_of, self._used = doubled(self._id_of), doubled(self._used, False)
-        self._updated, self._updates = doubled(self._updated), doubled(self._updates)
-        self._seen, self._stamp = doubled(self._seen), doubled(self._stamp)
-        self._version = doubled(self._version)
+        self._eviction.grow(doubled)
+        self._stamps.grow(doubled)
 
     def _make_room(self, new: int, keep: torch.Tensor) -> None:
         """Evict rows (never those in ``keep``) until ``new`` more fit under the cap."""
-        cap = self.spec.eviction.max_rows
-        excess = len(self) + new - cap if cap is not None else 0
+        excess = self._eviction.excess(len(self), new)
         if excess <= 0:
             return
-        if self.spec.eviction.policy == "lru":
-            score = self._updated.clone()
-        else:  # fewest updates first, the oldest among equals
-            score = self._updates * (self.clock + 1) + self._updated
-        score[~self._used] = _NEVER
-        score[keep] = _NEVER
-        if int((score < _NEVER).sum()) < excess:
+        victims = self._eviction.victims(excess, self._used, keep)
+        if victims is None:
             raise RowIdError(
-                f"dynamic table {self.name!r} keeps at most {cap} rows on its ps task, but one "
-                f"request uses {int(keep.unique().numel()) + new} of them; raise its max_rows"
+                f"dynamic table {self.name!r} keeps at most {self.spec.eviction.max_rows} rows on its ps task, "
+                f"but one request uses {int(keep.unique().numel()) + new} of them; raise its max_rows"
             )
-        self._evict(torch.topk(score, excess, largest=False).indices)
-
-    def _age_out(self) -> None:
-        max_age = self.spec.eviction.max_age
-        if max_age is None or self.clock % max(1, max_age // 8):
-            return  # swept every eighth of max_age updates: a row lives max_age to 1.125 * max_age updates
-        self._evict(torch.nonzero(self._used & (self._updated < self.clock - max_age)).squeeze(1))
+        self._evict(victims)
 
     def _saw(self, slots: torch.Tensor) -> None:
-        """Mark the rows of ``slots`` seen now; then, once in a while, evict those not seen for ``ttl_seconds``."""
-        ttl = self.spec.eviction.ttl_seconds
-        if ttl is None:
-            return
-        now = self._wall_clock()
-        self._seen[slots] = now
-        self._stamp[slots] = self.epoch
-        if now < self._next_sweep:
-            return
-        self._next_sweep = now + ttl / 8  # a row lives ttl to 1.125 * ttl seconds since last seen
-        self._evict(torch.nonzero(self._used & (self._seen < now - ttl)).squeeze(1))
+        """Mark the rows of ``slots`` seen now, where the eviction times rows; once in a while,
+        evict those not seen for ``ttl_seconds``."""
+        if self._eviction.timed:
+            self._stamps.changed(slots)
+            self._evict(self._eviction.saw(slots, self._used))
 
-    def _drop_small(self, slots: torch.Tensor) -> None:
-        """Evict the rows of ``slots`` whose L2 norm is below the eviction's ``min_norm``."""
-        min_norm = self.spec.eviction.min_norm
-        if min_norm is None or not slots.numel():
+    def _evict(self, slots: torch.Tensor | None) -> None:
+        """Forget the rows of ``slots`` (None: no row): their ids go, their slots wait for new ids."""
+        if slots is None or not slots.numel():
             return
-        norms = self.weight.detach().index_select(0, slots).flatten(1).float().norm(dim=1)
-        self._evict(slots[norms < min_norm])
-
-    def _evict(self, slots: torch.Tensor) -> None:
-        if slots.numel():
-            self._deleted.append((self.epoch, self._id_of[slots].clone()))
-        self._index.remove(self._id_of[slots])
+        ids = self._id_of[slots]
+        self._stamps.removed(ids)
+        self._index.remove(ids)
         self._free.extend(slots.tolist())
         self._used[slots] = False
         self.evicted += slots.numel()

@@ -9,6 +9,7 @@ what a ps task holds, used by both sides.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -19,18 +20,12 @@ from psframe.cluster import ClusterSpec
 from psframe.cluster.placement import Shard
 from psframe.errors import ClusterMismatchError, WireFormatError
 from psframe.optim import KwargValue, OptimizerSpec, SyncReplicas
-from psframe.status import (
-    DataSetStatus,
-    DynamicTableStatus,
-    MembershipEvent,
-    TaskState,
-    TaskStatus,
-    VariableStatus,
-    WorkerStatus,
-)
+from psframe.status import TaskStatus
 from psframe.tables.spec import Admission, DynamicTableSpec, Eviction, RowInitializer
 from psframe.wire import psframe_pb2 as pb
+from psframe.wire import schedule_defs
 from psframe.wire.codec import check_shape, dtype_from_name, dtype_name
+from psframe.wire.task_info import status_without_settings
 
 # The most elements a variable a chief defines may declare: far beyond any ps
 # task's memory, and far from where torch's size arithmetic overflows. (Tensors
@@ -53,6 +48,8 @@ def optimizer_to_proto(spec: OptimizerSpec) -> pb.OptimizerDef:
             slot.text = value
         else:
             slot.numbers.values.extend(float(v) for v in value)
+    if spec.schedule is not None:
+        message.schedule.CopyFrom(schedule_defs.schedule_to_proto(spec.schedule))
     return message
 
 
@@ -69,7 +66,8 @@ def optimizer_from_proto(message: pb.OptimizerDef) -> OptimizerSpec:
             kwargs[key] = tuple(value.numbers.values)
         elif kind is not None:
             kwargs[key] = getattr(value, kind)
-    return OptimizerSpec(message.name, kwargs)
+    schedule = schedule_defs.schedule_from_proto(message.schedule) if message.HasField("schedule") else None
+    return OptimizerSpec(message.name, kwargs, schedule)
 
 
 def sync_def(sync: SyncReplicas | None) -> pb.SyncDef | None:
@@ -195,7 +193,7 @@ def keys_of_defs(defs: Iterable[pb.VariableDef]) -> list[VariableKey]:
 def check_same_variables(where: str, expected: Sequence[VariableKey], found: Sequence[VariableKey]) -> None:
     """The check that a worker and a ps task hold the same model: the same variables, by name, dtype and shape.
 
-    Used by a worker against each ps task (:meth:`PsClient.check_model`); a ps
+    Used by a worker against each ps task (:func:`~psframe.worker.client.control_calls.check_model`); a ps
     task checks a chief's request to create what it holds already in its store
     (:meth:`psframe.ps.store.store_model.StoreModel.check_same`).
 
@@ -226,55 +224,13 @@ def check_same_sync(where: str, expected: pb.SyncDef | None, found: pb.SyncDef |
 
 
 def task_status(info: pb.TaskInfo) -> TaskStatus:
-    """A task's ``TaskInfo`` as the plain :class:`~psframe.status.TaskStatus` its callers read."""
-    return TaskStatus(
-        job_name=info.job_name,
-        task_index=info.task_index,
-        address=info.address,
-        cluster_spec=info.cluster_spec,
-        cluster_fingerprint=info.cluster_fingerprint,
-        state=TaskState[pb.TaskInfo.State.Name(info.state)],
-        version=info.version,
-        pid=info.pid,
-        global_step=info.global_step,
-        variables=tuple(
-            VariableStatus(d.name, d.dtype, tuple(d.shape), d.variable, d.table, d.HasField("dynamic"))
-            for d in info.variables
-        ),
-        bytes_held=info.bytes_held,
+    """A task's ``TaskInfo`` as the plain :class:`~psframe.status.TaskStatus` its callers read,
+    settings included (:func:`psframe.wire.task_info.status_without_settings` reads the rest)."""
+    return dataclasses.replace(
+        status_without_settings(info),
         optimizer=optimizer_from_proto(info.optimizer) if info.HasField("optimizer") else None,
         table_optimizer=optimizer_from_proto(info.table_optimizer) if info.HasField("table_optimizer") else None,
         sync=sync_from_def(info.sync) if info.HasField("sync") else None,
-        pushes=info.pushes,
-        rejected_pushes=info.rejected_pushes,
-        dropped_gradients=info.dropped_gradients,
-        finished_workers=tuple(info.finished_workers),
-        workers=tuple(
-            WorkerStatus(
-                w.task_index,
-                None if w.seconds_ago < 0 else w.seconds_ago,
-                w.finished,
-                w.applied_steps,
-                w.last_push_id,
-            )
-            for w in info.workers
-        ),
-        restored_step=info.restored_step if info.restored_step >= 0 else None,
-        checkpoint_dir=info.checkpoint_dir or None,
-        dynamic_tables=tuple(
-            DynamicTableStatus(t.name, t.rows, t.admitted, t.filtered, t.evicted) for t in info.dynamic_tables
-        ),
-        steps_ahead_counts=tuple(info.steps_ahead_counts),
-        max_workers=info.max_workers or None,
-        layout_version=info.layout_version,
-        relayouts=info.relayouts,
-        move_stage=(info.move_stage.stage, info.move_stage.stages) if info.HasField("move_stage") else None,
-        reshard_to=info.reshard_to,
-        membership=tuple(
-            MembershipEvent(c.worker, pb.MembershipChange.Kind.Name(c.kind).lower(), c.global_step, c.seconds_ago)
-            for c in info.membership
-        ),
-        data_sets=tuple(DataSetStatus(d.name, d.consumed, d.total, d.ranges_out) for d in info.data_sets),
     )
 
 

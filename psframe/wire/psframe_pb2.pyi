@@ -100,18 +100,20 @@ class DynamicTableDef(_message.Message):
     def __init__(self, distribution: _Optional[str] = ..., mean: _Optional[float] = ..., std: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., value: _Optional[float] = ..., seed: _Optional[int] = ..., max_rows: _Optional[int] = ..., policy: _Optional[str] = ..., max_age: _Optional[int] = ..., ttl_seconds: _Optional[float] = ..., min_norm: _Optional[float] = ..., admit_after: _Optional[int] = ..., admit_probability: _Optional[float] = ..., admission_counters: _Optional[int] = ...) -> None: ...
 
 class Value(_message.Message):
-    __slots__ = ("number", "integer", "flag", "text", "numbers")
+    __slots__ = ("number", "integer", "flag", "text", "numbers", "integers")
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     INTEGER_FIELD_NUMBER: _ClassVar[int]
     FLAG_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     NUMBERS_FIELD_NUMBER: _ClassVar[int]
+    INTEGERS_FIELD_NUMBER: _ClassVar[int]
     number: float
     integer: int
     flag: bool
     text: str
     numbers: NumberList
-    def __init__(self, number: _Optional[float] = ..., integer: _Optional[int] = ..., flag: _Optional[bool] = ..., text: _Optional[str] = ..., numbers: _Optional[_Union[NumberList, _Mapping]] = ...) -> None: ...
+    integers: IntegerList
+    def __init__(self, number: _Optional[float] = ..., integer: _Optional[int] = ..., flag: _Optional[bool] = ..., text: _Optional[str] = ..., numbers: _Optional[_Union[NumberList, _Mapping]] = ..., integers: _Optional[_Union[IntegerList, _Mapping]] = ...) -> None: ...
 
 class NumberList(_message.Message):
     __slots__ = ("values",)
@@ -119,8 +121,14 @@ class NumberList(_message.Message):
     values: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
+class IntegerList(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, values: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class OptimizerDef(_message.Message):
-    __slots__ = ("name", "kwargs")
+    __slots__ = ("name", "kwargs", "schedule")
     class KwargsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,9 +138,41 @@ class OptimizerDef(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     KWARGS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     name: str
     kwargs: _containers.MessageMap[str, Value]
-    def __init__(self, name: _Optional[str] = ..., kwargs: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+    schedule: ScheduleDef
+    def __init__(self, name: _Optional[str] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., schedule: _Optional[_Union[ScheduleDef, _Mapping]] = ...) -> None: ...
+
+class ScheduleDef(_message.Message):
+    __slots__ = ("name", "kwargs", "schedulers", "function", "function_args", "function_kwargs")
+    class KwargsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    class FunctionKwargsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KWARGS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULERS_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_ARGS_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_KWARGS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kwargs: _containers.MessageMap[str, Value]
+    schedulers: _containers.RepeatedCompositeFieldContainer[ScheduleDef]
+    function: str
+    function_args: _containers.RepeatedCompositeFieldContainer[Value]
+    function_kwargs: _containers.MessageMap[str, Value]
+    def __init__(self, name: _Optional[str] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., schedulers: _Optional[_Iterable[_Union[ScheduleDef, _Mapping]]] = ..., function: _Optional[str] = ..., function_args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., function_kwargs: _Optional[_Mapping[str, Value]] = ...) -> None: ...
 
 class SyncDef(_message.Message):
     __slots__ = ("replicas_to_aggregate", "total_num_replicas", "timeout_seconds", "fraction_to_aggregate", "async_tables")
@@ -217,7 +257,7 @@ class DataProgress(_message.Message):
     def __init__(self, name: _Optional[str] = ..., lease: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "pushes", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts", "max_workers", "membership", "data_sets", "reshard_to", "layout_version", "relayouts", "move_stage")
+    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "applied_steps", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts", "max_workers", "membership", "data_sets", "reshard_to", "layout_version", "relayouts", "move_stage")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STARTING: _ClassVar[TaskInfo.State]
@@ -238,7 +278,7 @@ class TaskInfo(_message.Message):
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     BYTES_HELD_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
-    PUSHES_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_STEPS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_PUSHES_FIELD_NUMBER: _ClassVar[int]
     FINISHED_WORKERS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -268,7 +308,7 @@ class TaskInfo(_message.Message):
     variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
     bytes_held: int
     optimizer: OptimizerDef
-    pushes: int
+    applied_steps: int
     rejected_pushes: int
     finished_workers: _containers.RepeatedScalarFieldContainer[int]
     version: str
@@ -288,7 +328,7 @@ class TaskInfo(_message.Message):
     layout_version: int
     relayouts: int
     move_stage: MoveStage
-    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., pushes: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ..., steps_ahead_counts: _Optional[_Iterable[int]] = ..., max_workers: _Optional[int] = ..., membership: _Optional[_Iterable[_Union[MembershipChange, _Mapping]]] = ..., data_sets: _Optional[_Iterable[_Union[DataSetCounts, _Mapping]]] = ..., reshard_to: _Optional[str] = ..., layout_version: _Optional[int] = ..., relayouts: _Optional[int] = ..., move_stage: _Optional[_Union[MoveStage, _Mapping]] = ...) -> None: ...
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., applied_steps: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ..., steps_ahead_counts: _Optional[_Iterable[int]] = ..., max_workers: _Optional[int] = ..., membership: _Optional[_Iterable[_Union[MembershipChange, _Mapping]]] = ..., data_sets: _Optional[_Iterable[_Union[DataSetCounts, _Mapping]]] = ..., reshard_to: _Optional[str] = ..., layout_version: _Optional[int] = ..., relayouts: _Optional[int] = ..., move_stage: _Optional[_Union[MoveStage, _Mapping]] = ...) -> None: ...
 
 class DataSetCounts(_message.Message):
     __slots__ = ("name", "consumed", "total", "ranges_out")
@@ -725,3 +765,21 @@ class FetchPartsResponse(_message.Message):
     header: FetchPartsReplyHeader
     payload: bytes
     def __init__(self, header: _Optional[_Union[FetchPartsReplyHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class ReportMetricRequest(_message.Message):
+    __slots__ = ("caller", "value", "global_step")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    value: float
+    global_step: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., value: _Optional[float] = ..., global_step: _Optional[int] = ...) -> None: ...
+
+class ReportMetricReply(_message.Message):
+    __slots__ = ("global_step", "learning_rate")
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    global_step: int
+    learning_rate: float
+    def __init__(self, global_step: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...

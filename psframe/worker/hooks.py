@@ -149,7 +149,7 @@ class CheckpointSaverHook(Hook):
         self._last_delta_step, self._last_delta_time = global_step, now
 
     def end(self, trainer: Trainer) -> None:
-        if trainer.is_chief and trainer.global_step not in (self._last_step, trainer.last_checkpoint_step):
+        if trainer.is_chief and trainer.global_step not in (self._last_step, trainer.stats.last_checkpoint_step):
             trainer.save_checkpoint()
 
 
@@ -172,7 +172,8 @@ class LoggingHook(Hook):
         self._start = (trainer.global_step, time.monotonic())
 
     def after_step(self, trainer: Trainer, global_step: int, loss: torch.Tensor | None) -> None:
-        if trainer.local_step % self.every_n_steps:
+        local_step = trainer.stats.local_step
+        if local_step % self.every_n_steps:
             return
         step0, time0 = self._start
         now = time.monotonic()
@@ -182,7 +183,7 @@ class LoggingHook(Hook):
             "worker %d: global step %d, local step %d, loss %s, %.1f global steps/s",
             trainer.task_index,
             global_step,
-            trainer.local_step,
+            local_step,
             loss_text,
             rate,
         )
@@ -221,7 +222,7 @@ class NanGuardHook(Hook):
 class TensorBoardHook(Hook):
     """Writes loss and global steps/s to TensorBoard (chief only), via ``torch.utils.tensorboard``;
     in asynchronous training also a histogram of how many steps ahead of the slowest live worker
-    the chief's steps of each interval found it (``steps_ahead``: see :class:`psframe.BoundedStaleness`).
+    the chief's steps of each interval found it (``stats.steps_ahead``: see :class:`psframe.BoundedStaleness`).
 
     Needs the ``tensorboard`` package (``pip install psframe[tensorboard]``).
 
@@ -237,7 +238,7 @@ class TensorBoardHook(Hook):
         self.every_n_steps = every_n_steps
         self._writer: SummaryWriter | None = None
         self._start = (0, 0.0)
-        self._ahead_written: dict[int, int] = {}  # the trainer's steps_ahead counts at the last write
+        self._ahead_written: dict[int, int] = {}  # the trainer's stats.steps_ahead at the last write
 
     def begin(self, trainer: Trainer) -> None:
         if not trainer.is_chief:
@@ -252,7 +253,7 @@ class TensorBoardHook(Hook):
         self._start = (trainer.global_step, time.monotonic())
 
     def after_step(self, trainer: Trainer, global_step: int, loss: torch.Tensor | None) -> None:
-        if self._writer is None or trainer.local_step % self.every_n_steps:
+        if self._writer is None or trainer.stats.local_step % self.every_n_steps:
             return
         step0, time0 = self._start
         now = time.monotonic()
@@ -260,7 +261,7 @@ class TensorBoardHook(Hook):
             self._writer.add_scalar("loss", loss.item(), global_step)
         self._writer.add_scalar("global_steps_per_sec", (global_step - step0) / max(now - time0, 1e-9), global_step)
         self._start = (global_step, now)
-        counts = trainer.steps_ahead
+        counts = dict(trainer.stats.steps_ahead)
         new = [ahead for ahead, n in counts.items() for _ in range(n - self._ahead_written.get(ahead, 0))]
         if new:
             self._writer.add_histogram("steps_ahead", torch.tensor(new, dtype=torch.float32), global_step)

@@ -5,8 +5,8 @@ tasks (:mod:`psframe.cluster.placement`), so another number of ps tasks is
 another layout of the same model. A re-layout moves the parts there through
 memory, ps task to ps task, with their optimizer state:
 
-1. **Asked.** A tool (``PsClient(cluster, 0, job_name="tool").ask_reshard(new)``) gives ps 0 the new cluster
-   (:meth:`Relayout.ask`); the new ps tasks are started with it, empty.
+1. **Asked.** A tool (``psframe reshard``: ``psframe.worker.client.relayout_calls.ask_reshard``) gives ps 0
+   the new cluster (:meth:`Relayout.ask`); the new ps tasks are started with it, empty.
 2. **Cut.** Between two of its steps the chief, which polls ps 0 for such a
    request, takes a checkpoint's cut of every ps task of the layout before
    (each worker's steps begun anywhere applied everywhere; in synchronous

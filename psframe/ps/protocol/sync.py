@@ -141,6 +141,7 @@ class SyncAggregator:
         # The cut of a checkpoint or a re-layout (psframe.ps.protocol.round_cut): rounds it holds wait.
         self.cut = RoundCut(self._cond, self.task_name, lambda: self._round.step, lambda: self._try_apply(self._round))
         self._abandoned: PsframeError | None = None  # a re-layout took its cut: every push gets this
+        self._short: int | None = None  # the fewest gradients a round averaged since workers finished, as said
 
     # ---- what workers call
 
@@ -233,17 +234,7 @@ class SyncAggregator:
             self._left.add(worker)
             if worker not in self._live:
                 return
-            self._live.discard(worker)
-            if len(self._live) < self.replicas_to_aggregate:
-                log.warning(
-                    "%s: %d workers still training, fewer than replicas_to_aggregate=%d; "
-                    "from step %d each update averages the gradients of all %d",
-                    self.task_name,
-                    len(self._live),
-                    self.replicas_to_aggregate,
-                    self._round.step,
-                    len(self._live),
-                )
+            self._live.discard(worker)  # a round that then averages fewer than R says so (_say_short)
             self._try_decide(self._round)
             self._try_apply(self._round)
             self._cond.notify_all()
@@ -416,6 +407,7 @@ class SyncAggregator:
                 if contribution.progress is not None:
                     self._on_applied(worker, contribution.progress)
         new_step = self.store.advance_step()
+        self._say_short(round_.step, len(members))
         late = (set(round_.contributions) | round_.late) - set(round_.members)
         self.dropped_gradients += len(late)
         self._decisions[round_.step] = round_.members
@@ -434,6 +426,24 @@ class SyncAggregator:
             )
             self._joining = set()
         self._cond.notify_all()
+
+    def _say_short(self, step: int, members: int) -> None:
+        """Warn when a round averages fewer than ``replicas_to_aggregate`` gradients because workers
+        finished while others still train (once, and again if fewer still): not at a clean end,
+        where the workers finish together and no round follows."""
+        if members >= self.replicas_to_aggregate or not self._left:
+            self._short = None
+        elif self._short is None or members < self._short:
+            self._short = members
+            log.warning(
+                "%s: %d workers still training, fewer than replicas_to_aggregate=%d; "
+                "from step %d each update averages the gradients of %d",
+                self.task_name,
+                len(self._live),
+                self.replicas_to_aggregate,
+                step,
+                members,
+            )
 
     def _wait_until_applied(self, round_: _Round, started: float, deadline: float) -> None:
         while self._round is round_:

@@ -23,6 +23,7 @@ Each handler is a component of this package, behind a narrow interface:
 - :mod:`~psframe.ps.service.relayout_participant`: Reshard, FetchParts, and the
   task's part in a re-layout;
 - :mod:`~psframe.ps.service.data_range_handler`: DataRange;
+- :mod:`~psframe.ps.service.metric_report`: ReportMetric (the chief's metric for the schedules);
 - :mod:`~psframe.ps.service.status_report`: what GetInfo reports.
 
 They share :class:`~psframe.ps.service.served_model.ServedModel` (the model
@@ -54,6 +55,7 @@ from psframe.ps.protocol.sync import SyncAggregator
 from psframe.ps.service.data_range_handler import DataRangeHandler
 from psframe.ps.service.fast_path import StreamCache
 from psframe.ps.service.membership import Membership
+from psframe.ps.service.metric_report import MetricReportHandler
 from psframe.ps.service.model_init import ModelInit
 from psframe.ps.service.place import TaskPlace
 from psframe.ps.service.push_pull_handler import PushPullHandler
@@ -178,6 +180,7 @@ class ParameterServerService(TaskService):
             check_tool_or_worker=self._check_tool_or_worker,
         )
         self._data_ranges = DataRangeHandler(self._membership, self.roster, self.data, self._model)
+        self._metrics = MetricReportHandler(self._membership, self.store, self.task_name)
         self._push_pulls = PushPullHandler(
             self.store,
             self.ledger,
@@ -218,6 +221,7 @@ class ParameterServerService(TaskService):
             "DataRange": self._data_ranges.data_range,
             "Reshard": self._relayout_participant.reshard,
             "FetchParts": self._relayout_participant.fetch_parts,
+            "ReportMetric": self._metrics.report_metric,
         }
 
     def push_pull(self, requests: Iterator[bytes]) -> Iterator[bytes]:

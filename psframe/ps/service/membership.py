@@ -13,6 +13,11 @@
   of a second) follows the workers and ends training once every worker
   finished or the others are presumed dead; :meth:`Membership.training_over`
   only says whether it is.
+- Waits said: until training begins here (the model held and a worker heard
+  from), :meth:`Membership.tick` says at WARNING whom the task waits for (the
+  chief, for the model; or the workers), after a few seconds and then now and
+  then, so that a task started with no logging set up (Python's default:
+  WARNING and above on stderr) is never silent.
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ log = logging.getLogger(__name__)
 
 # How often a ps task waiting for a silent chief says so.
 CHIEF_LOG_EVERY_S = 5.0
+# A ps task waiting for training to begin says so after WAIT_SAID_AFTER_S, then again after
+# WAIT_SAID_EVERY_S, the gaps doubling up to WAIT_SAID_MAX_S.
+WAIT_SAID_AFTER_S = 2.0
+WAIT_SAID_EVERY_S = 5.0
+WAIT_SAID_MAX_S = 60.0
 
 
 class Rounds(Protocol):
@@ -85,6 +95,9 @@ class Membership:
         self._live: set[int] = set()  # elastic: the workers live when last looked (_follow)
         self._lock = threading.Lock()
         self._next_chief_log = 0.0
+        self._began = False  # training began here: the model held, a worker heard from
+        self._waiting_since = time.monotonic()
+        self._next_wait_line, self._wait_gap = self._waiting_since + WAIT_SAID_AFTER_S, WAIT_SAID_EVERY_S
 
     # ---- admission
 
@@ -193,6 +206,7 @@ class Membership:
             return
         if self._elastic:
             self._follow()
+        self._say_waiting()
         roster = self._roster
         dead = roster.presumed_dead()
         if dead is None:
@@ -211,6 +225,33 @@ class Membership:
     def training_over(self) -> bool:
         """Whether training is over (every worker finished, or the others are presumed dead)."""
         return self._all_finished.is_set()
+
+    def _say_waiting(self) -> None:
+        """Until training begins here, say whom the task waits for: the chief, to send the model (it
+        creates it, or moves it here), or, the model held (restored), the workers, to connect."""
+        if self._began:
+            return
+        ready = self._store.ready
+        heard = [w for w, ago, _ in self._roster.seen() if ago >= 0]
+        now = time.monotonic()
+        self._began = ready and bool(heard)
+        if self._began or now < self._next_wait_line or (not ready and self._roster.silent_for(0) == 0):
+            return  # begun, said lately, or the chief's call runs (the model arriving)
+        self._next_wait_line, self._wait_gap = now + self._wait_gap, min(2 * self._wait_gap, WAIT_SAID_MAX_S)
+        cluster, waited = self._place.cluster, now - self._waiting_since
+
+        def named(worker: int) -> str:
+            name = ClusterSpec.task_name("worker", worker)
+            return f"{name} at {cluster.task_address('worker', worker)}" if worker < cluster.num_workers else name
+
+        if not ready:
+            heard_from = ", ".join(map(named, heard)) or "none"
+            line = f"waiting for {named(0)} (the chief) to send the model ({waited:.0f}s so far; "
+            line += f"workers heard from: {heard_from})"
+        else:
+            workers = ", ".join(map(named, self._roster.members()))
+            line = f"holds the model; waiting for {workers} to connect ({waited:.0f}s so far)"
+        log.warning("%s: %s", self._task_name, line)
 
     def _log_waiting_for_chief(self) -> None:
         silent = self._roster.waiting_for_chief()

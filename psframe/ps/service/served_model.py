@@ -95,6 +95,7 @@ class ServedModel:
                 dynamic=dynamic_parts(restored.defs),
             )
             store.restore({}, restored.states, global_step, copy=not take)
+            store.schedules.load_state_dict(restored.schedules)  # they go on to the global step from there
             store.load_dynamic(restored.dynamic)
             if restored.pushes is not None:  # pushes the restored values hold are duplicates if sent again
                 self._ledger.load_state_dict(restored.pushes)

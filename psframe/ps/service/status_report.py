@@ -61,7 +61,7 @@ def task_info(
             info.optimizer.CopyFrom(messages.optimizer_to_proto(store.optimizer_spec))
         if store.table_optimizer_spec is not None:
             info.table_optimizer.CopyFrom(messages.optimizer_to_proto(store.table_optimizer_spec))
-        info.pushes = store.pushes
+        info.applied_steps = sum(ledger.applied_steps(w) for w in range(ledger.num_workers))  # with the step
         info.rejected_pushes = store.rejected_pushes
         info.finished_workers.extend(roster.finished)
         if model.sync_def is not None:

@@ -8,16 +8,18 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from psframe.cluster import ClusterSpec, parse_address
 from psframe.config.liveness import Liveness
 from psframe.config.security import Security, accept_security
+from psframe.config.stopping import stop_grace
 from psframe.errors import ClusterSpecError, NotReadyError, PsframeError
 from psframe.ps.elastic import relayout
 from psframe.ps.protocol.roster import check_max_workers
 from psframe.ps.service import ParameterServerService
 from psframe.ps.service.task_service import TaskService
+from psframe.ps.serving import leaving
 from psframe.ps.serving.serving_processes import ServingProcesses, default_serving_processes
 from psframe.ps.serving.shared_service import Publisher, shared_service
 from psframe.ps.serving.shared_store import PortLock, SharedStore
@@ -134,6 +136,7 @@ class Server:
         cluster.validate_task(job_name, task_index)
         self.job_name = job_name
         self.task_index = task_index
+        self._checkpoint_dir = checkpoint_dir
         self.task_name = ClusterSpec.task_name(job_name, task_index)
         if job_name == "ps":
             others = [k for k in cluster.tasks_on_any_port("ps") if k != task_index]
@@ -273,6 +276,13 @@ class Server:
     def join(self, timeout: float | None = None) -> bool:
         """Serve until training is over (ps: every worker finished) or :meth:`stop`.
 
+        Asked to stop meanwhile, the task stops serving and ends with one line on
+        stderr, whether or not :func:`psframe.flags.run` wraps the script
+        (:mod:`psframe.ps.serving.leaving`): after Ctrl-C, exit code 130; after
+        SIGTERM (from the main thread, where SIGTERM has its default action), it
+        first saves a checkpoint of the cluster where it has a ``checkpoint_dir``,
+        within ``PSFRAME_STOP_GRACE`` seconds (20), and exits 143.
+
         Args:
             timeout: seconds to wait at most; None waits for as long as it takes.
 
@@ -281,18 +291,39 @@ class Server:
 
         Raises:
             PsframeError: one of the task's serving processes died (the task stops).
-            KeyboardInterrupt: Ctrl-C; the server is stopped first (its port and
-                serving processes released).
+            psframe.errors.Interrupted: Ctrl-C (a ``KeyboardInterrupt`` and a
+                ``SystemExit(130)``), after the line.
+            psframe.errors.TaskStopped: SIGTERM (a ``SystemExit(143)``), after the line.
         """
-        try:
-            return self._join(timeout)
-        except KeyboardInterrupt:
-            self.stop(grace=0.5)
-            raise
+        with leaving.sigterm_noted() as sigterm:
+            try:
+                return self._join(timeout, sigterm)
+            except KeyboardInterrupt:
+                self.stop(grace=0.5)
+                leaving.interrupted()
 
-    def _join(self, timeout: float | None) -> bool:
+    def _leave(self) -> NoReturn:
+        """SIGTERM came: save if the task can, stop, say so (:mod:`psframe.ps.serving.leaving`)."""
+        grace = stop_grace()
+        log.info("%s: SIGTERM; leaving within %gs", self.task_name, grace)
+        saved = "stopped serving"  # a worker task's server holds nothing to save
+        if self.job_name == "ps":
+            saved = leaving.save_cluster(
+                self.service.cluster,
+                self.task_index,
+                self._checkpoint_dir,
+                security=self.security,
+                liveness=self.liveness,
+                timeout=max(0.0, grace - 1.0),  # a second left to stop
+            )
+        self.stop(grace=0.5)
+        leaving.terminated(self.task_name, saved)
+
+    def _join(self, timeout: float | None, sigterm: threading.Event) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._stopped.wait(0.1):
+            if sigterm.is_set():
+                self._leave()
             if self._serving is not None:
                 try:
                     self._serving.check()
@@ -303,11 +334,11 @@ class Server:
                 info = self.service.info()
                 if self.job_name == "ps":
                     log.info(
-                        "%s: training is over at global step %d (%d pushes applied, %d gradients "
-                        "dropped as stale or late, %d refused); exiting",
+                        "%s: training is over at global step %d (%d worker steps applied, %d dropped as "
+                        "stale or late, %d pushes refused as invalid); exiting",
                         self.task_name,
                         info.global_step,
-                        info.pushes,
+                        info.applied_steps,
                         info.dropped_gradients,
                         info.rejected_pushes,
                     )

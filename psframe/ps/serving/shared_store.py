@@ -40,6 +40,7 @@ import torch
 
 from psframe.errors import PortInUseError
 from psframe.optim import OptimizerSpec
+from psframe.optim.lr_scheduler import ScheduleSpec
 from psframe.ps.protocol.ledger import LEDGER_ROWS, NOT_HELD
 from psframe.wire.codec import dtype_from_name, dtype_name
 
@@ -276,11 +277,13 @@ class SharedStore:
 
 
 def _spec_to_json(spec: OptimizerSpec) -> dict:
-    return {"name": spec.name, "kwargs": dict(spec.kwargs)}
+    return {"name": spec.name, "kwargs": dict(spec.kwargs), "schedule": spec.schedule and spec.schedule.to_dict()}
 
 
 def _spec_from_json(spec: dict) -> OptimizerSpec:
-    return OptimizerSpec(spec["name"], {k: tuple(v) if isinstance(v, list) else v for k, v in spec["kwargs"].items()})
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["kwargs"].items()}
+    schedule = spec.get("schedule")  # each process steps it with the shared global step
+    return OptimizerSpec(spec["name"], kwargs, None if schedule is None else ScheduleSpec.from_dict(schedule))
 
 
 def _remove_orphans(base: str) -> None:
@@ -314,6 +317,10 @@ def publish_store(memory: SharedStore, store: Any, task_name: str) -> bool | Non
     with store.lock:
         if store.dynamic_tables:
             log.info("%s: dynamic tables live in this process; it applies every update", task_name)
+            return False
+        unshared = store.schedules.unshared()
+        if unshared is not None:
+            log.info("%s: %s; it applies every update", task_name, unshared)
             return False
         if store.optimizer_state() is None:
             return None

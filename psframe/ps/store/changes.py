@@ -4,12 +4,19 @@ A delta checkpoint holds only what changed since the checkpoint before it
 (its parent). Rather than compare values, the store stamps what it changes
 with the current *epoch*, a number that moves on at every snapshot: a
 dense variable's stamp is kept by name, and a dynamic table part's slot by
-slot (with the ids it evicted: :class:`psframe.tables.dynamic_rows.DynamicRows`).
+slot (with the ids it evicted: :mod:`psframe.tables.change_stamps`).
 A fixed table part's rows carry their versions instead
 (:mod:`psframe.ps.store.row_versions`), the stamp workers' row caches read too:
 a snapshot records their count, its *row mark*, beside the epoch it closed.
 A later delta from parent ``s`` takes what was stamped after ``s``'s epoch,
 and the rows whose version is past its row mark.
+
+:class:`ChangeLog` keeps these stamps for one model of a store (the store
+makes a new log whenever it makes its variables anew: no snapshot holds
+them): the store tells it what each step changed (:meth:`ChangeLog.stepped`,
+:meth:`ChangeLog.stepped_rows`), marks its snapshots (:meth:`ChangeLog.mark`)
+and asks it for what changed since one (:meth:`ChangeLog.since`, a
+:class:`StoreChanges`).
 
 When the store's variables live in memory other processes update too (a ps
 task served from several processes), dense updates made there are not
@@ -23,64 +30,124 @@ Not thread-safe: the store calls it under its lock.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from psframe.errors import CheckpointError
+from psframe.ps.store.optimized_variables import OptimizedVariables
+from psframe.ps.store.snapshots import copies, row_copies
+from psframe.ps.store.store_model import StoreModel
+from psframe.tables.rows import RowPush
 
 # How many snapshots a delta may name as its parent: the chief names the last one it committed.
 KEEP_SNAPSHOTS = 8
 
 
-class Changes:
-    """Stamps of the dense variables a store changed, and its snapshots' epochs and row marks.
+@dataclass(frozen=True)
+class StoreChanges:
+    """Copies of what changed in a store since a checkpoint (:meth:`ChangeLog.since`)."""
+
+    global_step: int
+    values: dict[str, torch.Tensor]  # dense variables changed, whole
+    states: dict[str, dict[str, Any]]  # and their optimizer state
+    rows: dict[str, tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]  # fixed table part -> (rows, values, state)
+    dynamic: dict[str, dict[str, Any]]  # dynamic table part -> DynamicRows.export_changes
+
+
+class ChangeLog:
+    """What changed in ``model`` since each of the store's recent snapshots of it.
 
     Args:
+        model: the store's model, whose changes it notes.
         complete: updates all go through this store, so stamps are complete;
             False where other processes update the same memory (then every
             dense variable counts as changed).
     """
 
-    def __init__(self, complete: bool = True) -> None:
+    def __init__(self, model: StoreModel, complete: bool = True) -> None:
+        self._model = model
         self.complete = complete
         self.epoch = 1  # what is changed now is stamped with this
-        self._dense: dict[str, int] = {}
+        self._dense: dict[str, int] = {}  # dense variable -> the epoch it last changed in
         self._snapshots: OrderedDict[int, int] = OrderedDict()  # step -> the last epoch it holds
         self._row_marks: dict[int, int] = {}  # epoch closed by a snapshot -> the rows' version count then
+        self._dense_names = {id(model.dense.get(name)): name for name in model.dense}
+        fixed = model.table_parts.fixed
+        self._fixed_names = {id(fixed.get(name)): name for name in fixed}
 
-    def dense_changed(self, names: Iterable[str]) -> None:
-        """Dense variables ``names`` changed (whole)."""
-        for name in names:
-            self._dense[name] = self.epoch
+    def stepped(
+        self,
+        group: OptimizedVariables,
+        variables: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        stateless: Sequence[torch.Tensor],
+    ) -> None:
+        """Note what a step of ``group`` changed, for delta checkpoints and row caches: dense variables
+        whole, a fixed table's rows (all of them where the step made the table's optimizer state,
+        ``stateless`` before), with a new version (:mod:`psframe.ps.store.row_versions`)."""
+        if group is self._model.dense:
+            for variable in variables:
+                self._dense[self._dense_names[id(variable)]] = self.epoch
+            return
+        names = self._fixed_names
+        made_state = {id(t) for t in stateless if group.state_of(t)}
+        versions = self._model.table_parts.versions
+        for table, grad in zip(variables, grads):
+            if id(table) in made_state:
+                versions.touch_whole(names[id(table)])
+            else:
+                versions.touch(names[id(table)], grad.indices()[0])
 
-    def snapshot(self, step: int, row_mark: int) -> int:
-        """Close the current epoch for a snapshot of ``step``: what a delta from ``step`` leaves out
-        (``row_mark``: the count the fixed rows' versions were at, :meth:`RowVersions.mark`).
+    def stepped_rows(self, rows: Sequence[RowPush]) -> None:
+        """Note that a step changed these pushed rows of fixed tables, ``(table, ids, gradient rows)``."""
+        versions = self._model.table_parts.versions
+        for name, ids, _ in rows:
+            versions.touch(name, ids)
 
-        Returns:
-            The epoch closed.
-        """
+    def restored(self) -> None:
+        """Every row changed (a restore): rows workers cached are of before it."""
+        self._model.table_parts.versions.touch_all()
+
+    def mark(self, step: int) -> None:
+        """The model as it is now is checkpoint ``step``'s (just saved, or restored): a delta from
+        ``step`` holds what changes after this. Closes the current epoch."""
         closed = self.epoch
         self._snapshots[step] = closed
         self._snapshots.move_to_end(step)
-        self._row_marks[closed] = row_mark
+        self._row_marks[closed] = self._model.table_parts.versions.mark()
         while len(self._snapshots) > KEEP_SNAPSHOTS:
             _, epoch = self._snapshots.popitem(last=False)
             self._row_marks.pop(epoch, None)
         self.epoch += 1
-        return closed
+        oldest = min(self._snapshots.values(), default=self.epoch)  # the oldest snapshot a delta may name
+        self._model.table_parts.close_epoch(self.epoch, oldest)
 
-    def oldest(self) -> int:
-        """The epoch of the oldest snapshot a delta may still name (the current epoch if none)."""
-        return min(self._snapshots.values(), default=self.epoch)
+    def since(self, step: int, global_step: int) -> StoreChanges:
+        """Copies of what changed since checkpoint ``step`` (see :meth:`mark`), at ``global_step``.
 
-    def epoch_of(self, step: int) -> int | None:
-        """The last epoch snapshot ``step`` holds; None when this store took no such snapshot (or forgot it)."""
-        return self._snapshots.get(step)
-
-    def dense_since(self, epoch: int, names: Iterable[str]) -> list[str]:
-        """Which of dense variables ``names`` changed after ``epoch``."""
-        if not self.complete:
-            return list(names)
-        return [name for name in names if self._dense.get(name, 0) > epoch]
-
-    def row_mark(self, epoch: int) -> int:
-        """The count the fixed rows' versions were at when ``epoch`` (a snapshot's) closed."""
-        return self._row_marks[epoch]
+        Raises:
+            CheckpointError: no snapshot of ``step`` is held (the variables were made
+                anew or restarted since, or the step is too old): the delta needs a
+                full checkpoint instead.
+        """
+        model = self._model
+        epoch = self._snapshots.get(step)
+        if epoch is None:
+            raise CheckpointError(
+                f"{model.task_name} has no snapshot of checkpoint step {step} to write a delta from "
+                f"(its variables were made or restored since, or the step is too old); save a full checkpoint"
+            )
+        dense = list(model.dense)
+        if self.complete:
+            dense = [name for name in dense if self._dense.get(name, 0) > epoch]
+        values, states = copies(model, dense)
+        rows = {}
+        mark, versions = self._row_marks[epoch], model.table_parts.versions
+        for name in sorted(model.table_parts.fixed_names):
+            index = versions.changed_since(name, mark)
+            rows[name] = (index, *row_copies(model, name, index))
+        dynamic = model.table_parts.export_dynamic_changes(epoch)
+        return StoreChanges(global_step, values, states, rows, dynamic)

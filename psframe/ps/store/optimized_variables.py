@@ -15,6 +15,7 @@ import torch
 
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec, kernels
+from psframe.optim.schedule_clock import ScheduleClock
 
 
 class OptimizedVariables:
@@ -29,6 +30,8 @@ class OptimizedVariables:
             parts stay, some go, some come). Where it ran the same optimizer, its optimizer is
             taken over (:meth:`_hand_over`): only the variables new to it cost a build; it
             is not used afterwards.
+        schedule: the optimizer's learning-rate schedule, which brings it to the global step's
+            rate before each step (:mod:`psframe.ps.store.schedules`); None: none.
     """
 
     def __init__(
@@ -38,9 +41,11 @@ class OptimizedVariables:
         *,
         per_parameter: bool = False,
         previous: OptimizedVariables | None = None,
+        schedule: ScheduleClock | None = None,
     ) -> None:
         self._variables = dict(variables)
         self.spec, self.per_parameter = optimizer, per_parameter
+        self.schedule, self._scheduled = schedule, -1  # the schedule's version the optimizer is at
         self.optimizer: torch.optim.Optimizer | None = None
         self.stepped = False  # a step went through (a stateless optimizer's state is then complete)
         if not self._variables or optimizer is None:
@@ -117,6 +122,8 @@ class OptimizedVariables:
         """
         if self.optimizer is None:
             raise ValueError(f"no optimizer to step {len(variables)} variables with: this group holds none")
+        if self.schedule is not None:
+            self._scheduled = self.schedule.apply(self.optimizer, self._scheduled)
         for variable, grad in zip(variables, grads):
             variable.grad = grad
         try:
@@ -136,7 +143,11 @@ class OptimizedVariables:
         Returns:
             True if taken; False if nothing changed (:meth:`step` takes it, with sparse gradients).
         """
-        if self.optimizer is None or not kernels.step_rows(self.optimizer, work):
+        if self.optimizer is None:
+            return False
+        if self.schedule is not None:
+            self._scheduled = self.schedule.apply(self.optimizer, self._scheduled)
+        if not kernels.step_rows(self.optimizer, work):
             return False
         self.stepped = True
         return True

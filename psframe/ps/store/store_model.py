@@ -16,11 +16,11 @@ from typing import Any
 import numpy
 import torch
 
-from psframe.checkpoint.deltas import RowChanges
 from psframe.errors import ClusterMismatchError, UnknownVariableError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
 from psframe.ps.store.optimized_variables import OptimizedVariables
+from psframe.ps.store.schedules import ModelSchedules
 from psframe.ps.store.table_parts import DynamicPart, TableParts
 
 VariableKey = tuple[str, tuple[int, ...], str]  # name, shape, dtype: what two tasks must agree on
@@ -39,10 +39,13 @@ class StoreModel:
         memory, version_count, versions: see :class:`~psframe.ps.store.table_parts.TableParts`.
         previous: the model these variables were held in before, whose optimizers this one
             takes over (a live re-layout's; see :class:`~psframe.ps.store.optimized_variables.OptimizedVariables`).
+        global_step: the store's global step (a one-element array), which the optimizers'
+            learning-rate schedules follow (:mod:`psframe.ps.store.schedules`).
 
     Raises:
         UnknownVariableError: a table is not among ``variables``.
         ClusterMismatchError: tables without a table optimizer.
+        OptimizerConfigError: a schedule cannot run here (its function cannot be imported).
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class StoreModel:
         version_count: numpy.ndarray | None = None,
         versions: Mapping[str, torch.Tensor] | None = None,
         previous: StoreModel | None = None,
+        global_step: numpy.ndarray | None = None,
     ) -> None:
         variables = variables or {}
         unknown = sorted(set(tables) - set(variables))
@@ -70,6 +74,7 @@ class StoreModel:
         self.optimizer_spec = optimizer
         self.names = tuple(variables)  # dense and fixed tables, in the order created
         fixed = set(tables)
+        self.schedules = ModelSchedules(optimizer, table_optimizer if tables or dynamic else None, global_step)
         self.table_parts: TableParts = TableParts(
             task_name,
             {n: variables[n] for n in tables},
@@ -79,11 +84,13 @@ class StoreModel:
             version_count,
             versions,
             previous=None if previous is None else previous.table_parts.fixed,
+            schedule=self.schedules.tables,
         )
         self.dense: OptimizedVariables = OptimizedVariables(
             {n: v for n, v in variables.items() if n not in fixed},
             optimizer,
             previous=None if previous is None else previous.dense,
+            schedule=self.schedules.dense,
         )
 
     @property
@@ -132,29 +139,6 @@ class StoreModel:
     def nbytes(self) -> int:
         """Bytes of the variables, the tables' parts and the optimizers' tensor state."""
         return self.dense.nbytes() + self.table_parts.nbytes()
-
-    def copies(
-        self, names: Sequence[str] | None = None, *, clone: bool = True
-    ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
-        """Copies of the variables (``names``, or all) and of each one's optimizer state, by name;
-        without ``clone``, the tensors themselves (detached)."""
-        names = self.names if names is None else names
-
-        def copied(x: torch.Tensor) -> torch.Tensor:
-            return x.detach().clone() if clone else x.detach()
-
-        values = {name: copied(self.variable(name)) for name in names}
-        states = {
-            name: {k: copied(x) if isinstance(x, torch.Tensor) else x for k, x in (self.state_of(name) or {}).items()}
-            for name in names
-        }
-        return values, states
-
-    def row_copies(self, name: str, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Copies of rows ``rows`` of fixed table part ``name`` and of their optimizer state
-        (element-wise state by row; any other state whole)."""
-        changes = RowChanges.of(rows, self.variable(name), self.state_of(name) or {})
-        return changes.value, dict(changes.state)
 
     def check_same(
         self,

@@ -28,6 +28,7 @@ import torch
 from psframe.errors import DtypeMismatchError, RowIdError, ShapeMismatchError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
+from psframe.optim.schedule_clock import ScheduleClock
 from psframe.ps.store.optimized_variables import OptimizedVariables
 from psframe.ps.store.row_versions import RowVersions
 from psframe.tables.dynamic_rows import DynamicRows, row_gradient
@@ -58,6 +59,7 @@ class TableParts:
         versions: the fixed rows' versions, made by another process (a serving process maps the owner's).
         previous: the fixed tables' group before, whose optimizer this one takes over (see
             :class:`~psframe.ps.store.optimized_variables.OptimizedVariables`).
+        schedule: the table optimizer's learning-rate schedule (:mod:`psframe.ps.store.schedules`); None: none.
     """
 
     def __init__(
@@ -70,16 +72,20 @@ class TableParts:
         version_count: numpy.ndarray | None = None,
         versions: Mapping[str, torch.Tensor] | None = None,
         previous: OptimizedVariables | None = None,
+        schedule: ScheduleClock | None = None,
     ) -> None:
         fixed, dynamic = fixed or {}, dynamic or {}
         self.task_name = task_name
         self._memory = memory if memory is not None else Memory()
         self.optimizer_spec = optimizer if fixed or dynamic else None
+        self._schedule = schedule
         self._dynamic = {
-            name: DynamicRows(name, part.row_shape, part.dtype, part.spec, optimizer, memory=self._memory)
+            name: DynamicRows(
+                name, part.row_shape, part.dtype, part.spec, optimizer, memory=self._memory, schedule=schedule
+            )
             for name, part in dynamic.items()
         }
-        self.fixed = OptimizedVariables(fixed, optimizer, per_parameter=True, previous=previous)
+        self.fixed = OptimizedVariables(fixed, optimizer, per_parameter=True, previous=previous, schedule=schedule)
         # The version of each fixed table row: for workers' row caches and delta checkpoints.
         self.versions = RowVersions({name: t.shape[0] for name, t in fixed.items()}, version_count, memory, versions)
 
@@ -233,7 +239,13 @@ class TableParts:
         for name, export in saved.items():
             part = self._dynamic[name]
             self._dynamic[name] = DynamicRows(
-                name, part.row_shape, part.dtype, part.spec, self.optimizer_spec, memory=self._memory
+                name,
+                part.row_shape,
+                part.dtype,
+                part.spec,
+                self.optimizer_spec,
+                memory=self._memory,
+                schedule=self._schedule,
             )
             self._dynamic[name].epoch = part.epoch
             self._dynamic[name].load(export)

@@ -1,35 +1,34 @@
-"""A worker's view of the ps tasks: named tensors in, named tensors out.
+"""A worker's view of the ps tasks: its connections, the step path, and the cut.
 
-:class:`PsClient` is the worker side's only door to the ps tasks, in the
-spirit of ps-lite's ``KVWorker`` (push, pull, wait): it takes shards and
-tensors, and gives back tensors and global steps. Messages, the codec and
-gRPC stay behind it (:mod:`psframe.wire`). Requests go to every ps task in
-parallel; a failed call is raised as the psframe error the ps raised, or as
-a named transport error. Every wait has a deadline.
+:class:`PsClient` holds the worker side's connections to every ps task and
+the step path over them, in the spirit of ps-lite's ``KVWorker`` (push,
+pull, wait): it takes shards and tensors, and gives back tensors and global
+steps, over one long-lived stream per ps task; it also takes the cut that
+checkpoints (:meth:`PsClient.save`) and re-layouts are taken at. Messages,
+the codec and gRPC stay behind it (:mod:`psframe.wire`). The calls around
+the steps take a client: :mod:`psframe.worker.client.control_calls`
+(waiting, the model, data ranges, the end) and
+:mod:`psframe.worker.client.relayout_calls` (a live re-layout). Requests go to
+every ps task in parallel; a failed call is raised as the psframe error the ps
+raised, or as a named transport error.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TypeVar, cast
 
 import torch
 
 from psframe import errors
 from psframe.checkpoint.manifest import ShardRecord
-from psframe.cluster import ClusterSpec, parse_address
-from psframe.cluster.moves import MoveStage
+from psframe.cluster import ClusterSpec
 from psframe.config.liveness import Liveness
 from psframe.config.options import BoundedStaleness
 from psframe.config.security import Security
-from psframe.errors import ConnectTimeoutError
-from psframe.optim import OptimizerSpec, SyncReplicas
-from psframe.status import TaskState, TaskStatus
 from psframe.tables.rows import CachedPull, FreshRows, RowPull
-from psframe.wire import codec, messages, row_tensors, same_host, transport
+from psframe.wire import codec, row_tensors, same_host, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker.client import streams
 from psframe.worker.client.operations import (
@@ -43,13 +42,11 @@ from psframe.worker.client.operations import (
     RowsPushed,
 )
 from psframe.worker.client.streams import PushPullStreams
-from psframe.worker.plan.step_plan import Request, Slot
+from psframe.worker.plan.step_plan import Request
 
 ReplyT = TypeVar("ReplyT", DenseReply, RowsPulled)
 
 log = logging.getLogger(__name__)
-
-LOG_EVERY_SECONDS = 5.0
 
 
 class PsClient:
@@ -103,151 +100,32 @@ class PsClient:
             cluster_fingerprint=cluster.fingerprint,
             ps_fingerprint=cluster.ps_fingerprint,
         )
-        self._ps = [
+        # One connection per ps task, by index: the step streams and every other call use them.
+        self.connections = [
             transport.Connection(address, f"{ClusterSpec.task_name('ps', k)} at {address}", security, liveness)
             for k, address in enumerate(cluster.job_tasks("ps"))
         ]
         # The tasks on this host may take shared regions until one says it cannot map them.
         share = shared_memory and same_host.available()
-        self._streams = PushPullStreams(self._ps, self.caller, wire_dtype, share_with=share, staleness=staleness)
+        self._streams = PushPullStreams(
+            self.connections, self.caller, wire_dtype, share_with=share, staleness=staleness
+        )
         # Synchronous training: parts of tables whose rows are applied at once (SyncReplicas.async_tables).
         self.async_parts: frozenset[str] = frozenset()
 
     @property
+    def push_numbers(self) -> streams.PushNumbers:
+        """How this worker numbers its pushes to each ps task (the control calls that learn
+        what a task applied already move the numbering on)."""
+        return self._streams.numbers
+
+    @property
     def num_ps(self) -> int:
-        return len(self._ps)
+        return len(self.connections)
 
     def describe(self, ps_task: int) -> str:
         """``"/job:ps/task:K at host:port"``."""
-        return self._ps[ps_task].peer
-
-    # ---- waiting for peers
-
-    def wait_for_ps(
-        self, timeout: float, *, ready: bool = False, tasks: Sequence[int] | None = None, poll: float = 0.1
-    ) -> list[TaskStatus]:
-        """Wait until every ps task (or those of ``tasks``) answers (and, with ``ready``, holds the model).
-
-        Asks again every ``poll`` seconds; logs whom it waits for every few seconds.
-
-        Returns:
-            Each ps task's (of ``tasks``) :class:`~psframe.status.TaskStatus`, by task index.
-
-        Raises:
-            ConnectTimeoutError: naming the tasks still missing after ``timeout``.
-            ClusterMismatchError: a ps task was started with another cluster.
-            TrainingFinishedError: a ps task has seen every worker finish.
-        """
-        start = time.monotonic()
-        deadline = start + timeout
-        next_log = start  # say at once whom we wait for, then every few seconds
-        infos: dict[int, TaskStatus] = {}
-        pending = list(range(self.num_ps)) if tasks is None else list(tasks)
-        # A worker asks to take part (an elastic ps task counts it, even after it had left).
-        request = pb.InfoRequest(caller=self.caller, joining=self.caller.job_name == "worker")
-        while True:
-            asked = list(pending)
-            timeout_each = max(0.1, min(2.0, deadline - time.monotonic()))
-            replies = transport.call_each([(self._ps[k], "GetInfo", request) for k in asked], timeout_each)
-            for k, (reply, error) in zip(asked, replies):
-                if isinstance(error, (errors.TaskUnavailableError, errors.RpcTimeoutError)):
-                    continue
-                if error is not None:
-                    raise error
-                info = messages.task_status(reply)
-                messages.check_identity(info, self.cluster, "ps", k, self._ps[k].address)
-                if self.caller.job_name == "worker":  # number pushes above those the task applied already
-                    last = next((w.last_push_id for w in info.workers if w.task_index == self.task_index), 0)
-                    self._streams.numbers.start_after(k, last)
-                if info.state is TaskState.FINISHED:
-                    raise errors.TrainingFinishedError(
-                        f"{self.describe(k)} has seen every worker finish; training is over"
-                    )
-                if ready and info.state is not TaskState.READY:
-                    continue
-                infos[k] = info
-                pending.remove(k)
-            if not pending:
-                if 0 in infos:  # a push carries the layout the ps tasks are at: one of a layout before is refused
-                    self.caller.layout_version = infos[0].layout_version
-                return [infos[k] for k in sorted(infos)]
-            now = time.monotonic()
-            what = "hold the model (the chief creates it)" if ready else "come up"
-            missing = ", ".join(self.describe(k) for k in pending)
-            if now >= deadline:
-                raise ConnectTimeoutError(
-                    f"{self.name} waited {now - start:.1f}s for {missing} to {what}; {_what_to_check(ready, pending)}"
-                )
-            if now >= next_log:
-                log.info("%s waiting for %s to %s (%.0fs of %.0fs)", self.name, missing, what, now - start, timeout)
-                next_log = now + LOG_EVERY_SECONDS
-            time.sleep(min(poll, max(0.0, deadline - now)))
-
-    def get_info(self, ps_task: int) -> TaskStatus:
-        """One ps task's :class:`~psframe.status.TaskStatus` (who it is, what it holds, its counters)."""
-        info = self._ps[ps_task].call("GetInfo", pb.InfoRequest(caller=self.caller), timeout=self.rpc_timeout)
-        return messages.task_status(info)
-
-    # ---- the model
-
-    def create(
-        self,
-        ps_task: int,
-        slots: Sequence[Slot],
-        values: Sequence[tuple[str, torch.Tensor]],
-        optimizer: OptimizerSpec,
-        sync: SyncReplicas | None,
-        checkpoint_dir: str | None,
-        *,
-        rows: Sequence[row_tensors.RowPush] = (),
-        table_optimizer: OptimizerSpec | None = None,
-        global_step: int = 0,
-    ) -> bool:
-        """Ask a ps task to create its variables (chief only), with some of their initial values.
-
-        ``slots`` are every variable the ps task holds; ``values`` (CPU
-        tensors, by shard name) may be a part of them, and ``rows`` some
-        rows of its embedding tables' parts, as ``(part, ids, rows)``: the
-        ps creates the variables once it has them all, so a large model
-        travels in several calls. A ps task that holds the model already
-        (or restores it from ``checkpoint_dir``) keeps what it has.
-        ``table_optimizer`` updates the tables (needed if there are any).
-        ``global_step``: the chief's (0 at the start of a job); a ps task that
-        lost its variables and has no checkpoint goes on from it.
-
-        Returns:
-            True if this call created the variables.
-        """
-        header = pb.InitHeader(
-            caller=self.caller,
-            variables=messages.variable_defs(slots),
-            optimizer=messages.optimizer_to_proto(optimizer),
-            sync=messages.sync_def(sync),
-            checkpoint_dir=checkpoint_dir or "",
-            global_step=global_step,
-        )
-        if table_optimizer is not None:
-            header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
-        pushed_rows, row_kinds = row_tensors.push_tensors(rows)
-        tensors = list(values) + pushed_rows
-        data = self._ps[ps_task].call(
-            "Init",
-            codec.encode(header, tensors, [row_tensors.VALUE] * len(values) + row_kinds),
-            timeout=self.rpc_timeout,
-        )
-        return codec.decode(data, pb.InitReplyHeader)[0].created
-
-    def check_model(self, infos: Sequence[TaskStatus], slots: Sequence[Slot], sync: SyncReplicas | None) -> None:
-        """Check that every ps task holds exactly these variables, trained with these sync settings.
-
-        Raises:
-            ClusterMismatchError: naming the ps task and the first differences.
-        """
-        for ps_task, info in enumerate(infos):
-            where = f"the model of {self.name} does not match {self.describe(ps_task)}"
-            messages.check_same_sync(where, messages.sync_def(sync), messages.sync_def(info.sync))
-            mine = messages.variable_defs(s for s in slots if s.shard.ps_task == ps_task)
-            messages.check_same_variables(where, messages.keys_of_defs(mine), [v.key for v in info.variables])
+        return self.connections[ps_task].peer
 
     # ---- a step
 
@@ -453,7 +331,7 @@ class PsClient:
         and shared regions are offered anew."""
         self._streams.reset()
 
-    # ---- checkpoints and the end
+    # ---- the cut that checkpoints and re-layouts are taken at
 
     def save(self, checkpoint_dir: str, step: int, parent: int | None = None) -> list[ShardRecord]:
         """Ask every ps task to write its shard of checkpoint ``step``, in parallel: what
@@ -468,25 +346,42 @@ class PsClient:
         Returns:
             What each ps task wrote, by task index.
         """
-        requests = self._cut_requests(
-            checkpoint_dir=checkpoint_dir, step=step, delta=parent is not None, parent_step=parent or 0
+        replies = self.take_cut(
+            f"checkpoint step {step} is saved without one cut across the ps tasks",
+            checkpoint_dir=checkpoint_dir,
+            step=step,
+            delta=parent is not None,
+            parent_step=parent or 0,
         )
-        try:
-            replies = transport.call_all(
-                [(ps, "Save", request) for ps, request in zip(self._ps, requests)], self.rpc_timeout
-            )
-        except errors.CheckpointCutError as e:  # a worker lost mid-step, say: better a checkpoint than none
-            log.warning("%s: checkpoint step %d is saved without one cut across the ps tasks: %s", self.name, step, e)
-            for request in requests:
-                del request.targets[:]
-                request.cut_rounds = False
-            replies = transport.call_all(
-                [(ps, "Save", request) for ps, request in zip(self._ps, requests)], self.rpc_timeout
-            )
         return [
             ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes, global_step=r.global_step)
             for k, r in enumerate(replies)
         ]
+
+    def take_cut(self, lost: str, move_to: str = "", **fields: object) -> list[pb.SaveReply]:
+        """Hold every ps task at one cut and have each take its part there: a checkpoint's
+        shard, or a re-layout's snapshot (``move_to``); ``fields`` go in every ``Save`` request.
+
+        A cut lost to a worker that died in the middle of a step (CheckpointCutError) is
+        taken again without the steps it waited for (better a checkpoint than none): that
+        step may be applied on some parts and not on others. ``lost`` says so in the warning.
+
+        Returns:
+            Each ps task's reply, by task index.
+        """
+        requests = self._cut_requests(move_to, **fields)
+        try:
+            return transport.call_all(
+                [(ps, "Save", request) for ps, request in zip(self.connections, requests)], self.rpc_timeout
+            )
+        except errors.CheckpointCutError as e:  # a worker lost mid-step, say
+            log.warning("%s: %s: %s", self.name, lost, e)
+            for request in requests:
+                del request.targets[:]
+                request.cut_rounds = False
+            return transport.call_all(
+                [(ps, "Save", request) for ps, request in zip(self.connections, requests)], self.rpc_timeout
+            )
 
     def _cut_requests(self, move_to: str = "", **fields: object) -> list[pb.SaveRequest]:
         """Hold every ps task at one cut; the ``Save`` requests (with ``fields``) that take it, by task.
@@ -496,7 +391,7 @@ class PsClient:
         ``move_to``: the cut of a re-layout to that cluster (no other cut may begin meanwhile).
         """
         hold = pb.SaveRequest(caller=self.caller, hold=True, hold_seconds=min(self.rpc_timeout, 10.0), move_to=move_to)
-        holds = transport.call_all([(ps, "Save", hold) for ps in self._ps], self.rpc_timeout)
+        holds = transport.call_all([(ps, "Save", hold) for ps in self.connections], self.rpc_timeout)
         begun = [list(r.steps_begun) for r in holds if r.holds]
         targets = [max(steps) for steps in zip(*begun)] if begun else []
         # Synchronous: the ps tasks are at most one round apart; the cut is at the latest.
@@ -513,170 +408,7 @@ class PsClient:
             for r in holds
         ]
 
-    # ---- a live re-layout (psframe.ps.elastic.relayout)
-
-    def layout_status(self) -> LayoutStatus:
-        """Where ps 0 stands with re-layouts: asked for, or taken (and at which stage)."""
-        reply = self._ps[0].call("Reshard", pb.ReshardRequest(caller=self.caller), timeout=self.rpc_timeout)
-        stage = None
-        if reply.moved and reply.HasField("stage"):
-            s = reply.stage
-            stage = MoveStage(s.origin_spec, s.target_spec, s.stage, s.stages)
-        return LayoutStatus(
-            ClusterSpec.from_string(reply.cluster_spec) if reply.cluster_spec else None,
-            reply.moved,
-            stage,
-            ClusterSpec.from_string(reply.before_spec) if reply.moved and reply.before_spec else None,
-        )
-
-    def ask_reshard(self, new: ClusterSpec) -> None:
-        """Ask ps 0 for a re-layout to ``new`` (from a tool); the chief takes it between two steps.
-
-        Raises:
-            ClusterSpecError: ``new`` cannot be taken live (the reason says what to do instead).
-        """
-        self._ps[0].call(
-            "Reshard", pb.ReshardRequest(caller=self.caller, cluster_spec=new.to_string()), timeout=self.rpc_timeout
-        )
-
-    def move(self, new: ClusterSpec, stage: MoveStage | None = None) -> CutTaken:
-        """The chief's first part of a re-layout (or of its ``stage``): every ps task takes one cut,
-        snapshots its parts into memory and moves to ``new`` (workers of the layout before are
-        refused from then on). Returns ps 0's reply: the layout version and the workers that had
-        finished, which the tasks of the new layout are told.
-
-        A cut lost to a worker that died in the middle of a step (CheckpointCutError) is taken
-        again without the steps it waited for, as a checkpoint is: that step may be applied on
-        some parts and not on others.
-        """
-        staged = (
-            {}
-            if stage is None
-            else {
-                "move_stage": pb.MoveStage(
-                    origin_spec=stage.origin, target_spec=stage.target, stage=stage.stage, stages=stage.stages
-                )
-            }
-        )
-        requests = self._cut_requests(move_to=new.to_string(), **staged)
-        try:
-            replies = transport.call_all([(ps, "Save", r) for ps, r in zip(self._ps, requests)], self.rpc_timeout)
-        except errors.CheckpointCutError as e:
-            log.warning("%s: the re-layout's cut is taken without waiting for a lost worker's step: %s", self.name, e)
-            for request in requests:
-                del request.targets[:]
-                request.cut_rounds = False
-            replies = transport.call_all([(ps, "Save", r) for ps, r in zip(self._ps, requests)], self.rpc_timeout)
-        first = replies[0]
-        ledger = (
-            (tuple(first.ledger.last_push), tuple(first.ledger.applied_steps)) if first.HasField("ledger") else None
-        )
-        return CutTaken(first.layout_version, tuple(first.finished_workers), ledger)
-
-    def adopt(
-        self,
-        slots: Sequence[Slot],
-        optimizer: OptimizerSpec,
-        table_optimizer: OptimizerSpec | None,
-        sync: SyncReplicas | None,
-        adopt_from: Sequence[str],
-        layout_version: int,
-        finished_workers: Sequence[int] = (),
-        sources: Sequence[Sequence[int]] | None = None,
-        ledger: tuple[Sequence[int], Sequence[int]] | None = None,
-    ) -> bool:
-        """The chief's second part of a re-layout: every ps task of this (new) cluster takes the
-        parts placed on it from the snapshots of the tasks before (``adopt_from``), in parallel;
-        ps task ``k`` from tasks ``sources[k]`` only (:func:`psframe.cluster.moves.sources`), or all.
-        ``ledger``: ps 0's pushes applied at the cut (:class:`CutTaken`), which every task takes;
-        None: each reads it from ps 0's snapshot (then ps 0 must be among ``sources[k]``).
-
-        Returns:
-            Whether every task now holds the model (then it holds these variables, and this
-            client numbers its pushes from the replies: no :meth:`wait_for_ps` needed).
-        """
-        self.caller.layout_version = layout_version  # the tasks kept refuse a caller of the layout before
-        calls = []
-        for k, ps in enumerate(self._ps):
-            header = pb.InitHeader(
-                caller=self.caller,
-                variables=messages.variable_defs(s for s in slots if s.shard.ps_task == k),
-                optimizer=messages.optimizer_to_proto(optimizer),
-                sync=messages.sync_def(sync),
-                adopt_from=adopt_from,
-                layout_version=layout_version,
-                finished_workers=finished_workers,
-                adopt_tasks=() if sources is None else sources[k],
-            )
-            if table_optimizer is not None:
-                header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
-            if ledger is not None:
-                header.ledger.CopyFrom(pb.PushLedger(last_push=ledger[0], applied_steps=ledger[1]))
-            calls.append((ps, "Init", codec.encode(header, ())))
-        replies = [codec.decode(r, pb.InitReplyHeader)[0] for r in transport.call_all(calls, self.rpc_timeout)]
-        if any(r.state != pb.TaskInfo.READY for r in replies):
-            return False
-        for k, reply in enumerate(replies):  # as wait_for_ps would: above the pushes each task applied
-            self._streams.numbers.start_after(k, reply.last_push_id)
-        self.caller.layout_version = replies[0].layout_version
-        return True
-
-    def copy_ahead(
-        self,
-        slots: Sequence[Slot],
-        optimizer: OptimizerSpec,
-        table_optimizer: OptimizerSpec | None,
-        adopt_from: Sequence[str],
-        sources: Sequence[Sequence[int]] | None = None,
-        parts: Sequence[str] = (),
-    ) -> None:
-        """Before a re-layout stage's cut, while training goes on: every ps task of this (the
-        next) layout makes its optimizers ready and copies the fixed table parts it takes at the
-        cut (``parts``, those of them it holds next) from the tasks before (``adopt_from``;
-        ``sources``: as :meth:`adopt`), in parallel; at the cut only their rows changed since
-        cross (:mod:`psframe.ps.elastic.precopy`)."""
-        copied = set(parts)
-        calls = []
-        for k, ps in enumerate(self._ps):
-            held = [s for s in slots if s.shard.ps_task == k]
-            precopy = pb.Precopy(
-                variables=messages.variable_defs(held),
-                parts=[s.name for s in held if s.name in copied],
-                adopt_from=adopt_from,
-                adopt_tasks=() if sources is None else sources[k],
-                optimizer=messages.optimizer_to_proto(optimizer),
-                cluster_spec=self.cluster.to_string(),
-            )
-            if table_optimizer is not None:
-                precopy.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
-            calls.append((ps, "Reshard", pb.ReshardRequest(caller=self.caller, precopy=precopy)))
-        transport.call_all(calls, self.rpc_timeout)
-
-    def reshard_done(self) -> None:
-        """Tell the ps tasks the new layout holds the model: their snapshots may go."""
-        request = pb.ReshardRequest(caller=self.caller, done=True)
-        transport.call_all([(ps, "Reshard", request) for ps in self._ps], self.rpc_timeout)
-
-    # ---- data read in ranges
-
-    def data_range(self, ps_task: int, name: str, num_examples: int, range_size: int, epochs: int) -> RangeGrant:
-        """A range of data set ``name`` to train on, from the ps task that keeps its queue
-        (:mod:`psframe.ps.protocol.data_ranges`): a lease, or none yet (``retry_after``), or ``exhausted``."""
-        request = pb.DataRangeRequest(
-            caller=self.caller, name=name, num_examples=num_examples, range_size=range_size, epochs=epochs
-        )
-        reply = self._ps[ps_task].call("DataRange", request, timeout=self.rpc_timeout)
-        return RangeGrant(
-            reply.lease,
-            reply.epoch,
-            reply.start,
-            reply.end,
-            reply.offset,
-            reply.exhausted,
-            reply.retry_after,
-            reply.consumed,
-            reply.total,
-        )
+    # ---- data progress, carried by the steps' pushes
 
     def report_progress(self, ps_task: int, name: str, lease: int, offset: int) -> None:
         """Carry, in the next step's step-ending push to ``ps_task``, that the step consumed data set
@@ -691,22 +423,9 @@ class PsClient:
         """Steps carry no data progress from now on (until :meth:`report_progress`)."""
         self._streams.encoder.progress = None
 
-    def shutdown(self, ps_task: int) -> None:
-        """Ask a ps task to stop serving (it exits 0)."""
-        self._ps[ps_task].call("Shutdown", pb.ShutdownRequest(caller=self.caller), timeout=min(self.rpc_timeout, 30.0))
-
-    def finish(self) -> None:
-        """Tell every ps task this worker is done; a ps that is gone is only logged."""
-        request = pb.FinishRequest(caller=self.caller)
-        for ps in self._ps:
-            try:
-                ps.call("Finish", request, timeout=min(self.rpc_timeout, 30.0))
-            except (errors.TaskUnavailableError, errors.RpcTimeoutError) as e:
-                log.warning("%s could not report that it finished: %s", self.name, e)
-
     def close(self) -> None:
         self._streams.close()
-        for ps in self._ps:
+        for ps in self.connections:
             ps.close()
 
     def __enter__(self) -> PsClient:
@@ -714,55 +433,6 @@ class PsClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-@dataclass(frozen=True)
-class CutTaken:
-    """What ps 0 answers a re-layout's cut: what the tasks of the new layout are told with their parts."""
-
-    layout_version: int  # the re-layouts gone through, this one counted
-    finished_workers: tuple[int, ...]  # the workers that had finished before
-    # ps 0's pushes applied at the cut, by worker: each one's last push and steps applied (None: unsaid)
-    ledger: tuple[tuple[int, ...], tuple[int, ...]] | None = None
-
-
-@dataclass(frozen=True)
-class LayoutStatus:
-    """What ps 0 says of re-layouts: the one asked for, or the layout taken, and its stage."""
-
-    cluster: ClusterSpec | None  # asked for (not yet taken), or the cluster of the layout taken; None: none
-    moved: bool  # a layout was taken (``cluster`` is where the ps tasks are)
-    stage: MoveStage | None = None  # taken: the stage of the re-layout it is at; None: a layout of one stage
-    before: ClusterSpec | None = None  # taken: the cluster of the layout it moved from (the last stage's)
-
-    @property
-    def moving(self) -> bool:
-        """Whether a staged re-layout is under way: taken, its last stage not yet."""
-        return self.moved and self.stage is not None and not self.stage.done
-
-
-@dataclass(frozen=True)
-class RangeGrant:
-    """A ps task's answer to a worker asking for a range of a data set (``lease`` 0: none now)."""
-
-    lease: int
-    epoch: int
-    start: int
-    end: int
-    offset: int  # consumed up to here: train from it
-    exhausted: bool  # every example of every epoch consumed
-    retry_after: float  # every range left is out with live workers: ask again after this many seconds
-    consumed: int
-    total: int
-
-
-def _what_to_check(ready: bool, pending: Sequence[int]) -> str:
-    """What to do about ps tasks that did not come up (or hold no model) in time, for the error."""
-    if ready:
-        return f"is the chief, {ClusterSpec.task_name('worker', 0)}, running? (raise connect_timeout to wait longer)"
-    if len(pending) == 1:
-        return "is it started, and is the address right? (raise connect_timeout to wait longer)"
-    return "are they started, and are the addresses right? (raise connect_timeout to wait longer)"
 
 
 def _targets(operations: Iterable[Operation]) -> list[int | None]:
@@ -775,26 +445,6 @@ def _expect(reply: Reply | None, kind: type[ReplyT]) -> ReplyT:
     if not isinstance(reply, kind):
         raise errors.WireFormatError(f"expected a {kind.__name__} reply, got {reply!r}")
     return reply
-
-
-def ping(target: str, timeout: float = 5.0, security: Security | None = None) -> TaskStatus:
-    """Ask the task at ``target`` (``grpc://host:port`` or ``host:port``) who it is.
-
-    Raises:
-        ConnectTimeoutError: nothing answered within ``timeout`` seconds.
-        AuthenticationError: the task refused the call (``security``'s token is missing or wrong).
-        PsframeError: something answered, but not as a psframe task.
-    """
-    address = target.removeprefix("grpc://")
-    parse_address(address)
-    with transport.Connection(address, security=security) as connection:
-        try:
-            info = connection.call("GetInfo", pb.InfoRequest(), timeout=timeout, wait_for_ready=True)
-        except errors.RpcTimeoutError as e:
-            raise ConnectTimeoutError(
-                f"no psframe task answered at {address} within {timeout}s; is it started, and is the address right?"
-            ) from e
-    return messages.task_status(info)
 
 
 def resolve_wire_dtype(wire_dtype: str | torch.dtype | None) -> torch.dtype | None:

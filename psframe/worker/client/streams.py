@@ -55,6 +55,11 @@ class PushNumbers:
         are kept, and so is what :meth:`assign` gives ``again``."""
         self._next[ps_task] = max(self._next[ps_task], last + 1)
 
+    @property
+    def holds_a_step(self) -> bool:
+        """Whether numbers were taken for a step's pushes on these streams (one that may be sent again)."""
+        return bool(self._taken)
+
     def assign(self, targets: Sequence[int | None], again: bool = False) -> list[int]:
         """A number for each message of a step, in the order they are sent: ``targets``
         holds the ps task each one pushes to, or None for one that pushes nothing (0).

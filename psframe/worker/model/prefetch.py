@@ -31,16 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
-from psframe.worker.model.tables import (
-    DynamicTable,
-    EmbeddingTables,
-    Placed,
-    Prefetched,
-    RowPull,
-    Table,
-    assemble_parts,
-    plan_parts,
-)
+from psframe.tables.rows import RowPull
+from psframe.worker.model.row_pulls import Placed, assemble_parts, plan_parts
+from psframe.worker.model.table_views import DynamicTable, Prefetched, Table
+from psframe.worker.model.tables import EmbeddingTables
 
 
 @dataclass

@@ -13,7 +13,7 @@ of the part's updates behind, as a bounded-staleness cache does.
 
 :class:`RowCache` holds one table's rows: any int64 ids (a fixed table's row
 numbers, a dynamic table's ids), found in bulk in an
-:class:`~psframe.tables.dynamic_rows.IdIndex`, up to ``max_rows`` of them; past it,
+:class:`~psframe.tables.id_index.IdIndex`, up to ``max_rows`` of them; past it,
 the rows used longest ago make room.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from psframe.tables.dynamic_rows import IdIndex
+from psframe.tables.id_index import IdIndex
 from psframe.tables.rows import NOT_CACHED
 
 _INITIAL_SLOTS = 1024

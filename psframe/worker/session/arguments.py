@@ -8,7 +8,14 @@ speaks the wire: :func:`psframe.worker.client.ps_client.resolve_wire_dtype`.)
 
 from __future__ import annotations
 
-from psframe.config.options import Checkpointing, Placement, Transport
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from psframe.cluster import ClusterSpec
+from psframe.config.options import BoundedStaleness, Checkpointing, Placement, Transport
+from psframe.errors import ClusterSpecError
 from psframe.optim import SGD, OptimizerSpec, SyncReplicas, SyncReplicasOptimizer
 
 _GROUP_CLASS = {"placement": Placement, "checkpointing": Checkpointing, "transport": Transport}
@@ -89,3 +96,76 @@ def async_table_names(given: bool | tuple[str, ...], tables: list[str]) -> froze
                 f"its tables are {tables or 'none'}"
             )
     return frozenset(found)
+
+
+def resolve_cluster(cluster: ClusterSpec | Mapping[str, Sequence[str]], task_index: int) -> ClusterSpec:
+    """The cluster a worker is given, checked: its task index, and ps tasks at ports of their own.
+
+    Raises:
+        ClusterSpecError: the cluster or task index is invalid, or a ps task's address has port 0.
+    """
+    cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
+    cluster.validate_task("worker", task_index)
+    if unbound := cluster.tasks_on_any_port("ps"):
+        k = unbound[0]
+        raise ClusterSpecError(
+            f"{ClusterSpec.task_name('ps', k)} has address {cluster.task_address('ps', k)!r}: port 0 asks "
+            f"its server to pick a free port, and a worker must be given the port it picked (the cluster of "
+            f"the running server, psframe.Server(...).cluster, or psframe.local_cluster(...).cluster)"
+        )
+    return cluster
+
+
+def resolve_rpc_timeout(rpc_timeout: float, sync: SyncReplicas | None, staleness: BoundedStaleness | None) -> float:
+    """The deadline of each call: ``rpc_timeout``, raised to outlast a sync round's timeout, or
+    the staleness bound's (a step may wait that long).
+
+    Raises:
+        TypeError: ``staleness`` of another type.
+        ValueError: a staleness bound with ``sync``.
+    """
+    if sync is not None:
+        # A call may wait at the barrier for as long as the sync timeout.
+        rpc_timeout = max(rpc_timeout, sync.timeout + 30.0)
+    if staleness is not None:
+        if not isinstance(staleness, BoundedStaleness):
+            raise TypeError(f"staleness must be a psframe.BoundedStaleness or None, got {type(staleness).__name__}")
+        if sync is not None:
+            raise ValueError(
+                "staleness bounds asynchronous training; with sync every step waits for its round already "
+                "(give one or the other)"
+            )
+        rpc_timeout = max(rpc_timeout, staleness.timeout + 30.0)  # a step may wait as long as the bound's timeout
+    return rpc_timeout
+
+
+def resolve_replica_devices(
+    device: str | torch.device | None, replica_devices: Sequence[str | torch.device] | None
+) -> tuple[str | torch.device | None, list[torch.device] | None]:
+    """The device of the model and those of in-graph replication's replicas (the model's first).
+
+    Raises:
+        ValueError: ``device`` is not the first of ``replica_devices``.
+    """
+    if replica_devices is None:
+        return device, None
+    devices = [torch.device(d) for d in replica_devices]
+    if device is not None and torch.device(device) != devices[0]:
+        raise ValueError(f"device ({device}) must be the first of replica_devices ({devices}), or None")
+    return (devices[0] if devices else None), devices
+
+
+def resolve_async_tables(
+    sync_given: SyncReplicas | None, sync: SyncReplicas | None, tables: list[str], num_workers: int
+) -> tuple[frozenset[str], SyncReplicas | None, SyncReplicas | None]:
+    """The tables synchronous training applies at once (variable names), and the sync settings
+    as given and as resolved, naming them so.
+
+    Raises:
+        ValueError: ``async_tables`` names no table of the model.
+    """
+    if sync_given is None or not sync_given.async_tables:
+        return frozenset(), sync_given, sync
+    names = async_table_names(sync_given.async_tables, tables)
+    sync_given = dataclasses.replace(sync_given, async_tables=tuple(sorted(names)))
+    return names, sync_given, sync_given.resolve(num_workers)

@@ -9,6 +9,9 @@ of the batch (:class:`Outcome`): applied (go on), not applied (a synchronous
 step dropped as late, or a step that pushed nothing: the same batch again),
 or the range lost (it went to another worker while this one was presumed
 dead: ask for another).
+
+:class:`RangeReader` gets the ranges of one data set; :class:`RangeFeed` is the trainer's
+part: it cuts them into batches (``Trainer.read``), and the step tells it each batch's outcome.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from psframe.config.options import DataRanges
-from psframe.errors import BarrierTimeoutError
-from psframe.worker.client.ps_client import RangeGrant
+from psframe.errors import BarrierTimeoutError, DataRangeLostError, PsframeError
+from psframe.worker.client import control_calls
+from psframe.worker.client.control_calls import RangeGrant
+from psframe.worker.session.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +47,7 @@ class RangeReader:
     """The ranges of one data set, as one worker gets them.
 
     Args:
-        ask: asks the queue's ps task for a range (``PsClient.data_range``'s arguments), through
+        ask: asks the queue's ps task for a range (``control_calls.data_range``'s arguments), through
             the worker's client of the moment (another after a re-layout: ps tasks added or drained).
         name: the worker's name, for messages.
         ranges: the data set.
@@ -108,3 +114,81 @@ class RangeReader:
                 order = torch.arange(ranges.num_examples)
             self._orders = {epoch: order}  # one epoch at a time is enough
         return order
+
+
+class RangeFeed:
+    """A worker's batches of data sets read in ranges, and what became of each: the step on a
+    batch tells it (:meth:`outcome`, :meth:`lost`).
+
+    Args:
+        session: the worker's session: its client of the moment asks for ranges and reports how
+            far a batch takes its range.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._outcome: Outcome | None = None  # what became of the batch the last step trained on
+        self._reading = False  # a batch is out: the next step reports its progress
+
+    def read(self, ranges: DataRanges) -> Iterator[torch.Tensor]:
+        """The batches of ``ranges`` (``Trainer.read``): the indices of their examples.
+
+        Raises:
+            PsframeError: the batch before was not stepped on, or /job:ps/task:0 (which keeps
+                the queue) holds no dense variable of the model.
+            BarrierTimeoutError: the last ranges, out with other workers, were not consumed in time.
+        """
+        session = self._session
+        if not any(request.ps_task == 0 and request.end_of_step for request in session.replica.plan.step):
+            raise PsframeError(
+                "read() needs a dense variable on /job:ps/task:0, which keeps the data's queue: the step's push "
+                "there carries the data consumed (place one there, e.g. Placement(variable_devices=...))"
+            )
+        reader = RangeReader(self._ask, session.client.name, ranges, 0)
+        for grant in reader.leases():
+            order, offset = reader.order(grant.epoch), grant.offset
+            while offset < grant.end:
+                stop = min(offset + ranges.batch_size, grant.end)
+                self._outcome = None
+                self._reading = True
+                session.client.report_progress(reader.queue_task, ranges.name, grant.lease, stop)
+                try:
+                    yield order[offset:stop]
+                finally:
+                    self._reading = False
+                    session.client.clear_progress()
+                outcome = self._outcome
+                if outcome is None:
+                    raise PsframeError(
+                        f"read() gives one batch per step: call trainer.step(loss) on each batch of "
+                        f"{ranges.name!r} before taking the next"
+                    )
+                if outcome is Outcome.LOST:
+                    break
+                if outcome is Outcome.APPLIED:
+                    offset = stop
+
+    def _ask(self, *asked: Any) -> RangeGrant:
+        """A range to read (``control_calls.data_range``), from the layout the ps tasks are at."""
+        return self._session.call(lambda at: control_calls.data_range(at.client, *asked), lost=False)
+
+    def outcome(self, outcome: Outcome) -> None:
+        """What became of the step on the batch out (with none out, nothing)."""
+        if self._reading:
+            self._outcome = outcome
+
+    def lost(self, error: DataRangeLostError) -> None:
+        """The step's range went to another worker: nothing of the step applied on the queue's
+        ps task; the iteration asks for another range.
+
+        Raises:
+            DataRangeLostError: ``error``, with no batch out.
+        """
+        if not self._reading:
+            raise error
+        log.warning("%s: %s", self._session.name, error)
+        self._outcome = Outcome.LOST
+
+    def recorded(self) -> None:
+        """The batch's progress went with a push: the pushes after it carry none."""
+        self._session.client.clear_progress()

@@ -17,15 +17,72 @@ thread each: autograd releases the GIL, and each GPU works on its own). Then:
   its own, one after the other, each applied by the ps tasks as it comes
   (every one was computed on the values of the step's start, as any
   asynchronous worker's may be stale).
+
+:func:`replicate` gives a trainer its replicas: :class:`InGraphReplicas`, or
+:class:`OneReplica` (the model alone) without ``replica_devices``; either takes
+the trainer's steps (``step``), so that the trainer has no branch of its own.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from psframe.worker.model.staging import resolve_device
+
+# One step of the trainer: push(loss, run_backward) sends the first replica's gradients and
+# takes the values; it gives the global step after it.
+Push = Callable[[torch.Tensor | None, bool], int]
+Losses = torch.Tensor | Sequence[torch.Tensor] | None
+
+
+def replicate(
+    model: torch.nn.Module,
+    device: torch.device,
+    replica_devices: Sequence[torch.device] | None,
+    *,
+    tables: bool,
+    overlap_backward: bool,
+) -> OneReplica | InGraphReplicas:
+    """A trainer's replicas: ``model`` (on ``device``, the first of ``replica_devices``) and a copy
+    on each further device; ``model`` alone without ``replica_devices``.
+
+    Raises:
+        ValueError: replicas of a model with embedding ``tables``, or with ``overlap_backward``.
+    """
+    if replica_devices is None:
+        return OneReplica(model)
+    if tables:
+        raise ValueError("in-graph replication (replica_devices) takes models without embedding tables")
+    if overlap_backward:
+        raise ValueError("in-graph replication (replica_devices) does not overlap backward with the push")
+    return InGraphReplicas(model, [device, *(resolve_device(model, d, None) for d in replica_devices[1:])])
+
+
+class OneReplica:
+    """No in-graph replication: the trainer's model alone, one loss a step."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.models = [model]
+
+    def step(self, loss: Losses, push: Push, *, sync: bool, recorded: Callable[[], None]) -> int:
+        """``push`` the step of ``loss`` (one tensor, or None: the gradients are there).
+
+        Raises:
+            TypeError: a list of losses.
+        """
+        if loss is not None and not isinstance(loss, torch.Tensor):
+            raise TypeError("step() takes a list of losses only with replica_devices (in-graph replication)")
+        return push(loss, True)
+
+    def share_values(self) -> None:
+        """Nothing to share: one replica."""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 class InGraphReplicas:
@@ -49,6 +106,38 @@ class InGraphReplicas:
 
     def __len__(self) -> int:
         return len(self.models)
+
+    def step(self, loss: Losses, push: Push, *, sync: bool, recorded: Callable[[], None]) -> int:
+        """One step of every replica, each with its loss (a list; None: the gradients are there):
+        every backward at once; ``sync``: their mean gradient pushed once; asynchronous: each
+        replica's pushed as a step of its own (``recorded`` after each: a batch read in ranges is
+        recorded with the first push alone). Then every replica takes the values.
+
+        Raises:
+            TypeError: one loss, not a list.
+        """
+        if loss is None:
+            return push(None, True)
+        if isinstance(loss, torch.Tensor):
+            raise TypeError(
+                f"this trainer drives {len(self)} replicas (replica_devices): give step() one loss per "
+                f"replica, as a list"
+            )
+        losses = list(loss)
+        self.backward(losses)
+        try:
+            if sync:
+                self.average_into_first()
+                return push(self.mean_loss(losses), False)
+            global_step = 0
+            for i, one in enumerate(losses):
+                self.gradient_into_first(i)
+                global_step = push(self.mean_loss([one]), False)
+                recorded()
+            return global_step
+        finally:
+            self.share_values()
+            self.clear_gradients()
 
     def backward(self, losses: Sequence[torch.Tensor]) -> None:
         """Run each replica's backward pass, all at once.

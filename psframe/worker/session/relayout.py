@@ -11,7 +11,7 @@
   its run before had begun (cut taken, parts not placed): it finishes it.
 
 Either gives a :class:`Layout`, the client and the placement of the new cluster,
-which the trainer then trains on (``Trainer._switch_to``).
+which the worker then trains on (:meth:`psframe.worker.session.session.Session.switch_to`).
 
 A re-layout moves the parts in stages, a few at a time (:mod:`psframe.cluster.moves`):
 the chief leads one stage per step, each with its cut, and a refused worker follows
@@ -38,7 +38,9 @@ from psframe.errors import (
 )
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.status import TaskState
-from psframe.worker.client.ps_client import CutTaken, LayoutStatus, PsClient
+from psframe.worker.client import control_calls, relayout_calls
+from psframe.worker.client.ps_client import PsClient
+from psframe.worker.client.relayout_calls import CutTaken, LayoutStatus
 from psframe.worker.model.replica import Replica
 
 log = logging.getLogger(__name__)
@@ -156,8 +158,9 @@ def get_ready(before: ClusterSpec, layout: Layout, settings: Settings, moves: Mo
     """
     client, new = layout.client, layout.cluster
     added = range(before.num_ps, new.num_ps)
-    client.wait_for_ps(settings.timeout, tasks=added)
-    client.copy_ahead(
+    control_calls.wait_for_ps(client, settings.timeout, tasks=added)
+    relayout_calls.copy_ahead(
+        client,
         layout.replica.slots,
         settings.optimizer,
         settings.table_optimizer,
@@ -245,7 +248,7 @@ def lead(
         if not ready:
             get_ready(before, layout, settings, moves)
         start = time.monotonic()
-        at_cut = old.move(new, stage)
+        at_cut = relayout_calls.move(old, new, stage)
         cut = time.monotonic()
         held = take_parts(before, layout, settings, moves.sources, at_cut)
         log.debug("re-layout stage: the cut took %.4f s, taking the parts %.4f s", cut - start, held - cut)
@@ -263,9 +266,9 @@ def let_go(old: PsClient, before: ClusterSpec, layout: Layout) -> None:
     and answers until its process is stopped."""
     try:
         if layout.final:
-            layout.client.reshard_done()
+            relayout_calls.reshard_done(layout.client)
         for k in range(layout.cluster.num_ps, before.num_ps):  # drained: nothing is left on them
-            old.shutdown(k)
+            control_calls.shutdown(old, k)
     except PsframeError as e:
         log.warning(
             "%s: the ps tasks of the layout before could not be let go (a drained task still up holds nothing: "
@@ -294,7 +297,7 @@ def take_parts(
     client = layout.client
     start = time.monotonic()
     if at_cut is None:  # ps 0 counted this re-layout at its cut, and knows who finished
-        info = client.wait_for_ps(settings.timeout, tasks=[0])[0]
+        info = control_calls.wait_for_ps(client, settings.timeout, tasks=[0])[0]
         version, finished = info.layout_version, list(info.finished_workers)
     else:
         version, finished = at_cut.layout_version, list(at_cut.finished_workers)
@@ -302,7 +305,8 @@ def take_parts(
     if sources is not None and ledger is None:  # each task reads the push ledger from ps 0's snapshot
         sources = [sorted({0, *tasks}) for tasks in sources]
     asked = time.monotonic()
-    held_model = client.adopt(
+    held_model = relayout_calls.adopt(
+        client,
         layout.replica.slots,
         settings.optimizer,
         settings.table_optimizer,
@@ -315,7 +319,9 @@ def take_parts(
     )
     adopted = time.monotonic()
     if not held_model:  # a task not ready yet (it should not be): wait for it, and check what it holds
-        client.check_model(client.wait_for_ps(settings.timeout, ready=True), layout.replica.slots, settings.sync)
+        control_calls.check_model(
+            client, control_calls.wait_for_ps(client, settings.timeout, ready=True), layout.replica.slots, settings.sync
+        )
     held = time.monotonic()
     log.debug(
         "re-layout: asked ps 0 %.4f s, the tasks took their parts %.4f s, checked %.4f s",
@@ -335,14 +341,15 @@ def resume(layout: Layout, settings: Settings, status: LayoutStatus) -> bool:
         Whether there was one to finish.
     """
     before = status.before
-    if before is None or layout.client.get_info(0).state is TaskState.READY:
+    if before is None or control_calls.get_info(layout.client, 0).state is TaskState.READY:
         return False
     log.warning(
         "chief: a re-layout from ps tasks %s to %s was under way without a chief: finishing it",
         before.job_tasks("ps"),
         layout.cluster.job_tasks("ps"),
     )
-    layout.client.wait_for_ps(settings.timeout)  # every task of the new layout is up (lead waits before its cut)
+    # Every task of the new layout is up (the lead waits before its cut).
+    control_calls.wait_for_ps(layout.client, settings.timeout)
     take_parts(before, layout, settings)
     with PsClient(before, 0, job_name="tool", rpc_timeout=layout.client.rpc_timeout) as old:
         let_go(old, before, layout)
@@ -363,7 +370,7 @@ def follow(
     """
     deadline = time.monotonic() + timeout
     while True:
-        status = old.layout_status()
+        status = relayout_calls.layout_status(old)
         if status.cluster is not None and status.moved:  # the same cluster too: a layout later than this worker's
             layout = make(status)
             try:
@@ -393,11 +400,11 @@ def _held(layout: Layout, old: PsClient, status: LayoutStatus, sync: SyncReplica
     while True:
         try:
             slice_ = max(0.1, min(RECHECK_SECONDS, deadline - time.monotonic()))
-            infos = layout.client.wait_for_ps(slice_, ready=True, poll=ASK_EVERY_SECONDS)
-            layout.client.check_model(infos, layout.replica.slots, sync)
+            infos = control_calls.wait_for_ps(layout.client, slice_, ready=True, poll=ASK_EVERY_SECONDS)
+            control_calls.check_model(layout.client, infos, layout.replica.slots, sync)
             return layout
         except (ConnectTimeoutError, TrainingFinishedError) as e:
-            now = old.layout_status()
+            now = relayout_calls.layout_status(old)
             if (now.cluster, now.stage, now.moved) != (status.cluster, status.stage, status.moved):
                 raise LayoutChangedError(f"{old.name}: the ps tasks moved on while this worker followed") from e
             if isinstance(e, TrainingFinishedError) or time.monotonic() >= deadline:

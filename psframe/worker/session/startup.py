@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from psframe.optim import OptimizerSpec, SyncReplicas
+from psframe.worker.client import control_calls
 from psframe.worker.client.ps_client import PsClient
 from psframe.worker.model.replica import Replica
 
@@ -52,15 +53,15 @@ def join(
         ClusterMismatchError: a ps task holds another model, cluster or sync setting.
         ValueError: the sync settings do not fit the cluster.
     """
-    infos = client.wait_for_ps(max(0.0, deadline - time.monotonic()))
+    infos = control_calls.wait_for_ps(client, max(0.0, deadline - time.monotonic()))
     if sync is not None:
         sync = sync.resolve(client.cluster.num_workers, elastic=infos[0].max_workers is not None)
     if is_chief:
         if resume is not None:
             resume(sync)
         create_variables(client, replica, optimizer, sync, checkpoint_dir, table_optimizer, global_step)
-    infos = client.wait_for_ps(max(0.0, deadline - time.monotonic()), ready=True)
-    client.check_model(infos, replica.slots, sync)
+    infos = control_calls.wait_for_ps(client, max(0.0, deadline - time.monotonic()), ready=True)
+    control_calls.check_model(client, infos, replica.slots, sync)
     return sync
 
 
@@ -86,7 +87,10 @@ def create_variables(
         return [s for s in replica.slots if s.shard.ps_task == ps_task]
 
     create = functools.partial(
-        client.create, table_optimizer=table_optimizer if replica.tables else None, global_step=global_step
+        control_calls.create,
+        client,
+        table_optimizer=table_optimizer if replica.tables else None,
+        global_step=global_step,
     )
     told = set()  # the ps tasks sent a definition of what they hold
     for request in replica.plan.pull:

@@ -1,0 +1,404 @@
+"""The layout a worker trains on, and one way to survive failures.
+
+A :class:`Session` holds the layout (the cluster, a client of its ps tasks, the model bound to
+its placement) and makes the worker's calls to the ps tasks through :meth:`Session.call`, which
+survives the two failures training goes on after, by one deadline (``connect_timeout`` from the
+first failure):
+
+- a ps task lost (unavailable, not ready, a call timed out): wait until the ps tasks are back
+  (a restarted one restored from a checkpoint), join the model again, and try again;
+- the ps tasks moved (a re-layout, or a stage of one): follow ps 0 to the layout they moved to
+  (:func:`psframe.worker.session.relayout.follow`), switch to it, and try there.
+
+Joining the model (:func:`psframe.worker.session.startup.join`, following ps 0 where the ps
+tasks moved before), the switch to a new layout with the hand-over of a step under way, and the
+embedding tables' pulls of rows for their lookups are here too.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+from psframe.cluster import ClusterSpec
+from psframe.cluster.placement import ShardPlacement
+from psframe.errors import (
+    ClusterMismatchError,
+    LayoutChangedError,
+    NotReadyError,
+    PsframeError,
+    RpcTimeoutError,
+    TaskUnavailableError,
+)
+from psframe.optim import OptimizerSpec, SyncReplicas
+from psframe.tables.rows import UNKNOWN_VERSION, CachedPull, FreshRows, RowPull
+from psframe.worker.client import control_calls, relayout_calls
+from psframe.worker.client.ps_client import PsClient
+from psframe.worker.model.replica import Replica
+from psframe.worker.model.tables import EmbeddingTables
+from psframe.worker.session import relayout, startup
+from psframe.worker.session.layout_maker import LayoutMaker
+from psframe.worker.session.stats import Counters
+from psframe.worker.session.values import Values
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# A ps task lost: the worker waits for it to come back, then goes on.
+LOST = (TaskUnavailableError, NotReadyError, RpcTimeoutError)
+# How long closing waits for the client of a layout before to close (it closes in a thread of its own).
+CLOSE_WAIT_SECONDS = 10.0
+
+
+class Retry(enum.Enum):
+    """Why an attempt is made again."""
+
+    LOST = "lost"  # the lost ps tasks are back: the same call again (pushes sent again keep their numbers)
+    MOVED = "moved"  # on the layout the ps tasks moved to
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try of a call: the client and the replica of the layout it is made on, and why it is
+    made again (None: the first try)."""
+
+    client: PsClient
+    replica: Replica
+    retry: Retry | None = None
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What a worker tells the ps tasks of the model when it joins, and how long it waits."""
+
+    task_index: int
+    is_chief: bool
+    optimizer: OptimizerSpec
+    table_optimizer: OptimizerSpec | None
+    sync: SyncReplicas | None  # as given: resolved at each join, for the workers then
+    checkpoint_dir: str | None
+    async_tables: frozenset[str]  # sync: tables applied at once (variable names)
+    timeout: float  # connect_timeout: a join, a recovery, a follow
+
+
+class Session:
+    """The layout a worker trains on, and its calls to the ps tasks.
+
+    Args:
+        maker: makes the layouts of the model.
+        cluster: the cluster the worker starts on.
+        replica: the model bound to its placement there.
+        settings: what joining tells the ps tasks.
+        sync: the sync settings resolved for ``cluster`` (until a join resolves them again).
+        values: the values received, and their global step.
+        counters: where recoveries, re-layouts followed and rows pulled are counted.
+        max_stage_bytes: the most bytes a stage of a re-layout moves.
+        switched: called with the replica of each layout the session switches to, once it
+            trains there (the worker's parts bound to the replica before follow).
+    """
+
+    def __init__(
+        self,
+        maker: LayoutMaker,
+        cluster: ClusterSpec,
+        replica: Replica,
+        settings: SessionSettings,
+        *,
+        sync: SyncReplicas | None,
+        values: Values,
+        counters: Counters,
+        max_stage_bytes: int,
+        switched: Callable[[Replica], None],
+    ) -> None:
+        self.layouts = relayout.Layouts(maker.place, maker.layout, max_stage_bytes)
+        self.cluster, self.replica, self.sync, self.values = cluster, replica, sync, values
+        self._maker, self._settings, self._counters, self._switched = maker, settings, counters, switched
+        self._client: PsClient | None = None
+        self._closing: list[threading.Thread] = []  # the clients of layouts before, closing
+        self.name = f"worker {settings.task_index}"  # in the log
+
+    @property
+    def client(self) -> PsClient:
+        """The client of the ps tasks, made by :meth:`open`."""
+        if self._client is None:
+            raise PsframeError("the trainer is not connected: call connect() first, or use it in a with block")
+        return self._client
+
+    @property
+    def placement(self) -> ShardPlacement:
+        """Which ps task holds each shard, on the layout of the moment."""
+        return self.replica.placement
+
+    @property
+    def current(self) -> relayout.Layout:
+        """The layout the worker trains on."""
+        return relayout.Layout(self.cluster, self.client, self.replica)
+
+    def relayout_settings(self, sync: SyncReplicas | None) -> relayout.Settings:
+        """What the ps tasks of a new layout are told of the model, with ``sync``."""
+        settings = self._settings
+        return relayout.Settings(settings.optimizer, settings.table_optimizer, sync, settings.timeout)
+
+    # ---- the session's life
+
+    def open(self) -> None:
+        """Make the client of the ps tasks."""
+        self._client = self._maker.client(self.cluster)
+
+    def attach(self) -> None:
+        """The model's embedding tables look their rows up through :meth:`pull_rows` from now on
+        (on every layout the session switches to)."""
+        self.replica.tables.attach(self.pull_rows)
+
+    def finish(self) -> None:
+        """Tell the ps tasks this worker is done (where they moved, if they did since its last call)."""
+        self.call(lambda at: control_calls.finish(at.client), lost=False)
+
+    def close(self) -> None:
+        """Release the channels; wait (a while) for those of the layouts before."""
+        if self._client is not None:
+            self._client.close()
+        for closing in self._closing:  # each close ends by its calls' deadlines
+            closing.join(CLOSE_WAIT_SECONDS)
+
+    # ---- joining
+
+    def join(self, connecting: bool = False, deadline: float | None = None) -> None:
+        """Join the model on the ps tasks (:func:`startup.join`); where they moved (a re-layout, or
+        a stage of one, taken before or meanwhile), follow ps 0 there; all by ``deadline``
+        (``time.monotonic()``; default: ``connect_timeout`` from now). ``connecting``: the worker
+        has not trained yet (nothing of a step to hand over)."""
+        deadline = time.monotonic() + self._settings.timeout if deadline is None else deadline
+        while True:
+            try:
+                self._join_layout(deadline)
+                return
+            except ClusterMismatchError:
+                # Started with the ps tasks of before a re-layout (flags not yet updated), or the
+                # ps tasks took a stage of one meanwhile: follow ps 0.
+                status = relayout_calls.layout_status(self.client)
+                if status.cluster is None or not status.moved or not self._same_workers(status.cluster):
+                    raise
+                if time.monotonic() >= deadline or self.layouts.where(status) == (self.cluster, self.placement):
+                    raise
+            layout = self.layouts.of(status)
+            log.info(
+                "%s: the ps tasks moved to %s%s; following them",
+                self.name,
+                layout.cluster.job_tasks("ps"),
+                f" (stage {status.stage.stage} of {status.stage.stages} of a re-layout)" if status.stage else "",
+            )
+            if not connecting:  # training: its tables, prefetches and overlap follow too
+                self.switch_to(layout, pull=False)
+                continue
+            self.client.close()
+            self._client, self.replica, self.cluster = layout.client, layout.replica, layout.cluster
+            self._counters.relayouts += layout.final
+
+    def _same_workers(self, cluster: ClusterSpec) -> bool:
+        return cluster.job_tasks("worker") == self.cluster.job_tasks("worker")
+
+    def _join_layout(self, deadline: float) -> None:
+        settings = self._settings
+        self.client.async_parts = self._async_parts(self.replica)
+        self.sync = startup.join(
+            self.client,
+            self.replica,
+            is_chief=settings.is_chief,
+            optimizer=settings.optimizer,
+            sync=settings.sync,
+            checkpoint_dir=settings.checkpoint_dir,
+            deadline=deadline,
+            table_optimizer=settings.table_optimizer,
+            global_step=self.values.global_step,
+            resume=self._resume_relayout,
+        )
+
+    def _async_parts(self, replica: Replica) -> frozenset[str]:
+        return frozenset(slot.name for slot in replica.slots if slot.shard.variable in self._settings.async_tables)
+
+    def _resume_relayout(self, sync: SyncReplicas | None) -> None:
+        """The chief, connecting: finish a re-layout (or its stage) its run before had begun
+        (:func:`relayout.resume`); its next stages follow at the next steps.
+
+        Raises:
+            ClusterMismatchError: the ps tasks are at another layout than this chief's: it follows them.
+        """
+        status = relayout_calls.layout_status(self.client)
+        if status.moving and self.layouts.where(status) != (self.cluster, self.placement):
+            stage = status.stage
+            assert stage is not None
+            raise ClusterMismatchError(
+                f"the ps tasks are at stage {stage.stage} of {stage.stages} of a re-layout, not at this "
+                f"chief's placement"
+            )
+        relayout.resume(self.current, self.relayout_settings(sync), status)
+
+    # ---- calls, and what they survive
+
+    def call(
+        self,
+        attempt: Callable[[Attempt], T],
+        *,
+        pull: bool = False,
+        lost: bool = True,
+        moved: bool = True,
+        then: str = "pulling the parameters",
+    ) -> T:
+        """``attempt`` on the layout of the moment; made again after the failures training goes
+        on after, all by one deadline (``connect_timeout`` from the first failure):
+
+        - a lost ps task (with ``lost``): wait until the ps tasks are back and join the model
+          again (with ``pull``, take its values afresh, gradients dropped), then ``attempt``
+          again (:attr:`Retry.LOST`); ``then`` says what, in the log;
+        - the ps tasks moved (with ``moved``): follow them to the layout they moved to (with
+          ``pull``, take its values), then ``attempt`` there (:attr:`Retry.MOVED`).
+
+        Raises:
+            ConnectTimeoutError: the ps tasks did not come back, or the new layout did not hold
+                the model, by the deadline.
+            PsframeError: ``attempt`` kept failing until the deadline, or failed otherwise.
+        """
+        failure: PsframeError | None = None
+        retry: Retry | None = None
+        deadline = 0.0
+        recovered = False
+        while True:
+            try:
+                if isinstance(failure, LayoutChangedError):
+                    self._follow(failure, pull, deadline)
+                elif failure is not None:
+                    self._wait_for_lost(failure, then, pull, deadline)
+                    recovered = True
+                result = attempt(Attempt(self.client, self.replica, retry))
+            except LOST as e:
+                if not lost or (failure is not None and time.monotonic() >= deadline):
+                    raise
+                failure, retry = e, Retry.LOST
+            except LayoutChangedError as e:
+                if not moved or (failure is not None and time.monotonic() >= deadline):
+                    raise
+                failure, retry = e, Retry.MOVED
+            else:
+                self._counters.recoveries += recovered
+                return result
+            if not deadline:
+                deadline = time.monotonic() + self._settings.timeout
+
+    def _wait_for_lost(self, error: PsframeError, then: str, pull: bool, deadline: float) -> None:
+        """Wait for the lost ps tasks (logging whom it waits for) and join the model again; with
+        ``pull``, take the current values (restored from a checkpoint, or the chief's)."""
+        log.warning(
+            "%s: %s; waiting up to %.0fs for the ps tasks, then %s",
+            self.name,
+            error,
+            self._settings.timeout,
+            then,
+        )
+        self.client.reset_streams()
+        # A restarted ps restores its shard from the checkpoint (or, with
+        # none, takes the chief's current values); the others ignore the chief.
+        self.join(deadline=deadline)
+        if pull:
+            self.replica.clear_gradients()
+            self.values.pull(self.client, self.replica)
+            log.info("%s: the ps tasks are back; going on at global step %d", self.name, self.values.global_step)
+
+    def _follow(self, error: LayoutChangedError, pull: bool, deadline: float) -> None:
+        """Train on the layout ps 0 moved to (:func:`relayout.follow`), and with ``pull`` take its
+        values; by ``deadline`` (``time.monotonic()``).
+
+        Raises:
+            ConnectTimeoutError: the new layout did not hold the model by the deadline.
+        """
+        log.info("%s: %s", self.name, error)
+        start = time.monotonic()
+        while True:
+            layout = relayout.follow(self.client, self.layouts.of, self.sync, max(0.1, deadline - time.monotonic()))
+            try:
+                self.switch_to(layout, pull)
+                break
+            except LayoutChangedError:  # moved again before the pull: follow on
+                if time.monotonic() >= deadline:
+                    raise
+        log.info(
+            "%s: follows the re-layout to ps tasks %s%s in %.3f s",
+            self.name,
+            layout.cluster.job_tasks("ps"),
+            "" if layout.stage is None else f" (stage {layout.stage.stage} of {layout.stage.stages})",
+            time.monotonic() - start,
+        )
+
+    def switch_to(self, layout: relayout.Layout, pull: bool = True, let_go: Callable[[], None] | None = None) -> None:
+        """Train on ``layout`` from now on: its client and placement, the step under way handed
+        over; pull its values. The client of before is closed in a thread of its own: its streams
+        and channels take milliseconds to close, which training need not wait for. ``let_go``:
+        called in that thread first (a chief's stage: :func:`relayout.let_go`)."""
+        old = self.client
+
+        def close_before() -> None:
+            if let_go is not None:
+                let_go()
+            old.close()
+
+        self._closing = [c for c in self._closing if c.is_alive()]
+        self._closing.append(threading.Thread(target=close_before, name="psframe-close-layout-before", daemon=True))
+        self._closing[-1].start()
+        before = self.replica.tables
+        state = before.step_state()  # before detaching, which starts the tables afresh
+        before.detach()
+        client, replica = layout.client, layout.replica
+        client.take_progress(old)  # a step sent again there still says how far it read
+        self._client, self.replica, self.cluster = client, replica, layout.cluster
+        client.async_parts = self._async_parts(replica)
+        replica.tables.attach(self.pull_rows)
+        replica.tables.take_over(before, state)  # once attached: attaching starts the tables afresh
+        self._switched(replica)
+        self._counters.relayouts += layout.final
+        if pull:
+            self.values.pull(client, replica)
+
+    # ---- the embedding tables' lookups
+
+    def pull_rows(
+        self, wanted: Mapping[int, Sequence[RowPull | CachedPull]], create: bool = True, staleness: int = 0
+    ) -> dict[int, list[torch.Tensor | FreshRows]]:
+        """Rows of embedding tables for a lookup (see :mod:`psframe.worker.model.tables`); a lost
+        ps task is waited for, as in a step, and the rows asked of it again; parts that moved
+        are read where they went."""
+        before = self.replica.tables
+
+        def attempt(at: Attempt) -> dict[int, list[torch.Tensor | FreshRows]]:
+            if at.replica.tables is before:
+                # A row cache stays valid: a restarted ps task's versions count past all it gave before.
+                return at.client.pull_rows(wanted, self.values.global_step, create, staleness)
+            # Asked of the parts before a re-layout: read where they went.
+            return {ps_task: [self._rows_moved(before, asked) for asked in pulls] for ps_task, pulls in wanted.items()}
+
+        pulled = self.call(attempt, pull=True)
+        self._counters.rows_looked_up += sum(int(pull[1].numel()) for pulls in wanted.values() for pull in pulls)
+        self._counters.rows_pulled += sum(_row_count(rows) for answers in pulled.values() for rows in answers)
+        return pulled
+
+    def _rows_moved(self, before: EmbeddingTables, asked: RowPull | CachedPull) -> torch.Tensor | FreshRows:
+        """A lookup's pull of a part placed before a re-layout, answered from the new layout. A row
+        cache is answered as if it held none of them (versions count anew on the new layout)."""
+        rows = self.replica.tables.rows_moved(
+            before,
+            asked[0],
+            asked[1],
+            lambda wanted, create, staleness: self.client.pull_rows(wanted, self.values.global_step, create, staleness),
+        )
+        return FreshRows(torch.full_like(asked[1], UNKNOWN_VERSION), rows) if isinstance(asked, CachedPull) else rows
+
+
+def _row_count(answer: torch.Tensor | FreshRows) -> int:
+    """The rows a pull's answer carries."""
+    return int((answer.rows if isinstance(answer, FreshRows) else answer).shape[0])
