@@ -36,18 +36,7 @@ MAX_VARIABLE_ELEMENTS = 2**40
 def optimizer_to_proto(spec: OptimizerSpec) -> pb.OptimizerDef:
     """The wire form of an optimizer spec."""
     message = pb.OptimizerDef(name=spec.name)
-    for key, value in spec.kwargs.items():
-        slot = message.kwargs[key]
-        if isinstance(value, bool):
-            slot.flag = value
-        elif isinstance(value, int):
-            slot.integer = value
-        elif isinstance(value, float):
-            slot.number = value
-        elif isinstance(value, str):
-            slot.text = value
-        else:
-            slot.numbers.values.extend(float(v) for v in value)
+    schedule_defs.put_values(message.kwargs, spec.kwargs)
     if spec.schedule is not None:
         message.schedule.CopyFrom(schedule_defs.schedule_to_proto(spec.schedule))
     return message
@@ -59,13 +48,9 @@ def optimizer_from_proto(message: pb.OptimizerDef) -> OptimizerSpec:
     Raises:
         OptimizerConfigError: the name or arguments are not acceptable.
     """
-    kwargs: dict[str, KwargValue] = {}
-    for key, value in message.kwargs.items():
-        kind = value.WhichOneof("kind")
-        if kind == "numbers":
-            kwargs[key] = tuple(value.numbers.values)
-        elif kind is not None:
-            kwargs[key] = getattr(value, kind)
+    kwargs: dict[str, KwargValue] = {
+        key: held for key, value in message.kwargs.items() if (held := schedule_defs.value_of(value)) is not None
+    }
     schedule = schedule_defs.schedule_from_proto(message.schedule) if message.HasField("schedule") else None
     return OptimizerSpec(message.name, kwargs, schedule)
 

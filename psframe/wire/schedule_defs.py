@@ -19,12 +19,12 @@ from psframe.wire import psframe_pb2 as pb
 def schedule_to_proto(spec: ScheduleSpec) -> pb.ScheduleDef:
     """The wire form of a schedule."""
     message = pb.ScheduleDef(name=spec.name, schedulers=[schedule_to_proto(s) for s in spec.schedulers])
-    _put_all(message.kwargs, spec.kwargs)
+    put_values(message.kwargs, spec.kwargs)
     if spec.function is not None:
         message.function = spec.function.path
         for value in spec.function.args:
             _put(message.function_args.add(), value)
-        _put_all(message.function_kwargs, spec.function.kwargs)
+        put_values(message.function_kwargs, spec.function.kwargs)
     return message
 
 
@@ -58,7 +58,9 @@ def value_of(value: pb.Value) -> Any:
     return None if kind is None else getattr(value, kind)
 
 
-def _put_all(slots: Any, values: Mapping[str, ArgValue]) -> None:
+def put_values(slots: Any, values: Mapping[str, ArgValue]) -> None:
+    """Write keyword arguments into a map of ``Value`` (an optimizer's or a schedule's); a tuple
+    of ints travels as integers, any other tuple as numbers."""
     for key, value in values.items():
         _put(slots[key], value)
 
