@@ -34,6 +34,7 @@ from psframe.memory import HugePageMemory
 from psframe.optim import OptimizerSpec
 from psframe.tables.dynamic_rows import DynamicRows
 from psframe.tables.spec import Admission, DynamicTableSpec, Eviction, RowInitializer
+from psframe.worker.model.row_gradient import sum_rows
 
 # rows(ids, create) -> the rows of ids (int64, on the host), made where missing if `create`.
 RowSource = Callable[[torch.Tensor, bool], torch.Tensor]
@@ -178,22 +179,7 @@ def lookup_gradients(looked_up: Sequence[Lookup]) -> tuple[torch.Tensor, torch.T
     used = [(ids, rows.grad.to("cpu")) for ids, rows in looked_up if rows.grad is not None]
     if not used:
         return None
-    if len(used) == 1:
-        ids, grad = used[0]
-        grad = grad.coalesce()
-        return ids[grad.indices()[0]], grad.values()
-    # Several lookups: their gradients by id, in one sparse tensor over the distinct ids.
-    distinct, position = torch.unique(torch.cat([ids for ids, _ in used]), return_inverse=True)
-    start, indices, values = 0, [], []
-    for ids, grad in used:
-        grad = grad.coalesce() if grad.is_sparse else grad.to_sparse()
-        indices.append(position[start + grad.indices()[0]])
-        values.append(grad.values())
-        start += ids.numel()
-    total = torch.sparse_coo_tensor(
-        torch.cat(indices).unsqueeze(0), torch.cat(values), (distinct.numel(), *values[0].shape[1:])
-    ).coalesce()
-    return distinct[total.indices()[0]], total.values()
+    return sum_rows([ids for ids, _ in used], [grad for _, grad in used])
 
 
 def find_dynamic_tables(model: torch.nn.Module) -> dict[str, DynamicEmbedding]:

@@ -6,7 +6,9 @@ built with ``sparse=True``). While attached, its module's forward is
 alone (numbered by their rank among them), never in the full weight, so a
 step touches as much memory for a table of 10^7 rows as for one of 10^4. The
 gradient is that of the pulled rows, summed per id as backward sums an
-``nn.Embedding(sparse=True)``'s. The pulled rows are also written into the
+``nn.Embedding(sparse=True)``'s, in the weight's ``grad``
+(:class:`~psframe.worker.model.row_gradient.RowGradient`), where the user's
+clipping sees it. The pulled rows are also written into the
 module's own weight, so that rows a batch looked up hold their last pulled
 values there (:meth:`Table.held_ids`); the others keep whatever they had.
 :meth:`Table.split` cuts ids by part, for pulls and for pushes.
@@ -23,6 +25,7 @@ The set of a model's tables, and how they are hooked to the ps tasks, is
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,8 +35,9 @@ import torch.nn.functional as F
 from psframe.errors import RowIdError
 from psframe.tables.dynamic_rows import part_of
 from psframe.tables.rows import RowPush
-from psframe.worker.model.dynamic import DynamicEmbedding, Lookup
+from psframe.worker.model.dynamic import DynamicEmbedding
 from psframe.worker.model.row_cache import RowCache
+from psframe.worker.model.row_gradient import RowGradient
 from psframe.worker.model.row_pulls import Pull, pull_cached, pull_parts
 from psframe.worker.plan.step_plan import Slot
 
@@ -68,7 +72,6 @@ class Table:
     slots: list[Slot]  # by part index
     cache: RowCache | None = None  # rows kept between steps (Trainer's row_cache)
     _starts: torch.Tensor = field(init=False)
-    looked_up: list[Lookup] = field(init=False, default_factory=list)  # this step's lookups
     prefetched: list[Prefetched] = field(init=False, default_factory=list)  # rows pulled ahead for lookups to come
     # The rows of the local weight a lookup wrote (a bool per row; None: none yet): trainer.pull() refreshes them.
     held: torch.Tensor | None = field(init=False, default=None)
@@ -104,7 +107,8 @@ class Table:
         self.held[host_ids] = True
         if torch.is_grad_enabled() and weight.requires_grad:
             rows.requires_grad_(True)
-            self.looked_up.append((host_ids, rows))
+            # Backward's gradient of these rows goes to the weight's grad (psframe.worker.model.row_gradient).
+            rows.register_post_accumulate_grad_hook(functools.partial(RowGradient.reached, self.name, weight, host_ids))
         padding = None
         if module.padding_idx is not None:
             hit = torch.nonzero(torch.eq(distinct, module.padding_idx))

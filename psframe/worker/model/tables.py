@@ -37,12 +37,13 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from psframe.config.options import RowCaching
-from psframe.errors import PsframeError
+from psframe.errors import InvalidGradientError, PsframeError
 from psframe.memory import HugePageMemory, Memory
 from psframe.tables.rows import RowPush
 from psframe.worker.model.attached_forward import replace_forward, restore_forward
-from psframe.worker.model.dynamic import DynamicEmbedding, lookup_gradients
+from psframe.worker.model.dynamic import DynamicEmbedding
 from psframe.worker.model.row_cache import RowCache
+from psframe.worker.model.row_gradient import RowGradient
 from psframe.worker.model.row_pulls import Pull, pull_cached, pull_parts
 from psframe.worker.model.table_views import DynamicTable, EmbeddingModule, Table
 from psframe.worker.plan.step_plan import Slot
@@ -146,7 +147,6 @@ class EmbeddingTables:
         """Give the table modules their own forward back (the local weights keep the rows last pulled)."""
         for table in self.tables:
             restore_forward(table.module)
-            table.looked_up = []
             table.prefetched = []
         for dynamic in self.dynamic:
             dynamic.module.attach(None)
@@ -160,8 +160,9 @@ class EmbeddingTables:
             dynamic.prefetched = []
 
     def has_gradients(self) -> bool:
-        """Whether backward reached the rows of a lookup since the last step."""
-        return any(rows.grad is not None for table in self.tables for _, rows in table.looked_up) or any(
+        """Whether backward reached the rows of a lookup since the last step (and, of a fixed table,
+        its weight's grad was not set to None since)."""
+        return any(table.param.grad is not None for table in self.tables) or any(
             table.module.has_gradients() for table in self.dynamic
         )
 
@@ -193,8 +194,8 @@ class EmbeddingTables:
 
     def step_state(self) -> list[tuple[list, list]]:
         """Each table's lookups of this step and rows pulled ahead (fixed tables, then dynamic), for
-        :meth:`take_over`."""
-        return [(table.looked_up, table.prefetched) for table in self.tables] + [
+        :meth:`take_over`. A fixed table's lookups are in its weight's grad, which stays."""
+        return [([], table.prefetched) for table in self.tables] + [
             (dynamic.module.lookups, dynamic.prefetched) for dynamic in self.dynamic
         ]
 
@@ -202,11 +203,10 @@ class EmbeddingTables:
         """Go on from ``before`` (the same model's tables as placed before a re-layout, detached), as
         its :meth:`step_state` was: this step's lookups, and rows pulled ahead, are these tables'. The
         lists are shared by both, not copied: a lookup under way on ``before`` (its pull found the
-        layout changed) records its rows here too."""
+        layout changed) records its rows here too (a fixed table's, in the one weight's grad)."""
         fixed = len(self.tables)
-        for table, old, (looked_up, prefetched) in zip(self.tables, before.tables, state[:fixed]):
+        for table, old, (_, prefetched) in zip(self.tables, before.tables, state[:fixed]):
             table.held = old.held  # one local weight
-            table.looked_up = old.looked_up = looked_up
             table.prefetched = old.prefetched = prefetched
         for dynamic, old_dynamic, (looked_up, prefetched) in zip(self.dynamic, before.dynamic, state[fixed:]):
             dynamic.module.lookups = looked_up  # one module: the lookup under way appends here
@@ -263,7 +263,7 @@ class EmbeddingTables:
         ``except_tables`` (applied at once, outside the rounds).
 
         Raises:
-            PsframeError: a table's weight got a gradient (it was used
+            InvalidGradientError: a table's weight got a gradient (it was used
                 outside its module's forward, which the ps tasks cannot follow).
         """
         return self.cut(self.take_row_gradients(), every_table, except_tables)
@@ -273,18 +273,23 @@ class EmbeddingTables:
         gradients, duplicates summed; None for a table the batch did not use. Taken: the next
         step's lookups start afresh. :meth:`cut` shares them out among the parts.
 
+        A fixed table's are its weight's grad (a
+        :class:`~psframe.worker.model.row_gradient.RowGradient`, as the user's clipping left it;
+        None: none, or dropped), which is taken too.
+
         Raises:
-            PsframeError: a table's weight got a gradient of its whole weight.
+            InvalidGradientError: a table's weight got a gradient of its whole weight.
         """
         used: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = {}
         for table in self.tables:
-            if table.param.grad is not None:
-                raise PsframeError(
+            grad = table.param.grad
+            if grad is not None and not isinstance(grad, RowGradient):
+                raise InvalidGradientError(
                     f"embedding table {table.name!r} got a gradient of its whole weight: it was "
-                    f"used outside its module's forward"
+                    f"used outside its module's forward, or its grad was set"
                 )
-            used[table.name] = lookup_gradients(table.looked_up)
-            table.looked_up = []
+            used[table.name] = grad.take_rows() if grad is not None else None
+            table.param.grad = None
         for dynamic in self.dynamic:
             used[dynamic.name] = dynamic.module.take_gradients()
         return used
