@@ -103,7 +103,7 @@ class Trainer(TrainerSetup):
         row_cache: keep embedding rows between steps, a
             :class:`psframe.RowCaching`: a lookup sends the versions of the
             rows held, and a ps task sends back only those that moved more
-            than its ``staleness`` past them (:mod:`psframe.worker.model.row_cache`).
+            than its ``max_lag`` versions past them (:mod:`psframe.worker.model.row_cache`).
             None: every lookup pulls its rows. Prefetched rows are pulled whole.
         staleness: asynchronous training in which this worker runs at most
             ``staleness.steps`` steps ahead of the slowest live worker, a
@@ -266,18 +266,20 @@ class Trainer(TrainerSetup):
         return global_step
 
     def _step(self, loss: torch.Tensor | None, run_backward: bool) -> int:
-        for hook in self._hooks:
+        for hook in self._before_step:
             hook.before_step(self)
         exchange = self._backward(loss) if run_backward else None
-        for hook in self._hooks:
+        for hook in self._before_push:
             hook.before_push(self, loss)
         counters, session = self._counters, self._session
-        session.replica.tables.drop_prefetched()  # rows pulled ahead for this step's lookups, not taken
+        tables = session.replica.tables if session.replica.has_tables else None  # none: nothing of them here
+        if tables is not None:
+            tables.drop_prefetched()  # rows pulled ahead for this step's lookups, not taken
         row_gradients: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = {}
         pushed = session.replica.has_gradients()
-        if pushed:
-            row_gradients = session.replica.tables.take_row_gradients()
-        else:  # nothing was sent during backward either: no parameter had a gradient
+        if pushed and tables is not None:
+            row_gradients = tables.take_row_gradients()
+        elif not pushed:  # nothing was sent during backward either: no parameter had a gradient
             counters.skipped_steps += 1
             exchange = None
         if exchange is not None:
@@ -290,7 +292,7 @@ class Trainer(TrainerSetup):
             step,
             session.sync is not None,
             self._async_tables,
-            self._prefetcher.requests(),
+            self._prefetcher.requests() if tables is not None else {},
             exchange,
         )
         try:
@@ -306,14 +308,16 @@ class Trainer(TrainerSetup):
                 applied = pushed and not any(reply.dropped for reply in replies)
                 counters.pushed_steps += applied
                 self._feed.outcome(Outcome.APPLIED if applied else Outcome.AGAIN)
-            self._prefetcher.deliver(prefetched)
-            ahead = sum(rows.shape[0] for answers in prefetched.values() for rows in answers)
-            counters.rows_looked_up += ahead
-            counters.rows_pulled += ahead
+            if tables is not None:
+                self._prefetcher.deliver(prefetched)
+                ahead = sum(rows.shape[0] for answers in prefetched.values() for rows in answers)
+                counters.rows_looked_up += ahead
+                counters.rows_pulled += ahead
         finally:
-            self._prefetcher.drop()
+            if tables is not None:
+                self._prefetcher.drop()
         counters.local_step += 1
-        for hook in self._hooks:  # the chief's re-layout leader last
+        for hook in self._after_step:  # the chief's re-layout leader last
             hook.after_step(self, session.values.global_step, loss)
         return session.values.global_step
 
@@ -355,7 +359,7 @@ class Trainer(TrainerSetup):
             if at.retry is None:  # a lost ps task waited for, or a move followed: the values were pulled there
                 values.pull(at.client, at.replica)
             at.replica.tables.refresh(
-                lambda wanted, create, staleness: at.client.pull_rows(wanted, values.global_step, create, staleness)
+                lambda wanted, create, max_lag: at.client.pull_rows(wanted, values.global_step, create, max_lag)
             )
 
         self._session.call(attempt, pull=True)

@@ -153,6 +153,10 @@ class TrainerSetup:
         self._leader = RelayoutLeader(self._session, self._counters) if self._is_chief else None
         if self._leader is not None:  # after every other hook, between two steps
             self._hooks.append(self._leader)
+        # The hooks that do something at each point of a step (a hook's no-op costs a step nothing).
+        self._before_step = [h for h in self._hooks if type(h).before_step is not Hook.before_step]
+        self._before_push = [h for h in self._hooks if type(h).before_push is not Hook.before_push]
+        self._after_step = [h for h in self._hooks if type(h).after_step is not Hook.after_step]
         if placement.log:
             log.info("placement of worker %d:\n%s", task_index, replica.placement.describe())
 

@@ -125,6 +125,7 @@ class Replica:
         self.slots = tuple(Slot(shard, by_name[shard.variable]) for shard in self.placement.shards)
         self.dense_slots = tuple(s for s in self.slots if not s.shard.table)
         self.tables = EmbeddingTables(tables, [s for s in self.slots if s.shard.table], dynamic, row_cache)
+        self.has_tables = bool(self.tables)  # none: a step takes no path through them
         # Each ps task's requests in the order backward makes their gradients (the model's
         # last parameters first), so that a step can send them as they come (psframe.worker.model.overlap).
         position = {id(p): k for k, (_, p) in enumerate(params)}

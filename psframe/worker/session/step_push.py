@@ -46,7 +46,7 @@ class StepPush:
         if self.exchange is not None and at.retry is None:  # some requests went during backward; the rest go now
             return requests, at.client.finish_step(self.exchange), {}
         rows = None
-        if self.pushed:
+        if self.pushed and at.replica.has_tables:
             rows = at.replica.tables.cut(self.row_gradients, every_table=self.sync, except_tables=self.async_tables)
         # The gradients each request carries (views, no copies on a CPU replica).
         sent = [(r, at.replica.gradients(r) if self.pushed else ()) for r in requests]
