@@ -694,3 +694,13 @@ def test_quick_hosts_section_trains_every_system_across_test_hosts(tmp_path):
         assert float(measured[system][5]) > 0  # its fraction of the limit
     assert measured["psframe"][6].endswith("x")  # against the RPC ps (tf_ps is turned off here)
     assert "turned off" in measured["tf_ps"][3]
+
+
+def test_psframe_copies_a_gradient_once_into_a_message_and_never_out_of_one():
+    """The copies experiment's own rows: encoding copies the tensor's bytes once (the message is
+    made of them), decoding makes views."""
+    from benchmarks.experiments.copies import psframe_rows
+
+    (_, encode_peak, _), (_, decode_peak, decode_kept) = psframe_rows(4 << 20)
+    assert 0.99 < encode_peak < 1.05
+    assert decode_peak < 0.01 and decode_kept < 0.01
