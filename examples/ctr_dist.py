@@ -136,21 +136,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--save_checkpoint_steps", type=int, default=1000, help="with --checkpoint_dir, save every N global steps"
     )
     parser.add_argument(
-        "--row_cache_staleness",
+        "--row_cache_max_lag",
         type=int,
         default=None,
         help="keep embedding rows between steps; a ps task sends a row again once it moved more than this many "
         "versions past the one kept (0: exact). Default: no row cache",
     )
     parser.add_argument(
-        "--row_cache_rows", type=int, default=1 << 20, help="with --row_cache_staleness, the most rows kept per table"
+        "--row_cache_rows", type=int, default=1 << 20, help="with --row_cache_max_lag, the most rows kept per table"
     )
     parser.add_argument(
         "--prefetch_rows",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="pull the next batch's rows with each step's push (one message per ps task a step, no round trip "
-        "at the lookup); off with --row_cache_staleness, whose lookups ask for the rows that moved",
+        "at the lookup); off with --row_cache_max_lag, whose lookups ask for the rows that moved",
     )
     parser.add_argument(
         "--delta_checkpoint_steps",
@@ -355,12 +355,12 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         transport=psframe.Transport(connect_timeout=args.connect_timeout),
         security=security_from_flags(args),
         row_cache=None
-        if args.row_cache_staleness is None
-        else psframe.RowCaching(staleness=args.row_cache_staleness, max_rows=args.row_cache_rows),
+        if args.row_cache_max_lag is None
+        else psframe.RowCaching(max_lag=args.row_cache_max_lag, max_rows=args.row_cache_rows),
     )
     with trainer:
         first_step, start = trainer.global_step, time.perf_counter()
-        prefetch = args.prefetch_rows and args.row_cache_staleness is None
+        prefetch = args.prefetch_rows and args.row_cache_max_lag is None
         order = batches(len(train), args.batch_size, args.seed + 1 + task_index)
         index = next(order)
         while not trainer.should_stop():

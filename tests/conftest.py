@@ -16,6 +16,7 @@ in its own body is marked by hand. The unit and service tiers are enforced while
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.process
 import os
 import signal
@@ -312,6 +313,18 @@ def local_cluster():
     yield make
     for server in servers:
         server.stop(grace=0.1)
+
+
+@pytest.fixture
+def in_process_cluster():
+    """Factory: ps tasks served in this process without gRPC (:class:`tests.doubles.InProcessCluster`,
+    the unit tier), closed at the end; returns the :class:`tests.doubles.InProcessCluster`."""
+    from tests.doubles import InProcessCluster
+
+    with contextlib.ExitStack() as stack:
+        yield lambda num_ps=1, num_workers=1, **options: stack.enter_context(
+            InProcessCluster(num_ps, num_workers, **options)
+        )
 
 
 def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:

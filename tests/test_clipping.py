@@ -128,7 +128,7 @@ def test_clipping_in_sync_training_with_a_row_cache(local_cluster):
         lambda model, step: clip_norm(model),
         steps=3,
         sync=psframe.SyncReplicas(replicas_to_aggregate=1),
-        row_cache=psframe.RowCaching(staleness=0),
+        row_cache=psframe.RowCaching(max_lag=0),
     )
 
 

@@ -79,7 +79,7 @@ def test_async_and_sync_reach_the_auc_of_one_process(processes, reference):
     cases = (
         ("async", STEPS, []),
         ("sync", STEPS // 2, ["--sync_replicas"]),
-        ("row_cache", STEPS, ["--row_cache_staleness=4"]),  # async, hot rows pulled again every 4 versions
+        ("row_cache", STEPS, ["--row_cache_max_lag=4"]),  # async, hot rows pulled again every 4 versions
     )
     for mode, steps, flags in cases:
         processes.start(

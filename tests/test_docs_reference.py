@@ -293,7 +293,7 @@ def _own_flags(script: Path) -> list[str]:
 
 def test_the_embedding_guide_lists_every_flag_of_the_ctr_example():
     flags = _own_flags(ROOT / "examples" / "ctr_dist.py")
-    assert {"--train_steps", "--dynamic_tables", "--row_cache_staleness"} <= set(flags)
+    assert {"--train_steps", "--dynamic_tables", "--row_cache_max_lag"} <= set(flags)
     page = _guide("embedding-tables.md")
     table = page[page.index("examples/ctr_dist.py") :]
     rows = " ".join(line.split("|")[1] for line in table.splitlines() if line.startswith("| `--"))

@@ -145,7 +145,7 @@ def test_the_ledger_is_saved_and_restored_with_the_shard(url):
     from psframe.checkpoint.manifest import ShardRecord
 
     tool = pb.Caller(job_name="tool", cluster_fingerprint=CLUSTER.fingerprint)
-    shard = service.save(pb.SaveRequest(caller=tool, checkpoint_dir=url, step=3))
+    shard = service.save_shard(pb.SaveShardRequest(caller=tool, checkpoint_dir=url, step=3))
     checkpoint_io.write_manifest(
         url,
         3,

@@ -193,6 +193,8 @@ def valid_request(target: Target, method: str) -> bytes:
         )
     if method == "FetchParts":
         return codec.encode(pb.FetchPartsHeader(caller=target.caller, variables=["fc.bias"]), [])
+    if method == "CopyPartsLive":
+        return codec.encode(pb.CopyPartsLiveHeader(caller=target.caller, variables=["fc.bias"]), [])
     request = transport.METHODS[method].request_type(caller=target.caller)
     return request.SerializeToString()
 
@@ -204,7 +206,7 @@ def test_junk_and_truncated_requests_get_a_status_code(unchanged, method):
     whole = valid_request(target, method)
     cuts = sorted({1, 2, len(whole) // 3, len(whole) // 2, len(whole) - 1})
     for data in junk(rng, 8) + [whole[:cut] for cut in cuts]:
-        if data == b"" and method in ("GetInfo", "Shutdown", "Finish", "Save", "StepMembers", "Reshard"):
+        if data == b"" and not transport.METHODS[method].carries_tensors and method != "PushPull":
             continue  # the empty message: a valid request of no caller, refused below as such
         assert_refused(target, method, data, codes=REFUSALS)
     # Without the token, or with another: UNAUTHENTICATED, whatever the bytes.
@@ -213,7 +215,23 @@ def test_junk_and_truncated_requests_get_a_status_code(unchanged, method):
             assert_refused(target, method, data, metadata, codes={grpc.StatusCode.UNAUTHENTICATED})
 
 
-@pytest.mark.parametrize("method", ["Finish", "Save", "Shutdown", "StepMembers", "GetInfo", "Reshard"])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "Finish",
+        "HoldCut",
+        "SaveShard",
+        "MoveCut",
+        "Shutdown",
+        "StepMembers",
+        "GetInfo",
+        "TakeParts",
+        "RelayoutStatus",
+        "AskRelayout",
+        "RelayoutDone",
+        "Precopy",
+    ],
+)
 def test_requests_of_another_cluster_change_nothing(unchanged, method):
     target = unchanged
     stranger = pb.Caller(job_name="worker", task_index=1, cluster_fingerprint="f" * 16)
@@ -221,13 +239,12 @@ def test_requests_of_another_cluster_change_nothing(unchanged, method):
     if method == "GetInfo":  # answers anyone with the token: who the task is
         assert pb.TaskInfo.FromString(target.unary(method, request.SerializeToString())).job_name == "ps"
         return
-    if method == "Reshard":  # asking where the ps tasks are answers anyone; asking them to move does not
-        assert pb.ReshardReply.FromString(target.unary(method, request.SerializeToString())).cluster_spec == ""
-        request.cluster_spec = "ps|127.0.0.1:1,worker|127.0.0.1:2"
-        assert_refused(target, method, request.SerializeToString())
-        request.cluster_spec, request.done = "", True
-        assert_refused(target, method, request.SerializeToString())
+    if method == "RelayoutStatus":  # asking where the ps tasks are answers anyone; asking them to move does not
+        reply = pb.RelayoutStatusReply.FromString(target.unary(method, request.SerializeToString()))
+        assert reply.cluster_spec == ""
         return
+    if method == "AskRelayout":
+        request.cluster_spec = "ps|127.0.0.1:1,worker|127.0.0.1:2"
     assert_refused(target, method, request.SerializeToString())
     assert_refused(target, method, transport.METHODS[method].request_type().SerializeToString())
 

@@ -1,7 +1,9 @@
 """Hooks around the trainer's steps, and checkpoints taken through the trainer.
 
 Everything runs in-process against real ps servers on free loopback ports
-(``local_cluster``); every wait has a deadline (connect/rpc timeouts below).
+(``local_cluster``), or, where the hooks alone are the subject, against ps
+services reached without gRPC (``in_process_cluster``, the unit tier); every
+wait has a deadline (connect/rpc timeouts below).
 """
 
 from __future__ import annotations
@@ -69,10 +71,10 @@ class Recorder(Hook):
 # ---- the Hook protocol
 
 
-def test_hook_calls_in_order_with_global_step_and_loss(local_cluster):
+def test_hook_calls_in_order_with_global_step_and_loss(in_process_cluster):
     # Two workers stepping in turn (async): the non-chief joins at global step 3,
     # and the chief's steps in between show up in the non-chief's global step.
-    cluster = local_cluster(num_ps=2, num_workers=2)
+    cluster = in_process_cluster(num_ps=2, num_workers=2).cluster
     chief_model, model = make_model(0), make_model(1)
     recorder = Recorder()
     with trainer(chief_model, cluster, 0) as chief:
@@ -164,8 +166,8 @@ def run_until_stop(t: psframe.Trainer, model, max_steps: int = 50) -> list[bool]
 
 
 @pytest.mark.parametrize("last_step", [1, 4, 7])
-def test_stop_at_last_step_stops_exactly_there(local_cluster, last_step):
-    cluster = local_cluster(num_ps=1, num_workers=1)
+def test_stop_at_last_step_stops_exactly_there(in_process_cluster, last_step):
+    cluster = in_process_cluster(num_ps=1, num_workers=1).cluster
     model = make_model()
     hook = StopAtStepHook(last_step=last_step)
     with trainer(model, cluster, hooks=[hook]) as t:

@@ -20,9 +20,9 @@ def counting_pulls(trainer: psframe.Trainer) -> list[int]:
     pulled: list[int] = []
     pull_rows = trainer._session.client.pull_rows
 
-    def counting(wanted, step, create=True, staleness=0):
+    def counting(wanted, step, create=True, max_lag=0):
         pulled.append(sum(int(ids.numel()) for pulls in wanted.values() for _, ids in pulls))
-        return pull_rows(wanted, step, create, staleness)
+        return pull_rows(wanted, step, create, max_lag)
 
     trainer._session.client.pull_rows = counting
     return pulled

@@ -34,6 +34,7 @@ def test_every_tensor_carrying_message_is_a_header_payload_envelope():
         "PushPullResponse",
         "FetchPartsRequest",
         "FetchPartsResponse",
+        "CopyPartsLiveRequest",
     }
     for message in envelopes:
         header, payload = message.fields_by_name["header"], message.fields_by_name["payload"]

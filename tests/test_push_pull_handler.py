@@ -37,6 +37,7 @@ class Guard:
     def __init__(self, refuse: tuple[int, ...] = ()) -> None:
         self.refuse = refuse
         self.asked = 0
+        self.pending = False  # no re-layout asked for
 
     def check_caller(self, caller: pb.Caller) -> None:
         self.asked += 1

@@ -342,6 +342,39 @@ def test_a_ps_task_added_then_drained_while_two_workers_train_keeps_every_step_o
 
 
 @pytest.mark.service
+def test_the_chief_asks_ps_0_of_re_layouts_only_once_its_replies_say_one_is_asked(ps_tasks, monkeypatch):
+    """No re-layout asked: the chief's steps make no status call (ps 0's step replies say so);
+    one asked is taken, and once it is done the calls stop again."""
+    cluster, grown = clusters(2, 1)
+    first = [ps_tasks(cluster, k) for k in range(2)]
+    asked_status = []
+    status = relayout_calls.layout_status
+
+    def counted(client: PsClient) -> relayout_calls.LayoutStatus:
+        asked_status.append(client.name)
+        return status(client)
+
+    with trainer(cluster, 0, psframe.optim.SGD(lr=LR)) as t:
+        monkeypatch.setattr(relayout_calls, "layout_status", counted)  # the chief's calls from here on
+        for _ in range(30):
+            t.step(t.model.loss())
+        assert asked_status == []
+        ps_tasks(grown, 2)
+        with PsClient(cluster, 0, job_name="tool") as tool:
+            relayout_calls.ask_reshard(tool, grown)
+        deadline = time.monotonic() + DEADLINE_S
+        while t.stats.relayouts == 0:
+            assert time.monotonic() < deadline, "the chief never took the re-layout"
+            t.step(t.model.loss())
+        assert asked_status  # told by ps 0's replies, the chief asked for the re-layout and took it
+        taken = len(asked_status)
+        for _ in range(30):
+            t.step(t.model.loss())
+        assert len(asked_status) == taken
+    assert first[0].service.relayout.version > 0 and not first[0].service.relayout.pending
+
+
+@pytest.mark.service
 def test_a_worker_started_with_the_ps_tasks_of_before_follows_the_re_layouts(ps_tasks):
     cluster, grown = clusters(2, 2)
     first = [ps_tasks(cluster, k) for k in range(2)]

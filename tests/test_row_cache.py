@@ -1,7 +1,7 @@
 """A worker's row cache: rows kept between steps, pulled again only when their version moved too far.
 
-With ``staleness=0`` training is exactly as without a cache (a row that did
-not change is not sent again); with a larger bound, hot rows travel less.
+With ``max_lag=0`` training is exactly as without a cache (a row that did
+not change is not sent again); with a larger ``max_lag``, hot rows travel less.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ DIM = 4
 def test_a_row_is_refreshed_when_not_cached_made_anew_or_too_old():
     cached = torch.tensor([NOT_CACHED, 10, 10, 10, 10])
     current = torch.tensor([5, 10, 12, 13, 7])
-    assert to_refresh(cached, current, staleness=2).tolist() == [True, False, False, True, True]
-    assert to_refresh(cached, current, staleness=0).tolist() == [True, False, True, True, True]
+    assert to_refresh(cached, current, max_lag=2).tolist() == [True, False, False, True, True]
+    assert to_refresh(cached, current, max_lag=0).tolist() == [True, False, True, True, True]
 
 
 def test_the_cache_keeps_rows_and_versions_and_evicts_those_used_longest_ago():
-    cache = RowCache((DIM,), torch.float32, max_rows=3, staleness=0)
+    cache = RowCache((DIM,), torch.float32, max_rows=3, max_lag=0)
     ids = torch.tensor([1, 2, 3])
     slots, versions = cache.versions(ids)
     assert versions.tolist() == [NOT_CACHED] * 3
@@ -68,7 +68,7 @@ def test_a_ps_task_sends_only_the_rows_that_moved_past_the_cached_versions():
     now, rows = store.read_rows_since("emb", ids, True, versions, 0)
     assert (now > versions).tolist() == [False, True, False] and torch.equal(rows, -torch.ones(1, DIM))
     store.apply_rows([("emb", torch.tensor([1]), torch.ones(1, DIM))])
-    _, rows = store.read_rows_since("emb", ids, True, now, 1)  # one version behind: within the bound
+    _, rows = store.read_rows_since("emb", ids, True, now, 1)  # one version behind: within max_lag
     assert rows.shape == (0, DIM)
     _, rows = store.read_rows_since("emb", ids, True, versions, 1)  # two behind: sent
     assert torch.equal(rows, -2 * torch.ones(1, DIM))
@@ -88,7 +88,7 @@ def test_a_dynamic_part_gives_a_remade_row_a_version_past_the_old_one():
     assert bool((later > now).all())
 
 
-@pytest.mark.parametrize("kwargs,message", [({"staleness": -1}, "staleness"), ({"max_rows": 0}, "max_rows")])
+@pytest.mark.parametrize("kwargs,message", [({"max_lag": -1}, "max_lag"), ({"max_rows": 0}, "max_rows")])
 def test_bad_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         psframe.RowCaching(**kwargs)
@@ -136,12 +136,12 @@ def train(local_cluster, steps: int, row_cache=None, push_every: int = 1):
         return params(model), tables, (trainer.stats.rows_looked_up, trainer.stats.rows_pulled)
 
 
-def test_an_exact_cache_trains_as_no_cache_and_a_bounded_one_pulls_fewer_rows(local_cluster):
+def test_an_exact_cache_trains_as_no_cache_and_a_lagging_one_pulls_fewer_rows(local_cluster):
     plain, plain_tables, (looked_up, pulled) = train(local_cluster, 12)
     assert looked_up == pulled > 0  # every row asked for came back
-    exact, exact_tables, (cached_looked_up, cached_pulled) = train(local_cluster, 12, psframe.RowCaching(staleness=0))
+    exact, exact_tables, (cached_looked_up, cached_pulled) = train(local_cluster, 12, psframe.RowCaching(max_lag=0))
     assert_params_equal(exact, plain)
     assert all(torch.equal(a, b) for a, b in zip(exact_tables, plain_tables))
     assert cached_looked_up == looked_up and cached_pulled <= pulled
-    _, _, (_, bounded_pulled) = train(local_cluster, 12, psframe.RowCaching(staleness=8))
-    assert bounded_pulled < cached_pulled
+    _, _, (_, lagging_pulled) = train(local_cluster, 12, psframe.RowCaching(max_lag=8))
+    assert lagging_pulled < cached_pulled

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 85  # four runs of a few seconds' training, each with its start-up
 LINK_MBIT = 50
 TABLES = ("fixed", "dynamic")
-STALENESS = 16
+MAX_LAG = 16
 
 pytestmark = [pytest.mark.hosts, pytest.mark.timeout(TIMEOUT_S + 30)]
 
@@ -54,8 +54,8 @@ def test_quick_run_has_every_row_and_the_cache_pulls_fewer_rows():
         *TABLES,
         "--repeats",
         "1",
-        "--staleness",
-        str(STALENESS),
+        "--max_lag",
+        str(MAX_LAG),
         "--no-prefetch",  # the cache and its baseline only: four runs
         "--timeout",
         str(TIMEOUT_S - 5),
@@ -67,7 +67,7 @@ def test_quick_run_has_every_row_and_the_cache_pulls_fewer_rows():
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
     assert "os.cpu_count()" in proc.stdout and "load average" in proc.stdout, proc.stdout
     rows = _table(proc.stdout)
-    caches = ("none", f"staleness {STALENESS}")
+    caches = ("none", f"max_lag {MAX_LAG}")
     assert [(r["link"], r["tables"], r["row cache"]) for r in rows] == [
         (f"{LINK_MBIT} Mbit/s", tables, cache) for tables in TABLES for cache in caches
     ], proc.stdout

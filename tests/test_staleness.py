@@ -1,13 +1,14 @@
 """Bounded staleness (SSP): a worker runs at most ``steps`` ahead of the slowest live worker.
 
-Unit tests of the ps task's gate (:mod:`psframe.ps.protocol.staleness`), then workers on a
-local cluster, one of them slowed on purpose: the steps ahead every push found
+Unit tests of the ps task's gate (:mod:`psframe.ps.protocol.staleness`), then workers on ps
+tasks served in this process (``in_process_cluster``), one of them slowed on purpose: the steps ahead every push found
 (counted by the ps task, and by each worker) never exceed the bound, and without
 a bound the fast worker does run ahead (the same test would fail).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -20,14 +21,19 @@ from psframe.errors import BarrierTimeoutError
 from psframe.ps.protocol.ledger import PushLedger
 from psframe.ps.protocol.roster import WorkerRoster
 from psframe.ps.protocol.staleness import HISTOGRAM_BUCKETS, StalenessGate
-from psframe.worker.client import control_calls
+from tests.doubles import FakeClock
 
-# ---- the gate, no network
+# ---- the gate, no network; time is a fake clock
+
+JOIN_S = 10.0  # real seconds a thread of these tests is given to end
 
 
-def gate(num_workers: int = 3, worker_timeout: float = 60.0) -> tuple[StalenessGate, PushLedger, WorkerRoster]:
-    ledger, roster = PushLedger(num_workers), WorkerRoster(num_workers, worker_timeout)
-    return StalenessGate(ledger, roster, "/job:ps/task:0"), ledger, roster
+def gate(
+    num_workers: int = 3, worker_timeout: float = 60.0
+) -> tuple[StalenessGate, PushLedger, WorkerRoster, FakeClock]:
+    clock = FakeClock()
+    ledger, roster = PushLedger(num_workers), WorkerRoster(num_workers, worker_timeout, clock=clock)
+    return StalenessGate(ledger, roster, "/job:ps/task:0", clock=clock), ledger, roster, clock
 
 
 def steps(ledger: PushLedger, worker: int, count: int) -> None:
@@ -36,7 +42,7 @@ def steps(ledger: PushLedger, worker: int, count: int) -> None:
 
 
 def test_steps_ahead_are_counted_against_the_slowest_other_live_worker():
-    staleness, ledger, roster = gate()
+    staleness, ledger, roster, _ = gate()
     steps(ledger, 0, 5)
     steps(ledger, 1, 3)
     steps(ledger, 2, 4)
@@ -48,34 +54,63 @@ def test_steps_ahead_are_counted_against_the_slowest_other_live_worker():
     assert staleness.counts == [1, 2, 1] + [0] * (HISTOGRAM_BUCKETS - 4) + [1]
 
 
-def test_a_wait_ends_when_the_slowest_catches_up_or_fails_naming_it():
-    staleness, ledger, _ = gate(num_workers=2)
+def test_a_wait_ends_when_the_slowest_catches_up():
+    staleness, ledger, _, _ = gate(num_workers=2)
     steps(ledger, 0, 3)
     steps(ledger, 1, 1)
-    staleness.wait(0, bound=2, timeout=1.0)  # 2 ahead: within the bound, at once
+    staleness.wait(0, bound=2, timeout=0.0)  # 2 ahead: within the bound, without waiting at all
 
     def catch_up() -> None:
-        time.sleep(0.05)
+        time.sleep(0.05)  # real, and only for order: the wait has begun (it passes if not)
         steps(ledger, 1, 1)
         staleness.stepped()
 
     thread = threading.Thread(target=catch_up)
     thread.start()
-    staleness.wait(0, bound=1, timeout=10.0)  # released by worker 1's step
-    thread.join(10)
+    staleness.wait(0, bound=1, timeout=60.0)  # the clock stands still: only worker 1's step releases it
+    thread.join(JOIN_S)
     assert not thread.is_alive()
-    with pytest.raises(
-        BarrierTimeoutError, match=r"worker/task:0 \(3 steps\) .* at most 0 steps ahead.*worker/task:1 \(2 steps\)"
-    ):
-        staleness.wait(0, bound=0, timeout=0.05)
+
+
+def test_a_wait_gives_up_when_its_clock_passes_the_timeout_naming_who_is_behind():
+    staleness, ledger, _, clock = gate(num_workers=2)
+    steps(ledger, 0, 3)
+    steps(ledger, 1, 2)
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            staleness.wait(0, bound=0, timeout=30.0)
+        except BaseException as e:  # noqa: BLE001 - checked below
+            outcome.append(e)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    thread.join(0.1)
+    assert thread.is_alive() and not outcome  # real time passing ends no wait: its clock stands still
+    clock.advance(30.0)
+    deadline = time.monotonic() + JOIN_S  # far less than the wait's 30 s: it must not sleep them out
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(0.05)
+        clock.advance(1.0)  # in case the wait read its start only after the first advance
+    assert not thread.is_alive(), "the wait did not give up on its clock"
+    assert len(outcome) == 1 and isinstance(outcome[0], BarrierTimeoutError), outcome
+    assert re.search(
+        r"worker/task:0 \(3 steps\) waited 3\d\.\ds .* at most 0 steps ahead.*worker/task:1 \(2 steps\)",
+        str(outcome[0]),
+    ), outcome[0]
 
 
 def test_a_silent_worker_is_not_waited_for_past_the_worker_timeout():
-    staleness, ledger, roster = gate(num_workers=2, worker_timeout=0.05)
+    staleness, ledger, roster, clock = gate(num_workers=2, worker_timeout=5.0)
     steps(ledger, 0, 5)
     with roster.call(0):
-        time.sleep(0.1)  # worker 1 silent past the timeout: presumed lost
-        staleness.wait(0, bound=0, timeout=5.0)  # returns at once
+        clock.advance(5.0)
+        with pytest.raises(BarrierTimeoutError):  # a timeout of 0: look once, fail if too far ahead
+            staleness.wait(0, bound=0, timeout=0.0)  # worker 1 silent for worker_timeout: still waited for
+        clock.advance(0.1)  # worker 1 silent past the timeout: presumed lost
+        staleness.wait(0, bound=0, timeout=0.0)
+    assert staleness.count(0) == 0
 
 
 @pytest.mark.parametrize(
@@ -106,9 +141,10 @@ def test_a_bound_is_for_asynchronous_training_only(local_cluster):
 STEPS = 30
 
 
-def run(cluster, bound: int | None, slow_seconds: float = 0.02) -> tuple[dict[int, dict[int, int]], list[int]]:
-    """Two workers train STEPS steps each, worker 1 sleeping ``slow_seconds`` a step; each worker's
-    steps ahead, and the ps task's counts."""
+def run(ps, bound: int | None, slow_seconds: float = 0.02) -> tuple[dict[int, dict[int, int]], list[int]]:
+    """Two workers train STEPS steps each on ``ps`` (an in-process cluster), worker 1 sleeping
+    ``slow_seconds`` a step; each worker's steps ahead, and ps task 0's counts as the chief finished."""
+    cluster = ps.cluster
     results: dict[int, dict[int, int]] = {}
     errors: list[BaseException] = []
     staleness = None if bound is None else psframe.BoundedStaleness(bound, timeout=60.0)
@@ -127,7 +163,7 @@ def run(cluster, bound: int | None, slow_seconds: float = 0.02) -> tuple[dict[in
                     trainer.step(F.mse_loss(model(x), x.sum(1, keepdim=True)))
                 results[index] = trainer.stats.steps_ahead
                 if index == 0:
-                    counts.extend(control_calls.get_info(trainer._session.client, 0).steps_ahead_counts)
+                    counts.extend(ps.services[0].staleness.counts)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -142,8 +178,8 @@ def run(cluster, bound: int | None, slow_seconds: float = 0.02) -> tuple[dict[in
 
 
 @pytest.mark.parametrize("bound", [0, 2])
-def test_a_fast_worker_never_runs_more_than_the_bound_ahead_of_a_slowed_one(local_cluster, bound):
-    results, counts = run(local_cluster(num_ps=2, num_workers=2), bound)
+def test_a_fast_worker_never_runs_more_than_the_bound_ahead_of_a_slowed_one(in_process_cluster, bound):
+    results, counts = run(in_process_cluster(num_ps=2, num_workers=2), bound)
     for index, ahead in results.items():
         assert sum(ahead.values()) == STEPS and max(ahead) <= bound, (index, ahead)
     # The ps task counted every step-ending push of both workers (some of worker 1's came
@@ -151,7 +187,7 @@ def test_a_fast_worker_never_runs_more_than_the_bound_ahead_of_a_slowed_one(loca
     assert sum(counts) >= STEPS and not any(counts[bound + 1 :]), counts
 
 
-def test_without_a_bound_the_fast_worker_runs_ahead(local_cluster):
-    results, counts = run(local_cluster(num_ps=1, num_workers=2), None)
+def test_without_a_bound_the_fast_worker_runs_ahead(in_process_cluster):
+    results, counts = run(in_process_cluster(num_ps=1, num_workers=2), None)
     assert max(results[0]) > 2, results  # the oracle of the test above can fail
     assert any(counts[3:]), counts

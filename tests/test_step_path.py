@@ -5,6 +5,7 @@ in must be the listed ones, no more and no fewer."""
 from __future__ import annotations
 
 import re
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -34,6 +35,8 @@ def test_the_listed_path_of_a_step_is_the_code_s(local_cluster):
                 reached.append(name[len(PACKAGE) :])
 
     threading.settrace(tracer)  # the ps task's threads are made from here on
+    # SIGTERM's default action, so that the trainer handles it (psframe.worker.leaving), as in a script.
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         cluster = local_cluster(num_ps=2, num_workers=1)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
@@ -44,11 +47,15 @@ def test_the_listed_path_of_a_step_is_the_code_s(local_cluster):
             loss = model(x).sum()
             sys.settrace(tracer)
             tracing.set()
+            # Two steps: a ps task's stream resumes its outer frames (the transport's) when it
+            # asks for the next request, just after a reply went: before the second step's.
             trainer.step(loss)
+            trainer.step(model(x).sum())
             tracing.clear()
             sys.settrace(None)
     finally:
         threading.settrace(None)  # type: ignore[arg-type]
+        signal.signal(signal.SIGTERM, before)
     listed = listed_files()
     assert len(listed) == len(set(listed)), "a file is listed twice"
     assert sorted(reached) == sorted(listed), (

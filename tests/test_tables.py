@@ -142,9 +142,9 @@ def test_a_step_moves_the_rows_it_uses_not_the_table(local_cluster):
         pulled = []
         pull_rows = trainer._session.client.pull_rows
 
-        def counting(wanted, step, create=True, staleness=0):
+        def counting(wanted, step, create=True, max_lag=0):
             pulled.append(sum(int(ids.numel()) for pulls in wanted.values() for _, ids in pulls))
-            return pull_rows(wanted, step, create, staleness)
+            return pull_rows(wanted, step, create, max_lag)
 
         trainer._session.client.pull_rows = counting
         ids, bag_ids, offsets, target = batch(0)
@@ -155,8 +155,8 @@ def test_a_step_moves_the_rows_it_uses_not_the_table(local_cluster):
         assert sum(info.applied_steps for info in infos) > 0
 
 
-def test_a_second_worker_pulls_the_rows_the_first_updated(local_cluster):
-    cluster = local_cluster(num_ps=2, num_workers=2)
+def test_a_second_worker_pulls_the_rows_the_first_updated(in_process_cluster):
+    cluster = in_process_cluster(num_ps=2, num_workers=2).cluster
     chief_model, other_model = Recommender(seed=0), Recommender(seed=1)
     with psframe.Trainer(chief_model, cluster, task_index=0, optimizer=psframe.optim.Adagrad(lr=0.5)) as chief:
         with psframe.Trainer(other_model, cluster, task_index=1, optimizer=psframe.optim.Adagrad(lr=0.5)) as other:

@@ -35,7 +35,12 @@ def test_the_method_table_is_the_service_of_the_proto():
         assert method.request_type.DESCRIPTOR is descriptor.input_type
         assert method.reply_type.DESCRIPTOR is descriptor.output_type
         assert method.streaming == descriptor.client_streaming == descriptor.server_streaming
-    assert {m.name for m in transport.METHODS.values() if m.carries_tensors} == {"Init", "PushPull", "FetchParts"}
+    assert {m.name for m in transport.METHODS.values() if m.carries_tensors} == {
+        "Init",
+        "PushPull",
+        "FetchParts",
+        "CopyPartsLive",
+    }
 
 
 def test_a_ps_task_handles_every_method_of_the_service_and_a_bare_task_a_few():

@@ -1,7 +1,7 @@
 """The worker row cache where the network is the bottleneck: the CTR example on test hosts with capped links.
 
     python -m benchmarks.experiments.row_cache_hosts [--links 10 50] [--tables fixed dynamic]
-        [--repeats 2] [--staleness 16] [--cache_rows 1048576] [--[no-]prefetch] [--seconds 12]
+        [--repeats 2] [--max_lag 16] [--cache_rows 1048576] [--[no-]prefetch] [--seconds 12]
         [--quick] [--logs DIR]
 
 On loopback (2 cores) the row cache (``psframe.RowCaching``) cut the rows a
@@ -17,7 +17,7 @@ in each mode, on the same samples and seeds:
 
 - **none**: no row cache; every lookup pulls its rows from the ps task
   (``--no-prefetch_rows``: this mode is the cache's baseline);
-- **staleness S**: the row cache (``--row_cache_staleness=S
+- **max_lag S**: the row cache (``--row_cache_max_lag=S
   --row_cache_rows=N``; the example prefetches nothing then);
 - **none, prefetch**: no cache, each step's push bringing the next batch's
   rows back (``--prefetch_rows``, the example's default); left out with
@@ -77,13 +77,13 @@ from benchmarks.formatting import format_number, format_ratio, markdown_table
 
 LINKS_MBIT = (10, 50)
 TABLES = ("fixed", "dynamic")
-STALENESS = 16
+MAX_LAG = 16
 CACHE_ROWS = 1 << 20  # per table: more than a fixed table's 2^17 rows and the ids a run touches
 
 
-def modes(staleness: int, prefetch: bool) -> list[Mode]:
+def modes(max_lag: int, prefetch: bool) -> list[Mode]:
     """The modes of each round, in order: none, cached, and prefetched where asked for."""
-    return [Mode(), Mode(staleness), *([Mode(prefetch=True)] if prefetch else [])]
+    return [Mode(), Mode(max_lag), *([Mode(prefetch=True)] if prefetch else [])]
 
 
 # The log holds more samples than a worker trains on at 50 Mbit/s (~280 global steps of 512).
@@ -105,7 +105,7 @@ def run_experiment(
     links: Sequence[float],
     tables: Sequence[str],
     repeats: int,
-    staleness: int,
+    max_lag: int,
     cache_rows: int,
     settings: Settings,
     timeout: float,
@@ -136,7 +136,7 @@ def run_experiment(
                 hosts.cap(host, link)
             for kind in tables:
                 for _ in range(repeats):
-                    for mode in modes(staleness, prefetch):
+                    for mode in modes(max_lag, prefetch):
                         left = end - time.monotonic()
                         what = {"link_mbit": link, "tables": kind, "mode": mode.name}
                         if left < 10:
@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=True,
         help="a third mode, no cache and rows prefetched (where the example has --prefetch_rows)",
     )
-    parser.add_argument("--staleness", type=int, default=STALENESS, help="the cached runs' --row_cache_staleness")
+    parser.add_argument("--max_lag", type=int, default=MAX_LAG, help="the cached runs' --row_cache_max_lag")
     parser.add_argument("--cache_rows", type=int, default=CACHE_ROWS, help="the cached runs' --row_cache_rows")
     parser.add_argument("--seconds", type=float, default=None, help="about this many seconds of training per run")
     parser.add_argument("--quick", action="store_true", help="a few seconds of training per run, small tables")
@@ -327,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.links,
             args.tables,
             args.repeats,
-            args.staleness,
+            args.max_lag,
             args.cache_rows,
             settings,
             args.timeout,

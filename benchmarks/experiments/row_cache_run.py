@@ -44,20 +44,20 @@ _PROGRESS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*worker 0: loc
 
 @dataclass(frozen=True)
 class Mode:
-    """How a run's workers get their rows: through a row cache of ``staleness`` (None: none), prefetched or not."""
+    """How a run's workers get their rows: through a row cache of ``max_lag`` (None: none), prefetched or not."""
 
-    staleness: int | None = None
+    max_lag: int | None = None
     prefetch: bool = False
 
     @property
     def name(self) -> str:
-        if self.staleness is not None:
-            return f"staleness {self.staleness}"
+        if self.max_lag is not None:
+            return f"max_lag {self.max_lag}"
         return "none, prefetch" if self.prefetch else "none"
 
     def flags(self, cache_rows: int) -> list[str]:
         """The example's flags for this mode."""
-        cache = [] if self.staleness is None else [f"--row_cache_staleness={self.staleness}"]
+        cache = [] if self.max_lag is None else [f"--row_cache_max_lag={self.max_lag}"]
         cache += [f"--row_cache_rows={cache_rows}"] if cache else []
         return [*cache, "--prefetch_rows" if self.prefetch else "--no-prefetch_rows"]
 

@@ -201,27 +201,28 @@ class RowCaching:
     """A worker's row cache: embedding rows kept between steps (:mod:`psframe.worker.model.row_cache`).
 
     A lookup names the version of each row the worker holds, and a ps task
-    sends back only the rows that moved more than ``staleness`` versions past
+    sends back only the rows that moved more than ``max_lag`` versions past
     it (a row's version counts its table part's changes when it last
     changed). Hot rows of a power-law id distribution then travel once per
-    ``staleness`` updates instead of at every lookup.
+    ``max_lag`` updates instead of at every lookup.
 
     Args:
-        staleness: how many versions a cached row may lag behind its ps task's
-            (0: exact, every changed row is sent again; only unchanged rows are
-            saved). In synchronous training a bound above 0 makes lookups read
-            rows up to that many versions old.
+        max_lag: how many versions (updates) a cached row may lag behind the
+            ps task's copy before the ps task sends it again; 0: exact (every
+            changed row is sent again; only unchanged rows are saved). In
+            synchronous training a lag above 0 makes lookups read rows up to
+            that many versions old.
         max_rows: the most rows kept per table; past it, the rows used longest ago go.
 
     Raises:
-        ValueError: a negative staleness, or max_rows below 1.
+        ValueError: a negative max_lag, or max_rows below 1.
     """
 
-    staleness: int = 0
+    max_lag: int = 0
     max_rows: int = 1 << 20
 
     def __post_init__(self) -> None:
-        _check_int("staleness", self.staleness, minimum=0)
+        _check_int("max_lag", self.max_lag, minimum=0)
         _check_int("max_rows", self.max_rows, minimum=1)
 
 

@@ -219,7 +219,7 @@ class DynamicRows:
         return rows
 
     def read_since(
-        self, ids: torch.Tensor, cached: torch.Tensor, staleness: int, *, create: bool = True
+        self, ids: torch.Tensor, cached: torch.Tensor, max_lag: int, *, create: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As :meth:`read`, for a worker's row cache holding versions ``cached`` of the ids' rows:
         each id's row version now (0 for an id with no row), and copies of the rows
@@ -228,7 +228,7 @@ class DynamicRows:
         held = slots >= 0
         versions = torch.zeros_like(ids)
         versions[held] = self._stamps.versions(slots[held])
-        refresh = to_refresh(cached, versions, staleness)
+        refresh = to_refresh(cached, versions, max_lag)
         rows = self._rows_of(ids[refresh], slots[refresh])
         if create:
             self._saw(slots[held])

@@ -41,10 +41,10 @@ class FreshRows(NamedTuple):
     rows: torch.Tensor
 
 
-def to_refresh(cached: torch.Tensor, current: torch.Tensor, staleness: int) -> torch.Tensor:
+def to_refresh(cached: torch.Tensor, current: torch.Tensor, max_lag: int) -> torch.Tensor:
     """Which cached rows must be sent again: none cached, or the row moved more than
-    ``staleness`` versions past the one cached (or was made anew, at a version below it)."""
-    return (cached < 0) | (current < cached) | (current - cached > staleness)
+    ``max_lag`` versions past the one cached (or was made anew, at a version below it)."""
+    return (cached < 0) | (current < cached) | (current - cached > max_lag)
 
 
 __all__ = ["NOT_CACHED", "CachedPull", "FreshRows", "RowPull", "RowPush", "to_refresh"]

@@ -393,7 +393,7 @@ class WorkerSeen(_message.Message):
     def __init__(self, task_index: _Optional[int] = ..., seconds_ago: _Optional[float] = ..., finished: _Optional[bool] = ..., applied_steps: _Optional[int] = ..., last_push_id: _Optional[int] = ...) -> None: ...
 
 class InitHeader(_message.Message):
-    __slots__ = ("caller", "variables", "optimizer", "tensors", "sync", "checkpoint_dir", "table_optimizer", "global_step", "adopt_from", "layout_version", "finished_workers", "adopt_tasks", "ledger")
+    __slots__ = ("caller", "variables", "optimizer", "tensors", "sync", "checkpoint_dir", "table_optimizer", "global_step")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
@@ -402,11 +402,6 @@ class InitHeader(_message.Message):
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     TABLE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
-    ADOPT_FROM_FIELD_NUMBER: _ClassVar[int]
-    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
-    FINISHED_WORKERS_FIELD_NUMBER: _ClassVar[int]
-    ADOPT_TASKS_FIELD_NUMBER: _ClassVar[int]
-    LEDGER_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
     optimizer: OptimizerDef
@@ -415,12 +410,7 @@ class InitHeader(_message.Message):
     checkpoint_dir: str
     table_optimizer: OptimizerDef
     global_step: int
-    adopt_from: _containers.RepeatedScalarFieldContainer[str]
-    layout_version: int
-    finished_workers: _containers.RepeatedScalarFieldContainer[int]
-    adopt_tasks: _containers.RepeatedScalarFieldContainer[int]
-    ledger: PushLedger
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., global_step: _Optional[int] = ..., adopt_from: _Optional[_Iterable[str]] = ..., layout_version: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., adopt_tasks: _Optional[_Iterable[int]] = ..., ledger: _Optional[_Union[PushLedger, _Mapping]] = ...) -> None: ...
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., global_step: _Optional[int] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("header", "payload")
@@ -431,20 +421,16 @@ class InitRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[InitHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class InitReplyHeader(_message.Message):
-    __slots__ = ("state", "created", "global_step", "tensors", "last_push_id", "layout_version")
+    __slots__ = ("state", "created", "global_step", "tensors")
     STATE_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
-    LAST_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
-    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     state: TaskInfo.State
     created: bool
     global_step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
-    last_push_id: int
-    layout_version: int
-    def __init__(self, state: _Optional[_Union[TaskInfo.State, str]] = ..., created: _Optional[bool] = ..., global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., last_push_id: _Optional[int] = ..., layout_version: _Optional[int] = ...) -> None: ...
+    def __init__(self, state: _Optional[_Union[TaskInfo.State, str]] = ..., created: _Optional[bool] = ..., global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
 
 class InitResponse(_message.Message):
     __slots__ = ("header", "payload")
@@ -454,8 +440,44 @@ class InitResponse(_message.Message):
     payload: bytes
     def __init__(self, header: _Optional[_Union[InitReplyHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
+class TakePartsRequest(_message.Message):
+    __slots__ = ("caller", "variables", "optimizer", "table_optimizer", "sync", "before", "read_from", "layout_version", "finished_workers", "ledger")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    TABLE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    READ_FROM_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
+    optimizer: OptimizerDef
+    table_optimizer: OptimizerDef
+    sync: SyncDef
+    before: _containers.RepeatedScalarFieldContainer[str]
+    read_from: _containers.RepeatedScalarFieldContainer[int]
+    layout_version: int
+    finished_workers: _containers.RepeatedScalarFieldContainer[int]
+    ledger: PushLedger
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., before: _Optional[_Iterable[str]] = ..., read_from: _Optional[_Iterable[int]] = ..., layout_version: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., ledger: _Optional[_Union[PushLedger, _Mapping]] = ...) -> None: ...
+
+class TakePartsReply(_message.Message):
+    __slots__ = ("state", "global_step", "last_push_id", "layout_version")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    LAST_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    state: TaskInfo.State
+    global_step: int
+    last_push_id: int
+    layout_version: int
+    def __init__(self, state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., last_push_id: _Optional[int] = ..., layout_version: _Optional[int] = ...) -> None: ...
+
 class PushPullHeader(_message.Message):
-    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id", "row_staleness", "staleness_bound", "staleness_timeout", "progress", "rows_async")
+    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id", "row_max_lag", "staleness_bound", "staleness_timeout", "progress", "rows_async")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -464,7 +486,7 @@ class PushPullHeader(_message.Message):
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     SAME_HOST_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
-    ROW_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    ROW_MAX_LAG_FIELD_NUMBER: _ClassVar[int]
     STALENESS_BOUND_FIELD_NUMBER: _ClassVar[int]
     STALENESS_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -477,12 +499,12 @@ class PushPullHeader(_message.Message):
     wire_dtype: str
     same_host: SameHostRegion
     push_id: int
-    row_staleness: int
+    row_max_lag: int
     staleness_bound: int
     staleness_timeout: float
     progress: DataProgress
     rows_async: bool
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ..., row_staleness: _Optional[int] = ..., staleness_bound: _Optional[int] = ..., staleness_timeout: _Optional[float] = ..., progress: _Optional[_Union[DataProgress, _Mapping]] = ..., rows_async: _Optional[bool] = ...) -> None: ...
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ..., row_max_lag: _Optional[int] = ..., staleness_bound: _Optional[int] = ..., staleness_timeout: _Optional[float] = ..., progress: _Optional[_Union[DataProgress, _Mapping]] = ..., rows_async: _Optional[bool] = ...) -> None: ...
 
 class SameHostRegion(_message.Message):
     __slots__ = ("path", "key", "size", "request_start", "request_length", "reply_start", "in_region")
@@ -511,7 +533,7 @@ class PushPullRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[PushPullHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PushPullReplyHeader(_message.Message):
-    __slots__ = ("global_step", "tensors", "dropped", "error_class", "error_message", "in_region", "region_refused", "duplicate", "region_unusable", "steps_ahead")
+    __slots__ = ("global_step", "tensors", "dropped", "error_class", "error_message", "in_region", "region_refused", "duplicate", "region_unusable", "steps_ahead", "relayout_pending")
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
@@ -522,6 +544,7 @@ class PushPullReplyHeader(_message.Message):
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     REGION_UNUSABLE_FIELD_NUMBER: _ClassVar[int]
     STEPS_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    RELAYOUT_PENDING_FIELD_NUMBER: _ClassVar[int]
     global_step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     dropped: bool
@@ -532,7 +555,8 @@ class PushPullReplyHeader(_message.Message):
     duplicate: bool
     region_unusable: str
     steps_ahead: int
-    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., dropped: _Optional[bool] = ..., error_class: _Optional[str] = ..., error_message: _Optional[str] = ..., in_region: _Optional[bool] = ..., region_refused: _Optional[str] = ..., duplicate: _Optional[bool] = ..., region_unusable: _Optional[str] = ..., steps_ahead: _Optional[int] = ...) -> None: ...
+    relayout_pending: bool
+    def __init__(self, global_step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., dropped: _Optional[bool] = ..., error_class: _Optional[str] = ..., error_message: _Optional[str] = ..., in_region: _Optional[bool] = ..., region_refused: _Optional[str] = ..., duplicate: _Optional[bool] = ..., region_unusable: _Optional[str] = ..., steps_ahead: _Optional[int] = ..., relayout_pending: _Optional[bool] = ...) -> None: ...
 
 class PushPullResponse(_message.Message):
     __slots__ = ("header", "payload")
@@ -572,57 +596,89 @@ class StepMembersReply(_message.Message):
     workers: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, step: _Optional[int] = ..., workers: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class SaveRequest(_message.Message):
-    __slots__ = ("caller", "checkpoint_dir", "step", "delta", "parent_step", "hold", "hold_seconds", "targets", "round_target", "cut_rounds", "move_to", "move_stage")
+class HoldCutRequest(_message.Message):
+    __slots__ = ("caller", "hold_seconds", "for_move")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    HOLD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FOR_MOVE_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    hold_seconds: float
+    for_move: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., hold_seconds: _Optional[float] = ..., for_move: _Optional[bool] = ...) -> None: ...
+
+class HoldCutReply(_message.Message):
+    __slots__ = ("holds", "steps_begun", "holds_rounds", "round")
+    HOLDS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_BEGUN_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    holds: bool
+    steps_begun: _containers.RepeatedScalarFieldContainer[int]
+    holds_rounds: bool
+    round: int
+    def __init__(self, holds: _Optional[bool] = ..., steps_begun: _Optional[_Iterable[int]] = ..., holds_rounds: _Optional[bool] = ..., round: _Optional[int] = ...) -> None: ...
+
+class CutPoint(_message.Message):
+    __slots__ = ("targets", "rounds", "round_target")
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TARGET_FIELD_NUMBER: _ClassVar[int]
+    targets: _containers.RepeatedScalarFieldContainer[int]
+    rounds: bool
+    round_target: int
+    def __init__(self, targets: _Optional[_Iterable[int]] = ..., rounds: _Optional[bool] = ..., round_target: _Optional[int] = ...) -> None: ...
+
+class SaveShardRequest(_message.Message):
+    __slots__ = ("caller", "checkpoint_dir", "step", "delta", "parent_step", "cut")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     PARENT_STEP_FIELD_NUMBER: _ClassVar[int]
-    HOLD_FIELD_NUMBER: _ClassVar[int]
-    HOLD_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    TARGETS_FIELD_NUMBER: _ClassVar[int]
-    ROUND_TARGET_FIELD_NUMBER: _ClassVar[int]
-    CUT_ROUNDS_FIELD_NUMBER: _ClassVar[int]
-    MOVE_TO_FIELD_NUMBER: _ClassVar[int]
-    MOVE_STAGE_FIELD_NUMBER: _ClassVar[int]
+    CUT_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     checkpoint_dir: str
     step: int
     delta: bool
     parent_step: int
-    hold: bool
-    hold_seconds: float
-    targets: _containers.RepeatedScalarFieldContainer[int]
-    round_target: int
-    cut_rounds: bool
-    move_to: str
-    move_stage: MoveStage
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., step: _Optional[int] = ..., delta: _Optional[bool] = ..., parent_step: _Optional[int] = ..., hold: _Optional[bool] = ..., hold_seconds: _Optional[float] = ..., targets: _Optional[_Iterable[int]] = ..., round_target: _Optional[int] = ..., cut_rounds: _Optional[bool] = ..., move_to: _Optional[str] = ..., move_stage: _Optional[_Union[MoveStage, _Mapping]] = ...) -> None: ...
+    cut: CutPoint
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., checkpoint_dir: _Optional[str] = ..., step: _Optional[int] = ..., delta: _Optional[bool] = ..., parent_step: _Optional[int] = ..., cut: _Optional[_Union[CutPoint, _Mapping]] = ...) -> None: ...
 
-class SaveReply(_message.Message):
-    __slots__ = ("file", "sha256", "nbytes", "global_step", "steps_begun", "holds", "holds_rounds", "layout_version", "finished_workers", "ledger")
+class SaveShardReply(_message.Message):
+    __slots__ = ("file", "sha256", "nbytes", "global_step")
     FILE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
-    STEPS_BEGUN_FIELD_NUMBER: _ClassVar[int]
-    HOLDS_FIELD_NUMBER: _ClassVar[int]
-    HOLDS_ROUNDS_FIELD_NUMBER: _ClassVar[int]
-    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
-    FINISHED_WORKERS_FIELD_NUMBER: _ClassVar[int]
-    LEDGER_FIELD_NUMBER: _ClassVar[int]
     file: str
     sha256: str
     nbytes: int
     global_step: int
-    steps_begun: _containers.RepeatedScalarFieldContainer[int]
-    holds: bool
-    holds_rounds: bool
+    def __init__(self, file: _Optional[str] = ..., sha256: _Optional[str] = ..., nbytes: _Optional[int] = ..., global_step: _Optional[int] = ...) -> None: ...
+
+class MoveCutRequest(_message.Message):
+    __slots__ = ("caller", "cluster_spec", "stage", "cut")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    CUT_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    cluster_spec: str
+    stage: MoveStage
+    cut: CutPoint
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., stage: _Optional[_Union[MoveStage, _Mapping]] = ..., cut: _Optional[_Union[CutPoint, _Mapping]] = ...) -> None: ...
+
+class MoveCutReply(_message.Message):
+    __slots__ = ("global_step", "layout_version", "finished_workers", "ledger")
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_FIELD_NUMBER: _ClassVar[int]
+    global_step: int
     layout_version: int
     finished_workers: _containers.RepeatedScalarFieldContainer[int]
     ledger: PushLedger
-    def __init__(self, file: _Optional[str] = ..., sha256: _Optional[str] = ..., nbytes: _Optional[int] = ..., global_step: _Optional[int] = ..., steps_begun: _Optional[_Iterable[int]] = ..., holds: _Optional[bool] = ..., holds_rounds: _Optional[bool] = ..., layout_version: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., ledger: _Optional[_Union[PushLedger, _Mapping]] = ...) -> None: ...
+    def __init__(self, global_step: _Optional[int] = ..., layout_version: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., ledger: _Optional[_Union[PushLedger, _Mapping]] = ...) -> None: ...
 
 class PushLedger(_message.Message):
     __slots__ = ("last_push", "applied_steps")
@@ -642,37 +698,21 @@ class ShutdownReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
-class ReshardRequest(_message.Message):
-    __slots__ = ("caller", "cluster_spec", "done", "precopy")
+class AskRelayoutRequest(_message.Message):
+    __slots__ = ("caller", "cluster_spec")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
-    DONE_FIELD_NUMBER: _ClassVar[int]
-    PRECOPY_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     cluster_spec: str
-    done: bool
-    precopy: Precopy
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., done: _Optional[bool] = ..., precopy: _Optional[_Union[Precopy, _Mapping]] = ...) -> None: ...
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., cluster_spec: _Optional[str] = ...) -> None: ...
 
-class Precopy(_message.Message):
-    __slots__ = ("variables", "adopt_from", "adopt_tasks", "optimizer", "table_optimizer", "cluster_spec", "parts")
-    VARIABLES_FIELD_NUMBER: _ClassVar[int]
-    ADOPT_FROM_FIELD_NUMBER: _ClassVar[int]
-    ADOPT_TASKS_FIELD_NUMBER: _ClassVar[int]
-    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
-    TABLE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
-    CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
-    PARTS_FIELD_NUMBER: _ClassVar[int]
-    variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
-    adopt_from: _containers.RepeatedScalarFieldContainer[str]
-    adopt_tasks: _containers.RepeatedScalarFieldContainer[int]
-    optimizer: OptimizerDef
-    table_optimizer: OptimizerDef
-    cluster_spec: str
-    parts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., adopt_from: _Optional[_Iterable[str]] = ..., adopt_tasks: _Optional[_Iterable[int]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., parts: _Optional[_Iterable[str]] = ...) -> None: ...
+class RelayoutStatusRequest(_message.Message):
+    __slots__ = ("caller",)
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
 
-class ReshardReply(_message.Message):
+class RelayoutStatusReply(_message.Message):
     __slots__ = ("cluster_spec", "moved", "layout_version", "before_spec", "stage")
     CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
     MOVED_FIELD_NUMBER: _ClassVar[int]
@@ -685,6 +725,40 @@ class ReshardReply(_message.Message):
     before_spec: str
     stage: MoveStage
     def __init__(self, cluster_spec: _Optional[str] = ..., moved: _Optional[bool] = ..., layout_version: _Optional[int] = ..., before_spec: _Optional[str] = ..., stage: _Optional[_Union[MoveStage, _Mapping]] = ...) -> None: ...
+
+class RelayoutDoneRequest(_message.Message):
+    __slots__ = ("caller",)
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
+
+class RelayoutDoneReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PrecopyRequest(_message.Message):
+    __slots__ = ("caller", "variables", "before", "read_from", "optimizer", "table_optimizer", "cluster_spec", "parts")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    READ_FROM_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    TABLE_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_SPEC_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    variables: _containers.RepeatedCompositeFieldContainer[VariableDef]
+    before: _containers.RepeatedScalarFieldContainer[str]
+    read_from: _containers.RepeatedScalarFieldContainer[int]
+    optimizer: OptimizerDef
+    table_optimizer: OptimizerDef
+    cluster_spec: str
+    parts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., before: _Optional[_Iterable[str]] = ..., read_from: _Optional[_Iterable[int]] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., cluster_spec: _Optional[str] = ..., parts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PrecopyReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class MoveStage(_message.Message):
     __slots__ = ("origin_spec", "target_spec", "stage", "stages")
@@ -699,12 +773,11 @@ class MoveStage(_message.Message):
     def __init__(self, origin_spec: _Optional[str] = ..., target_spec: _Optional[str] = ..., stage: _Optional[int] = ..., stages: _Optional[int] = ...) -> None: ...
 
 class FetchPartsHeader(_message.Message):
-    __slots__ = ("caller", "variables", "tensors", "rows", "live", "precopied", "since_mark", "since_version", "same_host")
+    __slots__ = ("caller", "variables", "tensors", "rows", "precopied", "since_mark", "since_version", "same_host")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
-    LIVE_FIELD_NUMBER: _ClassVar[int]
     PRECOPIED_FIELD_NUMBER: _ClassVar[int]
     SINCE_MARK_FIELD_NUMBER: _ClassVar[int]
     SINCE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -713,12 +786,11 @@ class FetchPartsHeader(_message.Message):
     variables: _containers.RepeatedScalarFieldContainer[str]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     rows: _containers.RepeatedCompositeFieldContainer[RowRange]
-    live: bool
     precopied: _containers.RepeatedScalarFieldContainer[str]
     since_mark: int
     since_version: int
     same_host: bool
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ..., live: _Optional[bool] = ..., precopied: _Optional[_Iterable[str]] = ..., since_mark: _Optional[int] = ..., since_version: _Optional[int] = ..., same_host: _Optional[bool] = ...) -> None: ...
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ..., precopied: _Optional[_Iterable[str]] = ..., since_mark: _Optional[int] = ..., since_version: _Optional[int] = ..., same_host: _Optional[bool] = ...) -> None: ...
 
 class RowRange(_message.Message):
     __slots__ = ("variable", "start", "end", "stride", "num_parts", "part_index")
@@ -743,6 +815,26 @@ class FetchPartsRequest(_message.Message):
     header: FetchPartsHeader
     payload: bytes
     def __init__(self, header: _Optional[_Union[FetchPartsHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class CopyPartsLiveHeader(_message.Message):
+    __slots__ = ("caller", "variables", "tensors", "rows")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    variables: _containers.RepeatedScalarFieldContainer[str]
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    rows: _containers.RepeatedCompositeFieldContainer[RowRange]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ...) -> None: ...
+
+class CopyPartsLiveRequest(_message.Message):
+    __slots__ = ("header", "payload")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    header: CopyPartsLiveHeader
+    payload: bytes
+    def __init__(self, header: _Optional[_Union[CopyPartsLiveHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class FetchPartsReplyHeader(_message.Message):
     __slots__ = ("record", "tensors", "mark", "layout_version", "shared")

@@ -1,8 +1,9 @@
 """The chief's lead of live re-layouts (ps tasks added or drained while training goes on), as a hook.
 
 A tool asks ps 0 for a re-layout (``psframe reshard``: ``relayout_calls.ask_reshard``). The chief
-(worker 0) carries a :class:`RelayoutLeader` among its hooks: after its steps, twice a second,
-it asks ps 0 whether a re-layout waits, and takes it a stage at a time
+(worker 0) carries a :class:`RelayoutLeader` among its hooks: after a step whose reply from ps 0
+says a re-layout is pending (``PushPullReplyHeader.relayout_pending``, read at no cost), it asks
+ps 0 for the re-layout's status, and takes it a stage at a time
 (:mod:`psframe.cluster.moves`). A stage is readied first (its tasks copy ahead the table parts
 they take, :class:`psframe.worker.session.relayout.Readying`) in a thread while the chief trains
 on, and cut at a step once ready (:func:`psframe.worker.session.relayout.lead`); the chief then
@@ -32,7 +33,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How often the chief asks ps 0 whether a re-layout waits (asked by a tool): two small calls a second.
+# How often the chief asks ps 0 whether a re-layout waits where its steps did not reach ps 0
+# (ps 0 holds none of the parts a step sends or reads, so no reply carries ps 0's word): the
+# fallback, two small calls a second. A chief whose steps reach ps 0 asks only when told to.
 RESHARD_POLL_SECONDS = 0.5
 
 
@@ -46,12 +49,17 @@ class RelayoutLeader(Hook):
 
     def __init__(self, session: Session, counters: Counters) -> None:
         self._session, self._counters = session, counters
-        self._next_poll = 0.0  # when ps 0 is asked again whether a re-layout waits
+        self._next_poll = 0.0  # when ps 0 is asked again whether a re-layout waits, if no reply said
+        self._following = False  # a re-layout is taken: ps 0 is asked again after every step
         self._readying: relayout.Readying | None = None  # the next stage, readied while training goes on
 
     def after_step(self, trainer: Trainer, global_step: int, loss: torch.Tensor | None) -> None:
-        if time.monotonic() >= self._next_poll:
-            self._take_asked()  # between two steps: this one's lookups and pushes are done
+        # Between two steps: this one's lookups and pushes are done. ps 0's replies say whether a
+        # re-layout is pending; where none of the steps since the last look reached ps 0, ask it now
+        # and then.
+        pending = self._session.client.relayout_pending()
+        if pending or self._following or (pending is None and time.monotonic() >= self._next_poll):
+            self._take_asked()
 
     def end(self, trainer: Trainer) -> None:
         if self._readying is not None:  # a stage readied, not cut: ps 0 keeps it asked for the next chief
@@ -92,8 +100,9 @@ class RelayoutLeader(Hook):
         elif status.cluster is not None and not status.moved and status.cluster != session.cluster:
             stage = session.layouts.plan(session.cluster, status.cluster)[0]
         else:
+            self._following = False
             return
-        self._next_poll = 0.0  # again at the next step: this stage (or the next) waits
+        self._following = True  # again at the next step: this stage (or the next) waits
         readying = self._readying
         if readying is None or readying.stage != stage:
             if readying is not None:
@@ -115,6 +124,7 @@ class RelayoutLeader(Hook):
             self._counters.relayout_parts_moved.clear()
         self._take_stage(stage, readying)
         if stage.done:
+            self._following = False
             self._next_poll = time.monotonic() + RESHARD_POLL_SECONDS
 
     def _take_stage(self, stage: MoveStage, ready: relayout.Readying | None = None) -> None:

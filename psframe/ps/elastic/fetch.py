@@ -4,7 +4,7 @@ A task of the layout after a stage reads the parts it now holds from the
 snapshots of the tasks before (:func:`fetch_shards`, the ``FetchParts`` RPC,
 over :class:`~psframe.ps.elastic.peers.PsPeers`), its own snapshot in place;
 while training still goes on, it copies the fixed table parts that move
-alone (:func:`copy_ahead`, :mod:`psframe.ps.elastic.precopy`), so that at the
+alone (:func:`copy_ahead`, the ``CopyPartsLive`` RPC, :mod:`psframe.ps.elastic.precopy`), so that at the
 cut only their rows changed since cross. The replies' format is
 :mod:`psframe.ps.elastic.shard_codec`.
 """
@@ -143,9 +143,9 @@ def copy_ahead(
     transport.call_all([(peers.connection(k), "GetInfo", pb.InfoRequest()) for k in read], timeout, wait_for_ready=True)
     got: dict[int, list[Fetched]] = {k: [] for k in read}
     for d in wanted:  # part after part; the tasks before in parallel (the one that holds it sends it)
-        header = pb.FetchPartsHeader(caller=caller, variables=[d.variable], rows=wanted_rows([d]), live=True)
+        header = pb.CopyPartsLiveHeader(caller=caller, variables=[d.variable], rows=wanted_rows([d]))
         request = codec.encode(header, ())
-        calls = [(peers.connection(k), "FetchParts", request) for k in read]
+        calls = [(peers.connection(k), "CopyPartsLive", request) for k in read]
         replies = transport.call_all(calls, timeout, wait_for_ready=True)
         for k, reply in zip(read, replies):
             fetched = decode_shard(reply)

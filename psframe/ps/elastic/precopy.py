@@ -4,8 +4,8 @@ A stage of a re-layout pauses training from its cut until every task of the
 new layout holds its parts (:mod:`psframe.ps.elastic.relayout`). Copying a table part
 whole in that pause costs its bytes; but a step changes few of a table's rows.
 So before the cut, the chief has each task of the next layout copy the fixed
-table parts it will take (``ReshardRequest.precopy``): it reads them from the
-tasks that hold them *live* (``FetchParts`` with ``live``), each copy taken
+table parts it will take (the ``Precopy`` RPC): it reads them from the
+tasks that hold them *live* (``CopyPartsLive``), each copy taken
 under the holder's store lock with the *mark* of its rows' versions then
 (:meth:`psframe.ps.store.row_versions.RowVersions.mark`). At the cut the holder keeps
 its rows' versions with its snapshot; asked with the mark, it sends of such a
@@ -49,8 +49,8 @@ class Copy:
 class Copies:
     """The copies a ps task made ahead of the next cut, by the task before each came from.
 
-    Kept for one layout before (its addresses): taken once, by the stage's adopt. Safe to call
-    from any thread.
+    Kept for one layout before (its addresses): taken once, when the stage's parts are taken
+    (``TakeParts``). Safe to call from any thread.
     """
 
     def __init__(self) -> None:

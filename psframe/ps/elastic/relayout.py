@@ -7,29 +7,29 @@ memory, ps task to ps task, with their optimizer state:
 
 1. **Asked.** A tool (``psframe reshard``: ``psframe.worker.client.relayout_calls.ask_reshard``) gives ps 0
    the new cluster (:meth:`Relayout.ask`); the new ps tasks are started with it, empty.
-2. **Cut.** Between two of its steps the chief, which polls ps 0 for such a
-   request, takes a checkpoint's cut of every ps task of the layout before
-   (each worker's steps begun anywhere applied everywhere; in synchronous
-   training, a round boundary). At the cut each task snapshots its parts into
-   memory (:func:`psframe.ps.recovery.snapshot_shard`) and moves: from then on
+2. **Cut.** Between two of its steps the chief, told of such a request by ps 0's
+   step replies (``PushPullReplyHeader.relayout_pending``), takes a checkpoint's
+   cut of every ps task of the layout before (each worker's steps begun anywhere
+   applied everywhere; in synchronous training, a round boundary). At the cut each task snapshots its parts into
+   memory (:func:`psframe.ps.recovery.snapshot_shard`) and moves (``MoveCut``): from then on
    a worker of the cluster before is refused with
    :class:`~psframe.errors.LayoutChangedError`, nothing of its push applied.
-3. **Adopt.** The chief places the model for the new cluster and sends every
-   task of it its definitions (``InitHeader.adopt_from``) and ps 0's push
+3. **Take parts.** The chief places the model for the new cluster and sends every
+   task of it its definitions (``TakeParts``) and ps 0's push
    ledger at the cut. Each reads the rows it now holds from the snapshots of
    the tasks before (the ``FetchParts`` RPC), re-sliced as a restore onto
    another number of ps tasks is (:func:`psframe.ps.recovery.restore_from_shards`);
    ps 0 keeps the data queues. Fixed table parts that move alone were copied
-   ahead of the cut while training went on (:mod:`psframe.ps.elastic.precopy`): of
+   ahead of the cut while training went on (``Precopy``, :mod:`psframe.ps.elastic.precopy`): of
    those, only the rows written since cross.
 4. **Reroute.** A refused worker asks ps 0 where the ps tasks went, places the
    model for the new cluster, pulls, and sends its step again there.
 5. **Drain.** A ps task the new cluster lacks answers ``FetchParts`` until the
-   chief stops it, once every task of the new layout holds its parts.
+   chief stops it, once every task of the new layout holds its parts (``RelayoutDone``).
 
 The chief takes these steps once per stage (:mod:`psframe.cluster.moves`): each
-stage moves a few parts, with a cut of its own (``SaveRequest.move_stage``), and
-ps 0 says which stage the layout is at (``ReshardReply.stage``). A stage that
+stage moves a few parts, with a cut of its own (``MoveCutRequest.stage``), and
+ps 0 says which stage the layout is at (``RelayoutStatusReply.stage``). A stage that
 keeps the cluster (parts moved among its tasks) refuses the workers of the layout
 before by their layout version alone. Training pauses for one stage's transfer:
 from its cut until the layout after it holds the model; a task keeps the parts it
@@ -106,6 +106,9 @@ class Relayout:
         self.stage: pb.MoveStage | None = None  # of the re-layout the last move was a stage of
         self.relayouts = 0  # re-layouts taken to their last stage
         self._cutting_until = 0.0  # a re-layout's cut is under way here until then (monotonic)
+        # A re-layout asked for or under way: a plain attribute, written under the lock and read
+        # without it by every step's reply (PushPullReplyHeader.relayout_pending), at no cost.
+        self.pending = False
 
     def ask(self, current: ClusterSpec, new: ClusterSpec) -> None:
         """Record that the ps tasks move from ``current`` to ``new`` (ps 0; a tool asked).
@@ -128,6 +131,7 @@ class Relayout:
                     f"a re-layout to ps tasks {self.requested.job_tasks('ps')} waits already; ask again once it is done"
                 )
             self.requested = new
+            self.pending = True
 
     def move(self, before: ClusterSpec, after: ClusterSpec, stage: pb.MoveStage | None = None) -> None:
         """Move at the cut (of ``stage`` of a staged re-layout): workers of the layout before are
@@ -140,6 +144,7 @@ class Relayout:
             self.snapshot, self._row_versions = None, {}
             self._drop_shared()
             self.requested = None
+            self.pending = self.under_way
             self.version += 1
 
     def cutting_for(self, seconds: float) -> None:
@@ -244,12 +249,12 @@ class Relayout:
             f"{ClusterSpec.task_name('ps', 0)} for the new cluster and send the step there"
         )
 
-    def reply(self) -> pb.ReshardReply:
-        """What a ``Reshard`` call that only asks is told."""
+    def reply(self) -> pb.RelayoutStatusReply:
+        """What ``RelayoutStatus`` (and ``AskRelayout``) answers."""
         with self._lock:
             wanted = self.requested or self.moved_to
             moved = self.requested is None and self.moved_to is not None
-            return pb.ReshardReply(
+            return pb.RelayoutStatusReply(
                 cluster_spec="" if wanted is None else wanted.to_string(),
                 moved=moved,
                 layout_version=self.version,

@@ -1,4 +1,4 @@
-"""The ``FetchParts`` reply's format: a re-layout's parts, and the rows of parts copied ahead, on the wire.
+"""The replies' format of ``FetchParts`` and ``CopyPartsLive``: a re-layout's parts, and rows changed, on the wire.
 
 A task of the layout after a re-layout stage reads its parts from the tasks of
 the layout before (:mod:`psframe.ps.elastic.fetch`); each answers with the

@@ -18,7 +18,7 @@ Two kinds, one interface:
   (:class:`psframe.ps.protocol.round_cut.RoundCut`), whose point is a round
   boundary, the global step (``int``).
 
-The Save handler (:mod:`psframe.ps.service.save`) takes both through this
+The cut's handlers (:mod:`psframe.ps.service.cut_handler`) take both through this
 interface, for a checkpoint and for a re-layout's stage alike.
 """
 

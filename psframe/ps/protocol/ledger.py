@@ -124,6 +124,10 @@ class PushLedger:
     def applied_steps(self, worker: int) -> int:
         return int(self._applied_steps[worker])
 
+    def every_applied_steps(self) -> list[int]:
+        """:meth:`applied_steps` of every worker, by worker (one read of them all)."""
+        return self._applied_steps.tolist()
+
     def state_dict(self) -> dict[str, list[int]]:
         """What a checkpoint keeps: both counts, by worker."""
         return {"last_push": self._last_push.tolist(), "applied_steps": self._applied_steps.tolist()}

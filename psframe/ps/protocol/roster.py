@@ -21,6 +21,11 @@ the start; a worker of another slot becomes one when it is first heard from
 (it joined), and one that finished becomes one again when it joins anew
 (:meth:`WorkerRoster.join`). "Every worker" above means every member. The
 roster keeps the last changes (:meth:`WorkerRoster.record`) for ``status``.
+
+Live workers (neither finished nor silent for over ``worker_timeout``) are
+asked for exactly, under the roster's lock, where they decide something
+(:meth:`WorkerRoster.live`), and without a lock where they are only counted
+(:meth:`WorkerRoster.live_snapshot`, for every step-ending push).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import contextlib
 import enum
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy
@@ -74,7 +79,17 @@ class MembershipChange:
     worker: int
     change: Change
     global_step: int
-    when: float  # time.monotonic()
+    when: float  # the roster's clock (time.monotonic())
+
+
+LIVE_SNAPSHOT_MAX_AGE = 0.05
+"""Seconds a snapshot of the live workers is used at most (see :meth:`WorkerRoster.live_snapshot`)."""
+
+
+@dataclass(frozen=True)
+class _LiveSnapshot:
+    workers: tuple[int, ...]
+    until: float  # on the roster's clock: when some worker of it may go silent past its timeout
 
 
 class WorkerRoster:
@@ -84,7 +99,7 @@ class WorkerRoster:
         num_workers: the workers of the cluster the task started with (members from the start).
         worker_timeout: once some workers finished, seconds of silence after
             which an unfinished worker other than the chief is presumed dead.
-        last_seen: when each worker was last heard from (``time.monotonic()``,
+        last_seen: when each worker was last heard from (on ``clock``,
             one float64 per slot; 0: not a member), shared with the task's other serving
             processes (:mod:`psframe.ps.serving.shared_store`); this roster's own by default.
         chief_timeout: seconds of silence after which the chief too is
@@ -92,6 +107,8 @@ class WorkerRoster:
             than ``worker_timeout``.
 
         capacity: the worker slots (``max_workers`` of an elastic cluster); default ``num_workers``.
+        clock: seconds, never going back (``time.monotonic``, the clock every serving process
+            of a host shares; a test's fake one).
 
     Raises:
         ValueError: ``chief_timeout`` is shorter than ``worker_timeout``, or ``capacity`` below ``num_workers``.
@@ -104,6 +121,7 @@ class WorkerRoster:
         last_seen: numpy.ndarray | None = None,
         chief_timeout: float | None = None,
         capacity: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if chief_timeout is None:
             chief_timeout = default_chief_timeout(worker_timeout)
@@ -120,7 +138,8 @@ class WorkerRoster:
         self.worker_timeout = worker_timeout
         self.chief_timeout = chief_timeout
         self._lock = threading.Lock()
-        self._started = time.monotonic()
+        self._clock = clock
+        self._started = clock()
         if last_seen is None:  # shared ones start at their creator's start
             last_seen = numpy.zeros(capacity)
             last_seen[:num_workers] = self._started
@@ -128,22 +147,27 @@ class WorkerRoster:
         self._in_flight: collections.Counter[int] = collections.Counter()
         self._finished: set[int] = set()
         self._changes: collections.deque[MembershipChange] = collections.deque(maxlen=MEMBERSHIP_KEPT)
+        # Replaced (under the lock) whenever it is out of date; read without it.
+        self._live_snapshot = _LiveSnapshot((), float("-inf"))
 
     @contextlib.contextmanager
     def call(self, worker: int, step: int = 0) -> Iterator[None]:
         """Mark a worker as alive for as long as one of its calls runs; one first heard
         from joins (``step``: the global step now, for the record)."""
         with self._lock:
+            now = self._clock()
             if not self._last_seen[worker]:
-                self._changes.append(MembershipChange(worker, Change.JOINED, step, time.monotonic()))
+                self._changes.append(MembershipChange(worker, Change.JOINED, step, now))
+            if worker not in self._live_snapshot.workers and worker not in self._finished:
+                self._forget_live()  # it joined, or came back: live now
             self._in_flight[worker] += 1
-            self._last_seen[worker] = time.monotonic()
+            self._last_seen[worker] = now
         try:
             yield
         finally:
             with self._lock:
                 self._in_flight[worker] -= 1
-                self._last_seen[worker] = time.monotonic()
+                self._last_seen[worker] = self._clock()
 
     def finish(self, worker: int, step: int = 0) -> bool:
         """Record that a worker finished (left, at ``step``); True the first time."""
@@ -151,7 +175,8 @@ class WorkerRoster:
             if worker in self._finished:
                 return False
             self._finished.add(worker)
-            self._changes.append(MembershipChange(worker, Change.LEFT, step, time.monotonic()))
+            self._forget_live()
+            self._changes.append(MembershipChange(worker, Change.LEFT, step, self._clock()))
             return True
 
     def join(self, worker: int, step: int) -> bool:
@@ -161,14 +186,15 @@ class WorkerRoster:
             if self._last_seen[worker] and worker not in self._finished:
                 return False
             self._finished.discard(worker)
-            self._last_seen[worker] = time.monotonic()
-            self._changes.append(MembershipChange(worker, Change.JOINED, step, time.monotonic()))
+            self._forget_live()
+            now = self._last_seen[worker] = self._clock()
+            self._changes.append(MembershipChange(worker, Change.JOINED, step, now))
             return True
 
     def record(self, worker: int, change: Change, step: int) -> None:
         """Keep a change of membership the task found (a worker presumed dead, or back)."""
         with self._lock:
-            self._changes.append(MembershipChange(worker, change, step, time.monotonic()))
+            self._changes.append(MembershipChange(worker, change, step, self._clock()))
 
     @property
     def changes(self) -> list[MembershipChange]:
@@ -201,7 +227,7 @@ class WorkerRoster:
         """The unfinished workers, if some finished and every unfinished one is
         presumed dead (silent for ``worker_timeout``; the chief for ``chief_timeout``);
         else None (also when nobody is left unfinished)."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             if not self._finished:
                 return None
@@ -213,7 +239,7 @@ class WorkerRoster:
         """Seconds the chief has been silent, if it alone keeps training from being
         over (some workers finished, every other unfinished one presumed dead,
         the chief silent for longer than ``worker_timeout`` but not ``chief_timeout``); else None."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             if not self._finished or 0 in self._finished:
                 return None
@@ -226,18 +252,46 @@ class WorkerRoster:
     def live(self) -> list[int]:
         """The workers neither finished nor silent for over ``worker_timeout`` (the chief too: for
         bounded staleness, a silent worker makes no progress to wait for)."""
-        now = time.monotonic()
         with self._lock:
-            return [
-                w
-                for w in self._members()
-                if w not in self._finished and self._silent_for(w, now) <= self.worker_timeout
-            ]
+            return list(self._live(self._clock()))
+
+    def live_snapshot(self) -> tuple[int, ...]:
+        """:meth:`live`, without taking the lock while nothing changed: for counting, not deciding.
+
+        The snapshot is taken again once a worker of it may have gone silent past
+        ``worker_timeout``, after :data:`LIVE_SNAPSHOT_MAX_AGE` seconds, and at once when a
+        worker finishes, joins, or comes back with a call to this process. So it is
+        exact but for one case: a silent worker heard from again only by another serving
+        process of the task counts as live up to :data:`LIVE_SNAPSHOT_MAX_AGE` late.
+        """
+        snapshot = self._live_snapshot
+        if self._clock() < snapshot.until:
+            return snapshot.workers
+        with self._lock:
+            now = self._clock()
+            workers = self._live(now)
+            # A worker in a call now is live for worker_timeout at least; one not in a
+            # call, until worker_timeout after its last word (unless it speaks again).
+            quiet = [float(self._last_seen[w]) for w in workers if not self._in_flight[w]]
+            soonest = now + min(LIVE_SNAPSHOT_MAX_AGE, self.worker_timeout)
+            self._live_snapshot = _LiveSnapshot(
+                workers, min([soonest, *(seen + self.worker_timeout for seen in quiet)])
+            )
+        return workers
+
+    def _live(self, now: float) -> tuple[int, ...]:
+        return tuple(
+            w for w in self._members() if w not in self._finished and self._silent_for(w, now) <= self.worker_timeout
+        )
+
+    def _forget_live(self) -> None:
+        """The live workers changed: the next :meth:`live_snapshot` takes a new one (hold the lock)."""
+        self._live_snapshot = _LiveSnapshot((), float("-inf"))
 
     def silent_for(self, worker: int) -> float:
         """Seconds since ``worker`` was last heard from (0 while one of its calls runs)."""
         with self._lock:
-            return self._silent_for(worker, time.monotonic())
+            return self._silent_for(worker, self._clock())
 
     def _timeout_of(self, worker: int) -> float:
         return self.chief_timeout if worker == 0 else self.worker_timeout
@@ -248,7 +302,7 @@ class WorkerRoster:
 
     def seen(self) -> list[tuple[int, float, bool]]:
         """(worker, seconds since last heard from or -1 if never, finished) for each worker."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             return [
                 (

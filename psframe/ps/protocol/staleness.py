@@ -13,6 +13,12 @@ its pushes is applied it is at most ``s`` steps ahead on every ps task.
 not: the worker's steps applied here before it, less the slowest other live
 worker's. The counts make the histogram of ``psframe status``
 (``TaskInfo.steps_ahead_counts``), and the reply tells the worker its own.
+Counting takes no lock of its own (a feature that is off costs a step
+nothing): it reads the roster's snapshot of the live workers
+(:meth:`~psframe.ps.protocol.roster.WorkerRoster.live_snapshot`), so a silent
+worker another serving process has just heard from again may be left out of
+a count for a few milliseconds. Only a wait decides anything, and it asks
+the roster under its lock.
 
 A live worker is one neither finished nor silent for over the task's
 ``worker_timeout`` (:meth:`psframe.ps.protocol.roster.WorkerRoster.live`): a lost
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from psframe.cluster import ClusterSpec
 from psframe.errors import BarrierTimeoutError
@@ -36,7 +43,9 @@ from psframe.ps.protocol.roster import WorkerRoster
 HISTOGRAM_BUCKETS = 16
 """Steps ahead counted 0, 1, ... 14, and 15 or more."""
 
-_POLL_SECONDS = 0.01  # how often a wait looks again without being told (steps applied by another process)
+# How often a wait looks again without being told: for steps another process applied, and
+# for its deadline on a clock that is not time's own (a test's).
+_POLL_SECONDS = 0.01
 
 
 class StalenessGate:
@@ -46,12 +55,17 @@ class StalenessGate:
         ledger: the task's push ledger (each worker's steps applied here).
         roster: the task's workers (which are live).
         task_name: for errors.
+        clock: seconds, never going back, that waits' deadlines are read from (a test's fake one;
+            a wait still waits in real time, in slices of at most :data:`_POLL_SECONDS`).
     """
 
-    def __init__(self, ledger: PushLedger, roster: WorkerRoster, task_name: str) -> None:
+    def __init__(
+        self, ledger: PushLedger, roster: WorkerRoster, task_name: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._ledger = ledger
         self._roster = roster
         self._task_name = task_name
+        self._clock = clock
         self._changed = threading.Condition()
         self._waiting = 0  # replies held to a bound now: without any, a step wakes no one
         self.counts = [0] * HISTOGRAM_BUCKETS
@@ -59,8 +73,9 @@ class StalenessGate:
 
     def count(self, worker: int) -> int:
         """Count one step-ending push of ``worker``, before the ledger records it (under the
-        store's lock): how many steps ahead of the slowest other live worker it is."""
-        ahead = self._ahead(worker)
+        store's lock): how many steps ahead of the slowest other live worker it is (live as of
+        the roster's snapshot, see the module's docstring)."""
+        ahead = self._ahead(worker, self._roster.live_snapshot())
         self.counts[min(ahead, HISTOGRAM_BUCKETS - 1)] += 1
         return ahead
 
@@ -77,27 +92,29 @@ class StalenessGate:
         Raises:
             BarrierTimeoutError: still too far ahead after ``timeout`` seconds.
         """
-        started = time.monotonic()
+        started = self._clock()
         deadline = started + timeout
         with self._changed:
             self._waiting += 1  # before the first look: a step recorded after it wakes this wait
         try:
-            while self._ahead(worker) > bound:
-                remaining = deadline - time.monotonic()
+            while self._ahead(worker, self._roster.live()) > bound:
+                now = self._clock()
+                remaining = deadline - now
                 if remaining <= 0:
-                    raise self._timeout_error(worker, bound, time.monotonic() - started)
+                    raise self._timeout_error(worker, bound, now - started)
                 with self._changed:
                     self._changed.wait(min(remaining, _POLL_SECONDS))
         finally:
             with self._changed:
                 self._waiting -= 1
 
-    def _ahead(self, worker: int) -> int:
-        others = [w for w in self._roster.live() if w != worker]
-        if not others:
-            return 0
-        slowest = min(self._ledger.applied_steps(w) for w in others)
-        return max(0, self._ledger.applied_steps(worker) - slowest)
+    def _ahead(self, worker: int, live: tuple[int, ...] | list[int]) -> int:
+        steps = self._ledger.every_applied_steps()
+        slowest = mine = steps[worker]  # ahead of nobody: 0, also when every other is ahead
+        for other in live:  # a plain loop: this runs on every step-ending push
+            if steps[other] < slowest:
+                slowest = steps[other]
+        return mine - slowest
 
     def _timeout_error(self, worker: int, bound: int, waited: float) -> BarrierTimeoutError:
         mine = self._ledger.applied_steps(worker)

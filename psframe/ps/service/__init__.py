@@ -3,7 +3,7 @@
 Handlers take a request and return a reply; :mod:`psframe.wire.transport`
 serves them, and turns the psframe errors they raise into status codes (a
 PushPull stream's refused request gets the error in its reply instead, and
-the stream goes on). Tensor-carrying methods (Init, PushPull, FetchParts)
+the stream goes on). Tensor-carrying methods (Init, PushPull, FetchParts, CopyPartsLive)
 take and return raw bytes and use :mod:`psframe.wire.codec`, so tensors are
 read in place from the request and written once into the reply; the small
 methods use the generated classes.
@@ -16,12 +16,13 @@ Each handler is a component of this package, behind a narrow interface:
   stream) and :mod:`~psframe.ps.service.round_replies` (a synchronous round's replies);
 - :mod:`~psframe.ps.service.membership`: the callers admitted, the workers'
   comings and goings (GetInfo, Finish), the end of training;
-- :mod:`~psframe.ps.service.model_init`: Init, with
+- :mod:`~psframe.ps.service.model_init`: Init and TakeParts, with
   :mod:`~psframe.ps.service.definitions` and
   :mod:`~psframe.ps.service.incoming_model` (the chief's model, as it arrives);
-- :mod:`~psframe.ps.service.save`: Save (a checkpoint's or a re-layout's cut);
-- :mod:`~psframe.ps.service.relayout_participant`: Reshard, FetchParts, and the
-  task's part in a re-layout;
+- :mod:`~psframe.ps.service.cut_handler`: HoldCut, SaveShard and MoveCut (a
+  checkpoint's or a re-layout's cut);
+- :mod:`~psframe.ps.service.relayout_participant`: AskRelayout, RelayoutStatus,
+  RelayoutDone, Precopy, FetchParts, CopyPartsLive, and the task's part in a re-layout;
 - :mod:`~psframe.ps.service.data_range_handler`: DataRange;
 - :mod:`~psframe.ps.service.metric_report`: ReportMetric (the chief's metric for the schedules);
 - :mod:`~psframe.ps.service.status_report`: what GetInfo reports.
@@ -52,6 +53,7 @@ from psframe.ps.protocol.ledger_cut import LedgerCut, PushesHeld
 from psframe.ps.protocol.roster import WorkerRoster, check_max_workers
 from psframe.ps.protocol.staleness import StalenessGate
 from psframe.ps.protocol.sync import SyncAggregator
+from psframe.ps.service.cut_handler import CutHandler
 from psframe.ps.service.data_range_handler import DataRangeHandler
 from psframe.ps.service.fast_path import StreamCache
 from psframe.ps.service.membership import Membership
@@ -60,7 +62,6 @@ from psframe.ps.service.model_init import ModelInit
 from psframe.ps.service.place import TaskPlace
 from psframe.ps.service.push_pull_handler import PushPullHandler
 from psframe.ps.service.relayout_participant import RelayoutParticipant
-from psframe.ps.service.save import SaveHandler
 from psframe.ps.service.served_model import ServedModel
 from psframe.ps.service.status_report import task_info
 from psframe.ps.service.task_service import TaskService
@@ -167,7 +168,7 @@ class ParameterServerService(TaskService):
             keeps_data=keeps_data,
             checkpoint_dir=checkpoint_dir,
         )
-        self._save = SaveHandler(
+        self._cuts = CutHandler(
             self.store,
             self._model,
             cut,
@@ -214,13 +215,20 @@ class ParameterServerService(TaskService):
         return {
             **super().handlers(),
             "Init": self._model_init.init,
+            "TakeParts": self._model_init.take_parts,
             "PushPull": self.push_pull,
             "Finish": self._membership.finish,
-            "Save": self.save,
+            "HoldCut": self._cuts.hold_cut,
+            "SaveShard": self.save_shard,
+            "MoveCut": self._cuts.move_cut,
             "StepMembers": self.step_members,
             "DataRange": self._data_ranges.data_range,
-            "Reshard": self._relayout_participant.reshard,
+            "AskRelayout": self._relayout_participant.ask,
+            "RelayoutStatus": self._relayout_participant.status,
+            "RelayoutDone": self._relayout_participant.done,
+            "Precopy": self._relayout_participant.precopy,
             "FetchParts": self._relayout_participant.fetch_parts,
+            "CopyPartsLive": self._relayout_participant.copy_parts_live,
             "ReportMetric": self._metrics.report_metric,
         }
 
@@ -267,9 +275,9 @@ class ParameterServerService(TaskService):
             max_workers=self._max_workers,
         )
 
-    def save(self, request: pb.SaveRequest) -> pb.SaveReply:
-        """The Save handler (:class:`~psframe.ps.service.save.SaveHandler`)."""
-        return self._save.save(request)
+    def save_shard(self, request: pb.SaveShardRequest) -> pb.SaveShardReply:
+        """The SaveShard handler (:class:`~psframe.ps.service.cut_handler.CutHandler`)."""
+        return self._cuts.save_shard(request)
 
     def step_members(self, request: pb.StepMembersRequest) -> pb.StepMembersReply:
         """ps 0 tells another ps task the members of a step's round."""

@@ -1,24 +1,27 @@
-"""The Init handler: the chief makes (or finds) the model a ps task serves.
+"""The Init and TakeParts handlers: the chief makes (or finds) the model a ps task serves.
 
-The chief sends every ps task the definitions of the variables placed there,
-and the optimizers. A task answers by the first of five branches that applies:
+Init: the chief sends every ps task the definitions of the variables placed
+there, and the optimizers. A task answers by the first of four branches that applies:
 
 1. **ready already**: the definitions and optimizers must be those it holds
    (a worker restarted, or a chief of the same job);
-2. **adopt from peers** (``adopt_from``): a task of a re-layout's new layout
-   takes its parts from the tasks before
-   (:meth:`~psframe.ps.service.relayout_participant.RelayoutParticipant.adopt`);
-3. **a re-layout's snapshot pending**: the task took a cut and its new parts
+2. **a re-layout's snapshot pending**: the task took a cut and its new parts
    are not taken: it refuses, and the chief takes the re-layout up again;
-4. **restore**: the latest checkpoint of the chief's (or the task's) folder;
-5. **assemble**: the chief's initial values, arriving in chunks
+3. **restore**: the latest checkpoint of the chief's (or the task's) folder;
+4. **assemble**: the chief's initial values, arriving in chunks
    (:class:`~psframe.ps.service.incoming_model.PendingModel`); a chief past
    step 0 gives a task that lost its model and has no checkpoint the values
    of its replica, and training goes on from the step it had reached.
+
+TakeParts: at a re-layout, a task of the new layout takes its parts from the
+tasks before
+(:meth:`~psframe.ps.service.relayout_participant.RelayoutParticipant.take_parts`);
+a task ready already checks, as Init's first branch does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -46,14 +49,14 @@ log = logging.getLogger(__name__)
 
 
 class ModelInit:
-    """The Init handler of ps task ``task_index``.
+    """The Init and TakeParts handlers of ps task ``task_index``.
 
     Args:
         store, model: the variables and what goes with them.
         membership: admits the chief.
         roster: the chief is alive while its call runs.
         ledger: the chief's last push applied here (it numbers its pushes on from there).
-        relayout, participant: the re-layouts taken, and the adopt branch.
+        relayout, participant: the re-layouts taken, and what a task does to take its parts at one.
         place: the task's cluster and its connections to the other ps tasks.
         elastic: workers may join beyond the cluster's (the sync definition is checked so).
         keeps_data: this process keeps the task's data queues (a checkpoint restores them).
@@ -90,41 +93,49 @@ class ModelInit:
         with self._roster.call(header.caller.task_index):
             return self._init(header, tensors)
 
+    def take_parts(self, request: pb.TakePartsRequest) -> pb.TakePartsReply:
+        """Answer a TakeParts request: take the parts the chief placed here from the tasks before a
+        re-layout (or, holding the model already, check it is this one)."""
+        self._membership.check_caller(request.caller)
+        with self._roster.call(request.caller.task_index):
+            model = _Definitions.read(request, self._task_name, self._place.cluster.num_workers, self._elastic)
+            store = self._store
+            with self._model.lock:
+                if store.ready:
+                    self._check_held(model)
+                else:
+                    self._participant.take_parts(
+                        request, model.defs, model.optimizer, model.sync, model.table_optimizer
+                    )
+                return pb.TakePartsReply(
+                    state=pb.TaskInfo.READY if store.ready else pb.TaskInfo.WAITING_FOR_MODEL,
+                    global_step=store.global_step,
+                    last_push_id=self._ledger.last_push(request.caller.task_index),
+                    layout_version=self._relayout.version,
+                )
+
+    def _check_held(self, model: _Definitions) -> None:
+        """Check that the model this task holds is ``model`` (the store checks the variables and the optimizers)."""
+        self._store.create(
+            _values_like(model.static),
+            model.optimizer,
+            tables=model.tables,
+            table_optimizer=model.table_optimizer,
+            dynamic=model.dynamic,
+        )
+        messages.check_same_sync(
+            f"the chief's model does not match what {self._task_name} holds", model.sync, self._model.sync_def
+        )
+
     def _init(self, header: pb.InitHeader, tensors: list[torch.Tensor]) -> bytes:
-        if header.caller.task_index != 0:
-            raise ClusterMismatchError(
-                f"only the chief ({ClusterSpec.task_name('worker', 0)}) creates variables, "
-                f"not {ClusterSpec.caller_name('worker', header.caller.task_index)}"
-            )
-        optimizer = messages.optimizer_from_proto(header.optimizer)
-        table_optimizer = (
-            messages.optimizer_from_proto(header.table_optimizer) if header.HasField("table_optimizer") else None
-        )
-        defs = list(header.variables)
-        messages.check_definitions(
-            self._task_name,
-            defs,
-            header.sync if header.HasField("sync") else None,
-            self._place.cluster.num_workers,
-            elastic=self._elastic,
-        )
-        dynamic = dynamic_parts(defs)
-        static = [d for d in defs if d.name not in dynamic]  # the variables with initial values
-        tables = [d.name for d in static if d.table]
-        sync = header.sync if header.HasField("sync") else None
-        store, model = self._store, self._model
-        with model.lock:
+        model = _Definitions.read(header, self._task_name, self._place.cluster.num_workers, self._elastic)
+        defs, static, optimizer, sync = model.defs, model.static, model.optimizer, model.sync
+        table_optimizer, tables, dynamic = model.table_optimizer, model.tables, model.dynamic
+        store = self._store
+        with self._model.lock:
             created = False
             if store.ready:
-                # The store checks the variables and the optimizers are those it holds.
-                store.create(
-                    _values_like(static), optimizer, tables=tables, table_optimizer=table_optimizer, dynamic=dynamic
-                )
-                messages.check_same_sync(
-                    f"the chief's model does not match what {self._task_name} holds", sync, model.sync_def
-                )
-            elif header.adopt_from:
-                self._participant.adopt(header, defs, optimizer, sync, table_optimizer)
+                self._check_held(model)
             elif self._relayout.snapshot is not None:  # moved, its new parts not taken: never made anew
                 raise errors.LayoutChangedError(
                     f"{self._task_name} is in the middle of a re-layout (its parts of before are in the snapshots "
@@ -151,8 +162,6 @@ class ModelInit:
                 state=state,
                 created=created,
                 global_step=store.global_step,
-                last_push_id=self._ledger.last_push(header.caller.task_index),
-                layout_version=self._relayout.version,
             )
         return codec.encode(reply, ())
 
@@ -241,3 +250,43 @@ class ModelInit:
 def _values_like(defs: list[pb.VariableDef]) -> dict[str, torch.Tensor]:
     """Tensors of the definitions' shapes and dtypes, holding nothing (to check a model against)."""
     return {d.name: torch.empty(tuple(d.shape), dtype=codec.dtype_from_name(d.dtype), device="meta") for d in defs}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Definitions:
+    """The model the chief sends (Init, TakeParts), read and checked."""
+
+    defs: list[pb.VariableDef]
+    static: list[pb.VariableDef]  # those with initial values (not of dynamic tables)
+    tables: list[str]  # of those, the embedding tables' parts
+    dynamic: dict[str, DynamicPart]
+    optimizer: OptimizerSpec
+    table_optimizer: OptimizerSpec | None
+    sync: pb.SyncDef | None
+
+    @classmethod
+    def read(
+        cls, request: pb.InitHeader | pb.TakePartsRequest, task_name: str, num_workers: int, elastic: bool
+    ) -> _Definitions:
+        """The model of ``request``, checked.
+
+        Raises:
+            ClusterMismatchError: the caller is not the chief.
+            WireFormatError: the definitions are not a model psframe serves.
+        """
+        if request.caller.task_index != 0:
+            raise ClusterMismatchError(
+                f"only the chief ({ClusterSpec.task_name('worker', 0)}) creates variables, "
+                f"not {ClusterSpec.caller_name('worker', request.caller.task_index)}"
+            )
+        optimizer = messages.optimizer_from_proto(request.optimizer)
+        table_optimizer = (
+            messages.optimizer_from_proto(request.table_optimizer) if request.HasField("table_optimizer") else None
+        )
+        defs = list(request.variables)
+        sync = request.sync if request.HasField("sync") else None
+        messages.check_definitions(task_name, defs, sync, num_workers, elastic=elastic)
+        dynamic = dynamic_parts(defs)
+        static = [d for d in defs if d.name not in dynamic]
+        tables = [d.name for d in static if d.table]
+        return cls(defs, static, tables, dynamic, optimizer, table_optimizer, sync)

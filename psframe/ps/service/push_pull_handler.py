@@ -57,6 +57,12 @@ class CallerGuard(Protocol):
     def check_caller(self, caller: pb.Caller) -> None: ...
 
 
+class LayoutGuard(CallerGuard, Protocol):
+    """Refuses a worker of a layout a re-layout left; says whether a re-layout is asked for or under way."""
+
+    pending: bool  # a plain attribute: every reply reads it, without a lock
+
+
 class PushPullHandler:
     """The PushPull requests of ps task ``task_name``, answered over its store.
 
@@ -68,7 +74,9 @@ class PushPullHandler:
         data: the data ranges the pushes consumed.
         model: the synchronous rounds, when training is synchronous.
         admission: admits the caller of a request that takes no cached path.
-        layout: refuses a worker of a layout a re-layout left (checked again after a wait).
+        layout: refuses a worker of a layout a re-layout left (checked again after a wait); every
+            reply says whether a re-layout is asked for or under way (its ``pending``: the chief
+            asks ps 0 for the re-layout's status only then).
         memory: counts the bytes handled, to give freed message buffers back.
         task_name: the task, for the errors.
         keeps_data: this process keeps the data queues (a serving process hands a push that
@@ -85,7 +93,7 @@ class PushPullHandler:
         data: RangeQueue,
         model: ServedModel,
         admission: CallerGuard,
-        layout: CallerGuard,
+        layout: LayoutGuard,
         memory: MemoryReturner,
         *,
         task_name: str,
@@ -207,7 +215,9 @@ class PushPullHandler:
             step = store.update(cached.variables, grads, header.end_of_step)
             ahead = self._record(worker, header.push_id, header.end_of_step) if grads else 0
             # Encode under the lock, as below: one consistent version, one copy.
-            reply = pb.PushPullReplyHeader(global_step=step, duplicate=duplicate, steps_ahead=ahead)
+            reply = pb.PushPullReplyHeader(
+                global_step=step, duplicate=duplicate, steps_ahead=ahead, relayout_pending=self._layout.pending
+            )
             if region is not None and region.fits_reply(cached.reply):
                 region.write_reply(cached.reply, cached.reply_buffers)
                 reply.in_region = True
@@ -254,7 +264,11 @@ class PushPullHandler:
             # Encode under the lock: the reply is one consistent version, and
             # the only copy of the variables is the one into the reply.
             reply = pb.PushPullReplyHeader(
-                global_step=step, region_refused=refused, duplicate=duplicate, steps_ahead=ahead
+                global_step=step,
+                region_refused=refused,
+                duplicate=duplicate,
+                steps_ahead=ahead,
+                relayout_pending=self._layout.pending,
             )
             sent = outgoing(pull, values, request.wire_dtype)
             if not request.row_pulls:
@@ -265,7 +279,7 @@ class PushPullHandler:
                     sent.append((name, store.read_rows(name, ids, create)))
                     kinds.append(row_tensors.ROWS)
                 else:  # a worker's row cache: the rows it lacks or holds too old only
-                    versions, fresh = store.read_rows_since(name, ids, create, cached, request.row_staleness)
+                    versions, fresh = store.read_rows_since(name, ids, create, cached, request.row_max_lag)
                     sent += [(name, versions), (name, fresh)]
                     kinds += [row_tensors.ROW_VERSIONS, row_tensors.ROWS]
             return codec.encode(reply, sent, kinds)
@@ -320,7 +334,9 @@ class PushPullHandler:
             and aggregator.was_member(worker, request.step)
         ):
             with store.lock:
-                return self._round_replies.reply(pull, request.wire_dtype, False, region, refused)
+                return self._round_replies.reply(
+                    pull, request.wire_dtype, False, region, refused, pending=self._layout.pending
+                )
         if request.progress is not None:
             with store.lock:
                 self._data.check(worker, request.progress)
@@ -337,7 +353,9 @@ class PushPullHandler:
             duplicate = ledger.is_duplicate(worker, request.push_id)
             if not dropped and not duplicate:
                 ledger.record(worker, request.push_id, request.end_of_step)
-            return self._round_replies.reply(pull, request.wire_dtype, dropped, region, refused)
+            return self._round_replies.reply(
+                pull, request.wire_dtype, dropped, region, refused, pending=self._layout.pending
+            )
 
     def _cache_request(
         self, cache: StreamCache, header: pb.PushPullHeader, pushed: list[str], pulled: list[torch.Tensor]

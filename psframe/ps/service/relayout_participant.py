@@ -3,17 +3,18 @@
 The state machine of what a task knows of re-layouts is
 :class:`psframe.ps.elastic.relayout.Relayout`; this is what a task does in one:
 
-- ``Reshard``: ps 0 is asked for a re-layout (and checks it can take it
-  live); the chief says a stage's parts are all taken; before a stage's cut,
-  a task of the layout after it copies the table parts it will take, while
+- ``AskRelayout``: ps 0 is asked for a re-layout (and checks it can take it
+  live); ``RelayoutStatus``: where it stands (anyone may ask);
+  ``RelayoutDone``: the chief says a layout's parts are all taken.
+- ``Precopy``: before a stage's cut, a task of the layout after it copies
+  the table parts it will take (each through ``CopyPartsLive``), while
   training goes on (:mod:`psframe.ps.elastic.precopy`).
-- The cut (a Save with ``move_to``, :mod:`~psframe.ps.service.save`): the
+- The cut (``MoveCut``, :mod:`~psframe.ps.service.cut_handler`): the
   task snapshots its parts into memory and lets its model go, under the
   store's lock, and moves to the cluster after it if it keeps its index.
-- ``FetchParts``: the tasks of the new layout read those parts (or, ahead
-  of a cut, live copies of fixed table parts).
-- Init with ``adopt_from``: a task of the new layout takes its parts from
-  the tasks before (:meth:`RelayoutParticipant.adopt`).
+- ``FetchParts``: the tasks of the new layout read those parts.
+- ``TakeParts``: a task of the new layout takes its parts from the tasks
+  before (:meth:`RelayoutParticipant.take_parts`).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ MAX_FETCH_SECONDS = 120.0
 
 
 class RelayoutParticipant:
-    """What ps task ``task_index`` does in a re-layout: its ``Reshard`` and ``FetchParts`` handlers,
-    the cut's move, and taking its parts from the tasks before.
+    """What ps task ``task_index`` does in a re-layout: its handlers of the re-layout's calls
+    (see the module), the cut's move, and taking its parts from the tasks before.
 
     Args:
         store, model: the variables and what goes with them.
@@ -93,23 +94,32 @@ class RelayoutParticipant:
         self.parts_copied_ahead = 0
         self.rows_changed_since_copy = 0
 
-    # ---- Reshard
+    # ---- AskRelayout, RelayoutStatus, RelayoutDone, Precopy
 
-    def reshard(self, request: pb.ReshardRequest) -> pb.ReshardReply:
-        """Ask ps 0 for a re-layout to ``request.cluster_spec``; or, with none, say what is asked or taken
-        (to anyone, as GetInfo: a worker started with the ps tasks of before asks where they went)."""
-        if request.cluster_spec or request.done:
-            self._check_tool_or_worker(request.caller)
-        if request.cluster_spec:
-            new = ClusterSpec.from_string(request.cluster_spec)
-            self._check_possible()
-            self._relayout.ask(self._place.cluster, new)
-            log.info("%s: a re-layout to ps tasks %s is asked for", self._task_name, new.job_tasks("ps"))
-        if request.done:  # the chief: every task of the new layout holds its parts
-            self._relayout.release(request.caller.layout_version)
-        if request.HasField("precopy"):  # the chief, before a stage's cut, to a task of the layout after it
-            self._copy_ahead(request.caller, request.precopy)
+    def ask(self, request: pb.AskRelayoutRequest) -> pb.RelayoutStatusReply:
+        """Ask ps 0 for a re-layout to ``request.cluster_spec`` (a tool or worker of the cluster)."""
+        self._check_tool_or_worker(request.caller)
+        new = ClusterSpec.from_string(request.cluster_spec)
+        self._check_possible()
+        self._relayout.ask(self._place.cluster, new)
+        log.info("%s: a re-layout to ps tasks %s is asked for", self._task_name, new.job_tasks("ps"))
         return self._relayout.reply()
+
+    def status(self, request: pb.RelayoutStatusRequest) -> pb.RelayoutStatusReply:
+        """What is asked or taken (to anyone, as GetInfo: a worker started with the ps tasks of
+        before asks where they went)."""
+        return self._relayout.reply()
+
+    def done(self, request: pb.RelayoutDoneRequest) -> pb.RelayoutDoneReply:
+        """The chief: every task of layout ``caller.layout_version`` holds its parts; the cut's snapshot may go."""
+        self._check_tool_or_worker(request.caller)
+        self._relayout.release(request.caller.layout_version)
+        return pb.RelayoutDoneReply()
+
+    def precopy(self, request: pb.PrecopyRequest) -> pb.PrecopyReply:
+        """The chief, before a stage's cut, to a task of the layout after it (:meth:`_copy_ahead`)."""
+        self._copy_ahead(request)
+        return pb.PrecopyReply()
 
     def _check_possible(self) -> None:
         """Refuse a re-layout this task cannot take live (see :mod:`psframe.ps.elastic.relayout`).
@@ -130,7 +140,7 @@ class RelayoutParticipant:
                 f"stop the job and start it with the new --ps_hosts: it restores onto the new layout"
             )
 
-    def _copy_ahead(self, caller: pb.Caller, request: pb.Precopy) -> None:
+    def _copy_ahead(self, request: pb.PrecopyRequest) -> None:
         """Before a stage's cut, while training goes on: make ready the optimizers this task will
         build, and copy the fixed table parts it takes at the cut from the tasks before that hold
         them (:mod:`psframe.ps.elastic.precopy`); kept until that stage's parts are taken.
@@ -140,10 +150,14 @@ class RelayoutParticipant:
                 or that cluster has not this task at its index.
         """
         start = time.monotonic()
-        after = ClusterSpec.from_string(request.cluster_spec)
-        cluster, k = self._place.cluster, self._task_index
+        cluster, k, caller = self._place.cluster, self._task_index, request.caller
+        try:
+            after = ClusterSpec.from_string(request.cluster_spec)
+        except ValueError:  # no cluster: no caller of it either
+            after = None
         if (
-            caller.job_name not in ("tool", "worker")
+            after is None
+            or caller.job_name not in ("tool", "worker")
             or caller.cluster_fingerprint != after.fingerprint
             or k >= after.num_ps
             or after.task_address("ps", k) != cluster.task_address("ps", k)
@@ -164,12 +178,12 @@ class RelayoutParticipant:
         named = set(request.parts)
         held = {(d.name, d.row_start, tuple(d.shape)) for d in self._model.defs}
         gained = [d for d in request.variables if d.name in named and (d.name, d.row_start, tuple(d.shape)) not in held]
-        addresses = list(request.adopt_from)
+        addresses = list(request.before)
         asking = pb.Caller(job_name="ps", task_index=k, cluster_fingerprint=cluster.fingerprint)
         own = k if k < len(addresses) else None  # a task kept keeps its index
         try:
             copies = copy_ahead(
-                self._place.peers_at(addresses), gained, asking, MAX_FETCH_SECONDS, list(request.adopt_tasks), own
+                self._place.peers_at(addresses), gained, asking, MAX_FETCH_SECONDS, list(request.read_from), own
             )
         except errors.PsframeError as e:  # the copies only shorten the pause: the parts cross whole at the cut
             log.warning(
@@ -186,7 +200,7 @@ class RelayoutParticipant:
                 time.monotonic() - start,
             )
 
-    # ---- the cut (a Save with move_to)
+    # ---- the cut (MoveCut)
 
     def move(self, after: ClusterSpec, cut: Callable[[], None] | None, stage: pb.MoveStage | None = None) -> None:
         """Take a re-layout's cut (of ``stage``): snapshot the parts into memory and move to ``after``.
@@ -230,25 +244,23 @@ class RelayoutParticipant:
             kept,
         )
 
-    def moved_reply(self) -> pb.SaveReply:
+    def moved_reply(self) -> pb.MoveCutReply:
         """What a re-layout's cut answers: where this task stands after it."""
         snapshot = self._relayout.snapshot
         pushes = (snapshot.pushes if snapshot is not None else None) or {}
-        return pb.SaveReply(
+        return pb.MoveCutReply(
             global_step=self._store.global_step,
             layout_version=self._relayout.version,
             finished_workers=sorted(self._roster.finished),
             ledger=pb.PushLedger(last_push=pushes.get("last_push", ()), applied_steps=pushes.get("applied_steps", ())),
         )
 
-    # ---- FetchParts
+    # ---- FetchParts, CopyPartsLive
 
     def fetch_parts(self, data: bytes) -> bytes:
         """A task of the new layout reads the parts of some variables, as this task snapshot them at
-        the cut (those it copied ahead: their rows changed since); or, ``live``, as they are now."""
+        the cut (those it copied ahead: their rows changed since)."""
         header, _ = codec.decode(data, pb.FetchPartsHeader)
-        if header.live:
-            return self._live_parts(header)
         moved_to = self._relayout.moved_to
         caller = header.caller
         if caller.job_name != "ps" or moved_to is None or caller.cluster_fingerprint != moved_to.fingerprint:
@@ -260,10 +272,11 @@ class RelayoutParticipant:
             )
         return self._relayout.hand_over(shard_chunks(*self._relayout.parts_since(header)), header.same_host)
 
-    def _live_parts(self, header: pb.FetchPartsHeader) -> bytes:
+    def copy_parts_live(self, data: bytes) -> bytes:
         """Copies of this task's fixed table parts that hold rows ``header`` wants, as they are now,
         with the mark of their rows' versions and the layout version: a task of a re-layout's next
         layout copies them ahead of the cut (:mod:`psframe.ps.elastic.precopy`)."""
+        header, _ = codec.decode(data, pb.CopyPartsLiveHeader)
         if header.caller.job_name != "ps":
             raise ClusterMismatchError(
                 f"{self._task_name} hands its parts over only to ps tasks, not to "
@@ -283,29 +296,29 @@ class RelayoutParticipant:
         shard = ShardData(store.global_step, self._task_index, num_ps, optimizer, None, tuple(parts))
         return encode_shard(shard, mark=mark, layout_version=version)
 
-    # ---- Init with adopt_from: the parts of the new layout
+    # ---- TakeParts: the parts of the new layout
 
-    def adopt(
+    def take_parts(
         self,
-        header: pb.InitHeader,
+        request: pb.TakePartsRequest,
         defs: list[pb.VariableDef],
         optimizer: OptimizerSpec,
         sync: pb.SyncDef | None,
         table_optimizer: OptimizerSpec | None,
     ) -> None:
-        """Init's branch of a re-layout: take the parts the chief placed here (``defs``) from the ps
-        tasks ``header.adopt_from`` names, and the workers finished there; a task new in this
-        layout counts the re-layouts as the others do. Call with the model's lock held."""
-        ledger = header.ledger if header.HasField("ledger") else None
-        addresses = list(header.adopt_from)
-        self._adopt_from_peers(addresses, defs, optimizer, sync, table_optimizer, list(header.adopt_tasks), ledger)
-        self._take_finished(header.finished_workers)
+        """Take the parts the chief placed here (``defs``) from the ps tasks ``request.before``
+        names, and the workers finished there; a task new in this layout counts the re-layouts as
+        the others do. Call with the model's lock held."""
+        ledger = request.ledger if request.HasField("ledger") else None
+        addresses = list(request.before)
+        self._read_from_peers(addresses, defs, optimizer, sync, table_optimizer, list(request.read_from), ledger)
+        self._take_finished(request.finished_workers)
         if self._relayout.moved_to is None:  # new in this layout
             cluster = self._place.cluster
             before = ClusterSpec({"ps": addresses, "worker": cluster.job_tasks("worker")})
-            self._relayout.adopted(before, cluster, header.layout_version)
+            self._relayout.adopted(before, cluster, request.layout_version)
 
-    def _adopt_from_peers(
+    def _read_from_peers(
         self,
         addresses: list[str],
         defs: list[pb.VariableDef],

@@ -38,9 +38,12 @@ class RoundReplies:
         dropped: bool,
         region: SameHostRegion | None = None,
         refused: str = "",
+        *,
+        pending: bool = False,
     ) -> bytes:
         """A released member's reply (the caller holds the store's lock): in ``region`` where
-        the member gave one, else a message, saying why its region was ``refused`` if it was."""
+        the member gave one, else a message, saying why its region was ``refused`` if it was,
+        and whether a re-layout is ``pending`` (``PushPullReplyHeader.relayout_pending``)."""
         store = self.store
         if region is not None and wire_dtype is None:
             data = self._in_regions.reply(
@@ -48,7 +51,7 @@ class RoundReplies:
                 pull,
                 store.read(pull),
                 store.generation,
-                pb.PushPullReplyHeader(global_step=store.global_step, dropped=dropped),
+                pb.PushPullReplyHeader(global_step=store.global_step, dropped=dropped, relayout_pending=pending),
             )
             if data is not None:
                 return data
@@ -57,10 +60,12 @@ class RoundReplies:
         if kept_version != version:
             replies = {}
             self._released = (version, replies)
-        key = (tuple(pull), wire_dtype, dropped, refused)
+        key = (tuple(pull), wire_dtype, dropped, refused, pending)
         data = replies.get(key)
         if data is None:
-            reply = pb.PushPullReplyHeader(global_step=store.global_step, dropped=dropped, region_refused=refused)
+            reply = pb.PushPullReplyHeader(
+                global_step=store.global_step, dropped=dropped, region_refused=refused, relayout_pending=pending
+            )
             data = replies[key] = codec.encode(reply, outgoing(pull, store.read(pull), wire_dtype))
         return data
 

@@ -36,10 +36,10 @@ from psframe.cluster import ClusterSpec
 from psframe.config.liveness import Liveness
 from psframe.config.security import Security
 from psframe.config.stopping import EXIT_INTERRUPTED, EXIT_TERMINATED, SigtermHandler, program, say
-from psframe.errors import CheckpointCutError, Interrupted, PsframeError, TaskStopped
+from psframe.errors import Interrupted, PsframeError, TaskStopped
 from psframe.ps.elastic.peers import PsPeers
+from psframe.wire import one_cut, transport
 from psframe.wire import psframe_pb2 as pb
-from psframe.wire import transport
 
 log = logging.getLogger(__name__)
 
@@ -139,30 +139,16 @@ def _save_at_one_cut(
     """Every ps task's shard of checkpoint ``step``: held at one cut, then saved (as a chief's
     save, ``PsClient.save``); without the cut if it is lost (a worker lost mid-step). ``remaining``:
     the seconds left for each call."""
-    hold = pb.SaveRequest(caller=caller, hold=True, hold_seconds=min(remaining(), MAX_HOLD_S))
-    holds = transport.call_all([(ps, "Save", hold) for ps in every], remaining())
-    begun = [list(r.steps_begun) for r in holds if r.holds]
-    targets = [max(steps) for steps in zip(*begun)] if begun else []
-    round_target = max((r.global_step for r in holds if r.holds_rounds), default=0)
-    requests = [
-        pb.SaveRequest(
-            caller=caller,
-            checkpoint_dir=checkpoint_dir,
-            step=step,
-            targets=targets if r.holds else [],
-            round_target=round_target if r.holds_rounds else 0,
-            cut_rounds=r.holds_rounds,
-        )
-        for r in holds
-    ]
-    try:
-        replies = transport.call_all([(ps, "Save", r) for ps, r in zip(every, requests)], remaining())
-    except CheckpointCutError as e:
-        log.warning("checkpoint step %d is saved without one cut across the ps tasks: %s", step, e)
-        for request in requests:
-            del request.targets[:]
-            request.cut_rounds = False
-        replies = transport.call_all([(ps, "Save", r) for ps, r in zip(every, requests)], remaining())
+    requests = [pb.SaveShardRequest(caller=caller, checkpoint_dir=checkpoint_dir, step=step) for _ in every]
+    replies = one_cut.at_one_cut(
+        every,
+        caller,
+        "SaveShard",
+        requests,
+        remaining,
+        hold_seconds=min(remaining(), MAX_HOLD_S),
+        lost=f"checkpoint step {step} is saved without one cut across the ps tasks",
+    )
     return [
         ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes, global_step=r.global_step)
         for k, r in enumerate(replies)

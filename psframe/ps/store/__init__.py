@@ -376,7 +376,7 @@ class VariableStore:
             return self._model.table_parts.read(name, ids, create)
 
     def read_rows_since(
-        self, name: str, ids: torch.Tensor, create: bool, cached: torch.Tensor, staleness: int
+        self, name: str, ids: torch.Tensor, create: bool, cached: torch.Tensor, max_lag: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """For a worker's row cache: the version of each id's row of table ``name``, and copies
         of the rows it must get again (:func:`psframe.tables.rows.to_refresh` of ``cached``, its versions).
@@ -386,7 +386,7 @@ class VariableStore:
         """
         with self.lock:
             self.check_row_ids(name, ids)
-            return self._model.table_parts.read_since(name, ids, create, cached, staleness)
+            return self._model.table_parts.read_since(name, ids, create, cached, max_lag)
 
     # ---- the state taken whole: accounting, checkpoints, shared memory
 

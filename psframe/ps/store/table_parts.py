@@ -188,15 +188,15 @@ class TableParts:
             self._dynamic[name].apply(ids, values)
 
     def read_since(
-        self, name: str, ids: torch.Tensor, create: bool, cached: torch.Tensor, staleness: int
+        self, name: str, ids: torch.Tensor, create: bool, cached: torch.Tensor, max_lag: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each id's row version, and copies of the rows :func:`psframe.tables.rows.to_refresh` picks
         (``cached``: the versions a worker's row cache holds)."""
         dynamic = self._dynamic.get(name)
         if dynamic is not None:
-            return dynamic.read_since(ids, cached, staleness, create=create)
+            return dynamic.read_since(ids, cached, max_lag, create=create)
         versions = self.versions.of(name, ids)
-        refresh = to_refresh(cached, versions, staleness)
+        refresh = to_refresh(cached, versions, max_lag)
         return versions, self.read(name, ids[refresh])
 
     def read(self, name: str, ids: torch.Tensor, create: bool = True) -> torch.Tensor:

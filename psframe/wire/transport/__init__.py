@@ -16,12 +16,19 @@
   each reply on a stream a deadline;
 - :mod:`~psframe.wire.transport.auth`: every channel and server made with a
   task's :class:`~psframe.config.security.Security` (the auth token in each call's
-  metadata, checked by one server interceptor; TLS);
+  metadata, checked by one server interceptor; TLS), and the one seam where a
+  test puts channels of its own (:func:`divert_channels`);
 - :mod:`~psframe.wire.transport.limits`: what one caller may take of a
   server (message size, calls in flight per host, streams per connection).
 """
 
-from psframe.wire.transport.auth import UNAUTHENTICATED_MESSAGE, TokenInterceptor, call_metadata, open_channel
+from psframe.wire.transport.auth import (
+    UNAUTHENTICATED_MESSAGE,
+    TokenInterceptor,
+    call_metadata,
+    divert_channels,
+    open_channel,
+)
 from psframe.wire.transport.client import Connection, Stream, Watchdog, call_all, call_each
 from psframe.wire.transport.error_codec import (
     ERROR_METADATA_KEY,
@@ -32,7 +39,7 @@ from psframe.wire.transport.error_codec import (
 )
 from psframe.wire.transport.limits import DEFAULT_MAX_MESSAGE_BYTES, PeerLimiter
 from psframe.wire.transport.methods import CHANNEL_OPTIONS, METHODS, SERVICE, Method
-from psframe.wire.transport.server import RpcServer
+from psframe.wire.transport.server import RpcServer, method_handlers
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -52,8 +59,10 @@ __all__ = [
     "call_each",
     "call_metadata",
     "decode_error",
+    "divert_channels",
     "encode_error",
     "error_from_rpc",
+    "method_handlers",
     "open_channel",
     "status_code",
 ]

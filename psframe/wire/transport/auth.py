@@ -24,6 +24,7 @@ import hmac
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -59,6 +60,23 @@ def _read(path: str | None, what: str) -> bytes:
         raise SecurityConfigError(f"cannot read {what} {path!r}: {e.strerror or e}") from None
 
 
+ChannelMaker = Callable[[str], Any]
+"""Given an address, a channel to it (an object with ``grpc.Channel``'s methods), or None: a gRPC one."""
+
+_diverted: ChannelMaker | None = None
+
+
+def divert_channels(maker: ChannelMaker | None) -> ChannelMaker | None:
+    """Have :func:`open_channel` ask ``maker`` first for every channel (None: stop); returns the one it replaces.
+
+    The seam of tests that serve tasks in this process without gRPC (``tests/doubles.py``):
+    everything above the channel (calls, streams, deadlines, errors) runs as it does over gRPC.
+    """
+    global _diverted
+    replaced, _diverted = _diverted, maker
+    return replaced
+
+
 def open_channel(address: str, security: Security, liveness: Liveness | None = None) -> grpc.Channel:
     """A channel to ``address`` (``host:port`` or ``unix:PATH``): TLS where ``security`` says so,
     probing its connection as ``liveness`` says (default: :meth:`Liveness.resolve`).
@@ -68,6 +86,8 @@ def open_channel(address: str, security: Security, liveness: Liveness | None = N
     Raises:
         SecurityConfigError: a certificate, key or CA file cannot be read.
     """
+    if _diverted is not None and (diverted := _diverted(address)) is not None:
+        return diverted
     options = channel_options(liveness or Liveness.resolve())
     if not security.tls or address.startswith("unix:"):
         return grpc.insecure_channel(address, options=options)

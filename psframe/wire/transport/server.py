@@ -74,6 +74,22 @@ def _stream_handler(method: Method, handler: Callable[[Iterator], Iterator]) -> 
     return grpc.stream_stream_rpc_method_handler(serve, **method.serializers("server"))
 
 
+def method_handlers(handlers: Mapping[str, Callable]) -> dict[str, grpc.RpcMethodHandler]:
+    """gRPC's handler of each method in ``handlers`` (see :class:`RpcServer`): requests parsed,
+    replies serialized, a raised error turned into the call's status.
+
+    Raises:
+        ValueError: a handler names no method of the service.
+    """
+    unknown = sorted(set(handlers) - set(METHODS))
+    if unknown:
+        raise ValueError(f"{unknown} are not methods of {SERVICE.full_name}; expected some of {sorted(METHODS)}")
+    return {
+        name: (_stream_handler if METHODS[name].streaming else _unary_handler)(METHODS[name], handler)
+        for name, handler in handlers.items()
+    }
+
+
 class _Forwarder:
     """Passes calls on to another task as raw bytes, and its answers (or errors) back.
 
@@ -223,13 +239,7 @@ class RpcServer:
         max_calls_per_peer: int | None = None,
         liveness: Liveness | None = None,
     ) -> None:
-        unknown = sorted(set(handlers) - set(METHODS))
-        if unknown:
-            raise ValueError(f"{unknown} are not methods of {SERVICE.full_name}; expected some of {sorted(METHODS)}")
-        table = {
-            name_: (_stream_handler if METHODS[name_].streaming else _unary_handler)(METHODS[name_], handler)
-            for name_, handler in handlers.items()
-        }
+        table = method_handlers(handlers)
         security = security or Security()
         liveness = liveness or Liveness.resolve()
         self._credentials = server_credentials(security, name)

@@ -38,11 +38,18 @@ WAIT_WARNING_AFTER_S = 2.0
 
 
 def wait_for_ps(
-    client: PsClient, timeout: float, *, ready: bool = False, tasks: Sequence[int] | None = None, poll: float = 0.1
+    client: PsClient,
+    timeout: float,
+    *,
+    ready: bool = False,
+    tasks: Sequence[int] | None = None,
+    poll: float = 0.1,
+    max_poll: float | None = None,
 ) -> list[TaskStatus]:
     """Wait until every ps task (or those of ``tasks``) answers (and, with ``ready``, holds the model).
 
-    Asks again every ``poll`` seconds; logs whom it waits for at once (INFO), and at WARNING
+    Asks again after ``poll`` seconds, the wait doubling each time up to ``max_poll`` (None: every
+    ``poll`` seconds); logs whom it waits for at once (INFO), and at WARNING
     once the wait lasts :data:`WAIT_WARNING_AFTER_S`, then every :data:`LOG_EVERY_SECONDS`.
 
     Returns:
@@ -99,6 +106,8 @@ def wait_for_ps(
             log.log(level, "%s waiting for %s to %s (%.0fs of %.0fs)", client.name, missing, what, now - start, timeout)
             next_log = now + LOG_EVERY_SECONDS if late else start + WAIT_WARNING_AFTER_S
         time.sleep(min(poll, max(0.0, deadline - now)))
+        if max_poll is not None:
+            poll = min(2 * poll, max_poll)
 
 
 def get_info(client: PsClient, ps_task: int) -> TaskStatus:

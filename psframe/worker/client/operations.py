@@ -104,13 +104,13 @@ class PullRows:
     ``create``: a dynamic table makes the rows of ids it does not hold (else
     it answers their initial rows and keeps nothing). A :class:`~psframe.tables.rows.CachedPull`
     (a worker's row cache) is answered with :class:`~psframe.tables.rows.FreshRows`: only
-    the rows that moved more than ``staleness`` versions past the cached ones.
+    the rows that moved more than ``max_lag`` versions past the cached ones.
     """
 
     ps_task: int
     rows: Sequence[RowPull | CachedPull]
     create: bool = True
-    staleness: int = 0
+    max_lag: int = 0
 
     @property
     def pushes(self) -> bool:
@@ -152,6 +152,27 @@ class RowsPulled:
 Reply = DenseReply | RowsPushed | RowsPulled
 
 
+class RelayoutWord:
+    """What ps 0's replies say of re-layouts (``PushPullReplyHeader.relayout_pending``): one asked
+    for or under way. Only ps 0 is asked for re-layouts, so only its replies are heard; the chief
+    reads the word after each step (:mod:`psframe.worker.relayout_leader`), instead of asking ps 0."""
+
+    __slots__ = ("_heard", "_pending")
+
+    def __init__(self) -> None:
+        self._heard = False  # a reply of ps 0 was read since the last take()
+        self._pending = False  # and the last one said a re-layout is pending
+
+    def hear(self, pending: bool) -> None:
+        self._heard, self._pending = True, pending
+
+    def take(self) -> bool | None:
+        """Whether ps 0's last reply said a re-layout is pending; None: no reply of ps 0 was read
+        since the last call (no request of the steps since reached it)."""
+        heard, self._heard = self._heard, False
+        return self._pending if heard else None
+
+
 class OperationEncoder:
     """Operations to PushPull messages, and replies to their types, for one client.
 
@@ -181,6 +202,7 @@ class OperationEncoder:
         # Data read in ranges: the ps task that keeps the queue, and what this step consumed,
         # for its step-ending push there (psframe.ps.protocol.data_ranges); None between such steps.
         self.progress: tuple[int, pb.DataProgress] | None = None
+        self.relayout_word = RelayoutWord()  # what ps 0's replies say of re-layouts
 
     def encode(self, operation: Operation, step: int, compress: bool, push_id: int, grads: Gradients = ()) -> bytes:
         """The message of ``operation`` at ``step``, numbered ``push_id`` (0 for one that pushes nothing).
@@ -206,7 +228,7 @@ class OperationEncoder:
             self._report_progress(header, operation.ps_task)
             return codec.encode(header, tensors + pulled, kinds + pulled_kinds)
         tensors, kinds = row_tensors.pull_tensors(operation.rows, operation.create)
-        header = pb.PushPullHeader(caller=self._caller, step=step, row_staleness=operation.staleness)
+        header = pb.PushPullHeader(caller=self._caller, step=step, row_max_lag=operation.max_lag)
         return codec.encode(header, tensors, kinds)
 
     def _encode_planned(self, request: Request, grads: Gradients, step: int, compress: bool, push_id: int) -> bytes:
@@ -266,6 +288,12 @@ class OperationEncoder:
 
     def decode(self, operation: Operation, data: bytes, compress: bool) -> tuple[pb.PushPullReplyHeader, Reply]:
         """The reply to ``operation``: its header (errors and region fields) and its typed answer."""
+        header, reply = self._decode(operation, data, compress)
+        if operation.ps_task == 0 and not (header.error_class or header.region_unusable):
+            self.relayout_word.hear(header.relayout_pending)
+        return header, reply
+
+    def _decode(self, operation: Operation, data: bytes, compress: bool) -> tuple[pb.PushPullReplyHeader, Reply]:
         if isinstance(operation, PushPull) and operation.carries_rows:
             header, tensors = codec.decode(data, pb.PushPullReplyHeader)
             values = [t for meta, t in zip(header.tensors, tensors) if meta.kind == row_tensors.VALUE]

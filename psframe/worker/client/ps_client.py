@@ -4,7 +4,8 @@
 the step path over them, in the spirit of ps-lite's ``KVWorker`` (push,
 pull, wait): it takes shards and tensors, and gives back tensors and global
 steps, over one long-lived stream per ps task; it also takes the cut that
-checkpoints (:meth:`PsClient.save`) and re-layouts are taken at. Messages,
+checkpoints (:meth:`PsClient.save`) and re-layouts are taken at
+(:meth:`PsClient.take_cut`). Messages,
 the codec and gRPC stay behind it (:mod:`psframe.wire`). The calls around
 the steps take a client: :mod:`psframe.worker.client.control_calls`
 (waiting, the model, data ranges, the end) and
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -28,7 +29,7 @@ from psframe.config.liveness import Liveness
 from psframe.config.options import BoundedStaleness
 from psframe.config.security import Security
 from psframe.tables.rows import CachedPull, FreshRows, RowPull
-from psframe.wire import codec, row_tensors, same_host, transport
+from psframe.wire import codec, one_cut, row_tensors, same_host, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker.client import streams
 from psframe.worker.client.operations import (
@@ -118,6 +119,11 @@ class PsClient:
         """How this worker numbers its pushes to each ps task (the control calls that learn
         what a task applied already move the numbering on)."""
         return self._streams.numbers
+
+    def relayout_pending(self) -> bool | None:
+        """Whether ps 0's last step reply said a re-layout is asked for or under way; None: no
+        reply of ps 0 was read since the last call (:class:`~psframe.worker.client.operations.RelayoutWord`)."""
+        return self._streams.encoder.relayout_word.take()
 
     @property
     def num_ps(self) -> int:
@@ -288,7 +294,7 @@ class PsClient:
         wanted: Mapping[int, Sequence[RowPull | CachedPull]],
         step: int,
         create: bool = True,
-        staleness: int = 0,
+        max_lag: int = 0,
     ) -> dict[int, list[torch.Tensor | FreshRows]]:
         r"""The current values of some rows of embedding tables, from every ps task asked, in parallel.
 
@@ -298,7 +304,8 @@ class PsClient:
             step: the worker's global step (for the ps task's records).
             create: dynamic tables make the rows of ids they do not hold (else
                 they answer those ids' initial rows and keep nothing).
-            staleness: how many versions a cached row may lag behind before it is sent again.
+            max_lag: how many versions (updates) a cached row may lag behind the ps task's copy
+                before the ps task sends it again; 0: exact.
 
         Returns:
             Per ps task, the rows of each pair, in order (read-only views of the reply);
@@ -307,7 +314,7 @@ class PsClient:
         Raises:
             PsframeError: the error a ps task raised (e.g. ``RowIdError``), or a transport error.
         """
-        pulls = [PullRows(ps_task, pairs, create, staleness) for ps_task, pairs in wanted.items()]
+        pulls = [PullRows(ps_task, pairs, create, max_lag) for ps_task, pairs in wanted.items()]
         replies = self._exchange(pulls, step, False, self.rpc_timeout)
         return {pull.ps_task: _expect(reply, RowsPulled).rows for pull, reply in zip(pulls, replies)}
 
@@ -337,8 +344,8 @@ class PsClient:
         """Ask every ps task to write its shard of checkpoint ``step``, in parallel: what
         it holds, or only what changed since checkpoint ``parent`` (a delta).
 
-        The shards are of one cut. In asynchronous training each holds the
-        same steps of every worker (a step some ps task had begun applying is
+        The shards are of one cut (:mod:`psframe.wire.one_cut`). In asynchronous training each
+        holds the same steps of every worker (a step some ps task had begun applying is
         applied by all first; the steps after wait, at most a few seconds); in
         synchronous training, the same rounds (a round some ps task had applied
         is applied by all first; the rounds after wait).
@@ -346,67 +353,45 @@ class PsClient:
         Returns:
             What each ps task wrote, by task index.
         """
+        requests = [
+            pb.SaveShardRequest(
+                caller=self.caller,
+                checkpoint_dir=checkpoint_dir,
+                step=step,
+                delta=parent is not None,
+                parent_step=parent or 0,
+            )
+            for _ in self.connections
+        ]
         replies = self.take_cut(
-            f"checkpoint step {step} is saved without one cut across the ps tasks",
-            checkpoint_dir=checkpoint_dir,
-            step=step,
-            delta=parent is not None,
-            parent_step=parent or 0,
+            "SaveShard",
+            requests,
+            f"{self.name}: checkpoint step {step} is saved without one cut across the ps tasks",
         )
         return [
             ShardRecord(ps_task=k, file=r.file, sha256=r.sha256, nbytes=r.nbytes, global_step=r.global_step)
             for k, r in enumerate(replies)
         ]
 
-    def take_cut(self, lost: str, move_to: str = "", **fields: object) -> list[pb.SaveReply]:
-        """Hold every ps task at one cut and have each take its part there: a checkpoint's
-        shard, or a re-layout's snapshot (``move_to``); ``fields`` go in every ``Save`` request.
-
-        A cut lost to a worker that died in the middle of a step (CheckpointCutError) is
-        taken again without the steps it waited for (better a checkpoint than none): that
-        step may be applied on some parts and not on others. ``lost`` says so in the warning.
+    def take_cut(self, method: str, requests: Sequence[Any], lost: str, *, for_move: bool = False) -> list[Any]:
+        """Hold every ps task at one cut and have each take its part there (:func:`~psframe.wire.one_cut.at_one_cut`):
+        ``method`` (``SaveShard``: a checkpoint's shard; ``MoveCut``: a re-layout's snapshot,
+        ``for_move``) with its request of ``requests``, by task. ``lost`` says in the warning what
+        a cut lost to a worker that died mid-step means.
 
         Returns:
             Each ps task's reply, by task index.
         """
-        requests = self._cut_requests(move_to, **fields)
-        try:
-            return transport.call_all(
-                [(ps, "Save", request) for ps, request in zip(self.connections, requests)], self.rpc_timeout
-            )
-        except errors.CheckpointCutError as e:  # a worker lost mid-step, say
-            log.warning("%s: %s: %s", self.name, lost, e)
-            for request in requests:
-                del request.targets[:]
-                request.cut_rounds = False
-            return transport.call_all(
-                [(ps, "Save", request) for ps, request in zip(self.connections, requests)], self.rpc_timeout
-            )
-
-    def _cut_requests(self, move_to: str = "", **fields: object) -> list[pb.SaveRequest]:
-        """Hold every ps task at one cut; the ``Save`` requests (with ``fields``) that take it, by task.
-
-        Every ps task holds pushes back and says how many steps of each worker it has
-        begun; each then applies the steps another had begun, and takes its part.
-        ``move_to``: the cut of a re-layout to that cluster (no other cut may begin meanwhile).
-        """
-        hold = pb.SaveRequest(caller=self.caller, hold=True, hold_seconds=min(self.rpc_timeout, 10.0), move_to=move_to)
-        holds = transport.call_all([(ps, "Save", hold) for ps in self.connections], self.rpc_timeout)
-        begun = [list(r.steps_begun) for r in holds if r.holds]
-        targets = [max(steps) for steps in zip(*begun)] if begun else []
-        # Synchronous: the ps tasks are at most one round apart; the cut is at the latest.
-        round_target = max((r.global_step for r in holds if r.holds_rounds), default=0)
-        return [
-            pb.SaveRequest(
-                caller=self.caller,
-                targets=targets if r.holds else [],
-                round_target=round_target if r.holds_rounds else 0,
-                cut_rounds=r.holds_rounds,
-                move_to=move_to,
-                **fields,  # type: ignore[arg-type]
-            )
-            for r in holds
-        ]
+        return one_cut.at_one_cut(
+            self.connections,
+            self.caller,
+            method,
+            requests,
+            lambda: self.rpc_timeout,
+            hold_seconds=min(self.rpc_timeout, 10.0),
+            for_move=for_move,
+            lost=lost,
+        )
 
     # ---- data progress, carried by the steps' pushes
 

@@ -1,10 +1,11 @@
 """The chief's and a tool's calls of a live re-layout (:mod:`psframe.ps.elastic.relayout`).
 
 Functions over a :class:`~psframe.worker.client.ps_client.PsClient`'s
-connections to the ps tasks: where ps 0 stands (:func:`layout_status`), asking
-for a new layout (:func:`ask_reshard`), the cut that moves the tasks there
-(:func:`move`), the new layout's tasks taking their parts (:func:`copy_ahead`
-ahead of the cut, :func:`adopt` at it) and the end (:func:`reshard_done`).
+connections to the ps tasks, one RPC each: where ps 0 stands (:func:`layout_status`,
+``RelayoutStatus``), asking for a new layout (:func:`ask_reshard`, ``AskRelayout``), the
+cut that moves the tasks there (:func:`move`, ``HoldCut`` then ``MoveCut``), the new
+layout's tasks taking their parts (:func:`copy_ahead` ahead of the cut, ``Precopy``;
+:func:`adopt` at it, ``TakeParts``) and the end (:func:`reshard_done`, ``RelayoutDone``).
 The step path stays on the client; a re-layout only changes whom it talks to.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from psframe.cluster import ClusterSpec
 from psframe.cluster.moves import MoveStage
 from psframe.optim import OptimizerSpec, SyncReplicas
-from psframe.wire import codec, messages, transport
+from psframe.wire import messages, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker.client.ps_client import PsClient
 from psframe.worker.plan.step_plan import Slot
@@ -24,7 +25,8 @@ from psframe.worker.plan.step_plan import Slot
 
 def layout_status(client: PsClient) -> LayoutStatus:
     """Where ps 0 stands with re-layouts: asked for, or taken (and at which stage)."""
-    reply = client.connections[0].call("Reshard", pb.ReshardRequest(caller=client.caller), timeout=client.rpc_timeout)
+    request = pb.RelayoutStatusRequest(caller=client.caller)
+    reply = client.connections[0].call("RelayoutStatus", request, timeout=client.rpc_timeout)
     stage = None
     if reply.moved and reply.HasField("stage"):
         s = reply.stage
@@ -43,9 +45,8 @@ def ask_reshard(client: PsClient, new: ClusterSpec) -> None:
     Raises:
         ClusterSpecError: ``new`` cannot be taken live (the reason says what to do instead).
     """
-    client.connections[0].call(
-        "Reshard", pb.ReshardRequest(caller=client.caller, cluster_spec=new.to_string()), timeout=client.rpc_timeout
-    )
+    request = pb.AskRelayoutRequest(caller=client.caller, cluster_spec=new.to_string())
+    client.connections[0].call("AskRelayout", request, timeout=client.rpc_timeout)
 
 
 def move(client: PsClient, new: ClusterSpec, stage: MoveStage | None = None) -> CutTaken:
@@ -58,17 +59,19 @@ def move(client: PsClient, new: ClusterSpec, stage: MoveStage | None = None) -> 
     again without the steps it waited for, as a checkpoint is: that step may be applied on
     some parts and not on others.
     """
-    staged = (
-        {}
-        if stage is None
-        else {
-            "move_stage": pb.MoveStage(
-                origin_spec=stage.origin, target_spec=stage.target, stage=stage.stage, stages=stage.stages
+    requests = []
+    for _ in client.connections:
+        request = pb.MoveCutRequest(caller=client.caller, cluster_spec=new.to_string())
+        if stage is not None:
+            request.stage.CopyFrom(
+                pb.MoveStage(origin_spec=stage.origin, target_spec=stage.target, stage=stage.stage, stages=stage.stages)
             )
-        }
-    )
+        requests.append(request)
     replies = client.take_cut(
-        "the re-layout's cut is taken without waiting for a lost worker's step", move_to=new.to_string(), **staged
+        "MoveCut",
+        requests,
+        f"{client.name}: the re-layout's cut is taken without waiting for a lost worker's step",
+        for_move=True,
     )
     first = replies[0]
     ledger = (tuple(first.ledger.last_push), tuple(first.ledger.applied_steps)) if first.HasField("ledger") else None
@@ -100,22 +103,22 @@ def adopt(
     client.caller.layout_version = layout_version  # the tasks kept refuse a caller of the layout before
     calls = []
     for k, ps in enumerate(client.connections):
-        header = pb.InitHeader(
+        request = pb.TakePartsRequest(
             caller=client.caller,
             variables=messages.variable_defs(s for s in slots if s.shard.ps_task == k),
             optimizer=messages.optimizer_to_proto(optimizer),
             sync=messages.sync_def(sync),
-            adopt_from=adopt_from,
+            before=adopt_from,
+            read_from=() if sources is None else sources[k],
             layout_version=layout_version,
             finished_workers=finished_workers,
-            adopt_tasks=() if sources is None else sources[k],
         )
         if table_optimizer is not None:
-            header.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
+            request.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
         if ledger is not None:
-            header.ledger.CopyFrom(pb.PushLedger(last_push=ledger[0], applied_steps=ledger[1]))
-        calls.append((ps, "Init", codec.encode(header, ())))
-    replies = [codec.decode(r, pb.InitReplyHeader)[0] for r in transport.call_all(calls, client.rpc_timeout)]
+            request.ledger.CopyFrom(pb.PushLedger(last_push=ledger[0], applied_steps=ledger[1]))
+        calls.append((ps, "TakeParts", request))
+    replies = transport.call_all(calls, client.rpc_timeout)
     if any(r.state != pb.TaskInfo.READY for r in replies):
         return False
     for k, reply in enumerate(replies):  # as wait_for_ps would: above the pushes each task applied
@@ -142,24 +145,25 @@ def copy_ahead(
     calls = []
     for k, ps in enumerate(client.connections):
         held = [s for s in slots if s.shard.ps_task == k]
-        precopy = pb.Precopy(
+        precopy = pb.PrecopyRequest(
+            caller=client.caller,
             variables=messages.variable_defs(held),
             parts=[s.name for s in held if s.name in copied],
-            adopt_from=adopt_from,
-            adopt_tasks=() if sources is None else sources[k],
+            before=adopt_from,
+            read_from=() if sources is None else sources[k],
             optimizer=messages.optimizer_to_proto(optimizer),
             cluster_spec=client.cluster.to_string(),
         )
         if table_optimizer is not None:
             precopy.table_optimizer.CopyFrom(messages.optimizer_to_proto(table_optimizer))
-        calls.append((ps, "Reshard", pb.ReshardRequest(caller=client.caller, precopy=precopy)))
+        calls.append((ps, "Precopy", precopy))
     transport.call_all(calls, client.rpc_timeout)
 
 
 def reshard_done(client: PsClient) -> None:
     """Tell the ps tasks the new layout holds the model: their snapshots may go."""
-    request = pb.ReshardRequest(caller=client.caller, done=True)
-    transport.call_all([(ps, "Reshard", request) for ps in client.connections], client.rpc_timeout)
+    request = pb.RelayoutDoneRequest(caller=client.caller)
+    transport.call_all([(ps, "RelayoutDone", request) for ps in client.connections], client.rpc_timeout)
 
 
 @dataclass(frozen=True)

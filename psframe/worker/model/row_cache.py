@@ -4,12 +4,12 @@ Click logs follow a power law: a few ids are in almost every batch. Without
 a cache, a worker pulls their rows at every lookup; with one
 (``Trainer(row_cache=psframe.RowCaching(...))``), it names the version of
 each row it holds, and a ps task sends back only the rows that moved more
-than ``staleness`` versions past it (:func:`psframe.tables.rows.to_refresh`),
+than ``max_lag`` versions past it (:func:`psframe.tables.rows.to_refresh`),
 with every row's current version. A row's version on a ps task counts the
 changes of its table part when it was last made or updated, so
-``staleness=0`` gives exactly the ps task's rows (a row not changed since
-it was cached does not travel); a larger bound lets a hot row lag that many
-of the part's updates behind, as a bounded-staleness cache does.
+``max_lag=0`` gives exactly the ps task's rows (a row not changed since
+it was cached does not travel); a larger ``max_lag`` lets a hot row lag that
+many of the part's updates behind.
 
 :class:`RowCache` holds one table's rows: any int64 ids (a fixed table's row
 numbers, a dynamic table's ids), found in bulk in an
@@ -36,14 +36,15 @@ class RowCache:
         row_shape: the shape of a row.
         dtype: the rows' dtype.
         max_rows: the most rows kept; past it, those used longest ago go.
-        staleness: how many versions a cached row may lag behind its ps task's before it is sent again.
+        max_lag: how many versions (updates) a cached row may lag behind the ps task's copy before
+            the ps task sends it again; 0: exact.
     """
 
-    def __init__(self, row_shape: Sequence[int], dtype: torch.dtype, max_rows: int, staleness: int) -> None:
+    def __init__(self, row_shape: Sequence[int], dtype: torch.dtype, max_rows: int, max_lag: int) -> None:
         self.row_shape = tuple(row_shape)
         self.dtype = dtype
         self.max_rows = max_rows
-        self.staleness = staleness
+        self.max_lag = max_lag
         slots = min(_INITIAL_SLOTS, max_rows)
         self._index = IdIndex()
         self._rows = torch.empty((slots, *self.row_shape), dtype=dtype)

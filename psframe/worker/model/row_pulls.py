@@ -25,9 +25,9 @@ from psframe.tables.rows import CachedPull, FreshRows, RowPull, to_refresh
 from psframe.worker.model.row_cache import RowCache
 from psframe.worker.plan.step_plan import Slot
 
-# pull(wanted, create, staleness) -> rows: per ps task, (part, ids) pairs in, their rows out
+# pull(wanted, create, max_lag) -> rows: per ps task, (part, ids) pairs in, their rows out
 # (PsClient.pull_rows); `create`: dynamic tables make the rows of ids they lack; a CachedPull
-# (a row cache's, with `staleness`) is answered with FreshRows.
+# (a row cache's, with its `max_lag`) is answered with FreshRows.
 Pull = Callable[
     [Mapping[int, Sequence[RowPull | CachedPull]], bool, int], Mapping[int, Sequence[torch.Tensor | FreshRows]]
 ]
@@ -59,7 +59,7 @@ def pull_cached(
     pull: Pull, parts: Sequence[tuple[Slot, torch.Tensor, torch.Tensor]], ids: torch.Tensor, cache: RowCache
 ) -> torch.Tensor:
     """As :func:`pull_parts` (training's lookups), through a row cache: each part is told the
-    versions the cache holds, and sends only the rows that moved past them by more than its staleness."""
+    versions the cache holds, and sends only the rows that moved past them by more than its ``max_lag``."""
     slots, cached = cache.versions(ids)
     wanted: dict[int, list[RowPull | CachedPull]] = {}
     placed = []
@@ -67,7 +67,7 @@ def pull_cached(
         if part_ids.numel():
             wanted.setdefault(slot.shard.ps_task, []).append(CachedPull(slot.name, part_ids, cached[positions]))
             placed.append((slot.shard.ps_task, positions))
-    pulled = {ps_task: list(values) for ps_task, values in pull(wanted, True, cache.staleness).items()}
+    pulled = {ps_task: list(values) for ps_task, values in pull(wanted, True, cache.max_lag).items()}
     versions = torch.empty_like(ids)
     refresh = torch.zeros(ids.numel(), dtype=torch.bool)
     fresh_at: list[torch.Tensor] = []
@@ -77,7 +77,7 @@ def pull_cached(
         if not isinstance(answer, FreshRows):
             raise PsframeError(f"ps task {ps_task} answered a pull through the row cache without row versions")
         versions[positions] = answer.versions
-        picked = to_refresh(cached[positions], answer.versions, cache.staleness)
+        picked = to_refresh(cached[positions], answer.versions, cache.max_lag)
         refresh[positions[picked]] = True
         fresh_at.append(positions[picked])
         fresh_rows.append(answer.rows)

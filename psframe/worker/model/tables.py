@@ -114,7 +114,7 @@ class EmbeddingTables:
         def cache_of(like: torch.Tensor) -> RowCache | None:
             if caching is None:
                 return None
-            return RowCache(like.shape[1:], like.dtype, caching.max_rows, caching.staleness)
+            return RowCache(like.shape[1:], like.dtype, caching.max_rows, caching.max_lag)
 
         self.tables = [
             Table(name, module, sorted(by_table[name], key=lambda s: s.shard.part_index), cache_of(module.weight))

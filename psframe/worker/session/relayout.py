@@ -6,7 +6,8 @@
   the model there; :func:`let_go`, once the chief trains on, lets the snapshots
   go and stops the drained tasks.
 - :func:`follow` is a refused worker's part: it asks ps 0 where the ps tasks
-  went, and waits until the new layout holds the model.
+  went, and waits until the new layout holds the model (asking again after
+  5 ms, then twice as long each time, up to 100 ms).
 - :func:`resume` is a chief's part when it starts again and finds a re-layout
   its run before had begun (cut taken, parts not placed): it finishes it.
 
@@ -46,8 +47,10 @@ from psframe.worker.model.replica import Replica
 log = logging.getLogger(__name__)
 
 # How long a refused worker waits between two questions about the layout it moves to (to ps 0,
-# then to the ps tasks, whether they hold the model): training waits on it, for a stage's transfer.
-ASK_EVERY_SECONDS = 0.005
+# then to the ps tasks, whether they hold the model): first briefly (training waits on it, for a
+# stage's transfer, milliseconds when small), then twice as long each time, up to the last.
+FIRST_ASK_SECONDS = 0.005
+LAST_ASK_SECONDS = 0.1
 # How long a follower waits for a layout before it asks ps 0 again whether the ps tasks moved on.
 RECHECK_SECONDS = 0.5
 
@@ -369,6 +372,7 @@ def follow(
         ConnectTimeoutError: the ps tasks did not hold the model on a new layout within ``timeout``.
     """
     deadline = time.monotonic() + timeout
+    wait = FIRST_ASK_SECONDS
     while True:
         status = relayout_calls.layout_status(old)
         if status.cluster is not None and status.moved:  # the same cluster too: a layout later than this worker's
@@ -384,7 +388,8 @@ def follow(
             raise ConnectTimeoutError(
                 f"{old.name}: the ps tasks moved, and did not hold the model on a new layout within {timeout:.0f}s"
             )
-        time.sleep(ASK_EVERY_SECONDS)
+        time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+        wait = min(2 * wait, LAST_ASK_SECONDS)
 
 
 def _held(layout: Layout, old: PsClient, status: LayoutStatus, sync: SyncReplicas | None, deadline: float) -> Layout:
@@ -400,7 +405,9 @@ def _held(layout: Layout, old: PsClient, status: LayoutStatus, sync: SyncReplica
     while True:
         try:
             slice_ = max(0.1, min(RECHECK_SECONDS, deadline - time.monotonic()))
-            infos = control_calls.wait_for_ps(layout.client, slice_, ready=True, poll=ASK_EVERY_SECONDS)
+            infos = control_calls.wait_for_ps(
+                layout.client, slice_, ready=True, poll=FIRST_ASK_SECONDS, max_poll=LAST_ASK_SECONDS
+            )
             control_calls.check_model(layout.client, infos, layout.replica.slots, sync)
             return layout
         except (ConnectTimeoutError, TrainingFinishedError) as e:

@@ -368,7 +368,7 @@ class Session:
     # ---- the embedding tables' lookups
 
     def pull_rows(
-        self, wanted: Mapping[int, Sequence[RowPull | CachedPull]], create: bool = True, staleness: int = 0
+        self, wanted: Mapping[int, Sequence[RowPull | CachedPull]], create: bool = True, max_lag: int = 0
     ) -> dict[int, list[torch.Tensor | FreshRows]]:
         """Rows of embedding tables for a lookup (see :mod:`psframe.worker.model.tables`); a lost
         ps task is waited for, as in a step, and the rows asked of it again; parts that moved
@@ -378,7 +378,7 @@ class Session:
         def attempt(at: Attempt) -> dict[int, list[torch.Tensor | FreshRows]]:
             if at.replica.tables is before:
                 # A row cache stays valid: a restarted ps task's versions count past all it gave before.
-                return at.client.pull_rows(wanted, self.values.global_step, create, staleness)
+                return at.client.pull_rows(wanted, self.values.global_step, create, max_lag)
             # Asked of the parts before a re-layout: read where they went.
             return {ps_task: [self._rows_moved(before, asked) for asked in pulls] for ps_task, pulls in wanted.items()}
 
@@ -394,7 +394,7 @@ class Session:
             before,
             asked[0],
             asked[1],
-            lambda wanted, create, staleness: self.client.pull_rows(wanted, self.values.global_step, create, staleness),
+            lambda wanted, create, max_lag: self.client.pull_rows(wanted, self.values.global_step, create, max_lag),
         )
         return FreshRows(torch.full_like(asked[1], UNKNOWN_VERSION), rows) if isinstance(asked, CachedPull) else rows
 
