@@ -38,5 +38,5 @@ Imports point down that list, never up: experiments and the report may import
 the suite (and an experiment the other modules of its own), the suite may
 import the baselines, and everything may import the
 leaves (a leaf only other leaves); no module imports one that imports it back
-(``tests/test_benchmark_layout.py`` checks all of this).
+(``tests/unit/test_benchmark_layout.py`` checks all of this).
 """

@@ -197,7 +197,7 @@ _INTROS = {
     ),
     "hosts": (
         "From `benchmarks.suite.hosts` (same run). One ps host and two worker hosts made of network "
-        "namespaces on a bridge (`tests/hosts.py`), each with its own `/dev/shm`, so every byte crosses "
+        "namespaces on a bridge (`tests/support/hosts.py`), each with its own `/dev/shm`, so every byte crosses "
         "the network; every host's link capped with `tc tbf` (both ways) or uncapped. Async, 1 ps + 2 "
         "workers, the training section's models and data. *link limit* is the link's rate over the "
         "model's float32 bytes, which each global step moves each way through the ps host's link (full "

@@ -12,7 +12,7 @@ edges that start a cluster, ``psframe.cli``, ``psframe.launch``,
 ``psframe.ray`` and ``psframe.spark``.
 
 The packages are the layers, bottom to top (imports point down only; see
-tests/test_layers.py): ``psframe.optim`` (optimizers and their kernels) and
+tests/unit/test_layers.py): ``psframe.optim`` (optimizers and their kernels) and
 ``psframe.memory`` (where tensors live); ``psframe.cluster`` (tasks and
 placement); ``psframe.config`` (option groups, security, liveness);
 ``psframe.tables`` (embedding tables, both sides' part); ``psframe.wire``

@@ -5,7 +5,7 @@ Usage: python scripts/cli_reference.py [--check]
 
 The page is made from the parsers themselves (``psframe.cli.build_parser`` and
 the ``add_*_flags`` functions scripts call), so it cannot go stale:
-tests/test_docs.py fails when docs/reference/cli.md differs from what this
+tests/unit/test_docs.py fails when docs/reference/cli.md differs from what this
 script writes. With ``--check`` the script only compares, and exits 1 on a
 difference.
 """

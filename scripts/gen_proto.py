@@ -3,7 +3,7 @@
 
 Usage: python scripts/gen_proto.py [--out DIR]
 
-The generated files are checked in; tests/test_proto.py runs this script into
+The generated files are checked in; tests/unit/test_proto.py runs this script into
 a temporary folder and fails if the result differs from what is committed.
 No *_pb2_grpc.py is generated: psframe registers its gRPC methods itself, with
 the codec's zero-copy serializers, from the service described in the .proto.

@@ -3,7 +3,7 @@
 
 Usage: python scripts/module_map.py [--check]
 
-The map is made from the code, so it cannot go stale: tests/test_module_map.py
+The map is made from the code, so it cannot go stale: tests/unit/test_module_map.py
 fails when docs/modules.md differs from what this script writes, and when a
 module has no docstring to take its line from. With ``--check`` the script
 only compares, and exits 1 on a difference.
@@ -29,7 +29,7 @@ what users import or run; the packages are the layers, bottom to top: `psframe.o
 and `psframe.memory`, `psframe.cluster`, `psframe.config`, `psframe.tables`,
 `psframe.wire`, `psframe.checkpoint`, then the ps side (`psframe.ps`) and the worker
 side (`psframe.worker`), which never import each other. What each may import is in
-`tests/test_layers.py`.
+`tests/unit/test_layers.py`.
 """
 
 

@@ -1,17 +1,21 @@
 """Fixtures that start real clusters on free loopback ports, with deadlines; and the test tiers.
 
-Every test is in exactly one tier (a marker; ``pytest -m unit``, ``-m "unit or service"``, ...):
+Every test is in exactly one tier, the folder it lies in (``tests/<tier>/``; a marker too, so
+``pytest -m unit``, ``-m "unit or service"``, ... select the same):
 
-- ``unit``: plain torch/protobuf in this process; no gRPC server or channel, no child process.
+- ``unit``: plain torch/protobuf in this process; no gRPC server or channel, no child process
+  (an in-process cluster, :mod:`tests.support.doubles`, is allowed).
 - ``service``: gRPC servers in this process on free loopback ports; no child process.
 - ``cluster``: child processes (tasks of a cluster on loopback ports, or a fresh Python).
-- ``hosts``: tasks on test hosts made of network namespaces (``tests/hosts.py``).
-- ``engines``: Spark or Ray (a test marked ``spark`` or ``ray`` is in it).
+- ``hosts``: tasks on test hosts made of network namespaces (``tests/support/hosts.py``).
+- ``engines``: Spark or Ray (a test marked ``spark`` or ``ray``).
 
-A test marked with a tier is in that tier; an unmarked one is put in a tier by the fixtures it
-uses (:data:`FIXTURE_TIERS`), else it is ``unit``. A test that serves gRPC or starts processes
-in its own body is marked by hand. The unit and service tiers are enforced while they run
-(:func:`tier_guard`): what they must not start fails the test, naming the tier it belongs to.
+What a test needs is checked against its folder when the suite is collected: the fixtures it
+uses (:data:`FIXTURE_TIERS`) and an engine's marker must not need a heavier tier than the
+folder's, and a tier marked by hand must be the folder's. The unit and service tiers are
+enforced while they run too (:func:`tier_guard`): what they must not start fails the test,
+naming the tier it belongs to. What the tests share (jobs they run, test hosts, doubles) is in
+``tests/support/``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import psframe
 from psframe.launch import pick_free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
-CLUSTER_JOB = Path(__file__).resolve().parent / "cluster_job.py"
+CLUSTER_JOB = Path(__file__).resolve().parent / "support" / "cluster_job.py"
 
 TIERS = ("unit", "service", "cluster", "hosts", "engines")
 ENGINE_MARKERS = ("spark", "ray")
@@ -45,7 +49,7 @@ ENGINE_MARKERS = ("spark", "ray")
 # for a parametrized fixture, the tier of the params listed (the others leave the test unit).
 FIXTURE_TIERS: dict[str, tuple[str, frozenset[str] | None]] = {
     "processes": ("cluster", None),  # child processes (below)
-    "host_set": ("hosts", None),  # tests/hosts.py
+    "host_set": ("hosts", None),  # tests/support/hosts.py
     "local_cluster": ("service", None),  # ps tasks in this process (below)
     "servers": ("service", None),  # test_cli_tools: psframe.Server by hand
     "serve": ("service", None),  # test_security: psframe.Server; test_transport: a bare RpcServer
@@ -71,24 +75,29 @@ def _tier_of_fixtures(item: pytest.Item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give every test its tier; fail the collection naming each test marked with several."""
+    """Give every test the tier of its folder; fail the collection naming each test that lies in
+    no tier's folder, is marked with another tier, or needs a heavier tier than its folder's."""
     wrong = []
     for item in items:
+        folder = Path(str(item.path)).parent.name
+        if folder not in TIERS:
+            wrong.append(f"  {item.nodeid}: not in a tier's folder (tests/<tier>/)")
+            continue
         names = {mark.name for mark in item.iter_markers()}
-        if names & set(ENGINE_MARKERS) and "engines" not in names:
-            item.add_marker("engines")
-            names.add("engines")
-        tiers = [tier for tier in TIERS if tier in names]
-        if not tiers:
-            tier = _tier_of_fixtures(item) or "unit"
-            item.add_marker(tier)
-            tiers = [tier]
-        if len(tiers) != 1:
-            wrong.append(f"  {item.nodeid}: {', '.join(tiers)}")
+        marked = [tier for tier in TIERS if tier in names and tier != folder]
+        if marked:
+            wrong.append(f"  {item.nodeid}: marked {', '.join(marked)}, but in tests/{folder}/")
+            continue
+        needs = [_tier_of_fixtures(item) or "unit"] + (["engines"] if names & set(ENGINE_MARKERS) else [])
+        heaviest = max(needs, key=TIERS.index)
+        if TIERS.index(heaviest) > TIERS.index(folder):
+            wrong.append(f"  {item.nodeid}: needs the {heaviest} tier, but is in tests/{folder}/")
+            continue
+        if folder not in names:
+            item.add_marker(folder)
     if wrong:
         raise pytest.UsageError(
-            "every test must be in exactly one tier (" + ", ".join(TIERS) + "; spark and ray are engines), "
-            "but these are in several:\n" + "\n".join(wrong)
+            "every test lies in the folder of its tier (tests/" + "|".join(TIERS) + "/):\n" + "\n".join(wrong)
         )
 
 
@@ -317,9 +326,9 @@ def local_cluster():
 
 @pytest.fixture
 def in_process_cluster():
-    """Factory: ps tasks served in this process without gRPC (:class:`tests.doubles.InProcessCluster`,
-    the unit tier), closed at the end; returns the :class:`tests.doubles.InProcessCluster`."""
-    from tests.doubles import InProcessCluster
+    """Factory: ps tasks served in this process without gRPC (:class:`tests.support.doubles.InProcessCluster`,
+    the unit tier), closed at the end; returns the :class:`tests.support.doubles.InProcessCluster`."""
+    from tests.support.doubles import InProcessCluster
 
     with contextlib.ExitStack() as stack:
         yield lambda num_ps=1, num_workers=1, **options: stack.enter_context(

@@ -9,7 +9,7 @@ step pulls by more than half and lowered samples/s: that run is CPU-bound
 (``docs/performance.md``). This one asks what the cache gives when the link
 is what limits. ``examples/ctr_dist.py`` runs as 1 ps host + 2 worker hosts
 (network namespaces on one bridge, each with its own ``/dev/shm``: every
-byte crosses the bridge; :mod:`tests.hosts`), every host's link capped at
+byte crosses the bridge; :mod:`tests.support.hosts`), every host's link capped at
 ``--links`` Mbit/s each way (``tc tbf``), asynchronous, batch 512 (the batch
 of :mod:`benchmarks.suite.ctr_throughput`), with each kind of table
 (``fixed``: ids hashed into 2^17 rows; ``dynamic``: ``--dynamic_tables``)
@@ -118,9 +118,9 @@ def run_experiment(
     seconds would pass, the next run is such a dict and no more are started.
 
     Raises:
-        tests.hosts.HostsError: the hosts cannot be made.
+        tests.support.hosts.HostsError: the hosts cannot be made.
     """
-    from tests.hosts import HostSet
+    from tests.support.hosts import HostSet
 
     if repeats < 1:
         raise ValueError(f"repeats ({repeats}) must be >= 1")
@@ -310,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds the whole experiment may take")
     parser.add_argument("--logs", type=Path, default=None, help="keep every task's log in this folder")
     args = parser.parse_args(argv)
-    from tests.hosts import HostsError, hosts_unavailable
+    from tests.support.hosts import HostsError, hosts_unavailable
 
     reason = hosts_unavailable()
     if reason:

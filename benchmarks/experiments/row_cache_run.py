@@ -1,7 +1,7 @@
 """One run of the row-cache experiment: the CTR example on the capped test hosts, watched and measured.
 
 :func:`run_once` starts ``examples/ctr_dist.py`` as 1 ps + 2 workers on the
-hosts of a :class:`tests.hosts.HostSet` (:data:`HOSTS`), in one :class:`Mode`
+hosts of a :class:`tests.support.hosts.HostSet` (:data:`HOSTS`), in one :class:`Mode`
 and at the size of its :class:`Settings`; while it trains it samples the ps
 host's interface counters (``/proc/<pid>/net/dev``), and when it is done it
 reads the chief's JSON result and progress lines. Its row: the example's own
@@ -161,7 +161,7 @@ def run_once(
     keep_logs: Path | None = None,
     servers: dict[str, ForkServer] | None = None,
 ) -> dict:
-    """One run of the example on ``hosts`` (a :class:`tests.hosts.HostSet` of :data:`HOSTS`): its row
+    """One run of the example on ``hosts`` (a :class:`tests.support.hosts.HostSet` of :data:`HOSTS`): its row
     (the tasks' logs copied into ``keep_logs`` if given; each task forked by its host's server of
     ``servers`` where there is one)."""
     steps = settings.train_steps(link_mbit)

@@ -1,7 +1,7 @@
 """Training across hosts: psframe and its peers on test hosts, at the limit of their links.
 
 One ps host and two worker hosts (network namespaces on a bridge, each with
-its own ``/dev/shm``: every byte crosses the network; :mod:`tests.hosts`),
+its own ``/dev/shm``: every byte crosses the network; :mod:`tests.support.hosts`),
 every host's link capped at 100 Mbit/s, 1 Gbit/s (``tc tbf``, both ways) or
 left uncapped. On each, the models of :mod:`benchmarks.suite.training` (the MNIST
 MLP, 0.32 MB of float32, and the large MLP, 80 MB) train asynchronously with:
@@ -112,9 +112,9 @@ def run_hosts_benchmark(
     (psframe's workers computing on ``device``).
 
     Raises:
-        tests.hosts.HostsError: the hosts cannot be made (not root, no netns support).
+        tests.support.hosts.HostsError: the hosts cannot be made (not root, no netns support).
     """
-    from tests.hosts import HostSet
+    from tests.support.hosts import HostSet
 
     rows: list[dict] = []
     with HostSet(list(HOST_NAMES)) as hosts, contextlib.ExitStack() as stack:
@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--device", default="cpu", help="where psframe's workers compute (cuda: one GPU shared by both worker hosts)"
     )
     args = parser.parse_args(argv)
-    from tests.hosts import hosts_unavailable
+    from tests.support.hosts import hosts_unavailable
 
     reason = hosts_unavailable()
     if reason:

@@ -17,7 +17,7 @@ alone, and reach it here, and only here:
   dynamic table's part (``DynamicRows``, ``DynamicTableSpec``).
 
 A change to those internals breaks the suite in this module alone; the layout
-test (``tests/test_benchmark_layout.py``) keeps every other suite module on
+test (``tests/unit/test_benchmark_layout.py``) keeps every other suite module on
 the public API.
 """
 

@@ -69,7 +69,7 @@ _diverted: ChannelMaker | None = None
 def divert_channels(maker: ChannelMaker | None) -> ChannelMaker | None:
     """Have :func:`open_channel` ask ``maker`` first for every channel (None: stop); returns the one it replaces.
 
-    The seam of tests that serve tasks in this process without gRPC (``tests/doubles.py``):
+    The seam of tests that serve tasks in this process without gRPC (``tests/support/doubles.py``):
     everything above the channel (calls, streams, deadlines, errors) runs as it does over gRPC.
     """
     global _diverted

@@ -1,0 +1,1 @@
+"""What the tests share: jobs they run, test hosts, doubles."""
