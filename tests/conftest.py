@@ -128,6 +128,18 @@ _FORBIDDEN = {
 }
 
 
+@pytest.fixture(autouse=True)
+def signal_handlers_kept():
+    """Give SIGTERM and SIGINT back the handlers they had before each test: a trainer a test
+    leaves connected on purpose (closing would save, or tell the ps tasks it finished) keeps its
+    SIGTERM handler, and every trainer after it would find SIGTERM taken and not handle it."""
+    before = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for number, handler in before.items():
+        if signal.getsignal(number) is not handler and handler is not None:
+            signal.signal(number, handler)
+
+
 # The cores the unit and service tiers run as if they had (see tier_guard): a developer's machine.
 SIMULATED_CPUS = 16
 
