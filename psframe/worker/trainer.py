@@ -3,7 +3,7 @@
 Lifecycle (``with trainer:`` or :meth:`Trainer.connect` / :meth:`Trainer.close`)::
 
     NEW --connect()--> RUNNING --close()--> CLOSED
-          chief: create the variables on the ps tasks (or adopt those there)
+          chief: create the variables on the ps tasks (or take up those there)
           others: wait until the ps tasks hold the model
           all: pull the parameters into the local model
 

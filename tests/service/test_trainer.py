@@ -153,7 +153,7 @@ def test_a_worker_with_another_model_is_refused(local_cluster):
             ).connect()
 
 
-def test_a_restarted_chief_adopts_the_variables_already_there(local_cluster):
+def test_a_restarted_chief_takes_up_the_variables_already_there(local_cluster):
     cluster = local_cluster(num_ps=1, num_workers=2)
     first = make_model(seed=0)
     crashed = psframe.Trainer(first, cluster, transport=psframe.Transport(connect_timeout=10)).connect()

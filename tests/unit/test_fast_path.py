@@ -137,9 +137,9 @@ def test_a_plan_of_variables_made_anew_is_dropped_not_used():
     request = _request(0, ["w"], ["w"])
     service.answer_push_pull(request, plans)
     (plan,) = plans._requests
-    # The store's variables made anew (as when a checkpoint is adopted): new tensors.
+    # The store's variables made anew (as when a checkpoint is restored): new tensors.
     _, values, states = service.store.snapshot()
-    service.store.adopt({k: v.clone().fill_(5.0) for k, v in values.items()}, states, psframe.optim.SGD(lr=1.0))
+    service.store.attach_shared({k: v.clone().fill_(5.0) for k, v in values.items()}, states, psframe.optim.SGD(lr=1.0))
     reply, (w,) = codec.decode(service.answer_push_pull(request, plans), pb.PushPullReplyHeader)
     assert not reply.error_class
     assert torch.equal(w, torch.full((4, 3), 5.0) - 1.0)  # the new variable, updated once

@@ -433,7 +433,7 @@ def test_serving_processes_follow_the_shared_global_step_and_a_plateau_stays_wit
             if not shared_too:  # the owner applies every update
                 continue
             other = VariableStore("/job:ps/task:0", lock=shared.lock, counters=shared.counters)
-            other.adopt(*SharedStore.attach(shared.folder, 2).load())
+            other.attach_shared(*SharedStore.attach(shared.folder, 2).load())
             assert other.optimizer_spec == optimizer
             local = torch.zeros(3, requires_grad=True)
             local_opt = torch.optim.SGD([local], lr=1.0, momentum=0.9)

@@ -34,7 +34,7 @@ def test_a_published_model_is_the_same_memory_in_every_view(memory):
     owner.apply({"w": torch.ones(4), "b": torch.ones(())})
     assert publish_store(memory, owner, "/job:ps/task:0") is True and memory.version == 1
     other = VariableStore("/job:ps/task:0", lock=memory.lock, counters=memory.counters)
-    other.adopt(*SharedStore.attach(memory.folder, 2).load())
+    other.attach_shared(*SharedStore.attach(memory.folder, 2).load())
     other.apply({"w": torch.ones(4), "b": torch.ones(())})  # the second Adam step, through the other view
     reference = [torch.arange(4.0).requires_grad_(True), torch.zeros(()).requires_grad_(True)]
     local = torch.optim.Adam(reference, lr=0.5)
@@ -117,7 +117,7 @@ def _published_with_a_table(
         owner.apply({name: torch.ones_like(value) for name, value in dense.items()})  # and the dense ones'
     assert publish_store(memory, owner, "/job:ps/task:0") is True
     other = VariableStore("/job:ps/task:0", lock=memory.lock, counters=memory.counters)
-    other.adopt(*SharedStore.attach(memory.folder, 2).load())
+    other.attach_shared(*SharedStore.attach(memory.folder, 2).load())
     return owner, other
 
 

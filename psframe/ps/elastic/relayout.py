@@ -178,7 +178,7 @@ class Relayout:
         """Whether the last move was a stage of a re-layout, not its last."""
         return self.stage is not None and self.stage.stage < self.stage.stages
 
-    def adopted(self, before: ClusterSpec, after: ClusterSpec, version: int) -> None:
+    def took_parts(self, before: ClusterSpec, after: ClusterSpec, version: int) -> None:
         """A task new in ``after`` took its parts: it counts the re-layouts as the others do."""
         with self._lock:
             self.before, self.before_cluster, self.moved_to, self.version = before.fingerprint, before, after, version

@@ -202,7 +202,7 @@ class ParameterServerService(TaskService):
         if checkpoint_dir:
             restored = recovery.restore_own_shard(checkpoint_dir, task_index, cluster.num_ps)
             if restored is not None:
-                self._model.adopt(restored)
+                self._model.take_restored(restored)
 
     def _moved(self, after: ClusterSpec) -> None:
         """A re-layout's cut moved this task to ``after`` (it keeps its index)."""

@@ -11,7 +11,7 @@ are read in place, applied, and the reply is written from the views.
 
 A cached request holds for one generation of the store's variables
 (:attr:`VariableStore.generation`); when the store makes its variables anew
-(the chief created them again, a checkpoint was adopted), cached requests of the
+(the chief created them again, a checkpoint was restored), cached requests of the
 generation before are dropped and made again.
 """
 

@@ -243,7 +243,7 @@ class ModelInit:
         if restored is None:
             return False
         restored.sync = sync
-        self._model.adopt(restored)
+        self._model.take_restored(restored)
         return True
 
 

@@ -316,7 +316,7 @@ class RelayoutParticipant:
         if self._relayout.moved_to is None:  # new in this layout
             cluster = self._place.cluster
             before = ClusterSpec({"ps": addresses, "worker": cluster.job_tasks("worker")})
-            self._relayout.adopted(before, cluster, request.layout_version)
+            self._relayout.took_parts(before, cluster, request.layout_version)
 
     def _read_from_peers(
         self,
@@ -364,7 +364,7 @@ class RelayoutParticipant:
         restored.sync = sync
         # ps 0 is kept: its data queues stay, leases and all. The tensors restored are the
         # snapshot's own (nothing else writes them) or fresh: the store takes them as they are.
-        self._model.adopt(restored, peers=False, data=False, take=True)
+        self._model.take_restored(restored, peers=False, data=False, take=True)
         log.info(
             "%s: took %d parts (%d bytes with optimizer state) from %d of the %d ps tasks before the re-layout "
             "in %.3f s (%.3f s reading them; %d parts copied ahead, %d of their rows changed since), at global step %d",

@@ -6,7 +6,7 @@ synchronous rounds (:class:`~psframe.ps.protocol.sync.SyncAggregator`, None
 in asynchronous training) with their definition, and the checkpoint step
 the model was restored from. Init makes it
 (:mod:`~psframe.ps.service.model_init`); a checkpoint or a re-layout's parts
-restore it (:meth:`ServedModel.adopt`); a re-layout's cut lets it go
+restore it (:meth:`ServedModel.take_restored`); a re-layout's cut lets it go
 (:meth:`ServedModel.let_go`); the data plane, Save and the status report read it.
 """
 
@@ -70,7 +70,9 @@ class ServedModel:
         self.restored_step = -1
         self.lock = threading.Lock()
 
-    def adopt(self, restored: recovery.Restored, *, peers: bool = True, data: bool = True, take: bool = False) -> None:
+    def take_restored(
+        self, restored: recovery.Restored, *, peers: bool = True, data: bool = True, take: bool = False
+    ) -> None:
         """Become READY with a checkpoint's variables, optimizer state and step.
 
         The global step continues from the highest one among the other ps

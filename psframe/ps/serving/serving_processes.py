@@ -279,7 +279,7 @@ class SharedPushPull:
                         counters=self._shared.counters,
                         memory=HugePageMemory(),
                     )
-                    store.adopt(variables, states, optimizer, tables, table_optimizer, versions)
+                    store.attach_shared(variables, states, optimizer, tables, table_optimizer, versions)
                     self._service = shared_service(
                         self._shared,
                         self._cluster,

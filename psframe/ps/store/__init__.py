@@ -86,11 +86,11 @@ class VariableStore:
         self._counts = StoreCounts(counters)
         self._memory = memory if memory is not None else Memory()
         self._maker = ModelMaker(task_name, self._memory, self._counts)
-        self._model = self._maker.empty()  # made anew by create() and adopt()
+        self._model = self._maker.empty()  # made anew by create() and attach_shared()
         # The model clear() let go of (a re-layout's cut): create() takes over what it keeps of it.
         self._let_go: StoreModel | None = None
         self._ready = False
-        # Changes whenever the variables are made anew (create, adopt): what was
+        # Changes whenever the variables are made anew (create, attach_shared): what was
         # checked against one generation's variables (a cached request, views of
         # them) holds until it changes. Unique among the stores of a process.
         self.generation = 0
@@ -202,7 +202,7 @@ class VariableStore:
             )
             return True
 
-    def adopt(
+    def attach_shared(
         self,
         values: Mapping[str, torch.Tensor],
         states: Mapping[str, Mapping[str, Any]],
@@ -217,7 +217,7 @@ class VariableStore:
         other store over them are one. So are ``row_versions``, the fixed table rows' versions.
         """
         with self.lock:
-            self._hold(self._maker.adopted(values, states, optimizer, tables, table_optimizer, row_versions))
+            self._hold(self._maker.attached_shared(values, states, optimizer, tables, table_optimizer, row_versions))
 
     def clear(self) -> None:
         """Drop the variables and their optimizers (a live re-layout moved them elsewhere):

@@ -2,7 +2,7 @@
 
 A store (:class:`~psframe.ps.store.VariableStore`) holds one model at a time
 (:class:`~psframe.ps.store.store_model.StoreModel`), made anew when the chief
-creates the variables, when a serving process adopts the owner's, and after
+creates the variables, when a serving process attaches to the owner's, and after
 a re-layout. :class:`ModelMaker` makes them the same way each time:
 
 - each value becomes a variable in the store's :class:`psframe.memory.Memory`
@@ -86,7 +86,7 @@ class ModelMaker:
             )
         )
 
-    def adopted(
+    def attached_shared(
         self,
         values: Mapping[str, torch.Tensor],
         states: Mapping[str, Mapping[str, Any]],
@@ -96,7 +96,7 @@ class ModelMaker:
         row_versions: Mapping[str, torch.Tensor] | None,
     ) -> StoreModel:
         """The model of variables, optimizer state and rows' versions that live elsewhere (shared
-        memory), used as they are (see :meth:`VariableStore.adopt`)."""
+        memory), used as they are (see :meth:`VariableStore.attach_shared`)."""
         model = self._held(
             StoreModel(
                 self.task_name,

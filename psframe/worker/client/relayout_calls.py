@@ -5,7 +5,7 @@ connections to the ps tasks, one RPC each: where ps 0 stands (:func:`layout_stat
 ``RelayoutStatus``), asking for a new layout (:func:`ask_reshard`, ``AskRelayout``), the
 cut that moves the tasks there (:func:`move`, ``HoldCut`` then ``MoveCut``), the new
 layout's tasks taking their parts (:func:`copy_ahead` ahead of the cut, ``Precopy``;
-:func:`adopt` at it, ``TakeParts``) and the end (:func:`reshard_done`, ``RelayoutDone``).
+:func:`take_parts` at it, ``TakeParts``) and the end (:func:`reshard_done`, ``RelayoutDone``).
 The step path stays on the client; a re-layout only changes whom it talks to.
 """
 
@@ -78,20 +78,20 @@ def move(client: PsClient, new: ClusterSpec, stage: MoveStage | None = None) -> 
     return CutTaken(first.layout_version, tuple(first.finished_workers), ledger)
 
 
-def adopt(
+def take_parts(
     client: PsClient,
     slots: Sequence[Slot],
     optimizer: OptimizerSpec,
     table_optimizer: OptimizerSpec | None,
     sync: SyncReplicas | None,
-    adopt_from: Sequence[str],
+    before: Sequence[str],
     layout_version: int,
     finished_workers: Sequence[int] = (),
     sources: Sequence[Sequence[int]] | None = None,
     ledger: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> bool:
     """The chief's second part of a re-layout: every ps task of this (new) cluster takes the
-    parts placed on it from the snapshots of the tasks before (``adopt_from``), in parallel;
+    parts placed on it from the snapshots of the tasks before (``before``), in parallel;
     ps task ``k`` from tasks ``sources[k]`` only (:func:`psframe.cluster.moves.sources`), or all.
     ``ledger``: ps 0's pushes applied at the cut (:class:`CutTaken`), which every task takes;
     None: each reads it from ps 0's snapshot (then ps 0 must be among ``sources[k]``).
@@ -108,7 +108,7 @@ def adopt(
             variables=messages.variable_defs(s for s in slots if s.shard.ps_task == k),
             optimizer=messages.optimizer_to_proto(optimizer),
             sync=messages.sync_def(sync),
-            before=adopt_from,
+            before=before,
             read_from=() if sources is None else sources[k],
             layout_version=layout_version,
             finished_workers=finished_workers,
@@ -132,14 +132,14 @@ def copy_ahead(
     slots: Sequence[Slot],
     optimizer: OptimizerSpec,
     table_optimizer: OptimizerSpec | None,
-    adopt_from: Sequence[str],
+    before: Sequence[str],
     sources: Sequence[Sequence[int]] | None = None,
     parts: Sequence[str] = (),
 ) -> None:
     """Before a re-layout stage's cut, while training goes on: every ps task of this (the
     next) layout makes its optimizers ready and copies the fixed table parts it takes at the
-    cut (``parts``, those of them it holds next) from the tasks before (``adopt_from``;
-    ``sources``: as :func:`adopt`), in parallel; at the cut only their rows changed since
+    cut (``parts``, those of them it holds next) from the tasks before (``before``;
+    ``sources``: as :func:`take_parts`), in parallel; at the cut only their rows changed since
     cross (:mod:`psframe.ps.elastic.precopy`)."""
     copied = set(parts)
     calls = []
@@ -149,7 +149,7 @@ def copy_ahead(
             caller=client.caller,
             variables=messages.variable_defs(held),
             parts=[s.name for s in held if s.name in copied],
-            before=adopt_from,
+            before=before,
             read_from=() if sources is None else sources[k],
             optimizer=messages.optimizer_to_proto(optimizer),
             cluster_spec=client.cluster.to_string(),

@@ -308,7 +308,7 @@ def take_parts(
     if sources is not None and ledger is None:  # each task reads the push ledger from ps 0's snapshot
         sources = [sorted({0, *tasks}) for tasks in sources]
     asked = time.monotonic()
-    held_model = relayout_calls.adopt(
+    held_model = relayout_calls.take_parts(
         client,
         layout.replica.slots,
         settings.optimizer,
@@ -320,7 +320,7 @@ def take_parts(
         sources,
         ledger,
     )
-    adopted = time.monotonic()
+    parts_taken = time.monotonic()
     if not held_model:  # a task not ready yet (it should not be): wait for it, and check what it holds
         control_calls.check_model(
             client, control_calls.wait_for_ps(client, settings.timeout, ready=True), layout.replica.slots, settings.sync
@@ -329,8 +329,8 @@ def take_parts(
     log.debug(
         "re-layout: asked ps 0 %.4f s, the tasks took their parts %.4f s, checked %.4f s",
         asked - start,
-        adopted - asked,
-        held - adopted,
+        parts_taken - asked,
+        held - parts_taken,
     )
     return held
 
