@@ -31,12 +31,16 @@ class FakeClock:
     a deadline that :meth:`advance` moved past within one slice.
     """
 
-    def __init__(self, start: float = 1000.0) -> None:
+    def __init__(self, start: float = 1000.0, tick: float = 0.0) -> None:
         self._now = start  # not 0: a roster reads 0 as "never heard from"
+        self._tick = tick
         self._lock = threading.Lock()
 
     def now(self) -> float:
+        """The time: moved on by ``tick`` at each reading (a clock that runs by itself, as far as
+        the component reads it, however long the test takes to get there), then read."""
         with self._lock:
+            self._now += self._tick
             return self._now
 
     __call__ = now

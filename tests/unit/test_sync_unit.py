@@ -31,6 +31,7 @@ from psframe.errors import (
 )
 from psframe.ps.protocol.sync import SyncAggregator
 from psframe.ps.store import VariableStore
+from tests.support.doubles import FakeClock
 
 LR = 0.5
 TIMEOUT = 5.0  # the aggregator's deadline in tests that must not time out
@@ -328,13 +329,14 @@ def test_backup_worker_is_ignored_and_its_late_push_is_stale():
 def test_timeout_names_step_and_workers_and_does_not_poison_the_round():
     init = values0()
     store = make_store(init)
-    agg = SyncAggregator(store, num_workers=2, replicas_to_aggregate=2, timeout=0.3)
+    clock = FakeClock(tick=0.05)  # each reading a twentieth of a second on: the wait ends on its own
+    agg = SyncAggregator(store, num_workers=2, replicas_to_aggregate=2, timeout=0.3, clock=clock)
     g0, g1 = grads_for(init, 40), grads_for(init, 41)
 
-    started = time.monotonic()
+    started = clock.now()
     with pytest.raises(BarrierTimeoutError) as excinfo:
         agg.push(0, 0, g0)
-    assert time.monotonic() - started < 5.0  # generous: the deadline was 0.3 s
+    assert clock.now() - started >= 0.3  # it gave up once its clock passed the deadline, not before
     message = str(excinfo.value)
     assert "sync step 0" in message
     assert "waited" in message
@@ -561,7 +563,8 @@ def test_an_invalid_gradient_is_refused_and_records_nothing(bad, error):
 def test_members_of_remembers_past_steps_and_waits_for_the_current_one():
     init = values0()
     store = make_store(init)
-    agg = SyncAggregator(store, num_workers=3, replicas_to_aggregate=2, timeout=TIMEOUT)
+    clock = FakeClock()
+    agg = SyncAggregator(store, num_workers=3, replicas_to_aggregate=2, timeout=TIMEOUT, clock=clock)
 
     def step(step_index: int, order: tuple[int, int]) -> None:
         first = Call(agg.push, order[0], step_index, grads_for(init, 10 * step_index + order[0]))
@@ -574,10 +577,18 @@ def test_members_of_remembers_past_steps_and_waits_for_the_current_one():
     assert agg.members_of(0) == (0, 2)
     assert agg.members_of(1) == (1, 2)
 
-    started = time.monotonic()
-    with pytest.raises(BarrierTimeoutError, match="sync step 2"):
-        agg.members_of(2, 0.2)
-    assert time.monotonic() - started < 5.0
+    started = clock.now()
+    running = threading.Event()
+    running.set()
+    ticking = threading.Thread(target=_run_clock, args=(clock, running), daemon=True)
+    ticking.start()  # the clock runs on while the call waits
+    try:
+        with pytest.raises(BarrierTimeoutError, match="sync step 2"):
+            agg.members_of(2, 0.2)
+    finally:
+        running.clear()
+        ticking.join(10)
+    assert clock.now() - started >= 0.2
 
     asking = Call(agg.members_of, 2)
     step(2, (0, 1))
@@ -699,3 +710,10 @@ def test_a_hold_keeps_rounds_from_being_applied_until_released_or_its_end():
         agg.cut.check()
     agg.cut.hold(0.2)  # never released: the round goes through once the hold ends
     assert Call(agg.push, 0, 2, grads).value() is False and store.global_step == 3
+
+
+def _run_clock(clock: FakeClock, running: threading.Event) -> None:
+    """Move ``clock`` on by a twentieth of a second every hundredth of one, while ``running``."""
+    while running.is_set():
+        clock.advance(0.05)
+        time.sleep(0.01)

@@ -53,6 +53,9 @@ from psframe.ps.store.table_parts import RowPush
 
 log = logging.getLogger(__name__)
 
+# The longest a wait sleeps before it reads its clock again (a clock a test moves by hand too).
+_WAIT_SLICE = 0.05
+
 # How many past decisions ps 0 remembers for the other ps tasks to ask about.
 DECISIONS_KEPT = 1024
 
@@ -103,6 +106,7 @@ class SyncAggregator:
             progress, once its round is applied (``on_applied(worker, progress)``).
         async_parts: parts of embedding tables applied at once, outside the rounds
             (``SyncReplicas(async_tables=...)``): a contribution is complete without them.
+        clock: what the deadlines are read from (seconds, monotonic).
     """
 
     def __init__(
@@ -116,6 +120,7 @@ class SyncAggregator:
         required: Callable[[int], int] | None = None,
         on_applied: Callable[[int, Any], object] | None = None,
         async_parts: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if required is None and not 1 <= replicas_to_aggregate <= num_workers:
             raise ValueError(
@@ -126,6 +131,7 @@ class SyncAggregator:
         self.num_workers = num_workers
         self.replicas_to_aggregate = replicas_to_aggregate
         self.timeout = timeout
+        self._clock = clock  # the deadlines' (waits re-read it every _WAIT_SLICE of real time)
         self._decide = decide
         self._cond = threading.Condition(store.lock)
         self._round = _Round(store.global_step)
@@ -180,7 +186,7 @@ class SyncAggregator:
             InvalidGradientError: a gradient does not fit (nothing was added).
         """
         ask = False
-        started = time.monotonic()
+        started = self._clock()
         deadline = started + self.timeout
         with self._cond:
             if self._abandoned is not None:
@@ -314,7 +320,7 @@ class SyncAggregator:
         """
         if self._decide is not None:
             raise PsframeError(f"{self.task_name} does not decide the members of a step; ps 0 does")
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        deadline = self._clock() + (self.timeout if timeout is None else timeout)
         with self._cond:
             while True:
                 if step in self._decisions:
@@ -325,12 +331,12 @@ class SyncAggregator:
                     return self._round.members
                 if self._round.failure is not None:
                     raise self._round.failure
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self._clock()
                 if remaining <= 0:
                     raise self._timeout_error(
                         self._round, step, deadline - (self.timeout if timeout is None else timeout)
                     )
-                self._cond.wait(remaining)
+                self._cond.wait(min(remaining, _WAIT_SLICE))
 
     # ---- the round, under the lock
 
@@ -357,7 +363,7 @@ class SyncAggregator:
         if decide is None:  # this is ps 0: it decides, nobody to ask
             return
         try:
-            members = tuple(sorted(decide(round_.step, max(0.0, deadline - time.monotonic()))))
+            members = tuple(sorted(decide(round_.step, max(0.0, deadline - self._clock()))))
         except Exception as e:  # noqa: BLE001 - whatever went wrong, the next push must ask again
             failure = (
                 e
@@ -449,14 +455,14 @@ class SyncAggregator:
         while self._round is round_:
             if round_.failure is not None:
                 raise round_.failure
-            now = time.monotonic()
+            now = self._clock()
             remaining = deadline - now
             if remaining <= 0:
                 # The round stays open: a worker that comes back can still complete it.
                 raise self._timeout_error(round_, round_.step, started)
             if self.cut.held(round_.step):  # a checkpoint's hold: applied once it ends, at the latest
                 remaining = min(remaining, self.cut.held_until - now)
-            self._cond.wait(remaining)
+            self._cond.wait(min(remaining, _WAIT_SLICE))
             self._try_apply(round_)
 
     def _timeout_error(self, round_: _Round, step: int, started: float) -> BarrierTimeoutError:
@@ -470,7 +476,7 @@ class SyncAggregator:
             if self._decide is not None:
                 wanted += " (ps 0 had not said which)"
         return BarrierTimeoutError(
-            f"sync step {step} on {self.task_name}: waited {time.monotonic() - started:.1f}s for "
+            f"sync step {step} on {self.task_name}: waited {self._clock() - started:.1f}s for "
             f"{wanted}; arrived: {_workers(arrived)}; missing: {_workers(missing)}"
         )
 
