@@ -7,7 +7,8 @@ in asynchronous training) with their definition, and the checkpoint step
 the model was restored from. Init makes it
 (:mod:`~psframe.ps.service.model_init`); a checkpoint or a re-layout's parts
 restore it (:meth:`ServedModel.take_restored`); a re-layout's cut lets it go
-(:meth:`ServedModel.let_go`); the data plane, Save and the status report read it.
+(:meth:`ServedModel.let_go`); the data plane, the cuts (SaveShard, MoveCut) and the status
+report read it.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class ServedModel:
         defs: the definitions of the variables held here, as the chief placed them.
         sync_def, aggregator: the synchronous rounds and their definition; None in asynchronous training.
         restored_step: the checkpoint step the model was restored from; -1 for none.
-        lock: held by Init and Save, so that the model is made, restored, saved or moved by one at a time.
+        lock: held by Init, TakeParts and the cuts (SaveShard, MoveCut), so that the model is made,
+            restored, saved or moved by one at a time.
     """
 
     def __init__(
