@@ -707,10 +707,14 @@ class AskRelayoutRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., cluster_spec: _Optional[str] = ...) -> None: ...
 
 class RelayoutStatusRequest(_message.Message):
-    __slots__ = ("caller",)
+    __slots__ = ("caller", "wait_seconds", "after_version")
     CALLER_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
+    wait_seconds: float
+    after_version: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., wait_seconds: _Optional[float] = ..., after_version: _Optional[int] = ...) -> None: ...
 
 class RelayoutStatusReply(_message.Message):
     __slots__ = ("cluster_spec", "moved", "layout_version", "before_spec", "stage")

@@ -172,3 +172,28 @@ def test_a_task_of_the_new_layout_is_sent_only_the_parts_that_hold_its_rows():
     assert table_sent(pb.RowRange(variable="t", start=1, end=11, stride=3)) == ["t/part_1"]
     assert table_sent(pb.RowRange(variable="t", start=1, end=10, stride=4)) == ["t/part_0", "t/part_1", "t/part_2"]
     assert table_sent(pb.RowRange(variable="t", start=0, end=6)) == ["t/part_0", "t/part_1", "t/part_2"]
+
+
+def test_a_status_request_that_waits_is_answered_once_the_layout_moves():
+    """ps 0's side of a following worker's long poll: no answer before the layout moves past the
+    version asked about (or the wait ends), and an answer as soon as it does."""
+    import threading
+
+    from psframe.ps.elastic.relayout import Relayout
+
+    relayout = Relayout()
+    before = psframe.ClusterSpec({"ps": ["h:1", "h:2"], "worker": ["w:1"]})
+    relayout.wait_past(-1, 30.0)  # past already: at once
+    answered = threading.Event()
+
+    def ask() -> None:
+        relayout.wait_past(relayout.version, 30.0)
+        answered.set()
+
+    waiting = threading.Thread(target=ask, daemon=True)
+    waiting.start()
+    assert not answered.wait(0.2)  # nothing moved: still waiting
+    relayout.move(before, with_ps(before, ["h:1"]))
+    assert answered.wait(10)  # moved: answered (long before its 30 s)
+    waiting.join(10)
+    relayout.wait_past(relayout.version, 0.01)  # nothing moves: the wait ends on its own

@@ -95,6 +95,7 @@ class Relayout:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._moved = threading.Condition(self._lock)  # notified when the layout version changes
         self.requested: ClusterSpec | None = None  # ps 0: asked for, not yet taken
         self.before: str | None = None  # the fingerprint of the cluster this task moved from
         self.before_cluster: ClusterSpec | None = None  # and that cluster
@@ -146,6 +147,7 @@ class Relayout:
             self.requested = None
             self.pending = self.under_way
             self.version += 1
+            self._moved.notify_all()
 
     def cutting_for(self, seconds: float) -> None:
         """A re-layout's cut begins here (its hold): other cuts are refused until it is taken, or
@@ -182,6 +184,12 @@ class Relayout:
         """A task new in ``after`` took its parts: it counts the re-layouts as the others do."""
         with self._lock:
             self.before, self.before_cluster, self.moved_to, self.version = before.fingerprint, before, after, version
+            self._moved.notify_all()
+
+    def wait_past(self, version: int, seconds: float) -> None:
+        """Return once this task's layout version is past ``version``, or after ``seconds``."""
+        with self._moved:
+            self._moved.wait_for(lambda: self.version > version, timeout=seconds)
 
     def keep(self, snapshot: ShardData, row_versions: Mapping[str, torch.Tensor] | None = None) -> None:
         """Keep the cut's snapshot, to hand its parts over (``FetchParts``): the cut is taken.

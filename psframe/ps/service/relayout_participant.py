@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 # The longest a task of a new layout waits for the parts of one task before it (FetchParts).
 MAX_FETCH_SECONDS = 120.0
 
+# The longest a RelayoutStatus request waits for the layout to move (it holds a server thread).
+STATUS_WAIT_SECONDS = 5.0
+
 
 class RelayoutParticipant:
     """What ps task ``task_index`` does in a re-layout: its handlers of the re-layout's calls
@@ -107,7 +110,10 @@ class RelayoutParticipant:
 
     def status(self, request: pb.RelayoutStatusRequest) -> pb.RelayoutStatusReply:
         """What is asked or taken (to anyone, as GetInfo: a worker started with the ps tasks of
-        before asks where they went)."""
+        before asks where they went); with ``wait_seconds``, once the layout moved past
+        ``after_version`` (a following worker waits here rather than asking again and again)."""
+        if request.wait_seconds > 0:
+            self._relayout.wait_past(request.after_version, min(request.wait_seconds, STATUS_WAIT_SECONDS))
         return self._relayout.reply()
 
     def done(self, request: pb.RelayoutDoneRequest) -> pb.RelayoutDoneReply:

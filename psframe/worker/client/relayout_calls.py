@@ -23,10 +23,11 @@ from psframe.worker.client.ps_client import PsClient
 from psframe.worker.plan.step_plan import Slot
 
 
-def layout_status(client: PsClient) -> LayoutStatus:
-    """Where ps 0 stands with re-layouts: asked for, or taken (and at which stage)."""
-    request = pb.RelayoutStatusRequest(caller=client.caller)
-    reply = client.connections[0].call("RelayoutStatus", request, timeout=client.rpc_timeout)
+def layout_status(client: PsClient, *, wait: float = 0.0, after_version: int = 0) -> LayoutStatus:
+    """Where ps 0 stands with re-layouts: asked for, or taken (and at which stage). With ``wait``
+    (seconds), ps 0 answers once its layout version is past ``after_version``, or after ``wait``."""
+    request = pb.RelayoutStatusRequest(caller=client.caller, wait_seconds=wait, after_version=after_version)
+    reply = client.connections[0].call("RelayoutStatus", request, timeout=client.rpc_timeout + wait)
     stage = None
     if reply.moved and reply.HasField("stage"):
         s = reply.stage
@@ -36,6 +37,7 @@ def layout_status(client: PsClient) -> LayoutStatus:
         reply.moved,
         stage,
         ClusterSpec.from_string(reply.before_spec) if reply.moved and reply.before_spec else None,
+        reply.layout_version,
     )
 
 
@@ -184,6 +186,7 @@ class LayoutStatus:
     moved: bool  # a layout was taken (``cluster`` is where the ps tasks are)
     stage: MoveStage | None = None  # taken: the stage of the re-layout it is at; None: a layout of one stage
     before: ClusterSpec | None = None  # taken: the cluster of the layout it moved from (the last stage's)
+    version: int = 0  # ps 0's layout version: the re-layouts it went through
 
     @property
     def moving(self) -> bool:

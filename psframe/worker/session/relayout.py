@@ -46,11 +46,14 @@ from psframe.worker.model.replica import Replica
 
 log = logging.getLogger(__name__)
 
-# How long a refused worker waits between two questions about the layout it moves to (to ps 0,
-# then to the ps tasks, whether they hold the model): first briefly (training waits on it, for a
-# stage's transfer, milliseconds when small), then twice as long each time, up to the last.
+# How long a refused worker waits between two questions to the ps tasks of the layout it moves to
+# (whether they hold the model): first briefly (training waits on it, for a stage's transfer,
+# milliseconds when small), then twice as long each time, up to the last. ps 0 it asks where
+# the tasks went once (STATUS_WAIT_SECONDS: ps 0 answers when they moved).
 FIRST_ASK_SECONDS = 0.005
 LAST_ASK_SECONDS = 0.1
+# How long a following worker's status request waits for ps 0 to move (ps 0 caps it too).
+STATUS_WAIT_SECONDS = 2.0
 # How long a follower waits for a layout before it asks ps 0 again whether the ps tasks moved on.
 RECHECK_SECONDS = 0.5
 
@@ -372,10 +375,10 @@ def follow(
         ConnectTimeoutError: the ps tasks did not hold the model on a new layout within ``timeout``.
     """
     deadline = time.monotonic() + timeout
-    wait = FIRST_ASK_SECONDS
+    status = relayout_calls.layout_status(old)
     while True:
-        status = relayout_calls.layout_status(old)
-        if status.cluster is not None and status.moved:  # the same cluster too: a layout later than this worker's
+        moved = status.cluster is not None and status.moved
+        if moved:  # the same cluster too: a layout later than this worker's
             layout = make(status)
             try:
                 return _held(layout, old, status, sync, deadline)
@@ -384,12 +387,18 @@ def follow(
             except BaseException:
                 layout.client.close()
                 raise
-        if time.monotonic() >= deadline:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
             raise ConnectTimeoutError(
                 f"{old.name}: the ps tasks moved, and did not hold the model on a new layout within {timeout:.0f}s"
             )
-        time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
-        wait = min(2 * wait, LAST_ASK_SECONDS)
+        if moved:  # taken, but not held as told: ask again in a moment
+            time.sleep(min(FIRST_ASK_SECONDS, remaining))
+            status = relayout_calls.layout_status(old)
+        else:  # not moved yet: ps 0 answers once it has (or after a while), no asking again and again
+            status = relayout_calls.layout_status(
+                old, wait=min(STATUS_WAIT_SECONDS, remaining), after_version=status.version
+            )
 
 
 def _held(layout: Layout, old: PsClient, status: LayoutStatus, sync: SyncReplicas | None, deadline: float) -> Layout:
