@@ -33,9 +33,8 @@ from concurrent import futures
 import grpc
 import torch
 
-from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
-from psframe.wire.encoding import MessageEncoding
+from psframe.wire.encoding import MessageEncoding, parse
 
 _OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
@@ -80,7 +79,7 @@ def psframe_rows(length: int) -> list[tuple[str, float, float]]:
     message = encoding.encode(pb.PushPullHeader(step=1), buffers)
     return [
         ("psframe encode", *peak_per_byte(lambda: encoding.encode(pb.PushPullHeader(step=1), buffers), length)),
-        ("psframe decode", *peak_per_byte(lambda: encoding.tensors(codec.parse(message, pb.PushPullHeader)), length)),
+        ("psframe decode", *peak_per_byte(lambda: encoding.tensors(parse(message, pb.PushPullHeader)), length)),
     ]
 
 

@@ -167,11 +167,14 @@ class MemoryReturner:
     def __init__(self, enabled: bool = True) -> None:
         libc = _glibc() if enabled else None
         self._trim = libc.malloc_trim if libc is not None else None
+        # Whether it gives anything back: a caller that counts bytes for it may skip it otherwise.
+        self.enabled = self._trim is not None
         self._lock = threading.Lock()
         self._since = 0
 
     def handled(self, nbytes: int) -> None:
-        """Count ``nbytes`` of messages handled; trim when enough have been."""
+        """Count ``nbytes`` of messages handled; trim when enough have been (at once for
+        :data:`EVERY_BYTES` or more: a caller may count them itself and tell only then)."""
         if self._trim is None:
             return
         with self._lock:

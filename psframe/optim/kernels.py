@@ -99,22 +99,25 @@ def step_rows(
     return rows_kernels.adagrad_rows_direct(optimizer, work)
 
 
+# The step hooks torch runs for every optimizer: its registries, found once (they are
+# dicts it adds to in place); None where the installed torch keeps them elsewhere.
+_TORCH_OPTIMIZER = sys.modules.get("torch.optim.optimizer")  # imported with torch
+_GLOBAL_STEP_HOOKS = (
+    getattr(_TORCH_OPTIMIZER, "_global_optimizer_pre_hooks", None),
+    getattr(_TORCH_OPTIMIZER, "_global_optimizer_post_hooks", None),
+)
+_GLOBAL_STEP_HOOKS_KNOWN = None not in _GLOBAL_STEP_HOOKS
+
+
 def _watched(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether a profiler or a step hook would see this optimizer's step."""
+    """Whether a profiler or a step hook would see this optimizer's step (True where torch does not say)."""
     return (
         torch.autograd._profiler_enabled()
-        or _global_step_hooks()
+        or not _GLOBAL_STEP_HOOKS_KNOWN
+        or any(_GLOBAL_STEP_HOOKS)
         or bool(getattr(optimizer, "_optimizer_step_pre_hooks", True))
         or bool(getattr(optimizer, "_optimizer_step_post_hooks", True))
     )
-
-
-def _global_step_hooks() -> bool:
-    """Whether a step hook is registered for every optimizer (True where torch does not say)."""
-    module = sys.modules.get("torch.optim.optimizer")
-    pre = getattr(module, "_global_optimizer_pre_hooks", None)
-    post = getattr(module, "_global_optimizer_post_hooks", None)
-    return pre is None or post is None or bool(pre) or bool(post)
 
 
 def foreach_same_results(

@@ -24,12 +24,12 @@ from psframe.status import TaskStatus
 from psframe.tables.spec import Admission, DynamicTableSpec, Eviction, RowInitializer
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire import schedule_defs
-from psframe.wire.codec import check_shape, dtype_from_name, dtype_name
+from psframe.wire.dtypes import check_shape, dtype_from_name, dtype_name
 from psframe.wire.task_info import status_without_settings
 
 # The most elements a variable a chief defines may declare: far beyond any ps
 # task's memory, and far from where torch's size arithmetic overflows. (Tensors
-# on the wire are capped lower, by their message: codec.MAX_ELEMENTS.)
+# on the wire are capped lower, by their message: dtypes.MAX_ELEMENTS.)
 MAX_VARIABLE_ELEMENTS = 2**40
 
 
@@ -278,7 +278,7 @@ def check_definitions(
 
     Raises:
         WireFormatError: a dtype that cannot travel, an absurd shape (see
-            :func:`psframe.wire.codec.check_shape`), or sync settings no
+            :func:`psframe.wire.dtypes.check_shape`), or sync settings no
             :class:`~psframe.optim.SyncReplicas` of this cluster has.
     """
     for d in defs:

@@ -24,7 +24,7 @@ or after a failed step, which gives it new regions.
 
 The tensors lie in the region as in a message's payload (:mod:`psframe.wire.codec`):
 a region's parts start where each tensor is aligned, so either side reads them
-through :class:`~psframe.wire.codec.Envelope` like a received message.
+through :class:`~psframe.wire.encoding.Envelope` like a received message.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 import numpy
 
 from psframe.errors import SharedRegionError
-from psframe.wire import codec
+from psframe.wire import encoding
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.encoding import MessageEncoding
 
@@ -169,14 +169,14 @@ class SameHostRegion:
 
     # ---- the two parts
 
-    def request_envelope(self, header: Any) -> codec.Envelope:
+    def request_envelope(self, header: Any) -> encoding.Envelope:
         """The request's tensors as a received envelope: ``header`` places them in the request part."""
-        return codec.Envelope(header, self._view, self.message.request_start, self.message.request_length)
+        return encoding.Envelope(header, self._view, self.message.request_start, self.message.request_length)
 
-    def reply_envelope(self, header: Any) -> codec.Envelope:
+    def reply_envelope(self, header: Any) -> encoding.Envelope:
         """The reply's tensors as a received envelope: ``header`` places them in the reply part."""
         start = self.message.reply_start
-        return codec.Envelope(header, self._view, start, self.message.size - start)
+        return encoding.Envelope(header, self._view, start, self.message.size - start)
 
     def request_bytes(self) -> memoryview:
         """The request part's bytes, in place (a message of a :class:`HeldMessage`)."""

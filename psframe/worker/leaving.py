@@ -69,14 +69,11 @@ class LeaveOnSigterm:
         self.grace = stop_grace() if grace is None else grace
         self._exit = exit
         self._handler = SigtermHandler(self.asked_to_leave)
-        self._asked = threading.Event()
+        # Whether SIGTERM came: a plain attribute, which the trainer reads after every step and
+        # calls into this only once it is set (set from the handler, in the main thread).
+        self.asked = False
         self._gone = threading.Event()  # the worker finished (closed) or the process ends: nothing left to force
         self._said = False
-
-    @property
-    def asked(self) -> bool:
-        """Whether SIGTERM came."""
-        return self._asked.is_set()
 
     def arm(self) -> bool:
         """Note SIGTERM from now on (see the module); True if the handler is installed."""
@@ -91,18 +88,18 @@ class LeaveOnSigterm:
         """
         self._handler.restore()
         self._gone.set()
-        if self._asked.is_set() and not self._said:
+        if self.asked and not self._said:
             self._said = True
             say(f"{program()}: stopped by SIGTERM; {self._name} finished and left")
             raise TaskStopped(EXIT_TERMINATED)
 
     def check(self) -> None:
-        """At the end of a step: leave if SIGTERM came.
+        """At the end of a step: leave if SIGTERM came (:attr:`asked`).
 
         Raises:
             TaskStopped: SIGTERM came (exit code 143), after the line saying so.
         """
-        if self._asked.is_set():
+        if self.asked:
             if not self._said:
                 self._said = True
                 say(f"{program()}: stopped by SIGTERM; {self._name} finished its step and left")
@@ -110,9 +107,9 @@ class LeaveOnSigterm:
 
     def asked_to_leave(self) -> None:
         """SIGTERM (the handler; callable directly): leave after the step under way, and by the grace."""
-        if self._asked.is_set():
+        if self.asked:
             return
-        self._asked.set()
+        self.asked = True
         self._handler.restore()  # a second SIGTERM ends the process at once
         threading.Thread(target=self._bound, name="psframe-leave", daemon=True).start()
 

@@ -1,14 +1,21 @@
 """The chief's lead of live re-layouts (ps tasks added or drained while training goes on), as a hook.
 
 A tool asks ps 0 for a re-layout (``psframe reshard``: ``relayout_calls.ask_reshard``). The chief
-(worker 0) carries a :class:`RelayoutLeader` among its hooks: after a step whose reply from ps 0
-says a re-layout is pending (``PushPullReplyHeader.relayout_pending``, read at no cost), it asks
-ps 0 for the re-layout's status, and takes it a stage at a time
+(worker 0) carries a :class:`RelayoutLeader` among its hooks (it ends with the chief). After a
+step whose reply from ps 0 says a re-layout is pending (``PushPullReplyHeader.relayout_pending``,
+read at no cost into the :class:`~psframe.worker.client.operations.RelayoutWord` the leader
+holds), it asks ps 0 for the re-layout's status, and takes it a stage at a time
 (:mod:`psframe.cluster.moves`). A stage is readied first (its tasks copy ahead the table parts
 they take, :class:`psframe.worker.session.relayout.Readying`) in a thread while the chief trains
 on, and cut at a step once ready (:func:`psframe.worker.session.relayout.lead`); the chief then
 trains on the layout after it. :meth:`RelayoutLeader.reshard` takes a re-layout at once, every
 stage of it (``Trainer.reshard``).
+
+When the leader acts is read from plain attributes, so that a step with no re-layout in sight
+calls nothing here: the trainer calls :meth:`RelayoutLeader.lead` after a step when ps 0's word
+says one is pending, while the leader is :attr:`~RelayoutLeader.following` one, or, when no reply
+of ps 0 was heard since the last step (ps 0 holds none of the parts a step sends or reads), once
+its :attr:`~RelayoutLeader.next_poll` is due; it clears the word after each step.
 """
 
 from __future__ import annotations
@@ -17,12 +24,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-import torch
-
 from psframe.cluster import ClusterSpec
 from psframe.cluster.moves import MoveStage
 from psframe.errors import RpcTimeoutError, TaskUnavailableError
 from psframe.worker.client import relayout_calls
+from psframe.worker.client.operations import RelayoutWord
 from psframe.worker.hooks import Hook
 from psframe.worker.session import relayout
 from psframe.worker.session.session import Session
@@ -45,21 +51,16 @@ class RelayoutLeader(Hook):
     Args:
         session: the chief's session (it switches to each stage's layout).
         counters: where the pause of each stage, and the parts it moved, are kept.
+        word: what ps 0's replies say of re-layouts, written by the clients of every layout the
+            chief trains on.
     """
 
-    def __init__(self, session: Session, counters: Counters) -> None:
+    def __init__(self, session: Session, counters: Counters, word: RelayoutWord) -> None:
         self._session, self._counters = session, counters
-        self._next_poll = 0.0  # when ps 0 is asked again whether a re-layout waits, if no reply said
-        self._following = False  # a re-layout is taken: ps 0 is asked again after every step
+        self.word = word
+        self.next_poll = 0.0  # when ps 0 is asked again whether a re-layout waits, if no reply said
+        self.following = False  # a re-layout is taken: ps 0 is asked again after every step
         self._readying: relayout.Readying | None = None  # the next stage, readied while training goes on
-
-    def after_step(self, trainer: Trainer, global_step: int, loss: torch.Tensor | None) -> None:
-        # Between two steps: this one's lookups and pushes are done. ps 0's replies say whether a
-        # re-layout is pending; where none of the steps since the last look reached ps 0, ask it now
-        # and then.
-        pending = self._session.client.relayout_pending()
-        if pending or self._following or (pending is None and time.monotonic() >= self._next_poll):
-            self._take_asked()
 
     def end(self, trainer: Trainer) -> None:
         if self._readying is not None:  # a stage readied, not cut: ps 0 keeps it asked for the next chief
@@ -79,8 +80,9 @@ class RelayoutLeader(Hook):
             self._take_stage(stage)
         return sum(self._counters.relayout_pauses)
 
-    def _take_asked(self) -> None:
-        """The re-layout ps 0 was asked for, if any, or the next stage of the one under way. A
+    def lead(self) -> None:
+        """Between two steps (this one's lookups and pushes are done), when the module's rule says
+        so: the re-layout ps 0 was asked for, if any, or the next stage of the one under way. A
         stage is readied first (its tasks copy the table parts they take ahead,
         :func:`relayout.get_ready`) in a thread while the chief trains on; it is cut at a step once
         ready. Until the re-layout is done, ps 0 is asked again at every step, but not while a
@@ -88,7 +90,7 @@ class RelayoutLeader(Hook):
         if self._readying is not None and not self._readying.done:
             return  # looked at again at the next step
         session = self._session
-        self._next_poll = time.monotonic() + RESHARD_POLL_SECONDS
+        self.next_poll = time.monotonic() + RESHARD_POLL_SECONDS
         try:
             status = relayout_calls.layout_status(session.client)
         except (TaskUnavailableError, RpcTimeoutError):
@@ -100,9 +102,9 @@ class RelayoutLeader(Hook):
         elif status.cluster is not None and not status.moved and status.cluster != session.cluster:
             stage = session.layouts.plan(session.cluster, status.cluster)[0]
         else:
-            self._following = False
+            self.following = False
             return
-        self._following = True  # again at the next step: this stage (or the next) waits
+        self.following = True  # again at the next step: this stage (or the next) waits
         readying = self._readying
         if readying is None or readying.stage != stage:
             if readying is not None:
@@ -124,8 +126,8 @@ class RelayoutLeader(Hook):
             self._counters.relayout_parts_moved.clear()
         self._take_stage(stage, readying)
         if stage.done:
-            self._following = False
-            self._next_poll = time.monotonic() + RESHARD_POLL_SECONDS
+            self.following = False
+            self.next_poll = time.monotonic() + RESHARD_POLL_SECONDS
 
     def _take_stage(self, stage: MoveStage, ready: relayout.Readying | None = None) -> None:
         """The chief's ``stage`` of a re-layout (:func:`relayout.lead`); then it trains on the layout
@@ -156,5 +158,5 @@ class RelayoutLeader(Hook):
             moves.parts,
             len(layout.replica.slots),
             time.monotonic() - begun,
-            session.values.global_step,
+            session.global_step,
         )

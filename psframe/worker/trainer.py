@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
@@ -31,10 +32,11 @@ from psframe.errors import DataRangeLostError, PsframeError, TaskStopped
 from psframe.worker.client import control_calls
 from psframe.worker.client.streams import Exchange
 from psframe.worker.leaving import LeaveOnSigterm, leave_on_sigterm
+from psframe.worker.model.overlap import BackwardOverlap
 from psframe.worker.session import metric_reporter
 from psframe.worker.session.data_reader import Outcome
+from psframe.worker.session.in_graph import Losses, Steps
 from psframe.worker.session.session import Attempt
-from psframe.worker.session.step_push import StepPush
 from psframe.worker.trainer_setup import TrainerSetup
 
 log = logging.getLogger(__name__)
@@ -136,6 +138,9 @@ class Trainer(TrainerSetup):
     _state = TrainerState.NEW
     _stop_requested = False
     _leaving: LeaveOnSigterm | None = None  # SIGTERM noted while connected (psframe.worker.leaving)
+    # What a step does with its losses, chosen once connected: one loss goes straight to _step;
+    # in-graph replicas take theirs first (psframe.worker.session.in_graph).
+    _step_losses: Steps
 
     @property
     def state(self) -> TrainerState:
@@ -158,6 +163,9 @@ class Trainer(TrainerSetup):
         self._state = TrainerState.RUNNING
         try:
             session.join(connecting=True)
+            self._step_losses = self._replicas.steps(
+                self._step, sync=session.sync is not None, recorded=self._feed.recorded
+            )
             self.pull()
             session.attach()
             self._start_overlap()
@@ -237,7 +245,7 @@ class Trainer(TrainerSetup):
 
     # ---- training
 
-    def step(self, loss: torch.Tensor | Sequence[torch.Tensor] | None = None) -> int:
+    def step(self, loss: Losses = None) -> int:
         """One training step: backward, push gradients, pull parameters.
 
         A step that ends with no gradient at all (a hook such as
@@ -259,24 +267,32 @@ class Trainer(TrainerSetup):
             TaskStopped: SIGTERM came; this step was applied and is the last (:mod:`psframe.worker.leaving`).
         """
         self._require_running()
-        sync = self._session.sync is not None
-        global_step = self._replicas.step(loss, self._step, sync=sync, recorded=self._feed.recorded)
-        if self._leaving is not None:
-            self._leaving.check()  # SIGTERM came: this step was the last (psframe.worker.leaving)
+        global_step = self._step_losses(loss)
+        leaving = self._leaving
+        if leaving is not None and leaving.asked:  # SIGTERM came: this step was the last (psframe.worker.leaving)
+            leaving.check()
         return global_step
 
-    def _step(self, loss: torch.Tensor | None, run_backward: bool) -> int:
+    def _step(self, loss: Losses, run_backward: bool = True) -> int:
+        if loss is not None and not isinstance(loss, torch.Tensor):
+            raise TypeError("step() takes a list of losses only with replica_devices (in-graph replication)")
         for hook in self._before_step:
             hook.before_step(self)
-        exchange = self._backward(loss) if run_backward else None
+        exchange = None
+        if run_backward and loss is not None:
+            if self._overlap is None:
+                loss.backward()
+            else:
+                exchange = self._backward_overlapped(loss, self._overlap)
         for hook in self._before_push:
             hook.before_push(self, loss)
-        counters, session = self._counters, self._session
-        tables = session.replica.tables if session.replica.has_tables else None  # none: nothing of them here
+        counters, session, feed = self._counters, self._session, self._feed
+        replica = session.replica
+        tables = replica.tables if replica.has_tables else None  # none: nothing of them here
         if tables is not None:
             tables.drop_prefetched()  # rows pulled ahead for this step's lookups, not taken
         row_gradients: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = {}
-        pushed = session.replica.has_gradients()
+        pushed = replica.has_gradients()
         if pushed and tables is not None:
             row_gradients = tables.take_row_gradients()
         elif not pushed:  # nothing was sent during backward either: no parameter had a gradient
@@ -284,30 +300,20 @@ class Trainer(TrainerSetup):
             exchange = None
         if exchange is not None:
             counters.sent_during_backward += exchange.sent_early
-        step = session.values.global_step  # the step the gradients were computed at (sync: their round)
-        push = StepPush(
-            session.name,
-            pushed,
-            row_gradients,
-            step,
-            session.sync is not None,
-            self._async_tables,
-            self._prefetcher.requests() if tables is not None else {},
-            exchange,
-        )
+        prefetch = self._prefetcher.requests() if tables is not None else {}
         try:
             try:
-                requests, replies, prefetched = session.call(push, then=f"sending step {step}'s pushes again")
+                dropped, prefetched = session.push_step(pushed, row_gradients, prefetch, exchange)
             except DataRangeLostError as e:
-                self._feed.lost(e)  # raised again unless a batch of read() is out
+                feed.lost(e)  # raised again unless a batch of read() is out
                 counters.dropped_steps += 1
                 self.pull()  # the current values; read() asks for another range
-                replies, prefetched = None, {}
-            if replies is not None:
-                session.values.receive(session.replica, requests, replies)
-                applied = pushed and not any(reply.dropped for reply in replies)
+                prefetched = {}
+            else:
+                applied = pushed and not dropped
                 counters.pushed_steps += applied
-                self._feed.outcome(Outcome.APPLIED if applied else Outcome.AGAIN)
+                if feed.reading:  # a batch of read() is out: what became of it
+                    feed.outcome(Outcome.APPLIED if applied else Outcome.AGAIN)
             if tables is not None:
                 self._prefetcher.deliver(prefetched)
                 ahead = sum(rows.shape[0] for answers in prefetched.values() for rows in answers)
@@ -317,26 +323,28 @@ class Trainer(TrainerSetup):
             if tables is not None:
                 self._prefetcher.drop()
         counters.local_step += 1
-        for hook in self._after_step:  # the chief's re-layout leader last
-            hook.after_step(self, session.values.global_step, loss)
-        return session.values.global_step
+        for hook in self._after_step:
+            hook.after_step(self, session.global_step, loss)
+        leader = self._leader
+        if leader is not None:  # the chief: when to lead a re-layout (psframe.worker.relayout_leader)
+            word = leader.word
+            due = word.pending or leader.following or (not word.heard and time.monotonic() >= leader.next_poll)
+            word.heard = word.pending = False
+            if due:
+                leader.lead()
+        return session.global_step
 
-    def _backward(self, loss: torch.Tensor | None) -> Exchange | None:
-        """Run backward on ``loss``; with overlap, the step's requests whose gradients are
-        complete are sent while it runs, and the step's exchange is returned."""
-        if loss is None:
-            return None
-        if self._overlap is None:
-            loss.backward()
-            return None
+    def _backward_overlapped(self, loss: torch.Tensor, overlap: BackwardOverlap) -> Exchange:
+        """Run backward on ``loss`` while the step's requests whose gradients are complete are
+        sent (``overlap_backward``); the step's exchange."""
         replica = self._session.replica
         requests = replica.plan.step
         exchange = self._session.client.begin_step(requests, self.global_step, lambda i: replica.gradients(requests[i]))
-        self._overlap.begin(exchange)
+        overlap.begin(exchange)
         try:
             loss.backward()
         finally:
-            self._overlap.end()
+            overlap.end()
         return exchange
 
     def pull(self) -> int:
@@ -353,16 +361,16 @@ class Trainer(TrainerSetup):
             The global step of the values received.
         """
         self._require_running()
-        values = self._session.values
+        session = self._session
 
         def attempt(at: Attempt) -> None:
             if at.retry is None:  # a lost ps task waited for, or a move followed: the values were pulled there
-                values.pull(at.client, at.replica)
+                session.pull_values()
             at.replica.tables.refresh(
-                lambda wanted, create, max_lag: at.client.pull_rows(wanted, values.global_step, create, max_lag)
+                lambda wanted, create, max_lag: at.client.pull_rows(wanted, session.global_step, create, max_lag)
             )
 
-        self._session.call(attempt, pull=True)
+        session.call(attempt, pull=True)
         return self.global_step
 
     def prefetch(self, table: torch.nn.Module, ids: torch.Tensor) -> None:

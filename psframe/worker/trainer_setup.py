@@ -2,11 +2,11 @@
 and wired together, and the read-only properties that give them back.
 
 The parts, each readable alone: the session with the ps tasks (:mod:`psframe.worker.session.session`:
-the layout, and surviving lost ps tasks and re-layouts), the values received
-(:mod:`psframe.worker.session.values`), data read in ranges (:mod:`psframe.worker.session.data_reader`),
+the layout, surviving lost ps tasks and re-layouts, a step's push, the values received and the
+global step), data read in ranges (:mod:`psframe.worker.session.data_reader`),
 checkpoints (:mod:`psframe.worker.session.checkpointer`), in-graph replicas
 (:mod:`psframe.worker.session.in_graph`), the counters behind ``stats``
-(:mod:`psframe.worker.session.stats`) and, on the chief, the lead of re-layouts, a hook
+(:mod:`psframe.worker.session.stats`) and, on the chief, the lead of re-layouts
 (:mod:`psframe.worker.relayout_leader`). :class:`psframe.Trainer` (:mod:`psframe.worker.trainer`)
 builds on this: the lifecycle, the step, and what callers do.
 """
@@ -53,7 +53,6 @@ from psframe.worker.session.in_graph import replicate
 from psframe.worker.session.layout_maker import LayoutMaker
 from psframe.worker.session.session import Session, SessionSettings
 from psframe.worker.session.stats import Counters, TrainerStats
-from psframe.worker.session.values import Values
 
 log = logging.getLogger(__name__)
 
@@ -143,15 +142,15 @@ class TrainerSetup:
             replica,
             settings,
             sync=sync,
-            values=Values(sync is not None, self._counters, self._replicas.share_values),
+            pulled=self._replicas.share_values,
             counters=self._counters,
             max_stage_bytes=placement.max_shard_bytes,
             switched=self._switched,
         )
         self._feed = RangeFeed(self._session)
         self._checkpointer = Checkpointer(self._session, checkpointing)
-        self._leader = RelayoutLeader(self._session, self._counters) if self._is_chief else None
-        if self._leader is not None:  # after every other hook, between two steps
+        self._leader = RelayoutLeader(self._session, self._counters, maker.relayout_word) if self._is_chief else None
+        if self._leader is not None:  # a hook for its end; it leads between two steps (Trainer._step)
             self._hooks.append(self._leader)
         # The hooks that do something at each point of a step (a hook's no-op costs a step nothing).
         self._before_step = [h for h in self._hooks if type(h).before_step is not Hook.before_step]
@@ -187,7 +186,7 @@ class TrainerSetup:
     @property
     def global_step(self) -> int:
         """The global step of the values last received."""
-        return self._session.values.global_step
+        return self._session.global_step
 
     @property
     def stats(self) -> TrainerStats:

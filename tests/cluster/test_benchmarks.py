@@ -4,7 +4,11 @@ scaling, security and hosts sections in tests of their own). The tests of the
 report, of the sparse section's ps memory and of the CTR example's rows read
 the same run (the ``quick_run`` fixture): no section runs twice.
 
-No timing is asserted: speed goals live in benchmarks/, never in tests."""
+No timing is asserted: speed goals live in benchmarks/, never in tests.
+
+This file holds the cluster tier's tests of the subject; `tests/unit/test_benchmarks.py`,
+`tests/hosts/test_benchmarks.py` hold the other tiers'.
+"""
 
 from __future__ import annotations
 

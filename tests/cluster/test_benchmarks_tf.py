@@ -4,7 +4,11 @@ one quick run end to end.
 
 The test environment has no TensorFlow (it lives in ``.venv-tf``, made by
 ``scripts/env_tf.sh``); the end-to-end test skips, saying so, without it.
-No timing is asserted."""
+No timing is asserted.
+
+This file holds the cluster tier's tests of the subject; `tests/unit/test_benchmarks_tf.py` holds
+the other tiers'.
+"""
 
 from __future__ import annotations
 

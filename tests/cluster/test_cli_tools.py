@@ -1,7 +1,11 @@
 """The operator commands, run in-process: ``psframe status``, ``shutdown`` and ``ping``.
 
 Clusters are in-process ps servers on free loopback ports; every call has a
-deadline (``--timeout``, connect/rpc timeouts) and every server is stopped."""
+deadline (``--timeout``, connect/rpc timeouts) and every server is stopped.
+
+This file holds the cluster tier's tests of the subject; `tests/service/test_cli_tools.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

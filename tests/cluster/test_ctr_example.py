@@ -1,4 +1,8 @@
-"""The CTR example: embedding tables through a real cluster reach one process's AUC."""
+"""The CTR example: embedding tables through a real cluster reach one process's AUC.
+
+This file holds the cluster tier's tests of the subject; `tests/unit/test_ctr_example.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """The docs: the site builds with warnings as errors, generated pages are current, the README's
-quick start is the tested example, and the quick start runs as its page shows."""
+quick start is the tested example, and the quick start runs as its page shows.
+
+This file holds the cluster tier's tests of the subject; `tests/unit/test_docs.py` holds the other
+tiers'.
+"""
 
 from __future__ import annotations
 

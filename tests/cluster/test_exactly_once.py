@@ -7,7 +7,11 @@ ledger in a checkpoint. Then a real worker and ps task with a TCP proxy
 between them that swallows the replies of a step and then drops the
 connection: the worker reconnects, sends the step again, and the oracle is
 exact (SGD with a known gradient) with the ps's count of applied steps equal
-to the worker's acknowledged steps."""
+to the worker's acknowledged steps.
+
+This file holds the cluster tier's tests of the subject; `tests/unit/test_exactly_once.py`,
+`tests/service/test_exactly_once.py` hold the other tiers'.
+"""
 
 from __future__ import annotations
 

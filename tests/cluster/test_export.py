@@ -2,7 +2,11 @@
 
 The oracle of a snapshot is :func:`psframe.checkpoint.load` of the same
 checkpoint; the oracle of an update chain is the export of the checkpoint it
-ends at. Bit for bit in both cases."""
+ends at. Bit for bit in both cases.
+
+This file holds the cluster tier's tests of the subject; `tests/unit/test_export.py`,
+`tests/service/test_export.py` hold the other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -12,7 +12,11 @@ through :func:`psframe.flags.run`).
 In-process calls (``cli.main``, the examples' ``main`` through ``flags.run``)
 are unit or service tier; child processes are cluster tier, on free loopback
 ports, every wait bounded, and every process started here killed by PID (a
-launch by the session it leads) at the end."""
+launch by the session it leads) at the end.
+
+This file holds the cluster tier's tests of the subject; `tests/unit/test_first_failures.py`,
+`tests/service/test_first_failures.py` hold the other tiers'.
+"""
 
 from __future__ import annotations
 

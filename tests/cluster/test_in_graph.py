@@ -3,7 +3,11 @@
 Oracles: synchronous training pushes the replicas' mean gradient once (the
 values equal one SGD step on it, bit for bit); asynchronous training pushes
 each replica's gradient as a step of its own (two global steps, each
-applied in turn); every replica holds the ps tasks' values after a step."""
+applied in turn); every replica holds the ps tasks' values after a step.
+
+This file holds the cluster tier's tests of the subject; `tests/service/test_in_graph.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

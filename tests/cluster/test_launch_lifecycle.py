@@ -5,6 +5,9 @@ grace a task gets to stop (``--grace``), the launcher's own SIGTERM, and the clu
 The policy's rules are unit tests; the rest are real child processes on loopback ports the OS
 picks, every wait bounded, every process started here killed by PID (a launch by the session it
 leads) at the end.
+
+This file holds the cluster tier's tests of the subject; `tests/unit/test_launch_lifecycle.py` holds
+the other tiers'.
 """
 
 from __future__ import annotations

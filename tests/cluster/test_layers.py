@@ -1,4 +1,8 @@
-"""Imports point down the layers of DESIGN.md only: the folders are the layers."""
+"""Imports point down the layers of DESIGN.md only: the folders are the layers.
+
+This file holds the cluster tier's tests of the subject; `tests/unit/test_layers.py` holds the other
+tiers'.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """Learning-rate schedules through the ps tasks: SGD and Adam with a schedule train as one process
 with that scheduler (asynchronous and synchronous, embedding tables included), a restore goes on
-with the schedule where it stood, and the chief's metric reaches every ps task's ReduceLROnPlateau."""
+with the schedule where it stood, and the chief's metric reaches every ps task's ReduceLROnPlateau.
+
+This file holds the cluster tier's tests of the subject;
+`tests/service/test_lr_schedules_training.py` holds the other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,11 @@
 """The examples use psframe's public surface only, and psframe.flags reads scripts' flags.
 
 Users copy the examples, so whatever they import becomes API: they may use
-the names of ``psframe`` and the public modules below, nothing under them."""
+the names of ``psframe`` and the public modules below, nothing under them.
+
+This file holds the cluster tier's tests of the subject; `tests/unit/test_public_surface.py` holds
+the other tiers'.
+"""
 
 from __future__ import annotations
 

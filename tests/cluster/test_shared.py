@@ -1,5 +1,9 @@
 """psframe.ps.serving.shared_store: one model, one lock and one set of counters for a ps task's
-processes. No network."""
+processes. No network.
+
+This file holds the cluster tier's tests of the subject; `tests/unit/test_shared.py` holds the other
+tiers'.
+"""
 
 from __future__ import annotations
 

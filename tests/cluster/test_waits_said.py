@@ -4,6 +4,9 @@ Each task runs in a fresh Python process whose script configures no logging:
 Python's default then prints WARNING and above, bare, on stderr (and nothing
 below), so a line seen at all was logged at WARNING. Every wait for a line
 is bounded by a generous deadline; none checks how soon it came.
+
+This file holds the cluster tier's tests of the subject; `tests/service/test_waits_said.py` holds
+the other tiers'.
 """
 
 from __future__ import annotations

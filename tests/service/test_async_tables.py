@@ -6,6 +6,9 @@ dense variables hold one SGD step on the mean of the two workers' gradients
 (bit for bit) and the table each worker's own row gradients, one after the
 other; a worker of other async tables is refused; a bad name says which
 tables there are.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_async_tables.py` holds the
+other tiers'.
 """
 
 from __future__ import annotations

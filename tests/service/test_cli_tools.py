@@ -2,6 +2,9 @@
 
 Clusters are in-process ps servers on free loopback ports; every call has a
 deadline (``--timeout``, connect/rpc timeouts) and every server is stopped.
+
+This file holds the service tier's tests of the subject; `tests/cluster/test_cli_tools.py` holds the
+other tiers'.
 """
 
 from __future__ import annotations

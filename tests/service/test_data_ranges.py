@@ -6,6 +6,9 @@ epochs', with a worker that dies mid-range (its range goes to another from
 where it got to), one that joins late, synchronous rounds that drop late
 batches (trained again), and a checkpoint restored (what the restored model
 did not train on is handed out again).
+
+This file holds the service tier's tests of the subject; `tests/unit/test_data_ranges.py` holds the
+other tiers'.
 """
 
 from __future__ import annotations

@@ -3,7 +3,11 @@
 The oracle of training is one process with an ``nn.Embedding(sparse=True)``
 over the same ids numbered 0, 1, 2, ... in order of first use, whose rows
 start as the dynamic table's initializer makes them: the ps tasks' dynamic
-parts must train exactly as that table does."""
+parts must train exactly as that table does.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_dynamic_tables.py` holds
+the other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -4,7 +4,11 @@ Unit tests of the parts (who is a member, the sync rule, the aggregator
 following the live workers), then ps tasks in this process with workers in
 threads: a worker of a grown worker list joins, another leaves; the job
 goes on and ends when every member finished; and in sync training the
-result equals one process on the combined batches of each round's members."""
+result equals one process on the combined batches of each round's members.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_elastic.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -4,7 +4,11 @@ Every class of psframe.errors crosses both paths keeping its class and its
 message: a unary call that ends with it (status code + trailing metadata),
 and a PushPull reply that refuses its request (the reply header). A name
 psframe does not know comes back as a RemoteError naming it. In-process
-servers on ports the OS picks, loopback only."""
+servers on ports the OS picks, loopback only.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_error_codec.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,11 @@
 Oracles: the metrics of a checkpoint computed by hand from ``psframe.checkpoint.load``,
 and, for dynamic tables, those a live cluster gives at the same global step. The
 evaluator never touches the training job: the process test trains twice, once with an
-evaluator killed mid-way beside it, and compares the final checkpoints bit for bit."""
+evaluator killed mid-way beside it, and compares the final checkpoints bit for bit.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_evaluator.py`,
+`tests/cluster/test_evaluator.py` hold the other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -15,6 +15,9 @@ envelopes (hypothesis; seeded and bounded), the per-host cap on calls in
 flight, the message size cap, and what a ps task does with NaN/Inf
 gradients (it applies them as torch.optim would; workers guard their loss
 with NanGuardHook). Loopback only, OS-picked ports, bounded in count.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_fuzz.py` holds the other
+tiers'.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from hypothesis import strategies as st
 import psframe
 from psframe.config.security import generate_token
 from psframe.errors import WireFormatError
-from psframe.wire import codec, row_tensors, transport
+from psframe.wire import codec, dtypes, encoding, row_tensors, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.transport import limits
 from tests.conftest import free_cluster
@@ -176,7 +179,7 @@ def junk(rng: random.Random, count: int) -> list[bytes]:
         # A field that declares a huge length and carries a few bytes.
         out.append(
             bytes([rng.choice([0x0A, 0x12, 0x1A, 0x22])])
-            + codec.varint(rng.choice([2**31, 2**40, 2**63]))
+            + encoding.varint(rng.choice([2**31, 2**40, 2**63]))
             + rng.randbytes(5)
         )
     return out
@@ -258,11 +261,11 @@ def meta_envelope(header, metas: list[dict], payload: bytes) -> bytes:
         header.tensors.add(**meta)
     serialized = header.SerializeToString()
     return (
-        codec.PAYLOAD_TAG
-        + codec.varint(len(payload))
+        encoding.PAYLOAD_TAG
+        + encoding.varint(len(payload))
         + payload
-        + codec.HEADER_TAG
-        + codec.varint(len(serialized))
+        + encoding.HEADER_TAG
+        + encoding.varint(len(serialized))
         + serialized
     )
 
@@ -654,7 +657,7 @@ def test_nan_and_inf_gradients_are_applied_as_torch_would_and_the_task_serves_on
 # ---- the decoder, property-based
 
 
-DTYPE_NAMES = sorted(codec.DTYPES) + ["", "float128", "torch.float32"]
+DTYPE_NAMES = sorted(dtypes.DTYPES) + ["", "float128", "torch.float32"]
 dims = st.one_of(st.integers(0, 6), st.integers(-(2**63), 2**63 - 1), st.sampled_from([2**31, 2**62, -1]))
 
 
@@ -666,7 +669,7 @@ def metas(draw) -> dict:
     numel = 1
     for dim in shape:
         numel *= dim
-    itemsize = codec.DTYPES[dtype].itemsize if dtype in codec.DTYPES else 4
+    itemsize = dtypes.DTYPES[dtype].itemsize if dtype in dtypes.DTYPES else 4
     consistent = numel * itemsize if 0 <= numel * itemsize < 2**64 else 0
     nbytes = draw(st.just(consistent) | st.integers(0, 80) | st.integers(0, 2**64 - 1))
     offset = draw(st.integers(0, 100) | st.integers(0, 2**64 - 1))
@@ -679,14 +682,14 @@ def check_decoded(data: bytes) -> None:
         header, tensors = codec.decode(data, pb.PushPullHeader)
     except WireFormatError:
         return
-    envelope = codec.parse(data, pb.PushPullHeader)
+    envelope = encoding.parse(data, pb.PushPullHeader)
     assert len(tensors) == len(header.tensors)
     for meta, tensor in zip(header.tensors, tensors):
-        assert tensor.dtype == codec.DTYPES[meta.dtype] and tuple(tensor.shape) == tuple(meta.shape)
+        assert tensor.dtype == dtypes.DTYPES[meta.dtype] and tuple(tensor.shape) == tuple(meta.shape)
         assert tensor.numel() * tensor.element_size() == meta.nbytes <= envelope.payload_length
         start = envelope.payload_start + meta.offset
         if meta.nbytes:
-            assert codec.raw_bytes(tensor).tobytes() == bytes(data[start : start + meta.nbytes])
+            assert encoding.raw_bytes(tensor).tobytes() == bytes(data[start : start + meta.nbytes])
 
 
 PROPERTY = settings(

@@ -4,6 +4,9 @@ Everything runs in-process against real ps servers on free loopback ports
 (``local_cluster``), or, where the hooks alone are the subject, against ps
 services reached without gRPC (``in_process_cluster``, the unit tier); every
 wait has a deadline (connect/rpc timeouts below).
+
+This file holds the service tier's tests of the subject; `tests/unit/test_hooks.py` holds the other
+tiers'.
 """
 
 from __future__ import annotations

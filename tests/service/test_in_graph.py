@@ -4,6 +4,9 @@ Oracles: synchronous training pushes the replicas' mean gradient once (the
 values equal one SGD step on it, bit for bit); asynchronous training pushes
 each replica's gradient as a step of its own (two global steps, each
 applied in turn); every replica holds the ps tasks' values after a step.
+
+This file holds the service tier's tests of the subject; `tests/cluster/test_in_graph.py` holds the
+other tiers'.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ the wire), then ps tasks in this process with workers in threads: a ps task is
 added (asked from outside, as ``psframe reshard`` does) and later drained, and
 the values equal the known-gradient arithmetic exactly: every step applied
 once, the optimizer state moved with its rows.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_relayout.py`,
+`tests/cluster/test_relayout.py` hold the other tiers'.
 """
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
 """A worker's row cache: rows kept between steps, pulled again only when their version moved too far.
 
 With ``max_lag=0`` training is exactly as without a cache (a row that did
-not change is not sent again); with a larger ``max_lag``, hot rows travel less."""
+not change is not sent again); with a larger ``max_lag``, hot rows travel less.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_row_cache.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -5,7 +5,11 @@ every method refuses a call without the token, with another one, without
 TLS or without a client certificate, and says nothing more; training with
 a token, TLS or mutual TLS gives the same values, bit for bit, as without;
 ``psframe status``/``shutdown``/``ping`` with and without the token.
-Processes (serving processes, a cluster, ``psframe launch``): test_security_cluster.py."""
+Processes (serving processes, a cluster, ``psframe launch``): test_security_cluster.py.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_security.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

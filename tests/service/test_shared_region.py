@@ -3,7 +3,11 @@
 Oracles: a worker's requests answered through a region give the replies and
 variables that messages give, bit for bit, and after the offer carry no
 tensors; a region the ps task cannot use is refused with nothing changed,
-and the worker goes back to messages; no region file outlives its worker."""
+and the worker goes back to messages; no region file outlives its worker.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_shared_region.py` holds
+the other tiers'.
+"""
 
 from __future__ import annotations
 

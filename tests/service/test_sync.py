@@ -1,4 +1,8 @@
-"""Synchronous training (SyncReplicas) end to end: exact oracles and no hangs."""
+"""Synchronous training (SyncReplicas) end to end: exact oracles and no hangs.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_sync.py`,
+`tests/cluster/test_sync.py` hold the other tiers'.
+"""
 
 from __future__ import annotations
 
@@ -332,7 +336,7 @@ def _sync_service():
             pull=["w", "b"],
             end_of_step=True,
         )
-        return service._handle_push_pull(
+        return service.push_pulls.answer(
             codec.encode(header, [("w", torch.full((3,), value)), ("b", torch.full((2,), value))])
         )
 

@@ -1,4 +1,8 @@
-"""The trainer against real in-process ps servers on free loopback ports."""
+"""The trainer against real in-process ps servers on free loopback ports.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_trainer.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

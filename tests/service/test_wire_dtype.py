@@ -2,7 +2,11 @@
 
 The oracle: with ``wire_dtype="bfloat16"`` the ps applies exactly the
 bfloat16-rounded gradient, widened, to its float32 variables; the worker
-receives exactly the bfloat16-rounded variables; nothing else changes."""
+receives exactly the bfloat16-rounded variables; nothing else changes.
+
+This file holds the service tier's tests of the subject; `tests/unit/test_wire_dtype.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import torch
 
 import psframe
 from psframe.errors import DtypeMismatchError, WireFormatError
-from psframe.wire import codec
+from psframe.wire import dtypes
 from tests.service.test_trainer import loss_of, make_model
 from tests.unit.test_wire_dtype import LR, _push_pull, backend  # noqa: F401
 
@@ -41,7 +45,7 @@ def test_a_compressed_gradient_without_a_valid_wire_dtype_changes_nothing(backen
 
 @pytest.mark.parametrize("wire_dtype", ["bfloat16", torch.float16])
 def test_trainer_with_wire_dtype_matches_local_sgd_on_rounded_values(local_cluster, wire_dtype):
-    wire = codec.WIRE_DTYPES[wire_dtype] if isinstance(wire_dtype, str) else wire_dtype
+    wire = dtypes.WIRE_DTYPES[wire_dtype] if isinstance(wire_dtype, str) else wire_dtype
     cluster = local_cluster(num_ps=2, num_workers=1)
     model, reference = make_model(), make_model()
     ps_values = {n: p.detach().clone() for n, p in reference.named_parameters()}

@@ -5,6 +5,9 @@ for training ``admit_after`` times; until then the id reads as its initial
 row, its gradients are dropped, and it takes no memory. A row an update
 leaves below ``min_norm`` is evicted. Each part counts the ids it admitted,
 filtered and evicted; ``status`` and checkpoints carry the counts.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_admission.py` holds the
+other tiers'.
 """
 
 from __future__ import annotations

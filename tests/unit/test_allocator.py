@@ -1,4 +1,8 @@
-"""psframe.memory.malloc: freed tensor buffers are reused, not mapped afresh every step."""
+"""psframe.memory.malloc: freed tensor buffers are reused, not mapped afresh every step.
+
+This file holds the unit tier's tests of the subject; `tests/cluster/test_allocator.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

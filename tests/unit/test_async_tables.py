@@ -5,7 +5,11 @@ the other worker (applied at once, not averaged); once both stepped, the
 dense variables hold one SGD step on the mean of the two workers' gradients
 (bit for bit) and the table each worker's own row gradients, one after the
 other; a worker of other async tables is refused; a bad name says which
-tables there are."""
+tables there are.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_async_tables.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ report, of the sparse section's ps memory and of the CTR example's rows read
 the same run (the ``quick_run`` fixture): no section runs twice.
 
 No timing is asserted: speed goals live in benchmarks/, never in tests.
+
+This file holds the unit tier's tests of the subject; `tests/cluster/test_benchmarks.py`,
+`tests/hosts/test_benchmarks.py` hold the other tiers'.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ import torch
 
 from psframe import optim
 from psframe.errors import OptimizerConfigError, PsframeError, WireFormatError
-from psframe.wire import codec, messages
+from psframe.wire import codec, dtypes, encoding, messages
 from psframe.wire import psframe_pb2 as pb
 
-ALL_DTYPES = sorted(codec.DTYPES)
+ALL_DTYPES = sorted(dtypes.DTYPES)
 
 
 def _random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
@@ -81,27 +81,27 @@ def test_dtypes_cover_the_fixed_size_torch_types():
         "uint8",
         "bool",
     ):
-        assert codec.DTYPES[name] is getattr(torch, name)
+        assert dtypes.DTYPES[name] is getattr(torch, name)
     for name in ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2"):
         if hasattr(torch, name):
-            assert codec.DTYPES[name] is getattr(torch, name)
-    for name, dtype in codec.DTYPES.items():
-        assert codec.dtype_name(dtype) == name
-        assert codec.dtype_from_name(name) is dtype
+            assert dtypes.DTYPES[name] is getattr(torch, name)
+    for name, dtype in dtypes.DTYPES.items():
+        assert dtypes.dtype_name(dtype) == name
+        assert dtypes.dtype_from_name(name) is dtype
 
 
 def test_dtype_name_errors():
     with pytest.raises(WireFormatError, match="qint8"):
-        codec.dtype_name(torch.qint8)
+        dtypes.dtype_name(torch.qint8)
     with pytest.raises(WireFormatError, match="'float128'"):
-        codec.dtype_from_name("float128")
+        dtypes.dtype_from_name("float128")
     with pytest.raises(WireFormatError, match="'torch.float32'"):
-        codec.dtype_from_name("torch.float32")
+        dtypes.dtype_from_name("torch.float32")
 
 
 @pytest.mark.parametrize("name", ALL_DTYPES)
 def test_roundtrip_every_dtype_bitwise(name):
-    dtype = codec.DTYPES[name]
+    dtype = dtypes.DTYPES[name]
     t = _random_tensor(dtype, (5, 7), seed=len(name))
     if t.numel() > 1 and t.element_size() > 1:
         assert len(set(_bits(t))) > 8  # really random-ish bytes, not zeros
@@ -115,7 +115,7 @@ def test_roundtrip_every_dtype_bitwise(name):
 
 @pytest.mark.parametrize("name", ALL_DTYPES)
 def test_roundtrip_0d_tensor(name):
-    dtype = codec.DTYPES[name]
+    dtype = dtypes.DTYPES[name]
     t = _random_tensor(dtype, (1,), seed=3).reshape(())
     _, header, (out,) = _roundtrip([("scalar", t)])
     assert out.shape == ()
@@ -126,7 +126,7 @@ def test_roundtrip_0d_tensor(name):
 
 @pytest.mark.parametrize("name", ["float32", "bfloat16", "complex128", "bool", "uint8"])
 def test_roundtrip_empty_tensor(name):
-    dtype = codec.DTYPES[name]
+    dtype = dtypes.DTYPES[name]
     empty = torch.empty((0, 3), dtype=dtype)
     after = _random_tensor(dtype, (4,), seed=9)
     _, header, (out, out_after) = _roundtrip([("empty", empty), ("after", after)])
@@ -137,7 +137,7 @@ def test_roundtrip_empty_tensor(name):
 
 @pytest.mark.parametrize("name", ["float64", "float16", "bfloat16", "complex64", "int32", "bool"])
 def test_roundtrip_non_contiguous(name):
-    base = _random_tensor(codec.DTYPES[name], (4, 6), seed=5)
+    base = _random_tensor(dtypes.DTYPES[name], (4, 6), seed=5)
     transposed = base.t()
     strided = base[:, ::2]
     assert not transposed.is_contiguous() and not strided.is_contiguous()
@@ -157,7 +157,7 @@ def test_many_tensors_of_mixed_dtypes_and_sizes():
     for i in range(120):
         name = ALL_DTYPES[i % len(ALL_DTYPES)]
         shape = tuple(rng.randrange(0, 5) for _ in range(rng.randrange(0, 4)))
-        tensors.append((f"layer{i}.weight", _random_tensor(codec.DTYPES[name], shape, seed=i)))
+        tensors.append((f"layer{i}.weight", _random_tensor(dtypes.DTYPES[name], shape, seed=i)))
     _data, header, outs = _roundtrip(tensors, pb.PushPullHeader(pull=["x"], end_of_step=True))
     assert [m.name for m in header.tensors] == [n for n, _ in tensors]
     assert len(outs) == len(tensors)
@@ -203,7 +203,7 @@ def test_encoded_bytes_parse_with_generated_class():
     # its tag + length prefix; the message starts at 0).
     payload_start = data.index(payload)
     for meta in parsed.tensors:
-        assert (payload_start + meta.offset) % codec.ALIGNMENT == 0, meta.name
+        assert (payload_start + meta.offset) % encoding.ALIGNMENT == 0, meta.name
 
 
 @pytest.mark.parametrize(
@@ -256,7 +256,7 @@ def test_decoded_tensors_are_aligned_views_into_the_message():
         ptr = out.data_ptr()
         assert base <= ptr and ptr + nbytes <= base + len(data), name
         assert data[ptr - base : ptr - base + nbytes] == _bits(t), name
-        assert ptr % codec.ALIGNMENT == 0, name
+        assert ptr % encoding.ALIGNMENT == 0, name
         assert _same(out, t)
 
 
@@ -277,7 +277,7 @@ def test_header_first_serialization_decodes():
         for (name, t), out in zip(tensors, outs):
             assert _same(out, t), (pad, name)
             # In place or copied, never a misaligned view.
-            assert out.data_ptr() % min(out.element_size(), codec.ALIGNMENT) == 0, (pad, name)
+            assert out.data_ptr() % min(out.element_size(), encoding.ALIGNMENT) == 0, (pad, name)
 
 
 def test_hand_made_message_with_unpadded_offsets():

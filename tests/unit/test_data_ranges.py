@@ -5,7 +5,11 @@ this process: the multiset of examples whose step was applied equals the
 epochs', with a worker that dies mid-range (its range goes to another from
 where it got to), one that joins late, synchronous rounds that drop late
 batches (trained again), and a checkpoint restored (what the restored model
-did not train on is handed out again)."""
+did not train on is handed out again).
+
+This file holds the unit tier's tests of the subject; `tests/service/test_data_ranges.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,11 @@
 The oracle: a full checkpoint followed by deltas restores, bit for bit, what
 a full checkpoint taken at the same instant holds — dense variables, fixed
 and dynamic tables, optimizer state, ages, counts and pushes — with rows
-made and evicted in between."""
+made and evicted in between.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_delta_checkpoints.py`
+holds the other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ following the live workers), then ps tasks in this process with workers in
 threads: a worker of a grown worker list joins, another leaves; the job
 goes on and ends when every member finished; and in sync training the
 result equals one process on the combined batches of each round's members.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_elastic.py` holds the
+other tiers'.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from psframe.errors import WireFormatError
-from psframe.wire import codec
+from psframe.wire import codec, dtypes, encoding
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.encoding import MessageEncoding
 from tests.unit.test_codec import ALL_DTYPES, _random_tensor
@@ -18,10 +18,10 @@ from tests.unit.test_codec import ALL_DTYPES, _random_tensor
 SHAPES = [(3, 5), (), (0, 4), (7,), (1, 1, 9)]
 
 
-def _named(dtypes: list[str], seed: int = 0) -> list[tuple[str, torch.Tensor]]:
+def _named(dtype_names: list[str], seed: int = 0) -> list[tuple[str, torch.Tensor]]:
     return [
-        (f"t{i}", _random_tensor(codec.DTYPES[name], SHAPES[i % len(SHAPES)], seed + i))
-        for i, name in enumerate(dtypes)
+        (f"t{i}", _random_tensor(dtypes.DTYPES[name], SHAPES[i % len(SHAPES)], seed + i))
+        for i, name in enumerate(dtype_names)
     ]
 
 
@@ -30,16 +30,16 @@ def _layout(header_type, named) -> MessageEncoding:
 
 
 @pytest.mark.parametrize(
-    "dtypes", [ALL_DTYPES, ["float32"] * 4, ["int8", "float64", "bfloat16", "bool", "float32"], []]
+    "dtype_names", [ALL_DTYPES, ["float32"] * 4, ["int8", "float64", "bfloat16", "bool", "float32"], []]
 )
-def test_a_layout_encodes_the_message_encode_makes(dtypes):
-    named = _named(dtypes)
+def test_a_layout_encodes_the_message_encode_makes(dtype_names):
+    named = _named(dtype_names)
     layout = _layout(pb.PushPullReplyHeader, named)
     buffers = layout.buffers([t for _, t in named])
     expected = codec.encode(pb.PushPullReplyHeader(global_step=41, dropped=True), named)
     data = layout.encode(pb.PushPullReplyHeader(global_step=41, dropped=True), buffers)
     # The same payload, byte for byte; the same header, its fields perhaps in another order.
-    payload = codec.parse(expected, pb.PushPullReplyHeader)
+    payload = encoding.parse(expected, pb.PushPullReplyHeader)
     assert (
         data[: payload.payload_start + payload.payload_length]
         == expected[: payload.payload_start + payload.payload_length]
@@ -47,12 +47,12 @@ def test_a_layout_encodes_the_message_encode_makes(dtypes):
     assert pb.PushPullResponse.FromString(data) == pb.PushPullResponse.FromString(expected)
 
 
-@pytest.mark.parametrize("dtypes", [ALL_DTYPES, ["float32", "bfloat16", "int64"]])
-def test_a_layout_reads_the_tensors_of_a_matching_message(dtypes):
-    named = _named(dtypes, seed=3)
+@pytest.mark.parametrize("dtype_names", [ALL_DTYPES, ["float32", "bfloat16", "int64"]])
+def test_a_layout_reads_the_tensors_of_a_matching_message(dtype_names):
+    named = _named(dtype_names, seed=3)
     header = pb.PushPullHeader(step=9, pull=["a"], end_of_step=True)
     data = codec.encode(header, named)
-    envelope = codec.parse(data, pb.PushPullHeader)
+    envelope = encoding.parse(data, pb.PushPullHeader)
     layout = _layout(pb.PushPullHeader, named)
     assert layout.matches(envelope.header)
     tensors = layout.tensors(envelope)
@@ -66,7 +66,7 @@ def test_a_layout_reads_the_tensors_of_a_matching_message(dtypes):
     # Views of the received bytes, not copies (for the tensors with bytes).
     for got in tensors:
         if got.numel():
-            base = codec.tensors_of(envelope)  # the general reader's views, same addresses
+            base = encoding.tensors_of(envelope)  # the general reader's views, same addresses
             assert any(got.data_ptr() == b.data_ptr() for b in base)
 
 
@@ -98,7 +98,7 @@ def test_a_message_of_other_tensors_does_not_match(change):
         header.tensors.add(name="w", dtype="float32", shape=[4, 3], offset=16, nbytes=48)
         header.tensors.add(name="b", dtype="float32", shape=[3], offset=64, nbytes=12)
     else:
-        header = codec.parse(codec.encode(pb.PushPullHeader(), other), pb.PushPullHeader).header
+        header = encoding.parse(codec.encode(pb.PushPullHeader(), other), pb.PushPullHeader).header
     assert not layout.matches(header)
 
 
@@ -106,7 +106,7 @@ def test_a_payload_shorter_than_its_layout_is_refused():
     named = [("w", torch.ones(8))]
     layout = _layout(pb.PushPullHeader, named)
     data = codec.encode(pb.PushPullHeader(), named)
-    envelope = codec.parse(data, pb.PushPullHeader)
+    envelope = encoding.parse(data, pb.PushPullHeader)
     short = envelope._replace(payload_length=envelope.payload_length - 4)
     with pytest.raises(WireFormatError, match="payload of"):
         layout.tensors(short)
@@ -117,7 +117,7 @@ def test_a_misaligned_buffer_is_copied_not_viewed():
     data = codec.encode(pb.PushPullHeader(), named)
     layout = _layout(pb.PushPullHeader, named)
     shifted = bytearray(1) + bytearray(data)  # the same message one byte further on
-    envelope = codec.parse(memoryview(shifted)[1:], pb.PushPullHeader)
+    envelope = encoding.parse(memoryview(shifted)[1:], pb.PushPullHeader)
     (tensor,) = layout.tensors(envelope)
     assert torch.equal(tensor, named[0][1])
     assert tensor.data_ptr() % 8 == 0

@@ -5,6 +5,9 @@ message: a unary call that ends with it (status code + trailing metadata),
 and a PushPull reply that refuses its request (the reply header). A name
 psframe does not know comes back as a RemoteError naming it. In-process
 servers on ports the OS picks, loopback only.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_error_codec.py` holds the
+other tiers'.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from psframe import errors
 from psframe.cluster import ClusterSpec
 from psframe.errors import PsframeError
 from psframe.ps.service import ParameterServerService
-from psframe.wire import codec, transport
+from psframe.wire import encoding, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.transport import error_codec
 from psframe.worker.client.streams import PushPullStreams
@@ -120,8 +123,11 @@ class _Served:
 
     def __init__(self) -> None:
         service = ParameterServerService(ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}), 0)
-        service._handle_push_pull = self._raise_named  # type: ignore[method-assign]
-        handlers = {"GetInfo": lambda request: self._raise(request.caller.job_name), "PushPull": service.push_pull}
+        service.push_pulls.answer = self._raise_named  # type: ignore[method-assign]
+        handlers = {
+            "GetInfo": lambda request: self._raise(request.caller.job_name),
+            "PushPull": service.push_pulls.stream,
+        }
         self.server = transport.RpcServer(handlers, name="/job:ps/task:0", max_threads=4)
         self.port = self.server.bind("127.0.0.1:0")
         self.server.start()
@@ -135,7 +141,7 @@ class _Served:
         raise cls(_message(cls))
 
     def _raise_named(self, data: bytes, plans=None) -> bytes:
-        self._raise(codec.parse(data, pb.PushPullHeader).header.tensors[0].name)
+        self._raise(encoding.parse(data, pb.PushPullHeader).header.tensors[0].name)
         raise AssertionError("unreachable")
 
     def close(self) -> None:

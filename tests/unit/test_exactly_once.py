@@ -8,6 +8,9 @@ between them that swallows the replies of a step and then drops the
 connection: the worker reconnects, sends the step again, and the oracle is
 exact (SGD with a known gradient) with the ps's count of applied steps equal
 to the worker's acknowledged steps.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_exactly_once.py`,
+`tests/cluster/test_exactly_once.py` hold the other tiers'.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from psframe.cluster import ClusterSpec
 from psframe.errors import SharedRegionError
 from psframe.ps.protocol.ledger import PushLedger
 from psframe.ps.service import ParameterServerService
-from psframe.ps.service.fast_path import StreamCache
-from psframe.wire import codec
+from psframe.ps.service.push_pull_handler import StreamCache
+from psframe.wire import codec, encoding
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker.client.streams import PushNumbers
 from psframe.worker.hooks import Hook
@@ -40,7 +43,7 @@ def _push(step: int, push_id: int, value: float, *, worker: int = 0, end_of_step
 
 
 def _answer(service: ParameterServerService, data: bytes, plans: StreamCache | None = None):
-    return codec.decode(service.answer_push_pull(data, plans), pb.PushPullReplyHeader)
+    return codec.decode(service.push_pulls.reply(data, plans), pb.PushPullReplyHeader)
 
 
 def _async_service() -> ParameterServerService:
@@ -107,7 +110,7 @@ def test_pushes_after_one_refused_for_its_region_wait_for_it():
     plans = StreamCache()
     region = pb.SameHostRegion(path="/dev/shm/psframe-missing-region", key=b"k", size=64, in_region=True)
     caller = pb.Caller(job_name="worker", task_index=0, cluster_fingerprint=CLUSTER.fingerprint)
-    refused = codec.parse(
+    refused = encoding.parse(
         codec.encode(pb.PushPullHeader(caller=caller, push_id=5, same_host=region), []), pb.PushPullHeader
     )
     with pytest.raises(SharedRegionError):

@@ -3,6 +3,9 @@
 The oracle of a snapshot is :func:`psframe.checkpoint.load` of the same
 checkpoint; the oracle of an update chain is the export of the checkpoint it
 ends at. Bit for bit in both cases.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_export.py`,
+`tests/cluster/test_export.py` hold the other tiers'.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ps task's fast path (psframe.ps.service.fast_path), against its general path. No network.
+"""The ps task's fast path (psframe.ps.service.push_pull_handler), against its general path. No network.
 
 Oracle: two services fed the same requests, one with a stream's cached requests and one
 without, give the same replies and end with the same variables, bit for bit;
@@ -14,8 +14,8 @@ import torch
 import psframe
 from psframe.cluster import ClusterSpec
 from psframe.ps.service import ParameterServerService
-from psframe.ps.service.fast_path import StreamCache
-from psframe.wire import codec
+from psframe.ps.service.push_pull_handler import StreamCache
+from psframe.wire import codec, dtypes, encoding
 from psframe.wire import psframe_pb2 as pb
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]})
@@ -51,12 +51,12 @@ def _request(
     header = pb.PushPullHeader(caller=caller, step=step, pull=pull, end_of_step=end_of_step, wire_dtype=wire_dtype)
     grads = [(name, torch.full_like(VALUES[name], scale * (step + 1) + 0.25 * i)) for i, name in enumerate(push)]
     if wire_dtype:
-        grads = [(name, g.to(codec.WIRE_DTYPES[wire_dtype]) if g.dtype == torch.float32 else g) for name, g in grads]
+        grads = [(name, g.to(dtypes.WIRE_DTYPES[wire_dtype]) if g.dtype == torch.float32 else g) for name, g in grads]
     return codec.encode(header, grads)
 
 
 def _replies(requests: list[bytes], service: ParameterServerService, plans: StreamCache | None):
-    return [codec.decode(service.answer_push_pull(r, plans), pb.PushPullReplyHeader) for r in requests]
+    return [codec.decode(service.push_pulls.reply(r, plans), pb.PushPullReplyHeader) for r in requests]
 
 
 def _same(replies_a, replies_b) -> None:
@@ -116,15 +116,15 @@ def test_a_bad_request_after_a_plan_is_refused_and_changes_nothing():
     service = _service()
     plans = StreamCache()
     good = _request(0, ["w", "b"], ["w", "b"])
-    service.answer_push_pull(good, plans)
-    service.answer_push_pull(good, plans)
+    service.push_pulls.reply(good, plans)
+    service.push_pulls.reply(good, plans)
     before = {k: v.clone() for k, v in _variables(service).items()}
     step = service.store.global_step
     header = pb.PushPullHeader(
         caller=pb.Caller(job_name="worker", task_index=0, cluster_fingerprint=CLUSTER.fingerprint), pull=["w", "b"]
     )
     bad = codec.encode(header, [("w", torch.ones(3, 4)), ("b", torch.ones(3))])  # w's shape is wrong
-    reply, _ = codec.decode(service.answer_push_pull(bad, plans), pb.PushPullReplyHeader)
+    reply, _ = codec.decode(service.push_pulls.reply(bad, plans), pb.PushPullReplyHeader)
     assert reply.error_class == "ShapeMismatchError"
     after = _variables(service)
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -135,12 +135,12 @@ def test_a_plan_of_variables_made_anew_is_dropped_not_used():
     service = _service(psframe.optim.SGD(lr=1.0))
     plans = StreamCache()
     request = _request(0, ["w"], ["w"])
-    service.answer_push_pull(request, plans)
+    service.push_pulls.reply(request, plans)
     (plan,) = plans._requests
     # The store's variables made anew (as when a checkpoint is restored): new tensors.
     _, values, states = service.store.snapshot()
     service.store.attach_shared({k: v.clone().fill_(5.0) for k, v in values.items()}, states, psframe.optim.SGD(lr=1.0))
-    reply, (w,) = codec.decode(service.answer_push_pull(request, plans), pb.PushPullReplyHeader)
+    reply, (w,) = codec.decode(service.push_pulls.reply(request, plans), pb.PushPullReplyHeader)
     assert not reply.error_class
     assert torch.equal(w, torch.full((4, 3), 5.0) - 1.0)  # the new variable, updated once
     assert plan not in plans._requests and len(plans._requests) == 1
@@ -151,8 +151,8 @@ def test_stream_plans_are_tried_from_the_one_after_the_last_used():
     plans = StreamCache()
     kinds = [_request(0, [name], [name]) for name in ("w", "b", "n")]
     for data in kinds:
-        service.answer_push_pull(data, plans)
-    headers = [codec.parse(data, pb.PushPullHeader).header for data in kinds]
+        service.push_pulls.reply(data, plans)
+    headers = [encoding.parse(data, pb.PushPullHeader).header for data in kinds]
     for header, plan in zip(headers * 2, plans._requests * 2):
         assert plans.find(header) is plan
         assert plans._next == (plans._requests.index(plan) + 1) % 3

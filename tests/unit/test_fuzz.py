@@ -14,7 +14,11 @@ Plus: a property-based test of the codec's decoder on arbitrary bytes and
 envelopes (hypothesis; seeded and bounded), the per-host cap on calls in
 flight, the message size cap, and what a ps task does with NaN/Inf
 gradients (it applies them as torch.optim would; workers guard their loss
-with NanGuardHook). Loopback only, OS-picked ports, bounded in count."""
+with NanGuardHook). Loopback only, OS-picked ports, bounded in count.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_fuzz.py` holds the other
+tiers'.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from psframe.errors import WireFormatError
-from psframe.wire import codec
+from psframe.wire import dtypes
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.transport import limits
 from tests.service.test_fuzz import PROPERTY, check_decoded, meta_envelope, metas
@@ -50,12 +54,12 @@ def test_decode_of_arbitrary_envelopes_refuses_or_is_consistent(tensors, payload
 
 
 def test_check_shape_names_what_was_expected():
-    assert codec.check_shape("t", (0, 2**31)) == 0
-    assert codec.check_shape("t", (2, 3)) == 6
+    assert dtypes.check_shape("t", (0, 2**31)) == 0
+    assert dtypes.check_shape("t", (2, 3)) == 6
     for shape, expected in [
         ((1,) * 65, "at most 64"),
         ((-1, 2), "dimensions >= 0"),
         ((0, 2**31 + 1), "more than 2147483648 elements"),
     ]:
         with pytest.raises(WireFormatError, match=expected):
-            codec.check_shape("t", shape)
+            dtypes.check_shape("t", shape)

@@ -3,7 +3,11 @@
 Everything runs in-process against real ps servers on free loopback ports
 (``local_cluster``), or, where the hooks alone are the subject, against ps
 services reached without gRPC (``in_process_cluster``, the unit tier); every
-wait has a deadline (connect/rpc timeouts below)."""
+wait has a deadline (connect/rpc timeouts below).
+
+This file holds the unit tier's tests of the subject; `tests/service/test_hooks.py` holds the other
+tiers'.
+"""
 
 from __future__ import annotations
 

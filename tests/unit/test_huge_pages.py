@@ -4,6 +4,9 @@ What the advice leaves is read from ``/proc/self/smaps``: the mapping that
 holds a tensor says ``THPeligible: 1`` once it is advised (in the kernel's
 ``madvise`` mode, a mapping is eligible only then). Whether the kernel then
 found free huge pages is its business, so no test counts them.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_huge_pages.py`,
+`tests/cluster/test_huge_pages.py` hold the other tiers'.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Kubernetes: the TF_CONFIG operators set, the manifests in examples/k8s/, and python -m psframe.k8s."""
+"""Kubernetes: the TF_CONFIG operators set, the manifests in examples/k8s/, and python -m psframe.k8s.
+
+This file holds the unit tier's tests of the subject; `tests/cluster/test_k8s.py` holds the other
+tiers'.
+"""
 
 from __future__ import annotations
 

@@ -9,6 +9,9 @@ line, with or without ``flags.run``; ``flags.run`` gives a stopped task's code, 
 Unit tests of the parts, then real processes (tests/support/cluster_job.py, which does not use
 ``flags.run``) on loopback ports the OS picks, every wait bounded and every process killed by PID
 at the end.
+
+This file holds the unit tier's tests of the subject; `tests/cluster/test_leaving.py` holds the
+other tiers'.
 """
 
 from __future__ import annotations

@@ -3,7 +3,11 @@
 In-process gRPC on ports the OS picked: ``psframe.Server`` given port 0,
 ``psframe.local_cluster`` (a Trainer against it matches local torch exactly,
 and its servers are stopped on leaving ``with`` and at interpreter exit), and
-the ``security=`` argument of ``Server`` and ``Trainer``."""
+the ``security=`` argument of ``Server`` and ``Trainer``.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_local_cluster.py`,
+`tests/cluster/test_local_cluster.py` hold the other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Unit tests for psframe.optim: optimizer specs by name and keyword arguments, checked up front."""
+"""Unit tests for psframe.optim: optimizer specs by name and keyword arguments, checked up front.
+
+This file holds the unit tier's tests of the subject; `tests/cluster/test_optim.py` holds the other
+tiers'.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 
 Users copy the examples, so whatever they import becomes API: they may use
 the names of ``psframe`` and the public modules below, nothing under them.
+
+This file holds the unit tier's tests of the subject; `tests/cluster/test_public_surface.py` holds
+the other tiers'.
 """
 
 from __future__ import annotations

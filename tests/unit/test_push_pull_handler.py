@@ -18,9 +18,8 @@ from psframe.ps.protocol.ledger import PushLedger
 from psframe.ps.protocol.ledger_cut import LedgerCut
 from psframe.ps.protocol.roster import WorkerRoster
 from psframe.ps.protocol.staleness import StalenessGate
-from psframe.ps.service.fast_path import StreamCache
 from psframe.ps.service.place import TaskPlace
-from psframe.ps.service.push_pull_handler import PushPullHandler
+from psframe.ps.service.push_pull_handler import PushPullHandler, StreamCache
 from psframe.ps.service.served_model import ServedModel
 from psframe.ps.store import VariableStore
 from psframe.wire import codec

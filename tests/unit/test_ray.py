@@ -1,4 +1,8 @@
-"""psframe.ray: a psframe cluster as Ray actors, on a local Ray instance bound to loopback."""
+"""psframe.ray: a psframe cluster as Ray actors, on a local Ray instance bound to loopback.
+
+This file holds the unit tier's tests of the subject; `tests/engines/test_ray.py` holds the other
+tiers'.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """Recovery from lost tasks: a ps task's shard saved and restored (in process), then
-real SIGKILLs at a random step and restarts with the same command (cluster)."""
+real SIGKILLs at a random step and restarts with the same command (cluster).
+
+This file holds the unit tier's tests of the subject; `tests/cluster/test_recovery.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

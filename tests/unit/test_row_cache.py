@@ -2,6 +2,9 @@
 
 With ``max_lag=0`` training is exactly as without a cache (a row that did
 not change is not sent again); with a larger ``max_lag``, hot rows travel less.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_row_cache.py` holds the
+other tiers'.
 """
 
 from __future__ import annotations

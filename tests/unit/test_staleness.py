@@ -4,6 +4,9 @@ Unit tests of the ps task's gate (:mod:`psframe.ps.protocol.staleness`), then wo
 tasks served in this process (``in_process_cluster``), one of them slowed on purpose: the steps ahead every push found
 (counted by the ps task, and by each worker) never exceed the bound, and without
 a bound the fast worker does run ahead (the same test would fail).
+
+This file holds the unit tier's tests of the subject; `tests/service/test_staleness.py` holds the
+other tiers'.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""A task's TaskInfo reads as a plain TaskStatus: names and Python values, no wire messages."""
+"""A task's TaskInfo reads as a plain TaskStatus: names and Python values, no wire messages.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_status.py` holds the other
+tiers'.
+"""
 
 from __future__ import annotations
 

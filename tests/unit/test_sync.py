@@ -1,4 +1,8 @@
-"""Synchronous training (SyncReplicas) end to end: exact oracles and no hangs."""
+"""Synchronous training (SyncReplicas) end to end: exact oracles and no hangs.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_sync.py`,
+`tests/cluster/test_sync.py` hold the other tiers'.
+"""
 
 from __future__ import annotations
 

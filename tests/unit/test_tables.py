@@ -1,5 +1,9 @@
 """Embedding tables through the ps tasks: only the rows a batch uses travel, and the
-result is one process's, optimizer by optimizer."""
+result is one process's, optimizer by optimizer.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_tables.py` holds the other
+tiers'.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""The trainer against real in-process ps servers on free loopback ports."""
+"""The trainer against real in-process ps servers on free loopback ports.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_trainer.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,11 @@
 
 The method table is the .proto's service; every method has a handler on a ps
 task; errors cross it both ways keeping their class; every call has a
-deadline. In-process servers on ports the OS picks, loopback only."""
+deadline. In-process servers on ports the OS picks, loopback only.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_transport.py` holds the
+other tiers'.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,9 @@
 The oracle: with ``wire_dtype="bfloat16"`` the ps applies exactly the
 bfloat16-rounded gradient, widened, to its float32 variables; the worker
 receives exactly the bfloat16-rounded variables; nothing else changes.
+
+This file holds the unit tier's tests of the subject; `tests/service/test_wire_dtype.py` holds the
+other tiers'.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import torch
 import psframe
 from psframe.errors import DtypeMismatchError, WireFormatError
 from psframe.ps.store import VariableStore
-from psframe.wire import codec, transport
+from psframe.wire import codec, dtypes, transport
 from psframe.wire import psframe_pb2 as pb
 from tests.service.test_store_contract import GrpcBackend
 from tests.service.test_trainer import make_model
@@ -24,23 +27,23 @@ LR = 0.5
 
 
 def test_wire_dtype_names():
-    assert codec.wire_dtype_from_name("") is None
-    assert codec.wire_dtype_from_name("bfloat16") is torch.bfloat16
-    assert codec.wire_dtype_from_name("float16") is torch.float16
+    assert dtypes.wire_dtype_from_name("") is None
+    assert dtypes.wire_dtype_from_name("bfloat16") is torch.bfloat16
+    assert dtypes.wire_dtype_from_name("float16") is torch.float16
     for bad in ("float32", "int8", "bf16"):
         with pytest.raises(WireFormatError, match=r"expected one of \['bfloat16', 'float16'\]"):
-            codec.wire_dtype_from_name(bad)
+            dtypes.wire_dtype_from_name(bad)
 
 
 def test_to_wire_narrows_only_wider_floating_point():
     x = torch.tensor([1.0 + 2**-10, -3.0, 1e30])
-    assert torch.equal(codec.to_wire(x, torch.bfloat16), x.bfloat16())
-    assert codec.to_wire(x, None) is x
+    assert torch.equal(dtypes.to_wire(x, torch.bfloat16), x.bfloat16())
+    assert dtypes.to_wire(x, None) is x
     ints = torch.arange(5)
-    assert codec.to_wire(ints, torch.bfloat16) is ints
+    assert dtypes.to_wire(ints, torch.bfloat16) is ints
     half = torch.ones(3, dtype=torch.float16)
-    assert codec.to_wire(half, torch.bfloat16) is half  # no wider than the wire dtype: as is
-    assert codec.to_wire(x.double(), torch.float16).dtype == torch.float16
+    assert dtypes.to_wire(half, torch.bfloat16) is half  # no wider than the wire dtype: as is
+    assert dtypes.to_wire(x.double(), torch.float16).dtype == torch.float16
 
 
 def test_store_widens_compressed_gradients_and_leaves_the_rest_for_its_checks():

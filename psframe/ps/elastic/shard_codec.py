@@ -26,7 +26,7 @@ import torch
 from psframe.checkpoint.shard import ShardData
 from psframe.errors import WireFormatError
 from psframe.ps.elastic import precopy
-from psframe.wire import codec
+from psframe.wire import codec, encoding
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire import same_host as same_host_memory
 from psframe.wire.same_host import SameHostRegion
@@ -159,7 +159,7 @@ def received(reply: bytes, whole: Collection[tuple[str, int, tuple]] | None = No
         SharedRegionError: it names a file this process cannot map as such (another host's).
         WireFormatError, CheckpointError: as :func:`decode_shard`.
     """
-    header = codec.parse(reply, pb.FetchPartsReplyHeader).header
+    header = encoding.parse(reply, pb.FetchPartsReplyHeader).header
     if not header.HasField("shared"):
         return decode_shard(reply, whole)
     region = SameHostRegion.attach(header.shared)

@@ -35,7 +35,7 @@ part holds the same steps of every worker.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy
 
@@ -75,14 +75,33 @@ class PushLedger:
         """Whether push ``push_id`` of ``worker`` was applied already (hold the store's lock)."""
         return push_id != 0 and push_id <= self._last_push[worker]
 
-    def record(self, worker: int, push_id: int, ends_step: bool) -> None:
+    def record(self, worker: int, push_id: int, ends_step: bool, live: Sequence[int] = ()) -> int:
         """A push was applied (hold the store's lock since :meth:`is_duplicate`);
-        ``ends_step``: it was the worker's last push of a step to this task."""
+        ``ends_step``: it was the worker's last push of a step to this task.
+
+        Returns:
+            For a push that ends a step, how many steps ahead of the slowest of the
+            ``live`` workers it found its worker (:meth:`steps_ahead`, before this
+            step counts); else 0.
+        """
+        ahead = 0
         if push_id > self._last_push[worker]:
             self._last_push[worker] = push_id
         if ends_step:
+            ahead = self.steps_ahead(worker, live)
             self._applied_steps[worker] += 1
         self._in_step[worker] = not ends_step
+        return ahead
+
+    def steps_ahead(self, worker: int, live: Sequence[int]) -> int:
+        """How many steps ``worker`` has applied here beyond the slowest other of the ``live`` workers
+        (0, also when every other is ahead: :mod:`psframe.ps.protocol.staleness`)."""
+        steps = self._applied_steps.tolist()  # one read of them all, as Python ints
+        slowest = mine = steps[worker]
+        for other in live:  # a plain loop: this runs on every step-ending push
+            if steps[other] < slowest:
+                slowest = steps[other]
+        return mine - slowest
 
     # ---- the hold of a checkpoint's cut (call under the store's lock)
 
@@ -123,10 +142,6 @@ class PushLedger:
 
     def applied_steps(self, worker: int) -> int:
         return int(self._applied_steps[worker])
-
-    def every_applied_steps(self) -> list[int]:
-        """:meth:`applied_steps` of every worker, by worker (one read of them all)."""
-        return self._applied_steps.tolist()
 
     def state_dict(self) -> dict[str, list[int]]:
         """What a checkpoint keeps: both counts, by worker."""

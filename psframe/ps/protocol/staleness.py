@@ -11,10 +11,13 @@ its pushes is applied it is at most ``s`` steps ahead on every ps task.
 
 *Steps ahead* is counted at each push that ends a worker's step, bound or
 not: the worker's steps applied here before it, less the slowest other live
-worker's. The counts make the histogram of ``psframe status``
-(``TaskInfo.steps_ahead_counts``), and the reply tells the worker its own.
-Counting takes no lock of its own (a feature that is off costs a step
-nothing): it reads the roster's snapshot of the live workers
+worker's (:meth:`PushLedger.steps_ahead`; the data plane has the ledger count
+it as it records the step, and adds it to :attr:`StalenessGate.counts`, so
+that a step passes here only where a reply waits for a bound). The counts
+make the histogram of ``psframe status`` (``TaskInfo.steps_ahead_counts``),
+and the reply tells the worker its own. Counting takes no lock of its own (a
+feature that is off costs a step nothing): it reads the roster's snapshot of
+the live workers
 (:meth:`~psframe.ps.protocol.roster.WorkerRoster.live_snapshot`), so a silent
 worker another serving process has just heard from again may be left out of
 a count for a few milliseconds. Only a wait decides anything, and it asks
@@ -67,21 +70,23 @@ class StalenessGate:
         self._task_name = task_name
         self._clock = clock
         self._changed = threading.Condition()
-        self._waiting = 0  # replies held to a bound now: without any, a step wakes no one
+        self.waiting = 0
+        """Replies held to a bound now: without any, a step wakes no one (read without a lock)."""
         self.counts = [0] * HISTOGRAM_BUCKETS
         """How many step-ending pushes found their worker 0, 1, ... steps ahead (the last: that many or more)."""
 
     def count(self, worker: int) -> int:
         """Count one step-ending push of ``worker``, before the ledger records it (under the
         store's lock): how many steps ahead of the slowest other live worker it is (live as of
-        the roster's snapshot, see the module's docstring)."""
-        ahead = self._ahead(worker, self._roster.live_snapshot())
+        the roster's snapshot, see the module's docstring). The data plane counts the same as
+        the ledger records the step (:meth:`PushLedger.record`), into :attr:`counts`."""
+        ahead = self._ledger.steps_ahead(worker, self._roster.live_snapshot())
         self.counts[min(ahead, HISTOGRAM_BUCKETS - 1)] += 1
         return ahead
 
     def stepped(self) -> None:
         """A worker's step was recorded: waits look again (no lock taken while none waits)."""
-        if self._waiting:
+        if self.waiting:
             with self._changed:
                 self._changed.notify_all()
 
@@ -95,9 +100,9 @@ class StalenessGate:
         started = self._clock()
         deadline = started + timeout
         with self._changed:
-            self._waiting += 1  # before the first look: a step recorded after it wakes this wait
+            self.waiting += 1  # before the first look: a step recorded after it wakes this wait
         try:
-            while self._ahead(worker, self._roster.live()) > bound:
+            while self._ledger.steps_ahead(worker, self._roster.live()) > bound:
                 now = self._clock()
                 remaining = deadline - now
                 if remaining <= 0:
@@ -106,15 +111,7 @@ class StalenessGate:
                     self._changed.wait(min(remaining, _POLL_SECONDS))
         finally:
             with self._changed:
-                self._waiting -= 1
-
-    def _ahead(self, worker: int, live: tuple[int, ...] | list[int]) -> int:
-        steps = self._ledger.every_applied_steps()
-        slowest = mine = steps[worker]  # ahead of nobody: 0, also when every other is ahead
-        for other in live:  # a plain loop: this runs on every step-ending push
-            if steps[other] < slowest:
-                slowest = steps[other]
-        return mine - slowest
+                self.waiting -= 1
 
     def _timeout_error(self, worker: int, bound: int, waited: float) -> BarrierTimeoutError:
         mine = self._ledger.applied_steps(worker)

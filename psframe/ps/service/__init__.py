@@ -3,17 +3,18 @@
 Handlers take a request and return a reply; :mod:`psframe.wire.transport`
 serves them, and turns the psframe errors they raise into status codes (a
 PushPull stream's refused request gets the error in its reply instead, and
-the stream goes on). Tensor-carrying methods (Init, PushPull, FetchParts, CopyPartsLive)
+the stream goes on: the data plane's :meth:`PushPullHandler.stream` is the
+PushPull method). Tensor-carrying methods (Init, PushPull, FetchParts, CopyPartsLive)
 take and return raw bytes and use :mod:`psframe.wire.codec`, so tensors are
 read in place from the request and written once into the reply; the small
 methods use the generated classes.
 
 Each handler is a component of this package, behind a narrow interface:
 
-- :mod:`~psframe.ps.service.push_pull_handler`: the data plane (PushPull), with
-  :mod:`~psframe.ps.service.push_pull_request` and
-  :mod:`~psframe.ps.service.fast_path` (a request read, and worked out once per
-  stream) and :mod:`~psframe.ps.service.round_replies` (a synchronous round's replies);
+- :mod:`~psframe.ps.service.push_pull_handler`: the data plane (PushPull) and its
+  fast path (a stream's requests worked out once), with
+  :mod:`~psframe.ps.service.push_pull_request` (a request read) and
+  :mod:`~psframe.ps.service.sync_pushes` (the synchronous path: rounds and their replies);
 - :mod:`~psframe.ps.service.membership`: the callers admitted, the workers'
   comings and goings (GetInfo, Finish), the end of training;
 - :mod:`~psframe.ps.service.model_init`: Init and TakeParts, with
@@ -36,14 +37,13 @@ connections to the other ps tasks);
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy
 
 from psframe.cluster import ClusterSpec
 from psframe.config.liveness import Liveness
 from psframe.config.security import Security
-from psframe.errors import PsframeError, SharedRegionError
 from psframe.memory import HugePageMemory, malloc
 from psframe.ps import recovery
 from psframe.ps.elastic.relayout import Relayout
@@ -55,7 +55,6 @@ from psframe.ps.protocol.staleness import StalenessGate
 from psframe.ps.protocol.sync import SyncAggregator
 from psframe.ps.service.cut_handler import CutHandler
 from psframe.ps.service.data_range_handler import DataRangeHandler
-from psframe.ps.service.fast_path import StreamCache
 from psframe.ps.service.membership import Membership
 from psframe.ps.service.metric_report import MetricReportHandler
 from psframe.ps.service.model_init import ModelInit
@@ -66,9 +65,7 @@ from psframe.ps.service.served_model import ServedModel
 from psframe.ps.service.status_report import task_info
 from psframe.ps.service.task_service import TaskService
 from psframe.ps.store import VariableStore
-from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
-from psframe.wire.transport.error_codec import encode_error
 
 
 class ParameterServerService(TaskService):
@@ -182,7 +179,8 @@ class ParameterServerService(TaskService):
         )
         self._data_ranges = DataRangeHandler(self._membership, self.roster, self.data, self._model)
         self._metrics = MetricReportHandler(self._membership, self.store, self.task_name)
-        self._push_pulls = PushPullHandler(
+        # The data plane: its stream method answers PushPull.
+        self.push_pulls = PushPullHandler(
             self.store,
             self.ledger,
             cut,
@@ -197,8 +195,6 @@ class ParameterServerService(TaskService):
             task_name=self.task_name,
             keeps_data=keeps_data,
         )
-        # What answer_push_pull calls: the data plane's answer (a test may put a stand-in here).
-        self._handle_push_pull: Callable[[bytes, StreamCache | None], bytes] = self._push_pulls.answer
         if checkpoint_dir:
             restored = recovery.restore_own_shard(checkpoint_dir, task_index, cluster.num_ps)
             if restored is not None:
@@ -216,7 +212,7 @@ class ParameterServerService(TaskService):
             **super().handlers(),
             "Init": self._model_init.init,
             "TakeParts": self._model_init.take_parts,
-            "PushPull": self.push_pull,
+            "PushPull": self.push_pulls.stream,
             "Finish": self._membership.finish,
             "HoldCut": self._cuts.hold_cut,
             "SaveShard": self.save_shard,
@@ -231,30 +227,6 @@ class ParameterServerService(TaskService):
             "CopyPartsLive": self._relayout_participant.copy_parts_live,
             "ReportMetric": self._metrics.report_metric,
         }
-
-    def push_pull(self, requests: Iterator[bytes]) -> Iterator[bytes]:
-        """PushPull on a long-lived stream: requests are answered in order, and
-        a refused one gets the error's name in its reply; the stream goes on."""
-        cache = StreamCache()
-        for data in requests:
-            yield self.answer_push_pull(data, cache)
-
-    def answer_push_pull(self, data: bytes, cache: StreamCache | None = None) -> bytes:
-        """The reply to one PushPull request (:meth:`PushPullHandler.answer`): a refused one names
-        the error, and the stream goes on.
-
-        A request whose shared region cannot be used is answered with the
-        reason in ``region_unusable``: nothing was applied, and the worker
-        sends it again with its tensors in the message. Anything else (a bug)
-        ends the stream, with the status the transport gives it.
-        """
-        try:
-            return self._handle_push_pull(data, cache)
-        except SharedRegionError as e:
-            return codec.encode(pb.PushPullReplyHeader(region_unusable=str(e)), ())
-        except PsframeError as e:
-            name, message = encode_error(e)
-            return codec.encode(pb.PushPullReplyHeader(error_class=name, error_message=message), ())
 
     def get_info(self, request: pb.InfoRequest) -> pb.TaskInfo:
         self._membership.heard(request)

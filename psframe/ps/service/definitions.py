@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from psframe.ps.store.table_parts import DynamicPart
-from psframe.wire import codec, messages
+from psframe.wire import dtypes, messages
 from psframe.wire import psframe_pb2 as pb
 
 
 def dynamic_parts(defs: Sequence[pb.VariableDef]) -> dict[str, DynamicPart]:
     """The dynamic table parts among variable definitions, by name."""
     return {
-        d.name: DynamicPart(messages.dynamic_spec(d.dynamic), tuple(d.shape[1:]), codec.dtype_from_name(d.dtype))
+        d.name: DynamicPart(messages.dynamic_spec(d.dynamic), tuple(d.shape[1:]), dtypes.dtype_from_name(d.dtype))
         for d in defs
         if d.HasField("dynamic")
     }

@@ -15,7 +15,7 @@ import torch
 
 from psframe.errors import RowIdError, WireFormatError
 from psframe.ps.store import VariableStore
-from psframe.wire import codec, messages, row_tensors
+from psframe.wire import dtypes, messages, row_tensors
 from psframe.wire import psframe_pb2 as pb
 
 
@@ -60,9 +60,9 @@ class PendingModel:
             or (ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < shape[0])
         ):
             raise RowIdError(f"initial rows of table {name!r} on {self.owner} must have int64 ids in 0..{shape[0] - 1}")
-        if codec.dtype_name(value.dtype) != definition.dtype or tuple(value.shape) != (ids.shape[0], *shape[1:]):
+        if dtypes.dtype_name(value.dtype) != definition.dtype or tuple(value.shape) != (ids.shape[0], *shape[1:]):
             raise WireFormatError(
-                f"initial rows of table {name!r} are {codec.dtype_name(value.dtype)}"
+                f"initial rows of table {name!r} are {dtypes.dtype_name(value.dtype)}"
                 f"{tuple(value.shape)}, expected {definition.dtype}{(ids.shape[0], *shape[1:])}"
             )
         part = self._values.get(name)

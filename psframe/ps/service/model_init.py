@@ -42,7 +42,7 @@ from psframe.ps.service.relayout_participant import RelayoutParticipant
 from psframe.ps.service.served_model import ServedModel
 from psframe.ps.store import VariableStore
 from psframe.ps.store.table_parts import DynamicPart
-from psframe.wire import codec, messages
+from psframe.wire import codec, dtypes, messages
 from psframe.wire import psframe_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ class ModelInit:
 
 def _values_like(defs: list[pb.VariableDef]) -> dict[str, torch.Tensor]:
     """Tensors of the definitions' shapes and dtypes, holding nothing (to check a model against)."""
-    return {d.name: torch.empty(tuple(d.shape), dtype=codec.dtype_from_name(d.dtype), device="meta") for d in defs}
+    return {d.name: torch.empty(tuple(d.shape), dtype=dtypes.dtype_from_name(d.dtype), device="meta") for d in defs}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 A worker's operations (:mod:`psframe.worker.client.operations`) share one stream
 message; :meth:`PushPullRequest.decode` turns its header and tensors back
-into what the ps task acts on, so that the service's dispatcher
-(:meth:`psframe.ps.service.ParameterServerService.answer_push_pull`) reads
-named fields, not a header's raw lists.
+into what the ps task acts on, so that the data plane
+(:meth:`psframe.ps.service.push_pull_handler.PushPullHandler.answer`) reads
+named fields, not a header's raw lists; :func:`outgoing` is what it pulls, as
+the reply carries it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from psframe.ps.protocol.data_ranges import Progress
 from psframe.tables.rows import RowPush
-from psframe.wire import codec, row_tensors
+from psframe.wire import dtypes, row_tensors
 from psframe.wire import psframe_pb2 as pb
 
 
@@ -60,10 +61,17 @@ class PushPullRequest:
             rows=rows,
             row_pulls=row_pulls,
             pull=list(header.pull),
-            wire_dtype=codec.wire_dtype_from_name(header.wire_dtype),
+            wire_dtype=dtypes.wire_dtype_from_name(header.wire_dtype),
             row_max_lag=header.row_max_lag,
             progress=Progress(header.progress.name, header.progress.lease, header.progress.offset)
             if header.HasField("progress")
             else None,
             rows_async=header.rows_async,
         )
+
+
+def outgoing(
+    names: Sequence[str], values: Sequence[torch.Tensor], wire_dtype: torch.dtype | None
+) -> list[tuple[str, torch.Tensor]]:
+    """The pulled variables as they travel: compressed when the worker asked."""
+    return [(name, dtypes.to_wire(value, wire_dtype)) for name, value in zip(names, values)]

@@ -41,7 +41,7 @@ from psframe.ps.protocol.roster import WorkerRoster
 from psframe.ps.service.place import TaskPlace
 from psframe.ps.service.served_model import ServedModel
 from psframe.ps.store import VariableStore
-from psframe.wire import codec, messages
+from psframe.wire import codec, dtypes, messages
 from psframe.wire import psframe_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -173,8 +173,8 @@ class RelayoutParticipant:
                 f"after it, where it is {self._task_name}; the caller has job {caller.job_name!r} and "
                 f"fingerprint {caller.cluster_fingerprint or 'none'}, the cluster {request.cluster_spec!r}"
             )
-        dense = {codec.dtype_from_name(d.dtype) for d in request.variables if not d.table}
-        tables = {codec.dtype_from_name(d.dtype) for d in request.variables if d.table}
+        dense = {dtypes.dtype_from_name(d.dtype) for d in request.variables if not d.table}
+        tables = {dtypes.dtype_from_name(d.dtype) for d in request.variables if d.table}
         ready = []
         if request.HasField("optimizer") and dense:
             ready.append((messages.optimizer_from_proto(request.optimizer), sorted(dense, key=str), False))

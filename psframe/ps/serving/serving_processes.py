@@ -46,7 +46,7 @@ from psframe.config.security import Security
 from psframe.errors import NotKeptHere, PsframeError
 from psframe.memory import HugePageMemory, malloc
 from psframe.ps.service import ParameterServerService
-from psframe.ps.service.fast_path import StreamCache
+from psframe.ps.service.push_pull_handler import StreamCache
 from psframe.ps.serving.shared_service import shared_service
 from psframe.ps.serving.shared_store import SharedStore
 from psframe.ps.store import VariableStore
@@ -302,7 +302,7 @@ class SharedPushPull:
                 service = self._local()
                 if service is not None:
                     try:
-                        yield service.answer_push_pull(data, cache)
+                        yield service.push_pulls.reply(data, cache)
                         continue
                     except NotKeptHere:  # nothing applied: the owner answers it
                         pass

@@ -42,7 +42,7 @@ from psframe.errors import PortInUseError
 from psframe.optim import OptimizerSpec
 from psframe.optim.lr_scheduler import ScheduleSpec
 from psframe.ps.protocol.ledger import LEDGER_ROWS, NOT_HELD
-from psframe.wire.codec import dtype_from_name, dtype_name
+from psframe.wire.dtypes import dtype_from_name, dtype_name
 
 log = logging.getLogger(__name__)
 

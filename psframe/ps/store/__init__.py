@@ -19,7 +19,7 @@ this package; it adds what spans them: the lock, and the order of things.
   and the table parts with theirs (:mod:`~psframe.ps.store.table_parts`),
   made in the store's memory (:mod:`~psframe.ps.store.model_maker`);
 - :mod:`~psframe.ps.store.request_checks`: whether a request fits the model;
-- :mod:`~psframe.ps.store.updates`: the optimizers' steps a push makes;
+- :mod:`~psframe.ps.store.optimized_variables`: the optimizers' steps a push makes;
 - :mod:`~psframe.ps.store.counters`: the global step, pushes and versions;
 - :mod:`~psframe.ps.store.changes` and :mod:`~psframe.ps.store.row_versions`:
   what changed since a snapshot (delta checkpoints and row caches read them);
@@ -40,13 +40,13 @@ from psframe.memory import Memory
 from psframe.optim import OptimizerSpec
 from psframe.ps.store import snapshots
 from psframe.ps.store.changes import ChangeLog, StoreChanges
-from psframe.ps.store.counters import StoreCounts
+from psframe.ps.store.counters import GLOBAL_STEP, StoreCounts
 from psframe.ps.store.model_maker import ModelMaker
+from psframe.ps.store.optimized_variables import ModelUpdates
 from psframe.ps.store.request_checks import RequestChecks, widened
 from psframe.ps.store.schedules import ModelSchedules
 from psframe.ps.store.store_model import StoreModel
 from psframe.ps.store.table_parts import DynamicPart, RowPush
-from psframe.ps.store.updates import ModelUpdates
 
 # Generations of variables, unique in the process (see VariableStore.generation).
 _GENERATIONS = itertools.count(1)
@@ -297,11 +297,12 @@ class VariableStore:
         Returns:
             The global step after the request.
         """
+        counts = self._counts.array  # counted in place: this runs for every push
         if grads:
             self._updates.step(self._model.dense, variables, grads)
             if end_of_step:
-                return self.advance_step()
-        return self.global_step
+                counts[GLOBAL_STEP] += 1
+        return int(counts[GLOBAL_STEP])
 
     def push_pull(
         self,

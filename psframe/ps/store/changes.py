@@ -13,9 +13,9 @@ and the rows whose version is past its row mark.
 
 :class:`ChangeLog` keeps these stamps for one model of a store (the store
 makes a new log whenever it makes its variables anew: no snapshot holds
-them): the store tells it what each step changed (:meth:`ChangeLog.stepped`,
-:meth:`ChangeLog.stepped_rows`), marks its snapshots (:meth:`ChangeLog.mark`)
-and asks it for what changed since one (:meth:`ChangeLog.since`, a
+them): the store tells it what each step changed (:attr:`ChangeLog.dense_stamps`,
+:meth:`ChangeLog.stepped_tables`, :meth:`ChangeLog.stepped_rows`), marks its
+snapshots (:meth:`ChangeLog.mark`) and asks it for what changed since one (:meth:`ChangeLog.since`, a
 :class:`StoreChanges`).
 
 When the store's variables live in memory other processes update too (a ps
@@ -71,31 +71,28 @@ class ChangeLog:
         self._model = model
         self.complete = complete
         self.epoch = 1  # what is changed now is stamped with this
-        self._dense: dict[str, int] = {}  # dense variable -> the epoch it last changed in
+        # Dense variable (the id of its tensor) -> the epoch it last changed in: what steps the dense
+        # variables writes it (ModelUpdates, psframe.ps.store.optimized_variables), where `complete`.
+        self.dense_stamps: dict[int, int] = {}
         self._snapshots: OrderedDict[int, int] = OrderedDict()  # step -> the last epoch it holds
         self._row_marks: dict[int, int] = {}  # epoch closed by a snapshot -> the rows' version count then
-        self._dense_names = {id(model.dense.get(name)): name for name in model.dense}
         fixed = model.table_parts.fixed
         self._fixed_names = {id(fixed.get(name)): name for name in fixed}
 
-    def stepped(
+    def stepped_tables(
         self,
         group: OptimizedVariables,
-        variables: Sequence[torch.Tensor],
+        tables: Sequence[torch.Tensor],
         grads: Sequence[torch.Tensor],
         stateless: Sequence[torch.Tensor],
     ) -> None:
-        """Note what a step of ``group`` changed, for delta checkpoints and row caches: dense variables
-        whole, a fixed table's rows (all of them where the step made the table's optimizer state,
+        """Note what a step of the fixed tables' ``group`` changed, for delta checkpoints and row caches:
+        the rows of each sparse gradient (all of a table where the step made its optimizer state,
         ``stateless`` before), with a new version (:mod:`psframe.ps.store.row_versions`)."""
-        if group is self._model.dense:
-            for variable in variables:
-                self._dense[self._dense_names[id(variable)]] = self.epoch
-            return
         names = self._fixed_names
         made_state = {id(t) for t in stateless if group.state_of(t)}
         versions = self._model.table_parts.versions
-        for table, grad in zip(variables, grads):
+        for table, grad in zip(tables, grads):
             if id(table) in made_state:
                 versions.touch_whole(names[id(table)])
             else:
@@ -142,7 +139,8 @@ class ChangeLog:
             )
         dense = list(model.dense)
         if self.complete:
-            dense = [name for name in dense if self._dense.get(name, 0) > epoch]
+            stamps, variable = self.dense_stamps, model.dense.get
+            dense = [name for name in dense if stamps.get(id(variable(name)), 0) > epoch]
         values, states = copies(model, dense)
         rows = {}
         mark, versions = self._row_marks[epoch], model.table_parts.versions

@@ -9,12 +9,19 @@ variables, is this process's own: bumped whenever a variable's value changes,
 so that two reads under the store's lock that see the same version read the
 same values.
 
+The store counts a push and a step by index into the array
+(:data:`PUSHES`, :data:`GLOBAL_STEP`), with no property between: it does so
+on every push.
+
 Not thread-safe: the store counts under its lock.
 """
 
 from __future__ import annotations
 
 import numpy
+
+# Where each count lives in StoreCounts.array.
+GLOBAL_STEP, PUSHES, REJECTED_PUSHES, ROW_VERSION = range(4)
 
 
 class StoreCounts:
@@ -33,36 +40,36 @@ class StoreCounts:
     @property
     def global_step(self) -> int:
         """Worker steps finished."""
-        return int(self.array[0])
+        return int(self.array[GLOBAL_STEP])
 
     @global_step.setter
     def global_step(self, value: int) -> None:
-        self.array[0] = value
+        self.array[GLOBAL_STEP] = value
 
     @property
     def pushes(self) -> int:
         """Pushes applied."""
-        return int(self.array[1])
+        return int(self.array[PUSHES])
 
     @pushes.setter
     def pushes(self, value: int) -> None:
-        self.array[1] = value
+        self.array[PUSHES] = value
 
     @property
     def rejected_pushes(self) -> int:
         """Pushes refused (nothing of them was applied)."""
-        return int(self.array[2])
+        return int(self.array[REJECTED_PUSHES])
 
     @rejected_pushes.setter
     def rejected_pushes(self, value: int) -> None:
-        self.array[2] = value
+        self.array[REJECTED_PUSHES] = value
 
     @property
     def global_step_cell(self) -> numpy.ndarray:
         """The global step as a one-element view of the array (which learning-rate schedules read)."""
-        return self.array[0:1]
+        return self.array[GLOBAL_STEP : GLOBAL_STEP + 1]
 
     @property
     def row_version_cell(self) -> numpy.ndarray:
         """The count the fixed rows' versions are stamped from, as a one-element view of the array."""
-        return self.array[3:4]
+        return self.array[ROW_VERSION : ROW_VERSION + 1]

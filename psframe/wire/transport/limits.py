@@ -71,11 +71,13 @@ def peer_host(peer: str) -> str:
     return peer.split(":", 1)[0]
 
 
-class PeerLimiter(grpc.ServerInterceptor):
+class PeerLimiter:
     """Runs at most ``max_calls`` calls at once from one host; answers the next ``RESOURCE_EXHAUSTED``.
 
-    A call counts from when its handler starts until it ends (a stream: until
-    it is closed, cancelled or fails).
+    The server's method handlers (:mod:`psframe.wire.transport.server`) count each
+    call in as it starts (:meth:`admit`), so that a stream's every request passes
+    no wrapper of its own. A call counts from when its handler starts until it
+    ends (a stream: until it is closed, cancelled or fails).
 
     Args:
         max_calls: calls in flight allowed per caller host.
@@ -91,17 +93,7 @@ class PeerLimiter(grpc.ServerInterceptor):
         self._in_flight: Counter[str] = Counter()
         self.refused = 0
 
-    def intercept_service(self, continuation: Any, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        if handler.unary_unary is not None:
-            return handler._replace(unary_unary=self._unary(handler.unary_unary))
-        if handler.stream_stream is not None:
-            return handler._replace(stream_stream=self._stream(handler.stream_stream))
-        return handler  # psframe serves no other kind
-
-    def _admit(self, context: grpc.ServicerContext) -> Callable[[], None]:
+    def admit(self, context: grpc.ServicerContext) -> Callable[[], None]:
         """Count the call in, or end it with ``RESOURCE_EXHAUSTED`` (raises); the function that counts it out."""
         host = peer_host(context.peer())
         with self._lock:
@@ -129,26 +121,6 @@ class PeerLimiter(grpc.ServerInterceptor):
         if not context.add_callback(release):
             release()  # the call is over already
         return release
-
-    def _unary(self, behavior: Callable) -> Callable:
-        def serve(request: Any, context: grpc.ServicerContext) -> Any:
-            release = self._admit(context)
-            try:
-                return behavior(request, context)
-            finally:
-                release()
-
-        return serve
-
-    def _stream(self, behavior: Callable) -> Callable:
-        def serve(requests: Any, context: grpc.ServicerContext) -> Any:
-            release = self._admit(context)
-            try:
-                yield from behavior(requests, context)
-            finally:
-                release()
-
-        return serve
 
     def in_flight(self) -> dict[str, int]:
         """Calls in flight, by caller host."""

@@ -38,12 +38,16 @@ FORWARD_TIMEOUT_S = 3600.0
 _NO_DEADLINE_S = 1e12  # gRPC reports ~9.2e18 s left for a call without a deadline
 
 
-def _unary_handler(method: Method, handler: Callable[[Any], Any]) -> grpc.RpcMethodHandler:
+def _unary_handler(method: Method, handler: Callable[[Any], Any], limiter: PeerLimiter | None) -> grpc.RpcMethodHandler:
     def serve(request: Any, context: grpc.ServicerContext) -> Any:
+        release = limiter.admit(context) if limiter is not None else None
         try:
             return handler(request if method.carries_tensors else _parse(method, request))
         except Exception as e:  # noqa: BLE001 - every failure becomes a status
             abort(context, e, method.name)
+        finally:
+            if release is not None:
+                release()
 
     # The request arrives as bytes and is parsed here, so that one which does not
     # parse is answered INVALID_ARGUMENT, naming the message (gRPC's own
@@ -62,21 +66,32 @@ def _parse(method: Method, data: bytes) -> Any:
         ) from None
 
 
-def _stream_handler(method: Method, handler: Callable[[Iterator], Iterator]) -> grpc.RpcMethodHandler:
+def _stream_handler(
+    method: Method, handler: Callable[[Iterator], Iterator], limiter: PeerLimiter | None
+) -> grpc.RpcMethodHandler:
+    # The limiter counts the stream in here, not in a wrapper of its own: each request
+    # of a PushPull stream passes this one generator on its way to the handler's.
     def serve(requests: Iterator, context: grpc.ServicerContext) -> Iterator:
+        release = limiter.admit(context) if limiter is not None else None
         try:
             yield from handler(requests)
         except grpc.RpcError:
             return  # the caller closed or cancelled the stream: the call is over, nothing to answer
         except Exception as e:  # noqa: BLE001 - every failure becomes a status
             abort(context, e, method.name)
+        finally:
+            if release is not None:
+                release()
 
     return grpc.stream_stream_rpc_method_handler(serve, **method.serializers("server"))
 
 
-def method_handlers(handlers: Mapping[str, Callable]) -> dict[str, grpc.RpcMethodHandler]:
+def method_handlers(
+    handlers: Mapping[str, Callable], limiter: PeerLimiter | None = None
+) -> dict[str, grpc.RpcMethodHandler]:
     """gRPC's handler of each method in ``handlers`` (see :class:`RpcServer`): requests parsed,
-    replies serialized, a raised error turned into the call's status.
+    replies serialized, a raised error turned into the call's status, and each call counted
+    against its caller's host by ``limiter`` (none: not limited).
 
     Raises:
         ValueError: a handler names no method of the service.
@@ -85,7 +100,7 @@ def method_handlers(handlers: Mapping[str, Callable]) -> dict[str, grpc.RpcMetho
     if unknown:
         raise ValueError(f"{unknown} are not methods of {SERVICE.full_name}; expected some of {sorted(METHODS)}")
     return {
-        name: (_stream_handler if METHODS[name].streaming else _unary_handler)(METHODS[name], handler)
+        name: (_stream_handler if METHODS[name].streaming else _unary_handler)(METHODS[name], handler, limiter)
         for name, handler in handlers.items()
     }
 
@@ -100,29 +115,43 @@ class _Forwarder:
         self._channel = open_channel(address, security, liveness)
         self._metadata = call_metadata(security)
 
-    def handler(self, method: Method) -> grpc.RpcMethodHandler:
+    def handler(self, method: Method, limiter: PeerLimiter) -> grpc.RpcMethodHandler:
+        """The handler that forwards ``method``, its calls counted by ``limiter`` as the server's own are."""
         if method.streaming:
             call = self._channel.stream_stream(method.path)
             return grpc.stream_stream_rpc_method_handler(
-                lambda requests, context: self._stream(call, requests, context)
+                lambda requests, context: self._stream(call, requests, context, limiter)
             )
         call = self._channel.unary_unary(method.path)
-        return grpc.unary_unary_rpc_method_handler(lambda request, context: self._unary(call, request, context))
+        return grpc.unary_unary_rpc_method_handler(
+            lambda request, context: self._unary(call, request, context, limiter)
+        )
 
-    def _unary(self, call: Any, request: bytes, context: grpc.ServicerContext) -> bytes:
+    def _unary(self, call: Any, request: bytes, context: grpc.ServicerContext, limiter: PeerLimiter) -> bytes:
+        release = limiter.admit(context)
         try:
             return call(request, timeout=_timeout_of(context), metadata=self._metadata)
         except grpc.RpcError as e:
             _relay(e, context)
+        finally:
+            release()
 
-    def _stream(self, call: Any, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        forwarded = call(_until_closed(requests), timeout=_timeout_of(context, streaming=True), metadata=self._metadata)
-        context.add_callback(forwarded.cancel)  # the caller went away: so does the forwarded stream
+    def _stream(
+        self, call: Any, requests: Iterator[bytes], context: grpc.ServicerContext, limiter: PeerLimiter
+    ) -> Iterator[bytes]:
+        release = limiter.admit(context)
         try:
-            yield from forwarded
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                _relay(e, context)
+            forwarded = call(
+                _until_closed(requests), timeout=_timeout_of(context, streaming=True), metadata=self._metadata
+            )
+            context.add_callback(forwarded.cancel)  # the caller went away: so does the forwarded stream
+            try:
+                yield from forwarded
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.CANCELLED:
+                    _relay(e, context)
+        finally:
+            release()
 
     def close(self) -> None:
         self._channel.close()
@@ -239,23 +268,26 @@ class RpcServer:
         max_calls_per_peer: int | None = None,
         liveness: Liveness | None = None,
     ) -> None:
-        table = method_handlers(handlers)
+        per_peer = max_calls_per_peer or default_calls_per_peer(max_threads)
+        # Counted by the method handlers, which run after the token check (an interceptor):
+        # a refused caller's calls end at once and are not counted.
+        self.limiter = PeerLimiter(per_peer, name)
+        table = method_handlers(handlers, self.limiter)
         security = security or Security()
         liveness = liveness or Liveness.resolve()
         self._credentials = server_credentials(security, name)
         self._forwarder = _Forwarder(forward_to, security, liveness) if forward_to else None
         if self._forwarder is not None:
-            table.update({name_: self._forwarder.handler(m) for name_, m in METHODS.items() if name_ not in table})
+            table.update(
+                {name_: self._forwarder.handler(m, self.limiter) for name_, m in METHODS.items() if name_ not in table}
+            )
         self.name = name
         self._share_port = share_port
         self._interceptors = interceptors(security)
-        per_peer = max_calls_per_peer or default_calls_per_peer(max_threads)
-        # After the token check: a refused caller's calls end at once and are not counted.
-        self.limiter = PeerLimiter(per_peer, name)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix=name.strip("/").replace("/", "-")),
             handlers=(grpc.method_handlers_generic_handler(SERVICE.full_name, table),),
-            interceptors=(*self._interceptors, self.limiter),
+            interceptors=self._interceptors,
             options=server_options(max_message_bytes, per_peer, share_port, liveness),
             maximum_concurrent_rpcs=max_threads,
         )

@@ -28,8 +28,9 @@ training, closes the worker's part of the round).
 
 :class:`OperationEncoder` is the one place that turns an operation into a
 message and a reply back into its type. A :class:`PushPull` is sent every
-step, so its header is made once (:class:`~psframe.worker.client.prepared.PreparedRequest`),
-and on the ps task's host its tensors may move through a shared region.
+step, so the work of its message is done once (:class:`PreparedRequest`: its header,
+the layouts of its gradients and of its reply's values), and on the ps task's host
+its tensors may move through a shared region.
 """
 
 from __future__ import annotations
@@ -37,15 +38,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 
 from psframe.config.options import BoundedStaleness
+from psframe.errors import WireFormatError
 from psframe.tables.rows import CachedPull, FreshRows, RowPull, RowPush
-from psframe.wire import codec, row_tensors
+from psframe.wire import codec, dtypes, encoding, row_tensors
 from psframe.wire import psframe_pb2 as pb
-from psframe.worker.client.prepared import PreparedRequest
+from psframe.wire.encoding import MessageEncoding
+from psframe.wire.same_host import SameHostRegion
 from psframe.worker.plan.step_plan import Request
 
 log = logging.getLogger(__name__)
@@ -54,32 +57,31 @@ Gradients = Sequence[tuple[str, torch.Tensor]]
 """Tensors by shard name: the gradients a :class:`PushPull` sends."""
 
 
-@dataclass(frozen=True, slots=True)
 class PushPull:
     """A planned request of a step (:class:`~psframe.worker.plan.step_plan.Request`) with its gradients.
 
     ``grads`` may be empty for a request that only pulls, or left to the
     exchange that sends it (its gradients are not all there yet: see
-    :meth:`psframe.worker.client.streams.PushPullStreams.begin`).
+    :meth:`psframe.worker.client.streams.PushPullStreams.begin`). What the
+    streams and the encoder ask of it is an attribute, worked out when it is made.
     """
 
-    request: Request
-    grads: Gradients = ()
-    rows: Sequence[RowPush] = ()  # gradients of rows of the ps task's table parts, applied with the request's
-    row_pulls: Sequence[RowPull] = ()  # rows read after the update (asynchronous training), answered in the reply
+    __slots__ = ("carries_rows", "grads", "ps_task", "pushes", "request", "row_pulls", "rows")
 
-    @property
-    def ps_task(self) -> int:
-        return self.request.ps_task
-
-    @property
-    def pushes(self) -> bool:
-        return bool(self.request.push or self.rows)
-
-    @property
-    def carries_rows(self) -> bool:
-        """Whether it travels with rows (a message of its own make, not its prepared request's)."""
-        return bool(self.rows or self.row_pulls)
+    def __init__(
+        self,
+        request: Request,
+        grads: Gradients = (),
+        rows: Sequence[RowPush] = (),
+        row_pulls: Sequence[RowPull] = (),
+    ) -> None:
+        self.request, self.grads = request, grads
+        self.rows = rows  # gradients of rows of the ps task's table parts, applied with the request's
+        self.row_pulls = row_pulls  # rows read after the update (asynchronous training), answered in the reply
+        self.ps_task = request.ps_task
+        self.pushes = bool(request.push or rows)
+        # It travels with rows: a message of its own make, not its prepared request's.
+        self.carries_rows = bool(rows or row_pulls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +93,7 @@ class PushRows:
     end_of_step: bool  # no PushPull of the step to this ps task ends it: this message does
     row_pulls: Sequence[RowPull] = ()  # rows read after these are applied (asynchronous training)
     rows_async: bool = False  # sync training: rows of tables applied at once, outside the round
-
-    @property
-    def pushes(self) -> bool:
-        return True
+    pushes: ClassVar[bool] = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +110,7 @@ class PullRows:
     rows: Sequence[RowPull | CachedPull]
     create: bool = True
     max_lag: int = 0
-
-    @property
-    def pushes(self) -> bool:
-        return False
+    pushes: ClassVar[bool] = False
 
 
 Operation = PushPull | PushRows | PullRows
@@ -154,23 +150,15 @@ Reply = DenseReply | RowsPushed | RowsPulled
 
 class RelayoutWord:
     """What ps 0's replies say of re-layouts (``PushPullReplyHeader.relayout_pending``): one asked
-    for or under way. Only ps 0 is asked for re-layouts, so only its replies are heard; the chief
-    reads the word after each step (:mod:`psframe.worker.relayout_leader`), instead of asking ps 0."""
+    for or under way. Only ps 0 is asked for re-layouts, so only its replies are heard. One word
+    serves the clients of every layout a worker trains on; the chief reads it after each step,
+    and clears it (:mod:`psframe.worker.relayout_leader`), instead of asking ps 0."""
 
-    __slots__ = ("_heard", "_pending")
+    __slots__ = ("heard", "pending")
 
     def __init__(self) -> None:
-        self._heard = False  # a reply of ps 0 was read since the last take()
-        self._pending = False  # and the last one said a re-layout is pending
-
-    def hear(self, pending: bool) -> None:
-        self._heard, self._pending = True, pending
-
-    def take(self) -> bool | None:
-        """Whether ps 0's last reply said a re-layout is pending; None: no reply of ps 0 was read
-        since the last call (no request of the steps since reached it)."""
-        heard, self._heard = self._heard, False
-        return self._pending if heard else None
+        self.heard = False  # a reply of ps 0 was read since the chief last looked
+        self.pending = False  # and the last one said a re-layout is pending
 
 
 class OperationEncoder:
@@ -183,6 +171,7 @@ class OperationEncoder:
             shared memory available); one that says it cannot map them is dropped.
         staleness: the bound every push that ends a step carries
             (:class:`psframe.BoundedStaleness`, :mod:`psframe.ps.protocol.staleness`); None: none.
+        relayout_word: where what ps 0's replies say of re-layouts is kept; None: a word of its own.
     """
 
     def __init__(
@@ -191,18 +180,27 @@ class OperationEncoder:
         wire_dtype: torch.dtype | None,
         share_with: set[int],
         staleness: BoundedStaleness | None = None,
+        relayout_word: RelayoutWord | None = None,
     ) -> None:
         self._caller = caller
         self._staleness = staleness
         self._wire_dtype = wire_dtype
-        self._wire_name = codec.dtype_name(wire_dtype) if wire_dtype is not None else ""
+        self._wire_name = dtypes.dtype_name(wire_dtype) if wire_dtype is not None else ""
         self.share_with = share_with
         # Made once per planned request (and compression): see PreparedRequest.
         self.prepared: dict[tuple[Request, bool], PreparedRequest] = {}
         # Data read in ranges: the ps task that keeps the queue, and what this step consumed,
         # for its step-ending push there (psframe.ps.protocol.data_ranges); None between such steps.
         self.progress: tuple[int, pb.DataProgress] | None = None
-        self.relayout_word = RelayoutWord()  # what ps 0's replies say of re-layouts
+        self.relayout_word = relayout_word or RelayoutWord()
+
+    def carry_progress(self, progress: tuple[int, pb.DataProgress] | None) -> None:
+        """Name ``progress`` in the step-ending pushes to its ps task from now on; None: in none
+        (the prepared headers forget what they named, so that a step without it checks nothing)."""
+        self.progress = progress
+        if progress is None:
+            for prepared in self.prepared.values():
+                prepared.header.ClearField("progress")
 
     def encode(self, operation: Operation, step: int, compress: bool, push_id: int, grads: Gradients = ()) -> bytes:
         """The message of ``operation`` at ``step``, numbered ``push_id`` (0 for one that pushes nothing).
@@ -210,10 +208,22 @@ class OperationEncoder:
         ``compress``: a :class:`PushPull`'s tensors travel in the wire dtype; ``grads``:
         its gradients, where the operation does not hold them.
         """
+        if isinstance(operation, PushPull) and not operation.carries_rows:  # a planned request, prepared
+            request = operation.request
+            prepared = self.prepared.get((request, compress))
+            if prepared is None:  # every step sends the same header but for the step number
+                prepared = self.prepared[(request, compress)] = PreparedRequest(
+                    self._planned_header(request, compress), share=request.ps_task in self.share_with
+                )
+            elif prepared.share and request.ps_task not in self.share_with:
+                prepared.share = False
+                prepared.drop_region()
+            if self.progress is not None:
+                self._report_progress(prepared.header, request.ps_task)
+            grads = grads or operation.grads
+            return prepared.encode(step, self._to_wire(grads) if compress else grads, push_id)
         if isinstance(operation, PushPull):
-            if operation.carries_rows:
-                return self._encode_with_rows(operation, grads or operation.grads, step, compress, push_id)
-            return self._encode_planned(operation.request, grads or operation.grads, step, compress, push_id)
+            return self._encode_with_rows(operation, grads or operation.grads, step, compress, push_id)
         if isinstance(operation, PushRows):
             tensors, kinds = row_tensors.push_tensors(operation.rows)
             pulled, pulled_kinds = row_tensors.pull_tensors(operation.row_pulls)
@@ -231,18 +241,6 @@ class OperationEncoder:
         header = pb.PushPullHeader(caller=self._caller, step=step, row_max_lag=operation.max_lag)
         return codec.encode(header, tensors, kinds)
 
-    def _encode_planned(self, request: Request, grads: Gradients, step: int, compress: bool, push_id: int) -> bytes:
-        prepared = self.prepared.get((request, compress))
-        if prepared is None:  # every step sends the same header but for the step number
-            prepared = self.prepared[(request, compress)] = PreparedRequest(
-                self._planned_header(request, compress), share=request.ps_task in self.share_with
-            )
-        elif prepared.share and request.ps_task not in self.share_with:
-            prepared.share = False
-            prepared.drop_region()
-        self._report_progress(prepared.header, request.ps_task)
-        return prepared.encode(step, self._to_wire(grads, compress), push_id)
-
     def _planned_header(self, request: Request, compress: bool) -> pb.PushPullHeader:
         """The header of a planned request, but for its step and push number."""
         header = pb.PushPullHeader(
@@ -254,11 +252,9 @@ class OperationEncoder:
         self._bound(header)
         return header
 
-    def _to_wire(self, grads: Gradients, compress: bool) -> Gradients:
-        """The gradients as they travel: in the wire dtype when compressed."""
-        if not compress:
-            return grads
-        return [(name, codec.to_wire(grad, self._wire_dtype)) for name, grad in grads]
+    def _to_wire(self, grads: Gradients) -> Gradients:
+        """The gradients as they travel compressed: in the wire dtype."""
+        return [(name, dtypes.to_wire(grad, self._wire_dtype)) for name, grad in grads]
 
     def _bound(self, header: pb.PushPullHeader) -> None:
         """Name the staleness bound in a step-ending push's header (where there is one)."""
@@ -280,7 +276,7 @@ class OperationEncoder:
         header = self._planned_header(operation.request, compress)
         header.step, header.push_id = step, push_id
         self._report_progress(header, operation.ps_task)
-        grads = self._to_wire(grads, compress)
+        grads = self._to_wire(grads) if compress else grads
         pushed, pushed_kinds = row_tensors.push_tensors(operation.rows)
         pulled, pulled_kinds = row_tensors.pull_tensors(operation.row_pulls)
         kinds = [int(row_tensors.VALUE)] * len(grads) + pushed_kinds + pulled_kinds
@@ -288,30 +284,32 @@ class OperationEncoder:
 
     def decode(self, operation: Operation, data: bytes, compress: bool) -> tuple[pb.PushPullReplyHeader, Reply]:
         """The reply to ``operation``: its header (errors and region fields) and its typed answer."""
-        header, reply = self._decode(operation, data, compress)
-        if operation.ps_task == 0 and not (header.error_class or header.region_unusable):
-            self.relayout_word.hear(header.relayout_pending)
-        return header, reply
-
-    def _decode(self, operation: Operation, data: bytes, compress: bool) -> tuple[pb.PushPullReplyHeader, Reply]:
-        if isinstance(operation, PushPull) and operation.carries_rows:
-            header, tensors = codec.decode(data, pb.PushPullReplyHeader)
-            values = [t for meta, t in zip(header.tensors, tensors) if meta.kind == row_tensors.VALUE]
-            rows = cast(list[torch.Tensor], row_tensors.pulled_rows(header.tensors, tensors))  # no row cache
-            return header, DenseReply(
-                header.global_step, header.dropped, values, header.duplicate, rows, header.steps_ahead
-            )
-        if isinstance(operation, PushPull):
+        if isinstance(operation, PushPull) and not operation.carries_rows:  # a planned request, prepared
             prepared = self.prepared[(operation.request, compress)]
             header, tensors = prepared.decode(data)
             if header.region_refused:
                 self.share_with.discard(operation.ps_task)
             if header.region_unusable:  # nothing was applied: the tensors go again in the message
                 prepared.drop_region()
-            return header, DenseReply(
+            reply: Reply = DenseReply(
                 header.global_step, header.dropped, tensors, header.duplicate, steps_ahead=header.steps_ahead
             )
+        else:
+            header, reply = self._decode_general(operation, data)
+        if operation.ps_task == 0 and not (header.error_class or header.region_unusable):
+            word = self.relayout_word
+            word.heard, word.pending = True, header.relayout_pending
+        return header, reply
+
+    def _decode_general(self, operation: Operation, data: bytes) -> tuple[pb.PushPullReplyHeader, Reply]:
+        """The reply to an operation that is no prepared request (it carries rows, or is of rows)."""
         header, tensors = codec.decode(data, pb.PushPullReplyHeader)
+        if isinstance(operation, PushPull):
+            values = [t for meta, t in zip(header.tensors, tensors) if meta.kind == row_tensors.VALUE]
+            rows = cast(list[torch.Tensor], row_tensors.pulled_rows(header.tensors, tensors))  # no row cache
+            return header, DenseReply(
+                header.global_step, header.dropped, values, header.duplicate, rows, header.steps_ahead
+            )
         if isinstance(operation, PushRows):
             rows = cast(list[torch.Tensor], row_tensors.pulled_rows(header.tensors, tensors))  # no row cache
             return header, RowsPushed(header.global_step, header.duplicate, rows)
@@ -330,3 +328,108 @@ class OperationEncoder:
         """Offer shared regions anew (the streams were closed)."""
         for prepared in self.prepared.values():
             prepared.drop_region()
+
+
+class PreparedRequest:
+    """What one planned request sends and gets back every step, worked out on first use.
+
+    A worker sends each ps task the same planned requests every step; only the step and the
+    tensors' values change. A prepared request keeps the header, and learns the layouts of the
+    request's gradients and of the reply's values from the first message of each, so that later
+    ones that fit are encoded and decoded without per-tensor work (:mod:`psframe.wire.encoding`).
+
+    On the ps task's host it also moves the tensors through a shared region
+    (:mod:`psframe.wire.same_host`): the second request of its kind (both layouts known) offers
+    one; once the ps task answered in it, the requests leave their gradients there and carry
+    only the header.
+
+    Args:
+        header: the request's header; only its step and push number change from one message to the next.
+        share: offer the ps task a shared region (it and this worker may share a host).
+    """
+
+    def __init__(self, header: pb.PushPullHeader, share: bool = False) -> None:
+        self.header = header
+        self.share = share
+        self._request: MessageEncoding | None = None
+        self._reply: MessageEncoding | None = None
+        self._region: SameHostRegion | None = None
+        self._in_region = False  # the ps task answered in the region: requests leave their tensors there
+
+    @property
+    def in_region(self) -> bool:
+        """Whether requests leave their tensors in the shared region (the ps task answered in it)."""
+        return self._in_region
+
+    def encode(self, step: int, grads: Sequence[tuple[str, torch.Tensor]], push_id: int = 0) -> bytes:
+        """The request of ``step`` carrying ``grads``, numbered ``push_id`` (0: it pushes nothing)."""
+        self.header.step = step
+        self.header.push_id = push_id
+        if self._request is None:
+            self._request = MessageEncoding(pb.PushPullHeader, [(name, g.dtype, tuple(g.shape)) for name, g in grads])
+        try:
+            buffers = self._request.buffers([g for _, g in grads])
+        except WireFormatError:  # gradients of another layout, or not contiguous: general, in the message
+            self.share = False
+            self.drop_region()
+            header = pb.PushPullHeader()
+            header.CopyFrom(self.header)
+            return codec.encode(header, grads)
+        if self._in_region:
+            assert self._region is not None  # in a region only while it holds one (drop_region clears both)
+            self._region.write_request(self._request, buffers)
+            return self._request.encode_header(self.header)
+        if self._region is None and self.share and self._reply is not None:
+            self._offer_region()  # the second message of its kind: a request sent once never makes one
+        return self._request.encode(self.header, buffers)
+
+    def decode(self, data: bytes) -> tuple[pb.PushPullReplyHeader, list[torch.Tensor]]:
+        """The reply's header and values (views of the reply, or of the shared region:
+        read them before this request is sent again).
+
+        Raises:
+            WireFormatError: the reply does not fit its header.
+        """
+        envelope = encoding.parse(data, pb.PushPullReplyHeader)
+        header = envelope.header
+        if header.in_region:
+            if self._region is None:
+                raise WireFormatError("a reply in a shared region this request did not offer")
+            envelope = self._region.reply_envelope(header)
+            if not self._in_region:  # accepted: both sides have it mapped, the file can go
+                self._in_region = self.header.same_host.in_region = True
+                self._region.unlink()
+        elif header.region_refused:
+            log.debug("the ps task will not share a region: %s", header.region_refused)
+            self.share = False
+            self.drop_region()
+        if self._reply is not None and self._reply.matches(header):
+            tensors = self._reply.tensors(envelope)
+        else:
+            tensors = encoding.tensors_of(envelope)
+            if not (header.error_class or header.region_unusable) and self._reply is None:  # a refusal has no tensors
+                self._reply = MessageEncoding(
+                    pb.PushPullReplyHeader,
+                    [(meta.name, t.dtype, tuple(t.shape)) for meta, t in zip(header.tensors, tensors)],
+                )
+        return header, tensors
+
+    def _offer_region(self) -> None:
+        if not self.share or self._request is None or self._reply is None or self.header.wire_dtype:
+            return
+        try:
+            self._region = SameHostRegion.create(self._request, self._reply)
+        except OSError as e:
+            log.debug("no shared region (%s): tensors travel in messages", e)
+            self.share = False
+            return
+        self.header.same_host.CopyFrom(self._region.message)
+
+    def drop_region(self) -> None:
+        """Send the tensors in messages again (the ps task could not use the region, or was
+        replaced); the next request offers a new region."""
+        if self._region is not None:
+            self._region.unlink()
+            self._region = None
+        self._in_region = False
+        self.header.ClearField("same_host")

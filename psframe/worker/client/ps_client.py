@@ -29,7 +29,7 @@ from psframe.config.liveness import Liveness
 from psframe.config.options import BoundedStaleness
 from psframe.config.security import Security
 from psframe.tables.rows import CachedPull, FreshRows, RowPull
-from psframe.wire import codec, one_cut, row_tensors, same_host, transport
+from psframe.wire import dtypes, one_cut, row_tensors, same_host, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker.client import streams
 from psframe.worker.client.operations import (
@@ -38,6 +38,7 @@ from psframe.worker.client.operations import (
     PullRows,
     PushPull,
     PushRows,
+    RelayoutWord,
     Reply,
     RowsPulled,
     RowsPushed,
@@ -69,6 +70,8 @@ class PsClient:
         liveness: how the channels probe their connections (see :mod:`psframe.config.liveness`);
             default: :meth:`Liveness.resolve`.
         staleness: the bound every step-ending push carries (:class:`psframe.BoundedStaleness`); None: none.
+        relayout_word: where what ps 0's replies say of re-layouts is kept, shared by the clients of
+            a worker's layouts (:class:`~psframe.worker.client.operations.RelayoutWord`); None: one of its own.
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class PsClient:
         security: Security | None = None,
         liveness: Liveness | None = None,
         staleness: BoundedStaleness | None = None,
+        relayout_word: RelayoutWord | None = None,
     ) -> None:
         if job_name == "worker":
             cluster.validate_task("worker", task_index)
@@ -109,7 +113,12 @@ class PsClient:
         # The tasks on this host may take shared regions until one says it cannot map them.
         share = shared_memory and same_host.available()
         self._streams = PushPullStreams(
-            self.connections, self.caller, wire_dtype, share_with=share, staleness=staleness
+            self.connections,
+            self.caller,
+            wire_dtype,
+            share_with=share,
+            staleness=staleness,
+            relayout_word=relayout_word,
         )
         # Synchronous training: parts of tables whose rows are applied at once (SyncReplicas.async_tables).
         self.async_parts: frozenset[str] = frozenset()
@@ -119,11 +128,6 @@ class PsClient:
         """How this worker numbers its pushes to each ps task (the control calls that learn
         what a task applied already move the numbering on)."""
         return self._streams.numbers
-
-    def relayout_pending(self) -> bool | None:
-        """Whether ps 0's last step reply said a re-layout is asked for or under way; None: no
-        reply of ps 0 was read since the last call (:class:`~psframe.worker.client.operations.RelayoutWord`)."""
-        return self._streams.encoder.relayout_word.take()
 
     @property
     def num_ps(self) -> int:
@@ -212,6 +216,10 @@ class PsClient:
         again: bool = False,
         pulls_with_pushes: bool = False,
     ) -> tuple[list[DenseReply], dict[int, list[torch.Tensor]]]:
+        if not rows and not prefetch:  # no table rows: the planned requests alone
+            planned = [PushPull(request, grads) for request, grads in requests]
+            # Every reply is there (a failure raised), and a PushPull's is a DenseReply.
+            return cast(list[DenseReply], self._exchange(planned, step, compress, timeout, again)), {}
         # Each ps task gets its rows' gradients in the planned request that ends its step,
         # or, where none does (a ps task of tables only), in a message of their own ahead
         # of any planned request, that ends the step. The pulls go with the message that
@@ -398,15 +406,15 @@ class PsClient:
     def report_progress(self, ps_task: int, name: str, lease: int, offset: int) -> None:
         """Carry, in the next step's step-ending push to ``ps_task``, that the step consumed data set
         ``name``'s range ``lease`` up to ``offset`` (recorded with the push, applied once)."""
-        self._streams.encoder.progress = (ps_task, pb.DataProgress(name=name, lease=lease, offset=offset))
+        self._streams.encoder.carry_progress((ps_task, pb.DataProgress(name=name, lease=lease, offset=offset)))
 
     def take_progress(self, other: PsClient) -> None:
         """Carry the data progress ``other`` was to send (a client of the layout before a re-layout)."""
-        self._streams.encoder.progress = other._streams.encoder.progress
+        self._streams.encoder.carry_progress(other._streams.encoder.progress)
 
     def clear_progress(self) -> None:
         """Steps carry no data progress from now on (until :meth:`report_progress`)."""
-        self._streams.encoder.progress = None
+        self._streams.encoder.carry_progress(None)
 
     def close(self) -> None:
         self._streams.close()
@@ -440,11 +448,11 @@ def resolve_wire_dtype(wire_dtype: str | torch.dtype | None) -> torch.dtype | No
     """
     if wire_dtype is None or wire_dtype in ("float32", torch.float32):
         return None
-    if isinstance(wire_dtype, torch.dtype) and wire_dtype in codec.WIRE_DTYPES.values():
+    if isinstance(wire_dtype, torch.dtype) and wire_dtype in dtypes.WIRE_DTYPES.values():
         return wire_dtype
-    if isinstance(wire_dtype, str) and wire_dtype in codec.WIRE_DTYPES:
-        return codec.WIRE_DTYPES[wire_dtype]
+    if isinstance(wire_dtype, str) and wire_dtype in dtypes.WIRE_DTYPES:
+        return dtypes.WIRE_DTYPES[wire_dtype]
     raise ValueError(
-        f"wire_dtype must be None (send as stored), {sorted(codec.WIRE_DTYPES)} or the matching "
+        f"wire_dtype must be None (send as stored), {sorted(dtypes.WIRE_DTYPES)} or the matching "
         f"torch dtype, got {wire_dtype!r}"
     )

@@ -25,7 +25,14 @@ from psframe.config.options import BoundedStaleness
 from psframe.errors import PsframeError
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire import transport
-from psframe.worker.client.operations import Gradients, Operation, OperationEncoder, PushPull, Reply
+from psframe.worker.client.operations import (
+    Gradients,
+    Operation,
+    OperationEncoder,
+    PushPull,
+    RelayoutWord,
+    Reply,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +111,7 @@ class PushPullStreams:
             this host, and shared memory is available); a task that says it
             cannot map them is sent messages from then on.
         staleness: the bound every step-ending push carries; None: none.
+        relayout_word: where what ps 0's replies say of re-layouts is kept; None: a word of its own.
     """
 
     def __init__(
@@ -114,12 +122,13 @@ class PushPullStreams:
         *,
         share_with: bool,
         staleness: BoundedStaleness | None = None,
+        relayout_word: RelayoutWord | None = None,
     ) -> None:
         self._ps = connections
         self._streams: dict[int, transport.Stream] = {}
         self._watchdog = transport.Watchdog()
         shared = set(range(len(connections))) if share_with else set()
-        self.encoder = OperationEncoder(caller, wire_dtype, shared, staleness)
+        self.encoder = OperationEncoder(caller, wire_dtype, shared, staleness, relayout_word)
         self.numbers = PushNumbers(len(connections))
 
     def exchange(

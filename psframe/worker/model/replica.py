@@ -15,7 +15,7 @@ import torch
 from psframe.cluster.placement import ShardPlacement, VariableInfo, place
 from psframe.config.options import RowCaching
 from psframe.tables.spec import place_dynamic, place_tables
-from psframe.wire import codec
+from psframe.wire import dtypes
 from psframe.worker.client.operations import DenseReply
 from psframe.worker.model.dynamic import find_dynamic_tables
 from psframe.worker.model.staging import HostStaging
@@ -134,6 +134,9 @@ class Replica:
         self.max_shard_bytes = max_shard_bytes
         self.sync = sync
         self.staging = staging
+        # On a CUDA replica, gradients and values pass through pinned host buffers; on a CPU one
+        # they are the wire's tensors already, and a step calls nothing of the staging.
+        self._cuda = staging.cuda
         self._device_wire_dtype = wire_dtype if staging.cuda else None
         # Whose gradients are cleared after every step (the trainable ones, once each).
         self._params = [p for _, p in params]
@@ -174,27 +177,33 @@ class Replica:
         did not use contributes zeros.
         """
         push = request.push
-        grads = [(s.name, s.rows(s.param.grad)) for s in push if s.param.grad is not None]
+        grads = [(s.name, grad if s.whole else grad[s.part]) for s in push if (grad := s.param.grad) is not None]
         if self.sync and len(grads) < len(push):
             grads = [(s.name, s.rows(_grad_or_zeros(s.param))) for s in push]
+        if not self._cuda:
+            return grads
         if self._device_wire_dtype is not None:
-            grads = [(name, codec.to_wire(grad, self._device_wire_dtype)) for name, grad in grads]
+            grads = [(name, dtypes.to_wire(grad, self._device_wire_dtype)) for name, grad in grads]
         return self.staging.grads_to_host(grads)
 
     def assign(self, requests: Sequence[Request], replies: Sequence[DenseReply]) -> None:
         """Write the values the replies carry into the parameters, and clear the gradients."""
+        cuda = self._cuda
         with torch.no_grad():
             for request, reply in zip(requests, replies):
                 for slot, tensor in zip(request.pull, reply.values):
-                    if self.staging.cuda or slot.shard.partitioned:
+                    if cuda:
                         self.staging.to_device(slot.rows(slot.param.data), tensor)
-                    else:
+                    elif slot.whole:
                         # A whole CPU parameter takes the received bytes as its
                         # storage: the reply is not copied again (unless it
                         # travelled compressed: then widening is the copy).
                         slot.param.data = tensor if tensor.dtype == slot.param.dtype else tensor.to(slot.param.dtype)
+                    else:
+                        slot.param.data[slot.part].copy_(tensor)
             self.clear_gradients()
-        self.staging.synchronize()
+        if cuda:
+            self.staging.synchronize()
 
     def clear_gradients(self) -> None:
         for param in self._params:

@@ -15,7 +15,7 @@ tensors are copied and nothing touches the network.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,22 +24,28 @@ from psframe.cluster.placement import Shard
 
 @dataclass(frozen=True, slots=True)
 class Slot:
-    """One stored variable as seen from the worker: the part of a local parameter it mirrors."""
+    """One stored variable as seen from the worker: the part of a local parameter it mirrors.
+
+    What a step asks of it is worked out once, as attributes: its ``name`` (the shard's),
+    whether it is the ``whole`` parameter, and else the ``part`` of dim 0 it holds.
+    """
 
     shard: Shard
     param: torch.Tensor  # a model's parameter, or a dynamic table's row template
+    name: str = field(init=False, compare=False)
+    whole: bool = field(init=False, compare=False)  # the whole parameter: ``rows`` is the tensor itself
+    part: slice = field(init=False, compare=False, repr=False)  # else its rows of dim 0
 
-    @property
-    def name(self) -> str:
-        return self.shard.name
+    def __post_init__(self) -> None:
+        shard = self.shard
+        object.__setattr__(self, "name", shard.name)
+        object.__setattr__(self, "whole", not shard.partitioned)
+        object.__setattr__(self, "part", slice(shard.row_start, shard.row_end, shard.row_stride))
 
     def rows(self, tensor: torch.Tensor) -> torch.Tensor:
         """The part of ``tensor`` (shaped like the parameter) this shard holds: a view
         (not contiguous for a table part shared out by id modulo its parts)."""
-        shard = self.shard
-        if not shard.partitioned:
-            return tensor
-        return tensor[shard.row_start : shard.row_end : shard.row_stride]
+        return tensor if self.whole else tensor[self.part]
 
 
 @dataclass(frozen=True, eq=False, slots=True)

@@ -21,7 +21,7 @@ class Checkpointer:
     """Saves the model the ps tasks hold, at the global step of the values received.
 
     Args:
-        session: the worker's session (its client of the moment, and its values).
+        session: the worker's session (its client of the moment, and the global step of its values).
         checkpointing: where checkpoints go and how many are kept; None: the chief saves none.
     """
 
@@ -38,10 +38,10 @@ class Checkpointer:
             CheckpointError: no checkpoint folder, or a ps task could not write.
         """
         folder = self._folder("save_checkpoint()")
-        values = self._session.values
+        session = self._session
         # A ps task lost as it saved: wait for it, then save again (at the step of the values then).
-        manifest = self._session.call(
-            lambda at: checkpoint.save(at.client, folder, values.global_step, self._keep), pull=True, moved=False
+        manifest = session.call(
+            lambda at: checkpoint.save(at.client, folder, session.global_step, self._keep), pull=True, moved=False
         )
         self.last_commit = manifest.step
         log.info("checkpoint of global step %d committed in %s", manifest.step, manifest.folder)
@@ -62,7 +62,7 @@ class Checkpointer:
             parent = None if chain is None else chain.step
         if parent is None:
             return self.save()
-        step = self._session.values.global_step
+        step = self._session.global_step
         if step <= parent:
             return checkpoint.read(folder, parent).last
         try:

@@ -128,7 +128,9 @@ class RangeFeed:
     def __init__(self, session: Session) -> None:
         self._session = session
         self._outcome: Outcome | None = None  # what became of the batch the last step trained on
-        self._reading = False  # a batch is out: the next step reports its progress
+        # A batch is out: the next step reports its progress, and tells its outcome (a step
+        # reads this, and calls nothing here without it).
+        self.reading = False
 
     def read(self, ranges: DataRanges) -> Iterator[torch.Tensor]:
         """The batches of ``ranges`` (``Trainer.read``): the indices of their examples.
@@ -150,12 +152,12 @@ class RangeFeed:
             while offset < grant.end:
                 stop = min(offset + ranges.batch_size, grant.end)
                 self._outcome = None
-                self._reading = True
+                self.reading = True
                 session.client.report_progress(reader.queue_task, ranges.name, grant.lease, stop)
                 try:
                     yield order[offset:stop]
                 finally:
-                    self._reading = False
+                    self.reading = False
                     session.client.clear_progress()
                 outcome = self._outcome
                 if outcome is None:
@@ -173,8 +175,8 @@ class RangeFeed:
         return self._session.call(lambda at: control_calls.data_range(at.client, *asked), lost=False)
 
     def outcome(self, outcome: Outcome) -> None:
-        """What became of the step on the batch out (with none out, nothing)."""
-        if self._reading:
+        """What became of the step on the batch out (with none out, nothing: see :attr:`reading`)."""
+        if self.reading:
             self._outcome = outcome
 
     def lost(self, error: DataRangeLostError) -> None:
@@ -184,7 +186,7 @@ class RangeFeed:
         Raises:
             DataRangeLostError: ``error``, with no batch out.
         """
-        if not self._reading:
+        if not self.reading:
             raise error
         log.warning("%s: %s", self._session.name, error)
         self._outcome = Outcome.LOST

@@ -19,24 +19,41 @@ thread each: autograd releases the GIL, and each GPU works on its own). Then:
   asynchronous worker's may be stale).
 
 :func:`replicate` gives a trainer its replicas: :class:`InGraphReplicas`, or
-:class:`OneReplica` (the model alone) without ``replica_devices``; either takes
-the trainer's steps (``step``), so that the trainer has no branch of its own.
+:class:`OneReplica` (the model alone) without ``replica_devices``. Either says once, as
+the trainer connects, what a step does with the losses it is given (``steps``): one
+replica's loss goes straight to the trainer's own step, which passes nothing here; in-graph
+replicas take theirs first. The trainer has no branch of its own.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import torch
 
 from psframe.worker.model.staging import resolve_device
 
-# One step of the trainer: push(loss, run_backward) sends the first replica's gradients and
-# takes the values; it gives the global step after it.
-Push = Callable[[torch.Tensor | None, bool], int]
 Losses = torch.Tensor | Sequence[torch.Tensor] | None
+# What a step does with the losses given to Trainer.step: the global step after it.
+Steps = Callable[[Losses], int]
+
+
+class Push(Protocol):
+    """One step of the trainer: backward on ``loss`` (one tensor, or None: the gradients are
+    there) unless not ``run_backward``, the first replica's gradients sent, the values taken.
+
+    Returns:
+        The global step after it.
+
+    Raises:
+        TypeError: ``loss`` is a list of losses.
+    """
+
+    def __call__(self, loss: Losses, run_backward: bool = True) -> int: ...
 
 
 def replicate(
@@ -68,15 +85,9 @@ class OneReplica:
     def __init__(self, model: torch.nn.Module) -> None:
         self.models = [model]
 
-    def step(self, loss: Losses, push: Push, *, sync: bool, recorded: Callable[[], None]) -> int:
-        """``push`` the step of ``loss`` (one tensor, or None: the gradients are there).
-
-        Raises:
-            TypeError: a list of losses.
-        """
-        if loss is not None and not isinstance(loss, torch.Tensor):
-            raise TypeError("step() takes a list of losses only with replica_devices (in-graph replication)")
-        return push(loss, True)
+    def steps(self, push: Push, *, sync: bool, recorded: Callable[[], None]) -> Steps:
+        """What a step does with its loss: ``push`` it, as it is."""
+        return push
 
     def share_values(self) -> None:
         """Nothing to share: one replica."""
@@ -106,6 +117,10 @@ class InGraphReplicas:
 
     def __len__(self) -> int:
         return len(self.models)
+
+    def steps(self, push: Push, *, sync: bool, recorded: Callable[[], None]) -> Steps:
+        """What a step does with its losses: :meth:`step` them (``sync``, ``recorded``: as there)."""
+        return functools.partial(self.step, push=push, sync=sync, recorded=recorded)
 
     def step(self, loss: Losses, push: Push, *, sync: bool, recorded: Callable[[], None]) -> int:
         """One step of every replica, each with its loss (a list; None: the gradients are there):

@@ -15,6 +15,7 @@ from psframe.cluster.placement import ShardPlacement
 from psframe.config.liveness import Liveness
 from psframe.config.options import BoundedStaleness, Placement, RowCaching
 from psframe.config.security import Security
+from psframe.worker.client.operations import RelayoutWord
 from psframe.worker.client.ps_client import PsClient
 from psframe.worker.model.replica import Replica, place_model
 from psframe.worker.model.staging import HostStaging
@@ -32,6 +33,9 @@ class LayoutMaker:
         wire_dtype, row_cache: as the Trainer's.
         task_index: the worker's.
         rpc_timeout, shared_memory, security, liveness, staleness: the clients' settings.
+
+    Its clients keep what ps 0's replies say of re-layouts in one :attr:`relayout_word`, which
+    the chief reads after its steps whatever layout it trains on (:mod:`psframe.worker.relayout_leader`).
     """
 
     def __init__(
@@ -52,6 +56,7 @@ class LayoutMaker:
     ) -> None:
         self._model, self._device, self._placement = model, device, placement
         self._sync, self._wire_dtype, self._row_cache = sync, wire_dtype, row_cache
+        self.relayout_word = RelayoutWord()
         self._client_options: dict[str, Any] = {
             "rpc_timeout": rpc_timeout,
             "wire_dtype": wire_dtype,
@@ -59,6 +64,7 @@ class LayoutMaker:
             "security": security,
             "liveness": liveness,
             "staleness": staleness,
+            "relayout_word": self.relayout_word,
         }
         self._task_index = task_index
 

@@ -35,7 +35,7 @@ def report_metric(session: Session, value: float, task_index: int) -> int:
         raise PsframeError(
             f"the chief (worker 0) reports metrics for the learning-rate schedules; this is worker {task_index}"
         )
-    step = session.values.global_step
+    step = session.global_step
     told: dict[int, int] = {}  # ps task -> the step from which it counts the metric
     rates: dict[int, float] = {}
     clients: list[object] = []

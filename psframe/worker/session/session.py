@@ -1,4 +1,4 @@
-"""The layout a worker trains on, and one way to survive failures.
+"""The layout a worker trains on, one way to survive failures, and the values received.
 
 A :class:`Session` holds the layout (the cluster, a client of its ps tasks, the model bound to
 its placement) and makes the worker's calls to the ps tasks through :meth:`Session.call`, which
@@ -9,6 +9,14 @@ first failure):
   (a restarted one restored from a checkpoint), join the model again, and try again;
 - the ps tasks moved (a re-layout, or a stage of one): follow ps 0 to the layout they moved to
   (:func:`psframe.worker.session.relayout.follow`), switch to it, and try there.
+
+A step's push is one such call (:meth:`Session.push_step`); sent again once lost ps tasks are
+back, with the numbers it had (a ps task that applied one before answers it without applying it
+twice: :mod:`psframe.ps.protocol.ledger`), or on the layout the ps tasks moved to, of that
+layout's plan (nothing of it was applied before the move). In every reply read
+(:meth:`Session.receive`) the replica takes the values, and the :attr:`~Session.global_step`
+follows the training's rule: asynchronous, ``/job:ps/task:0`` keeps it (as in TF); synchronous,
+the lowest over the ps tasks.
 
 Joining the model (:func:`psframe.worker.session.startup.join`, following ps 0 where the ps
 tasks moved before), the switch to a new layout with the hand-over of a step under way, and the
@@ -40,13 +48,15 @@ from psframe.errors import (
 from psframe.optim import OptimizerSpec, SyncReplicas
 from psframe.tables.rows import UNKNOWN_VERSION, CachedPull, FreshRows, RowPull
 from psframe.worker.client import control_calls, relayout_calls
+from psframe.worker.client.operations import DenseReply
 from psframe.worker.client.ps_client import PsClient
+from psframe.worker.client.streams import Exchange
 from psframe.worker.model.replica import Replica
 from psframe.worker.model.tables import EmbeddingTables
+from psframe.worker.plan.step_plan import Request
 from psframe.worker.session import relayout, startup
 from psframe.worker.session.layout_maker import LayoutMaker
 from psframe.worker.session.stats import Counters
-from psframe.worker.session.values import Values
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,8 @@ T = TypeVar("T")
 LOST = (TaskUnavailableError, NotReadyError, RpcTimeoutError)
 # How long closing waits for the client of a layout before to close (it closes in a thread of its own).
 CLOSE_WAIT_SECONDS = 10.0
+# A step's push: the requests sent (of the plan of the layout they went to), their replies, rows prefetched.
+Sent = tuple[tuple[Request, ...], list[DenseReply], dict[int, list[torch.Tensor]]]
 
 
 class Retry(enum.Enum):
@@ -96,9 +108,12 @@ class Session:
         cluster: the cluster the worker starts on.
         replica: the model bound to its placement there.
         settings: what joining tells the ps tasks.
-        sync: the sync settings resolved for ``cluster`` (until a join resolves them again).
-        values: the values received, and their global step.
-        counters: where recoveries, re-layouts followed and rows pulled are counted.
+        sync: the sync settings resolved for ``cluster`` (until a join resolves them again; None,
+            asynchronous training, stays None).
+        pulled: called after every pull of all the values (in-graph replication: the other
+            replicas take them).
+        counters: where recoveries, re-layouts followed, rows pulled, steps dropped as late and
+            steps ahead of the slowest worker are counted.
         max_stage_bytes: the most bytes a stage of a re-layout moves.
         switched: called with the replica of each layout the session switches to, once it
             trains there (the worker's parts bound to the replica before follow).
@@ -112,14 +127,16 @@ class Session:
         settings: SessionSettings,
         *,
         sync: SyncReplicas | None,
-        values: Values,
+        pulled: Callable[[], None],
         counters: Counters,
         max_stage_bytes: int,
         switched: Callable[[Replica], None],
     ) -> None:
         self.layouts = relayout.Layouts(maker.place, maker.layout, max_stage_bytes)
-        self.cluster, self.replica, self.sync, self.values = cluster, replica, sync, values
+        self.cluster, self.replica, self.sync = cluster, replica, sync
         self._maker, self._settings, self._counters, self._switched = maker, settings, counters, switched
+        self._sync_training, self._pulled = sync is not None, pulled
+        self.global_step = 0  # of the values last received
         self._client: PsClient | None = None
         self._closing: list[threading.Thread] = []  # the clients of layouts before, closing
         self.name = f"worker {settings.task_index}"  # in the log
@@ -135,11 +152,6 @@ class Session:
     def placement(self) -> ShardPlacement:
         """Which ps task holds each shard, on the layout of the moment."""
         return self.replica.placement
-
-    @property
-    def current(self) -> relayout.Layout:
-        """The layout the worker trains on."""
-        return relayout.Layout(self.cluster, self.client, self.replica)
 
     def relayout_settings(self, sync: SyncReplicas | None) -> relayout.Settings:
         """What the ps tasks of a new layout are told of the model, with ``sync``."""
@@ -184,7 +196,9 @@ class Session:
                 # Started with the ps tasks of before a re-layout (flags not yet updated), or the
                 # ps tasks took a stage of one meanwhile: follow ps 0.
                 status = relayout_calls.layout_status(self.client)
-                if status.cluster is None or not status.moved or not self._same_workers(status.cluster):
+                if status.cluster is None or not status.moved:
+                    raise
+                if status.cluster.job_tasks("worker") != self.cluster.job_tasks("worker"):
                     raise
                 if time.monotonic() >= deadline or self.layouts.where(status) == (self.cluster, self.placement):
                     raise
@@ -202,9 +216,6 @@ class Session:
             self._client, self.replica, self.cluster = layout.client, layout.replica, layout.cluster
             self._counters.relayouts += layout.final
 
-    def _same_workers(self, cluster: ClusterSpec) -> bool:
-        return cluster.job_tasks("worker") == self.cluster.job_tasks("worker")
-
     def _join_layout(self, deadline: float) -> None:
         settings = self._settings
         self.client.async_parts = self._async_parts(self.replica)
@@ -217,7 +228,7 @@ class Session:
             checkpoint_dir=settings.checkpoint_dir,
             deadline=deadline,
             table_optimizer=settings.table_optimizer,
-            global_step=self.values.global_step,
+            global_step=self.global_step,
             resume=self._resume_relayout,
         )
 
@@ -239,7 +250,8 @@ class Session:
                 f"the ps tasks are at stage {stage.stage} of {stage.stages} of a re-layout, not at this "
                 f"chief's placement"
             )
-        relayout.resume(self.current, self.relayout_settings(sync), status)
+        current = relayout.Layout(self.cluster, self.client, self.replica)
+        relayout.resume(current, self.relayout_settings(sync), status)
 
     # ---- calls, and what they survive
 
@@ -308,8 +320,8 @@ class Session:
         self.join(deadline=deadline)
         if pull:
             self.replica.clear_gradients()
-            self.values.pull(self.client, self.replica)
-            log.info("%s: the ps tasks are back; going on at global step %d", self.name, self.values.global_step)
+            self.pull_values()
+            log.info("%s: the ps tasks are back; going on at global step %d", self.name, self.global_step)
 
     def _follow(self, error: LayoutChangedError, pull: bool, deadline: float) -> None:
         """Train on the layout ps 0 moved to (:func:`relayout.follow`), and with ``pull`` take its
@@ -363,7 +375,87 @@ class Session:
         self._switched(replica)
         self._counters.relayouts += layout.final
         if pull:
-            self.values.pull(client, replica)
+            self.pull_values()
+
+    # ---- a step, and the values received
+
+    def push_step(
+        self,
+        pushed: bool,
+        row_gradients: Mapping[str, tuple[torch.Tensor, torch.Tensor] | None],
+        prefetch: Mapping[int, Sequence[RowPull]],
+        exchange: Exchange | None = None,
+    ) -> tuple[bool, dict[int, list[torch.Tensor]]]:
+        """One step's push (``pushed`` False: its pull) as a :meth:`call` (see the module), and the
+        values received; with the tables' ``row_gradients``, the rows to ``prefetch`` behind it, and
+        the ``exchange`` of the requests sent during backward (``overlap_backward``).
+
+        Returns:
+            Whether a reply says the step was dropped as late; the rows prefetched.
+        """
+        computed_at = self.global_step  # the step the gradients were computed at (sync: their round)
+        sync = self._sync_training
+
+        def attempt(at: Attempt) -> Sent:
+            replica, client = at.replica, at.client
+            requests = replica.plan.step if pushed else replica.plan.pull
+            if exchange is not None and at.retry is None:  # some requests went during backward; the rest now
+                return requests, client.finish_step(exchange), {}
+            rows = None
+            if pushed and replica.has_tables:
+                rows = replica.tables.cut(row_gradients, every_table=sync, except_tables=self._settings.async_tables)
+            # The gradients each request carries (views, no copies on a CPU replica).
+            sent = [(r, replica.gradients(r) if pushed else ()) for r in requests]
+            if at.retry is None:
+                replies, prefetched = client.push_pull_and_prefetch(
+                    sent, computed_at, prefetch, rows=rows, pulls_with_pushes=not sync
+                )
+                return requests, replies, prefetched
+            # Sent again with its numbers on the client that first sent it; a client the rejoin made
+            # anew (the ps tasks had moved meanwhile) never numbered this step: it goes there fresh.
+            again = at.retry is Retry.LOST and client.push_numbers.holds_a_step
+            replies, _ = client.push_pull_and_prefetch(sent, computed_at, {}, rows=rows, again=again)
+            if again:
+                log.info(
+                    "%s: the ps tasks are back; step %d sent again (%d of its pushes had been applied before)",
+                    self.name,
+                    computed_at,
+                    sum(reply.duplicate for reply in replies),
+                )
+            return requests, replies, {}
+
+        requests, replies, prefetched = self.call(attempt, then=f"sending step {computed_at}'s pushes again")
+        return self.receive(requests, replies), prefetched
+
+    def receive(self, requests: Sequence[Request], replies: Sequence[DenseReply]) -> bool:
+        """The replica takes the values of ``replies`` (to ``requests``); the global step follows
+        them (see the module). Returns whether a reply says its gradients were dropped as late."""
+        self.replica.assign(requests, replies)
+        sync, dropped, ahead, steps = self._sync_training, False, -1, []
+        for request, reply in zip(requests, replies):
+            dropped = dropped or reply.dropped
+            if request.end_of_step and reply.steps_ahead > ahead:
+                ahead = reply.steps_ahead
+            # Async: global_step lives on /job:ps/task:0, as in TF. Sync: every ps advances in
+            # lockstep, but a reply may have been read just before a shard caught up; tagging the
+            # next push with the lowest step makes a gradient computed on mixed versions stale
+            # everywhere, never applied. A push-only request's answer carries the step before the
+            # update: skipped.
+            if request.pull and (sync or request.ps_task == 0):
+                steps.append(reply.global_step)
+        if not sync and ahead >= 0:  # how far ahead of the slowest live worker this step found this one
+            self._counters.steps_ahead[ahead] += 1
+        self._counters.dropped_steps += dropped
+        if steps:
+            self.global_step = min(steps) if sync else max(steps)
+        return dropped
+
+    def pull_values(self) -> None:
+        """Every variable's current value into the replica, exactly (uncompressed, whatever the wire dtype)."""
+        requests = self.replica.plan.pull
+        replies = self.client.push_pull([(r, ()) for r in requests], self.global_step, compress=False)
+        self.receive(requests, replies)
+        self._pulled()
 
     # ---- the embedding tables' lookups
 
@@ -378,7 +470,7 @@ class Session:
         def attempt(at: Attempt) -> dict[int, list[torch.Tensor | FreshRows]]:
             if at.replica.tables is before:
                 # A row cache stays valid: a restarted ps task's versions count past all it gave before.
-                return at.client.pull_rows(wanted, self.values.global_step, create, max_lag)
+                return at.client.pull_rows(wanted, self.global_step, create, max_lag)
             # Asked of the parts before a re-layout: read where they went.
             return {ps_task: [self._rows_moved(before, asked) for asked in pulls] for ps_task, pulls in wanted.items()}
 
@@ -394,7 +486,7 @@ class Session:
             before,
             asked[0],
             asked[1],
-            lambda wanted, create, max_lag: self.client.pull_rows(wanted, self.values.global_step, create, max_lag),
+            lambda wanted, create, max_lag: self.client.pull_rows(wanted, self.global_step, create, max_lag),
         )
         return FreshRows(torch.full_like(asked[1], UNKNOWN_VERSION), rows) if isinstance(asked, CachedPull) else rows
 
