@@ -23,7 +23,7 @@ the public API.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -33,7 +33,8 @@ from psframe.optim import OptimizerSpec
 from psframe.ps.store import VariableStore
 from psframe.tables.dynamic_rows import DynamicRows
 from psframe.tables.spec import DynamicTableSpec, place_tables
-from psframe.wire import transport
+from psframe.wire import psframe_pb2, transport
+from psframe.wire.encoding import MessageEncoding, parse
 from psframe.worker.client import control_calls
 from psframe.worker.client.ps_client import PsClient
 from psframe.worker.model.table_views import Table
@@ -143,3 +144,19 @@ def table_split_loads(rows: int, dim: int, num_ps: int, partition: str, ids: tor
     shards = place_tables([VariableInfo("table", (rows, dim), 4)], num_ps, partition=partition)
     table = Table("table", None, [Slot(shard, None) for shard in shards])
     return [float(part.numel()) for _, part, _ in table.split(ids)]
+
+
+def gradient_message(gradient: torch.Tensor) -> tuple[Callable[[], bytes], Callable[[bytes], list[torch.Tensor]]]:
+    """How a worker's request carries ``gradient`` (a contiguous CPU tensor): ``encode()`` makes the
+    message of it, as every step does (its layout worked out once), and ``decode(message)`` reads the
+    tensor back, as a ps task does."""
+    encoding = MessageEncoding(psframe_pb2.PushPullHeader, [("w", gradient.dtype, tuple(gradient.shape))])
+    buffers = encoding.buffers([gradient])
+
+    def encode() -> bytes:
+        return encoding.encode(psframe_pb2.PushPullHeader(step=1), buffers)
+
+    def decode(message: bytes) -> list[torch.Tensor]:
+        return encoding.tensors(parse(message, psframe_pb2.PushPullHeader))
+
+    return encode, decode

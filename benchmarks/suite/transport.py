@@ -20,6 +20,9 @@ a ps holds only the variables it is timed on (a ps optimizer visits every
 variable it holds on each step); the cluster has one worker, this process.
 
     python -m benchmarks.suite.transport [--quick]
+
+Below the table, the bytes copied per byte sent, for a message of the largest
+payload (:mod:`benchmarks.suite.copies`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from benchmarks.common import (
     table_main,
 )
 from benchmarks.formatting import format_bytes, format_number, format_percent, format_ratio, markdown_table
+from benchmarks.suite import copies
 from benchmarks.suite.ps_cluster import PsCluster, finish_clusters, in_parallel
 from benchmarks.suite.psframe_internals import (
     Step,
@@ -268,6 +272,13 @@ def transport_table(rows: Sequence[dict]) -> str:
     )
 
 
+def with_copies(table: str, quick: bool) -> str:
+    """``table`` and, below it, the bytes copied per byte sent on the way (:mod:`benchmarks.suite.copies`),
+    for a message of the largest payload timed."""
+    length = max(Settings.for_mode(quick).sizes)
+    return f"{table}\n\n{copies.copies_table(copies.measure(length), length)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     # As psframe's own entry points do: the settings of a process that moves tensors every step.
     psframe.tune_process()
@@ -275,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         __doc__,
         "small sizes, few repeats",
-        lambda quick: transport_table(run_transport_benchmarks(Settings.for_mode(quick))),
+        lambda quick: with_copies(transport_table(run_transport_benchmarks(Settings.for_mode(quick))), quick),
     )
 
 

@@ -439,9 +439,9 @@ def test_store_lock_times_the_requests_the_trainer_plans():
 
 
 def test_psframe_copies_a_gradient_once_into_a_message_and_never_out_of_one():
-    """The copies experiment's own rows: encoding copies the tensor's bytes once (the message is
+    """The copies benchmark's own rows: encoding copies the tensor's bytes once (the message is
     made of them), decoding makes views."""
-    from benchmarks.experiments.copies import psframe_rows
+    from benchmarks.suite.copies import psframe_rows
 
     (_, encode_peak, _), (_, decode_peak, decode_kept) = psframe_rows(4 << 20)
     assert 0.99 < encode_peak < 1.05

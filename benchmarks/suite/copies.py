@@ -1,6 +1,6 @@
 """Bytes copied per byte sent on the gRPC path: a raw gRPC echo (the floor), and psframe's own share.
 
-    python -m benchmarks.experiments.copies [--mib 64]
+    python -m benchmarks.suite.copies [--mib 64]
 
 Copies are counted as the Python heap sees them (``tracemalloc``): every
 ``bytes`` or ``bytearray`` made of a message's bytes is allocated there,
@@ -19,8 +19,10 @@ Rows:
 - ``grpc send``: what sending costs the sender's Python heap: nothing (the
   core copies the ``bytes`` into a slice of its own, outside the heap);
 - ``psframe encode`` and ``decode``: a gradient of the given size as
-  :class:`psframe.wire.encoding.MessageEncoding` makes it into the message
-  and reads it back as a tensor (a view: no copy).
+  psframe's encoding makes it into the message and reads it back as a tensor
+  (a view: no copy), through :func:`benchmarks.suite.psframe_internals.gradient_message`.
+
+:mod:`benchmarks.suite.transport` prints this table below its own, for its largest payload.
 """
 
 from __future__ import annotations
@@ -33,8 +35,7 @@ from concurrent import futures
 import grpc
 import torch
 
-from psframe.wire import psframe_pb2 as pb
-from psframe.wire.encoding import MessageEncoding, parse
+from benchmarks.suite.psframe_internals import gradient_message
 
 _OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
@@ -73,21 +74,17 @@ def peak_per_byte(action, length: int) -> tuple[float, float]:
 def psframe_rows(length: int) -> list[tuple[str, float, float]]:
     """psframe's own copies of a float32 gradient of ``length`` bytes: made into a message, and read
     back from one (``(row, peak, kept)`` per byte)."""
-    gradient = torch.zeros(length // 4)
-    encoding = MessageEncoding(pb.PushPullHeader, [("w", gradient.dtype, tuple(gradient.shape))])
-    buffers = encoding.buffers([gradient])
-    message = encoding.encode(pb.PushPullHeader(step=1), buffers)
+    encode, decode = gradient_message(torch.zeros(length // 4))
+    message = encode()
     return [
-        ("psframe encode", *peak_per_byte(lambda: encoding.encode(pb.PushPullHeader(step=1), buffers), length)),
-        ("psframe decode", *peak_per_byte(lambda: encoding.tensors(parse(message, pb.PushPullHeader)), length)),
+        ("psframe encode", *peak_per_byte(encode, length)),
+        ("psframe decode", *peak_per_byte(lambda: decode(message), length)),
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=64, help="the message's size in MiB")
-    args = parser.parse_args()
-    length = args.mib << 20
+def measure(length: int) -> list[tuple[str, float, float]]:
+    """Every row of the module's table for a message of ``length`` bytes: ``(row, peak, kept)`` per byte
+    (a gRPC server in a child process for the gRPC rows)."""
     context = multiprocessing.get_context("spawn")
     ports, stop = context.Queue(), context.Event()
     server = context.Process(target=_serve, args=(length, ports, stop), daemon=True)
@@ -104,11 +101,22 @@ def main() -> None:
     finally:
         stop.set()
         server.join(10)
-    rows += psframe_rows(length)
-    print(f"copies of a {args.mib} MiB message, in the Python heap (bytes allocated per byte)")
-    print(f"{'':16} {'peak':>6} {'kept':>6}")
-    for name, peak, kept in rows:
-        print(f"{name:16} {peak:6.2f} {kept:6.2f}")
+    return rows + psframe_rows(length)
+
+
+def copies_table(rows: list[tuple[str, float, float]], length: int) -> str:
+    """The rows of :func:`measure` as the text the module prints."""
+    lines = [f"copies of a {length / 2**20:g} MiB message, in the Python heap (bytes allocated per byte)"]
+    lines.append(f"{'':16} {'peak':>6} {'kept':>6}")
+    lines += [f"{name:16} {peak:6.2f} {kept:6.2f}" for name, peak, kept in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=64, help="the message's size in MiB")
+    length = parser.parse_args().mib << 20
+    print(copies_table(measure(length), length))
 
 
 if __name__ == "__main__":
