@@ -42,6 +42,7 @@ from psframe.checkpoint.atomic import join, norm
 from psframe.checkpoint.manifest import Manifest, ShardRecord, folder_name
 from psframe.checkpoint.shard import DELTA_FORMAT_VERSION, DELTA_FORMATS, OptimizerData, ShardData, VariableData
 from psframe.errors import CheckpointCorruptError, CheckpointError
+from psframe.optim.row_state import is_row_state
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ _DYNAMIC_ROWS = ("updated", "updates", "seen")  # per-row tensors of a dynamic p
 class RowChanges:
     """The rows of a fixed table part that changed: their indices in the part, values and optimizer state.
 
-    ``state`` holds element-wise state by row (shaped like ``value``) and any other state whole.
+    ``state`` holds per-row state by row (:func:`psframe.optim.row_state.is_row_state`) and any other state whole.
     """
 
     index: torch.Tensor
@@ -62,9 +63,11 @@ class RowChanges:
     @classmethod
     def of(cls, index: torch.Tensor, value: torch.Tensor, state: Mapping[str, Any]) -> RowChanges:
         """Copies of rows ``index`` of a fixed table part ``value`` and of its optimizer ``state``
-        (element-wise state by row; any other state whole)."""
+        (per-row state by row; any other state whole)."""
         rows = {
-            k: (x.index_select(0, index) if x.shape == value.shape else x.clone()) if isinstance(x, torch.Tensor) else x
+            k: (x.index_select(0, index) if is_row_state(x, value.shape) else x.clone())
+            if isinstance(x, torch.Tensor)
+            else x
             for k, x in state.items()
         }
         return cls(index, value.detach().index_select(0, index), rows)
@@ -282,7 +285,7 @@ def with_rows(var: VariableData, rows: RowChanges, *, in_place: bool = False) ->
     state = dict(var.state)
     for key, changed in rows.state.items():
         old = state.get(key)
-        if isinstance(changed, torch.Tensor) and isinstance(old, torch.Tensor) and old.shape == var.value.shape:
+        if isinstance(changed, torch.Tensor) and is_row_state(old, var.value.shape):
             state[key] = (old if in_place else old.clone()).index_copy_(0, rows.index, changed.to(old.dtype))
         else:  # other state, whole; or state made since the parent, for which every row is in the delta
             state[key] = changed

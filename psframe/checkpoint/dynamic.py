@@ -16,6 +16,7 @@ import torch
 
 from psframe.checkpoint.shard import ShardData, VariableData
 from psframe.errors import CheckpointError
+from psframe.optim.row_state import is_row_state
 from psframe.tables.dynamic_rows import part_of
 
 
@@ -50,13 +51,7 @@ def gather(parts: Sequence[VariableData], part_index: int = 0, num_parts: int = 
     state: dict[str, Any] = {}
     for key in parts[0].state:
         values: list[Any] = [p.state.get(key) for p in parts]
-        if all(
-            isinstance(v, torch.Tensor)
-            and v.dim()
-            and v.shape[0] == p.value.shape[0]
-            and v.shape[1:] == p.value.shape[1:]
-            for v, p in zip(values, parts)
-        ):
+        if all(is_row_state(v, p.value.shape) and v.dim() for v, p in zip(values, parts)):
             state[key] = rows_of(values)
         elif all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in values):
             state[key] = max(values, key=float).clone()

@@ -19,8 +19,9 @@ names, nested the same way, plus ``format_version``::
                     "row_stride": int, "table": bool, "dynamic": None or {...}}],
      "pushes": None or {"last_push": [int, ...], "applied_steps": [int, ...]}}
 
-``state`` is the variable's ``torch.optim`` per-parameter state: a tensor shaped
-like ``value`` is element-wise state, anything else is per-parameter scalar
+``state`` is the variable's optimizer per-parameter state: a tensor shaped
+like ``value`` is element-wise state, one of shape ``[r]`` (a table's) one
+value per row (row-wise Adagrad's), anything else is per-parameter scalar
 state. ``row_stride`` (0 or 1: contiguous rows) and ``table`` are those of
 ``pb.VariableDef``: an embedding table shared out by id modulo its parts
 holds every ``row_stride``-th row. A dynamic table's part has ``dynamic``:

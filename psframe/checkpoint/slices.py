@@ -22,6 +22,7 @@ import torch
 from psframe.checkpoint.dynamic import gather
 from psframe.checkpoint.shard import ShardData, VariableData
 from psframe.errors import CheckpointError
+from psframe.optim.row_state import is_row_state
 
 
 def assemble(shards: Sequence[ShardData]) -> dict[str, torch.Tensor]:
@@ -122,7 +123,7 @@ def slice_rows(shards: Sequence[ShardData], variable: str, row_start: int, row_e
             if not _elementwise(y, part):
                 raise CheckpointError(
                     f"parts of {variable!r} disagree on optimizer state {key!r}: "
-                    f"{first.name!r} holds it element-wise, {part.name!r} does not"
+                    f"{first.name!r} holds it per row, {part.name!r} does not"
                 )
             chunks.append(y[lo:hi])
         state[key] = torch.cat(chunks)
@@ -158,9 +159,7 @@ def strided_rows(
         )
     value, state = _whole(variable, parts)
     ids = torch.arange(row_start, row_start + count * row_stride, row_stride)
-    return value[ids], {
-        k: x[ids] if isinstance(x, torch.Tensor) and x.shape == value.shape else x for k, x in state.items()
-    }
+    return value[ids], {k: x[ids] if is_row_state(x, value.shape) else x for k, x in state.items()}
 
 
 # ---- helpers
@@ -193,8 +192,9 @@ def _whole(variable: str, parts: list[VariableData]) -> tuple[torch.Tensor, dict
             )
         for key, x in part.state.items():
             if _elementwise(x, part):
-                whole = state.setdefault(key, torch.empty(tuple(first.full_shape), dtype=x.dtype))
-                if not isinstance(whole, torch.Tensor) or whole.shape != value.shape:
+                whole_shape = (first.full_shape[0], *x.shape[1:])
+                whole = state.setdefault(key, torch.empty(whole_shape, dtype=x.dtype))
+                if not isinstance(whole, torch.Tensor) or tuple(whole.shape) != whole_shape:
                     raise CheckpointError(f"parts of {variable!r} disagree on optimizer state {key!r}")
                 whole[ids] = x
             else:
@@ -247,7 +247,8 @@ def _single(variable: str, parts: list[VariableData]) -> VariableData:
 
 
 def _elementwise(x: Any, part: VariableData) -> TypeGuard[torch.Tensor]:
-    return isinstance(x, torch.Tensor) and x.shape == part.value.shape
+    """Whether ``x`` is per-row state of ``part`` (:func:`psframe.optim.row_state.is_row_state`)."""
+    return is_row_state(x, part.value.shape)
 
 
 def _copy_state(state: Mapping) -> dict:

@@ -1,10 +1,13 @@
 """Server-side optimizers, named the way ``torch.optim`` names them.
 
 The ps tasks run real ``torch.optim`` optimizers over the variables they
-hold; a worker only says which one and with which keyword arguments::
+hold (and psframe's own for embedding tables: ``SparseSGD``, ``Ftrl``,
+``RowWiseAdagrad``); a worker only says which one and with which keyword
+arguments, through the factories of :mod:`psframe.optim.factories`, exported here::
 
     optimizer = psframe.optim.SGD(lr=0.1, momentum=0.9, nesterov=True)
     optimizer = psframe.optim.Adam(lr=1e-3, betas=(0.9, 0.999))
+    table_optimizer = psframe.optim.Ftrl(lr=0.05, l1=1e-3)
 
 Arguments are checked on the worker, up front, by building the optimizer
 once over a dummy parameter, so a typo fails before any task is contacted.
@@ -14,7 +17,10 @@ A learning-rate schedule goes with its optimizer (``schedule=``, one of
 How a ps task runs them is in the modules beside this one:
 :mod:`psframe.optim.kernels` (fast, with torch's own results),
 :mod:`psframe.optim.rows_kernels` (the optimizers of embedding tables, row
-by row) and :mod:`psframe.optim.schedule_clock` (schedules).
+by row), :mod:`psframe.optim.ftrl` and :mod:`psframe.optim.rowwise_adagrad`
+(psframe's table optimizers), :mod:`psframe.optim.row_state` (which state
+is per row, and what a new row's starts at) and
+:mod:`psframe.optim.schedule_clock` (schedules).
 """
 
 from __future__ import annotations
@@ -23,18 +29,34 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from psframe.errors import OptimizerConfigError
 from psframe.optim import kernels, lr_scheduler, rows_kernels
+from psframe.optim.factories import (
+    ASGD,
+    SGD,
+    Adadelta,
+    Adagrad,
+    Adam,
+    Adamax,
+    AdamW,
+    Ftrl,
+    NAdam,
+    RAdam,
+    RMSprop,
+    RowWiseAdagrad,
+    Rprop,
+    SparseAdam,
+    SparseSGD,
+)
 from psframe.optim.lr_scheduler import ScheduleSpec
 
 log = logging.getLogger(__name__)
 
-# torch.optim optimizers a ps can run: every one whose step() needs no
-# closure. LBFGS re-evaluates the loss, which only a worker can do.
+# The optimizers a ps can run: every torch.optim one whose step() needs no
+# closure (LBFGS re-evaluates the loss, which only a worker can do), and psframe's own.
 SUPPORTED = (
     "SGD",
     "Adam",
@@ -48,7 +70,10 @@ SUPPORTED = (
     "ASGD",
     "Rprop",
     "SparseAdam",
-    "SparseSGD",  # psframe's own: SGD with lazy momentum for embedding tables (psframe.optim.rows_kernels)
+    # psframe's own (kernels.OWN_OPTIMIZERS), for embedding tables above all:
+    "SparseSGD",  # SGD with lazy momentum (psframe.optim.rows_kernels)
+    "Ftrl",  # FTRL-Proximal as TensorFlow's (psframe.optim.ftrl)
+    "RowWiseAdagrad",  # Adagrad with one accumulator per row, as FBGEMM's (psframe.optim.rowwise_adagrad)
 )
 
 KwargValue = float | int | bool | str | tuple[float, ...]
@@ -56,16 +81,16 @@ KwargValue = float | int | bool | str | tuple[float, ...]
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """A ``torch.optim`` optimizer by class name and keyword arguments.
+    """An optimizer by class name and keyword arguments: ``torch.optim``'s, or psframe's own.
 
     Args:
-        name: the class name in ``torch.optim`` (one of :data:`SUPPORTED`).
+        name: the class name in ``torch.optim``, or of psframe's own (one of :data:`SUPPORTED`).
         kwargs: keyword arguments for its constructor; numbers, bools,
             strings and tuples of numbers only, since they cross the wire.
         schedule: its learning-rate schedule (:mod:`psframe.optim.lr_scheduler`); None: a constant rate.
 
     Raises:
-        OptimizerConfigError: unknown name, or arguments torch.optim refuses (or its schedule).
+        OptimizerConfigError: unknown name, or arguments the optimizer refuses (or its schedule).
     """
 
     name: str
@@ -92,7 +117,7 @@ class OptimizerSpec:
         try:
             kernels.check_arguments(self.name, tuple(sorted(clean.items())))
         except (TypeError, ValueError) as e:
-            raise OptimizerConfigError(f"torch.optim.{self.name} refused {clean}: {e}") from e
+            raise OptimizerConfigError(f"{kernels.qualified_name(self.name)} refused {clean}: {e}") from e
         if self.schedule is not None:
             if not isinstance(self.schedule, ScheduleSpec):
                 raise OptimizerConfigError(
@@ -120,232 +145,6 @@ class OptimizerSpec:
         if self.schedule is not None:
             args.append(f"schedule={self.schedule!r}")
         return f"psframe.optim.{self.name}({', '.join(args)})"
-
-
-# The factories below name torch.optim's arguments so that editors and the
-# API reference show them. An argument left None is not sent: the ps builds
-# the optimizer with torch.optim's default for it. ``**more`` passes any other
-# keyword argument of the installed torch's optimizer (checked like the rest);
-# ``schedule`` is the learning-rate schedule (psframe.optim.lr_scheduler).
-
-
-def _spec(name: str, arguments: dict[str, Any]) -> OptimizerSpec:
-    """The spec of a factory's arguments: those given, plus its ``more``, and its schedule."""
-    more, schedule = arguments.pop("more"), arguments.pop("schedule")
-    return OptimizerSpec(name, {**{k: v for k, v in arguments.items() if v is not None}, **more}, schedule)
-
-
-def SGD(
-    *,
-    lr: float | None = None,
-    momentum: float | None = None,
-    dampening: float | None = None,
-    weight_decay: float | None = None,
-    nesterov: bool | None = None,
-    maximize: bool | None = None,
-    foreach: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run ``torch.optim.SGD`` on the ps tasks.
-
-    Arguments are ``torch.optim.SGD``'s; one left None takes torch's default.
-    ``schedule``: a learning-rate schedule of :mod:`psframe.optim.lr_scheduler`, e.g.
-    ``StepLR(step_size=1000, gamma=0.5)``, applied on the ps tasks by global step.
-
-    Returns:
-        An :class:`OptimizerSpec` to pass to ``psframe.Trainer``.
-
-    Raises:
-        OptimizerConfigError: torch.optim.SGD refuses the arguments (or torch the schedule).
-    """
-    return _spec("SGD", locals())
-
-
-def Adam(
-    *,
-    lr: float | None = None,
-    betas: tuple[float, float] | None = None,
-    eps: float | None = None,
-    weight_decay: float | None = None,
-    amsgrad: bool | None = None,
-    decoupled_weight_decay: bool | None = None,
-    maximize: bool | None = None,
-    foreach: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run ``torch.optim.Adam`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
-    return _spec("Adam", locals())
-
-
-def AdamW(
-    *,
-    lr: float | None = None,
-    betas: tuple[float, float] | None = None,
-    eps: float | None = None,
-    weight_decay: float | None = None,
-    amsgrad: bool | None = None,
-    maximize: bool | None = None,
-    foreach: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run ``torch.optim.AdamW`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
-    return _spec("AdamW", locals())
-
-
-def Adagrad(
-    *,
-    lr: float | None = None,
-    lr_decay: float | None = None,
-    weight_decay: float | None = None,
-    initial_accumulator_value: float | None = None,
-    eps: float | None = None,
-    maximize: bool | None = None,
-    foreach: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run ``torch.optim.Adagrad`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
-    return _spec("Adagrad", locals())
-
-
-def RMSprop(
-    *,
-    lr: float | None = None,
-    alpha: float | None = None,
-    eps: float | None = None,
-    weight_decay: float | None = None,
-    momentum: float | None = None,
-    centered: bool | None = None,
-    maximize: bool | None = None,
-    foreach: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run ``torch.optim.RMSprop`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
-    return _spec("RMSprop", locals())
-
-
-def Adadelta(
-    *,
-    lr: float | None = None,
-    rho: float | None = None,
-    eps: float | None = None,
-    weight_decay: float | None = None,
-    maximize: bool | None = None,
-    foreach: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run ``torch.optim.Adadelta`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
-    return _spec("Adadelta", locals())
-
-
-def Adamax(
-    *,
-    lr: float | None = None,
-    betas: tuple[float, float] | None = None,
-    eps: float | None = None,
-    weight_decay: float | None = None,
-    maximize: bool | None = None,
-    foreach: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run ``torch.optim.Adamax`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
-    return _spec("Adamax", locals())
-
-
-def NAdam(
-    *,
-    lr: float | None = None,
-    betas: tuple[float, float] | None = None,
-    eps: float | None = None,
-    weight_decay: float | None = None,
-    momentum_decay: float | None = None,
-    decoupled_weight_decay: bool | None = None,
-    maximize: bool | None = None,
-    foreach: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run ``torch.optim.NAdam`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
-    return _spec("NAdam", locals())
-
-
-def RAdam(
-    *,
-    lr: float | None = None,
-    betas: tuple[float, float] | None = None,
-    eps: float | None = None,
-    weight_decay: float | None = None,
-    decoupled_weight_decay: bool | None = None,
-    maximize: bool | None = None,
-    foreach: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run ``torch.optim.RAdam`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
-    return _spec("RAdam", locals())
-
-
-def ASGD(
-    *,
-    lr: float | None = None,
-    lambd: float | None = None,
-    alpha: float | None = None,
-    t0: float | None = None,
-    weight_decay: float | None = None,
-    maximize: bool | None = None,
-    foreach: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run ``torch.optim.ASGD`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
-    return _spec("ASGD", locals())
-
-
-def Rprop(
-    *,
-    lr: float | None = None,
-    etas: tuple[float, float] | None = None,
-    step_sizes: tuple[float, float] | None = None,
-    maximize: bool | None = None,
-    foreach: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run ``torch.optim.Rprop`` on the ps tasks (see :func:`SGD` for the arguments' rules)."""
-    return _spec("Rprop", locals())
-
-
-def SparseAdam(
-    *,
-    lr: float | None = None,
-    betas: tuple[float, float] | None = None,
-    eps: float | None = None,
-    maximize: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run ``torch.optim.SparseAdam`` on the ps tasks, for embedding tables
-    (see :func:`SGD` for the arguments' rules)."""
-    return _spec("SparseAdam", locals())
-
-
-def SparseSGD(
-    *,
-    lr: float | None = None,
-    momentum: float | None = None,
-    nesterov: bool | None = None,
-    schedule: ScheduleSpec | None = None,
-    **more: KwargValue,
-) -> OptimizerSpec:
-    """Run :class:`psframe.optim.rows_kernels.SparseSGD` (SGD with lazy momentum, for embedding
-    tables) on the ps tasks (see :func:`SGD` for the arguments' rules)."""
-    return _spec("SparseSGD", locals())
 
 
 @dataclass(frozen=True)
@@ -489,4 +288,25 @@ class SyncReplicasOptimizer:
         return SyncReplicas(self.replicas_to_aggregate, self.total_num_replicas, self.timeout)
 
 
-__all__ = ["OptimizerSpec", "SyncReplicas", "SyncReplicasOptimizer", "SUPPORTED", *SUPPORTED]
+# The specs, and the factories of every name in SUPPORTED.
+__all__ = [
+    "ASGD",
+    "SGD",
+    "SUPPORTED",
+    "Adadelta",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "Ftrl",
+    "NAdam",
+    "OptimizerSpec",
+    "RAdam",
+    "RMSprop",
+    "RowWiseAdagrad",
+    "Rprop",
+    "SparseAdam",
+    "SparseSGD",
+    "SyncReplicas",
+    "SyncReplicasOptimizer",
+]

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 
 from psframe.optim import rows_kernels
+from psframe.optim.ftrl import Ftrl
+from psframe.optim.rowwise_adagrad import RowWiseAdagrad
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +57,23 @@ _CHECK_SHAPES = ((3,), (5, 7), (67,), (129, 257))
 _CHECK_STEPS = 5
 
 
+# psframe's own optimizer classes by name, beside torch.optim's (names in neither are unknown).
+OWN_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "SparseSGD": rows_kernels.SparseSGD,
+    "Ftrl": Ftrl,
+    "RowWiseAdagrad": RowWiseAdagrad,
+}
+
+
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
-    """The optimizer class of a name in :data:`SUPPORTED`: torch.optim's, or psframe's ``SparseSGD``."""
-    return rows_kernels.SparseSGD if name == "SparseSGD" else getattr(torch.optim, name)
+    """The optimizer class of a name in :data:`SUPPORTED`: psframe's own (:data:`OWN_OPTIMIZERS`), or torch.optim's."""
+    own = OWN_OPTIMIZERS.get(name)
+    return own if own is not None else getattr(torch.optim, name)
+
+
+def qualified_name(name: str) -> str:
+    """How messages name optimizer ``name``: ``torch.optim.Adam``, or ``psframe.optim.Ftrl`` for psframe's own."""
+    return f"psframe.optim.{name}" if name in OWN_OPTIMIZERS else f"torch.optim.{name}"
 
 
 def step(optimizer: torch.optim.Optimizer, *, rows: bool = False) -> None:
@@ -272,7 +288,7 @@ _ADD_PARAM_GROUP = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__",
 
 @functools.lru_cache(maxsize=64)
 def check_arguments(name: str, items: tuple[tuple[str, Any], ...]) -> None:
-    """Build ``torch.optim.<name>(**dict(items))`` over a dummy parameter (accepted arguments are remembered).
+    """Build optimizer ``name(**dict(items))`` over a dummy parameter (accepted arguments are remembered).
 
     Raises:
         TypeError, ValueError: torch refused the arguments (its own exception).
@@ -281,8 +297,8 @@ def check_arguments(name: str, items: tuple[tuple[str, Any], ...]) -> None:
 
 
 def probe(name: str, kwargs: Mapping[str, Any]) -> torch.optim.Optimizer:
-    """``torch.optim.<name>(**kwargs)`` over one dummy parameter, never stepped: to check arguments,
-    and for a learning-rate schedule to run over (:mod:`psframe.optim.schedule_clock`).
+    """Optimizer ``name(**kwargs)`` (:func:`optimizer_class`) over one dummy parameter, never stepped: to check
+    arguments, and for a learning-rate schedule to run over (:mod:`psframe.optim.schedule_clock`).
 
     Its ``add_param_group`` (which ``Optimizer.__init__`` calls) is replaced,
     on that one instance, by the unwrapped function (see :data:`_ADD_PARAM_GROUP`).

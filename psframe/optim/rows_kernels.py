@@ -9,10 +9,12 @@ touched, never the table's size:
   ``SparseAdam`` (Adam's moments, per row, updated lazily): torch's own.
 - ``SGD`` with momentum: torch's keeps a momentum buffer of every row ever
   touched and decays all of them on every step (dense momentum, at a cost
-  that grows with the rows seen). :class:`SparseSGD`, the one optimizer
-  psframe writes itself, applies momentum lazily, as TensorFlow's
-  ``SparseApplyMomentum`` does: only the rows pushed have their momentum
-  decayed and their values moved.
+  that grows with the rows seen). :class:`SparseSGD`, psframe's own,
+  applies momentum lazily, as TensorFlow's ``SparseApplyMomentum`` does:
+  only the rows pushed have their momentum decayed and their values moved.
+- ``Ftrl`` (FTRL-Proximal as TensorFlow's, :mod:`psframe.optim.ftrl`) and
+  ``RowWiseAdagrad`` (one accumulator per row, as FBGEMM's,
+  :mod:`psframe.optim.rowwise_adagrad`): psframe's own too.
 
 :func:`table_optimizer` picks the table optimizer that goes with a model's
 optimizer when the user names none, and :func:`adagrad_rows_step` runs
@@ -109,7 +111,7 @@ class SparseSGD(torch.optim.Optimizer):
 
 
 # Table optimizers by name: torch.optim's that take sparse gradients, and psframe's own.
-TABLE_OPTIMIZERS = ("SGD", "SparseSGD", "Adagrad", "SparseAdam")
+TABLE_OPTIMIZERS = ("SGD", "SparseSGD", "Adagrad", "SparseAdam", "Ftrl", "RowWiseAdagrad")
 
 
 def table_optimizer(name: str, kwargs: dict) -> tuple[str, dict]:
@@ -142,11 +144,12 @@ def table_optimizer(name: str, kwargs: dict) -> tuple[str, dict]:
             _refuse(name, {"amsgrad"})
         _refuse(name, set(kwargs) - {"lr", "betas", "eps", "maximize"})
         return "SparseAdam", kwargs
-    if name in ("Adagrad", "SparseSGD"):
+    if name in ("Adagrad", "SparseSGD", "Ftrl", "RowWiseAdagrad"):
         return name, kwargs
     raise OptimizerConfigError(
         f"{name} does not update embedding tables row by row; give Trainer(table_optimizer=...) "
-        f"one of {', '.join(TABLE_OPTIMIZERS)} (psframe.optim.SGD, Adagrad, SparseAdam or SparseSGD)"
+        f"one of {', '.join(TABLE_OPTIMIZERS)} (psframe.optim.SGD, Adagrad, SparseAdam, SparseSGD, "
+        f"Ftrl or RowWiseAdagrad)"
     )
 
 
@@ -156,17 +159,6 @@ def _refuse(name: str, unsupported: set[str]) -> None:
             f"{name}({', '.join(sorted(unsupported))}=...) has no row-by-row form for embedding tables; "
             f"give Trainer(table_optimizer=...) without it"
         )
-
-
-def fresh_row_state(name: str, kwargs: dict) -> dict[str, float]:
-    """The value a new row's element-wise state starts at, per state key, for
-    table optimizer ``name`` (a key not listed starts at 0): what the
-    optimizer itself gives every row of a new table. A dynamic table gives
-    it to each row it creates (:mod:`psframe.tables.dynamic_rows`).
-    """
-    if name == "Adagrad":
-        return {"sum": float(kwargs.get("initial_accumulator_value", 0.0))}
-    return {}
 
 
 # ---- Adagrad, row by row

@@ -38,7 +38,8 @@ import torch
 from psframe.errors import InvalidGradientError, RowIdError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec, kernels
-from psframe.optim.rows_kernels import fresh_row_state, strictly_increasing
+from psframe.optim.row_state import fresh_row_state, is_row_state
+from psframe.optim.rows_kernels import strictly_increasing
 from psframe.optim.schedule_clock import ScheduleClock
 from psframe.tables.admission import AdmissionFilter
 from psframe.tables.change_stamps import ChangeStamps
@@ -334,13 +335,8 @@ class DynamicRows:
         if saved["state"] and self.optimizer is not None:
             state = self.optimizer.state[self.weight]
             for key, value in saved["state"].items():
-                if (
-                    isinstance(value, torch.Tensor)
-                    and value.dim()
-                    and value.shape[0] == ids.numel()
-                    and tuple(value.shape[1:]) == self.row_shape
-                ):
-                    full = self._memory.full(self.weight.shape, self._fresh.get(key, 0.0), value.dtype)
+                if is_row_state(value, (ids.numel(), *self.row_shape)):
+                    full = self._memory.full((self.slots, *value.shape[1:]), self._fresh.get(key, 0.0), value.dtype)
                     state[key] = full.index_copy_(0, slots, value)
                 else:
                     state[key] = value.clone() if isinstance(value, torch.Tensor) else value
@@ -356,7 +352,7 @@ class DynamicRows:
         return self.optimizer.state.get(self.weight, {}) if self.optimizer is not None else {}
 
     def _per_row(self, value: Any) -> bool:
-        return isinstance(value, torch.Tensor) and value.shape == self.weight.shape
+        return is_row_state(value, self.weight.shape)
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         return self._index.find(ids)

@@ -16,7 +16,9 @@ import torch
 from psframe import optim
 from psframe.errors import OptimizerConfigError, PsframeError
 from psframe.optim import SUPPORTED, OptimizerSpec, kernels
+from psframe.optim.ftrl import Ftrl
 from psframe.optim.rows_kernels import SparseSGD
+from psframe.optim.rowwise_adagrad import RowWiseAdagrad
 
 
 def _param() -> torch.Tensor:
@@ -37,8 +39,10 @@ def test_supported_is_every_closure_free_torch_optimizer():
         "ASGD",
         "Rprop",
         "SparseAdam",
-        "SparseSGD",
-    }  # psframe's own, for embedding tables
+        "SparseSGD",  # psframe's own, for embedding tables
+        "Ftrl",
+        "RowWiseAdagrad",
+    }
     assert "LBFGS" not in SUPPORTED  # its step() needs a closure only a worker has
 
 
@@ -51,7 +55,8 @@ def test_factory_per_optimizer(name):
     assert spec.name == name
     assert dict(spec.kwargs) == {}
     assert type(spec.build([_param()])) is kernels.optimizer_class(name)
-    assert kernels.optimizer_class(name) is (SparseSGD if name == "SparseSGD" else getattr(torch.optim, name))
+    own = {"SparseSGD": SparseSGD, "Ftrl": Ftrl, "RowWiseAdagrad": RowWiseAdagrad}
+    assert kernels.optimizer_class(name) is own.get(name, getattr(torch.optim, name, None))
 
 
 def test_factory_keeps_kwargs_exactly():
@@ -209,8 +214,8 @@ def fresh_foreach_decisions():
     kernels._decide_foreach.cache_clear()
 
 
-# SparseAdam and SparseSGD: sparse gradients only
-@pytest.mark.parametrize("name", [n for n in SUPPORTED if n not in ("SparseAdam", "SparseSGD")])
+# SparseAdam and SparseSGD: sparse gradients only; psframe's Ftrl and RowWiseAdagrad have no multi-tensor kernels
+@pytest.mark.parametrize("name", [n for n in SUPPORTED if n not in kernels.OWN_OPTIMIZERS and n != "SparseAdam"])
 def test_build_groups_small_variables_for_multi_tensor_kernels_with_the_same_results(name, monkeypatch):
     monkeypatch.setattr(kernels, "FOREACH_GROUP_BYTES", 64)  # 16 float32 values
     torch.manual_seed(0)

@@ -59,6 +59,7 @@ from psframe.checkpoint.shard import ShardData, VariableData
 from psframe.cluster import ClusterSpec
 from psframe.errors import CheckpointError, ClusterSpecError, LayoutChangedError
 from psframe.optim import OptimizerSpec
+from psframe.optim.row_state import is_row_state
 from psframe.ps.elastic import precopy
 from psframe.wire import codec
 from psframe.wire import psframe_pb2 as pb
@@ -360,7 +361,7 @@ def _trimmed(part: VariableData, wanted: Sequence[pb.RowRange]) -> list[Variable
                 part,
                 value=part.value[lo - first : hi - first],
                 state={
-                    k: x[lo - first : hi - first] if isinstance(x, torch.Tensor) and x.shape == part.value.shape else x
+                    k: x[lo - first : hi - first] if is_row_state(x, part.value.shape) else x
                     for k, x in part.state.items()
                 },
                 shape=(hi - lo, *part.shape[1:]),

@@ -25,6 +25,7 @@ import torch
 
 from psframe.checkpoint.shard import ShardData
 from psframe.errors import WireFormatError
+from psframe.optim.row_state import is_row_state
 from psframe.ps.elastic import precopy
 from psframe.wire import codec, encoding
 from psframe.wire import psframe_pb2 as pb
@@ -145,7 +146,8 @@ def _own_scalars(part: dict) -> dict:
     value, state = part.get("value"), part.get("state")
     if isinstance(value, torch.Tensor) and isinstance(state, dict):
         part["state"] = {
-            k: x.clone() if isinstance(x, torch.Tensor) and x.shape != value.shape else x for k, x in state.items()
+            k: x.clone() if isinstance(x, torch.Tensor) and not is_row_state(x, value.shape) else x
+            for k, x in state.items()
         }
     return part
 
