@@ -446,3 +446,18 @@ def test_psframe_copies_a_gradient_once_into_a_message_and_never_out_of_one():
     (_, encode_peak, _), (_, decode_peak, decode_kept) = psframe_rows(4 << 20)
     assert 0.99 < encode_peak < 1.05
     assert decode_peak < 0.01 and decode_kept < 0.01
+
+
+def test_the_handler_cpu_experiment_answers_async_and_sync_requests():
+    """The handler's CPU experiment runs both paths to the end: every request answered without an
+    error (a refused one would not take the path it times), the sync rounds all applied."""
+    from benchmarks.experiments import handler_cpu
+    from psframe.wire import encoding
+    from psframe.wire import psframe_pb2 as pb
+
+    service = handler_cpu._service(sync=False)
+    reply = service.push_pulls.reply(handler_cpu._requests(0, 1, sync=False)[0])
+    header = encoding.parse(reply, pb.PushPullReplyHeader).header
+    assert not header.error_class and header.global_step == 1
+    assert handler_cpu.cpu_per_request_us(sync=False, count=20) > 0
+    assert handler_cpu.cpu_per_request_us(sync=True, count=20) > 0
