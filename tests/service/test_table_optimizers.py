@@ -17,7 +17,7 @@ import psframe
 from psframe import checkpoint
 from psframe.tables.dynamic_rows import initial_rows
 from psframe.tables.spec import RowInitializer
-from psframe.worker.client.ps_client import PsClient
+from tests.service.test_delta_checkpoints import save_full
 from tests.unit.test_table_optimizers import ftrl_reference, rowwise_adagrad_reference
 
 ROWS, DIM = 20, 4
@@ -137,15 +137,6 @@ def test_tables_train_through_ps_tasks_as_one_process_applying_the_formulas(loca
     torch.testing.assert_close(users, torch.tensor(reference.tables["users"]["w"]).float(), **close)
     torch.testing.assert_close(model.head.weight.detach(), reference.head.weight.detach(), **close)
     assert torch.equal(model.items.weight.detach()[-4:], Clicks().items.weight.detach()[-4:])  # never used: as made
-
-
-def save_full(cluster: psframe.ClusterSpec, url: str, step: int) -> None:
-    """A full checkpoint of the ps tasks as they are, in another folder."""
-    client = PsClient(cluster, 0, job_name="tool")
-    try:
-        checkpoint.save(client, url, step, keep=10)
-    finally:
-        client.close()
 
 
 def copy_folder(url: str, to: str) -> None:
