@@ -269,9 +269,11 @@ class Server:
                 except BaseException:
                     self.stop(grace=0.0)
                     raise
-            log.info("%s serving at %s (%s)", self.task_name, self.address, self.security.describe())
             if self.job_name == "ps":  # meanwhile, torch.optim's first optimizer (a second of imports)
                 threading.Thread(target=relayout.prepare, name="psframe-make-ready", daemon=True).start()
+            # Said last: once a task says it serves, it has nothing left to start, so a Ctrl-C that
+            # follows the line finds it in join() (one line, exit code 130), not half started.
+            log.info("%s serving at %s (%s)", self.task_name, self.address, self.security.describe())
 
     def join(self, timeout: float | None = None) -> bool:
         """Serve until training is over (ps: every worker finished) or :meth:`stop`.
