@@ -78,11 +78,15 @@ class StalenessGate:
     def count(self, worker: int) -> int:
         """Count one step-ending push of ``worker``, before the ledger records it (under the
         store's lock): how many steps ahead of the slowest other live worker it is (live as of
-        the roster's snapshot, see the module's docstring). The data plane counts the same as
-        the ledger records the step (:meth:`PushLedger.record`), into :attr:`counts`."""
+        the roster's snapshot, see the module's docstring). The data plane has the ledger count
+        as it records the step (:meth:`PushLedger.record`) and tallies that (:meth:`tally`)."""
         ahead = self._ledger.steps_ahead(worker, self._roster.live_snapshot())
-        self.counts[min(ahead, HISTOGRAM_BUCKETS - 1)] += 1
+        self.tally(ahead)
         return ahead
+
+    def tally(self, ahead: int) -> None:
+        """Add a step-ending push found ``ahead`` steps ahead to :attr:`counts` (under the store's lock)."""
+        self.counts[min(ahead, HISTOGRAM_BUCKETS - 1)] += 1
 
     def stepped(self) -> None:
         """A worker's step was recorded: waits look again (no lock taken while none waits)."""
