@@ -16,7 +16,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export = commands.add_parser(
         "export",
         help="write a serving snapshot of a checkpoint, or an update between snapshots, as safetensors",
-        usage="%(prog)s [--step N] [--min_row_norm X] [--max_row_age_seconds S] [--update_from OLD | --delta] "
+        usage="%(prog)s [--step N] [--min_row_norm X] [--max_row_age_seconds S] [--int8_rows] "
+        "[--update_from OLD | --delta] "
         "CHECKPOINT_DIR OUT\n       %(prog)s --apply SNAPSHOT UPDATE... --out NEW",
         description="The snapshot of a checkpoint holds its parameters and its dynamic tables' rows, never "
         "optimizer state (see psframe.export). With --update_from, OUT is instead the update that takes the "
@@ -50,6 +51,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="write the update the delta checkpoint of --step (default: the last delta) makes: the rows it "
         "changed, the ids it evicted",
     )
+    export.add_argument(
+        "--int8_rows",
+        action="store_true",
+        help="write the dynamic tables' rows as int8 with one float32 scale per row (a quarter of float32's "
+        "bytes; psframe.export.quantized); an update from OLD needs OLD written so too",
+    )
     export.add_argument("--apply", action="store_true", help="apply updates to a snapshot instead")
     export.add_argument("--out", default=None, metavar="NEW", help="with --apply: where the new snapshot goes")
     export.set_defaults(run=run)
@@ -61,11 +68,15 @@ def run(args: argparse.Namespace) -> int:
     from psframe.errors import SnapshotError
 
     if args.apply:
-        others = [
-            f"--{n}"
-            for n in ("step", "min_row_norm", "max_row_age_seconds", "update_from")
-            if getattr(args, n) is not None
-        ] + ["--delta"] * args.delta
+        others = (
+            [
+                f"--{n}"
+                for n in ("step", "min_row_norm", "max_row_age_seconds", "update_from")
+                if getattr(args, n) is not None
+            ]
+            + ["--delta"] * args.delta
+            + ["--int8_rows"] * args.int8_rows
+        )
         if others:
             raise ValueError(f"--apply takes no {', '.join(others)}: those are for exporting a checkpoint")
         if args.out is None or len(args.paths) < 2:
@@ -92,9 +103,10 @@ def run(args: argparse.Namespace) -> int:
     thresholds = {"min_row_norm": args.min_row_norm, "max_row_age_seconds": args.max_row_age_seconds}
     if args.delta and args.update_from is not None:
         raise ValueError("give --delta or --update_from, not both: each writes an update")
+    as_written = export.quantized if args.int8_rows else lambda exported: exported
     if args.delta:
-        return _wrote_update(export.export_delta(checkpoint_dir, args.step, **thresholds), out)
-    snapshot = export.export_checkpoint(checkpoint_dir, args.step, **thresholds)
+        return _wrote_update(as_written(export.export_delta(checkpoint_dir, args.step, **thresholds)), out)
+    snapshot = as_written(export.export_checkpoint(checkpoint_dir, args.step, **thresholds))
     rows = sum(len(table) for table in snapshot.tables.values())
     if args.update_from is None:
         export.write_snapshot(snapshot, out)

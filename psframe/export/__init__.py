@@ -32,16 +32,19 @@ names::
     table/<name>/ids                 upsert/<name>/ids      int64 ids, sorted: a table's rows / rows made or changed
     table/<name>/rows                upsert/<name>/rows     their rows, row i of ids[i]
                                      delete/<name>/ids      int64 ids, sorted: rows gone (tombstones)
+    table/<name>/scales              upsert/<name>/scales   int8 rows only: float32, one per row
 
 and the header's metadata (safetensors' string to string map): ``format``
 (``"psframe-snapshot"`` or ``"psframe-update"``), ``format_version``
-(``"1"``), ``step``, ``base_step`` (an update's) and ``sha256`` (of the bytes
+(``"1"``; ``"2"`` for a file holding int8 rows, which :func:`quantized`
+makes), ``step``, ``base_step`` (an update's) and ``sha256`` (of the bytes
 after the header, checked on reading).
 """
 
 from psframe.export.diff import apply_update, diff_snapshots
 from psframe.export.files import FORMAT_VERSION, read_snapshot, read_update, write_snapshot, write_update
 from psframe.export.from_checkpoint import export_checkpoint, export_delta
+from psframe.export.quantized import quantized
 from psframe.export.snapshot import Snapshot, SnapshotUpdate, TableRows, TableUpdate
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     "diff_snapshots",
     "export_checkpoint",
     "export_delta",
+    "quantized",
     "read_snapshot",
     "read_update",
     "write_snapshot",

@@ -51,7 +51,7 @@ def apply_update(snapshot: Snapshot, update: SnapshotUpdate) -> Snapshot:
         _check_like(f"dense variable {name!r}", value, held)
     for name, change in update.tables.items():
         if name in snapshot.tables:
-            _check_rows_like(name, change.upsert.rows, snapshot.tables[name].rows)
+            _check_rows_like(name, change.upsert, snapshot.tables[name])
     tables = dict(snapshot.tables)
     for name, change in update.tables.items():
         tables[name] = _merged(snapshot.tables.get(name), change)
@@ -92,7 +92,7 @@ def diff_snapshots(old: Snapshot, new: Snapshot) -> SnapshotUpdate:
         if before is None:
             tables[name] = TableUpdate(now, _no_ids())
             continue
-        _check_rows_like(name, now.rows, before.rows)
+        _check_rows_like(name, now, before)
         change = _table_diff(before, now)
         if len(change.upsert) or change.delete.numel():
             tables[name] = change
@@ -106,7 +106,11 @@ def _merged(held: TableRows | None, change: TableUpdate) -> TableRows:
         return held
     keep = ~(torch.isin(held.ids, change.delete) | torch.isin(held.ids, change.upsert.ids))
     ids, order = torch.sort(torch.cat([held.ids[keep], change.upsert.ids]))
-    return TableRows(ids, torch.cat([held.rows[keep], change.upsert.rows])[order])
+    rows, scales = held.take(keep)
+    new = change.upsert
+    if scales is None or new.scales is None:
+        return TableRows(ids, torch.cat([rows, new.rows])[order])
+    return TableRows(ids, torch.cat([rows, new.rows])[order], torch.cat([scales, new.scales])[order])
 
 
 def _table_diff(before: TableRows, now: TableRows) -> TableUpdate:
@@ -115,8 +119,10 @@ def _table_diff(before: TableRows, now: TableRows) -> TableUpdate:
         at = torch.searchsorted(before.ids, now.ids).clamp_(max=len(before) - 1)
         found = before.ids[at] == now.ids
         changed[found] = _rows_differ(before.rows[at[found]], now.rows[found])
+        if before.scales is not None and now.scales is not None:
+            changed[found] |= _rows_differ(before.scales[at[found], None], now.scales[found, None])
     delete = before.ids[~torch.isin(before.ids, now.ids)]
-    return TableUpdate(TableRows(now.ids[changed], now.rows[changed]), delete)
+    return TableUpdate(TableRows(now.ids[changed], *now.take(changed)), delete)
 
 
 # ---- shapes and bits
@@ -129,12 +135,17 @@ def _check_like(what: str, value: torch.Tensor, held: torch.Tensor) -> None:
         )
 
 
-def _check_rows_like(table: str, rows: torch.Tensor, held: torch.Tensor) -> None:
-    if rows.shape[1:] != held.shape[1:] or rows.dtype != held.dtype:
+def _check_rows_like(table: str, new: TableRows, old: TableRows) -> None:
+    rows, held = new.rows, old.rows
+    if rows.shape[1:] != held.shape[1:] or rows.dtype != held.dtype or (new.scales is None) != (old.scales is None):
         raise SnapshotError(
-            f"table {table!r} has rows of {_dtype_name(held)} {list(held.shape[1:])}; the update's are "
-            f"{_dtype_name(rows)} {list(rows.shape[1:])}; nothing was applied"
+            f"table {table!r} has rows of {_rows_kind(old)} {list(held.shape[1:])}; the update's are "
+            f"{_rows_kind(new)} {list(rows.shape[1:])}; nothing was applied"
         )
+
+
+def _rows_kind(table: TableRows) -> str:
+    return _dtype_name(table.rows) + (" with scales" if table.scales is not None else "")
 
 
 def _describe(t: torch.Tensor) -> str:

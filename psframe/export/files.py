@@ -10,7 +10,7 @@ the layout of its format before any snapshot or update is made of them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -21,8 +21,11 @@ from psframe.export.snapshot import Snapshot, SnapshotUpdate, TableRows, TableUp
 SNAPSHOT_FORMAT = "psframe-snapshot"
 UPDATE_FORMAT = "psframe-update"
 FORMAT_VERSION = 1
-"""The version of the file format written; every version in ``READABLE_VERSIONS`` is read."""
-READABLE_VERSIONS = (1,)
+"""The version of the file format written, but for files holding int8 rows (:data:`INT8_VERSION`);
+every version in ``READABLE_VERSIONS`` is read."""
+INT8_VERSION = 2
+"""The version of files whose tables hold int8 rows with their scales (``<group>/<name>/scales``)."""
+READABLE_VERSIONS = (1, 2)
 
 
 def write_snapshot(snapshot: Snapshot, path: str) -> None:
@@ -37,10 +40,9 @@ def write_snapshot(snapshot: Snapshot, path: str) -> None:
         raise SnapshotError(f"write_snapshot needs a Snapshot, got {type(snapshot).__name__}")
     tensors = {f"dense/{name}": value for name, value in snapshot.dense.items()}
     for name, table in snapshot.tables.items():
-        tensors[f"table/{name}/ids"], tensors[f"table/{name}/rows"] = table.ids, table.rows
-    write_tensors(
-        path, tensors, {"format": SNAPSHOT_FORMAT, "format_version": str(FORMAT_VERSION), "step": str(snapshot.step)}
-    )
+        tensors.update(_table_tensors("table", name, table))
+    version = _version_of(snapshot.tables.values())
+    write_tensors(path, tensors, {"format": SNAPSHOT_FORMAT, "format_version": version, "step": str(snapshot.step)})
 
 
 def read_snapshot(path: str) -> Snapshot:
@@ -55,7 +57,7 @@ def read_snapshot(path: str) -> Snapshot:
         return Snapshot(
             _step_of(metadata, "step"),
             {name: t["value"] for name, t in groups["dense"].items()},
-            {name: TableRows(t["ids"], t["rows"]) for name, t in groups["table"].items()},
+            {name: TableRows(t["ids"], t["rows"], t.get("scales")) for name, t in groups["table"].items()},
         )
     except SnapshotError as e:
         raise SnapshotError(f"{path}: {e}") from e
@@ -73,10 +75,23 @@ def write_update(update: SnapshotUpdate, path: str) -> None:
         raise SnapshotError(f"write_update needs a SnapshotUpdate, got {type(update).__name__}")
     tensors = {f"dense/{name}": value for name, value in update.dense.items()}
     for name, change in update.tables.items():
-        tensors[f"upsert/{name}/ids"], tensors[f"upsert/{name}/rows"] = change.upsert.ids, change.upsert.rows
+        tensors.update(_table_tensors("upsert", name, change.upsert))
         tensors[f"delete/{name}/ids"] = change.delete
     steps = {"base_step": str(update.base_step), "step": str(update.step)}
-    write_tensors(path, tensors, {"format": UPDATE_FORMAT, "format_version": str(FORMAT_VERSION), **steps})
+    version = _version_of(change.upsert for change in update.tables.values())
+    write_tensors(path, tensors, {"format": UPDATE_FORMAT, "format_version": version, **steps})
+
+
+def _table_tensors(group: str, name: str, table: TableRows) -> dict[str, torch.Tensor]:
+    tensors = {f"{group}/{name}/ids": table.ids, f"{group}/{name}/rows": table.rows}
+    if table.scales is not None:
+        tensors[f"{group}/{name}/scales"] = table.scales
+    return tensors
+
+
+def _version_of(tables: Iterable[TableRows]) -> str:
+    """The oldest version that holds ``tables``: readers of version 1 know no scales."""
+    return str(INT8_VERSION if any(t.scales is not None for t in tables) else FORMAT_VERSION)
 
 
 def read_update(path: str) -> SnapshotUpdate:
@@ -93,7 +108,7 @@ def read_update(path: str) -> SnapshotUpdate:
             _step_of(metadata, "step"),
             {name: t["value"] for name, t in groups["dense"].items()},
             {
-                name: TableUpdate(TableRows(t["ids"], t["rows"]), groups["delete"][name]["ids"])
+                name: TableUpdate(TableRows(t["ids"], t["rows"], t.get("scales")), groups["delete"][name]["ids"])
                 for name, t in groups["upsert"].items()
             },
         )
@@ -106,9 +121,10 @@ _LAYOUT = {
     SNAPSHOT_FORMAT: {"dense": ("value",), "table": ("ids", "rows")},
     UPDATE_FORMAT: {"dense": ("value",), "upsert": ("ids", "rows"), "delete": ("ids",)},
 }
+_OPTIONAL = {"table": ("scales",), "upsert": ("scales",)}  # parts a name may have (int8 rows' scales)
 _KEYS = {
-    SNAPSHOT_FORMAT: "dense/<name>, table/<name>/ids and table/<name>/rows",
-    UPDATE_FORMAT: "dense/<name>, upsert/<name>/ids, upsert/<name>/rows and delete/<name>/ids",
+    SNAPSHOT_FORMAT: "dense/<name>, table/<name>/ids, table/<name>/rows (and /scales)",
+    UPDATE_FORMAT: "dense/<name>, upsert/<name>/ids, upsert/<name>/rows (and /scales) and delete/<name>/ids",
 }
 
 
@@ -125,7 +141,7 @@ def _grouped(path: str, kind: str, tensors: dict[str, torch.Tensor]) -> dict[str
     for key, tensor in tensors.items():
         group, _, rest = key.partition("/")
         name, part = (rest, "value") if layout.get(group) == ("value",) else rest.rpartition("/")[::2]
-        if group not in layout or part not in layout[group] or not name:
+        if group not in layout or part not in layout[group] + _OPTIONAL.get(group, ()) or not name:
             raise SnapshotError(f"{path} holds a tensor {key!r}; a {kind} file holds {_KEYS[kind]} only")
         groups[group].setdefault(name, {})[part] = tensor
     for group, parts in layout.items():

@@ -24,22 +24,48 @@ class TableRows:
     Args:
         ids: int64, 1-d, sorted, each id once.
         rows: one row per id (2-d or more: ``[len(ids), *row_shape]``).
+        scales: for int8 rows (:func:`psframe.export.quantize_int8`), one float32 scale per
+            row: the row is ``rows[i] * scales[i]``; None for rows stored as they are.
 
     Raises:
-        SnapshotError: the ids are not so, or the rows do not match them.
+        SnapshotError: the ids are not so, or the rows or scales do not match them.
     """
 
     ids: torch.Tensor
     rows: torch.Tensor
+    scales: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         _check_ids(self.ids, "ids")
         if not isinstance(self.rows, torch.Tensor) or self.rows.dim() < 2 or self.rows.shape[0] != self.ids.numel():
             got = list(self.rows.shape) if isinstance(self.rows, torch.Tensor) else type(self.rows).__name__
             raise SnapshotError(f"rows must be a tensor of shape [{self.ids.numel()}, ...] (one per id), got {got}")
+        if self.scales is not None:
+            scales = self.scales
+            if (
+                not isinstance(scales, torch.Tensor)
+                or scales.dtype != torch.float32
+                or tuple(scales.shape) != (self.ids.numel(),)
+                or self.rows.dtype != torch.int8
+            ):
+                kind = f"{scales.dtype} {list(scales.shape)}" if isinstance(scales, torch.Tensor) else type(scales)
+                raise SnapshotError(
+                    f"scales go with int8 rows, one float32 per row ([{self.ids.numel()}]); got {kind} "
+                    f"for {str(self.rows.dtype).removeprefix('torch.')} rows"
+                )
 
     def __len__(self) -> int:
         return self.ids.numel()
+
+    def values(self) -> torch.Tensor:
+        """The rows as values: int8 rows times their scales (float32), other rows as they are."""
+        if self.scales is None:
+            return self.rows
+        return self.rows.float() * self.scales.reshape([-1] + [1] * (self.rows.dim() - 1))
+
+    def take(self, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The rows and scales (None without) at ``keep`` (a mask or indices)."""
+        return self.rows[keep], None if self.scales is None else self.scales[keep]
 
 
 @dataclass(frozen=True, eq=False)

@@ -38,11 +38,13 @@ import torch
 from psframe.errors import InvalidGradientError, RowIdError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec, kernels
+from psframe.optim.gathered_step import step_gathered, widen_row_state
 from psframe.optim.row_state import fresh_row_state, is_row_state
 from psframe.optim.rows_kernels import strictly_increasing
 from psframe.optim.schedule_clock import ScheduleClock
 from psframe.tables.admission import AdmissionFilter
 from psframe.tables.change_stamps import ChangeStamps
+from psframe.tables.compact import stochastic_round, storage_dtype
 from psframe.tables.eviction import EvictionPolicy
 from psframe.tables.id_index import IdIndex
 from psframe.tables.rows import to_refresh
@@ -146,8 +148,14 @@ class DynamicRows:
         self.spec = spec
         self.optimizer_spec = optimizer
         slots = max(1, slots)
-        self.weight = torch.zeros((slots, *self.row_shape), dtype=dtype, requires_grad=True)
+        # Compact rows (spec.storage): the rows are kept in fewer bytes than the table's dtype, and
+        # read, written and checkpointed in the table's dtype (mod:`psframe.tables.compact`).
+        storage = storage_dtype(spec.storage) if spec.storage is not None else dtype
+        self.compact = storage != dtype
+        self.weight = torch.zeros((slots, *self.row_shape), dtype=storage, requires_grad=True)
         self.optimizer = optimizer.build([self.weight], per_parameter=True) if optimizer is not None else None
+        if self.compact and self.optimizer is not None:
+            widen_row_state(self.optimizer, self.weight, self._memory.full)  # state stays float32
         self._fresh = fresh_row_state(optimizer.name, dict(optimizer.kwargs)) if optimizer is not None else {}
         self._index = IdIndex()
         self._id_of = torch.zeros(slots, dtype=torch.int64)
@@ -209,7 +217,7 @@ class DynamicRows:
         if create:
             slots = self._slots(ids, admit=True)  # first: making rows may grow the weight
             if not self.spec.admission.filters:
-                rows = self.weight.detach().index_select(0, slots)
+                rows = self.weight.detach().index_select(0, slots).to(self.dtype)
                 self._saw(slots)
                 return rows
         else:
@@ -239,10 +247,11 @@ class DynamicRows:
         """Copies of the rows of ``ids`` at ``slots``; the initial row where the slot is -1."""
         held = slots >= 0
         if bool(held.all()):
-            return self.weight.detach().index_select(0, slots)
+            return self.weight.detach().index_select(0, slots).to(self.dtype)
         rows = torch.empty((ids.numel(), *self.row_shape), dtype=self.dtype)
-        rows[held] = self.weight.detach().index_select(0, slots[held])
-        rows[~held] = initial_rows(self.spec.initializer, ids[~held], self.row_shape, self.dtype)
+        rows[held] = self.weight.detach().index_select(0, slots[held]).to(self.dtype)
+        made = initial_rows(self.spec.initializer, ids[~held], self.row_shape, self.weight.dtype)
+        rows[~held] = made.to(self.dtype)  # as the row would be made: in the rows' storage
         return rows
 
     def apply(self, ids: torch.Tensor, grads: torch.Tensor) -> None:
@@ -271,13 +280,16 @@ class DynamicRows:
         grad = row_gradient(slots, grads, self.weight.shape)
         if self._schedule is not None:
             self._scheduled = self._schedule.apply(self.optimizer, self._scheduled)
-        self.weight.grad = grad
-        try:
-            kernels.step(self.optimizer, rows=True)
-            self._memory.back_state(self.optimizer)  # state torch made at this step (SparseAdam's first)
-        finally:
-            self.weight.grad = None
         touched = grad.indices()[0]
+        if self.compact:
+            self._apply_compact(touched, grad.values())
+        else:
+            self.weight.grad = grad
+            try:
+                kernels.step(self.optimizer, rows=True)
+                self._memory.back_state(self.optimizer)  # state torch made at this step (SparseAdam's first)
+            finally:
+                self.weight.grad = None
         self._eviction.updated(touched)
         self._stamps.updated(touched)
         if self._state_keys != set(self._state()):  # state torch made at this step: every row's is new
@@ -286,6 +298,16 @@ class DynamicRows:
         self._evict(self._eviction.aged_out(self._used))
         self._saw(touched)
         self._evict(self._eviction.too_small(touched, self.weight))
+
+    def _apply_compact(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
+        """The optimizer's step on compact rows: in float32 on copies of them, stored back rounded
+        stochastically (chances from the table's seed, the ids and how many updates each row had)."""
+        assert self.optimizer is not None
+        updated = step_gathered(self.optimizer, self.weight, slots, grads, self._fresh, self._memory.full)
+        ids, steps = self._id_of[slots], self._eviction.updates(slots)
+        rounded = stochastic_round(updated, self.weight.dtype, ids, steps, self.spec.initializer.seed)
+        with torch.no_grad():
+            self.weight.index_copy_(0, slots, rounded)
 
     # ---- checkpoints
 
@@ -315,7 +337,7 @@ class DynamicRows:
                 state[key] = value.clone() if isinstance(value, torch.Tensor) else value
         return {
             "ids": self._id_of[slots].clone(),
-            "rows": self.weight.detach().index_select(0, slots),
+            "rows": self.weight.detach().index_select(0, slots).to(self.dtype),
             "state": state,
             **self._eviction.export(slots),
             "counts": self.counts(),
@@ -331,7 +353,7 @@ class DynamicRows:
         ids = saved["ids"]
         slots = self._slots(ids, fill=False)
         with torch.no_grad():
-            self.weight.index_copy_(0, slots, saved["rows"].to(self.dtype))
+            self.weight.index_copy_(0, slots, saved["rows"].to(self.weight.dtype))
         if saved["state"] and self.optimizer is not None:
             state = self.optimizer.state[self.weight]
             for key, value in saved["state"].items():
@@ -385,7 +407,7 @@ class DynamicRows:
         if fill:
             with torch.no_grad():
                 self.weight.index_copy_(
-                    0, new_slots, initial_rows(self.spec.initializer, new_ids, self.row_shape, self.dtype)
+                    0, new_slots, initial_rows(self.spec.initializer, new_ids, self.row_shape, self.weight.dtype)
                 )
             for key, value in self._state().items():
                 if self._per_row(value):

@@ -65,6 +65,10 @@ class EvictionPolicy:
         self._updated.index_fill_(0, slots, self.clock)
         self._updates[slots] += 1
 
+    def updates(self, slots: torch.Tensor) -> torch.Tensor:
+        """How many updates touched each row of ``slots`` (int64)."""
+        return self._updates.index_select(0, slots)
+
     def excess(self, held: int, new: int) -> int:
         """How many of ``held`` rows must go for ``new`` more to fit under the cap (0 or less: none)."""
         cap = self.eviction.max_rows

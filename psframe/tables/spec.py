@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from psframe.cluster.placement import Shard, VariableInfo, explicit_task, part_owners
 from psframe.errors import PlacementError
+from psframe.tables.compact import STORAGE_DTYPES
 
 PARTITIONS = ("mod", "range")
 
@@ -239,11 +240,18 @@ class Admission:
 
 @dataclass(frozen=True)
 class DynamicTableSpec:
-    """What defines a dynamic table besides its row width and dtype: its rows' initializer, eviction and admission."""
+    """What defines a dynamic table besides its row width and dtype: its rows' initializer, eviction and
+    admission, and the dtype its ps tasks store rows in (``storage``: a name of
+    :data:`psframe.tables.compact.STORAGE_DTYPES`; None: the table's dtype)."""
 
     initializer: RowInitializer = RowInitializer()
     eviction: Eviction = Eviction()
     admission: Admission = Admission()
+    storage: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.storage is not None and self.storage not in STORAGE_DTYPES:
+            raise PlacementError(f"row storage must be None or one of {sorted(STORAGE_DTYPES)}, got {self.storage!r}")
 
 
 # A 64-bit odd multiplier (the golden ratio's): multiplying by it mixes an id's bits into its top bits.

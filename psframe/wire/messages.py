@@ -136,11 +136,12 @@ def dynamic_def(spec: DynamicTableSpec) -> pb.DynamicTableDef:
         admit_after=admission.min_count,
         admit_probability=admission.probability,
         admission_counters=admission.counters,
+        row_storage=spec.storage or "",
     )
 
 
 def dynamic_spec(definition: pb.DynamicTableDef) -> DynamicTableSpec:
-    """A dynamic table's initializer, eviction and admission from their wire form (0: the default).
+    """A dynamic table's initializer, eviction, admission and row storage from their wire form (0, "": the default).
 
     Raises:
         PlacementError: a distribution or policy psframe does not know, or a bad value.
@@ -160,6 +161,7 @@ def dynamic_spec(definition: pb.DynamicTableDef) -> DynamicTableSpec:
             probability=d.admit_probability or 1.0,
             counters=d.admission_counters or Admission.counters,
         ),
+        storage=d.row_storage or None,
     )
 
 

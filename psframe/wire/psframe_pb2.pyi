@@ -66,7 +66,7 @@ class VariableDef(_message.Message):
     def __init__(self, name: _Optional[str] = ..., variable: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., full_shape: _Optional[_Iterable[int]] = ..., row_start: _Optional[int] = ..., part_index: _Optional[int] = ..., num_parts: _Optional[int] = ..., row_stride: _Optional[int] = ..., table: _Optional[bool] = ..., dynamic: _Optional[_Union[DynamicTableDef, _Mapping]] = ...) -> None: ...
 
 class DynamicTableDef(_message.Message):
-    __slots__ = ("distribution", "mean", "std", "low", "high", "value", "seed", "max_rows", "policy", "max_age", "ttl_seconds", "min_norm", "admit_after", "admit_probability", "admission_counters")
+    __slots__ = ("distribution", "mean", "std", "low", "high", "value", "seed", "max_rows", "policy", "max_age", "ttl_seconds", "min_norm", "admit_after", "admit_probability", "admission_counters", "row_storage")
     DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     MEAN_FIELD_NUMBER: _ClassVar[int]
     STD_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class DynamicTableDef(_message.Message):
     ADMIT_AFTER_FIELD_NUMBER: _ClassVar[int]
     ADMIT_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    ROW_STORAGE_FIELD_NUMBER: _ClassVar[int]
     distribution: str
     mean: float
     std: float
@@ -97,7 +98,8 @@ class DynamicTableDef(_message.Message):
     admit_after: int
     admit_probability: float
     admission_counters: int
-    def __init__(self, distribution: _Optional[str] = ..., mean: _Optional[float] = ..., std: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., value: _Optional[float] = ..., seed: _Optional[int] = ..., max_rows: _Optional[int] = ..., policy: _Optional[str] = ..., max_age: _Optional[int] = ..., ttl_seconds: _Optional[float] = ..., min_norm: _Optional[float] = ..., admit_after: _Optional[int] = ..., admit_probability: _Optional[float] = ..., admission_counters: _Optional[int] = ...) -> None: ...
+    row_storage: str
+    def __init__(self, distribution: _Optional[str] = ..., mean: _Optional[float] = ..., std: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., value: _Optional[float] = ..., seed: _Optional[int] = ..., max_rows: _Optional[int] = ..., policy: _Optional[str] = ..., max_age: _Optional[int] = ..., ttl_seconds: _Optional[float] = ..., min_norm: _Optional[float] = ..., admit_after: _Optional[int] = ..., admit_probability: _Optional[float] = ..., admission_counters: _Optional[int] = ..., row_storage: _Optional[str] = ...) -> None: ...
 
 class Value(_message.Message):
     __slots__ = ("number", "integer", "flag", "text", "numbers", "integers")

@@ -99,6 +99,12 @@ def test_the_cli_exports_a_snapshot_an_update_and_applies_updates(trained, tmp_p
     assert code == 0 and f"wrote the snapshot of step {last} to {new} (1 updates applied)" in out
     assert_same(read_snapshot(new), export_checkpoint(trained.checkpoint_dir))
 
+    small = str(tmp_path / "int8")
+    code, _, _ = run_cli(capsys, trained.checkpoint_dir, small, "--int8_rows")
+    whole, int8 = export_checkpoint(trained.checkpoint_dir).tables["users"], read_snapshot(small).tables["users"]
+    assert code == 0 and int8.rows.dtype == torch.int8 and torch.equal(int8.ids, whole.ids)
+    assert bool(((int8.values() - whole.rows).abs() <= int8.scales[:, None] / 2 + 1e-6).all())
+
     filtered = str(tmp_path / "filtered")
     code, _, _ = run_cli(capsys, trained.checkpoint_dir, filtered, "--min_row_norm", "1e9")
     assert code == 0 and len(read_snapshot(filtered).tables["users"]) == 0

@@ -194,7 +194,7 @@ def test_a_file_of_another_kind_version_or_damaged_is_refused_naming_it(tmp_path
     write_snapshot(snapshot_of(users=([1, 4], [[1, 2], [3, 4]])), good)
     data = Path(good).read_bytes()
     other = safetensors.torch.save({"x": torch.ones(2)})
-    newer = safetensors.torch.save({"x": torch.ones(2)}, {"format": "psframe-snapshot", "format_version": "2"})
+    newer = safetensors.torch.save({"x": torch.ones(2)}, {"format": "psframe-snapshot", "format_version": "3"})
     flipped = bytearray(data)
     flipped[-1] ^= 1
     cases = [
@@ -202,7 +202,7 @@ def test_a_file_of_another_kind_version_or_damaged_is_refused_naming_it(tmp_path
         (write_bytes(tmp_path / "text", b"step,rows\n1,2\n"), "is not a safetensors file"),
         (write_bytes(tmp_path / "tiny", b"\x01"), "is not a safetensors file"),
         (write_bytes(tmp_path / "other", other), "no format in its metadata, not a psframe-snapshot file"),
-        (write_bytes(tmp_path / "newer", newer), "format version '2'; this psframe reads versions \\[1\\]"),
+        (write_bytes(tmp_path / "newer", newer), "format version '3'; this psframe reads versions \\[1, 2\\]"),
         (write_bytes(tmp_path / "flipped", bytes(flipped)), "is corrupt: the bytes after its header have sha256"),
         (write_bytes(tmp_path / "cut", data[:-9]), "is corrupt"),
     ]

@@ -72,6 +72,11 @@ class DynamicEmbedding(torch.nn.Module):
             each training lookup (1.0: always).
         admission_counters: the counting filter's size, a power of two.
         dtype: the rows' dtype.
+        row_storage: the dtype the ps tasks store the rows in, ``torch.bfloat16`` or
+            ``torch.float16`` (or its name) for compact rows: half the bytes of float32 per
+            row; each update is worked out in float32 (the optimizer's state stays float32)
+            and stored rounded stochastically, reproducibly (:mod:`psframe.tables.compact`).
+            Rows are read in ``dtype``. None: ``dtype``.
     """
 
     def __init__(
@@ -89,6 +94,7 @@ class DynamicEmbedding(torch.nn.Module):
         admit_probability: float = 1.0,
         admission_counters: int = Admission.counters,
         dtype: torch.dtype = torch.float32,
+        row_storage: torch.dtype | str | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(embedding_dim, int) or embedding_dim < 1:
@@ -101,6 +107,7 @@ class DynamicEmbedding(torch.nn.Module):
             initializer or RowInitializer(),
             Eviction(max_rows=max_rows, policy=eviction, max_age=max_age, ttl_seconds=ttl_seconds, min_norm=min_norm),
             Admission(min_count=admit_after, probability=admit_probability, counters=admission_counters),
+            str(row_storage).removeprefix("torch.") if row_storage is not None else None,
         )
         # Stands for the table where a parameter would (its dtype and row width); holds no row.
         self.row_template = torch.empty((0, embedding_dim), dtype=dtype)
@@ -116,7 +123,10 @@ class DynamicEmbedding(torch.nn.Module):
 
     def extra_repr(self) -> str:
         spec = self.spec
-        return f"{self.embedding_dim}, mode={self.mode!r}, {spec.initializer}, {spec.eviction}, {spec.admission}"
+        storage = f", row_storage={spec.storage!r}" if spec.storage is not None else ""
+        return (
+            f"{self.embedding_dim}, mode={self.mode!r}, {spec.initializer}, {spec.eviction}, {spec.admission}{storage}"
+        )
 
     def attach(self, rows: RowSource | None) -> None:
         """Where lookups get their rows from (None: nowhere; set by the trainer or :class:`DynamicTables`)."""
