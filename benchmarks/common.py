@@ -20,6 +20,7 @@ Conventions used by every benchmark:
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -295,6 +297,18 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else ""),
         **(extra or {}),
     }
+
+
+# ------------------------------------------------------------------ the examples
+
+
+def example_module(name: str) -> ModuleType:
+    """``examples/<name>.py`` imported (the examples' folder on ``sys.path``, as when one is run:
+    an example imports its neighbours, e.g. ``ctr_dist`` imports ``ctr_data``)."""
+    folder = str(ROOT / "examples")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(name)
 
 
 # ------------------------------------------------------------------ command line

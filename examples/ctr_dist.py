@@ -99,6 +99,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(until then it reads as its initial row and takes no memory)",
     )
     parser.add_argument(
+        "--row_storage",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="with --dynamic_tables: the dtype the ps tasks keep the rows in (bfloat16, float16: compact rows, "
+        "half the bytes, updates rounded stochastically); default: float32",
+    )
+    parser.add_argument(
         "--row_ttl_seconds",
         type=float,
         default=None,
@@ -202,6 +209,7 @@ class WideAndDeep(torch.nn.Module):
         max_rows_per_ps: int | None = None,
         admit_after: int = 1,
         row_ttl_seconds: float | None = None,
+        row_storage: str | None = None,
     ) -> None:
         super().__init__()
         self.wide: torch.nn.Module
@@ -216,6 +224,7 @@ class WideAndDeep(torch.nn.Module):
                     eviction="lfu",
                     admit_after=admit_after,
                     ttl_seconds=row_ttl_seconds,
+                    row_storage=row_storage,
                 )
 
             self.wide = table(1, psframe.RowInitializer("constant", value=0.0))
@@ -245,6 +254,7 @@ def build_model(args: argparse.Namespace) -> WideAndDeep:
         args.max_rows_per_ps,
         args.admit_after,
         args.row_ttl_seconds,
+        args.row_storage,
     )
 
 
@@ -289,7 +299,22 @@ def data_of(args: argparse.Namespace, split: int) -> ClickLog:
 
 def run_single_process(args: argparse.Namespace) -> int:
     """The reference: the same model, data and optimizer (Adagrad; on the tables too) in one process."""
+    model, _, wall = train_single_process(args)
+    result = {
+        "mode": "single_process",
+        "global_step": args.train_steps,
+        **evaluate(model, data_of(args, 1)),
+        "samples_per_sec": round(args.train_steps * args.batch_size / wall, 1),
+    }
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def train_single_process(args: argparse.Namespace) -> tuple[WideAndDeep, psframe.DynamicTables | None, float]:
+    """Train the model in this process: the model, its dynamic tables (None without
+    ``--dynamic_tables``) and the seconds of the training loop."""
     train = data_of(args, 0)
+    dynamic = None
     model = build_model(args)
     if args.dynamic_tables:  # their rows live here, updated as a ps task would
         dense = list(model.parameters())
@@ -309,15 +334,7 @@ def run_single_process(args: argparse.Namespace) -> int:
         loss_of(model, train, index).backward()
         for opt in optimizers:
             opt.step()
-    wall = time.perf_counter() - start
-    result = {
-        "mode": "single_process",
-        "global_step": args.train_steps,
-        **evaluate(model, data_of(args, 1)),
-        "samples_per_sec": round(args.train_steps * args.batch_size / wall, 1),
-    }
-    print(json.dumps(result), flush=True)
-    return 0
+    return model, dynamic, time.perf_counter() - start
 
 
 def run_ps(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_index: int) -> int:

@@ -14,7 +14,10 @@ alone, and reach it here, and only here:
   what they hold (a tool's ``PsClient``);
 - the row-rate section calls a ps task's row path in this process, one
   thread, with no network: a store's fixed tables (``VariableStore``) and a
-  dynamic table's part (``DynamicRows``, ``DynamicTableSpec``).
+  dynamic table's part (``DynamicRows``, ``DynamicTableSpec``);
+- the compact rows section weighs a dynamic table part's rows and their
+  per-row optimizer state (``is_row_state``), and scores int8 rows as a
+  server would, an id it lacks as its initial row (``initial_rows``).
 
 A change to those internals breaks the suite in this module alone; the layout
 test (``tests/unit/test_benchmark_layout.py``) keeps every other suite module on
@@ -30,8 +33,9 @@ import torch
 import psframe
 from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, Shard, VariableInfo, place
 from psframe.optim import OptimizerSpec
+from psframe.optim.row_state import is_row_state
 from psframe.ps.store import VariableStore
-from psframe.tables.dynamic_rows import DynamicRows
+from psframe.tables.dynamic_rows import DynamicRows, initial_rows
 from psframe.tables.spec import DynamicTableSpec, place_tables
 from psframe.wire import psframe_pb2, transport
 from psframe.wire.encoding import MessageEncoding, parse
@@ -49,6 +53,8 @@ __all__ = [
     "Tensors",
     "VariableStore",
     "create_variables",
+    "initial_rows",
+    "is_row_state",
     "push_pull",
     "push_pull_rpc_kind",
     "shard_requests",

@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import functools
-import importlib.util
 import io
 import itertools
 import math
@@ -57,7 +55,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import psutil
 import torch
@@ -66,7 +63,7 @@ import torch.nn.functional as F
 import psframe
 from benchmarks.baselines.torch_rows import RowAdagrad, TorchAdagrad, read
 from benchmarks.children import Children
-from benchmarks.common import ROOT, Deadline, Settings, single_thread
+from benchmarks.common import Deadline, Settings, example_module, single_thread
 from benchmarks.formatting import format_number, format_ratio, markdown_table
 from benchmarks.suite.ps_cluster import PsCluster
 from benchmarks.suite.psframe_internals import DynamicRows, DynamicTableSpec, VariableStore
@@ -89,20 +86,9 @@ GRPC_STEPS = {True: (10, 40), False: (20, 300)}  # quick -> (warm-up steps after
 Batch = tuple[torch.Tensor, torch.Tensor]  # distinct ids, their gradients
 
 
-@functools.cache
-def click_log_module() -> ModuleType:
-    """``examples/ctr_data.py``, the CTR example's click log (it imports torch only)."""
-    spec = importlib.util.spec_from_file_location("ctr_data", ROOT / "examples" / "ctr_data.py")
-    if spec is None or spec.loader is None:
-        raise ImportError("examples/ctr_data.py is missing")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def lookups(dynamic: bool, count: int = BATCHES) -> list[torch.Tensor]:
     """``count`` batches of the click log's ids, (512, 26) each: hashed into the table's rows, or whole."""
-    log = click_log_module().click_log(count * BATCH, buckets=None if dynamic else TABLE_ROWS, seed=0)
+    log = example_module("ctr_data").click_log(count * BATCH, buckets=None if dynamic else TABLE_ROWS, seed=0)
     return [log.ids[i * BATCH : (i + 1) * BATCH] for i in range(count)]
 
 

@@ -40,7 +40,15 @@ ALLOWED = {
 
 # psframe's public modules (DESIGN: ``psframe.*`` plus the documented modules); of
 # ``psframe.launch`` only the names in its ``__all__``.
-PUBLIC_MODULES = {"psframe", "psframe.optim", "psframe.hooks", "psframe.checkpoint", "psframe.errors", "psframe.flags"}
+PUBLIC_MODULES = {
+    "psframe",
+    "psframe.optim",
+    "psframe.hooks",
+    "psframe.checkpoint",
+    "psframe.errors",
+    "psframe.flags",
+    "psframe.export",
+}
 # The one suite module that may import psframe's internals, and why: the transport,
 # security and memory sections time psframe's own client sending the trainer's step plan
 # with no model around it, the scaling section counts that plan's messages, the

@@ -461,3 +461,105 @@ def test_the_handler_cpu_experiment_answers_async_and_sync_requests():
     assert not header.error_class and header.global_step == 1
     assert handler_cpu.cpu_per_request_us(sync=False, count=20) > 0
     assert handler_cpu.cpu_per_request_us(sync=True, count=20) > 0
+
+
+def test_the_compact_rows_benchmark_weighs_each_storage_and_scores_the_int8_export(monkeypatch):
+    """Each storage's rows hold what it says (16 bits a value for bfloat16 and float16, int8 plus a
+    float32 scale for the export, Adagrad's float32 sums beside), and every run is scored."""
+    from benchmarks.suite import compact_rows
+
+    monkeypatch.setattr(
+        compact_rows, "QUICK_FLAGS", ["--train_steps=20", "--train_samples=6000", "--test_samples=2000"]
+    )
+    rows = compact_rows.run_compact_rows(quick=True)
+    dim = 8  # the example's --embedding_dim
+    assert [(r["storage"], r["rows_bytes"], r["with_state_bytes"]) for r in rows] == [
+        ("float32", 4 * dim, 8 * dim),
+        ("bfloat16", 2 * dim, 6 * dim),
+        ("float16", 2 * dim, 6 * dim),
+        ("int8 export", dim + 4, None),
+    ]
+    assert [r["vs_float32"] for r in rows] == [1.0, 0.5, 0.5, (dim + 4) / (4 * dim)]
+    for r in rows:
+        assert 0.5 < r["auc"] <= 1.0 and r["auc_diff"] == pytest.approx(r["auc"] - rows[0]["auc"]), r
+    assert "| int8 export |" in compact_rows.compact_rows_table(rows)
+
+
+# ---------------------------------------------------------------- the disk tier's storage engines
+
+
+def test_every_row_store_reads_back_the_bits_last_written(tmp_path):
+    """Each engine of the row-store experiment, at a tiny size, goes through the experiment's phases
+    (which check every batch read), then is read back whole: every row holds the bits written last,
+    and the writes did change rows, so that an engine returning stale rows would fail."""
+    import numpy as np
+
+    from benchmarks.experiments import row_stores
+    from benchmarks.experiments.row_store_engines import ENGINES, FIELDS, KeyValue
+
+    settings = row_stores.Settings(rows=5000, dim=4, batch=256, seconds=0.05, directory=str(tmp_path))
+    initial = row_stores.make_table(settings.rows, settings.dim)
+    results = []
+    for number, make in enumerate(ENGINES):
+        truth = initial.copy()
+        (tmp_path / str(number)).mkdir()
+        engine = make(tmp_path / str(number), settings.rows, settings.dim)
+        try:
+            results.append(row_stores.measure(engine, truth, settings, row_stores.Memory()))
+            assert all(results[-1]["phases"][phase].batches > 0 for phase in ("read", "write", "step")), engine.name
+            assert np.count_nonzero(truth["stamp"] != initial["stamp"]) > settings.batch  # rows were rewritten
+            everything = engine.read(np.arange(settings.rows))
+            for name, column in zip(FIELDS, everything):
+                assert np.asarray(column).tobytes() == truth[name].tobytes(), (engine.name, name)
+            if isinstance(engine, KeyValue):  # keys sort as their ids do, negative ones too
+                ids = np.array([-(2**63), -(2**40), -1, 0, 1, 2**40, 2**63 - 1])
+                assert engine.keys(ids) == sorted(engine.keys(ids))
+        finally:
+            engine.close()
+    assert [r["engine"] for r in results] == ["in RAM", "rocksdb", "rocksdb+lz4", "lmdb", "memmap"]
+    assert len(row_stores.rates_table(results).splitlines()) == 2 + 4 * len(ENGINES)
+    assert "Fastest disk engine" in row_stores.conclusion(results)
+
+
+def test_the_row_store_experiment_fails_loudly_on_rows_it_did_not_write(tmp_path):
+    """An engine that drops its writes (stale rows), one that flips a bit, key-value stores that lost
+    rows: the experiment stops with RowMismatch, and its temporary directory goes all the same."""
+    import numpy as np
+
+    from benchmarks.experiments import row_stores
+    from benchmarks.experiments.row_store_engines import Lmdb, Memmap, RocksDB, RowMismatch
+
+    class DropsWrites(Memmap):
+        def write(self, ids, columns):
+            pass
+
+    class FlipsABit(Memmap):
+        def read(self, ids):
+            weight, state, stamp = super().read(ids)
+            state = state.copy()
+            state.view(np.uint32)[len(ids) // 2, 0] ^= 1  # the float's lowest mantissa bit
+            return weight, state, stamp
+
+    class LmdbLosesRows(Lmdb):
+        def finish_load(self):
+            super().finish_load()
+            with self.env.begin(write=True) as txn:
+                for key in self.keys(np.arange(0, 5000, 2)):
+                    txn.delete(key)
+
+    class RocksDBLosesRows(RocksDB):
+        def finish_load(self):
+            super().finish_load()
+            for key in self.keys(np.arange(0, 5000, 2)):
+                self.db.delete(key)
+
+    settings = row_stores.Settings(rows=5000, dim=4, batch=256, seconds=0.05, directory=str(tmp_path))
+    for engine, message in (
+        (DropsWrites, r"memmap: reading the last batch written gave \d+ of 256 rows with another weight"),
+        (FlipsABit, r"memmap: a read gave 1 of 256 rows with another state than was written \(the first: id"),
+        (LmdbLosesRows, r"lmdb: rows of 256 ids read, \d+ of them missing"),
+        (RocksDBLosesRows, r"rocksdb: rows of 256 ids read, \d+ of them missing"),
+    ):
+        with pytest.raises(RowMismatch, match=message):
+            row_stores.run(settings, engines=[engine])
+        assert not list(tmp_path.iterdir())
