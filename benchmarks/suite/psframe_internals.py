@@ -35,7 +35,8 @@ from psframe.cluster.placement import DEFAULT_MAX_SHARD_BYTES, Shard, VariableIn
 from psframe.optim import OptimizerSpec
 from psframe.optim.row_state import is_row_state
 from psframe.ps.store import VariableStore
-from psframe.tables.dynamic_rows import DynamicRows, initial_rows
+from psframe.tables.dynamic_rows import DynamicRows
+from psframe.tables.row_math import initial_rows
 from psframe.tables.spec import DynamicTableSpec, place_tables
 from psframe.wire import psframe_pb2, transport
 from psframe.wire.encoding import MessageEncoding, parse

@@ -17,7 +17,7 @@ import torch
 from psframe.checkpoint.shard import ShardData, VariableData
 from psframe.errors import CheckpointError
 from psframe.optim.row_state import is_row_state
-from psframe.tables.dynamic_rows import part_of
+from psframe.tables.row_math import part_of
 
 
 def dynamic_parts_of(shards: Sequence[ShardData]) -> dict[str, list[VariableData]]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from psframe.errors import ClusterMismatchError
-from psframe.tables.dynamic_rows import initial_rows
+from psframe.tables.row_math import initial_rows
 from psframe.worker.model.dynamic import DynamicEmbedding, find_dynamic_tables
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import psframe
 from psframe.checkpoint import files as checkpoint_files
-from psframe.tables.dynamic_rows import initial_rows, part_of
+from psframe.tables.row_math import initial_rows, part_of
 from tests.unit.test_dynamic_tables import (  # noqa: F401
     CASES,
     DIM,

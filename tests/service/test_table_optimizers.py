@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import psframe
 from psframe import checkpoint
-from psframe.tables.dynamic_rows import initial_rows
+from psframe.tables.row_math import initial_rows
 from psframe.tables.spec import RowInitializer
 from tests.service.test_delta_checkpoints import save_full
 from tests.unit.test_table_optimizers import ftrl_reference, rowwise_adagrad_reference

@@ -18,7 +18,8 @@ import torch
 import psframe
 from psframe.errors import PsframeError
 from psframe.tables.admission import AdmissionFilter
-from psframe.tables.dynamic_rows import DynamicRows, initial_rows
+from psframe.tables.dynamic_rows import DynamicRows
+from psframe.tables.row_math import initial_rows
 from psframe.tables.spec import Admission, DynamicTableSpec, Eviction, RowInitializer
 from psframe.wire import messages
 

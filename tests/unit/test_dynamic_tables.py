@@ -19,7 +19,8 @@ import psframe
 from psframe.errors import PsframeError, RowIdError
 from psframe.optim import OptimizerSpec
 from psframe.optim.rows_kernels import SparseSGD
-from psframe.tables.dynamic_rows import DynamicRows, initial_rows, part_of
+from psframe.tables.dynamic_rows import DynamicRows
+from psframe.tables.row_math import initial_rows, part_of
 from psframe.tables.spec import DynamicTableSpec, Eviction, RowInitializer, dynamic_part
 
 DIM = 4

@@ -25,7 +25,7 @@ from psframe import cli, flags
 from psframe.checkpoint import files as checkpoint_files
 from psframe.checkpoint.shard import OptimizerData, ShardData, VariableData
 from psframe.errors import ClusterMismatchError, ClusterSpecError
-from psframe.tables.dynamic_rows import initial_rows
+from psframe.tables.row_math import initial_rows
 from psframe.worker.model_state import load_model_state
 from tests.conftest import ROOT
 from tests.support.evaluator_jobs import linear, linear_data, linear_model, mse

@@ -36,11 +36,12 @@ LAYERS = (
 )
 SIDEWAYS = {"edges"}
 BELOW_WIRE = {name for name, _ in LAYERS[: [name for name, _ in LAYERS].index("wire")]}
-# Below the wire: the standard library only, but where torch (and numpy) is the point.
+# Below the wire: the standard library only, but where torch (and numpy) is the point, and the
+# store under a table's disk tier (LMDB: docs/decisions.md says why).
 THIRD_PARTY_BELOW_WIRE = {
     "psframe.optim": {"torch"},
     "psframe.memory": {"torch"},
-    "psframe.tables": {"torch", "numpy"},
+    "psframe.tables": {"torch", "numpy", "lmdb"},
 }
 # Inside each side, its packages bottom first (a module at the side's top level, such as
 # psframe.worker.trainer, is above them all); psframe.ps.recovery sits beside elastic.

@@ -31,7 +31,8 @@ from psframe.optim import OptimizerSpec
 from psframe.optim.schedule_clock import ScheduleClock
 from psframe.ps.store.optimized_variables import OptimizedVariables
 from psframe.ps.store.row_versions import RowVersions
-from psframe.tables.dynamic_rows import DynamicRows, row_gradient
+from psframe.tables.dynamic_rows import DynamicRows
+from psframe.tables.row_math import row_gradient
 from psframe.tables.rows import RowPush, to_refresh
 from psframe.tables.spec import DynamicTableSpec
 

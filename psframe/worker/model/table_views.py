@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from psframe.errors import RowIdError
-from psframe.tables.dynamic_rows import part_of
+from psframe.tables.row_math import part_of
 from psframe.tables.rows import RowPush
 from psframe.worker.model.dynamic import DynamicEmbedding
 from psframe.worker.model.row_cache import RowCache
