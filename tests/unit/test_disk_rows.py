@@ -83,6 +83,7 @@ def test_a_store_grows_its_map_and_loses_nothing(tmp_path, monkeypatch):
         rows.put(torch.arange(20_000), layout.pack(held, torch.arange(20_000)))
         assert len(rows) == 20_000 and rows.nbytes_on_disk() >= 20_000 * 64
         found, records = rows.take(torch.tensor([19_999, 0]))
+        assert found.tolist() == [19_999, 0]
         assert torch.equal(layout.unpack(records)["row"], held["row"][[19_999, 0]])
     finally:
         rows.close()
