@@ -75,19 +75,6 @@ class StalenessGate:
         self.counts = [0] * HISTOGRAM_BUCKETS
         """How many step-ending pushes found their worker 0, 1, ... steps ahead (the last: that many or more)."""
 
-    def count(self, worker: int) -> int:
-        """Count one step-ending push of ``worker``, before the ledger records it (under the
-        store's lock): how many steps ahead of the slowest other live worker it is (live as of
-        the roster's snapshot, see the module's docstring). The data plane has the ledger count
-        as it records the step (:meth:`PushLedger.record`) and tallies that (:meth:`tally`)."""
-        ahead = self._ledger.steps_ahead(worker, self._roster.live_snapshot())
-        self.tally(ahead)
-        return ahead
-
-    def tally(self, ahead: int) -> None:
-        """Add a step-ending push found ``ahead`` steps ahead to :attr:`counts` (under the store's lock)."""
-        self.counts[min(ahead, HISTOGRAM_BUCKETS - 1)] += 1
-
     def stepped(self) -> None:
         """A worker's step was recorded: waits look again (no lock taken while none waits)."""
         if self.waiting:

@@ -53,7 +53,7 @@ from psframe.ps.protocol.data_ranges import RangeQueue
 from psframe.ps.protocol.ledger import PushLedger
 from psframe.ps.protocol.ledger_cut import LedgerCut
 from psframe.ps.protocol.roster import WorkerRoster
-from psframe.ps.protocol.staleness import StalenessGate
+from psframe.ps.protocol.staleness import HISTOGRAM_BUCKETS, StalenessGate
 from psframe.ps.service.push_pull_request import PushPullRequest, outgoing
 from psframe.ps.service.served_model import ServedModel
 from psframe.ps.service.sync_pushes import SyncPushes
@@ -324,7 +324,7 @@ class PushPullHandler:
             self._ledger.record(worker, push_id, False)
             return 0
         ahead = self._ledger.record(worker, push_id, True, self._roster.live_snapshot())
-        self._staleness.tally(ahead)
+        self._staleness.counts[min(ahead, HISTOGRAM_BUCKETS - 1)] += 1
         if self._staleness.waiting:  # only under a bound: without one, a step wakes no one
             self._staleness.stepped()
         return ahead
