@@ -60,6 +60,7 @@ class DynamicTableStatus:
     admitted: int  # ids given a row
     filtered: int  # ids refused a row by the table's admission (counted at each lookup)
     evicted: int  # rows evicted: by cap, age, time or norm
+    rows_on_disk: int = 0  # of rows: those beyond the table's ram_budget, on local disk
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     ]
     seen: dict[int, WorkerStatus] = {}
     applied: dict[int, list[int]] = {}  # a worker's steps applied, by each ps task that answered
-    tables: list[tuple[str, ...]] = [("dynamic table part", "task", "rows", "admitted", "filtered", "evicted")]
+    tables: list[tuple[str, ...]] = [
+        ("dynamic table part", "task", "rows", "on disk", "admitted", "filtered", "evicted")
+    ]
     # Async: step-ending pushes by how many steps ahead of the slowest live worker they found theirs.
     ahead: list[tuple[str, ...]] = [("task", "steps ahead: pushes", "most")]
     # Elastic clusters: the workers that joined and left, as ps 0 (or the first ps task up) saw them.
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             if info.steps_ahead_counts:
                 ahead.append((ClusterSpec.task_name("ps", k), *_steps_ahead(info.steps_ahead_counts)))
             for t in info.dynamic_tables:
-                counts = (t.rows, t.admitted, t.filtered, t.evicted)
+                counts = (t.rows, t.rows_on_disk, t.admitted, t.filtered, t.evicted)
                 tables.append((t.name, ClusterSpec.task_name("ps", k), *(str(n) for n in counts)))
             for worker in info.workers:  # the freshest word from any ps task
                 applied.setdefault(worker.task_index, []).append(worker.applied_steps)

@@ -43,6 +43,10 @@ class ChangeStamps:
         """The part's slots grew: each stamp becomes ``grown(stamps)`` (the stamps, then room for more)."""
         self._epochs, self._versions = grown(self._epochs), grown(self._versions)
 
+    def columns(self) -> dict[str, torch.Tensor]:
+        """The stamps, one per slot, by name: a disk tier moves them with their rows."""
+        return {"epoch": self._epochs, "version": self._versions}
+
     def made(self, slots: torch.Tensor, *, restored: bool = False) -> None:
         """New rows at ``slots``, with a new version; ``restored``: as the snapshot holds them (no epoch)."""
         self._epochs[slots] = 0 if restored else self.epoch

@@ -96,13 +96,14 @@ class DiskRows:
     Not thread-safe: its table part's holder serialises calls.
 
     Args:
-        base: the folder the store's folder goes in (default: the system's temporary folder).
+        base: the folder the store's folder goes in (default: ``PSFRAME_TABLE_DISK_DIR``, else the
+            system's temporary folder).
         name: a name for the folder (the table part's), made safe for a file name.
     """
 
     def __init__(self, name: str, base: str | None = None) -> None:
         lmdb = _lmdb()
-        root = Path(base or tempfile.gettempdir())
+        root = Path(base or os.environ.get("PSFRAME_TABLE_DISK_DIR") or tempfile.gettempdir())
         root.mkdir(parents=True, exist_ok=True)
         remove_stale_folders(root)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
@@ -137,6 +138,15 @@ class DiskRows:
         if added != len(items):
             raise PsframeError(f"{self.folder}: {len(items) - added} of {len(items)} rows written were there already")
         self._count += added
+
+    def get(self, ids: torch.Tensor) -> tuple[torch.Tensor, numpy.ndarray]:
+        """The records of those of ``ids`` (int64) held, left where they are: their ids (in ``ids``'
+        order) and records."""
+        if not ids.numel() or not self._count:
+            return ids[:0], numpy.zeros((0, 0), numpy.uint8)
+        with self._env.begin() as txn:
+            found = txn.cursor().getmulti(_keys(ids))
+        return _ids_of([key for key, _ in found]), _records(list(map(operator.itemgetter(1), found)))
 
     def take(self, ids: torch.Tensor) -> tuple[torch.Tensor, numpy.ndarray]:
         """Take the records of those of ``ids`` (int64, distinct) held out of the store: their ids

@@ -29,6 +29,7 @@ checkpoints and row caches (:mod:`psframe.tables.change_stamps`).
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,9 +44,10 @@ from psframe.optim.schedule_clock import ScheduleClock
 from psframe.tables.admission import AdmissionFilter
 from psframe.tables.change_stamps import ChangeStamps
 from psframe.tables.compact import stochastic_round, storage_dtype
+from psframe.tables.disk_tier import DiskTier, ram_rows_of
 from psframe.tables.eviction import EvictionPolicy
 from psframe.tables.id_index import IdIndex
-from psframe.tables.row_math import initial_rows, row_gradient
+from psframe.tables.row_math import initial_rows, row_gradient, rows_between, summed_by_id
 from psframe.tables.rows import to_refresh
 from psframe.tables.spec import DynamicTableSpec
 
@@ -72,6 +74,8 @@ class DynamicRows:
             ``time.time``, which checkpoints keep meaning across restarts).
         schedule: the table optimizer's learning-rate schedule, which brings it to the global
             step's rate before each step (:mod:`psframe.optim.schedule_clock`); None: none.
+        disk_folder: where the rows beyond the table's ``ram_budget`` go
+            (:mod:`psframe.tables.disk_tier`); None: the system's temporary folder.
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class DynamicRows:
         memory: Memory | None = None,
         wall_clock: Callable[[], float] = time.time,
         schedule: ScheduleClock | None = None,
+        disk_folder: str | None = None,
     ) -> None:
         self.name = name
         self._schedule, self._scheduled = schedule, -1  # the schedule's version the optimizer is at
@@ -116,9 +121,13 @@ class DynamicRows:
         self.admitted = 0  # ids given a row (a restore's rows aside)
         self.filtered = 0  # training lookups' ids refused a row by the admission
         self.evicted = 0  # rows evicted, for any reason
+        self.tier: DiskTier | None = None  # the rows beyond the table's ram_budget, on local disk
+        if spec.ram_budget is not None:
+            self.tier = DiskTier(name, ram_rows_of(spec.ram_budget, self._slot_bytes()), disk_folder)
+            weakref.finalize(self, self.tier.close)
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._index) + (len(self.tier) if self.tier is not None else 0)
 
     @property
     def clock(self) -> int:
@@ -147,6 +156,16 @@ class DynamicRows:
                 total += value.numel() * value.element_size()
         return total + self.slots * (6 * 8 + 1) + self._index.nbytes()  # id, 5 int64/float64 stamps, used
 
+    def _slot_bytes(self) -> int:
+        """Bytes a slot takes: its row, per-row state (made when the optimizer was built; else as much
+        as Adam's two moments), bookkeeping and its share of the id index."""
+        state = [v for v in self._state().values() if self._per_row(v)]
+        row = self.weight[0].numel()
+        state_bytes = sum(v[0].numel() * v.element_size() for v in state)
+        if not state and self.optimizer is not None:
+            state_bytes = 8 * row
+        return row * self.weight.element_size() + state_bytes + 6 * 8 + 1 + 16
+
     # ---- reading and updating
 
     def read(self, ids: torch.Tensor, *, create: bool = True) -> torch.Tensor:
@@ -168,7 +187,7 @@ class DynamicRows:
                 self._saw(slots)
                 return rows
         else:
-            slots = self._lookup(ids)
+            slots = self._index.find(ids)  # nothing moves in from disk: _rows_of reads rows there
         rows = self._rows_of(ids, slots)
         if create:
             self._saw(slots[slots >= 0])
@@ -198,6 +217,8 @@ class DynamicRows:
         rows = torch.empty((ids.numel(), *self.row_shape), dtype=self.dtype)
         rows[held] = self.weight.detach().index_select(0, slots[held]).to(self.dtype)
         made = initial_rows(self.spec.initializer, ids[~held], self.row_shape, self.weight.dtype)
+        if self.tier is not None:
+            self.tier.read_into(made, ids[~held])  # rows on disk stay there
         rows[~held] = made.to(self.dtype)  # as the row would be made: in the rows' storage
         return rows
 
@@ -216,6 +237,7 @@ class DynamicRows:
                 f"dynamic table part {self.name!r} holds rows only to read: it has no optimizer to apply "
                 f"gradients with; nothing was applied"
             )
+        ids, grads = summed_by_id(ids, grads)  # in an order of the ids, never of their slots
         if self.spec.admission.filters:
             # Ids the admission refused at their lookup have no row: their gradients are dropped.
             slots = self._lookup(ids)
@@ -260,12 +282,15 @@ class DynamicRows:
 
     def export(self) -> dict[str, Any]:
         """What a checkpoint keeps: ids (sorted), their rows, per-row and other optimizer state, ages."""
-        return self._export(torch.nonzero(self._used).squeeze(1))
+        exported = self._export(torch.nonzero(self._used).squeeze(1))
+        return self.tier.with_rows_on_disk(exported, None, self.dtype) if self.tier is not None else exported
 
     def export_changes(self, since: int) -> dict[str, Any]:
         """What a delta checkpoint keeps: as :meth:`export`, of the rows changed after epoch ``since``
         only, plus ``deleted``, the ids evicted after it (sorted; an id evicted and made again is in both)."""
         changed = self._export(self._stamps.changed_since(since, self._used))
+        if self.tier is not None:
+            changed = self.tier.with_rows_on_disk(changed, since, self.dtype)
         changed["deleted"] = self._stamps.removed_since(since)
         return changed
 
@@ -296,7 +321,19 @@ class DynamicRows:
         return dict(zip(COUNTS, (self.admitted, self.filtered, self.evicted)))
 
     def load(self, saved: Mapping[str, Any]) -> None:
-        """Take rows, state and ages as :meth:`export` gave them (this part must be empty)."""
+        """Take rows, state and ages as :meth:`export` gave them (this part must be empty); with a
+        disk tier, a RAM tier's half at a time, the rows beyond it going to disk."""
+        count = saved["ids"].numel()
+        step = count if self.tier is None else max(1, self.tier.ram_rows // 2)
+        for start in range(0, max(count, 1), max(step, 1)):
+            self._load_rows(rows_between(saved, start, start + step), first=start == 0)
+        counts = saved.get("counts") or {}  # absent in older files: counted from the restore
+        self.admitted, self.filtered, self.evicted = (int(counts.get(k, 0)) for k in COUNTS)
+        self._admission.load_state_dict(saved.get("admission") or {})
+        self._state_keys = set(self._state())
+
+    def _load_rows(self, saved: Mapping[str, Any], first: bool) -> None:
+        """Take the rows of ``saved``; the ``first`` of a load makes the state it holds anew."""
         ids = saved["ids"]
         slots = self._slots(ids, fill=False)
         with torch.no_grad():
@@ -305,15 +342,40 @@ class DynamicRows:
             state = self.optimizer.state[self.weight]
             for key, value in saved["state"].items():
                 if is_row_state(value, (ids.numel(), *self.row_shape)):
-                    full = self._memory.full((self.slots, *value.shape[1:]), self._fresh.get(key, 0.0), value.dtype)
-                    state[key] = full.index_copy_(0, slots, value)
+                    if first or not self._per_row(state.get(key)):
+                        shape = (self.slots, *value.shape[1:])
+                        state[key] = self._memory.full(shape, self._fresh.get(key, 0.0), value.dtype)
+                    state[key].index_copy_(0, slots, value)
                 else:
                     state[key] = value.clone() if isinstance(value, torch.Tensor) else value
         self._eviction.load(slots, saved)
-        counts = saved.get("counts") or {}  # absent in older files: counted from the restore
-        self.admitted, self.filtered, self.evicted = (int(counts.get(k, 0)) for k in COUNTS)
-        self._admission.load_state_dict(saved.get("admission") or {})
-        self._state_keys = set(self._state())
+
+    # ---- the disk tier's view of the slots (psframe.tables.disk_tier.TieredPart)
+
+    def columns(self) -> dict[str, torch.Tensor]:
+        """Every per-slot tensor of a row, by name: the row, its per-row state, ages and stamps."""
+        state = {f"state.{key}": value for key, value in self._state().items() if self._per_row(value)}
+        return {"row": self.weight.detach(), **state, **self._eviction.columns(), **self._stamps.columns()}
+
+    def held_in_ram(self) -> int:
+        return len(self._index)
+
+    def coldest(self, count: int, keep: torch.Tensor) -> torch.Tensor:
+        return self._eviction.coldest(count, self._used, keep)
+
+    def release(self, slots: torch.Tensor) -> torch.Tensor:
+        ids = self._id_of[slots]
+        self._index.remove(ids)
+        self._free.extend(slots.tolist())
+        self._used[slots] = False
+        return ids
+
+    def occupy(self, ids: torch.Tensor) -> torch.Tensor:
+        slots = self._take_slots(ids.numel())
+        self._index.add(ids, slots)
+        self._id_of[slots] = ids
+        self._used[slots] = True
+        return slots
 
     # ---- slots
 
@@ -324,7 +386,14 @@ class DynamicRows:
         return is_row_state(value, self.weight.shape)
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._index.find(ids)
+        """The slot of each id, -1 where it has none; rows of ``ids`` on disk are brought back first."""
+        slots = self._index.find(ids)
+        if self.tier is not None and len(self.tier):
+            missing = slots < 0
+            if bool(missing.any()):
+                self.tier.bring_in(self, torch.unique(ids[missing]), keep=slots[~missing])
+                slots = self._index.find(ids)
+        return slots
 
     def _slots(self, ids: torch.Tensor, *, fill: bool = True, admit: bool = False) -> torch.Tensor:
         """The slots of ``ids``, making those not held (their initial rows and fresh state, unless not ``fill``).
@@ -377,11 +446,12 @@ class DynamicRows:
         )
 
     def _grow(self) -> None:
-        """Double the slots; rows and optimizer state keep their slots."""
+        """Double the slots (up to the RAM tier's rows); rows and optimizer state keep their slots."""
         old = self.slots
+        new = 2 * old if self.tier is None else max(old + 1, min(2 * old, self.tier.ram_rows))
 
         def doubled(tensor: torch.Tensor, fill: float | bool = 0) -> torch.Tensor:
-            grown = self._memory.full((2 * old, *tensor.shape[1:]), fill, tensor.dtype)
+            grown = self._memory.full((new, *tensor.shape[1:]), fill, tensor.dtype)
             grown[:old] = tensor
             return grown
 
@@ -395,7 +465,10 @@ class DynamicRows:
         self._stamps.grow(doubled)
 
     def _make_room(self, new: int, keep: torch.Tensor) -> None:
-        """Evict rows (never those in ``keep``) until ``new`` more fit under the cap."""
+        """Evict rows (never those in ``keep``) until ``new`` more fit under the cap; spill rows to
+        disk until they fit in the RAM tier."""
+        if self.tier is not None:
+            self.tier.room(self, new, keep)
         excess = self._eviction.excess(len(self), new)
         if excess <= 0:
             return

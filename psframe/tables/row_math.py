@@ -5,11 +5,13 @@ gradient of pushed rows (:func:`row_gradient`). Plain torch and numpy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy
 import torch
 
+from psframe.optim.row_state import is_row_state
 from psframe.optim.rows_kernels import strictly_increasing
 from psframe.tables.spec import ID_MIX, RowInitializer
 
@@ -46,6 +48,18 @@ def row_gradient(rows: torch.Tensor, values: torch.Tensor, shape: Sequence[int])
     return torch.sparse_coo_tensor(rows.unsqueeze(0), values, tuple(shape), check_invariants=False).coalesce()
 
 
+def summed_by_id(ids: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each id of ``ids`` once (sorted) and its ``values`` summed: as they are where the ids are
+    sorted and distinct already (a worker's push). Repeats are summed in an order of the ids alone,
+    so that where rows sit in memory never changes the sums' bits."""
+    if ids.numel() < 2 or strictly_increasing(ids):
+        return ids, values
+    distinct, position = torch.unique(ids, return_inverse=True)
+    shape = (distinct.numel(), *values.shape[1:])
+    total = torch.sparse_coo_tensor(position.unsqueeze(0), values, shape, check_invariants=False).coalesce()
+    return distinct[total.indices()[0]], total.values()
+
+
 def initial_rows(
     initializer: RowInitializer, ids: torch.Tensor, row_shape: Sequence[int], dtype: torch.dtype
 ) -> torch.Tensor:
@@ -67,4 +81,16 @@ def initial_rows(
     return rows.to(dtype)
 
 
-__all__ = ["initial_rows", "part_of", "row_gradient"]
+def rows_between(saved: Mapping[str, Any], start: int, end: int) -> dict[str, Any]:
+    """``saved`` (as :meth:`~psframe.tables.dynamic_rows.DynamicRows.export` gives it) with its
+    per-row entries cut to rows ``start:end``."""
+    shape = tuple(saved["rows"].shape)
+    if start == 0 and end >= shape[0]:
+        return dict(saved)
+    cut = {key: value[start:end] if is_row_state(value, shape[:1]) else value for key, value in saved.items()}
+    cut["rows"] = saved["rows"][start:end]
+    cut["state"] = {k: v[start:end] if is_row_state(v, shape) else v for k, v in saved["state"].items()}
+    return cut
+
+
+__all__ = ["initial_rows", "part_of", "row_gradient", "rows_between", "summed_by_id"]

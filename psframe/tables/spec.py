@@ -241,17 +241,29 @@ class Admission:
 @dataclass(frozen=True)
 class DynamicTableSpec:
     """What defines a dynamic table besides its row width and dtype: its rows' initializer, eviction and
-    admission, and the dtype its ps tasks store rows in (``storage``: a name of
-    :data:`psframe.tables.compact.STORAGE_DTYPES`; None: the table's dtype)."""
+    admission, the dtype its ps tasks store rows in (``storage``: a name of
+    :data:`psframe.tables.compact.STORAGE_DTYPES`; None: the table's dtype), and the bytes of RAM
+    each part's rows may take before the rest go to disk (``ram_budget``: :mod:`psframe.tables.disk_tier`;
+    None: all in RAM)."""
 
     initializer: RowInitializer = RowInitializer()
     eviction: Eviction = Eviction()
     admission: Admission = Admission()
     storage: str | None = None
+    ram_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.storage is not None and self.storage not in STORAGE_DTYPES:
             raise PlacementError(f"row storage must be None or one of {sorted(STORAGE_DTYPES)}, got {self.storage!r}")
+        budget = self.ram_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise PlacementError(f"ram_budget must be a positive number of bytes or None, got {budget!r}")
+        ruled = [k for k in ("max_rows", "max_age", "ttl_seconds") if getattr(self.eviction, k) is not None]
+        if budget is not None and ruled:
+            raise PlacementError(
+                f"a table with a ram_budget (rows beyond it on disk) takes no {', '.join(ruled)} yet: its rows on "
+                f"disk are not swept; bound it with min_norm, or keep it in RAM"
+            )
 
 
 # A 64-bit odd multiplier (the golden ratio's): multiplying by it mixes an id's bits into its top bits.

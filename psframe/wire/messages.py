@@ -137,6 +137,7 @@ def dynamic_def(spec: DynamicTableSpec) -> pb.DynamicTableDef:
         admit_probability=admission.probability,
         admission_counters=admission.counters,
         row_storage=spec.storage or "",
+        ram_budget=spec.ram_budget or 0,
     )
 
 
@@ -162,6 +163,7 @@ def dynamic_spec(definition: pb.DynamicTableDef) -> DynamicTableSpec:
             counters=d.admission_counters or Admission.counters,
         ),
         storage=d.row_storage or None,
+        ram_budget=d.ram_budget or None,
     )
 
 

@@ -66,7 +66,7 @@ class VariableDef(_message.Message):
     def __init__(self, name: _Optional[str] = ..., variable: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., full_shape: _Optional[_Iterable[int]] = ..., row_start: _Optional[int] = ..., part_index: _Optional[int] = ..., num_parts: _Optional[int] = ..., row_stride: _Optional[int] = ..., table: _Optional[bool] = ..., dynamic: _Optional[_Union[DynamicTableDef, _Mapping]] = ...) -> None: ...
 
 class DynamicTableDef(_message.Message):
-    __slots__ = ("distribution", "mean", "std", "low", "high", "value", "seed", "max_rows", "policy", "max_age", "ttl_seconds", "min_norm", "admit_after", "admit_probability", "admission_counters", "row_storage")
+    __slots__ = ("distribution", "mean", "std", "low", "high", "value", "seed", "max_rows", "policy", "max_age", "ttl_seconds", "min_norm", "admit_after", "admit_probability", "admission_counters", "row_storage", "ram_budget")
     DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     MEAN_FIELD_NUMBER: _ClassVar[int]
     STD_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,7 @@ class DynamicTableDef(_message.Message):
     ADMIT_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_COUNTERS_FIELD_NUMBER: _ClassVar[int]
     ROW_STORAGE_FIELD_NUMBER: _ClassVar[int]
+    RAM_BUDGET_FIELD_NUMBER: _ClassVar[int]
     distribution: str
     mean: float
     std: float
@@ -99,7 +100,8 @@ class DynamicTableDef(_message.Message):
     admit_probability: float
     admission_counters: int
     row_storage: str
-    def __init__(self, distribution: _Optional[str] = ..., mean: _Optional[float] = ..., std: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., value: _Optional[float] = ..., seed: _Optional[int] = ..., max_rows: _Optional[int] = ..., policy: _Optional[str] = ..., max_age: _Optional[int] = ..., ttl_seconds: _Optional[float] = ..., min_norm: _Optional[float] = ..., admit_after: _Optional[int] = ..., admit_probability: _Optional[float] = ..., admission_counters: _Optional[int] = ..., row_storage: _Optional[str] = ...) -> None: ...
+    ram_budget: int
+    def __init__(self, distribution: _Optional[str] = ..., mean: _Optional[float] = ..., std: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., value: _Optional[float] = ..., seed: _Optional[int] = ..., max_rows: _Optional[int] = ..., policy: _Optional[str] = ..., max_age: _Optional[int] = ..., ttl_seconds: _Optional[float] = ..., min_norm: _Optional[float] = ..., admit_after: _Optional[int] = ..., admit_probability: _Optional[float] = ..., admission_counters: _Optional[int] = ..., row_storage: _Optional[str] = ..., ram_budget: _Optional[int] = ...) -> None: ...
 
 class Value(_message.Message):
     __slots__ = ("number", "integer", "flag", "text", "numbers", "integers")
@@ -367,18 +369,20 @@ class MembershipChange(_message.Message):
     def __init__(self, worker: _Optional[int] = ..., kind: _Optional[_Union[MembershipChange.Kind, str]] = ..., global_step: _Optional[int] = ..., seconds_ago: _Optional[float] = ...) -> None: ...
 
 class DynamicTableCounts(_message.Message):
-    __slots__ = ("name", "rows", "admitted", "filtered", "evicted")
+    __slots__ = ("name", "rows", "admitted", "filtered", "evicted", "rows_on_disk")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     FILTERED_FIELD_NUMBER: _ClassVar[int]
     EVICTED_FIELD_NUMBER: _ClassVar[int]
+    ROWS_ON_DISK_FIELD_NUMBER: _ClassVar[int]
     name: str
     rows: int
     admitted: int
     filtered: int
     evicted: int
-    def __init__(self, name: _Optional[str] = ..., rows: _Optional[int] = ..., admitted: _Optional[int] = ..., filtered: _Optional[int] = ..., evicted: _Optional[int] = ...) -> None: ...
+    rows_on_disk: int
+    def __init__(self, name: _Optional[str] = ..., rows: _Optional[int] = ..., admitted: _Optional[int] = ..., filtered: _Optional[int] = ..., evicted: _Optional[int] = ..., rows_on_disk: _Optional[int] = ...) -> None: ...
 
 class WorkerSeen(_message.Message):
     __slots__ = ("task_index", "seconds_ago", "finished", "applied_steps", "last_push_id")

@@ -57,7 +57,8 @@ def status_without_settings(info: pb.TaskInfo) -> TaskStatus:
         restored_step=info.restored_step if info.restored_step >= 0 else None,
         checkpoint_dir=info.checkpoint_dir or None,
         dynamic_tables=tuple(
-            DynamicTableStatus(t.name, t.rows, t.admitted, t.filtered, t.evicted) for t in info.dynamic_tables
+            DynamicTableStatus(t.name, t.rows, t.admitted, t.filtered, t.evicted, t.rows_on_disk)
+            for t in info.dynamic_tables
         ),
         steps_ahead_counts=tuple(info.steps_ahead_counts),
         max_workers=info.max_workers or None,

@@ -139,11 +139,22 @@ def test_status_counts_the_rows_of_dynamic_tables(local_cluster, capsys):
         code, out = run_cli(capsys, "status", f"--cluster_spec={cluster.to_string()}")
     assert code == 0, out
     header, *parts = out.split("\n\n")[1].splitlines()
-    assert header.split() == ["dynamic", "table", "part", "task", "rows", "admitted", "filtered", "evicted"]
+    assert header.split() == [
+        "dynamic",
+        "table",
+        "part",
+        "task",
+        "rows",
+        "on",
+        "disk",
+        "admitted",
+        "filtered",
+        "evicted",
+    ]
     cells = sorted(line.split() for line in parts)
     assert [c[:2] for c in cells] == [["users/part_0", "/job:ps/task:0"], ["users/part_1", "/job:ps/task:1"]]
-    totals = [sum(int(c[i]) for c in cells) for i in range(2, 6)]
-    assert totals == [2, 2, 4, 0]  # rows, admitted; filtered: 1, 2, 3 then 4; evicted
+    totals = [sum(int(c[i]) for c in cells) for i in range(2, 7)]
+    assert totals == [2, 0, 2, 4, 0]  # rows, of them on disk, admitted; filtered: 1, 2, 3 then 4; evicted
 
 
 def test_status_shows_how_far_ahead_each_step_found_its_worker(local_cluster, capsys):

@@ -43,9 +43,10 @@ class OneProcess:
         self.tables.step()
 
     def rows(self) -> torch.Tensor:
-        self.model.eval()
-        with torch.no_grad():
-            return self.model.users(VOCABULARY.unsqueeze(0))[0]
+        """The rows of the vocabulary now (an evaluation's lookup); training may go on after."""
+        rows = rows_of(self.model)
+        self.model.train()
+        return rows
 
 
 def trainer_of(model: Clicks, cluster: psframe.ClusterSpec, url: str | None = None) -> psframe.Trainer:

@@ -219,7 +219,10 @@ class TableParts:
 
     def dynamic_counts(self) -> dict[str, dict[str, int]]:
         """Each dynamic table part's rows held and ids admitted, filtered and evicted, by name."""
-        return {name: {"rows": len(part), **part.counts()} for name, part in self._dynamic.items()}
+        return {
+            name: {"rows": len(part), **part.counts(), "rows_on_disk": len(part.tier) if part.tier else 0}
+            for name, part in self._dynamic.items()
+        }
 
     def export_dynamic_changes(self, since: int) -> dict[str, dict[str, Any]]:
         """What a delta checkpoint keeps of each dynamic table part (:meth:`DynamicRows.export_changes`)."""

@@ -77,6 +77,11 @@ class DynamicEmbedding(torch.nn.Module):
             row; each update is worked out in float32 (the optimizer's state stays float32)
             and stored rounded stochastically, reproducibly (:mod:`psframe.tables.compact`).
             Rows are read in ``dtype``. None: ``dtype``.
+        ram_budget: bytes of RAM each ps task's part of the table may take, its rows and their
+            optimizer state; the rows beyond it live on the ps host's local disk (LMDB, in
+            ``PSFRAME_TABLE_DISK_DIR`` or the system's temporary folder), those updated longest ago
+            first, and come back in batches when looked up (:mod:`psframe.tables.disk_tier`).
+            Not with ``max_rows``, ``max_age`` or ``ttl_seconds`` yet. None: all in RAM.
     """
 
     def __init__(
@@ -95,6 +100,7 @@ class DynamicEmbedding(torch.nn.Module):
         admission_counters: int = Admission.counters,
         dtype: torch.dtype = torch.float32,
         row_storage: torch.dtype | str | None = None,
+        ram_budget: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(embedding_dim, int) or embedding_dim < 1:
@@ -108,6 +114,7 @@ class DynamicEmbedding(torch.nn.Module):
             Eviction(max_rows=max_rows, policy=eviction, max_age=max_age, ttl_seconds=ttl_seconds, min_norm=min_norm),
             Admission(min_count=admit_after, probability=admit_probability, counters=admission_counters),
             str(row_storage).removeprefix("torch.") if row_storage is not None else None,
+            ram_budget,
         )
         # Stands for the table where a parameter would (its dtype and row width); holds no row.
         self.row_template = torch.empty((0, embedding_dim), dtype=dtype)
@@ -124,6 +131,7 @@ class DynamicEmbedding(torch.nn.Module):
     def extra_repr(self) -> str:
         spec = self.spec
         storage = f", row_storage={spec.storage!r}" if spec.storage is not None else ""
+        storage += f", ram_budget={spec.ram_budget}" if spec.ram_budget is not None else ""
         return (
             f"{self.embedding_dim}, mode={self.mode!r}, {spec.initializer}, {spec.eviction}, {spec.admission}{storage}"
         )

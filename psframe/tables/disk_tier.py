@@ -1,0 +1,189 @@
+"""A dynamic table part's disk tier: the rows beyond its RAM budget, on the ps host's local disk.
+
+A part with a RAM budget (:class:`psframe.DynamicEmbedding`'s ``ram_budget``)
+holds at most :attr:`DiskTier.ram_rows` rows in its slots. When a request
+needs more, the rows updated longest ago go to disk with everything a slot
+holds of them (the row, its per-row optimizer state, ages and change stamps:
+one record each, :class:`~psframe.tables.disk_rows.RecordLayout`), a sixteenth
+of the RAM tier at a time, so that a part spills in batches, not at every
+request. A request for an id whose row is on disk takes the record out and
+puts it back in a slot, bit for bit: a row trains exactly as if it had never
+left RAM. Each row is in one tier at a time.
+
+The part tells the tier what its slots hold through :class:`TieredPart`;
+the tier decides when and which rows move, and moves them through
+:class:`~psframe.tables.disk_rows.DiskRows`. A prefetch of the next batch's
+rows (``Trainer.prefetch``) reads them on the ps task while the worker
+computes, so rows on disk come back off the step's critical path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import numpy
+import torch
+
+from psframe.errors import PsframeError, RowIdError
+from psframe.optim.row_state import is_row_state
+from psframe.tables.disk_rows import DiskRows, RecordLayout
+
+SPILL_SHARE = 16
+SCAN_ROWS = 1 << 16  # rows on disk read at a time by an export
+"""A part that must spill sends a 1/SPILL_SHARE of its RAM tier to disk at once (more if a request needs it)."""
+
+
+class TieredPart(Protocol):
+    """What a disk tier needs of its table part (:class:`~psframe.tables.dynamic_rows.DynamicRows`)."""
+
+    name: str
+
+    def columns(self) -> dict[str, torch.Tensor]:
+        """Every per-slot tensor a row has (its row, per-row state, ages, stamps), by name."""
+        ...
+
+    def held_in_ram(self) -> int:
+        """Rows in slots now."""
+        ...
+
+    def coldest(self, count: int, keep: torch.Tensor) -> torch.Tensor:
+        """At most ``count`` slots holding rows, never those of ``keep``, updated longest ago first."""
+        ...
+
+    def release(self, slots: torch.Tensor) -> torch.Tensor:
+        """Let go of the rows of ``slots`` (gone to disk, not evicted); their ids."""
+        ...
+
+    def occupy(self, ids: torch.Tensor) -> torch.Tensor:
+        """Slots for ``ids`` (none held), indexed; their tensors are then written by the tier."""
+        ...
+
+
+class DiskTier:
+    """The RAM bound of a dynamic table part and the rows beyond it, on local disk.
+
+    Args:
+        name: the part's name (for its folder and errors).
+        ram_rows: the most rows the part keeps in its slots.
+        folder: where the part's store goes (default: the system's temporary folder).
+    """
+
+    def __init__(self, name: str, ram_rows: int, folder: str | None = None) -> None:
+        self.name = name
+        self.ram_rows = max(1, ram_rows)
+        self.disk = DiskRows(name, folder)
+        self._layout: RecordLayout | None = None
+        self._signature: tuple | None = None
+        self.spilled = 0  # rows sent to disk, in all
+        self.brought_in = 0  # rows taken back from disk, in all
+
+    def __len__(self) -> int:
+        return len(self.disk)
+
+    def close(self) -> None:
+        """Remove the rows on disk and their folder."""
+        self.disk.close()
+
+    def room(self, part: TieredPart, new: int, keep: torch.Tensor) -> None:
+        """Spill rows to disk (never those of ``keep``) until ``new`` more fit in the RAM tier.
+
+        Raises:
+            RowIdError: the rows of ``keep`` and ``new`` are more than the RAM tier holds.
+        """
+        held = part.held_in_ram()
+        excess = held + new - self.ram_rows
+        if excess <= 0:
+            return
+        victims = part.coldest(excess + self.ram_rows // SPILL_SHARE, keep)
+        if victims.numel() < excess:
+            raise RowIdError(
+                f"dynamic table part {self.name!r} keeps {self.ram_rows} rows in RAM (its ram_budget), but one "
+                f"request uses {held + new - victims.numel()} of them at once; raise its ram_budget"
+            )
+        records = self.layout(part).pack(part.columns(), victims)
+        ids = part.release(victims)
+        self.disk.put(ids, records)
+        self.spilled += ids.numel()
+
+    def bring_in(self, part: TieredPart, ids: torch.Tensor, keep: torch.Tensor) -> None:
+        """Put the rows of those of ``ids`` (distinct, none in RAM) on disk back in slots, making
+        room (never spilling ``keep``); an id on neither tier is left alone."""
+        if not len(self.disk) or not ids.numel():
+            return
+        found, records = self.disk.take(ids)
+        if not found.numel():
+            return
+        try:
+            self.room(part, found.numel(), keep)
+        except BaseException:
+            self.disk.put(found, records)  # nothing lost: the rows go back where they were
+            raise
+        slots = part.occupy(found)
+        self.layout(part).unpack_into(part.columns(), slots, records)
+        self.brought_in += found.numel()
+
+    def read_into(self, rows: torch.Tensor, ids: torch.Tensor) -> None:
+        """Overwrite the rows of ``rows`` (one per id of ``ids``) whose id's row is on disk with it,
+        leaving it there (an evaluation's lookup: nothing moves)."""
+        found, records = self.disk.get(torch.unique(ids))  # sorted ids: those found come sorted
+        if not found.numel() or self._layout is None:
+            return
+        at = torch.searchsorted(found, ids).clamp_(max=found.numel() - 1)
+        hit = found[at] == ids
+        rows[hit] = self._layout.unpack(records)["row"].index_select(0, at[hit]).to(rows.dtype)
+
+    def scan(self, count: int) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+        """The rows on disk, sorted by id, in batches of at most ``count``: ids and their tensors by column."""
+        if self._layout is None:
+            return
+        for ids, records in self.disk.scan(count):
+            yield ids, self._layout.unpack(records)
+
+    def with_rows_on_disk(self, exported: dict[str, Any], since: int | None, dtype: torch.dtype) -> dict[str, Any]:
+        """``exported`` (a part's export of its rows in RAM) with the rows on disk (those changed after
+        epoch ``since``; all if None) among them, sorted by id, rows in ``dtype``."""
+        if not len(self.disk):
+            return exported
+        keys = ("ids", "rows", "updated", "updates", "seen")
+        pieces: dict[str, list[torch.Tensor]] = {key: [exported[key]] for key in keys}
+        state_pieces = {key: [v] for key, v in exported["state"].items() if is_row_state(v, exported["rows"].shape)}
+        for ids, columns in self.scan(SCAN_ROWS):
+            chosen = columns["epoch"] > since if since is not None else torch.ones_like(ids, dtype=torch.bool)
+            on_disk = {"ids": ids, "rows": columns["row"].to(dtype), **columns}
+            for key in keys:
+                pieces[key].append(on_disk[key][chosen])
+            for key, held in state_pieces.items():
+                held.append(columns[f"state.{key}"][chosen])
+        order = torch.argsort(torch.cat(pieces["ids"]))
+        merged = {key: torch.cat(values)[order] for key, values in pieces.items()}
+        state = {**exported["state"], **{key: torch.cat(values)[order] for key, values in state_pieces.items()}}
+        return {**exported, **merged, "state": state}
+
+    def layout(self, part: TieredPart) -> RecordLayout:
+        """The layout of the part's records, fixed at its first spill.
+
+        Raises:
+            PsframeError: the part's per-slot tensors changed while rows are on disk (an optimizer
+                that makes its state at its first step, after rows were spilled).
+        """
+        columns = part.columns()
+        signature = tuple((name, c.dtype, tuple(c.shape[1:])) for name, c in columns.items())
+        if signature != self._signature:
+            if len(self.disk):
+                raise PsframeError(
+                    f"dynamic table part {self.name!r} has rows on disk laid out as {self._signature}, but its "
+                    f"slots now hold {signature}: its optimizer made per-row state after rows went to disk; give "
+                    f"the table a larger ram_budget, or an optimizer that makes its state when built"
+                )
+            self._layout, self._signature = RecordLayout(columns), signature
+        assert self._layout is not None
+        return self._layout
+
+
+def ram_rows_of(budget: int, row_bytes: int) -> int:
+    """The rows a RAM budget of ``budget`` bytes holds at ``row_bytes`` a slot (at least one)."""
+    return max(1, int(numpy.floor(budget / max(1, row_bytes))))
+
+
+__all__ = ["SPILL_SHARE", "DiskTier", "TieredPart", "ram_rows_of"]
