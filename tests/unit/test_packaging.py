@@ -67,7 +67,17 @@ def test_setup_cfg_declares_the_runtime_requirements_and_the_extras():
     declared = _declared()
     names = {canonicalize_name(r.name) for r in declared["install_requires"]}
     assert names == {"torch", "grpcio", "protobuf", "numpy", "fsspec", "tqdm", "safetensors"}
-    assert set(declared) == {"install_requires", "vision", "tensorboard", "bench", "test", "ray", "spark", "docs"}
+    assert set(declared) == {
+        "install_requires",
+        "vision",
+        "tensorboard",
+        "bench",
+        "disk",
+        "test",
+        "ray",
+        "spark",
+        "docs",
+    }
 
 
 @pytest.mark.parametrize("where, req", _all_declared(), ids=lambda x: str(x))
