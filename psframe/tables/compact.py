@@ -23,8 +23,12 @@ plus four per row; :func:`dequantize_int8` widens them back.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy
 import torch
+
+from psframe.optim.gathered_step import FullState, step_gathered
 
 STORAGE_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -92,6 +96,28 @@ def stochastic_round(
     return torch.where(take_other, other, near).reshape(values.shape)
 
 
+def compact_step(
+    optimizer: torch.optim.Optimizer,
+    table: torch.Tensor,
+    slots: torch.Tensor,
+    grads: torch.Tensor,
+    ids: torch.Tensor,
+    steps: torch.Tensor,
+    *,
+    fresh: Mapping[str, float],
+    full: FullState,
+    seed: int,
+) -> None:
+    """The table optimizer's step on the compact rows ``slots`` of ``table`` (distinct), with their
+    gradients ``grads``: in float32 on copies of them (:func:`psframe.optim.gathered_step.step_gathered`),
+    stored back rounded stochastically with the chances of ``ids``, ``steps`` (each row's updates
+    so far) and ``seed``."""
+    updated = step_gathered(optimizer, table, slots, grads, fresh, full)
+    rounded = stochastic_round(updated, table.dtype, ids, steps, seed)
+    with torch.no_grad():
+        table.index_copy_(0, slots, rounded)
+
+
 def quantize_int8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows (2-d or more, any float dtype) as int8 rows and one float32 scale per row, with
     ``row ≈ int8_row * scale`` (symmetric: the largest magnitude maps to 127; a zero row's scale is 0)."""
@@ -117,6 +143,7 @@ def bytes_per_row(row_shape: tuple[int, ...], dtype: torch.dtype, state_floats: 
 __all__ = [
     "STORAGE_DTYPES",
     "bytes_per_row",
+    "compact_step",
     "dequantize_int8",
     "quantize_int8",
     "rounding_chances",

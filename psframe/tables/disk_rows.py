@@ -2,7 +2,7 @@
 
 :class:`DiskRows` keeps fixed-width records (a row, its optimizer state, its
 ages and stamps: :class:`RecordLayout`) in an LMDB file, keyed by id, with a
-batch of ids read, written or taken out in one transaction. LMDB is a B+tree
+batch of ids read, written or deleted in one transaction. LMDB is a B+tree
 in a memory-mapped file: its pages are the kernel's page cache, which the
 kernel gives back under memory pressure, so a ps task's own memory stays its
 RAM tier (measured against RocksDB and memory-mapped slabs in
@@ -129,15 +129,23 @@ class DiskRows:
         """Bytes the file takes on disk (its allocated blocks)."""
         return sum(p.stat().st_blocks * 512 for p in self.folder.iterdir() if p.is_file())
 
-    def put(self, ids: torch.Tensor, records: numpy.ndarray) -> None:
-        """Store ``records`` (uint8, one per id) under ``ids`` (int64, distinct, none held)."""
+    def put(self, ids: torch.Tensor, records: numpy.ndarray) -> int:
+        """Store ``records`` (uint8, one per id) under ``ids`` (int64, distinct), replacing those
+        held; how many ids were not held."""
         if not ids.numel():
-            return
+            return 0
         items = list(zip(_keys(ids), records.view(f"V{records.shape[1]}").reshape(-1).tolist()))
-        added = self._write(lambda txn: txn.cursor().putmulti(items, overwrite=False)[1])
-        if added != len(items):
-            raise PsframeError(f"{self.folder}: {len(items) - added} of {len(items)} rows written were there already")
-        self._count += added
+        before = self._count
+        self._write(lambda txn: txn.cursor().putmulti(items, overwrite=True))
+        return self._count - before
+
+    def delete(self, ids: torch.Tensor) -> int:
+        """Forget the records of those of ``ids`` held; how many there were."""
+        if not ids.numel() or not self._count:
+            return 0
+        before = self._count
+        self._write(lambda txn: [txn.delete(key) for key in _keys(ids)])
+        return before - self._count
 
     def get(self, ids: torch.Tensor) -> tuple[torch.Tensor, numpy.ndarray]:
         """The records of those of ``ids`` (int64) held, left where they are: their ids (in ``ids``'
@@ -146,24 +154,6 @@ class DiskRows:
             return ids[:0], numpy.zeros((0, 0), numpy.uint8)
         with self._env.begin() as txn:
             found = txn.cursor().getmulti(_keys(ids))
-        return _ids_of([key for key, _ in found]), _records(list(map(operator.itemgetter(1), found)))
-
-    def take(self, ids: torch.Tensor) -> tuple[torch.Tensor, numpy.ndarray]:
-        """Take the records of those of ``ids`` (int64, distinct) held out of the store: their ids
-        (in ``ids``' order) and records."""
-        if not ids.numel() or not self._count:
-            return ids[:0], numpy.zeros((0, 0), numpy.uint8)
-
-        def take(txn) -> list[tuple[bytes, bytes]]:
-            cursor = txn.cursor()
-            found = cursor.getmulti(_keys(ids))
-            for key, _ in found:
-                cursor.set_key(key)
-                cursor.delete()
-            return found
-
-        found = self._write(take)
-        self._count -= len(found)
         return _ids_of([key for key, _ in found]), _records(list(map(operator.itemgetter(1), found)))
 
     def scan(self, count: int) -> Iterator[tuple[torch.Tensor, numpy.ndarray]]:
@@ -190,9 +180,7 @@ class DiskRows:
 
     def clear(self) -> None:
         """Forget every record."""
-        with self._env.begin(write=True) as txn:
-            txn.drop(self._env.open_db(txn=txn), delete=False)
-        self._count = 0
+        self._write(lambda txn: txn.drop(self._env.open_db(txn=txn), delete=False))
 
     def close(self) -> None:
         """Close the file and remove its folder."""
@@ -206,7 +194,9 @@ class DiskRows:
         while True:
             try:
                 with self._env.begin(write=True) as txn:
-                    return work(txn)
+                    done = work(txn)
+                self._count = self._env.stat()["entries"]
+                return done
             except lmdb.MapFullError:
                 self._map_bytes *= 2
                 self._env.set_mapsize(self._map_bytes)

@@ -6,9 +6,11 @@ needs more, the rows updated longest ago go to disk with everything a slot
 holds of them (the row, its per-row optimizer state, ages and change stamps:
 one record each, :class:`~psframe.tables.disk_rows.RecordLayout`), a sixteenth
 of the RAM tier at a time, so that a part spills in batches, not at every
-request. A request for an id whose row is on disk takes the record out and
-puts it back in a slot, bit for bit: a row trains exactly as if it had never
-left RAM. Each row is in one tier at a time.
+request. A request for an id whose row is on disk reads the record back into
+a slot, bit for bit: a row trains exactly as if it had never left RAM. The
+record stays on disk as a stale copy (deleting it would cost more than the
+read), overwritten when the row goes back; the row in RAM is the one that
+counts, and a row evicted from RAM has its copy deleted with it.
 
 The part tells the tier what its slots hold through :class:`TieredPart`;
 the tier decides when and which rows move, and moves them through
@@ -47,6 +49,10 @@ class TieredPart(Protocol):
         """Rows in slots now."""
         ...
 
+    def in_ram(self, ids: torch.Tensor) -> torch.Tensor:
+        """Whether each of ``ids`` has its row in a slot."""
+        ...
+
     def coldest(self, count: int, keep: torch.Tensor) -> torch.Tensor:
         """At most ``count`` slots holding rows, never those of ``keep``, updated longest ago first."""
         ...
@@ -77,9 +83,11 @@ class DiskTier:
         self._signature: tuple | None = None
         self.spilled = 0  # rows sent to disk, in all
         self.brought_in = 0  # rows taken back from disk, in all
+        self._copies = 0  # rows in RAM with a stale copy on disk
 
     def __len__(self) -> int:
-        return len(self.disk)
+        """Rows on disk only (not in RAM)."""
+        return len(self.disk) - self._copies
 
     def close(self) -> None:
         """Remove the rows on disk and their folder."""
@@ -103,25 +111,28 @@ class DiskTier:
             )
         records = self.layout(part).pack(part.columns(), victims)
         ids = part.release(victims)
-        self.disk.put(ids, records)
+        added = self.disk.put(ids, records)  # the others overwrite their stale copies
+        self._copies -= ids.numel() - added
         self.spilled += ids.numel()
 
     def bring_in(self, part: TieredPart, ids: torch.Tensor, keep: torch.Tensor) -> None:
         """Put the rows of those of ``ids`` (distinct, none in RAM) on disk back in slots, making
         room (never spilling ``keep``); an id on neither tier is left alone."""
-        if not len(self.disk) or not ids.numel():
+        if not len(self) or not ids.numel():
             return
-        found, records = self.disk.take(ids)
+        found, records = self.disk.get(ids)  # ids not in RAM: what is found is no stale copy
         if not found.numel():
             return
-        try:
-            self.room(part, found.numel(), keep)
-        except BaseException:
-            self.disk.put(found, records)  # nothing lost: the rows go back where they were
-            raise
+        self.room(part, found.numel(), keep)  # may refuse: nothing has moved yet
         slots = part.occupy(found)
         self.layout(part).unpack_into(part.columns(), slots, records)
+        self._copies += found.numel()
         self.brought_in += found.numel()
+
+    def forget(self, ids: torch.Tensor) -> None:
+        """The rows of ``ids`` (in RAM) were evicted: their stale copies on disk go too."""
+        if self._copies:
+            self._copies -= self.disk.delete(ids)
 
     def read_into(self, rows: torch.Tensor, ids: torch.Tensor) -> None:
         """Overwrite the rows of ``rows`` (one per id of ``ids``) whose id's row is on disk with it,
@@ -133,22 +144,25 @@ class DiskTier:
         hit = found[at] == ids
         rows[hit] = self._layout.unpack(records)["row"].index_select(0, at[hit]).to(rows.dtype)
 
-    def scan(self, count: int) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
-        """The rows on disk, sorted by id, in batches of at most ``count``: ids and their tensors by column."""
+    def scan(self, part: TieredPart, count: int) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+        """The rows on disk only (no stale copy of a row in RAM), sorted by id, in batches of at most
+        ``count`` records read: ids and their tensors by column."""
         if self._layout is None:
             return
         for ids, records in self.disk.scan(count):
-            yield ids, self._layout.unpack(records)
+            only = ~part.in_ram(ids)
+            yield ids[only], {name: t[only] for name, t in self._layout.unpack(records).items()}
 
-    def with_rows_on_disk(self, exported: dict[str, Any], since: int | None, dtype: torch.dtype) -> dict[str, Any]:
+    def with_rows_on_disk(self, part: TieredPart, exported: dict[str, Any], since: int | None) -> dict[str, Any]:
         """``exported`` (a part's export of its rows in RAM) with the rows on disk (those changed after
-        epoch ``since``; all if None) among them, sorted by id, rows in ``dtype``."""
-        if not len(self.disk):
+        epoch ``since``; all if None) among them, sorted by id."""
+        if not len(self):
             return exported
         keys = ("ids", "rows", "updated", "updates", "seen")
         pieces: dict[str, list[torch.Tensor]] = {key: [exported[key]] for key in keys}
         state_pieces = {key: [v] for key, v in exported["state"].items() if is_row_state(v, exported["rows"].shape)}
-        for ids, columns in self.scan(SCAN_ROWS):
+        dtype = exported["rows"].dtype
+        for ids, columns in self.scan(part, SCAN_ROWS):
             chosen = columns["epoch"] > since if since is not None else torch.ones_like(ids, dtype=torch.bool)
             on_disk = {"ids": ids, "rows": columns["row"].to(dtype), **columns}
             for key in keys:
@@ -181,9 +195,20 @@ class DiskTier:
         return self._layout
 
 
+def slot_bytes(weight: torch.Tensor, row_state: list[torch.Tensor], stepped: bool) -> int:
+    """Bytes a slot of a part takes: its row of ``weight``, its ``row_state`` (the per-row state the
+    optimizer made when built; where it made none and there is an optimizer (``stepped``), as much
+    as Adam's two float32 moments), bookkeeping (an id, five stamps, a flag) and its id index entry."""
+    row = weight[0].numel()
+    state = sum(v[0].numel() * v.element_size() for v in row_state)
+    if not row_state and stepped:
+        state = 8 * row
+    return row * weight.element_size() + state + 6 * 8 + 1 + 16
+
+
 def ram_rows_of(budget: int, row_bytes: int) -> int:
     """The rows a RAM budget of ``budget`` bytes holds at ``row_bytes`` a slot (at least one)."""
     return max(1, int(numpy.floor(budget / max(1, row_bytes))))
 
 
-__all__ = ["SPILL_SHARE", "DiskTier", "TieredPart", "ram_rows_of"]
+__all__ = ["SPILL_SHARE", "DiskTier", "TieredPart", "ram_rows_of", "slot_bytes"]

@@ -28,6 +28,7 @@ checkpoints and row caches (:mod:`psframe.tables.change_stamps`).
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -38,13 +39,13 @@ import torch
 from psframe.errors import InvalidGradientError, RowIdError
 from psframe.memory import Memory
 from psframe.optim import OptimizerSpec, kernels
-from psframe.optim.gathered_step import step_gathered, widen_row_state
+from psframe.optim.gathered_step import widen_row_state
 from psframe.optim.row_state import fresh_row_state, is_row_state
 from psframe.optim.schedule_clock import ScheduleClock
 from psframe.tables.admission import AdmissionFilter
 from psframe.tables.change_stamps import ChangeStamps
-from psframe.tables.compact import stochastic_round, storage_dtype
-from psframe.tables.disk_tier import DiskTier, ram_rows_of
+from psframe.tables.compact import compact_step, storage_dtype
+from psframe.tables.disk_tier import DiskTier, ram_rows_of, slot_bytes
 from psframe.tables.eviction import EvictionPolicy
 from psframe.tables.id_index import IdIndex
 from psframe.tables.row_math import initial_rows, row_gradient, rows_between, summed_by_id
@@ -109,6 +110,9 @@ class DynamicRows:
         if self.compact and self.optimizer is not None:
             widen_row_state(self.optimizer, self.weight, self._memory.full)  # state stays float32
         self._fresh = fresh_row_state(optimizer.name, dict(optimizer.kwargs)) if optimizer is not None else {}
+        self._compact_step = functools.partial(
+            compact_step, fresh=self._fresh, full=self._memory.full, seed=spec.initializer.seed
+        )
         self._index = IdIndex()
         self._id_of = torch.zeros(slots, dtype=torch.int64)
         self._used = torch.zeros(slots, dtype=torch.bool)
@@ -123,7 +127,9 @@ class DynamicRows:
         self.evicted = 0  # rows evicted, for any reason
         self.tier: DiskTier | None = None  # the rows beyond the table's ram_budget, on local disk
         if spec.ram_budget is not None:
-            self.tier = DiskTier(name, ram_rows_of(spec.ram_budget, self._slot_bytes()), disk_folder)
+            row_state = [v for v in self._state().values() if self._per_row(v)]
+            slot = slot_bytes(self.weight, row_state, self.optimizer is not None)
+            self.tier = DiskTier(name, ram_rows_of(spec.ram_budget, slot), disk_folder)
             weakref.finalize(self, self.tier.close)
 
     def __len__(self) -> int:
@@ -155,16 +161,6 @@ class DynamicRows:
             if isinstance(value, torch.Tensor):
                 total += value.numel() * value.element_size()
         return total + self.slots * (6 * 8 + 1) + self._index.nbytes()  # id, 5 int64/float64 stamps, used
-
-    def _slot_bytes(self) -> int:
-        """Bytes a slot takes: its row, per-row state (made when the optimizer was built; else as much
-        as Adam's two moments), bookkeeping and its share of the id index."""
-        state = [v for v in self._state().values() if self._per_row(v)]
-        row = self.weight[0].numel()
-        state_bytes = sum(v[0].numel() * v.element_size() for v in state)
-        if not state and self.optimizer is not None:
-            state_bytes = 8 * row
-        return row * self.weight.element_size() + state_bytes + 6 * 8 + 1 + 16
 
     # ---- reading and updating
 
@@ -251,7 +247,8 @@ class DynamicRows:
             self._scheduled = self._schedule.apply(self.optimizer, self._scheduled)
         touched = grad.indices()[0]
         if self.compact:
-            self._apply_compact(touched, grad.values())
+            ids_touched, steps = self._id_of[touched], self._eviction.updates(touched)
+            self._compact_step(self.optimizer, self.weight, touched, grad.values(), ids_touched, steps)
         else:
             self.weight.grad = grad
             try:
@@ -268,29 +265,19 @@ class DynamicRows:
         self._saw(touched)
         self._evict(self._eviction.too_small(touched, self.weight))
 
-    def _apply_compact(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
-        """The optimizer's step on compact rows: in float32 on copies of them, stored back rounded
-        stochastically (chances from the table's seed, the ids and how many updates each row had)."""
-        assert self.optimizer is not None
-        updated = step_gathered(self.optimizer, self.weight, slots, grads, self._fresh, self._memory.full)
-        ids, steps = self._id_of[slots], self._eviction.updates(slots)
-        rounded = stochastic_round(updated, self.weight.dtype, ids, steps, self.spec.initializer.seed)
-        with torch.no_grad():
-            self.weight.index_copy_(0, slots, rounded)
-
     # ---- checkpoints
 
     def export(self) -> dict[str, Any]:
         """What a checkpoint keeps: ids (sorted), their rows, per-row and other optimizer state, ages."""
         exported = self._export(torch.nonzero(self._used).squeeze(1))
-        return self.tier.with_rows_on_disk(exported, None, self.dtype) if self.tier is not None else exported
+        return self.tier.with_rows_on_disk(self, exported, None) if self.tier is not None else exported
 
     def export_changes(self, since: int) -> dict[str, Any]:
         """What a delta checkpoint keeps: as :meth:`export`, of the rows changed after epoch ``since``
         only, plus ``deleted``, the ids evicted after it (sorted; an id evicted and made again is in both)."""
         changed = self._export(self._stamps.changed_since(since, self._used))
         if self.tier is not None:
-            changed = self.tier.with_rows_on_disk(changed, since, self.dtype)
+            changed = self.tier.with_rows_on_disk(self, changed, since)
         changed["deleted"] = self._stamps.removed_since(since)
         return changed
 
@@ -359,6 +346,9 @@ class DynamicRows:
 
     def held_in_ram(self) -> int:
         return len(self._index)
+
+    def in_ram(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._index.find(ids) >= 0
 
     def coldest(self, count: int, keep: torch.Tensor) -> torch.Tensor:
         return self._eviction.coldest(count, self._used, keep)
@@ -493,6 +483,8 @@ class DynamicRows:
             return
         ids = self._id_of[slots]
         self._stamps.removed(ids)
+        if self.tier is not None:
+            self.tier.forget(ids)  # a stale copy on disk must not bring the row back
         self._index.remove(ids)
         self._free.extend(slots.tolist())
         self._used[slots] = False

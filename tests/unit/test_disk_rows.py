@@ -37,20 +37,21 @@ def store(tmp_path):
     rows.close()
 
 
-def test_records_taken_back_hold_the_bits_put_and_are_gone(store):
+def test_records_read_back_hold_the_bits_put_and_deleted_ones_are_gone(store):
     held = columns(6)
     layout = RecordLayout(held)
     assert layout.width == 4 * 2 + 4 * 4 + 8 + 8
     ids = torch.tensor([5, -3, 2**62, -(2**63), 2**63 - 1, 0])
     store.put(ids, layout.pack(held, torch.arange(6)))
     assert len(store) == 6
-    found, records = store.take(torch.tensor([2**63 - 1, 99, -3]))
-    assert found.tolist() == [2**63 - 1, -3] and len(store) == 4
+    found, records = store.get(torch.tensor([2**63 - 1, 99, -3]))
+    assert found.tolist() == [2**63 - 1, -3] and len(store) == 6
+    assert store.delete(torch.tensor([2**63 - 1, 99, -3])) == 2 and len(store) == 4
     back = layout.unpack(records)
     for name, column in held.items():
         assert back[name].dtype == column.dtype
         assert torch.equal(back[name], column[[4, 1]]), name
-    again, _ = store.take(torch.tensor([-3]))
+    again, _ = store.get(torch.tensor([-3]))
     assert again.numel() == 0
     into = {name: torch.zeros_like(c) for name, c in held.items()}
     layout.unpack_into(into, torch.tensor([1, 0]), records)
@@ -82,7 +83,7 @@ def test_a_store_grows_its_map_and_loses_nothing(tmp_path, monkeypatch):
         layout = RecordLayout(held)
         rows.put(torch.arange(20_000), layout.pack(held, torch.arange(20_000)))
         assert len(rows) == 20_000 and rows.nbytes_on_disk() >= 20_000 * 64
-        found, records = rows.take(torch.tensor([19_999, 0]))
+        found, records = rows.get(torch.tensor([19_999, 0]))
         assert found.tolist() == [19_999, 0]
         assert torch.equal(layout.unpack(records)["row"], held["row"][[19_999, 0]])
     finally:
@@ -90,12 +91,14 @@ def test_a_store_grows_its_map_and_loses_nothing(tmp_path, monkeypatch):
     assert not rows.folder.exists()
 
 
-def test_putting_an_id_held_is_refused(store):
+def test_putting_an_id_held_replaces_its_record(store):
     held = columns(2)
     layout = RecordLayout(held)
-    store.put(torch.tensor([1, 2]), layout.pack(held, torch.arange(2)))
-    with pytest.raises(Exception, match="were there already"):
-        store.put(torch.tensor([2]), layout.pack(held, torch.tensor([0])))
+    assert store.put(torch.tensor([1, 2]), layout.pack(held, torch.arange(2))) == 2
+    assert store.put(torch.tensor([2, 3]), layout.pack(held, torch.tensor([0, 1]))) == 1
+    found, records = store.get(torch.tensor([1, 2, 3]))
+    assert found.tolist() == [1, 2, 3] and len(store) == 3
+    assert torch.equal(layout.unpack(records)["sum"], held["sum"][[0, 0, 1]])
 
 
 def test_the_folders_of_processes_no_longer_running_are_removed(tmp_path):

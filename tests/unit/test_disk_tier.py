@@ -16,7 +16,7 @@ import torch
 import psframe
 from psframe.errors import PlacementError, RowIdError
 from psframe.optim import OptimizerSpec
-from psframe.tables.disk_tier import SPILL_SHARE
+from psframe.tables.disk_tier import SPILL_SHARE, slot_bytes
 from psframe.tables.dynamic_rows import DynamicRows
 from psframe.tables.spec import Admission, DynamicTableSpec, Eviction, RowInitializer
 
@@ -32,7 +32,8 @@ OPTIMIZERS = [
 
 def part(budget_rows: int | None, optimizer: OptimizerSpec, tmp_path, **spec) -> DynamicRows:
     probe = DynamicRows("probe", (DIM,), torch.float32, DynamicTableSpec(INIT, **spec), optimizer)
-    budget = None if budget_rows is None else budget_rows * probe._slot_bytes()
+    row_state = [v for v in probe.columns().values()][1:-5]  # the per-row state between row and ages
+    budget = None if budget_rows is None else budget_rows * slot_bytes(probe.weight, row_state, True)
     table = DynamicTableSpec(INIT, ram_budget=budget, **spec)
     return DynamicRows(
         "users/part_0", (DIM,), torch.float32, table, optimizer, disk_folder=str(tmp_path), wall_clock=lambda: 1000.0
@@ -152,3 +153,17 @@ def test_a_part_s_folder_goes_when_the_part_does(tmp_path):
 
     gc.collect()
     assert not folder.exists()
+
+
+def test_a_row_evicted_by_its_norm_after_a_trip_to_disk_is_not_brought_back(tmp_path):
+    """A row read back from disk leaves a stale copy there; evicting the row must delete the copy,
+    or a later lookup would bring the evicted row back instead of making it anew."""
+    spec = {"eviction": Eviction(min_norm=0.25)}
+    in_ram, tiered = part(None, OPTIMIZERS[0], tmp_path, **spec), part(70, OPTIMIZERS[0], tmp_path, **spec)
+    for ids, grads in power_law_batches(40, seed=5):
+        assert torch.equal(tiered.read(ids), in_ram.read(ids))
+        tiered.apply(ids, grads)
+        in_ram.apply(ids, grads)
+    assert tiered.evicted == in_ram.evicted > 0 and tiered.tier.brought_in > 0
+    assert len(tiered) == len(in_ram)
+    assert_same_export(tiered.export(), in_ram.export())
