@@ -266,3 +266,20 @@ def test_quick_ctr_run_prints_throughput_per_layout_and_the_ps_row_rate_against_
     assert all(_cell(r[5]) > 0 and r[6].endswith("x") for r in rates), stdout
     assert [r[7].endswith("x") for r in rates] == [r[0] == UPDATE for r in rates], stdout
     assert (rates[0][6], rates[4][6], rates[3][7]) == ("1.00x", "1.00x", "1.00x"), stdout  # each ceiling is itself
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_a_table_ten_times_its_ram_budget_trains_through_a_ps_process_to_the_in_ram_job_s_bits():
+    """The tables-beyond-RAM benchmark at a small size: the tiered job's ps task holds most rows on
+    disk, and every row read back (those trained and a sample of the others) and the head have
+    the in-RAM job's bits."""
+    from benchmarks.suite.tables_beyond_ram import run_tables_beyond_ram, tables_beyond_ram_table
+
+    in_ram, tiered = run_tables_beyond_ram(rows=60_000, steps=8, timeout=500.0)
+    assert (in_ram["job"], tiered["job"]) == ("in RAM", "disk tier")
+    assert in_ram["identical"] and tiered["identical"] and tiered["rows_checked"] > 10_000
+    assert in_ram["on_disk"] == 0 and tiered["on_disk"] >= 60_000 * 8 // 10
+    assert tiered["budget"] * 10 <= 60_000 * 193 and in_ram["budget"] is None
+    assert all(r["samples_per_s"] > 0 and r["peak_anon"] >= r["fixed_anon"] > 0 for r in (in_ram, tiered))
+    assert "| disk tier |" in tables_beyond_ram_table([in_ram, tiered])
