@@ -99,6 +99,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(until then it reads as its initial row and takes no memory)",
     )
     parser.add_argument(
+        "--ram_budget_per_ps",
+        type=int,
+        default=None,
+        help="with --dynamic_tables: bytes of RAM each ps task gives each table's rows and their optimizer "
+        "state; the rows beyond it live on the ps host's disk (PSFRAME_TABLE_DISK_DIR); default: all in RAM",
+    )
+    parser.add_argument(
         "--row_storage",
         default=None,
         choices=["float32", "bfloat16", "float16"],
@@ -210,6 +217,7 @@ class WideAndDeep(torch.nn.Module):
         admit_after: int = 1,
         row_ttl_seconds: float | None = None,
         row_storage: str | None = None,
+        ram_budget: int | None = None,
     ) -> None:
         super().__init__()
         self.wide: torch.nn.Module
@@ -225,6 +233,7 @@ class WideAndDeep(torch.nn.Module):
                     admit_after=admit_after,
                     ttl_seconds=row_ttl_seconds,
                     row_storage=row_storage,
+                    ram_budget=ram_budget,
                 )
 
             self.wide = table(1, psframe.RowInitializer("constant", value=0.0))
@@ -255,6 +264,7 @@ def build_model(args: argparse.Namespace) -> WideAndDeep:
         args.admit_after,
         args.row_ttl_seconds,
         args.row_storage,
+        args.ram_budget_per_ps,
     )
 
 

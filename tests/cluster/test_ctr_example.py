@@ -59,8 +59,12 @@ def test_async_and_sync_reach_the_auc_of_one_process(processes, reference):
 
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("tables", ["fixed", "dynamic"])
-def test_a_killed_ps_holding_table_parts_comes_back_from_the_checkpoint(processes, tmp_path, tables):
+@pytest.mark.parametrize("tables", ["fixed", "dynamic", "dynamic beyond RAM"])
+def test_a_killed_ps_holding_table_parts_comes_back_from_the_checkpoint(processes, tmp_path, tables, monkeypatch):
+    """A ps task killed with SIGKILL comes back from the last checkpoint (a chain of deltas for
+    dynamic tables). With a RAM budget, the killed process's rows on disk are scratch: the new
+    ps task removes its folder when it makes its tiered parts, and restores the rows from the
+    checkpoint, those beyond its budget going to disk anew."""
     import re
 
     from tests.conftest import free_cluster
@@ -78,7 +82,14 @@ def test_a_killed_ps_holding_table_parts_comes_back_from_the_checkpoint(processe
             if tables == "dynamic"
             else []
         ),
+        *(
+            ["--dynamic_tables", "--ram_budget_per_ps=2000000", "--delta_checkpoint_steps=10"]
+            if tables == "dynamic beyond RAM"
+            else []
+        ),
     ]
+    rows_folder = tmp_path / "rows"
+    monkeypatch.setenv("PSFRAME_TABLE_DISK_DIR", str(rows_folder))
     processes.start_cluster(cluster, *flags, script=ROOT / "examples" / "ctr_dist.py")
 
     def steps(output: str) -> list[int]:
@@ -88,16 +99,21 @@ def test_a_killed_ps_holding_table_parts_comes_back_from_the_checkpoint(processe
     victim = processes.procs.pop("ps1")
     victim.popen.kill()  # SIGKILL, by its PID
     victim.popen.wait(timeout=30)
+    left = sorted(rows_folder.glob(f"psframe-rows-{victim.popen.pid}-*"))
+    if tables == "dynamic beyond RAM":
+        assert left, "the killed ps task had no rows on disk"
     restarted = processes.start_task(cluster, "ps", 1, *flags, script=ROOT / "examples" / "ctr_dist.py")
     procs = processes.wait(timeout=400)
     assert re.search(r"restored \d+ variables from checkpoint step \d+", restarted.output), restarted.output[-2000:]
     result = json.loads([line for line in procs["worker0"].output.splitlines() if line.startswith("{")][-1])
     assert result["global_step"] >= 500 and result["recoveries"] == 1, result
     assert result["auc"] > 0.8, result
-    if tables == "dynamic":
+    if tables != "fixed":
         from psframe.checkpoint import files as checkpoint_files
 
         assert checkpoint_files.list_checkpoints(str(tmp_path / "ckpt"), deltas=True)
+    assert not any(folder.exists() for folder in left)  # the killed process's scratch went
+    assert not list(rows_folder.glob("psframe-rows-*"))  # and every part's went with its part
 
 
 @pytest.mark.cluster
