@@ -79,7 +79,7 @@ class RecordLayout:
         data = torch.from_numpy(records)
         count = data.shape[0]
         return {
-            name: data[:, offset : offset + width].contiguous().view(dtype).reshape(count, *shape)
+            name: _view(data[:, offset : offset + width], dtype, count, shape)
             for name, dtype, shape, offset, width in self.fields
         }
 
@@ -88,6 +88,15 @@ class RecordLayout:
         with torch.no_grad():
             for name, values in self.unpack(records).items():
                 columns[name].index_copy_(0, slots, values.to(columns[name].dtype))
+
+
+def _view(raw: torch.Tensor, dtype: torch.dtype, count: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """``raw`` (uint8 columns of records) as ``count`` rows of ``dtype`` and ``shape``: a view where
+    the column is aligned for the dtype (no copy), else a copy."""
+    try:
+        return raw.view(dtype).reshape(count, *shape)
+    except RuntimeError:  # not aligned in the record for a view of this dtype
+        return raw.contiguous().view(dtype).reshape(count, *shape)
 
 
 class DiskRows:

@@ -86,12 +86,8 @@ def _merged(
         keys, slots = keys[held], slots[held]
     new_keys, order = torch.sort(new_keys)
     new_slots = new_slots.index_select(0, order)
-    # Each new key lands after the old keys below it and the new keys before it.
-    at = torch.from_numpy(numpy.searchsorted(keys.numpy(), new_keys.numpy())) + torch.arange(new_keys.numel())
-    old_place = torch.ones(keys.numel() + new_keys.numel(), dtype=torch.bool)
-    old_place[at] = False
-    merged_keys = torch.empty(old_place.numel(), dtype=torch.int64)
-    merged_slots = torch.empty(old_place.numel(), dtype=torch.int64)
-    merged_keys[at], merged_slots[at] = new_keys, new_slots
-    merged_keys[old_place], merged_slots[old_place] = keys, slots
-    return merged_keys, merged_slots
+    # Two sorted runs, one after the other: a stable sort (timsort) finds the runs and merges them in one pass.
+    both = numpy.concatenate([keys.numpy(), new_keys.numpy()])
+    order = numpy.argsort(both, kind="stable")
+    merged_slots = numpy.concatenate([slots.numpy(), new_slots.numpy()])[order]
+    return torch.from_numpy(both[order]), torch.from_numpy(merged_slots)
