@@ -88,6 +88,6 @@ def _merged(
     new_slots = new_slots.index_select(0, order)
     # Two sorted runs, one after the other: a stable sort (timsort) finds the runs and merges them in one pass.
     both = numpy.concatenate([keys.numpy(), new_keys.numpy()])
-    order = numpy.argsort(both, kind="stable")
-    merged_slots = numpy.concatenate([slots.numpy(), new_slots.numpy()])[order]
-    return torch.from_numpy(both[order]), torch.from_numpy(merged_slots)
+    by_key = numpy.argsort(both, kind="stable")
+    merged_slots = numpy.concatenate([slots.numpy(), new_slots.numpy()])[by_key]
+    return torch.from_numpy(both[by_key]), torch.from_numpy(merged_slots)
