@@ -22,8 +22,8 @@ Where a module lives says what it is:
   TensorFlow's (``tf_ps``, run from its own environment found by ``tf_env``)
   and raw torch on an embedding table's rows (``torch_rows``).
 - ``benchmarks/experiments/``: one-off measurements behind ``docs/decisions.md``
-  (``store_lock``, ``recovery``, ``step_cpu``; ``row_cache_hosts``, its runs made and
-  measured by ``row_cache_run``); they may use psframe's internals and are not
+  (``store_lock``, ``recovery``, ``step_cpu``; ``row_stores``, with the engines it
+  compares in ``row_store_engines``); they may use psframe's internals and are not
   part of :mod:`benchmarks.run`.
 - At the top: the command (:mod:`benchmarks.run`), the report it writes
   (:mod:`benchmarks.report`), the CTR command (:mod:`benchmarks.ctr`: the

@@ -150,21 +150,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--save_checkpoint_steps", type=int, default=1000, help="with --checkpoint_dir, save every N global steps"
     )
     parser.add_argument(
-        "--row_cache_max_lag",
-        type=int,
-        default=None,
-        help="keep embedding rows between steps; a ps task sends a row again once it moved more than this many "
-        "versions past the one kept (0: exact). Default: no row cache",
-    )
-    parser.add_argument(
-        "--row_cache_rows", type=int, default=1 << 20, help="with --row_cache_max_lag, the most rows kept per table"
-    )
-    parser.add_argument(
         "--prefetch_rows",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="pull the next batch's rows with each step's push (one message per ps task a step, no round trip "
-        "at the lookup); off with --row_cache_max_lag, whose lookups ask for the rows that moved",
+        "at the lookup)",
     )
     parser.add_argument(
         "--delta_checkpoint_steps",
@@ -381,19 +371,15 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
         else None,
         transport=psframe.Transport(connect_timeout=args.connect_timeout),
         security=security_from_flags(args),
-        row_cache=None
-        if args.row_cache_max_lag is None
-        else psframe.RowCaching(max_lag=args.row_cache_max_lag, max_rows=args.row_cache_rows),
     )
     with trainer:
         first_step, start = trainer.global_step, time.perf_counter()
-        prefetch = args.prefetch_rows and args.row_cache_max_lag is None
         order = batches(len(train), args.batch_size, args.seed + 1 + task_index)
         index = next(order)
         while not trainer.should_stop():
             loss = loss_of(model, train, index)
             index = next(order)
-            if prefetch:  # the next batch's rows come back with this step's push
+            if args.prefetch_rows:  # the next batch's rows come back with this step's push
                 _, next_ids, _ = train.rows(index)
                 trainer.prefetch(model.wide, next_ids)
                 trainer.prefetch(model.deep, next_ids)
@@ -408,10 +394,7 @@ def run_worker(args: argparse.Namespace, cluster: psframe.ClusterSpec, task_inde
                 )
         wall = time.perf_counter() - start
         steps = max(1, trainer.stats.local_step)
-        rows = {
-            "rows_looked_up_per_step": round(trainer.stats.rows_looked_up / steps, 1),
-            "rows_pulled_per_step": round(trainer.stats.rows_pulled / steps, 1),
-        }
+        rows = {"rows_pulled_per_step": round(trainer.stats.rows_pulled / steps, 1)}
         if not trainer.is_chief:
             log.info("worker %d done after %d local steps", task_index, trainer.stats.local_step)
             return 0

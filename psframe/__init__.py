@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from psframe import optim
     from psframe.cluster import ClusterSpec
     from psframe.config.liveness import Liveness
-    from psframe.config.options import BoundedStaleness, Checkpointing, DataRanges, Placement, RowCaching, Transport
+    from psframe.config.options import BoundedStaleness, Checkpointing, DataRanges, Placement, Transport
     from psframe.config.security import Security
     from psframe.errors import (
         BarrierTimeoutError,
@@ -64,7 +64,6 @@ _LAZY = {
     "Checkpointing": "psframe.config.options",
     "DataRanges": "psframe.config.options",
     "Placement": "psframe.config.options",
-    "RowCaching": "psframe.config.options",
     "Transport": "psframe.config.options",
     "Security": "psframe.config.security",
     "BarrierTimeoutError": "psframe.errors",
@@ -97,7 +96,6 @@ __all__ = [
     "Liveness",
     "Placement",
     "PsframeError",
-    "RowCaching",
     "RowInitializer",
     "Security",
     "Server",

@@ -58,7 +58,7 @@ from benchmarks.suite.psframe_internals import control_calls, tool_client
 DIM = 16
 FEATURES = 26
 BATCH = 512
-SLOT_BYTES = DIM * 4 * 2 + 6 * 8 + 1 + 16  # a row, Adagrad's sums, bookkeeping, its id index entry
+SLOT_BYTES = DIM * 4 * 2 + 5 * 8 + 1 + 16  # a row, Adagrad's sums, bookkeeping, its id index entry
 BUDGET_SHARE = 10  # the table is this many times its RAM budget
 FULL = {"rows": 4_000_000, "steps": 300}
 QUICK = {"rows": 100_000, "steps": 30}

@@ -197,36 +197,6 @@ class Transport:
 
 
 @dataclass(frozen=True)
-class RowCaching:
-    """A worker's row cache: embedding rows kept between steps (:mod:`psframe.worker.model.row_cache`).
-
-    A lookup names the version of each row the worker holds, and a ps task
-    sends back only the rows that moved more than ``max_lag`` versions past
-    it (a row's version counts its table part's changes when it last
-    changed). Hot rows of a power-law id distribution then travel once per
-    ``max_lag`` updates instead of at every lookup.
-
-    Args:
-        max_lag: how many versions (updates) a cached row may lag behind the
-            ps task's copy before the ps task sends it again; 0: exact (every
-            changed row is sent again; only unchanged rows are saved). In
-            synchronous training a lag above 0 makes lookups read rows up to
-            that many versions old.
-        max_rows: the most rows kept per table; past it, the rows used longest ago go.
-
-    Raises:
-        ValueError: a negative max_lag, or max_rows below 1.
-    """
-
-    max_lag: int = 0
-    max_rows: int = 1 << 20
-
-    def __post_init__(self) -> None:
-        _check_int("max_lag", self.max_lag, minimum=0)
-        _check_int("max_rows", self.max_rows, minimum=1)
-
-
-@dataclass(frozen=True)
 class BoundedStaleness:
     """Asynchronous training with a bound on how far a worker may run ahead (SSP, stale synchronous parallel).
 
@@ -335,4 +305,4 @@ def _wire_dtype_name(dtype: Any) -> str | None:
     return name
 
 
-__all__ = ["BoundedStaleness", "Checkpointing", "DataRanges", "Placement", "RowCaching", "Transport"]
+__all__ = ["BoundedStaleness", "Checkpointing", "DataRanges", "Placement", "Transport"]

@@ -6,11 +6,11 @@
 - :mod:`psframe.tables.dynamic_rows`: the rows of a dynamic table (any int64 id),
   held by a ps task (or by one process training alone: ``psframe.DynamicTables``);
 - :mod:`psframe.tables.id_index`: where each id's slot is, found in bulk (a
-  dynamic table's part, a worker's row cache);
+  dynamic table's part);
 - :mod:`psframe.tables.admission`: which new ids a dynamic table gives a row;
 - :mod:`psframe.tables.eviction`: which rows a dynamic table part forgets, by their ages;
 - :mod:`psframe.tables.change_stamps`: what changed in a dynamic table part's rows
-  (for delta checkpoints and row caches).
+  (for delta checkpoints).
 
 The worker's side of tables is :mod:`psframe.worker.model`, the ps task's
 :mod:`psframe.ps.store.table_parts`; their optimizers are in

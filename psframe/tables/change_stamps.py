@@ -1,32 +1,24 @@
-"""What changed in a dynamic table part's rows: epochs for delta checkpoints, versions for row caches.
+"""What changed in a dynamic table part's rows, for delta checkpoints.
 
 A part (:class:`~psframe.tables.dynamic_rows.DynamicRows`) stamps each of
-its slots twice, once for each reader of what changed:
-
-- the *epoch* the row last changed in (made, updated, or seen where the
-  eviction keeps when rows were seen; all of them when the optimizer made
-  their state), and the ids evicted in each epoch: a delta checkpoint from
-  a snapshot takes the rows stamped after the snapshot's epoch and the ids
-  evicted since (:mod:`psframe.ps.store.changes`);
-- the row's *version*: the count of the part's changes when it was made or
-  last updated, from a base of the wall clock in ns (a part made anew,
-  after a restart, counts past every version the old one gave), which a
-  worker's row cache compares with its own
-  (:func:`psframe.tables.rows.to_refresh`).
+its slots with the *epoch* the row last changed in (made, updated, or seen
+where the eviction keeps when rows were seen; all of them when the
+optimizer made their state), and keeps the ids evicted in each epoch: a
+delta checkpoint from a snapshot takes the rows stamped after the
+snapshot's epoch and the ids evicted since (:mod:`psframe.ps.store.changes`).
 
 Not thread-safe: the part's holder serialises calls.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
 
 
 class ChangeStamps:
-    """The epoch and the version of the row in each slot of a dynamic table part, and the ids it evicted.
+    """The epoch of the row in each slot of a dynamic table part, and the ids it evicted.
 
     Args:
         slots: the part's slots at first (see :meth:`grow`).
@@ -36,32 +28,26 @@ class ChangeStamps:
         self.epoch = 1  # what changes now is stamped with this; the store moves it on at each snapshot
         self._epochs = torch.zeros(slots, dtype=torch.int64)
         self._deleted: list[tuple[int, torch.Tensor]] = []  # (epoch, ids evicted in it)
-        self._mutations = time.time_ns()
-        self._versions = torch.zeros(slots, dtype=torch.int64)
 
     def grow(self, grown: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """The part's slots grew: each stamp becomes ``grown(stamps)`` (the stamps, then room for more)."""
-        self._epochs, self._versions = grown(self._epochs), grown(self._versions)
+        self._epochs = grown(self._epochs)
 
     def columns(self) -> dict[str, torch.Tensor]:
         """The stamps, one per slot, by name: a disk tier moves them with their rows."""
-        return {"epoch": self._epochs, "version": self._versions}
+        return {"epoch": self._epochs}
 
     def made(self, slots: torch.Tensor, *, restored: bool = False) -> None:
-        """New rows at ``slots``, with a new version; ``restored``: as the snapshot holds them (no epoch)."""
+        """New rows at ``slots``; ``restored``: as the snapshot holds them (no epoch)."""
         self._epochs[slots] = 0 if restored else self.epoch
-        self._mutations += 1
-        self._versions[slots] = self._mutations
 
     def updated(self, slots: torch.Tensor) -> None:
-        """The rows of ``slots`` changed (an update): a new version, this epoch."""
-        self._mutations += 1
-        self._versions.index_fill_(0, slots, self._mutations)
+        """The rows of ``slots`` changed (an update): this epoch."""
         self._epochs.index_fill_(0, slots, self.epoch)
 
     def changed(self, slots: torch.Tensor) -> None:
         """What a checkpoint keeps of the rows of ``slots`` (indices or a mask) changed, not their
-        values (seen, or their optimizer state made): this epoch, the same version."""
+        values (seen, or their optimizer state made): this epoch."""
         self._epochs[slots] = self.epoch
 
     def removed(self, ids: torch.Tensor) -> None:
@@ -82,7 +68,3 @@ class ChangeStamps:
         """Move on to the next epoch (a snapshot was taken); forget evictions no delta after ``oldest`` needs."""
         self.epoch += 1
         self._deleted = [(epoch, ids) for epoch, ids in self._deleted if epoch > oldest]
-
-    def versions(self, slots: torch.Tensor) -> torch.Tensor:
-        """The versions of the rows of ``slots``."""
-        return self._versions.index_select(0, slots)

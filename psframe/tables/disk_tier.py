@@ -198,12 +198,12 @@ class DiskTier:
 def slot_bytes(weight: torch.Tensor, row_state: list[torch.Tensor], stepped: bool) -> int:
     """Bytes a slot of a part takes: its row of ``weight``, its ``row_state`` (the per-row state the
     optimizer made when built; where it made none and there is an optimizer (``stepped``), as much
-    as Adam's two float32 moments), bookkeeping (an id, five stamps, a flag) and its id index entry."""
+    as Adam's two float32 moments), bookkeeping (an id, four stamps, a flag) and its id index entry."""
     row = weight[0].numel()
     state = sum(v[0].numel() * v.element_size() for v in row_state)
     if not row_state and stepped:
         state = 8 * row
-    return row * weight.element_size() + state + 6 * 8 + 1 + 16
+    return row * weight.element_size() + state + 5 * 8 + 1 + 16
 
 
 def ram_rows_of(budget: int, row_bytes: int) -> int:

@@ -23,7 +23,7 @@ its slot for the next new id, whose values and optimizer state start fresh.
 Beside the rows, a part keeps what the rules over them read, each in a
 module of its own: the rows' ages, by which its eviction picks the rows to
 forget (:mod:`psframe.tables.eviction`), and what changed, for delta
-checkpoints and row caches (:mod:`psframe.tables.change_stamps`).
+checkpoints (:mod:`psframe.tables.change_stamps`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ from psframe.tables.disk_tier import DiskTier, ram_rows_of, slot_bytes
 from psframe.tables.eviction import EvictionPolicy
 from psframe.tables.id_index import IdIndex
 from psframe.tables.row_math import initial_rows, row_gradient, rows_between, summed_by_id
-from psframe.tables.rows import to_refresh
 from psframe.tables.spec import DynamicTableSpec
 
 INITIAL_SLOTS = 1024
@@ -120,7 +119,7 @@ class DynamicRows:
         self._next = 0  # slots from here on were never used
         self._admission = AdmissionFilter(spec.admission, spec.initializer.seed)
         self._eviction = EvictionPolicy(spec.eviction, slots, wall_clock)  # the rows' ages
-        self._stamps = ChangeStamps(slots)  # what changed, for delta checkpoints and row caches
+        self._stamps = ChangeStamps(slots)  # what changed, for delta checkpoints
         self._state_keys: set[str] = set()  # the optimizer's state keys as of the last stamp
         self.admitted = 0  # ids given a row (a restore's rows aside)
         self.filtered = 0  # training lookups' ids refused a row by the admission
@@ -160,7 +159,7 @@ class DynamicRows:
         for value in self._state().values():
             if isinstance(value, torch.Tensor):
                 total += value.numel() * value.element_size()
-        return total + self.slots * (6 * 8 + 1) + self._index.nbytes()  # id, 5 int64/float64 stamps, used
+        return total + self.slots * (5 * 8 + 1) + self._index.nbytes()  # id, 4 int64/float64 stamps, used
 
     # ---- reading and updating
 
@@ -188,22 +187,6 @@ class DynamicRows:
         if create:
             self._saw(slots[slots >= 0])
         return rows
-
-    def read_since(
-        self, ids: torch.Tensor, cached: torch.Tensor, max_lag: int, *, create: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As :meth:`read`, for a worker's row cache holding versions ``cached`` of the ids' rows:
-        each id's row version now (0 for an id with no row), and copies of the rows
-        :func:`psframe.tables.rows.to_refresh` picks only."""
-        slots = self._slots(ids, admit=True) if create else self._lookup(ids)
-        held = slots >= 0
-        versions = torch.zeros_like(ids)
-        versions[held] = self._stamps.versions(slots[held])
-        refresh = to_refresh(cached, versions, max_lag)
-        rows = self._rows_of(ids[refresh], slots[refresh])
-        if create:
-            self._saw(slots[held])
-        return versions, rows
 
     def _rows_of(self, ids: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Copies of the rows of ``ids`` at ``slots``; the initial row where the slot is -1."""

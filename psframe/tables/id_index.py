@@ -1,8 +1,7 @@
 """Where each int64 id's slot is: a sorted index searched in bulk.
 
 A dynamic table's part (:class:`~psframe.tables.dynamic_rows.DynamicRows`)
-and a worker's row cache (:class:`~psframe.worker.model.row_cache.RowCache`)
-hold rows in slots and find a batch's ids' slots in an :class:`IdIndex`.
+holds rows in slots and finds a batch's ids' slots in an :class:`IdIndex`.
 Plain torch and numpy; not thread-safe (its holder serialises calls).
 """
 

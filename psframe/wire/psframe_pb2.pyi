@@ -16,15 +16,11 @@ class TensorMeta(_message.Message):
         ROWS: _ClassVar[TensorMeta.Kind]
         PULL_ROW_IDS: _ClassVar[TensorMeta.Kind]
         PEEK_ROW_IDS: _ClassVar[TensorMeta.Kind]
-        CACHED_VERSIONS: _ClassVar[TensorMeta.Kind]
-        ROW_VERSIONS: _ClassVar[TensorMeta.Kind]
     VALUE: TensorMeta.Kind
     ROW_IDS: TensorMeta.Kind
     ROWS: TensorMeta.Kind
     PULL_ROW_IDS: TensorMeta.Kind
     PEEK_ROW_IDS: TensorMeta.Kind
-    CACHED_VERSIONS: TensorMeta.Kind
-    ROW_VERSIONS: TensorMeta.Kind
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -483,7 +479,7 @@ class TakePartsReply(_message.Message):
     def __init__(self, state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., last_push_id: _Optional[int] = ..., layout_version: _Optional[int] = ...) -> None: ...
 
 class PushPullHeader(_message.Message):
-    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id", "row_max_lag", "staleness_bound", "staleness_timeout", "progress", "rows_async")
+    __slots__ = ("caller", "step", "tensors", "pull", "end_of_step", "wire_dtype", "same_host", "push_id", "staleness_bound", "staleness_timeout", "progress", "rows_async")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -492,7 +488,6 @@ class PushPullHeader(_message.Message):
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     SAME_HOST_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
-    ROW_MAX_LAG_FIELD_NUMBER: _ClassVar[int]
     STALENESS_BOUND_FIELD_NUMBER: _ClassVar[int]
     STALENESS_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -505,12 +500,11 @@ class PushPullHeader(_message.Message):
     wire_dtype: str
     same_host: SameHostRegion
     push_id: int
-    row_max_lag: int
     staleness_bound: int
     staleness_timeout: float
     progress: DataProgress
     rows_async: bool
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ..., row_max_lag: _Optional[int] = ..., staleness_bound: _Optional[int] = ..., staleness_timeout: _Optional[float] = ..., progress: _Optional[_Union[DataProgress, _Mapping]] = ..., rows_async: _Optional[bool] = ...) -> None: ...
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., pull: _Optional[_Iterable[str]] = ..., end_of_step: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., same_host: _Optional[_Union[SameHostRegion, _Mapping]] = ..., push_id: _Optional[int] = ..., staleness_bound: _Optional[int] = ..., staleness_timeout: _Optional[float] = ..., progress: _Optional[_Union[DataProgress, _Mapping]] = ..., rows_async: _Optional[bool] = ...) -> None: ...
 
 class SameHostRegion(_message.Message):
     __slots__ = ("path", "key", "size", "request_start", "request_length", "reply_start", "in_region")

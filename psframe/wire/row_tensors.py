@@ -9,10 +9,6 @@ has a :class:`TensorMeta.Kind`:
 - ``PULL_ROW_IDS``: ids of rows whose values the reply should carry; the
   reply lists them, in order, as ``ROWS``. A dynamic table makes the rows
   of ids it does not hold; ``PEEK_ROW_IDS`` asks without making any.
-  Followed by ``CACHED_VERSIONS`` of the same name (a worker's row cache:
-  the version of each id's row it holds), the reply carries
-  ``ROW_VERSIONS`` (each id's version now) and then ``ROWS`` of only the
-  ids :func:`psframe.tables.rows.to_refresh` picks.
 
 Every function here is plain bookkeeping over names and tensors; the
 codec moves the bytes.
@@ -25,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from psframe.errors import WireFormatError
-from psframe.tables.rows import CachedPull, FreshRows, RowPull, RowPush
+from psframe.tables.rows import RowPull, RowPush
 from psframe.wire import psframe_pb2 as pb
 
 VALUE = pb.TensorMeta.VALUE
@@ -33,12 +29,9 @@ ROW_IDS = pb.TensorMeta.ROW_IDS
 ROWS = pb.TensorMeta.ROWS
 PULL_ROW_IDS = pb.TensorMeta.PULL_ROW_IDS
 PEEK_ROW_IDS = pb.TensorMeta.PEEK_ROW_IDS
-CACHED_VERSIONS = pb.TensorMeta.CACHED_VERSIONS
-ROW_VERSIONS = pb.TensorMeta.ROW_VERSIONS
 
-# Table part, ids, whether a dynamic table makes rows it lacks, and the versions the
-# worker's row cache holds of them (None: no cache).
-RowRead = tuple[str, torch.Tensor, bool, torch.Tensor | None]
+# Table part, ids, and whether a dynamic table makes the rows it lacks.
+RowRead = tuple[str, torch.Tensor, bool]
 
 
 def split(
@@ -67,15 +60,7 @@ def split(
             pushes.append((meta.name, tensor, tensors[i + 1]))
             i += 1
         elif kind in (PULL_ROW_IDS, PEEK_ROW_IDS):
-            cached = None
-            if i + 1 < count and metas[i + 1].kind == CACHED_VERSIONS:
-                cached = tensors[i + 1]
-                if metas[i + 1].name != meta.name or cached.shape != tensor.shape or cached.dtype != torch.int64:
-                    raise WireFormatError(f"cached versions of table {meta.name!r} do not match its ids")
-                i += 1
-            pulls.append((meta.name, tensor, kind == PULL_ROW_IDS, cached))
-        elif kind == CACHED_VERSIONS:
-            raise WireFormatError(f"cached versions of table {meta.name!r} come without their ids")
+            pulls.append((meta.name, tensor, kind == PULL_ROW_IDS))
         elif kind == ROWS:
             raise WireFormatError(f"rows of table {meta.name!r} come without their ids")
         else:
@@ -97,31 +82,13 @@ def push_tensors(pushes: Sequence[RowPush]) -> tuple[list[tuple[str, torch.Tenso
     return tensors, [ROW_IDS, ROWS] * len(pushes)
 
 
-def pull_tensors(
-    pulls: Sequence[RowPull | CachedPull], create: bool = True
-) -> tuple[list[tuple[str, torch.Tensor]], list[int]]:
+def pull_tensors(pulls: Sequence[RowPull], create: bool = True) -> tuple[list[tuple[str, torch.Tensor]], list[int]]:
     """The tensors and kinds that ask for ``(table part, ids)`` rows (``create``:
-    a dynamic table makes those it lacks), with the cached versions of a :class:`CachedPull`."""
+    a dynamic table makes those it lacks)."""
     ask = PULL_ROW_IDS if create else PEEK_ROW_IDS
-    tensors: list[tuple[str, torch.Tensor]] = []
-    kinds: list[int] = []
-    for pull in pulls:
-        tensors.append((pull[0], pull[1]))
-        kinds.append(ask)
-        if isinstance(pull, CachedPull):
-            tensors.append((pull.name, pull.versions))
-            kinds.append(CACHED_VERSIONS)
-    return tensors, kinds
+    return [(name, ids) for name, ids in pulls], [ask] * len(pulls)
 
 
-def pulled_rows(metas: Sequence[pb.TensorMeta], tensors: Sequence[torch.Tensor]) -> list[torch.Tensor | FreshRows]:
-    """The rows a reply carries, in the order they were asked for (a cached pull's as :class:`FreshRows`)."""
-    out: list[torch.Tensor | FreshRows] = []
-    versions = None
-    for meta, tensor in zip(metas, tensors):
-        if meta.kind == ROW_VERSIONS:
-            versions = tensor
-        elif meta.kind == ROWS:
-            out.append(tensor if versions is None else FreshRows(versions, tensor))
-            versions = None
-    return out
+def pulled_rows(metas: Sequence[pb.TensorMeta], tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The rows a reply carries, in the order they were asked for."""
+    return [tensor for meta, tensor in zip(metas, tensors) if meta.kind == ROWS]

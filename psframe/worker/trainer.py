@@ -102,11 +102,6 @@ class Trainer(TrainerSetup):
             large MLP and lost 5% on a deeper one (docs/decisions.md). It
             applies to CPU replicas without embedding tables and without hooks
             that act before the push (``NanGuardHook``).
-        row_cache: keep embedding rows between steps, a
-            :class:`psframe.RowCaching`: a lookup sends the versions of the
-            rows held, and a ps task sends back only those that moved more
-            than its ``max_lag`` versions past them (:mod:`psframe.worker.model.row_cache`).
-            None: every lookup pulls its rows. Prefetched rows are pulled whole.
         staleness: asynchronous training in which this worker runs at most
             ``staleness.steps`` steps ahead of the slowest live worker, a
             :class:`psframe.BoundedStaleness` (SSP): each ps task answers the
@@ -316,9 +311,7 @@ class Trainer(TrainerSetup):
                     feed.outcome(Outcome.APPLIED if applied else Outcome.AGAIN)
             if tables is not None:
                 self._prefetcher.deliver(prefetched)
-                ahead = sum(rows.shape[0] for answers in prefetched.values() for rows in answers)
-                counters.rows_looked_up += ahead
-                counters.rows_pulled += ahead
+                counters.rows_pulled += sum(rows.shape[0] for answers in prefetched.values() for rows in answers)
         finally:
             if tables is not None:
                 self._prefetcher.drop()
@@ -354,7 +347,7 @@ class Trainer(TrainerSetup):
         Every dense variable is copied whole. An embedding table never travels whole: its
         local weight gets the current value of each row this worker looked up since
         :meth:`connect` (the rows it holds), and keeps the rows it never looked up as they
-        were; a row cache (``row_cache``) keeps its rows. A dynamic table has no local weight
+        were. A dynamic table has no local weight
         (each lookup pulls its rows).
 
         Returns:
@@ -366,9 +359,7 @@ class Trainer(TrainerSetup):
         def attempt(at: Attempt) -> None:
             if at.retry is None:  # a lost ps task waited for, or a move followed: the values were pulled there
                 session.pull_values()
-            at.replica.tables.refresh(
-                lambda wanted, create, max_lag: at.client.pull_rows(wanted, session.global_step, create, max_lag)
-            )
+            at.replica.tables.refresh(lambda wanted, create: at.client.pull_rows(wanted, session.global_step, create))
 
         session.call(attempt, pull=True)
         return self.global_step

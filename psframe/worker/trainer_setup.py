@@ -26,7 +26,6 @@ from psframe.config.options import (
     BoundedStaleness,
     Checkpointing,
     Placement,
-    RowCaching,
     Transport,
 )
 from psframe.config.security import Security, accept_security
@@ -80,7 +79,6 @@ class TrainerSetup:
         security: Security | None = None,
         liveness: Liveness | None = None,
         overlap_backward: bool = False,
-        row_cache: RowCaching | None = None,
         staleness: BoundedStaleness | None = None,
         replica_devices: Sequence[str | torch.device] | None = None,
     ) -> None:
@@ -110,7 +108,6 @@ class TrainerSetup:
             placement,
             sync=sync is not None,
             wire_dtype=self._wire_dtype,
-            row_cache=row_cache,
             task_index=task_index,
             rpc_timeout=self._rpc_timeout,
             shared_memory=self.shared_memory,
@@ -191,7 +188,7 @@ class TrainerSetup:
     @property
     def stats(self) -> TrainerStats:
         """What this worker counted so far (steps taken, applied, dropped, skipped; recoveries;
-        re-layouts; rows looked up), a frozen snapshot: :class:`~psframe.worker.session.stats.TrainerStats`."""
+        re-layouts; rows pulled), a frozen snapshot: :class:`~psframe.worker.session.stats.TrainerStats`."""
         return self._counters.snapshot(self._checkpointer.last_commit)
 
     @property

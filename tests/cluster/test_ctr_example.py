@@ -24,7 +24,6 @@ def test_async_and_sync_reach_the_auc_of_one_process(processes, reference):
     cases = (
         ("async", STEPS, []),
         ("sync", STEPS // 2, ["--sync_replicas"]),
-        ("row_cache", STEPS, ["--row_cache_max_lag=4"]),  # async, hot rows pulled again every 4 versions
     )
     for mode, steps, flags in cases:
         processes.start(
@@ -52,9 +51,7 @@ def test_async_and_sync_reach_the_auc_of_one_process(processes, reference):
         assert result["mode"] == ("sync" if mode == "sync" else "async") and result["num_ps"] == 2, result
         assert abs(result["auc"] - reference["auc"]) <= AUC_TOLERANCE, (mode, result, reference)
         assert result["ceiling_auc"] == reference["ceiling_auc"]
-    cached, plain = runs["row_cache"], runs["async"]
-    assert cached["rows_looked_up_per_step"] > 0 and plain["rows_pulled_per_step"] == plain["rows_looked_up_per_step"]
-    assert cached["rows_pulled_per_step"] < 0.9 * cached["rows_looked_up_per_step"], cached
+    assert runs["async"]["rows_pulled_per_step"] > 0, runs["async"]
 
 
 @pytest.mark.cluster

@@ -122,13 +122,12 @@ def test_gradients_set_to_none_are_dropped_with_the_tables_rows(local_cluster):
     compare(local_cluster, drop_then_again, steps=3)
 
 
-def test_clipping_in_sync_training_with_a_row_cache(local_cluster):
+def test_clipping_in_sync_training(local_cluster):
     compare(
         local_cluster,
         lambda model, step: clip_norm(model),
         steps=3,
         sync=psframe.SyncReplicas(replicas_to_aggregate=1),
-        row_cache=psframe.RowCaching(max_lag=0),
     )
 
 

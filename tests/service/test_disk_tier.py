@@ -19,7 +19,7 @@ from tests.unit.test_dynamic_tables import DIM, INIT, Clicks, batch
 
 # About 12 rows of 4 floats with Adagrad's sums per part: the 40 ids of the vocabulary on two or
 # three parts do not fit, and a batch's ids do.
-BUDGET = 12 * (2 * 4 * DIM + 6 * 8 + 1 + 16)
+BUDGET = 12 * (2 * 4 * DIM + 5 * 8 + 1 + 16)
 
 
 def tiered_model() -> Clicks:

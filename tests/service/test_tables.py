@@ -146,9 +146,9 @@ def test_a_step_moves_the_rows_it_uses_not_the_table(local_cluster):
         pulled = []
         pull_rows = trainer._session.client.pull_rows
 
-        def counting(wanted, step, create=True, max_lag=0):
+        def counting(wanted, step, create=True):
             pulled.append(sum(int(ids.numel()) for pulls in wanted.values() for _, ids in pulls))
-            return pull_rows(wanted, step, create, max_lag)
+            return pull_rows(wanted, step, create)
 
         trainer._session.client.pull_rows = counting
         ids, bag_ids, offsets, target = batch(0)

@@ -20,7 +20,7 @@ BENCHMARKS = ROOT / "benchmarks"
 # What a module may import of benchmarks/, by where it lives. Leaves import only other
 # leaves (never in a circle: the test below); the suite may use the baselines (it starts them), never the reverse;
 # the report and the command sit above the suite; only an experiment imports an experiment (one made of
-# several modules: row_cache_hosts runs row_cache_run's runs).
+# several modules: row_stores measures row_store_engines' engines).
 LEAVES = {
     "benchmarks.common",
     "benchmarks.children",

@@ -32,7 +32,7 @@ OPTIMIZERS = [
 
 def part(budget_rows: int | None, optimizer: OptimizerSpec, tmp_path, **spec) -> DynamicRows:
     probe = DynamicRows("probe", (DIM,), torch.float32, DynamicTableSpec(INIT, **spec), optimizer)
-    row_state = [v for v in probe.columns().values()][1:-5]  # the per-row state between row and ages
+    row_state = [v for v in probe.columns().values()][1:-4]  # the per-row state between row and ages
     budget = None if budget_rows is None else budget_rows * slot_bytes(probe.weight, row_state, True)
     table = DynamicTableSpec(INIT, ram_budget=budget, **spec)
     return DynamicRows(

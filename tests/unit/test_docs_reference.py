@@ -234,7 +234,6 @@ def _signatures() -> list[tuple[str, str, object, bool]]:
         ("sync.md", "psframe.SyncReplicas", psframe.SyncReplicas, True),
         ("sync.md", "psframe.BoundedStaleness", psframe.BoundedStaleness, True),
         ("checkpoints.md", "psframe.Checkpointing", psframe.Checkpointing, True),
-        ("embedding-tables.md", "psframe.RowCaching", psframe.RowCaching, True),
         ("embedding-tables.md", "psframe.DynamicEmbedding", psframe.DynamicEmbedding, True),
         ("embedding-tables.md", "psframe.RowInitializer", psframe.RowInitializer, True),
         ("elastic.md", "psframe.DataRanges", psframe.DataRanges, True),
@@ -293,7 +292,7 @@ def _own_flags(script: Path) -> list[str]:
 
 def test_the_embedding_guide_lists_every_flag_of_the_ctr_example():
     flags = _own_flags(ROOT / "examples" / "ctr_dist.py")
-    assert {"--train_steps", "--dynamic_tables", "--row_cache_max_lag"} <= set(flags)
+    assert {"--train_steps", "--dynamic_tables", "--prefetch_rows"} <= set(flags)
     page = _guide("embedding-tables.md")
     table = page[page.index("examples/ctr_dist.py") :]
     rows = " ".join(line.split("|")[1] for line in table.splitlines() if line.startswith("| `--"))

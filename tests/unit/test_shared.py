@@ -126,19 +126,16 @@ def _published_with_a_table(
 
 
 def test_a_table_row_updated_through_one_view_moves_its_version_in_every_view(memory):
-    """A worker's row cache may ask any of the task's processes: the rows' versions, and
-    the count they are stamped from, are one across them."""
-    from psframe.tables.rows import NOT_CACHED
-
+    """Deltas and a re-layout's precopy may be taken by any of the task's processes: the rows'
+    versions, and the count they are stamped from, are one across them."""
     owner, other = _published_with_a_table(memory)
     ids = torch.tensor([1, 2, 3])
-    cached, _ = owner.read_rows_since("emb", ids, True, torch.full((3,), NOT_CACHED), 0)
+    before = owner.row_versions()["emb"][ids].clone()
     other.apply_rows([("emb", torch.tensor([2]), torch.ones(1, 2))])
-    now, fresh = owner.read_rows_since("emb", ids, True, cached, 0)
-    assert (now > cached).tolist() == [False, True, False] and fresh.shape[0] == 1
-    assert torch.equal(fresh, other.read_rows("emb", torch.tensor([2])))
+    now = owner.row_versions()["emb"][ids].clone()
+    assert (now > before).tolist() == [False, True, False]
     owner.apply_rows([("emb", torch.tensor([3]), torch.ones(1, 2))])
-    later, _ = other.read_rows_since("emb", ids, True, now, 0)
+    later = other.row_versions()["emb"][ids].clone()
     assert (later > now).tolist() == [False, False, True]
 
 

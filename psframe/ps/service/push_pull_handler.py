@@ -271,7 +271,7 @@ class PushPullHandler:
             if pushes and not ledger.admits(worker):
                 self._cut.wait_turn(worker)
             self._layout.check_caller(header.caller)  # it waited at a re-layout's cut: nothing applies
-            for name, ids, *_ in request.row_pulls:  # every row asked for exists before anything changes
+            for name, ids, _ in request.row_pulls:  # every row asked for exists before anything changes
                 store.check_row_ids(name, ids)
             duplicate = pushes and ledger.is_duplicate(worker, request.push_id)
             if duplicate:  # applied already: answered with the values it pulls, not applied again
@@ -306,14 +306,9 @@ class PushPullHandler:
             if not request.row_pulls:
                 return codec.encode(reply, sent)
             kinds = row_tensors.reply_kinds(len(sent), 0)
-            for name, ids, create, cached in request.row_pulls:
-                if cached is None:
-                    sent.append((name, store.read_rows(name, ids, create)))
-                    kinds.append(row_tensors.ROWS)
-                else:  # a worker's row cache: the rows it lacks or holds too old only
-                    versions, fresh = store.read_rows_since(name, ids, create, cached, request.row_max_lag)
-                    sent += [(name, versions), (name, fresh)]
-                    kinds += [row_tensors.ROW_VERSIONS, row_tensors.ROWS]
+            for name, ids, create in request.row_pulls:
+                sent.append((name, store.read_rows(name, ids, create)))
+                kinds.append(row_tensors.ROWS)
             return codec.encode(reply, sent, kinds)
 
     def _record(self, worker: int, push_id: int, end_of_step: bool) -> int:

@@ -34,7 +34,6 @@ class PushPullRequest:
     row_pulls: list[row_tensors.RowRead]  # rows of table parts wanted back
     pull: list[str]  # variables whose values are wanted back, after the update
     wire_dtype: torch.dtype | None  # the dtype gradients came in and values go back in; None: as stored
-    row_max_lag: int = 0  # versions a row in the worker's row cache may lag (see psframe.tables.rows.to_refresh)
     progress: Progress | None = None  # how far into its range of data the step took the worker
     rows_async: bool = False  # sync training: rows of tables applied at once, not in the round
 
@@ -62,7 +61,6 @@ class PushPullRequest:
             row_pulls=row_pulls,
             pull=list(header.pull),
             wire_dtype=dtypes.wire_dtype_from_name(header.wire_dtype),
-            row_max_lag=header.row_max_lag,
             progress=Progress(header.progress.name, header.progress.lease, header.progress.offset)
             if header.HasField("progress")
             else None,

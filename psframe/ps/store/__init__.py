@@ -22,7 +22,7 @@ this package; it adds what spans them: the lock, and the order of things.
 - :mod:`~psframe.ps.store.optimized_variables`: the optimizers' steps a push makes;
 - :mod:`~psframe.ps.store.counters`: the global step, pushes and versions;
 - :mod:`~psframe.ps.store.changes` and :mod:`~psframe.ps.store.row_versions`:
-  what changed since a snapshot (delta checkpoints and row caches read them);
+  what changed since a snapshot (delta checkpoints and a re-layout's precopy read them);
 - :mod:`~psframe.ps.store.snapshots`: the state taken whole and put back.
 """
 
@@ -376,19 +376,6 @@ class VariableStore:
             self.check_row_ids(name, ids)
             return self._model.table_parts.read(name, ids, create)
 
-    def read_rows_since(
-        self, name: str, ids: torch.Tensor, create: bool, cached: torch.Tensor, max_lag: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """For a worker's row cache: the version of each id's row of table ``name``, and copies
-        of the rows it must get again (:func:`psframe.tables.rows.to_refresh` of ``cached``, its versions).
-
-        Raises:
-            NotReadyError, UnknownVariableError, RowIdError.
-        """
-        with self.lock:
-            self.check_row_ids(name, ids)
-            return self._model.table_parts.read_since(name, ids, create, cached, max_lag)
-
     # ---- the state taken whole: accounting, checkpoints, shared memory
 
     def nbytes(self) -> int:
@@ -454,7 +441,7 @@ class VariableStore:
             self._checks.fits(values)  # the gradients' rules: known name, same shape and dtype
             self._counts.version += 1
             snapshots.restore(self._model, self._memory, values, states, copy=copy)
-            self._changes.restored()  # rows workers cached are of before the restore
+            self._changes.restored()  # every row changed: deltas from before hold them all
             self.global_step = global_step
 
     def dynamic_counts(self) -> dict[str, dict[str, int]]:

@@ -6,7 +6,7 @@ with the current *epoch*, a number that moves on at every snapshot: a
 dense variable's stamp is kept by name, and a dynamic table part's slot by
 slot (with the ids it evicted: :mod:`psframe.tables.change_stamps`).
 A fixed table part's rows carry their versions instead
-(:mod:`psframe.ps.store.row_versions`), the stamp workers' row caches read too:
+(:mod:`psframe.ps.store.row_versions`), the stamp a re-layout's precopy reads too:
 a snapshot records their count, its *row mark*, beside the epoch it closed.
 A later delta from parent ``s`` takes what was stamped after ``s``'s epoch,
 and the rows whose version is past its row mark.
@@ -86,7 +86,7 @@ class ChangeLog:
         grads: Sequence[torch.Tensor],
         stateless: Sequence[torch.Tensor],
     ) -> None:
-        """Note what a step of the fixed tables' ``group`` changed, for delta checkpoints and row caches:
+        """Note what a step of the fixed tables' ``group`` changed, for delta checkpoints:
         the rows of each sparse gradient (all of a table where the step made its optimizer state,
         ``stateless`` before), with a new version (:mod:`psframe.ps.store.row_versions`)."""
         names = self._fixed_names
@@ -105,7 +105,7 @@ class ChangeLog:
             versions.touch(name, ids)
 
     def restored(self) -> None:
-        """Every row changed (a restore): rows workers cached are of before it."""
+        """Every row changed (a restore): a delta from a snapshot before it holds them all."""
         self._model.table_parts.versions.touch_all()
 
     def mark(self, step: int) -> None:

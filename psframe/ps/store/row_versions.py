@@ -1,14 +1,14 @@
-"""The versions of a ps task's fixed table rows: one stamp read by row caches and delta checkpoints.
+"""The versions of a ps task's fixed table rows: one stamp read by delta checkpoints and re-layouts.
 
 Every update of some rows of a fixed table part gives them the next
 *version*: a count of row updates, from a base of the wall clock in ns
 (a ps task that restarts counts past every version it gave before). One
 stamp per row serves both of its readers:
 
-- a worker's row cache asks which rows moved past the versions it holds
-  (:func:`psframe.tables.rows.to_refresh`);
 - a delta checkpoint takes the rows whose version is past the *mark* (the
-  count) its parent's snapshot recorded (:mod:`psframe.ps.store.changes`).
+  count) its parent's snapshot recorded (:mod:`psframe.ps.store.changes`);
+- a re-layout's cut sends of a part copied ahead only the rows whose version
+  is past the copy's mark (:mod:`psframe.ps.elastic.precopy`).
 
 Where a ps task is served from several processes, the versions live in the
 store's memory (shared: :mod:`psframe.ps.serving.shared_store`) and the count in
@@ -81,10 +81,6 @@ class RowVersions:
         self._count[0] += 1
         for versions in self._versions.values():
             versions.fill_(int(self._count[0]))
-
-    def of(self, name: str, ids: torch.Tensor) -> torch.Tensor:
-        """The versions of rows ``ids`` of table part ``name``."""
-        return self._versions[name].index_select(0, ids)
 
     def changed_since(self, name: str, mark: int) -> torch.Tensor:
         """The rows of table part ``name`` changed after ``mark`` (int64, ascending)."""

@@ -33,7 +33,7 @@ from psframe.ps.store.optimized_variables import OptimizedVariables
 from psframe.ps.store.row_versions import RowVersions
 from psframe.tables.dynamic_rows import DynamicRows
 from psframe.tables.row_math import row_gradient
-from psframe.tables.rows import RowPush, to_refresh
+from psframe.tables.rows import RowPush
 from psframe.tables.spec import DynamicTableSpec
 
 
@@ -87,7 +87,7 @@ class TableParts:
             for name, part in dynamic.items()
         }
         self.fixed = OptimizedVariables(fixed, optimizer, per_parameter=True, previous=previous, schedule=schedule)
-        # The version of each fixed table row: for workers' row caches and delta checkpoints.
+        # The version of each fixed table row: for delta checkpoints and a re-layout's precopy.
         self.versions = RowVersions({name: t.shape[0] for name, t in fixed.items()}, version_count, memory, versions)
 
     def __contains__(self, name: object) -> bool:
@@ -187,18 +187,6 @@ class TableParts:
         """One step of each dynamic table part's optimizer with the gradients of its rows."""
         for name, ids, values in rows:
             self._dynamic[name].apply(ids, values)
-
-    def read_since(
-        self, name: str, ids: torch.Tensor, create: bool, cached: torch.Tensor, max_lag: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each id's row version, and copies of the rows :func:`psframe.tables.rows.to_refresh` picks
-        (``cached``: the versions a worker's row cache holds)."""
-        dynamic = self._dynamic.get(name)
-        if dynamic is not None:
-            return dynamic.read_since(ids, cached, max_lag, create=create)
-        versions = self.versions.of(name, ids)
-        refresh = to_refresh(cached, versions, max_lag)
-        return versions, self.read(name, ids[refresh])
 
     def read(self, name: str, ids: torch.Tensor, create: bool = True) -> torch.Tensor:
         """A copy of rows ``ids`` of table ``name``; a dynamic table makes the rows

@@ -38,13 +38,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, cast
+from typing import ClassVar
 
 import torch
 
 from psframe.config.options import BoundedStaleness
 from psframe.errors import WireFormatError
-from psframe.tables.rows import CachedPull, FreshRows, RowPull, RowPush
+from psframe.tables.rows import RowPull, RowPush
 from psframe.wire import codec, dtypes, encoding, row_tensors
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.encoding import MessageEncoding
@@ -101,15 +101,12 @@ class PullRows:
     """The current values of rows of embedding table parts held by one ps task.
 
     ``create``: a dynamic table makes the rows of ids it does not hold (else
-    it answers their initial rows and keeps nothing). A :class:`~psframe.tables.rows.CachedPull`
-    (a worker's row cache) is answered with :class:`~psframe.tables.rows.FreshRows`: only
-    the rows that moved more than ``max_lag`` versions past the cached ones.
+    it answers their initial rows and keeps nothing).
     """
 
     ps_task: int
-    rows: Sequence[RowPull | CachedPull]
+    rows: Sequence[RowPull]
     create: bool = True
-    max_lag: int = 0
     pushes: ClassVar[bool] = False
 
 
@@ -140,9 +137,9 @@ class RowsPushed:
 @dataclass(slots=True)
 class RowsPulled:
     """The answer to a :class:`PullRows`: the rows of each ``(part, ids)`` pair, in order (read-only
-    views); for a cached pull, its :class:`~psframe.tables.rows.FreshRows`."""
+    views)."""
 
-    rows: list[torch.Tensor | FreshRows]
+    rows: list[torch.Tensor]
 
 
 Reply = DenseReply | RowsPushed | RowsPulled
@@ -238,7 +235,7 @@ class OperationEncoder:
             self._report_progress(header, operation.ps_task)
             return codec.encode(header, tensors + pulled, kinds + pulled_kinds)
         tensors, kinds = row_tensors.pull_tensors(operation.rows, operation.create)
-        header = pb.PushPullHeader(caller=self._caller, step=step, row_max_lag=operation.max_lag)
+        header = pb.PushPullHeader(caller=self._caller, step=step)
         return codec.encode(header, tensors, kinds)
 
     def _planned_header(self, request: Request, compress: bool) -> pb.PushPullHeader:
@@ -306,12 +303,12 @@ class OperationEncoder:
         header, tensors = codec.decode(data, pb.PushPullReplyHeader)
         if isinstance(operation, PushPull):
             values = [t for meta, t in zip(header.tensors, tensors) if meta.kind == row_tensors.VALUE]
-            rows = cast(list[torch.Tensor], row_tensors.pulled_rows(header.tensors, tensors))  # no row cache
+            rows = row_tensors.pulled_rows(header.tensors, tensors)
             return header, DenseReply(
                 header.global_step, header.dropped, values, header.duplicate, rows, header.steps_ahead
             )
         if isinstance(operation, PushRows):
-            rows = cast(list[torch.Tensor], row_tensors.pulled_rows(header.tensors, tensors))  # no row cache
+            rows = row_tensors.pulled_rows(header.tensors, tensors)
             return header, RowsPushed(header.global_step, header.duplicate, rows)
         return header, RowsPulled(row_tensors.pulled_rows(header.tensors, tensors))
 

@@ -28,7 +28,7 @@ from psframe.cluster import ClusterSpec
 from psframe.config.liveness import Liveness
 from psframe.config.options import BoundedStaleness
 from psframe.config.security import Security
-from psframe.tables.rows import CachedPull, FreshRows, RowPull
+from psframe.tables.rows import RowPull
 from psframe.wire import dtypes, one_cut, row_tensors, same_host, transport
 from psframe.wire import psframe_pb2 as pb
 from psframe.worker.client import streams
@@ -266,7 +266,7 @@ class PsClient:
                 pulled[operation.ps_task] = reply.rows
         for pull, reply in zip(pulls, replies[len(pushed_rows) + len(planned) :]):
             if isinstance(reply, RowsPulled):
-                pulled[pull.ps_task] = cast(list[torch.Tensor], reply.rows)  # pulls without a row cache: tensors only
+                pulled[pull.ps_task] = reply.rows
         return dense, pulled
 
     def begin_step(
@@ -299,30 +299,25 @@ class PsClient:
 
     def pull_rows(
         self,
-        wanted: Mapping[int, Sequence[RowPull | CachedPull]],
+        wanted: Mapping[int, Sequence[RowPull]],
         step: int,
         create: bool = True,
-        max_lag: int = 0,
-    ) -> dict[int, list[torch.Tensor | FreshRows]]:
-        r"""The current values of some rows of embedding tables, from every ps task asked, in parallel.
+    ) -> dict[int, list[torch.Tensor]]:
+        """The current values of some rows of embedding tables, from every ps task asked, in parallel.
 
         Args:
-            wanted: per ps task, ``(table part, ids)`` pairs (int64 ids of rows of the part),
-                or :class:`~psframe.tables.rows.CachedPull`\ s naming the versions a row cache holds.
+            wanted: per ps task, ``(table part, ids)`` pairs (int64 ids of rows of the part).
             step: the worker's global step (for the ps task's records).
             create: dynamic tables make the rows of ids they do not hold (else
                 they answer those ids' initial rows and keep nothing).
-            max_lag: how many versions (updates) a cached row may lag behind the ps task's copy
-                before the ps task sends it again; 0: exact.
 
         Returns:
-            Per ps task, the rows of each pair, in order (read-only views of the reply);
-            for a cached pull, its :class:`~psframe.tables.rows.FreshRows`.
+            Per ps task, the rows of each pair, in order (read-only views of the reply).
 
         Raises:
             PsframeError: the error a ps task raised (e.g. ``RowIdError``), or a transport error.
         """
-        pulls = [PullRows(ps_task, pairs, create, max_lag) for ps_task, pairs in wanted.items()]
+        pulls = [PullRows(ps_task, pairs, create) for ps_task, pairs in wanted.items()]
         replies = self._exchange(pulls, step, False, self.rpc_timeout)
         return {pull.ps_task: _expect(reply, RowsPulled).rows for pull, reply in zip(pulls, replies)}
 

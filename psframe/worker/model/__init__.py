@@ -7,7 +7,6 @@
 - :mod:`psframe.worker.model.row_pulls`: a table's rows, pulled from the ps parts that hold them;
 - :mod:`psframe.worker.model.attached_forward`: a table module's forward while attached;
 - :mod:`psframe.worker.model.dynamic`: dynamic tables (any int64 id);
-- :mod:`psframe.worker.model.row_cache`: rows kept between steps, with their versions;
 - :mod:`psframe.worker.model.prefetch`: the next batch's rows, pulled ahead;
 - :mod:`psframe.worker.model.overlap`: a step's messages sent while backward runs.
 """

@@ -13,7 +13,6 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 
 from psframe.cluster.placement import ShardPlacement, VariableInfo, place
-from psframe.config.options import RowCaching
 from psframe.tables.spec import place_dynamic, place_tables
 from psframe.wire import dtypes
 from psframe.worker.client.operations import DenseReply
@@ -103,7 +102,6 @@ class Replica:
         max_shard_bytes: int,
         wire_dtype: torch.dtype | None = None,
         table_partition: str = "mod",
-        row_cache: RowCaching | None = None,
         placement: ShardPlacement | None = None,
         **placement_options,
     ) -> None:
@@ -124,7 +122,7 @@ class Replica:
         by_name = {**dict(params), **{name: module.row_template for name, module in dynamic.items()}}
         self.slots = tuple(Slot(shard, by_name[shard.variable]) for shard in self.placement.shards)
         self.dense_slots = tuple(s for s in self.slots if not s.shard.table)
-        self.tables = EmbeddingTables(tables, [s for s in self.slots if s.shard.table], dynamic, row_cache)
+        self.tables = EmbeddingTables(tables, [s for s in self.slots if s.shard.table], dynamic)
         self.has_tables = bool(self.tables)  # none: a step takes no path through them
         # Each ps task's requests in the order backward makes their gradients (the model's
         # last parameters first), so that a step can send them as they come (psframe.worker.model.overlap).

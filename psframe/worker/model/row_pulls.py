@@ -5,9 +5,6 @@ ids as the part knows them)`` per part, from the table's ``split``);
 :func:`plan_parts` says what to ask each ps task for them and where each
 part's rows go, :func:`assemble_parts` puts the answers back in the ids'
 order, and :func:`pull_parts` does both around one :data:`Pull`.
-:func:`pull_cached` is the same pull through a row cache
-(:mod:`psframe.worker.model.row_cache`): each part is told the versions the
-cache holds and sends only the rows that moved past them.
 
 :mod:`psframe.worker.model.prefetch` plans and assembles the same way, with
 its requests sent behind a step's messages instead of by a :data:`Pull`.
@@ -16,21 +13,15 @@ its requests sent behind a step's messages instead of by a :data:`Pull`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import cast
 
 import torch
 
-from psframe.errors import PsframeError
-from psframe.tables.rows import CachedPull, FreshRows, RowPull, to_refresh
-from psframe.worker.model.row_cache import RowCache
+from psframe.tables.rows import RowPull
 from psframe.worker.plan.step_plan import Slot
 
-# pull(wanted, create, max_lag) -> rows: per ps task, (part, ids) pairs in, their rows out
-# (PsClient.pull_rows); `create`: dynamic tables make the rows of ids they lack; a CachedPull
-# (a row cache's, with its `max_lag`) is answered with FreshRows.
-Pull = Callable[
-    [Mapping[int, Sequence[RowPull | CachedPull]], bool, int], Mapping[int, Sequence[torch.Tensor | FreshRows]]
-]
+# pull(wanted, create) -> rows: per ps task, (part, ids) pairs in, their rows out
+# (PsClient.pull_rows); `create`: dynamic tables make the rows of ids they lack.
+Pull = Callable[[Mapping[int, Sequence[RowPull]], bool], Mapping[int, Sequence[torch.Tensor]]]
 
 Placed = list[tuple[int, torch.Tensor]]  # per part asked: its ps task, and where its rows go among the ids
 
@@ -51,40 +42,8 @@ def pull_parts(
         create: dynamic tables make the rows of ids they lack.
     """
     wanted, placed = plan_parts(parts)
-    pulled = cast(Mapping[int, Sequence[torch.Tensor]], pull(wanted, create, 0) if placed else {})  # no cache: rows
+    pulled = pull(wanted, create) if placed else {}
     return assemble_parts(pulled, placed, count, like)
-
-
-def pull_cached(
-    pull: Pull, parts: Sequence[tuple[Slot, torch.Tensor, torch.Tensor]], ids: torch.Tensor, cache: RowCache
-) -> torch.Tensor:
-    """As :func:`pull_parts` (training's lookups), through a row cache: each part is told the
-    versions the cache holds, and sends only the rows that moved past them by more than its ``max_lag``."""
-    slots, cached = cache.versions(ids)
-    wanted: dict[int, list[RowPull | CachedPull]] = {}
-    placed = []
-    for slot, positions, part_ids in parts:
-        if part_ids.numel():
-            wanted.setdefault(slot.shard.ps_task, []).append(CachedPull(slot.name, part_ids, cached[positions]))
-            placed.append((slot.shard.ps_task, positions))
-    pulled = {ps_task: list(values) for ps_task, values in pull(wanted, True, cache.max_lag).items()}
-    versions = torch.empty_like(ids)
-    refresh = torch.zeros(ids.numel(), dtype=torch.bool)
-    fresh_at: list[torch.Tensor] = []
-    fresh_rows: list[torch.Tensor] = []
-    for ps_task, positions in placed:
-        answer = pulled[ps_task].pop(0)
-        if not isinstance(answer, FreshRows):
-            raise PsframeError(f"ps task {ps_task} answered a pull through the row cache without row versions")
-        versions[positions] = answer.versions
-        picked = to_refresh(cached[positions], answer.versions, cache.max_lag)
-        refresh[positions[picked]] = True
-        fresh_at.append(positions[picked])
-        fresh_rows.append(answer.rows)
-    rows = torch.empty((ids.numel(), *cache.row_shape), dtype=cache.dtype)
-    if fresh_at:
-        rows[torch.cat(fresh_at)] = torch.cat(fresh_rows).to(cache.dtype)
-    return cache.fill(ids, slots, versions, refresh, rows[refresh])
 
 
 def plan_parts(parts: Sequence[tuple[Slot, torch.Tensor, torch.Tensor]]) -> tuple[dict[int, list[RowPull]], Placed]:

@@ -36,9 +36,8 @@ from psframe.errors import RowIdError
 from psframe.tables.row_math import part_of
 from psframe.tables.rows import RowPush
 from psframe.worker.model.dynamic import DynamicEmbedding
-from psframe.worker.model.row_cache import RowCache
 from psframe.worker.model.row_gradient import RowGradient
-from psframe.worker.model.row_pulls import Pull, pull_cached, pull_parts
+from psframe.worker.model.row_pulls import Pull, pull_parts
 from psframe.worker.plan.step_plan import Slot
 
 EmbeddingModule = torch.nn.Embedding | torch.nn.EmbeddingBag  # what a table of a model is
@@ -70,7 +69,6 @@ class Table:
     name: str
     module: EmbeddingModule
     slots: list[Slot]  # by part index
-    cache: RowCache | None = None  # rows kept between steps (Trainer's row_cache)
     _starts: torch.Tensor = field(init=False)
     prefetched: list[Prefetched] = field(init=False, default_factory=list)  # rows pulled ahead for lookups to come
     # The rows of the local weight a lookup wrote (a bool per row; None: none yet): trainer.pull() refreshes them.
@@ -181,7 +179,6 @@ class DynamicTable:
     name: str
     module: DynamicEmbedding
     slots: list[Slot]  # by part index
-    cache: RowCache | None = None  # rows kept between steps (Trainer's row_cache)
     # Rows pulled ahead for lookups to come (psframe.worker.model.prefetch): their distinct ids, their rows.
     prefetched: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
@@ -192,14 +189,12 @@ class DynamicTable:
 
     def pull(self, ids: torch.Tensor, create: bool, pull: Pull) -> torch.Tensor:
         """The rows of ``ids`` (distinct, int64, on the host), from the parts that hold them
-        (or prefetched for a training lookup of these ids, or kept in the row cache)."""
+        (or prefetched for a training lookup of these ids)."""
         if create:
             for k, (prefetched_ids, _) in enumerate(self.prefetched):
                 if torch.equal(prefetched_ids, ids):
                     return self.prefetched.pop(k)[1]
         parts = [(slot, positions, ids[positions]) for slot, positions in self.split(ids)]
-        if create and self.cache is not None:  # training's lookups; an evaluation's peeks ask the ps tasks
-            return pull_cached(pull, parts, ids, self.cache)
         return pull_parts(pull, parts, ids.numel(), self.module.row_template, create=create)
 
     def cut(

@@ -36,15 +36,13 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from psframe.config.options import RowCaching
 from psframe.errors import InvalidGradientError, PsframeError
 from psframe.memory import HugePageMemory, Memory
 from psframe.tables.rows import RowPush
 from psframe.worker.model.attached_forward import replace_forward, restore_forward
 from psframe.worker.model.dynamic import DynamicEmbedding
-from psframe.worker.model.row_cache import RowCache
 from psframe.worker.model.row_gradient import RowGradient
-from psframe.worker.model.row_pulls import Pull, pull_cached, pull_parts
+from psframe.worker.model.row_pulls import Pull, pull_parts
 from psframe.worker.model.table_views import DynamicTable, EmbeddingModule, Table
 from psframe.worker.plan.step_plan import Slot
 
@@ -93,7 +91,6 @@ class EmbeddingTables:
         tables: parameter name -> module (from :func:`find_tables`).
         slots: the slots of every table part (any order).
         dynamic: the dynamic tables, by module name.
-        caching: keep rows between steps (a row cache per table), if given.
         memory: where the local weights live (:class:`psframe.memory.Memory`; large ones on
             huge pages by default), told of each table's weight at :meth:`attach`.
     """
@@ -103,27 +100,18 @@ class EmbeddingTables:
         tables: Mapping[str, EmbeddingModule],
         slots: Sequence[Slot],
         dynamic: Mapping[str, DynamicEmbedding] | None = None,
-        caching: RowCaching | None = None,
         memory: Memory | None = None,
     ) -> None:
         self._memory = memory if memory is not None else HugePageMemory()
         by_table: dict[str, list[Slot]] = {}
         for slot in slots:
             by_table.setdefault(slot.shard.variable, []).append(slot)
-
-        def cache_of(like: torch.Tensor) -> RowCache | None:
-            if caching is None:
-                return None
-            return RowCache(like.shape[1:], like.dtype, caching.max_rows, caching.max_lag)
-
         self.tables = [
-            Table(name, module, sorted(by_table[name], key=lambda s: s.shard.part_index), cache_of(module.weight))
+            Table(name, module, sorted(by_table[name], key=lambda s: s.shard.part_index))
             for name, module in tables.items()
         ]
         self.dynamic = [
-            DynamicTable(
-                name, module, sorted(by_table[name], key=lambda s: s.shard.part_index), cache_of(module.row_template)
-            )
+            DynamicTable(name, module, sorted(by_table[name], key=lambda s: s.shard.part_index))
             for name, module in (dynamic or {}).items()
         ]
 
@@ -187,9 +175,7 @@ class EmbeddingTables:
 
     @staticmethod
     def _pull(table: Table, pull: Pull, ids: torch.Tensor) -> torch.Tensor:
-        """The rows of ``ids`` (distinct, sorted, on the host) from the parts that hold them (or the cache)."""
-        if table.cache is not None:
-            return pull_cached(pull, table.split(ids), ids, table.cache)
+        """The rows of ``ids`` (distinct, sorted, on the host) from the parts that hold them."""
         return pull_parts(pull, table.split(ids), ids.numel(), table.param, create=True)
 
     def step_state(self) -> list[tuple[list, list]]:
@@ -214,7 +200,7 @@ class EmbeddingTables:
 
     def refresh(self, pull: Pull) -> int:
         """Write the current value of every row a lookup wrote into a fixed table's local weight
-        there again (the others keep theirs; a row cache keeps its rows); returns the rows pulled.
+        there again (the others keep theirs); returns the rows pulled.
         Pulled in batches of at most :data:`REFRESH_BYTES` (``create``: as a lookup's pull)."""
         count = 0
         for table in self.tables:

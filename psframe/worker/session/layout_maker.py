@@ -13,7 +13,7 @@ import torch
 from psframe.cluster import ClusterSpec
 from psframe.cluster.placement import ShardPlacement
 from psframe.config.liveness import Liveness
-from psframe.config.options import BoundedStaleness, Placement, RowCaching
+from psframe.config.options import BoundedStaleness, Placement
 from psframe.config.security import Security
 from psframe.worker.client.operations import RelayoutWord
 from psframe.worker.client.ps_client import PsClient
@@ -30,7 +30,7 @@ class LayoutMaker:
         device: where it computes.
         placement: where the variables go (the option group as given).
         sync: synchronous training.
-        wire_dtype, row_cache: as the Trainer's.
+        wire_dtype: as the Trainer's.
         task_index: the worker's.
         rpc_timeout, shared_memory, security, liveness, staleness: the clients' settings.
 
@@ -46,7 +46,6 @@ class LayoutMaker:
         *,
         sync: bool,
         wire_dtype: torch.dtype | None,
-        row_cache: RowCaching | None,
         task_index: int,
         rpc_timeout: float,
         shared_memory: bool,
@@ -55,7 +54,7 @@ class LayoutMaker:
         staleness: BoundedStaleness | None,
     ) -> None:
         self._model, self._device, self._placement = model, device, placement
-        self._sync, self._wire_dtype, self._row_cache = sync, wire_dtype, row_cache
+        self._sync, self._wire_dtype = sync, wire_dtype
         self.relayout_word = RelayoutWord()
         self._client_options: dict[str, Any] = {
             "rpc_timeout": rpc_timeout,
@@ -77,7 +76,6 @@ class LayoutMaker:
             HostStaging(self._device),
             sync=self._sync,
             wire_dtype=self._wire_dtype,
-            row_cache=self._row_cache,
             placement=placement,
             **self._placement_options(),
         )

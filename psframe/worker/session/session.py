@@ -46,7 +46,7 @@ from psframe.errors import (
     TaskUnavailableError,
 )
 from psframe.optim import OptimizerSpec, SyncReplicas
-from psframe.tables.rows import UNKNOWN_VERSION, CachedPull, FreshRows, RowPull
+from psframe.tables.rows import RowPull
 from psframe.worker.client import control_calls, relayout_calls
 from psframe.worker.client.operations import DenseReply
 from psframe.worker.client.ps_client import PsClient
@@ -459,38 +459,25 @@ class Session:
 
     # ---- the embedding tables' lookups
 
-    def pull_rows(
-        self, wanted: Mapping[int, Sequence[RowPull | CachedPull]], create: bool = True, max_lag: int = 0
-    ) -> dict[int, list[torch.Tensor | FreshRows]]:
+    def pull_rows(self, wanted: Mapping[int, Sequence[RowPull]], create: bool = True) -> dict[int, list[torch.Tensor]]:
         """Rows of embedding tables for a lookup (see :mod:`psframe.worker.model.tables`); a lost
         ps task is waited for, as in a step, and the rows asked of it again; parts that moved
         are read where they went."""
         before = self.replica.tables
 
-        def attempt(at: Attempt) -> dict[int, list[torch.Tensor | FreshRows]]:
+        def attempt(at: Attempt) -> dict[int, list[torch.Tensor]]:
             if at.replica.tables is before:
-                # A row cache stays valid: a restarted ps task's versions count past all it gave before.
-                return at.client.pull_rows(wanted, self.global_step, create, max_lag)
+                return at.client.pull_rows(wanted, self.global_step, create)
             # Asked of the parts before a re-layout: read where they went.
             return {ps_task: [self._rows_moved(before, asked) for asked in pulls] for ps_task, pulls in wanted.items()}
 
         pulled = self.call(attempt, pull=True)
-        self._counters.rows_looked_up += sum(int(pull[1].numel()) for pulls in wanted.values() for pull in pulls)
-        self._counters.rows_pulled += sum(_row_count(rows) for answers in pulled.values() for rows in answers)
+        self._counters.rows_pulled += sum(int(rows.shape[0]) for answers in pulled.values() for rows in answers)
         return pulled
 
-    def _rows_moved(self, before: EmbeddingTables, asked: RowPull | CachedPull) -> torch.Tensor | FreshRows:
-        """A lookup's pull of a part placed before a re-layout, answered from the new layout. A row
-        cache is answered as if it held none of them (versions count anew on the new layout)."""
-        rows = self.replica.tables.rows_moved(
-            before,
-            asked[0],
-            asked[1],
-            lambda wanted, create, max_lag: self.client.pull_rows(wanted, self.global_step, create, max_lag),
+    def _rows_moved(self, before: EmbeddingTables, asked: RowPull) -> torch.Tensor:
+        """A lookup's pull of a part placed before a re-layout, answered from the new layout."""
+        name, ids = asked
+        return self.replica.tables.rows_moved(
+            before, name, ids, lambda wanted, create: self.client.pull_rows(wanted, self.global_step, create)
         )
-        return FreshRows(torch.full_like(asked[1], UNKNOWN_VERSION), rows) if isinstance(asked, CachedPull) else rows
-
-
-def _row_count(answer: torch.Tensor | FreshRows) -> int:
-    """The rows a pull's answer carries."""
-    return int((answer.rows if isinstance(answer, FreshRows) else answer).shape[0])

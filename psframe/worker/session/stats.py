@@ -38,12 +38,9 @@ class TrainerStats:
     """Asynchronous training: how many of this worker's steps found it 0, 1, 2... steps ahead of
     the slowest live worker (the most over the ps tasks; with :class:`psframe.BoundedStaleness`
     never above its bound)."""
-    rows_looked_up: int = 0
-    """Rows of embedding tables this worker's lookups asked the ps tasks about (each lookup's
-    distinct ids), and those its prefetches pulled ahead."""
     rows_pulled: int = 0
-    """Rows of embedding tables that came back to lookups and prefetches: all of them, or with a
-    :class:`psframe.RowCaching`, those the cache lacked or held too old."""
+    """Rows of embedding tables this worker's lookups pulled from the ps tasks (each lookup's
+    distinct ids), and those its prefetches pulled ahead."""
     last_checkpoint_step: int | None = None
     """The step of the last checkpoint (full or delta) this chief committed; None before its first."""
 
@@ -62,7 +59,6 @@ class Counters:
     relayout_pauses: list[float] = field(default_factory=list)
     relayout_parts_moved: list[int] = field(default_factory=list)
     steps_ahead: collections.Counter[int] = field(default_factory=collections.Counter)
-    rows_looked_up: int = 0
     rows_pulled: int = 0
 
     def snapshot(self, last_checkpoint_step: int | None) -> TrainerStats:
@@ -78,7 +74,6 @@ class Counters:
             relayout_pauses=tuple(self.relayout_pauses),
             relayout_parts_moved=tuple(self.relayout_parts_moved),
             steps_ahead=dict(sorted(self.steps_ahead.items())),
-            rows_looked_up=self.rows_looked_up,
             rows_pulled=self.rows_pulled,
             last_checkpoint_step=last_checkpoint_step,
         )
