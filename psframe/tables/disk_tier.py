@@ -1,12 +1,16 @@
 """A dynamic table part's disk tier: the rows beyond its RAM budget, on the ps host's local disk.
 
 A part with a RAM budget (:class:`psframe.DynamicEmbedding`'s ``ram_budget``)
-holds at most :attr:`DiskTier.ram_rows` rows in its slots. When a request
-needs more, the rows updated longest ago go to disk with everything a slot
-holds of them (the row, its per-row optimizer state, ages and change stamps:
-one record each, :class:`~psframe.tables.disk_rows.RecordLayout`), a sixteenth
-of the RAM tier at a time, so that a part spills in batches, not at every
-request. A request for an id whose row is on disk reads the record back into
+holds at most :attr:`DiskTier.ram_rows` rows in its slots. The rows used
+longest ago (looked up or updated: the tier keeps its own clock of use, apart
+from the ages eviction reads and checkpoints keep) go to disk with everything
+a slot holds of them (the row, its per-row optimizer state, ages and change
+stamps: one record each, :class:`~psframe.tables.disk_rows.RecordLayout`).
+Where the part is used under a lock (a ps task's store), a thread of the
+tier's spills ahead, between requests, while the RAM tier is fuller than
+:data:`SPILL_SHARE` allows, so that a request rarely waits on a write; a
+request that still finds no room spills itself, a sixteenth of the RAM tier
+at once. A request for an id whose row is on disk reads the record back into
 a slot, bit for bit: a row trains exactly as if it had never left RAM. The
 record stays on disk as a stale copy (deleting it would cost more than the
 read), overwritten when the row goes back; the row in RAM is the one that
@@ -21,6 +25,9 @@ computes, so rows on disk come back off the step's critical path.
 
 from __future__ import annotations
 
+import logging
+import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -32,8 +39,12 @@ from psframe.optim.row_state import is_row_state
 from psframe.tables.disk_rows import DiskRows, RecordLayout
 
 SPILL_SHARE = 16
+"""The RAM tier is kept 1/SPILL_SHARE free ahead of requests; a request that must spill sends that much at once."""
 SCAN_ROWS = 1 << 16  # rows on disk read at a time by an export
-"""A part that must spill sends a 1/SPILL_SHARE of its RAM tier to disk at once (more if a request needs it)."""
+SPILL_CHUNK = 8192  # rows a spill ahead sends under one hold of the lock
+
+log = logging.getLogger(__name__)
+_NONE = torch.zeros(0, dtype=torch.int64)  # no slot to keep
 
 
 class TieredPart(Protocol):
@@ -53,8 +64,13 @@ class TieredPart(Protocol):
         """Whether each of ``ids`` has its row in a slot."""
         ...
 
-    def coldest(self, count: int, keep: torch.Tensor) -> torch.Tensor:
-        """At most ``count`` slots holding rows, never those of ``keep``, updated longest ago first."""
+    @property
+    def slots(self) -> int:
+        """The part's slots (those holding rows and free ones)."""
+        ...
+
+    def used_slots(self) -> torch.Tensor:
+        """Whether each slot holds a row (bool, one per slot)."""
         ...
 
     def release(self, slots: torch.Tensor) -> torch.Tensor:
@@ -73,11 +89,19 @@ class DiskTier:
         name: the part's name (for its folder and errors).
         ram_rows: the most rows the part keeps in its slots.
         folder: where the part's store goes (default: the system's temporary folder).
+        lock: the lock the part is used under, which its spills ahead take; None: no spill ahead.
     """
 
-    def __init__(self, name: str, ram_rows: int, folder: str | None = None) -> None:
+    def __init__(self, name: str, ram_rows: int, folder: str | None = None, lock: Any = None) -> None:
         self.name = name
         self.ram_rows = max(1, ram_rows)
+        self._share = max(1, self.ram_rows // SPILL_SHARE)
+        self._used_at = torch.zeros(0, dtype=torch.int64)  # the tier's clock of use, per slot
+        self._clock = 0
+        self._lock = lock
+        self._wanted = threading.Event()
+        self._closed = False
+        self._spiller: threading.Thread | None = None
         self.disk = DiskRows(name, folder)
         self._layout: RecordLayout | None = None
         self._signature: tuple | None = None
@@ -90,8 +114,21 @@ class DiskTier:
         return len(self.disk) - self._copies
 
     def close(self) -> None:
-        """Remove the rows on disk and their folder."""
+        """Stop spilling ahead; remove the rows on disk and their folder."""
+        self._closed = True
+        self._wanted.set()
+        if self._spiller is not None and self._spiller is not threading.current_thread():
+            self._spiller.join(timeout=30)
         self.disk.close()
+
+    def touch(self, part: TieredPart, slots: torch.Tensor) -> None:
+        """The rows of ``slots`` are used now (looked up, made or brought in)."""
+        if self._used_at.numel() < part.slots:
+            grown = torch.zeros(part.slots, dtype=torch.int64)
+            grown[: self._used_at.numel()] = self._used_at
+            self._used_at = grown
+        self._clock += 1
+        self._used_at.index_fill_(0, slots, self._clock)
 
     def room(self, part: TieredPart, new: int, keep: torch.Tensor) -> None:
         """Spill rows to disk (never those of ``keep``) until ``new`` more fit in the RAM tier.
@@ -103,17 +140,62 @@ class DiskTier:
         excess = held + new - self.ram_rows
         if excess <= 0:
             return
-        victims = part.coldest(excess + self.ram_rows // SPILL_SHARE, keep)
+        victims = self._coldest(part, excess + self._share, keep)
         if victims.numel() < excess:
             raise RowIdError(
                 f"dynamic table part {self.name!r} keeps {self.ram_rows} rows in RAM (its ram_budget), but one "
                 f"request uses {held + new - victims.numel()} of them at once; raise its ram_budget"
             )
+        self._spill(part, victims)
+
+    def _coldest(self, part: TieredPart, count: int, keep: torch.Tensor) -> torch.Tensor:
+        """At most ``count`` slots holding rows, never those of ``keep``, used longest ago first."""
+        score = torch.zeros(part.slots, dtype=torch.int64)
+        score[: self._used_at.numel()] = self._used_at[: part.slots]
+        never = torch.iinfo(torch.int64).max
+        score[~part.used_slots()] = never
+        score[keep] = never
+        count = min(count, int((score < never).sum()))
+        return torch.topk(score, count, largest=False).indices if count else keep[:0]
+
+    def _spill(self, part: TieredPart, victims: torch.Tensor) -> None:
         records = self.layout(part).pack(part.columns(), victims)
         ids = part.release(victims)
         added = self.disk.put(ids, records)  # the others overwrite their stale copies
         self._copies -= ids.numel() - added
         self.spilled += ids.numel()
+
+    def wake(self, part: TieredPart) -> None:
+        """Spill ahead (in the tier's thread, under the part's lock) if the RAM tier is fuller than
+        its share of free room allows; call under that lock, at the end of a request."""
+        if self._lock is None or self._closed or part.held_in_ram() <= self.ram_rows - self._share:
+            return
+        if self._spiller is None:
+            self._spiller = threading.Thread(
+                target=self._spill_ahead, args=(weakref.ref(part),), name=f"spill {self.name}", daemon=True
+            )
+            self._spiller.start()
+        self._wanted.set()
+
+    def _spill_ahead(self, ref: weakref.ReferenceType) -> None:
+        """The tier's thread: on each wake, spill down to two shares of free room, a chunk a hold of the lock."""
+        while not self._closed:
+            if not self._wanted.wait(timeout=1.0):
+                continue
+            self._wanted.clear()
+            try:
+                while not self._closed:
+                    part = ref()
+                    if part is None:
+                        return
+                    with self._lock:
+                        excess = part.held_in_ram() - (self.ram_rows - 2 * self._share)
+                        if excess <= 0 or self._closed:
+                            break
+                        self._spill(part, self._coldest(part, min(excess, SPILL_CHUNK), _NONE))
+                    del part
+            except Exception:  # a request that finds no room spills itself; the next wake tries again
+                log.exception("%s: spilling rows ahead failed", self.name)
 
     def bring_in(self, part: TieredPart, ids: torch.Tensor, keep: torch.Tensor) -> None:
         """Put the rows of those of ``ids`` (distinct, none in RAM) on disk back in slots, making
@@ -211,4 +293,4 @@ def ram_rows_of(budget: int, row_bytes: int) -> int:
     return max(1, int(numpy.floor(budget / max(1, row_bytes))))
 
 
-__all__ = ["SPILL_SHARE", "DiskTier", "TieredPart", "ram_rows_of", "slot_bytes"]
+__all__ = ["SPILL_CHUNK", "SPILL_SHARE", "DiskTier", "TieredPart", "ram_rows_of", "slot_bytes"]

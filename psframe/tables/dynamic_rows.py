@@ -76,6 +76,7 @@ class DynamicRows:
             step's rate before each step (:mod:`psframe.optim.schedule_clock`); None: none.
         disk_folder: where the rows beyond the table's ``ram_budget`` go
             (:mod:`psframe.tables.disk_tier`); None: the system's temporary folder.
+        lock: the lock this part is used under, if any, which the disk tier's spills ahead take.
     """
 
     def __init__(
@@ -91,6 +92,7 @@ class DynamicRows:
         wall_clock: Callable[[], float] = time.time,
         schedule: ScheduleClock | None = None,
         disk_folder: str | None = None,
+        lock: Any = None,
     ) -> None:
         self.name = name
         self._schedule, self._scheduled = schedule, -1  # the schedule's version the optimizer is at
@@ -128,7 +130,7 @@ class DynamicRows:
         if spec.ram_budget is not None:
             row_state = [v for v in self._state().values() if self._per_row(v)]
             slot = slot_bytes(self.weight, row_state, self.optimizer is not None)
-            self.tier = DiskTier(name, ram_rows_of(spec.ram_budget, slot), disk_folder)
+            self.tier = DiskTier(name, ram_rows_of(spec.ram_budget, slot), disk_folder, lock)
             weakref.finalize(self, self.tier.close)
 
     def __len__(self) -> int:
@@ -333,8 +335,8 @@ class DynamicRows:
     def in_ram(self, ids: torch.Tensor) -> torch.Tensor:
         return self._index.find(ids) >= 0
 
-    def coldest(self, count: int, keep: torch.Tensor) -> torch.Tensor:
-        return self._eviction.coldest(count, self._used, keep)
+    def used_slots(self) -> torch.Tensor:
+        return self._used
 
     def release(self, slots: torch.Tensor) -> torch.Tensor:
         ids = self._id_of[slots]
@@ -361,11 +363,13 @@ class DynamicRows:
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """The slot of each id, -1 where it has none; rows of ``ids`` on disk are brought back first."""
         slots = self._index.find(ids)
-        if self.tier is not None and len(self.tier):
+        if self.tier is not None:
             missing = slots < 0
-            if bool(missing.any()):
+            if len(self.tier) and bool(missing.any()):
                 self.tier.bring_in(self, torch.unique(ids[missing]), keep=slots[~missing])
-                slots = self._index.find(ids)
+                slots[missing] = self._index.find(ids[missing])
+            self.tier.touch(self, slots[slots >= 0])
+            self.tier.wake(self)
         return slots
 
     def _slots(self, ids: torch.Tensor, *, fill: bool = True, admit: bool = False) -> torch.Tensor:
@@ -392,6 +396,8 @@ class DynamicRows:
         self._id_of[new_slots] = new_ids
         self._used[new_slots] = True
         self._eviction.made(new_slots)
+        if self.tier is not None:
+            self.tier.touch(self, new_slots)
         self._stamps.made(new_slots, restored=not fill)  # a restored row is as the snapshot holds it
         if fill:
             with torch.no_grad():

@@ -69,14 +69,6 @@ class EvictionPolicy:
         """The ages, one per slot, by name: a disk tier moves them with their rows."""
         return {"updated": self._updated, "updates": self._updates, "seen": self._seen}
 
-    def coldest(self, count: int, used: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """At most ``count`` of the ``used`` slots, never those of ``keep``, updated longest ago first."""
-        score = self._updated.clone()
-        score[~used] = _NEVER
-        score[keep] = _NEVER
-        count = min(count, int((score < _NEVER).sum()))
-        return torch.topk(score, count, largest=False).indices if count else keep[:0]
-
     def updates(self, slots: torch.Tensor) -> torch.Tensor:
         """How many updates touched each row of ``slots`` (int64)."""
         return self._updates.index_select(0, slots)

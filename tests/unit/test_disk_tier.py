@@ -167,3 +167,47 @@ def test_a_row_evicted_by_its_norm_after_a_trip_to_disk_is_not_brought_back(tmp_
     assert tiered.evicted == in_ram.evicted > 0 and tiered.tier.brought_in > 0
     assert len(tiered) == len(in_ram)
     assert_same_export(tiered.export(), in_ram.export())
+
+
+def test_under_a_lock_the_tier_spills_ahead_between_requests_and_still_trains_bit_for_bit(tmp_path):
+    """With the lock it is used under, a part's tier spills in its own thread once the RAM tier is
+    fuller than its free share allows, so that requests find room; the rows keep their bits."""
+    import threading
+    import time
+
+    from psframe.tables.disk_tier import SPILL_SHARE
+
+    lock = threading.RLock()
+    in_ram = part(None, OPTIMIZERS[0], tmp_path)
+    probe = part(None, OPTIMIZERS[0], tmp_path)
+    row_state = [v for v in probe.columns().values()][1:-4]
+    budget = 400 * slot_bytes(probe.weight, row_state, True)
+    table = DynamicTableSpec(INIT, ram_budget=budget)
+    tiered = DynamicRows(
+        "users/part_0",
+        (DIM,),
+        torch.float32,
+        table,
+        OPTIMIZERS[0],
+        disk_folder=str(tmp_path),
+        wall_clock=lambda: 1000.0,
+        lock=lock,
+    )
+    share = tiered.tier.ram_rows // SPILL_SHARE
+    for ids, grads in power_law_batches(40, seed=6):
+        with lock:
+            assert torch.equal(tiered.read(ids), in_ram.read(ids))
+            tiered.apply(ids, grads)
+        in_ram.apply(ids, grads)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the spiller runs between requests
+            with lock:
+                if tiered.held_in_ram() <= tiered.tier.ram_rows - share:
+                    break
+            time.sleep(0.01)
+    assert tiered.tier._spiller is not None and tiered.tier.spilled > 0
+    with lock:
+        assert tiered.held_in_ram() <= tiered.tier.ram_rows - share
+        assert_same_export(tiered.export(), in_ram.export())
+    tiered.tier.close()
+    assert not tiered.tier._spiller.is_alive()

@@ -85,7 +85,7 @@ class VariableStore:
         self.lock = lock if lock is not None else threading.RLock()
         self._counts = StoreCounts(counters)
         self._memory = memory if memory is not None else Memory()
-        self._maker = ModelMaker(task_name, self._memory, self._counts)
+        self._maker = ModelMaker(task_name, self._memory, self._counts, self.lock)
         self._model = self._maker.empty()  # made anew by create() and attach_shared()
         # The model clear() let go of (a re-layout's cut): create() takes over what it keeps of it.
         self._let_go: StoreModel | None = None

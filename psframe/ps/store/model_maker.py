@@ -42,12 +42,14 @@ class ModelMaker:
         memory: where the variables and their optimizer state live.
         counts: the store's counts: the global step the schedules follow, and the count
             the fixed rows' versions are stamped from.
+        lock: the store's lock.
     """
 
-    def __init__(self, task_name: str, memory: Memory, counts: StoreCounts) -> None:
+    def __init__(self, task_name: str, memory: Memory, counts: StoreCounts, lock: Any = None) -> None:
         self.task_name = task_name
         self._memory = memory
         self._counts = counts
+        self._lock = lock  # the store's: its dynamic tables' disk tiers spill ahead under it
 
     def empty(self) -> StoreModel:
         """A model of no variables (a store before the chief creates them, or after :meth:`clear`)."""
@@ -83,6 +85,7 @@ class ModelMaker:
                 self._counts.row_version_cell,
                 previous=previous,
                 global_step=self._counts.global_step_cell,
+                lock=self._lock,
             )
         )
 

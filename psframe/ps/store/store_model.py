@@ -61,6 +61,7 @@ class StoreModel:
         versions: Mapping[str, torch.Tensor] | None = None,
         previous: StoreModel | None = None,
         global_step: numpy.ndarray | None = None,
+        lock: Any = None,
     ) -> None:
         variables = variables or {}
         unknown = sorted(set(tables) - set(variables))
@@ -85,6 +86,7 @@ class StoreModel:
             versions,
             previous=None if previous is None else previous.table_parts.fixed,
             schedule=self.schedules.tables,
+            lock=lock,
         )
         self.dense: OptimizedVariables = OptimizedVariables(
             {n: v for n, v in variables.items() if n not in fixed},

@@ -74,15 +74,24 @@ class TableParts:
         versions: Mapping[str, torch.Tensor] | None = None,
         previous: OptimizedVariables | None = None,
         schedule: ScheduleClock | None = None,
+        lock: Any = None,
     ) -> None:
         fixed, dynamic = fixed or {}, dynamic or {}
+        self._lock = lock  # the store's: dynamic parts' disk tiers spill ahead under it
         self.task_name = task_name
         self._memory = memory if memory is not None else Memory()
         self.optimizer_spec = optimizer if fixed or dynamic else None
         self._schedule = schedule
         self._dynamic = {
             name: DynamicRows(
-                name, part.row_shape, part.dtype, part.spec, optimizer, memory=self._memory, schedule=schedule
+                name,
+                part.row_shape,
+                part.dtype,
+                part.spec,
+                optimizer,
+                memory=self._memory,
+                schedule=schedule,
+                lock=lock,
             )
             for name, part in dynamic.items()
         }
@@ -238,6 +247,7 @@ class TableParts:
                 self.optimizer_spec,
                 memory=self._memory,
                 schedule=self._schedule,
+                lock=self._lock,
             )
             self._dynamic[name].epoch = part.epoch
             self._dynamic[name].load(export)
