@@ -25,6 +25,7 @@ computes, so rows on disk come back off the step's critical path.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
@@ -114,12 +115,14 @@ class DiskTier:
         return len(self.disk) - self._copies
 
     def close(self) -> None:
-        """Stop spilling ahead; remove the rows on disk and their folder."""
+        """Stop spilling ahead (the thread ends at its next look); remove the rows on disk and their folder.
+
+        Takes the part's lock, so that no spill is under way (a part dropped under its store's lock
+        closes at once: the lock is reentrant)."""
         self._closed = True
         self._wanted.set()
-        if self._spiller is not None and self._spiller is not threading.current_thread():
-            self._spiller.join(timeout=30)
-        self.disk.close()
+        with self._lock if self._lock is not None else contextlib.nullcontext():
+            self.disk.close()
 
     def touch(self, part: TieredPart, slots: torch.Tensor) -> None:
         """The rows of ``slots`` are used now (looked up, made or brought in)."""

@@ -209,5 +209,7 @@ def test_under_a_lock_the_tier_spills_ahead_between_requests_and_still_trains_bi
     with lock:
         assert tiered.held_in_ram() <= tiered.tier.ram_rows - share
         assert_same_export(tiered.export(), in_ram.export())
-    tiered.tier.close()
+    with lock:  # as a store drops a part: under its lock
+        tiered.tier.close()
+    tiered.tier._spiller.join(timeout=30)
     assert not tiered.tier._spiller.is_alive()
