@@ -18,6 +18,7 @@ from psframe import checkpoint
 from psframe.tables.row_math import initial_rows
 from psframe.tables.spec import RowInitializer
 from tests.service.test_delta_checkpoints import save_full
+from tests.service.test_relayout import clusters, ps_tasks  # noqa: F401
 from tests.unit.test_table_optimizers import ftrl_reference, rowwise_adagrad_reference
 
 ROWS, DIM = 20, 4
@@ -183,3 +184,34 @@ def test_a_restore_goes_on_bit_for_bit(local_cluster, url, name, restore_from):
         assert (ids is None and other_ids is None) or torch.equal(ids, other_ids), part
     states = {key for _, state, _ in straight.values() for key in state}
     assert states >= ({"accum", "linear"} if name == "ftrl" else {"sum"})
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_OPTIMIZERS))
+def test_the_table_optimizers_state_moves_with_its_rows_in_a_live_re_layout(ps_tasks, name):
+    """FTRL's accumulators and row-wise Adagrad's one sum per row move with the rows onto three ps
+    tasks and back while a worker trains: the rows end as the formulas make them in one process."""
+    cluster, grown = clusters(2, 1)
+    first = [ps_tasks(cluster, k) for k in range(2)]
+    ps_tasks(grown, 2)
+    spec = TABLE_OPTIMIZERS[name]
+    reference = Reference(name, dict(spec.kwargs))
+    model = Clicks()
+    with trainer_of(model, cluster, name) as trainer:
+        for step in range(9):
+            if step == 3:
+                trainer.reshard(grown)
+            if step == 6:
+                trainer.reshard(cluster)
+            users, items, target = batch(step)
+            trainer.step(F.mse_loss(model(users, items), target))
+            reference.step(step)
+        assert trainer.stats.relayouts == 2
+        with torch.no_grad():
+            model.items(torch.arange(ROWS))  # pulls every fixed row into the local weight
+            users = model.users(torch.tensor(reference.user_ids)).clone()
+    close = {"rtol": 1e-4, "atol": 1e-6}  # float32 through the ps, float64 in the reference
+    torch.testing.assert_close(
+        model.items.weight.detach(), torch.tensor(reference.tables["items"]["w"]).float(), **close
+    )
+    torch.testing.assert_close(users, torch.tensor(reference.tables["users"]["w"]).float(), **close)
+    assert all(server.service.store.ready for server in first)
