@@ -268,10 +268,12 @@ def RowWiseAdagrad(
     lr: float | None = None,
     eps: float | None = None,
     initial_accumulator_value: float | None = None,
+    weight_decay: float | None = None,
     schedule: ScheduleSpec | None = None,
     **more: KwargValue,
 ) -> OptimizerSpec:
     """Run :class:`psframe.optim.rowwise_adagrad.RowWiseAdagrad` (Adagrad with one accumulator per
-    row, as FBGEMM's, for embedding tables) on the ps tasks (see :func:`SGD` for the arguments' rules;
-    one left None takes its default: ``lr=1e-2, eps=1e-10, initial_accumulator_value=0``)."""
+    row, as FBGEMM's, for embedding tables; ``weight_decay``: FBGEMM's L2 decay) on the ps tasks (see
+    :func:`SGD` for the arguments' rules; one left None takes its default: ``lr=1e-2, eps=1e-10,
+    initial_accumulator_value=0, weight_decay=0``)."""
     return _spec("RowWiseAdagrad", locals())

@@ -1,12 +1,14 @@
 """Row-wise Adagrad: Adagrad with one accumulator per embedding row, as FBGEMM defines it.
 
 :class:`RowWiseAdagrad` is fbgemm_gpu's ``EXACT_ROWWISE_ADAGRAD`` (the
-table optimizer of TorchRec's and FBGEMM's embedding kernels, without weight
-decay): where Adagrad keeps a sum of squared gradients per value, it keeps
-one per row, the running sum of the *mean* of the row's squared gradients,
-so its state costs one float per row instead of a row's worth. For a row
-``w`` of ``D`` values and its gradient ``g``, in this order::
+table optimizer of TorchRec's and FBGEMM's embedding kernels, with its L2
+weight decay, ``WeightDecayMode.L2``): where Adagrad keeps a sum of squared
+gradients per value, it keeps one per row, the running sum of the *mean* of
+the row's squared gradients, so its state costs one float per row instead of
+a row's worth. For a row ``w`` of ``D`` values and its gradient ``g``, in
+this order::
 
+    g        += weight_decay * w                   (L2 decay, of the rows a step updates)
     sum[row] += (g_1^2 + ... + g_D^2) / D          (accumulate first)
     w        -= lr / (sqrt(sum[row]) + eps) * g    (then update; eps outside the root)
 
@@ -24,13 +26,14 @@ from typing import Any
 import torch
 
 
-def check_arguments(lr: float, eps: float, initial_accumulator_value: float) -> None:
+def check_arguments(lr: float, eps: float, initial_accumulator_value: float, weight_decay: float = 0.0) -> None:
     """Refuse arguments row-wise Adagrad is not defined for, naming what is expected.
 
     Raises:
-        ValueError: a negative ``lr``, ``eps`` or accumulator start.
+        ValueError: a negative ``lr``, ``eps``, accumulator start or ``weight_decay``.
     """
-    for name, value in (("lr", lr), ("eps", eps), ("initial_accumulator_value", initial_accumulator_value)):
+    named = (("lr", lr), ("eps", eps), ("initial_accumulator_value", initial_accumulator_value))
+    for name, value in (*named, ("weight_decay", weight_decay)):
         if not value >= 0.0:
             raise ValueError(f"invalid {name}={value}: expected >= 0")
 
@@ -46,16 +49,23 @@ class RowWiseAdagrad(torch.optim.Optimizer):
         lr: the learning rate, >= 0.
         eps: added to the root of the accumulator, >= 0 (TorchRec's default, 1e-10).
         initial_accumulator_value: where each row's accumulator starts, >= 0.
+        weight_decay: L2 decay of the rows a step updates (their gradient gains ``weight_decay * w``), >= 0.
 
     Raises:
         ValueError: an argument outside its range (:func:`check_arguments`).
     """
 
     def __init__(
-        self, params: Any, lr: float = 1e-2, eps: float = 1e-10, initial_accumulator_value: float = 0.0
+        self,
+        params: Any,
+        lr: float = 1e-2,
+        eps: float = 1e-10,
+        initial_accumulator_value: float = 0.0,
+        weight_decay: float = 0.0,
     ) -> None:
-        check_arguments(lr, eps, initial_accumulator_value)
-        super().__init__(params, {"lr": lr, "eps": eps, "initial_accumulator_value": initial_accumulator_value})
+        check_arguments(lr, eps, initial_accumulator_value, weight_decay)
+        defaults = {"lr": lr, "eps": eps, "initial_accumulator_value": initial_accumulator_value}
+        super().__init__(params, {**defaults, "weight_decay": weight_decay})
         for group in self.param_groups:
             for param in group["params"]:
                 rows = param.shape[:1]  # () for a 0-d parameter: one row
@@ -74,7 +84,7 @@ class RowWiseAdagrad(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("RowWiseAdagrad.step takes no closure")
         for group in self.param_groups:
-            lr, eps = group["lr"], group["eps"]
+            lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
             for param in group["params"]:
                 grad = param.grad
                 if grad is None:
@@ -85,16 +95,19 @@ class RowWiseAdagrad(torch.optim.Optimizer):
                     rows, values = grad.indices()[0], grad.values()
                     sums = total.index_select(0, rows)
                     weight = param.index_select(0, rows)
-                    _update(weight, sums, values, lr, eps)
+                    _update(weight, sums, values, lr, eps, decay)
                     total.index_copy_(0, rows, sums)
                     param.index_copy_(0, rows, weight)
                 else:
-                    _update(param.view(total.shape + (-1,)), total, grad.reshape(total.shape + (-1,)), lr, eps)
+                    rows = total.shape + (-1,)
+                    _update(param.view(rows), total, grad.reshape(rows), lr, eps, decay)
 
 
-def _update(weight: torch.Tensor, sums: torch.Tensor, grad: torch.Tensor, lr: float, eps: float) -> None:
+def _update(weight: torch.Tensor, sums: torch.Tensor, grad: torch.Tensor, lr: float, eps: float, decay: float) -> None:
     """The row-wise Adagrad update, in place, of rows ``weight`` and their accumulators ``sums``
     (one per row: ``weight`` and ``grad`` are shaped ``(rows, ...)``, ``sums`` ``(rows,)``)."""
+    if decay:
+        grad = grad + decay * weight
     squares = (grad * grad).reshape(sums.shape + (-1,))
     sums.add_(squares.mean(dim=-1))
     multiplier = lr / (sums.sqrt() + eps)

@@ -60,9 +60,11 @@ def ftrl_reference(weight, accum, linear, ids, grads, kwargs):
             )
 
 
-def rowwise_adagrad_reference(weight, sums, ids, grads, *, lr, eps=1e-10, **_):
-    """FBGEMM's row-wise Adagrad: accumulate the mean squared gradient, then step the row."""
+def rowwise_adagrad_reference(weight, sums, ids, grads, *, lr, eps=1e-10, weight_decay=0.0, **_):
+    """FBGEMM's row-wise Adagrad (L2 weight decay: the gradient gains weight_decay * w): accumulate
+    the mean squared gradient, then step the row."""
     for row, g in summed_rows(ids, grads).items():
+        g = [x + weight_decay * w for x, w in zip(g, weight[row])]
         sums[row] += sum(x * x for x in g) / len(g)
         multiplier = lr / (math.sqrt(sums[row]) + eps)
         weight[row] = [w - multiplier * x for w, x in zip(weight[row], g)]
@@ -133,7 +135,9 @@ def test_ftrl_steps_as_the_published_formula(kwargs, dense):
 
 @pytest.mark.parametrize("dense", [True, False], ids=["dense", "sparse"])
 @pytest.mark.parametrize(
-    "kwargs", [{"lr": 0.1}, {"lr": 0.3, "eps": 1e-3, "initial_accumulator_value": 0.2}], ids=["plain", "eps-init"]
+    "kwargs",
+    [{"lr": 0.1}, {"lr": 0.3, "eps": 1e-3, "initial_accumulator_value": 0.2}, {"lr": 0.2, "weight_decay": 0.05}],
+    ids=["plain", "eps-init", "weight-decay"],
 )
 def test_rowwise_adagrad_steps_as_fbgemm_defines_it(kwargs, dense):
     rows, dim = 9, 4
@@ -188,6 +192,7 @@ def test_float32_tables_agree_with_the_reference(optimizer_class, kwargs):
         (lambda: psframe.optim.Ftrl(lr=0.1, initial_accumulator_value=-1), "initial_accumulator_value=-1"),
         (lambda: psframe.optim.RowWiseAdagrad(lr=-1.0), "lr=-1.0: expected >= 0"),
         (lambda: psframe.optim.RowWiseAdagrad(lr=0.1, eps=-1.0), "eps=-1.0: expected >= 0"),
+        (lambda: psframe.optim.RowWiseAdagrad(lr=0.1, weight_decay=-0.1), "weight_decay=-0.1: expected >= 0"),
     ],
 )
 def test_bad_arguments_are_refused_up_front_saying_what_was_expected(make, expected):
