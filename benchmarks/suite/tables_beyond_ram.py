@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -223,8 +224,6 @@ def run_tables_beyond_ram(rows: int, steps: int, timeout: float = 3600.0) -> lis
             in_ram = run_job(children, "tier-in-ram", rows, steps, None, folder, deadline)
             tiered = run_job(children, "tier-disk", rows, steps, budget, folder, deadline)
         finally:
-            import shutil
-
             shutil.rmtree(folder, ignore_errors=True)
     identical = (
         torch.equal(in_ram["checked_ids"], tiered["checked_ids"])

@@ -30,6 +30,7 @@ import numpy
 import torch
 
 from psframe.errors import PsframeError
+from psframe.memory.scratch import remove_orphans
 
 _SIGN = numpy.uint64(1 << 63)
 _FOLDER_PREFIX = "psframe-rows-"
@@ -114,7 +115,7 @@ class DiskRows:
         lmdb = _lmdb()
         root = Path(base or os.environ.get("PSFRAME_TABLE_DISK_DIR") or tempfile.gettempdir())
         root.mkdir(parents=True, exist_ok=True)
-        remove_stale_folders(root)
+        remove_orphans(str(root), _FOLDER_PREFIX)  # left by processes killed with kill -9
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
         self.folder = Path(tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-{safe}-", dir=root))
         self._map_bytes = _INITIAL_MAP_BYTES
@@ -211,24 +212,6 @@ class DiskRows:
                 self._env.set_mapsize(self._map_bytes)
 
 
-def remove_stale_folders(root: Path) -> None:
-    """Remove the row folders under ``root`` of processes no longer running (left by a ``kill -9``)."""
-    for folder in root.glob(f"{_FOLDER_PREFIX}*"):
-        pid = folder.name[len(_FOLDER_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _running(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _keys(ids: torch.Tensor) -> list[bytes]:
     """8-byte keys whose byte order is the ids' numeric order (the sign bit flipped, big-endian)."""
     return (ids.numpy().view(numpy.uint64) ^ _SIGN).astype(">u8").view("V8").tolist()
@@ -245,4 +228,4 @@ def _records(values: Sequence[bytes]) -> numpy.ndarray:
     return numpy.frombuffer(b"".join(values), dtype=numpy.uint8).reshape(len(values), -1).copy()
 
 
-__all__ = ["DiskRows", "RecordLayout", "remove_stale_folders"]
+__all__ = ["DiskRows", "RecordLayout"]

@@ -102,6 +102,20 @@ class Reference:
                 rowwise_adagrad_reference(t["w"], t["sum"], rows.tolist(), grads, **self.kwargs)
 
 
+CLOSE = {"rtol": 1e-4, "atol": 1e-6}  # float32 through the ps, float64 in the reference
+
+
+def assert_rows_as_the_reference(model: Clicks, reference: Reference) -> None:
+    """Both tables' rows (pulled through the trainer still open) are the reference's."""
+    with torch.no_grad():
+        model.items(torch.arange(ROWS))  # pulls every fixed row into the local weight
+        users = model.users(torch.tensor(reference.user_ids)).clone()
+    torch.testing.assert_close(
+        model.items.weight.detach(), torch.tensor(reference.tables["items"]["w"]).float(), **CLOSE
+    )
+    torch.testing.assert_close(users, torch.tensor(reference.tables["users"]["w"]).float(), **CLOSE)
+
+
 def trainer_of(model: Clicks, cluster: psframe.ClusterSpec, name: str, url: str | None = None) -> psframe.Trainer:
     return psframe.Trainer(
         model,
@@ -128,15 +142,8 @@ def test_tables_train_through_ps_tasks_as_one_process_applying_the_formulas(loca
             users, items, target = batch(step)
             trainer.step(F.mse_loss(model(users, items), target))
             reference.step(step)
-        with torch.no_grad():
-            model.items(torch.arange(ROWS))  # pulls every fixed row into the local weight
-            users = model.users(torch.tensor(reference.user_ids)).clone()
-    close = {"rtol": 1e-4, "atol": 1e-6}  # float32 through the ps, float64 in the reference
-    torch.testing.assert_close(
-        model.items.weight.detach(), torch.tensor(reference.tables["items"]["w"]).float(), **close
-    )
-    torch.testing.assert_close(users, torch.tensor(reference.tables["users"]["w"]).float(), **close)
-    torch.testing.assert_close(model.head.weight.detach(), reference.head.weight.detach(), **close)
+        assert_rows_as_the_reference(model, reference)
+    torch.testing.assert_close(model.head.weight.detach(), reference.head.weight.detach(), **CLOSE)
     assert torch.equal(model.items.weight.detach()[-4:], Clicks().items.weight.detach()[-4:])  # never used: as made
 
 
@@ -206,12 +213,5 @@ def test_the_table_optimizers_state_moves_with_its_rows_in_a_live_re_layout(ps_t
             trainer.step(F.mse_loss(model(users, items), target))
             reference.step(step)
         assert trainer.stats.relayouts == 2
-        with torch.no_grad():
-            model.items(torch.arange(ROWS))  # pulls every fixed row into the local weight
-            users = model.users(torch.tensor(reference.user_ids)).clone()
-    close = {"rtol": 1e-4, "atol": 1e-6}  # float32 through the ps, float64 in the reference
-    torch.testing.assert_close(
-        model.items.weight.detach(), torch.tensor(reference.tables["items"]["w"]).float(), **close
-    )
-    torch.testing.assert_close(users, torch.tensor(reference.tables["users"]["w"]).float(), **close)
+        assert_rows_as_the_reference(model, reference)
     assert all(server.service.store.ready for server in first)

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from psframe.memory.scratch import remove_orphans
 from psframe.tables import disk_rows
-from psframe.tables.disk_rows import DiskRows, RecordLayout, remove_stale_folders
+from psframe.tables.disk_rows import DiskRows, RecordLayout
 
 
 def columns(count: int) -> dict[str, torch.Tensor]:
@@ -108,5 +109,5 @@ def test_the_folders_of_processes_no_longer_running_are_removed(tmp_path):
     other = tmp_path / "psframe-rows-notapid"
     for folder in (dead_folder, live_folder, other):
         folder.mkdir()
-    remove_stale_folders(tmp_path)
+    remove_orphans(str(tmp_path), "psframe-rows-")
     assert not dead_folder.exists() and live_folder.exists() and other.exists()

@@ -39,6 +39,7 @@ import numpy
 import torch
 
 from psframe.errors import PortInUseError
+from psframe.memory.scratch import remove_orphans
 from psframe.optim import OptimizerSpec
 from psframe.optim.lr_scheduler import ScheduleSpec
 from psframe.ps.protocol.ledger import LEDGER_ROWS, NOT_HELD
@@ -170,7 +171,7 @@ class SharedStore:
         first: their names carry their owner's pid.
         """
         base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        _remove_orphans(base)
+        remove_orphans(base, _PREFIX)
         folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)
         return cls(folder, num_workers, slots or num_workers, owner=True)
 
@@ -284,25 +285,6 @@ def _spec_from_json(spec: dict) -> OptimizerSpec:
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["kwargs"].items()}
     schedule = spec.get("schedule")  # each process steps it with the shared global step
     return OptimizerSpec(spec["name"], kwargs, None if schedule is None else ScheduleSpec.from_dict(schedule))
-
-
-def _remove_orphans(base: str) -> None:
-    for name in os.listdir(base):
-        if not name.startswith(_PREFIX):
-            continue
-        pid = name[len(_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
 
 
 def publish_store(memory: SharedStore, store: Any, task_name: str) -> bool | None:
