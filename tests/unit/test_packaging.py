@@ -77,6 +77,7 @@ def test_setup_cfg_declares_the_runtime_requirements_and_the_extras():
         "ray",
         "spark",
         "docs",
+        "serve",
     }
 
 
