@@ -9,7 +9,6 @@ model, and each result is printed as one JSON line.
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,11 +49,11 @@ def run(args: argparse.Namespace) -> int:
     """Evaluate checkpoints until the evaluator stops; no checkpoint evaluated at all raises."""
     import json
 
+    from psframe.cli.factory import factory_argv
     from psframe.errors import CheckpointError
     from psframe.worker.evaluator import Evaluator
 
-    factory_args = args.factory_args[1:] if args.factory_args[:1] == ["--"] else args.factory_args
-    model, evaluate_fn = _made_by_factory(args.factory, factory_args)
+    model, evaluate_fn = _made_by_factory(args.factory, factory_argv(args.factory_args))
     evaluator = Evaluator(
         model,
         evaluate_fn,
@@ -76,41 +75,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _made_by_factory(spec: str, argv: list[str]):
-    """The ``(model, evaluate_fn)`` that the factory ``FILE.py:NAME`` or ``MODULE:NAME`` returns.
-
-    The factory is called with no arguments, or with the list ``argv`` when there is one.
-    """
-    import importlib
-    import importlib.util
-    import os
-
+    """The ``(model, evaluate_fn)`` that the factory ``FILE.py:NAME`` or ``MODULE:NAME`` returns
+    (:func:`psframe.cli.factory.made_by_factory`)."""
     import torch
 
-    where, _, name = spec.rpartition(":")
-    if not where or not name.isidentifier():
-        raise ValueError(f"the factory must be path/to/file.py:function or package.module:function, got {spec!r}")
-    if where.endswith(".py") or os.sep in where:
-        path = os.path.abspath(where)
-        if not os.path.isfile(path):
-            raise ValueError(f"the factory's file {where!r} is not a file (looked in {os.getcwd()!r})")
-        sys.path.insert(0, os.path.dirname(path))  # its own imports resolve as under `python FILE`
-        loader_spec = importlib.util.spec_from_file_location(f"psframe_factory_{os.getpid()}", path)
-        if loader_spec is None or loader_spec.loader is None:
-            raise ValueError(f"the factory's file {where!r} cannot be loaded as Python")
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[loader_spec.name] = module  # dataclasses and pickling look their module up here
-        loader_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ModuleNotFoundError as e:
-            if e.name is None or not (where == e.name or where.startswith(e.name + ".")):
-                raise  # the module exists; something it imports does not: its bug, with a traceback
-            raise ValueError(f"the factory's module {where!r} cannot be found on sys.path") from e
-    factory = getattr(module, name, None)
-    if not callable(factory):
-        raise ValueError(f"{where} has no function {name!r}")
-    made = factory(argv) if argv else factory()
+    from psframe.cli.factory import made_by_factory
+
+    made = made_by_factory(spec, argv)
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module) and callable(made[1])):
         raise ValueError(f"{spec} must return (model, evaluate_fn): a torch.nn.Module and a function of it")
     return made

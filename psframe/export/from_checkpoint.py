@@ -1,5 +1,6 @@
 """Serving snapshots made from committed checkpoints: :func:`export_checkpoint` (a whole
-snapshot) and :func:`export_delta` (the update a delta checkpoint makes).
+snapshot) and :func:`export_delta` (the update a delta checkpoint makes); :func:`snapshot_of_shards`
+for shards read already.
 
 Reads the checkpoint chain through :mod:`psframe.checkpoint`, keeps the
 parameters and the dynamic tables' rows, never optimizer state, and leaves
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +19,8 @@ import torch
 
 from psframe import checkpoint
 from psframe.checkpoint.dynamic import dynamic_parts_of, gather
+from psframe.checkpoint.manifest import Manifest
+from psframe.checkpoint.shard import ShardData
 from psframe.checkpoint.slices import assemble
 from psframe.errors import CheckpointError, SnapshotError
 from psframe.export.diff import diff_snapshots
@@ -64,8 +68,28 @@ def export_checkpoint(
         raise SnapshotError(f"now ({now!r}) must be a number of seconds since the epoch")
     now = time.time() if now is None else now
     chain = checkpoint.read(checkpoint_dir, step)  # a full checkpoint and the deltas after it
-    manifest = chain.last
-    shards = chain.read_shards()
+    return _snapshot_of(chain.read_shards(), chain.last, min_row_norm, max_row_age_seconds, now)
+
+
+def snapshot_of_shards(shards: Sequence[ShardData], manifest: Manifest) -> Snapshot:
+    """The snapshot of checkpoint ``manifest`` from its shards read already (every ps task's, as
+    :meth:`psframe.checkpoint.Chain.read_shards` gives them), every row kept: what
+    :func:`export_checkpoint` gives without thresholds, for a reader that needs the shards too
+    (``psframe serve`` keeps where each part lies, to apply deltas).
+
+    Raises:
+        CheckpointError: the parts of a variable do not fit together.
+    """
+    return _snapshot_of(shards, manifest, None, None, 0.0)
+
+
+def _snapshot_of(
+    shards: Sequence[ShardData],
+    manifest: Manifest,
+    min_row_norm: float | None,
+    max_row_age_seconds: float | None,
+    now: float,
+) -> Snapshot:
     plain = [replace(s, variables=tuple(v for v in s.variables if v.dynamic is None)) for s in shards]
     tables = {}
     for name, parts in sorted(dynamic_parts_of(shards).items()):
