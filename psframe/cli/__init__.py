@@ -1,4 +1,4 @@
-"""The ``psframe`` command: server, ping, status, shutdown, reshard, launch, evaluate and export.
+"""The ``psframe`` command: server, ping, status, shutdown, reshard, launch, evaluate, export and serve.
 
     psframe server --cluster_spec='ps|h0:2222;h0:2223,worker|h1:2224' --job_name=ps --task_index=0
     psframe ping grpc://h0:2222
@@ -8,6 +8,7 @@
     psframe launch --num_ps 2 --num_workers 2 examples/mlp_mnist_dist.py -- --train_steps 2000
     psframe evaluate --checkpoint_dir=ckpt/ examples/ctr_dist.py:evaluation
     psframe export ckpt/ snapshot/
+    psframe serve --checkpoint_dir=ckpt/ --model=model.py:make_model
 
 Every command takes ``--auth_token_file`` and the ``--tls_*`` flags
 (:func:`psframe.flags.add_security_flags`; see :mod:`psframe.config.security`).
@@ -28,10 +29,10 @@ import logging
 from collections.abc import Sequence
 
 from psframe import flags
-from psframe.cli import evaluate, export, launch, ping, reshard, server, shutdown, status
+from psframe.cli import evaluate, export, launch, ping, reshard, serve, server, shutdown, status
 from psframe.version import __version__
 
-COMMANDS = (server, ping, status, shutdown, reshard, launch, evaluate, export)
+COMMANDS = (server, ping, status, shutdown, reshard, launch, evaluate, export, serve)
 """The command modules, in the order ``psframe --help`` lists them."""
 
 

@@ -31,7 +31,16 @@ LAYERS = (
     ("helpers", ("psframe.flags", "psframe.export", "psframe.hooks")),
     (
         "edges",
-        ("psframe", "psframe.cli", "psframe.launch", "psframe.local", "psframe.k8s", "psframe.ray", "psframe.spark"),
+        (
+            "psframe",
+            "psframe.cli",
+            "psframe.launch",
+            "psframe.local",
+            "psframe.k8s",
+            "psframe.ray",
+            "psframe.spark",
+            "psframe.serve",
+        ),
     ),
 )
 SIDEWAYS = {"edges"}
@@ -223,3 +232,16 @@ def test_the_store_names_no_memory_of_its_own(path):
 def test_the_service_knows_nothing_of_serving_processes(path):
     named = sorted(name for name in imports_of(path) if name.startswith("psframe.ps.serving"))
     assert not named, f"{module_name(path)} imports {named}: serving processes wrap the service instead"
+
+
+# psframe serve's web framework is the serve extra's: only psframe.serve imports it, so that a
+# training process (or psframe.cli, which lists every command) never loads it.
+WEB_FRAMEWORK = ("starlette", "uvicorn", "fastapi")
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in SOURCES if not module_name(p).startswith("psframe.serve")], ids=module_name
+)
+def test_only_psframe_serve_imports_the_web_framework(path):
+    named = sorted(name for name in imports_of(path) if name.split(".")[0] in WEB_FRAMEWORK)
+    assert not named, f"{module_name(path)} imports {named}: only psframe.serve may (the serve extra)"
