@@ -98,6 +98,10 @@ class DataRangeLostError(PsframeError):
     checkpoint): nothing of that push was applied (:mod:`psframe.ps.protocol.data_ranges`)."""
 
 
+class StreamError(PsframeError):
+    """A stream's broker could not be reached, or refused a call (:mod:`psframe.streams`)."""
+
+
 class LayoutChangedError(PsframeError):
     """The ps tasks moved to another layout (ps tasks added or drained while training,
     ``Trainer.reshard``): the push was refused with nothing applied. The worker takes the
@@ -242,6 +246,7 @@ __all__ = [
     "SharedRegionError",
     "SnapshotError",
     "SparkJobError",
+    "StreamError",
     "TaskStopped",
     "TaskUnavailableError",
     "TrainingFinishedError",

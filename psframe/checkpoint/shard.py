@@ -244,12 +244,13 @@ def _check_pushes(pushes: Any) -> None:
         return
     if (
         not isinstance(pushes, Mapping)
-        or {k for k in pushes if not str(k).startswith("data:")} != {"last_push", "applied_steps"}
+        or {k for k in pushes if not str(k).startswith(("data:", "stream:"))} != {"last_push", "applied_steps"}
         or not all(isinstance(v, (list, tuple)) and all(_is_int(x) and x >= 0 for x in v) for v in pushes.values())
     ):
         raise CheckpointError(
             f"pushes must be None or {{'last_push': [int >= 0], 'applied_steps': [int >= 0]}} "
-            f"(and 'data:<name>': [int >= 0] for each data set read in ranges), got {pushes!r}"
+            f"(and 'data:<name>': [int >= 0] for each data set read in ranges, 'stream:<name>': [int >= 0] "
+            f"for each stream), got {pushes!r}"
         )
 
 

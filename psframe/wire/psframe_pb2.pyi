@@ -246,6 +246,38 @@ class DataRangeReply(_message.Message):
     total: int
     def __init__(self, lease: _Optional[int] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., offset: _Optional[int] = ..., exhausted: _Optional[bool] = ..., retry_after: _Optional[float] = ..., consumed: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
+class StreamPartitionsRequest(_message.Message):
+    __slots__ = ("caller", "name", "partitions", "given_back", "leaving")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    GIVEN_BACK_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    name: str
+    partitions: int
+    given_back: _containers.RepeatedScalarFieldContainer[int]
+    leaving: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., name: _Optional[str] = ..., partitions: _Optional[int] = ..., given_back: _Optional[_Iterable[int]] = ..., leaving: _Optional[bool] = ...) -> None: ...
+
+class StreamLease(_message.Message):
+    __slots__ = ("lease", "partition", "offset", "give_back")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
+    lease: int
+    partition: int
+    offset: int
+    give_back: bool
+    def __init__(self, lease: _Optional[int] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., give_back: _Optional[bool] = ...) -> None: ...
+
+class StreamPartitionsReply(_message.Message):
+    __slots__ = ("leases",)
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[StreamLease]
+    def __init__(self, leases: _Optional[_Iterable[_Union[StreamLease, _Mapping]]] = ...) -> None: ...
+
 class DataProgress(_message.Message):
     __slots__ = ("name", "lease", "offset")
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -22,6 +22,7 @@ import enum
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -29,6 +30,7 @@ from psframe import checkpoint
 from psframe.cluster import ClusterSpec
 from psframe.config.options import DataRanges
 from psframe.errors import DataRangeLostError, PsframeError, TaskStopped
+from psframe.streams.source import StreamRecord, StreamSource
 from psframe.worker.client import control_calls
 from psframe.worker.client.streams import Exchange
 from psframe.worker.leaving import LeaveOnSigterm, leave_on_sigterm
@@ -37,6 +39,7 @@ from psframe.worker.session import metric_reporter
 from psframe.worker.session.data_reader import Outcome
 from psframe.worker.session.in_graph import Losses, Steps
 from psframe.worker.session.session import Attempt
+from psframe.worker.session.stream_reader import stream_batches
 from psframe.worker.trainer_setup import TrainerSetup
 
 log = logging.getLogger(__name__)
@@ -413,6 +416,15 @@ class Trainer(TrainerSetup):
         """
         self._require_running()
         yield from self._feed.read(ranges)
+
+    def stream(self, source: StreamSource, batch_size: int, **options: Any) -> Iterator[list[StreamRecord]]:
+        """This worker's batches of a stream: each record trained once across the workers, kills
+        and restores (:mod:`psframe.streams`; asynchronous training). A batch is up to ``batch_size``
+        records of one partition, in order; its step commits their offsets on ps 0 with its update.
+        Options: :func:`~psframe.worker.session.stream_reader.stream_batches`'s (``idle_timeout``...).
+        """
+        self._require_running()
+        yield from stream_batches(self._feed, self._session, source, batch_size, **options)
 
     # ---- a live re-layout (psframe.ps.elastic.relayout), and checkpoints
 

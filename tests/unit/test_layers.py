@@ -23,7 +23,7 @@ LAYERS = (
     ("kernels", ("psframe.optim", "psframe.memory")),
     ("status", ("psframe.status",)),
     ("cluster", ("psframe.cluster",)),
-    ("config", ("psframe.config",)),
+    ("config", ("psframe.config", "psframe.streams")),
     ("tables", ("psframe.tables",)),
     ("wire", ("psframe.wire",)),
     ("checkpoint", ("psframe.checkpoint",)),
@@ -46,11 +46,12 @@ LAYERS = (
 SIDEWAYS = {"edges"}
 BELOW_WIRE = {name for name, _ in LAYERS[: [name for name, _ in LAYERS].index("wire")]}
 # Below the wire: the standard library only, but where torch (and numpy) is the point, and the
-# store under a table's disk tier (LMDB: docs/decisions.md says why).
+# store under a table's disk tier (LMDB: docs/decisions.md says why), and a stream's broker client.
 THIRD_PARTY_BELOW_WIRE = {
     "psframe.optim": {"torch"},
     "psframe.memory": {"torch"},
     "psframe.tables": {"torch", "numpy", "lmdb"},
+    "psframe.streams": {"nats"},  # the JetStream client, imported when a JetStream is made
 }
 # Inside each side, its packages bottom first (a module at the side's top level, such as
 # psframe.worker.trainer, is above them all); psframe.ps.recovery sits beside elastic.

@@ -73,6 +73,7 @@ def test_setup_cfg_declares_the_runtime_requirements_and_the_extras():
         "tensorboard",
         "bench",
         "disk",
+        "stream",
         "test",
         "ray",
         "spark",

@@ -25,6 +25,11 @@ train on is handed out again.
 A worker that asks while every range of the last epoch is out, held by live
 workers, is told to ask again later (one of them may die): the data set is
 exhausted only once every position was consumed.
+
+The queue also keeps the streams read by partition
+(:mod:`psframe.ps.protocol.stream_partitions`, :attr:`RangeQueue.streams`): a push's
+progress names a data set or a stream, and is checked, recorded and checkpointed
+the same way.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from psframe.errors import CheckpointError, DataRangeLostError, WireFormatError
+from psframe.ps.protocol.stream_partitions import Assignment, StreamPartitions
 
 RETRY_AFTER_S = 0.2  # how soon a worker asks again while every range left is out with others
 STATE_PREFIX = "data:"  # a data set's key in a checkpoint's record of pushes
@@ -126,6 +132,8 @@ class RangeQueue:
         self._lock = lock if lock is not None else threading.RLock()
         self._sets: dict[str, _DataSet] = {}
         self._next_lease = 1
+        # Streams read by partition: their offsets go with the pushes as the ranges' positions do.
+        self.streams = StreamPartitions(gone, self._lock)
 
     def acquire(self, worker: int, name: str, spec: DataSpec) -> Grant:
         """A range for ``worker`` of data set ``name``: its own unfinished lease (it started again),
@@ -135,6 +143,8 @@ class RangeQueue:
             WireFormatError: ``name`` was declared with another cut.
         """
         with self._lock:
+            if self.streams.knows(name):
+                raise WireFormatError(f"{name!r} is read as a stream here; it cannot be a data set read in ranges too")
             data = self._data_set(name, spec)
             self._reclaim(data)
             own = [lease for lease in data.leases.values() if lease.worker == worker]
@@ -158,6 +168,20 @@ class RangeQueue:
                 return Grant(None, exhausted=True, consumed=data.consumed, total=data.total)
             return Grant(None, retry_after=RETRY_AFTER_S, consumed=data.consumed, total=data.total)
 
+    def assign_stream(
+        self, worker: int, name: str, partitions: int, given_back: Sequence[int] = (), *, leaving: bool = False
+    ) -> Assignment:
+        """``worker``'s partitions of stream ``name`` (:meth:`StreamPartitions.assign`).
+
+        Raises:
+            WireFormatError: ``name`` is a data set read in ranges, or is declared with another
+                number of partitions.
+        """
+        with self._lock:
+            if name in self._sets:
+                raise WireFormatError(f"{name!r} is a data set read in ranges here; it cannot be read as a stream too")
+            return self.streams.assign(worker, name, partitions, given_back, leaving=leaving)
+
     def check(self, worker: int, progress: Progress) -> None:
         """Raise unless ``progress`` may be recorded (hold the lock; before the push is applied).
 
@@ -166,6 +190,9 @@ class RangeQueue:
                 again while it was presumed dead, or unknown after a restore), or the
                 offset goes backwards or past the range.
         """
+        if self.streams.knows(progress.name):
+            self.streams.check(worker, progress)
+            return
         lease = self._lease(progress)
         if lease is None or lease.worker != worker:
             raise DataRangeLostError(
@@ -182,6 +209,8 @@ class RangeQueue:
     def record(self, worker: int, progress: Progress) -> bool:
         """Record a push's progress (hold the lock, with the push applied, :meth:`check` passed
         when it came); False, and nothing recorded, if it no longer fits its lease."""
+        if self.streams.knows(progress.name):
+            return self.streams.record(worker, progress)
         lease = self._lease(progress)
         if lease is None or lease.worker != worker or not lease.offset <= progress.offset <= lease.end:
             return False
@@ -207,9 +236,10 @@ class RangeQueue:
     def state_dict(self) -> dict[str, list[int]]:
         """What a checkpoint keeps, beside the push ledger's counts (:mod:`psframe.ps.protocol.ledger`): for each
         data set, under ``"data:<name>"``, ``[num_examples, range_size, epochs, ranges handed out,
-        positions consumed]`` and then ``epoch, index, offset`` of each range not fully consumed."""
+        positions consumed]`` and then ``epoch, index, offset`` of each range not fully consumed;
+        and the streams' offsets (:meth:`StreamPartitions.state_dict`)."""
         with self._lock:
-            state = {}
+            state = self.streams.state_dict()
             for name, data in self._sets.items():
                 spec = data.spec
                 values = [spec.num_examples, spec.range_size, spec.epochs, data.next_range, data.consumed]
@@ -226,6 +256,7 @@ class RangeQueue:
             CheckpointError: a data set's record is malformed.
         """
         with self._lock:
+            self.streams.load_state_dict(state)
             self._sets = {}
             for key, values in state.items():
                 if not key.startswith(STATE_PREFIX):

@@ -1,10 +1,12 @@
-"""The DataRange handler: a worker's next range of a data set read in ranges.
+"""The DataRange and StreamPartitions handlers: a worker's next range of a data set read in
+ranges, and its partitions of a stream.
 
 The queues are :class:`psframe.ps.protocol.data_ranges.RangeQueue`'s (they live
 on ps task 0); a push records what its worker consumed of its range
 (:mod:`~psframe.ps.service.push_pull_handler`). In synchronous training the
 rounds do not wait for a worker that has no range to read, and wait for it
-again once it has one.
+again once it has one. Streams are read in asynchronous training only (the
+worker side refuses them with synchronous rounds).
 """
 
 from __future__ import annotations
@@ -55,3 +57,24 @@ class DataRangeHandler:
                 lease.offset,
             )
         return reply
+
+    def stream_partitions(self, request: pb.StreamPartitionsRequest) -> pb.StreamPartitionsReply:
+        """The calling worker's partitions of a stream (and those it should give back)."""
+        self._membership.check_caller(request.caller)
+        worker = request.caller.task_index
+        with self._roster.call(worker):
+            assignment = self._data.assign_stream(
+                worker, request.name, request.partitions, tuple(request.given_back), leaving=request.leaving
+            )
+        give_back = set(assignment.give_back)
+        return pb.StreamPartitionsReply(
+            leases=[
+                pb.StreamLease(
+                    lease=lease.lease_id,
+                    partition=lease.partition,
+                    offset=lease.offset,
+                    give_back=lease.lease_id in give_back,
+                )
+                for lease in assignment.leases
+            ]
+        )

@@ -201,6 +201,29 @@ def data_range(
     )
 
 
+@dataclass(frozen=True)
+class StreamLease:
+    """A partition of a stream out with this worker, committed up to ``offset``; ``give_back``:
+    beyond the worker's share, to give back between two batches."""
+
+    lease: int
+    partition: int
+    offset: int
+    give_back: bool
+
+
+def stream_partitions(
+    client: PsClient, ps_task: int, name: str, partitions: int, given_back: Sequence[int] = (), leaving: bool = False
+) -> list[StreamLease]:
+    """This worker's partitions of stream ``name``, from the ps task that keeps its offsets
+    (:mod:`psframe.ps.protocol.stream_partitions`), lowest partition first."""
+    request = pb.StreamPartitionsRequest(
+        caller=client.caller, name=name, partitions=partitions, given_back=list(given_back), leaving=leaving
+    )
+    reply = client.connections[ps_task].call("StreamPartitions", request, timeout=client.rpc_timeout)
+    return [StreamLease(lease.lease, lease.partition, lease.offset, lease.give_back) for lease in reply.leases]
+
+
 def report_metric(
     client: PsClient, value: float, step: int, tasks: Sequence[int]
 ) -> list[tuple[pb.ReportMetricReply | None, errors.PsframeError | None]]:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, TypeVar
 
 import torch
 
@@ -31,6 +31,7 @@ from psframe.worker.client.control_calls import RangeGrant
 from psframe.worker.session.session import Session
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LOG_WAIT_EVERY_S = 10.0
 
@@ -140,35 +141,52 @@ class RangeFeed:
                 the queue) holds no dense variable of the model.
             BarrierTimeoutError: the last ranges, out with other workers, were not consumed in time.
         """
-        session = self._session
-        if not any(request.ps_task == 0 and request.end_of_step for request in session.replica.plan.step):
-            raise PsframeError(
-                "read() needs a dense variable on /job:ps/task:0, which keeps the data's queue: the step's push "
-                "there carries the data consumed (place one there, e.g. Placement(variable_devices=...))"
-            )
-        reader = RangeReader(self._ask, session.client.name, ranges, 0)
+        self.check_queue_task("read()")
+        reader = RangeReader(self._ask, self._session.client.name, ranges, 0)
         for grant in reader.leases():
             order, offset = reader.order(grant.epoch), grant.offset
             while offset < grant.end:
                 stop = min(offset + ranges.batch_size, grant.end)
-                self._outcome = None
-                self.reading = True
-                session.client.report_progress(reader.queue_task, ranges.name, grant.lease, stop)
-                try:
-                    yield order[offset:stop]
-                finally:
-                    self.reading = False
-                    session.client.clear_progress()
-                outcome = self._outcome
-                if outcome is None:
-                    raise PsframeError(
-                        f"read() gives one batch per step: call trainer.step(loss) on each batch of "
-                        f"{ranges.name!r} before taking the next"
-                    )
+                outcome = yield from self.out(ranges.name, grant.lease, stop, order[offset:stop])
                 if outcome is Outcome.LOST:
                     break
                 if outcome is Outcome.APPLIED:
                     offset = stop
+
+    def check_queue_task(self, what: str) -> None:
+        """Raise unless the step pushes to /job:ps/task:0, which keeps the data's queues.
+
+        Raises:
+            PsframeError: /job:ps/task:0 holds no dense variable of the model.
+        """
+        if not any(request.ps_task == 0 and request.end_of_step for request in self._session.replica.plan.step):
+            raise PsframeError(
+                f"{what} needs a dense variable on /job:ps/task:0, which keeps the data's queue: the step's push "
+                "there carries the data consumed (place one there, e.g. Placement(variable_devices=...))"
+            )
+
+    def out(self, name: str, lease: int, stop: int, batch: T) -> Generator[T, None, Outcome]:
+        """Give ``batch`` out for one step, whose push says that it takes lease ``lease`` of
+        ``name`` to ``stop``; what became of the step (``outcome = yield from feed.out(...)``).
+
+        Raises:
+            PsframeError: the batch was not stepped on.
+        """
+        self._outcome = None
+        self.reading = True
+        self._session.client.report_progress(0, name, lease, stop)
+        try:
+            yield batch
+        finally:
+            self.reading = False
+            self._session.client.clear_progress()
+        outcome = self._outcome
+        if outcome is None:
+            raise PsframeError(
+                f"read() and stream() give one batch per step: call trainer.step(loss) on each batch of "
+                f"{name!r} before taking the next"
+            )
+        return outcome
 
     def _ask(self, *asked: Any) -> RangeGrant:
         """A range to read (``control_calls.data_range``), from the layout the ps tasks are at."""

@@ -1,0 +1,233 @@
+"""A worker's side of a stream read by partition (:meth:`psframe.Trainer.stream`).
+
+The worker asks the ps task that keeps the stream's offsets
+(:mod:`psframe.ps.protocol.stream_partitions`) for its partitions, reads
+records of each from the offset committed there (:class:`~psframe.streams.StreamSource`),
+and gives out batches of one partition's records in order, taking its
+partitions in turn. Each batch goes out through :meth:`RangeFeed.out
+<psframe.worker.session.data_reader.RangeFeed.out>`: the step's push to ps 0
+says where the batch ends, and the offset is committed there with the update.
+A batch whose step was not applied comes again; a partition lost (it went to
+another worker while this one was presumed dead, or ps 0 restored a
+checkpoint) is dropped with what was read ahead of it, and the worker asks
+for its partitions again.
+
+Every ``rebalance_seconds`` the worker asks again: it gets free partitions up
+to its share, and gives back between two batches those it is told to (a
+worker joined). When the iteration ends, it gives all of them back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from psframe.errors import PsframeError, StreamError
+from psframe.streams.source import StreamRecord, StreamSource
+from psframe.worker.client import control_calls
+from psframe.worker.client.control_calls import StreamLease
+from psframe.worker.session.data_reader import Outcome, RangeFeed
+from psframe.worker.session.session import Session
+
+log = logging.getLogger(__name__)
+
+SCAN_TIMEOUT_S = 0.05  # how long a read waits for a partition's next records while others are looked at
+WAIT_FOR_PARTITIONS_S = 0.2  # how long a worker with no partition waits before it asks again
+
+
+@dataclass
+class _Partition:
+    lease: int
+    partition: int
+    offset: int  # committed up to here: the next record to train on
+    ahead: list[StreamRecord] = field(default_factory=list)  # read from `offset` on, not yet trained
+
+    def next_offset(self) -> int:
+        return self.ahead[-1].offset + 1 if self.ahead else self.offset
+
+
+def stream_batches(
+    feed: RangeFeed,
+    session: Session,
+    source: StreamSource,
+    batch_size: int,
+    *,
+    idle_timeout: float | None = None,
+    rebalance_seconds: float = 2.0,
+    read_ahead: int | None = None,
+    broker_timeout: float = 60.0,
+) -> Iterator[list[StreamRecord]]:
+    """The batches of ``source`` for this worker (``Trainer.stream``; see :class:`StreamReader`).
+
+    Raises:
+        PsframeError: training is synchronous, or /job:ps/task:0 holds no dense variable.
+    """
+    if session.sync is not None:
+        raise PsframeError(
+            "stream() is for asynchronous training: a synchronous round would wait for a worker whose "
+            "partitions have no record yet (read a data set in ranges with read(), or train asynchronously)"
+        )
+    feed.check_queue_task("stream()")
+
+    def ask(name: str, partitions: int, given_back: Sequence[int], leaving: bool) -> list[StreamLease]:
+        return session.call(
+            lambda at: control_calls.stream_partitions(at.client, 0, name, partitions, given_back, leaving), lost=False
+        )
+
+    reader = StreamReader(
+        feed,
+        ask,
+        source,
+        batch_size,
+        idle_timeout=idle_timeout,
+        rebalance_seconds=rebalance_seconds,
+        read_ahead=read_ahead if read_ahead is not None else 4 * batch_size,
+        broker_timeout=broker_timeout,
+    )
+    return reader.batches()
+
+
+class StreamReader:
+    """One worker's batches of a stream.
+
+    Args:
+        feed: gives each batch out for one step, and learns what became of it.
+        ask: asks ps 0 for this worker's partitions (``control_calls.stream_partitions``'s
+            arguments after the client: name, partitions, given back, leaving).
+        source: the stream.
+        batch_size: records a batch at most (fewer when fewer have come).
+        idle_timeout: end the iteration once no record came for this long (None: never).
+        rebalance_seconds: how often the worker asks for its partitions again.
+        read_ahead: records read from the broker at once, per partition.
+        broker_timeout: how long reads may fail (the broker away) before the error is raised.
+    """
+
+    def __init__(
+        self,
+        feed: RangeFeed,
+        ask: Callable[..., list[StreamLease]],
+        source: StreamSource,
+        batch_size: int,
+        *,
+        idle_timeout: float | None,
+        rebalance_seconds: float,
+        read_ahead: int,
+        broker_timeout: float = 60.0,
+    ) -> None:
+        for name, value in (("batch_size", batch_size), ("read_ahead", read_ahead)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        for name, seconds in (
+            ("idle_timeout", idle_timeout),
+            ("rebalance_seconds", rebalance_seconds),
+            ("broker_timeout", broker_timeout),
+        ):
+            if seconds is not None and not 0 < seconds < 1e9:
+                raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
+        if not isinstance(source, StreamSource):
+            raise TypeError(f"source must be a psframe.streams.StreamSource, got {type(source).__name__}")
+        self._feed, self._ask, self._source = feed, ask, source
+        self._batch_size, self._idle_timeout, self._rebalance = batch_size, idle_timeout, rebalance_seconds
+        self._read_ahead = max(read_ahead, batch_size)
+        self._held: dict[int, _Partition] = {}  # by lease id
+        self._turn = 0
+        self._broker_timeout = broker_timeout
+        self._failing_since: float | None = None  # reads have failed since then
+
+    def batches(self) -> Iterator[list[StreamRecord]]:
+        """Batches of records until none came for ``idle_timeout`` seconds; then the partitions go back."""
+        source, held = self._source, self._held
+        next_ask, idle_since = 0.0, time.monotonic()
+        try:
+            while True:
+                now = time.monotonic()
+                if not held or now >= next_ask:
+                    self._ask_partitions()
+                    next_ask = now + self._rebalance
+                picked = self._next_batch()
+                if picked is None:
+                    if self._idle_timeout is not None and time.monotonic() - idle_since >= self._idle_timeout:
+                        return
+                    if not held:
+                        time.sleep(WAIT_FOR_PARTITIONS_S)
+                    continue
+                idle_since = time.monotonic()
+                part, records = picked
+                stop = records[-1].offset + 1
+                outcome = yield from self._feed.out(source.name, part.lease, stop, records)
+                if outcome is Outcome.APPLIED:
+                    part.offset = stop
+                    del part.ahead[: len(records)]
+                elif outcome is Outcome.LOST:
+                    held.clear()  # ps 0 says where each partition is: ask again now
+                    next_ask = 0.0
+        finally:
+            self._leave()
+
+    # ---- inside
+
+    def _ask_partitions(self) -> None:
+        """Take this worker's partitions from ps 0, giving back those it is told to (between batches)."""
+        source = self._source
+        leases = self._ask(source.name, source.partitions, (), False)
+        give_back = [lease.lease for lease in leases if lease.give_back]
+        if give_back:
+            log.info("stream %r: giving back partitions %s", source.name, [x.partition for x in leases if x.give_back])
+            leases = self._ask(source.name, source.partitions, give_back, False)
+        held, self._held = self._held, {}
+        for lease in leases:
+            if lease.give_back:
+                continue
+            part = held.get(lease.lease)
+            if part is None or part.offset != lease.offset:  # new, or committed elsewhere: read from ps 0's offset
+                part = _Partition(lease.lease, lease.partition, lease.offset)
+            self._held[lease.lease] = part
+
+    def _next_batch(self) -> tuple[_Partition, list[StreamRecord]] | None:
+        """The next partition in turn with records, and its batch (its first records read ahead)."""
+        parts = sorted(self._held.values(), key=lambda part: part.partition)
+        for i in range(len(parts)):
+            part = parts[(self._turn + i) % len(parts)]
+            if len(part.ahead) < self._batch_size:
+                part.ahead += self._read(part)
+            if part.ahead:
+                self._turn = (self._turn + i + 1) % len(parts)
+                return part, part.ahead[: self._batch_size]
+        return None
+
+    def _read(self, part: _Partition) -> Sequence[StreamRecord]:
+        start = part.next_offset()
+        try:
+            records = self._source.read(part.partition, start, self._read_ahead - len(part.ahead), SCAN_TIMEOUT_S)
+        except StreamError as e:  # the broker is away (restarting?): no record, until broker_timeout
+            now = time.monotonic()
+            if self._failing_since is None:
+                self._failing_since = now
+                log.warning("stream %r: %s; reading again for up to %gs", self._source.name, e, self._broker_timeout)
+            if now - self._failing_since > self._broker_timeout:
+                raise
+            time.sleep(SCAN_TIMEOUT_S)
+            return ()
+        if self._failing_since is not None:
+            log.info("stream %r: the broker answers again", self._source.name)
+            self._failing_since = None
+        last = start - 1
+        for record in records:
+            if record.partition != part.partition or record.offset <= last:
+                raise PsframeError(
+                    f"stream {self._source.name!r}: a read of partition {part.partition} from offset {start} gave "
+                    f"partition {record.partition}'s offset {record.offset} after {last}: offsets must grow"
+                )
+            last = record.offset
+        return records
+
+    def _leave(self) -> None:
+        """Give every partition back (the iteration is over), if ps 0 can be told."""
+        self._held.clear()
+        try:
+            self._ask(self._source.name, self._source.partitions, (), True)
+        except Exception as e:  # noqa: BLE001 (the trainer may be closed: the partitions go back once it is gone)
+            if log is not None:  # None: the interpreter is exiting, and collected the generator late
+                log.warning("stream %r: could not give its partitions back (%s)", self._source.name, e)
