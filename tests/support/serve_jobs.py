@@ -54,6 +54,7 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return users, torch.randint(0, ITEMS // 2, (6,), generator=g), torch.rand(6, generator=g)
 
 
+# --8<-- [start:factory]
 def to_inputs(inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """A request's ``{"users": [[id, ...], ...], "items": [id, ...]}`` as the Ranker's arguments."""
     return torch.tensor(inputs["users"], dtype=torch.int64), torch.tensor(inputs["items"], dtype=torch.int64)
@@ -62,6 +63,7 @@ def to_inputs(inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
 def ranker():
     """The ``--model`` factory of the tests: the Ranker, and its requests' inputs."""
     return Ranker(), to_inputs
+# --8<-- [end:factory]
 
 
 class Counter(torch.nn.Module):
