@@ -246,3 +246,51 @@ def test_a_broker_restarted_while_workers_read_loses_no_record(broker, ps_tasks)
         }
     )
     assert torch.equal(rows_on(server), torch.full((n,), -1.0))
+
+
+class RowsAcrossPs(torch.nn.Module):
+    """:class:`Rows` of 4 values each, cut into parts small enough that every ps task holds some."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.rows = torch.nn.Parameter(torch.zeros(n, 4))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.rows[ids].sum()
+
+
+def test_each_record_once_across_re_layouts_to_more_ps_tasks_and_back(broker):
+    from tests.service.test_relayout import assemble, clusters
+
+    n = 480
+    ends = publish(broker.url, "clicks", range(n))
+    cluster, grown = clusters(2, 2)
+    first = [psframe.Server(cluster, "ps", k, serving_processes=1) for k in range(2)]
+    added = psframe.Server(grown, "ps", 2, serving_processes=1)
+
+    def work(index: int) -> psframe.Trainer:
+        t = psframe.Trainer(
+            RowsAcrossPs(n),
+            cluster,
+            task_index=index,
+            optimizer=psframe.optim.SGD(lr=1.0),
+            placement=psframe.Placement(min_partition_bytes=256, max_shard_bytes=512),
+            transport=psframe.Transport(connect_timeout=DEADLINE_S),
+        )
+        with t, JetStream(broker.url, "clicks", PARTITIONS) as source:
+            for records in t.stream(source, batch_size=4, idle_timeout=3.0, rebalance_seconds=0.3):
+                if index == 0 and t.stats.local_step == 10:
+                    t.reshard(grown)
+                if index == 0 and t.stats.local_step == 40:
+                    t.reshard(cluster)
+                t.step(t.model(ids_of(records)))
+        return t
+
+    try:
+        done = run_workers({0: lambda: work(0), 1: lambda: work(1)})
+        assert done[0].stats.relayouts == 2
+        assert torch.equal(assemble(first)["rows"], torch.full((n, 4), -1.0))
+        assert first[0].service.data.streams.offsets() == {"clicks": [ends[p] for p in range(PARTITIONS)]}
+    finally:
+        for server in [*first, added]:
+            server.stop(grace=0.1)
