@@ -174,7 +174,7 @@ class CheckpointFollower:
         if self.models is not None:
             try:
                 model = self.models.model_of(chain.snapshot)
-            except ClusterMismatchError as e:
+            except (ClusterMismatchError, RuntimeError, ValueError, TypeError, KeyError) as e:  # would fail again
                 self._refuse("full" if chain.last.parent is None else "delta", chain.last, e)
                 return None
         version = ServedVersion(

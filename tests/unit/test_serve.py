@@ -243,3 +243,14 @@ def test_the_layout_places_strided_parts_of_a_fixed_table(checkpoints):
     items = sorted((p for p in layout.parts.values() if p.variable == "items.weight"), key=lambda p: p.row_start)
     rows = torch.cat([p.global_rows() for p in items])
     assert sorted(rows.tolist()) == list(range(12))  # every row of the table in exactly one part
+
+
+def test_a_checkpoint_the_model_does_not_fit_is_refused(checkpoints, tmp_path):
+    served_dir = tmp_path / "served"
+    served_dir.mkdir()
+    publish(checkpoints[0], served_dir)
+    follower = CheckpointFollower(str(served_dir), VersionHolder(), models=ModelFactory(torch.nn.Linear(2, 1)))
+    assert follower.poll() is None and follower.holder.current() is None
+    refused = follower.status()["last_refused"]
+    assert refused["step"] == checkpoints[0].step and refused["kind"] == "full"
+    assert "the checkpoint does not fit the model (Linear)" in refused["reason"]
