@@ -98,6 +98,16 @@ class DataRangeLostError(PsframeError):
     checkpoint): nothing of that push was applied (:mod:`psframe.ps.protocol.data_ranges`)."""
 
 
+class ServeRequestError(PsframeError):
+    """A request to ``psframe serve`` that is answered with an HTTP error ``status`` and
+    ``{"error": message}`` (:mod:`psframe.serve.http_api`)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 class StreamError(PsframeError):
     """A stream's broker could not be reached, or refused a call (:mod:`psframe.streams`)."""
 
@@ -242,6 +252,7 @@ __all__ = [
     "RowIdError",
     "RpcTimeoutError",
     "SecurityConfigError",
+    "ServeRequestError",
     "ShapeMismatchError",
     "SharedRegionError",
     "SnapshotError",

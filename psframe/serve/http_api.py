@@ -45,6 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from psframe.errors import ServeRequestError
 from psframe.serve.follower import CheckpointFollower
 from psframe.serve.model import InputError
 from psframe.serve.versions import ServedVersion
@@ -60,13 +61,9 @@ MAX_VALUES = 1 << 22
 _INT64 = (-(2**63), 2**63 - 1)
 
 
-class ApiError(Exception):
-    """A request answered with ``status`` and ``{"error": message}``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+def _refused(status: int, message: str) -> ServeRequestError:
+    """The error a request is answered with: HTTP ``status`` and ``{"error": message}``."""
+    return ServeRequestError(message, status)
 
 
 class _Json(JSONResponse):
@@ -83,7 +80,7 @@ def make_app(follower: CheckpointFollower) -> Starlette:
     def served() -> ServedVersion:
         version = holder.current()
         if version is None:
-            raise ApiError(503, f"no version is served yet: waiting for a checkpoint in {follower.checkpoint_dir}")
+            raise _refused(503, f"no version is served yet: waiting for a checkpoint in {follower.checkpoint_dir}")
         return version
 
     async def status(request: Request) -> Response:
@@ -121,10 +118,10 @@ def make_app(follower: CheckpointFollower) -> Starlette:
 
     async def predict(request: Request) -> Response:
         if models is None:
-            raise ApiError(404, "this server serves no model: start psframe serve with --model FILE.py:NAME")
+            raise _refused(404, "this server serves no model: start psframe serve with --model FILE.py:NAME")
         body = await _body(request, {"inputs": "the model's inputs"})
         if "inputs" not in body:
-            raise ApiError(400, 'the body must be {"inputs": ...}: the model\'s inputs are missing')
+            raise _refused(400, 'the body must be {"inputs": ...}: the model\'s inputs are missing')
         version = served()
         assert version.model is not None  # the follower built one with every version
         model = version.model
@@ -150,13 +147,13 @@ def make_app(follower: CheckpointFollower) -> Starlette:
 
 
 def _answered(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """``endpoint`` with its failures answered as ``{"error": ...}``: an :class:`ApiError` with its
+    """``endpoint`` with its failures answered as ``{"error": ...}``: an :class:`ServeRequestError` with its
     status, refused inputs with 400, anything else (a bug) with 500 and a logged traceback."""
 
     async def answer(request: Request) -> Response:
         try:
             return await endpoint(request)
-        except ApiError as e:
+        except ServeRequestError as e:
             return _Json({"error": e.message}, status_code=e.status)
         except InputError as e:
             return _Json({"error": str(e)}, status_code=400)
@@ -173,7 +170,7 @@ def _answered(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[R
 def _lookup(version: ServedVersion, name: str, ids: list[int]) -> dict[str, Any]:
     table = version.snapshot.tables.get(name)
     if table is None:
-        raise ApiError(404, f"no dynamic table {name!r}; the tables served are {sorted(version.snapshot.tables)}")
+        raise _refused(404, f"no dynamic table {name!r}; the tables served are {sorted(version.snapshot.tables)}")
     wanted = torch.tensor(ids, dtype=torch.int64)
     held = torch.zeros(wanted.numel(), dtype=torch.bool)
     at = torch.zeros(wanted.numel(), dtype=torch.int64)
@@ -192,16 +189,16 @@ def _dense(version: ServedVersion, name: str, rows: list[int] | None) -> dict[st
     if value is None:
         names = sorted(version.snapshot.dense)
         shown = names if len(names) <= 20 else [*names[:20], f"... ({len(names)} in all)"]
-        raise ApiError(404, f"no parameter {name!r}; the parameters served are {shown}")
+        raise _refused(404, f"no parameter {name!r}; the parameters served are {shown}")
     if rows is not None:
         if value.dim() == 0:
-            raise ApiError(400, f"parameter {name!r} is a scalar: it has no rows; leave out 'rows'")
+            raise _refused(400, f"parameter {name!r} is a scalar: it has no rows; leave out 'rows'")
         bad = [r for r in rows if not 0 <= r < value.shape[0]]
         if bad:
-            raise ApiError(400, f"rows {bad[:5]} are out of range: parameter {name!r} has rows 0..{value.shape[0] - 1}")
+            raise _refused(400, f"rows {bad[:5]} are out of range: parameter {name!r} has rows 0..{value.shape[0] - 1}")
         value = value[torch.tensor(rows, dtype=torch.int64)]
     if value.numel() > MAX_VALUES:
-        raise ApiError(
+        raise _refused(
             413, f"parameter {name!r} has {value.numel()} values, more than {MAX_VALUES} in one answer: ask for 'rows'"
         )
     return {**_of(version), "name": name, **_kind(value), "values": value.tolist()}
@@ -215,19 +212,19 @@ async def _body(request: Request, fields: dict[str, str]) -> dict[str, Any]:
     expected = "{" + ", ".join(f'"{name}": {what}' for name, what in fields.items()) + "}"
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the body is {length} bytes; at most {MAX_BODY_BYTES} are taken")
+        raise _refused(413, f"the body is {length} bytes; at most {MAX_BODY_BYTES} are taken")
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the body is {len(raw)} bytes; at most {MAX_BODY_BYTES} are taken")
+        raise _refused(413, f"the body is {len(raw)} bytes; at most {MAX_BODY_BYTES} are taken")
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the body must be a JSON object {expected}; it is not JSON: {e}") from e
+        raise _refused(400, f"the body must be a JSON object {expected}; it is not JSON: {e}") from e
     if not isinstance(body, dict):
-        raise ApiError(400, f"the body must be a JSON object {expected}, got a JSON {type(body).__name__}")
+        raise _refused(400, f"the body must be a JSON object {expected}, got a JSON {type(body).__name__}")
     unknown = sorted(set(body) - set(fields))
     if unknown:
-        raise ApiError(400, f"unknown fields {unknown}: the body must be {expected}")
+        raise _refused(400, f"unknown fields {unknown}: the body must be {expected}")
     return body
 
 
@@ -235,7 +232,7 @@ def _string(body: dict[str, Any], field: str) -> str:
     value = body.get(field)
     if not isinstance(value, str) or not value:
         got = "nothing" if field not in body else json.dumps(value)[:80]
-        raise ApiError(400, f"{field!r} must be a non-empty string, got {got}")
+        raise _refused(400, f"{field!r} must be a non-empty string, got {got}")
     return value
 
 
@@ -243,12 +240,12 @@ def _ints(body: dict[str, Any], field: str, limit: int) -> list[int]:
     value = body.get(field)
     if not isinstance(value, list):
         got = "nothing" if field not in body else f"a JSON {type(value).__name__}"
-        raise ApiError(400, f"{field!r} must be a list of integers (int64), got {got}")
+        raise _refused(400, f"{field!r} must be a list of integers (int64), got {got}")
     if len(value) > limit:
-        raise ApiError(413, f"{field!r} holds {len(value)} values; at most {limit} in one request")
+        raise _refused(413, f"{field!r} holds {len(value)} values; at most {limit} in one request")
     for i, x in enumerate(value):
         if type(x) is not int or not _INT64[0] <= x <= _INT64[1]:
-            raise ApiError(400, f"{field!r} must be a list of integers (int64); {field}[{i}] is {json.dumps(x)}")
+            raise _refused(400, f"{field!r} must be a list of integers (int64); {field}[{i}] is {json.dumps(x)}")
     return value
 
 
@@ -267,4 +264,4 @@ def _dtype_name(value: torch.Tensor) -> str:
     return str(value.dtype).removeprefix("torch.")
 
 
-__all__ = ["MAX_BODY_BYTES", "MAX_IDS", "MAX_VALUES", "ApiError", "make_app"]
+__all__ = ["MAX_BODY_BYTES", "MAX_IDS", "MAX_VALUES", "ServeRequestError", "make_app"]

@@ -63,6 +63,8 @@ def to_inputs(inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
 def ranker():
     """The ``--model`` factory of the tests: the Ranker, and its requests' inputs."""
     return Ranker(), to_inputs
+
+
 # --8<-- [end:factory]
 
 
