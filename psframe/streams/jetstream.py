@@ -18,6 +18,7 @@ as plain functions, each with a deadline.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import threading
 import time
@@ -28,6 +29,7 @@ from psframe.errors import StreamError
 from psframe.streams.source import StreamRecord
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 CONSUMER_IDLE_S = 60.0  # the broker drops a reader's consumer after this long unused
 CONSUMER_CHECK_S = 1.0  # how often a reader that finds nothing asks whether its consumer is still there
@@ -79,7 +81,9 @@ class JetStream:
         self._id, self._consumers = secrets.token_hex(6), 0  # the consumers' names: psframe-<id>-<partition>-<n>
         servers = [servers] if isinstance(servers, str) else list(servers)
         try:
-            self._connection = self._call(nats.connect(servers, connect_timeout=timeout, allow_reconnect=True))
+            self._connection = self._call(
+                nats.connect(servers, connect_timeout=timeout, allow_reconnect=True, error_cb=self._connection_error)
+            )
         except BaseException:
             self._stop_loop()
             raise
@@ -138,6 +142,11 @@ class JetStream:
         self.close()
 
     # ---- inside: the event loop's side
+
+    async def _connection_error(self, error: Exception) -> None:
+        """The client's errors between calls (the broker away: it reconnects by itself); a call
+        that fails says so to its caller."""
+        log.debug("stream %r: %s: %s", self.name, type(error).__name__, error)
 
     async def _read(self, partition: int, offset: int, max_records: int, timeout: float) -> list[StreamRecord]:
         reader, next_offset, consumer = self._readers.get(partition, (None, -1, ""))

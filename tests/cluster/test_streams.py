@@ -22,8 +22,8 @@ import torch
 import psframe
 from psframe.errors import PsframeError
 from psframe.streams import JetStream, StreamRecord
+from psframe.streams.local_broker import LocalBroker
 from tests.service.test_sync import run_workers
-from tests.support.nats_broker import NatsBroker
 from tests.unit.test_elastic import grow
 
 pytestmark = pytest.mark.cluster
@@ -35,7 +35,7 @@ DEAD: list = []  # the batches of workers that died mid-stream, never closed
 
 @pytest.fixture
 def broker(tmp_path):
-    broker = NatsBroker(tmp_path / "nats").start()
+    broker = LocalBroker(tmp_path / "nats").start()
     yield broker
     broker.stop()
 

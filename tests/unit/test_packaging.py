@@ -74,6 +74,7 @@ def test_setup_cfg_declares_the_runtime_requirements_and_the_extras():
         "bench",
         "disk",
         "stream",
+        "broker",
         "test",
         "ray",
         "spark",
