@@ -254,6 +254,17 @@ class MessageEncoding:
             (_numpy_dtype(dtype), dtype, numel, offset, shape)
             for (_, dtype, shape), numel, offset in zip(self.specs, numels, offsets)
         ]
+        # Where the tensors share one dtype: the stretch of the payload from the first one's
+        # start to the last one's end, in elements of it (:meth:`span`); None otherwise.
+        self._span = _span_of(self.specs, offsets, sizes)
+        # Where each tensor lies in a span: its name, first element and shape (None without spans).
+        self.span_places: tuple[tuple[str, int, tuple[int, ...]], ...] | None = None
+        if self._span is not None:
+            dtype, start, _ = self._span
+            self.span_places = tuple(
+                (name, (offset - start) // dtype.itemsize, shape)
+                for (name, _, shape), offset in zip(self.specs, offsets)
+            )
 
     def matches(self, header: Message) -> bool:
         """Whether ``header`` lists exactly this layout's tensors, at its offsets."""
@@ -374,6 +385,34 @@ class MessageEncoding:
                 tensor = tensor.clone()  # a buffer psframe did not make: copy rather than fault
             tensors.append(tensor)
         return tensors
+
+    def span(self, envelope: Envelope) -> torch.Tensor | None:
+        """The tensors of a received envelope whose header :meth:`matches` this layout as one
+        1-D tensor of their one dtype: a view of its bytes from the first tensor's start to the
+        last one's end, the padding between them included (:attr:`span_places` says where each lies).
+
+        None where they have no one dtype, or do not lie aligned for it (or the host is big-endian).
+        """
+        if self._span is None or envelope.payload_length != self.payload_length or sys.byteorder != "little":
+            return None
+        dtype, offset, numel = self._span
+        span = torch.frombuffer(envelope.data, dtype=dtype, count=numel, offset=envelope.payload_start + offset)
+        return None if span.data_ptr() % dtype.itemsize else span
+
+
+def _span_of(
+    specs: Sequence[TensorSpec], offsets: Sequence[int], sizes: Sequence[int]
+) -> tuple[torch.dtype, int, int] | None:
+    """``(dtype, offset, elements)`` of the stretch of a payload its tensors lie in, where they
+    share one dtype whose size divides the alignment (so that the padding between them is whole
+    elements too); None otherwise."""
+    kinds = {dtype for _, dtype, _ in specs}
+    if len(kinds) != 1:
+        return None
+    (dtype,) = kinds
+    if ALIGNMENT % dtype.itemsize or sum(sizes) == 0:
+        return None
+    return dtype, offsets[0], (offsets[-1] + sizes[-1] - offsets[0]) // dtype.itemsize
 
 
 def _numel(shape: tuple[int, ...]) -> int:

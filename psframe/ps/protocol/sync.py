@@ -15,8 +15,10 @@ For the ps's current step ``s`` a *round* gathers gradients:
   asks ps 0 (the ``decide`` callback) so that all shards average the same
   workers. A worker that is not a member is late: its gradients are dropped;
 - once every member's contribution is in, the gradients are summed in
-  task-index order, divided by the number of members, applied with the
-  optimizer in one step, and the global step advances by one. Everyone
+  task-index order, divided by the number of members
+  (:mod:`psframe.ps.protocol.round_mean`: over whole messages where the
+  members' messages are laid out alike), applied with the optimizer in one
+  step, and the global step advances by one. Everyone
   waiting on the round is released with the new values. An embedding
   table's contribution is the rows a worker touched (maybe none): the
   members' rows are put together in task-index order, rows that repeat
@@ -34,12 +36,11 @@ workers that arrived and the ones missing.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,7 @@ import torch
 from psframe.cluster import ClusterSpec
 from psframe.errors import BarrierTimeoutError, PsframeError, RemoteError
 from psframe.ps.protocol.round_cut import RoundCut
+from psframe.ps.protocol.round_mean import Contribution, GradientSpan, RoundMean, mean_rows
 from psframe.ps.store import VariableStore
 from psframe.ps.store.table_parts import RowPush
 
@@ -63,24 +65,9 @@ Decide = Callable[[int, float], tuple[int, ...]]
 
 
 @dataclass
-class _Contribution:
-    """One worker's gradients for a round: whole ones by variable, and rows (ids, gradients) by table."""
-
-    grads: dict[str, torch.Tensor] = field(default_factory=dict)
-    rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    progress: Any = None  # how far into its range of data the step took the worker (psframe.ps.protocol.data_ranges)
-
-    def __len__(self) -> int:
-        return len(self.grads) + len(self.rows)
-
-    def __iter__(self) -> Iterator[str]:
-        return itertools.chain(self.grads, self.rows)
-
-
-@dataclass
 class _Round:
     step: int
-    contributions: dict[int, _Contribution] = field(default_factory=dict)  # by worker
+    contributions: dict[int, Contribution] = field(default_factory=dict)  # by worker
     completed: list[int] = field(default_factory=list)  # in order of completion
     members: tuple[int, ...] | None = None
     late: set[int] = field(default_factory=set)  # pushed after the members were chosen
@@ -147,6 +134,7 @@ class SyncAggregator:
         # The cut of a checkpoint or a re-layout (psframe.ps.protocol.round_cut): rounds it holds wait.
         self.cut = RoundCut(self._cond, self.task_name, lambda: self._round.step, lambda: self._try_apply(self._round))
         self._abandoned: PsframeError | None = None  # a re-layout took its cut: every push gets this
+        self._mean = RoundMean()  # the rounds' buffers of whole gradients' sums
         self._short: int | None = None  # the fewest gradients a round averaged since workers finished, as said
 
     # ---- what workers call
@@ -161,6 +149,7 @@ class SyncAggregator:
         wait: bool = True,
         rows: Sequence[RowPush] = (),
         progress: Any = None,
+        span: GradientSpan | None = None,
     ) -> bool:
         """Add a worker's gradients for ``step`` and wait until that step is applied.
 
@@ -173,6 +162,8 @@ class SyncAggregator:
             step: the global step its gradients were computed at.
             grads: some or all of its gradients, by variable name.
             rows: gradients of embedding tables' rows, as ``(table, ids, rows)``.
+            span: the span of the message ``grads`` lie in, where they all do (the round's
+                sum then takes one operation for it: :mod:`psframe.ps.protocol.round_mean`).
             progress: how far into its range of data the step took the worker, recorded
                 (``on_applied``) if the worker is a member of the round.
             count_drop: count this push if it is stale (once per worker step).
@@ -212,8 +203,8 @@ class SyncAggregator:
             if round_.members is not None and worker not in round_.members:
                 round_.late.add(worker)
             else:
-                mine = round_.contributions.setdefault(worker, _Contribution())
-                mine.grads.update(grads)
+                mine = round_.contributions.setdefault(worker, Contribution())
+                mine.add(grads, span)
                 mine.rows.update((name, (ids, values)) for name, ids, values in rows)
                 if progress is not None:
                     mine.progress = progress
@@ -223,15 +214,11 @@ class SyncAggregator:
                 if wait and self._decide is not None and round_.members is None and not round_.asking:
                     round_.asking = ask = True
                     round_.failure = None
-            if not wait:
-                self._try_apply(round_)
-                return False
-        if ask:
-            self._ask_members(round_, deadline)
+            if not ask:  # under the same hold of the lock: one hand-off fewer between the members' threads
+                return self._settle(round_, worker, wait, started, deadline)
+        self._ask_members(round_, deadline)
         with self._cond:
-            self._try_apply(round_)
-            self._wait_until_applied(round_, started, deadline)
-            return worker not in (round_.members or ())  # chosen once the round was applied
+            return self._settle(round_, worker, wait, started, deadline)
 
     def worker_finished(self, worker: int) -> None:
         """A worker left: later steps need at most as many gradients as remain."""
@@ -387,27 +374,17 @@ class SyncAggregator:
         if not all(w in round_.completed for w in round_.members):
             return
         members = round_.members
-        mean = {}
         tables = self.store.tables | self.store.dynamic_tables
-        mean_rows = []
+        # Summed in task-index order: the result does not depend on arrival order.
         contributions = [round_.contributions[worker] for worker in members]
-        for name in [*self.store.names, *sorted(self.store.dynamic_tables)]:
-            if name in self.async_parts:  # applied at once, as each worker's rows came
-                continue
-            # Sum in task-index order: the result does not depend on arrival order.
-            if name in tables:
-                mean_rows.append(_mean_rows(name, [c.rows[name] for c in contributions]))
-                continue
-            grads = [c.grads[name] for c in contributions]
-            if len(grads) == 1:
-                mean[name] = grads[0]  # the optimizer only reads it, as an async push
-                continue
-            total = grads[0] + grads[1]  # one pass over both, into a new tensor
-            for grad in grads[2:]:
-                total.add_(grad)
-            mean[name] = total.div_(len(grads))
-        self.store.apply(mean)
-        self.store.apply_rows(mean_rows)
+        dense = [name for name in self.store.names if name not in tables and name not in self.async_parts]
+        rows = [
+            mean_rows(name, [c.rows[name] for c in contributions])
+            for name in [*self.store.names, *sorted(self.store.dynamic_tables)]
+            if name in tables and name not in self.async_parts  # those applied at once, as each worker's rows came
+        ]
+        self.store.apply(self._mean.of(dense, contributions))
+        self.store.apply_rows(rows)
         if self._on_applied is not None:
             for worker, contribution in zip(members, contributions):
                 if contribution.progress is not None:
@@ -451,6 +428,15 @@ class SyncAggregator:
                 members,
             )
 
+    def _settle(self, round_: _Round, worker: int, wait: bool, started: float, deadline: float) -> bool:
+        """Apply the round if it is complete; with ``wait``, wait until it is applied and say whether
+        ``worker``'s gradients were dropped (it was no member, known once the round was applied)."""
+        self._try_apply(round_)
+        if not wait:
+            return False
+        self._wait_until_applied(round_, started, deadline)
+        return worker not in (round_.members or ())
+
     def _wait_until_applied(self, round_: _Round, started: float, deadline: float) -> None:
         while self._round is round_:
             if round_.failure is not None:
@@ -479,19 +465,6 @@ class SyncAggregator:
             f"sync step {step} on {self.task_name}: waited {self._clock() - started:.1f}s for "
             f"{wanted}; arrived: {_workers(arrived)}; missing: {_workers(missing)}"
         )
-
-
-def _mean_rows(name: str, grads: list[tuple[torch.Tensor, torch.Tensor]]) -> RowPush:
-    """The members' row gradients of one table (in task-index order), repeated rows summed, over their number."""
-    ids = torch.cat([ids for ids, _ in grads])
-    values = torch.cat([values for _, values in grads])
-    # Ids as their rank among the distinct ids (any int64, a dynamic table's too) make a
-    # sparse tensor whose coalescing sums repeated rows as it would by the ids themselves.
-    distinct, rank = torch.unique(ids, return_inverse=True)
-    total = torch.sparse_coo_tensor(
-        rank.unsqueeze(0), values, (distinct.numel(), *values.shape[1:]), check_invariants=False
-    ).coalesce()
-    return name, distinct[total.indices()[0]], total.values().div_(len(grads))
 
 
 def _workers(indices: list[int]) -> str:

@@ -61,6 +61,7 @@ from psframe.ps.store import VariableStore
 from psframe.wire import codec, dtypes, encoding, row_tensors
 from psframe.wire import psframe_pb2 as pb
 from psframe.wire.encoding import MessageEncoding
+from psframe.wire.layouts import Layouts
 from psframe.wire.same_host import SameHostRegion
 from psframe.wire.transport.error_codec import encode_error
 
@@ -208,7 +209,8 @@ class PushPullHandler:
         refused: str,
     ) -> bytes:
         """The request decoded, answered the general way or joined to its round (the caller is in its call)."""
-        request = PushPullRequest.decode(header, encoding.tensors_of(envelope))
+        tensors, span = cache.layouts.read(envelope) if cache is not None else (encoding.tensors_of(envelope), None)
+        request = PushPullRequest.decode(header, tensors, span)
         if request.wire_dtype is not None:
             request.grads = self._store.widen(request.grads, request.wire_dtype)
         if request.rows_async:
@@ -415,6 +417,7 @@ class StreamCache:
         self._requests: list[CachedRequest] = []
         self._next = 0
         self._regions: dict[str, SameHostRegion] = {}
+        self.layouts = Layouts()  # of the requests read the general way (synchronous training's, compressed ones)
         # The number of a push refused for its region, until it comes again: the pushes
         # after it on this stream are refused too, so that a worker's pushes are applied
         # in the order it numbered them (the ledger's rule, psframe.ps.protocol.ledger).

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from psframe.ps.protocol.data_ranges import Progress
+from psframe.ps.protocol.round_mean import GradientSpan
 from psframe.tables.rows import RowPush
 from psframe.wire import dtypes, row_tensors
 from psframe.wire import psframe_pb2 as pb
+from psframe.wire.layouts import Span
 
 
 @dataclass(slots=True)
@@ -36,6 +38,7 @@ class PushPullRequest:
     wire_dtype: torch.dtype | None  # the dtype gradients came in and values go back in; None: as stored
     progress: Progress | None = None  # how far into its range of data the step took the worker
     rows_async: bool = False  # sync training: rows of tables applied at once, not in the round
+    span: GradientSpan | None = None  # where ``grads`` all lie in one stretch of the message
 
     @property
     def pushes(self) -> bool:
@@ -43,14 +46,18 @@ class PushPullRequest:
         return bool(self.grads or self.rows)
 
     @classmethod
-    def decode(cls, header: pb.PushPullHeader, tensors: Sequence[torch.Tensor]) -> PushPullRequest:
-        """The request ``header`` describes, carrying ``tensors``.
+    def decode(
+        cls, header: pb.PushPullHeader, tensors: Sequence[torch.Tensor], span: Span | None = None
+    ) -> PushPullRequest:
+        """The request ``header`` describes, carrying ``tensors`` (whose span ``span`` is, if known:
+        kept where they are all gradients of full precision).
 
         Raises:
             WireFormatError: tensors of an unknown kind, or ids without their rows.
             ValueError: an unknown wire dtype.
         """
         grads, rows, row_pulls = row_tensors.split(header.tensors, tensors)
+        wire_dtype = dtypes.wire_dtype_from_name(header.wire_dtype)
         return cls(
             worker=header.caller.task_index,
             step=header.step,
@@ -60,11 +67,12 @@ class PushPullRequest:
             rows=rows,
             row_pulls=row_pulls,
             pull=list(header.pull),
-            wire_dtype=dtypes.wire_dtype_from_name(header.wire_dtype),
+            wire_dtype=wire_dtype,
             progress=Progress(header.progress.name, header.progress.lease, header.progress.offset)
             if header.HasField("progress")
             else None,
             rows_async=header.rows_async,
+            span=GradientSpan(*span) if span is not None and wire_dtype is None and not (rows or row_pulls) else None,
         )
 
 

@@ -130,6 +130,7 @@ class SyncPushes:
             count_drop=request.end_of_step,
             wait=bool(pull) or request.end_of_step,
             progress=request.progress,
+            span=request.span,
         )
         with store.lock:
             duplicate = ledger.is_duplicate(worker, request.push_id)
@@ -147,7 +148,7 @@ class RoundReplies:
         self.store = store
         # Encoded replies of the current version only: those of the last round.
         self._released: tuple[tuple, dict[tuple, bytes]] = ((), {})
-        self._in_regions = RegionReplies()
+        self._laid_out = ReplyLayouts()
 
     def reply(
         self,
@@ -164,15 +165,13 @@ class RoundReplies:
         and whether a re-layout is ``pending`` (``PushPullReplyHeader.relayout_pending``)."""
         store = self.store
         if region is not None and wire_dtype is None:
-            data = self._in_regions.reply(
-                region,
-                pull,
-                store.read(pull),
-                store.generation,
-                pb.PushPullReplyHeader(global_step=store.global_step, dropped=dropped, relayout_pending=pending),
-            )
-            if data is not None:
-                return data
+            layout, buffers = self._laid_out.of(pull, store.read(pull), store.generation)
+            if region.fits_reply(layout):
+                region.write_reply(layout, buffers)
+                header = pb.PushPullReplyHeader(
+                    global_step=store.global_step, dropped=dropped, relayout_pending=pending, in_region=True
+                )
+                return layout.encode_header(header)
         version = (store.version, store.global_step)
         kept_version, replies = self._released
         if kept_version != version:
@@ -184,32 +183,29 @@ class RoundReplies:
             reply = pb.PushPullReplyHeader(
                 global_step=store.global_step, dropped=dropped, region_refused=refused, relayout_pending=pending
             )
-            data = replies[key] = codec.encode(reply, outgoing(pull, store.read(pull), wire_dtype))
+            if wire_dtype is None:  # the values' bytes laid out once, as for a region
+                layout, buffers = self._laid_out.of(pull, store.read(pull), store.generation)
+                data = replies[key] = layout.encode(reply, buffers)
+            else:
+                data = replies[key] = codec.encode(reply, outgoing(pull, store.read(pull), wire_dtype))
         return data
 
 
-class RegionReplies:
-    """Replies to synchronous requests from this host, their values written into each worker's
-    shared region instead of the message.
+class ReplyLayouts:
+    """The layouts of a round's replies of full precision, in a message or in a worker's shared
+    region, with views of the variables they carry.
 
-    The layout of a reply and the views of the variables it pulls are made
-    once per set of names and generation of the store's variables, as a
-    :class:`~psframe.ps.service.push_pull_handler.CachedRequest` makes them for asynchronous requests.
+    They are made once per set of names and generation of the store's
+    variables, as a :class:`~psframe.ps.service.push_pull_handler.CachedRequest`
+    makes them for asynchronous requests.
     """
 
     def __init__(self) -> None:
         self._laid_out: dict[tuple[int, tuple[str, ...]], tuple[MessageEncoding, list]] = {}
 
-    def reply(
-        self,
-        region: SameHostRegion,
-        pull: Sequence[str],
-        values: Sequence[torch.Tensor],
-        generation: int,
-        header: pb.PushPullReplyHeader,
-    ) -> bytes | None:
-        """The reply (``header`` alone) once ``values`` (the live variables named ``pull``) are
-        written into ``region``; None if they do not fit it. The caller holds the store's lock."""
+    def of(self, pull: Sequence[str], values: Sequence[torch.Tensor], generation: int) -> tuple[MessageEncoding, list]:
+        """The layout of a reply of ``values`` (the live variables named ``pull``) and their
+        buffers (:meth:`MessageEncoding.buffers`). The caller holds the store's lock."""
         key = (generation, tuple(pull))
         laid_out = self._laid_out.get(key)
         if laid_out is None:
@@ -219,9 +215,4 @@ class RegionReplies:
             # Only the current generation's layouts are kept: older variables are gone.
             self._laid_out = {k: v for k, v in self._laid_out.items() if k[0] == generation}
             laid_out = self._laid_out[key] = (layout, layout.buffers(values))
-        layout, buffers = laid_out
-        if not region.fits_reply(layout):
-            return None
-        region.write_reply(layout, buffers)
-        header.in_region = True
-        return layout.encode_header(header)
+        return laid_out
