@@ -23,6 +23,7 @@ from benchmarks.report import COPIES_MARKER, TITLES
 from benchmarks.suite.scaling import SERVING_PROCESSES
 from benchmarks.suite.sparse import CTR_CAPTION, MEMORY_CAPTION
 from benchmarks.suite.training import PLOT_ORDER
+from tests.conftest import ROOT
 from tests.unit.test_benchmarks import (  # noqa: F401
     TIMEOUT_S,
     QuickRun,
@@ -32,6 +33,17 @@ from tests.unit.test_benchmarks import (  # noqa: F401
     _table_after,
     quick_run,
 )
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
+def test_the_handler_cpu_comparison_runs_each_tree_s_handler_in_turn():
+    """Its children load the experiment with a tree's psframe and answer every block they are given."""
+    from benchmarks.experiments import handler_cpu
+
+    runs = handler_cpu.compare(ROOT, ROOT, sync=True, pairs=2, block=5)
+    assert {name: len(values) for name, values in runs.items()} == {"before": 2, "after": 2}
+    assert all(value > 0 for values in runs.values() for value in values)
 
 
 @pytest.mark.cluster
