@@ -344,6 +344,9 @@ class Server:
                         info.dropped_gradients,
                         info.rejected_pushes,
                     )
+                if isinstance(self.service, ParameterServerService):  # the streams' offsets it keeps (ps 0)
+                    for name, offsets in sorted(self.service.data.streams.offsets().items()):
+                        log.info("%s: stream %r committed up to offsets %s", self.task_name, name, offsets)
                 self.stop()
                 return True
             if deadline is not None and time.monotonic() >= deadline:
