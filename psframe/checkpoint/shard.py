@@ -239,12 +239,15 @@ def _check_shard(shard: ShardData) -> None:
     _check_pushes(shard.pushes)
 
 
+DATA_KEYS = ("data:", "stream:", "stream-applied:")  # a record of pushes' keys of data read, beside the counts
+
+
 def _check_pushes(pushes: Any) -> None:
     if pushes is None:
         return
     if (
         not isinstance(pushes, Mapping)
-        or {k for k in pushes if not str(k).startswith(("data:", "stream:"))} != {"last_push", "applied_steps"}
+        or {k for k in pushes if not str(k).startswith(DATA_KEYS)} != {"last_push", "applied_steps"}
         or not all(isinstance(v, (list, tuple)) and all(_is_int(x) and x >= 0 for x in v) for v in pushes.values())
     ):
         raise CheckpointError(

@@ -278,15 +278,44 @@ class StreamPartitionsReply(_message.Message):
     leases: _containers.RepeatedCompositeFieldContainer[StreamLease]
     def __init__(self, leases: _Optional[_Iterable[_Union[StreamLease, _Mapping]]] = ...) -> None: ...
 
+class StreamOffsetsRequest(_message.Message):
+    __slots__ = ("caller", "name")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    name: str
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., name: _Optional[str] = ...) -> None: ...
+
+class StreamOffsetsReply(_message.Message):
+    __slots__ = ("applied",)
+    class AppliedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    applied: _containers.ScalarMap[int, int]
+    def __init__(self, applied: _Optional[_Mapping[int, int]] = ...) -> None: ...
+
 class DataProgress(_message.Message):
-    __slots__ = ("name", "lease", "offset")
+    __slots__ = ("name", "lease", "offset", "start", "seen", "partition", "partitions")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    SEEN_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     lease: int
     offset: int
-    def __init__(self, name: _Optional[str] = ..., lease: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+    start: int
+    seen: int
+    partition: int
+    partitions: int
+    def __init__(self, name: _Optional[str] = ..., lease: _Optional[int] = ..., offset: _Optional[int] = ..., start: _Optional[int] = ..., seen: _Optional[int] = ..., partition: _Optional[int] = ..., partitions: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
     __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "applied_steps", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts", "max_workers", "membership", "data_sets", "reshard_to", "layout_version", "relayouts", "move_stage")

@@ -23,6 +23,7 @@ import psframe
 from psframe.errors import PsframeError
 from psframe.streams import JetStream, StreamRecord
 from psframe.streams.local_broker import LocalBroker
+from tests.conftest import free_cluster
 from tests.service.test_sync import run_workers
 from tests.unit.test_elastic import grow
 
@@ -293,4 +294,48 @@ def test_each_record_once_across_re_layouts_to_more_ps_tasks_and_back(broker):
         assert first[0].service.data.streams.offsets() == {"clicks": [ends[p] for p in range(PARTITIONS)]}
     finally:
         for server in [*first, added]:
+            server.stop(grace=0.1)
+
+
+@pytest.mark.parametrize("lost", [0, 1])
+def test_a_ps_task_lost_and_restored_mid_stream_each_record_reaches_every_ps_task_once(broker, tmp_path, lost):
+    """Two ps tasks, the rows cut across both; ps task ``lost`` stops and starts again from the
+    last checkpoint while the worker trains on: the other keeps its values. Each task's updates
+    of the records since the checkpoint are made again there only (the other answers them as
+    applied), so every row ends at exactly -1."""
+    from tests.service.test_relayout import assemble
+
+    n = 400
+    ends = publish(broker.url, "clicks", range(n))
+    ckpt = str(tmp_path / "ckpt")
+    cluster = free_cluster(2, 1)
+    servers = [psframe.Server(cluster, "ps", k, serving_processes=1, checkpoint_dir=ckpt) for k in range(2)]
+    trainer = psframe.Trainer(
+        RowsAcrossPs(n),
+        cluster,
+        task_index=0,
+        optimizer=psframe.optim.SGD(lr=1.0),
+        placement=psframe.Placement(min_partition_bytes=256, max_shard_bytes=512),
+        transport=psframe.Transport(connect_timeout=DEADLINE_S),
+        checkpointing=psframe.Checkpointing(ckpt, save_steps=15),
+    )
+
+    def worker() -> int:
+        with trainer, JetStream(broker.url, "clicks", PARTITIONS) as source:
+            for records in trainer.stream(source, batch_size=4, idle_timeout=3.0, rebalance_seconds=0.3):
+                trainer.step(trainer.model(ids_of(records)))
+                if trainer.stats.local_step == 40:  # past a checkpoint: the task is lost, and comes back
+                    servers[lost].stop(grace=0.1)
+                    servers[lost] = psframe.Server(cluster, "ps", lost, serving_processes=1, checkpoint_dir=ckpt)
+        return trainer.stats.local_step
+
+    try:
+        assert run_workers({0: worker})[0] > 40
+        rows = assemble(servers)["rows"]
+        twice, never = (rows == -2.0).any(1).nonzero().flatten(), (rows == 0.0).any(1).nonzero().flatten()
+        assert torch.equal(rows, torch.full((n, 4), -1.0)), f"rows trained twice: {twice[:20]}; never: {never[:20]}"
+        assert trainer.stats.recoveries + trainer.stats.dropped_steps >= 1  # the worker saw the task go
+        assert servers[0].service.data.streams.offsets() == {"clicks": [ends[p] for p in range(PARTITIONS)]}
+    finally:
+        for server in servers:
             server.stop(grace=0.1)

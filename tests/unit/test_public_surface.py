@@ -28,6 +28,8 @@ PUBLIC_MODULES = {
     "psframe.hooks",
     "psframe.checkpoint",
     "psframe.export",
+    "psframe.streams",
+    "psframe.streams.local_broker",
     "psframe.errors",
     "psframe.spark",
     "psframe.ray",

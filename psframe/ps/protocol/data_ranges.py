@@ -86,11 +86,18 @@ class Lease:
 
 @dataclass(frozen=True)
 class Progress:
-    """What a step's push says of a worker's lease: consumed up to ``offset``."""
+    """What a step's push says of a worker's lease: consumed up to ``offset``. A stream's batch
+    (``partitions`` > 0) also says its first offset ``start``, its ``partition``, and ``seen``:
+    where the worker last knew this task's updates of the partition to have reached
+    (:meth:`psframe.ps.protocol.stream_partitions.StreamPartitions.check`)."""
 
     name: str
     lease_id: int
     offset: int
+    start: int = 0
+    seen: int = 0
+    partition: int = 0
+    partitions: int = 0
 
 
 @dataclass
@@ -182,17 +189,17 @@ class RangeQueue:
                 raise WireFormatError(f"{name!r} is a data set read in ranges here; it cannot be read as a stream too")
             return self.streams.assign(worker, name, partitions, given_back, leaving=leaving)
 
-    def check(self, worker: int, progress: Progress) -> None:
-        """Raise unless ``progress`` may be recorded (hold the lock; before the push is applied).
+    def check(self, worker: int, progress: Progress) -> bool:
+        """Raise unless ``progress`` may be recorded (hold the lock; before the push is applied);
+        True: a stream's batch applied here already (the push is answered, not applied again).
 
         Raises:
             DataRangeLostError: the lease is not this worker's (taken back and handed out
                 again while it was presumed dead, or unknown after a restore), or the
                 offset goes backwards or past the range.
         """
-        if self.streams.knows(progress.name):
-            self.streams.check(worker, progress)
-            return
+        if progress.partitions:
+            return self.streams.check(worker, progress)
         lease = self._lease(progress)
         if lease is None or lease.worker != worker:
             raise DataRangeLostError(
@@ -205,11 +212,12 @@ class RangeQueue:
                 f"worker {worker} says it consumed range {progress.lease_id} of {progress.name!r} up to "
                 f"{progress.offset}, but it was at {lease.offset} of [{lease.start}, {lease.end})"
             )
+        return False
 
     def record(self, worker: int, progress: Progress) -> bool:
         """Record a push's progress (hold the lock, with the push applied, :meth:`check` passed
         when it came); False, and nothing recorded, if it no longer fits its lease."""
-        if self.streams.knows(progress.name):
+        if progress.partitions:
             return self.streams.record(worker, progress)
         lease = self._lease(progress)
         if lease is None or lease.worker != worker or not lease.offset <= progress.offset <= lease.end:

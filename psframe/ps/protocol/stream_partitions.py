@@ -1,28 +1,30 @@
 """Partitions of streams handed to workers so that each record is trained once. No network.
 
 A stream (a JetStream stream, a Kafka topic) is cut into partitions, each an
-ordered sequence of records addressed by offsets that only grow. ps 0 keeps a
-:class:`StreamPartitions`: each partition is out with one worker at a time
-(a *lease*), with the offset it is consumed up to, the next record to train
-on. A worker trains on a batch of one partition's records in order, and the
-step's push to this task says where the batch ends
-(:class:`~psframe.ps.protocol.data_ranges.Progress`, as for data read in
-ranges): the queue records that under the store's lock with the push's
-gradients, so an offset is committed exactly when the update that trained on
-its records is applied. The offsets go into this task's checkpoint shard, so
-a restore rolls them back with the variables: the records the restored model
-did not train on are read again, and none is trained twice.
+ordered sequence of records addressed by offsets that only grow. ps 0 shares
+the partitions out: each is out with one worker at a time (a *lease*).
+Partitions are shared out evenly among the workers that read the stream: a
+worker asking again (:meth:`StreamPartitions.assign`, every few seconds) gets
+free partitions up to its share, and is told which of its own to give back
+when it holds more than its share (a worker joined); it gives them back
+between two batches, so no push in flight loses its partition. A worker that
+is gone (finished, or presumed dead: see :mod:`psframe.ps.protocol.roster`)
+loses its partitions to the others; if it comes back and pushes on one, ps 0
+refuses the push (:class:`~psframe.errors.DataRangeLostError`).
 
-Partitions are shared out evenly among the workers that read the stream:
-a worker asking again (:meth:`StreamPartitions.assign`, every few
-seconds) gets free partitions up to its share, and is told which of its own
-to give back when it holds more than its share (a worker joined). It gives
-them back between two batches, so no push in flight loses its partition. A
-worker that is gone (finished, or presumed dead: see
-:mod:`psframe.ps.protocol.roster`) loses its partitions to the others from
-the offsets its applied pushes reached; if it comes back and pushes on one,
-the push is refused (:class:`~psframe.errors.DataRangeLostError`) and
-nothing of it is applied.
+Every ps task, ps 0 or not, keeps how far its own updates of each partition
+reached, in its checkpoint shard too, so that a restore rolls it back with
+the task's values. A worker trains on a batch of one partition's records in
+order, and each of the step's pushes to every ps task says where the batch
+starts and ends and where the worker last knew that task to be
+(:class:`~psframe.ps.protocol.data_ranges.Progress`): the task applies it once
+it is there (and records the end with the step's last push, under the store's
+lock, with the update), answers it as applied if it is past the batch's end,
+and refuses it otherwise (:meth:`StreamPartitions.check`). A worker refused
+asks every ps task where it is, and reads again from the lowest offset, its
+batches cut where any task's updates stop. So each record's update reaches
+each ps task once: whichever of a step's pushes a killed worker had sent,
+whichever ps task restored a checkpoint while the others went on.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from psframe.errors import CheckpointError, DataRangeLostError, WireFormatError
 if TYPE_CHECKING:  # the data ranges' queue holds this one, and hands it their progress
     from psframe.ps.protocol.data_ranges import Progress
 
-STATE_PREFIX = "stream:"  # a stream's key in a checkpoint's record of pushes
+STATE_PREFIX = "stream:"  # a stream's leases in a checkpoint's record of pushes (ps 0)
+APPLIED_PREFIX = "stream-applied:"  # how far a ps task's updates of a stream's partitions reached
 MAX_PARTITIONS = 1 << 16
 
 
@@ -79,7 +82,8 @@ class StreamPartitions:
     def __init__(self, gone: Callable[[int], bool], lock: Any | None = None) -> None:
         self._gone = gone
         self._lock = lock if lock is not None else threading.RLock()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, _Stream] = {}  # the leases: kept on ps 0
+        self._applied: dict[str, dict[int, int]] = {}  # stream: partition: offset this task's updates reached
         # Lease ids drawn afresh by each process, so that a lease of before a restart (a push
         # in flight as the ps task was lost) names none of after it.
         self._next_lease = secrets.randbits(62) | 1 << 62
@@ -129,34 +133,60 @@ class StreamPartitions:
             extra = own[share:]
             return Assignment(tuple(own), tuple(lease.lease_id for lease in extra))
 
-    def check(self, worker: int, progress: Progress) -> None:
-        """Raise unless ``progress`` may be recorded (hold the lock; before the push is applied).
+    def check(self, worker: int, progress: Progress) -> bool:
+        """Whether a push's batch of a stream may be applied here (hold the lock; before the push
+        is applied): False, apply it; True, it was applied here already (answer it, apply nothing).
+
+        Every ps task keeps how far its own updates of each partition reached, in its checkpoints
+        too: a batch ``[start, offset)`` applies once ``seen`` (where the worker last knew this task
+        to be) is that, and the batch starts there or later; one that ends there or before is
+        applied already. So each record's update reaches each ps task once, whichever of a
+        step's pushes a killed worker had sent, and whichever ps task restored a checkpoint.
 
         Raises:
-            DataRangeLostError: the partition is not this worker's (it went to another while this
-                one was presumed dead, or the ps task restored a checkpoint), or the offset goes back.
+            DataRangeLostError: the partition is not this worker's (kept here: ps 0), or the worker
+                read it from elsewhere than this task is: nothing applies; it asks ps 0 for its
+                partitions and every ps task where each reached, and reads again from the lowest.
         """
-        lease = self._lease(progress)
-        if lease is None or lease.worker != worker:
+        stream = self._streams.get(progress.name)
+        if stream is not None:  # the leases are kept here (ps 0)
+            lease = stream.leases.get(progress.lease_id)
+            if lease is None or lease.worker != worker:
+                raise DataRangeLostError(
+                    f"lease {progress.lease_id} of stream {progress.name!r} is no longer worker {worker}'s (it was "
+                    f"presumed dead and the partition went to another worker, or the ps task restored a checkpoint)"
+                    f": nothing of this push was applied; ask for partitions again"
+                )
+        reached = self._applied.get(progress.name, {}).get(progress.partition, 0)
+        if reached and progress.offset <= reached:
+            return True
+        if progress.seen != reached or progress.start < reached:
             raise DataRangeLostError(
-                f"lease {progress.lease_id} of stream {progress.name!r} is no longer worker {worker}'s (it was "
-                f"presumed dead and the partition went to another worker, or the ps task restored a checkpoint): "
-                f"nothing of this push was applied; ask for partitions again"
+                f"partition {progress.partition} of stream {progress.name!r} is applied up to offset {reached} here; "
+                f"worker {worker} sent records [{progress.start}, {progress.offset}) as if it were at {progress.seen} "
+                f"(a ps task restored a checkpoint, or another worker read the partition): nothing of this push was "
+                f"applied; read again from where every ps task is"
             )
-        if progress.offset < lease.offset:
-            raise DataRangeLostError(
-                f"worker {worker} says it consumed partition {lease.partition} of stream {progress.name!r} up to "
-                f"offset {progress.offset}, but it was committed up to {lease.offset} already"
-            )
+        return False
 
     def record(self, worker: int, progress: Progress) -> bool:
-        """Commit a push's offset (hold the lock, with the push applied, :meth:`check` passed when
-        it came); False, and nothing recorded, if it no longer fits its lease."""
-        lease = self._lease(progress)
-        if lease is None or lease.worker != worker or progress.offset < lease.offset:
+        """Commit a push's batch here (hold the lock, with the push applied, :meth:`check` passed
+        when it came); False, and nothing recorded, if its lease went meanwhile."""
+        stream = self._streams.get(progress.name)
+        lease = None if stream is None else stream.leases.get(progress.lease_id)
+        if stream is not None and (lease is None or lease.worker != worker):
             return False
-        lease.offset = progress.offset
+        applied = self._applied.setdefault(progress.name, {})
+        applied[progress.partition] = max(applied.get(progress.partition, 0), progress.offset)
+        if lease is not None:
+            lease.offset = max(lease.offset, progress.offset)
         return True
+
+    def applied(self, name: str) -> dict[int, int]:
+        """How far this task's updates of each partition of stream ``name`` reached (those it has
+        applied a batch of)."""
+        with self._lock:
+            return dict(self._applied.get(name, {}))
 
     def offsets(self) -> dict[str, list[int]]:
         """Each stream's committed offset of each partition."""
@@ -166,13 +196,15 @@ class StreamPartitions:
     # ---- checkpoints
 
     def state_dict(self) -> dict[str, list[int]]:
-        """What a checkpoint keeps: for each stream, under ``"stream:<name>"``, ``[partitions]``
-        and then each partition's committed offset."""
+        """What a checkpoint keeps: for each stream whose leases are kept here, under
+        ``"stream:<name>"``, ``[partitions]`` and then each partition's committed offset; for each
+        stream this task applied batches of, under ``"stream-applied:<name>"``, pairs of a
+        partition and the offset this task's updates of it reached."""
         with self._lock:
-            return {
-                f"{STATE_PREFIX}{name}": [stream.partitions, *_offsets(stream)]
-                for name, stream in self._streams.items()
-            }
+            state = {f"{STATE_PREFIX}{name}": [s.partitions, *_offsets(s)] for name, s in self._streams.items()}
+            for name, applied in self._applied.items():
+                state[f"{APPLIED_PREFIX}{name}"] = [x for p in sorted(applied) for x in (p, applied[p])]
+            return state
 
     def load_state_dict(self, state: Mapping[str, Sequence[int]]) -> None:
         """Take a checkpoint's offsets (its ``"stream:"`` keys): every partition goes back to the
@@ -182,8 +214,10 @@ class StreamPartitions:
             CheckpointError: a stream's record is malformed.
         """
         with self._lock:
-            self._streams = {}
+            self._streams, self._applied = {}, {}
             for key, values in state.items():
+                if key.startswith(APPLIED_PREFIX):
+                    self._applied[key[len(APPLIED_PREFIX) :]] = _pairs(key, values)
                 if not key.startswith(STATE_PREFIX):
                     continue
                 name = key[len(STATE_PREFIX) :]
@@ -220,6 +254,12 @@ class StreamPartitions:
     def _lease(self, progress: Progress) -> PartitionLease | None:
         stream = self._streams.get(progress.name)
         return None if stream is None else stream.leases.get(progress.lease_id)
+
+
+def _pairs(key: str, values: Sequence[int]) -> dict[int, int]:
+    if len(values) % 2 or any(int(v) < 0 for v in values):
+        raise CheckpointError(f"the record {key!r} is malformed: {list(values)!r}")
+    return {int(values[i]): int(values[i + 1]) for i in range(0, len(values), 2)}
 
 
 def _offsets(stream: _Stream) -> list[int]:

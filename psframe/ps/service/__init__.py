@@ -24,7 +24,7 @@ Each handler is a component of this package, behind a narrow interface:
   checkpoint's or a re-layout's cut);
 - :mod:`~psframe.ps.service.relayout_participant`: AskRelayout, RelayoutStatus,
   RelayoutDone, Precopy, FetchParts, CopyPartsLive, and the task's part in a re-layout;
-- :mod:`~psframe.ps.service.data_range_handler`: DataRange and StreamPartitions;
+- :mod:`~psframe.ps.service.data_range_handler`: DataRange, StreamPartitions and StreamOffsets;
 - :mod:`~psframe.ps.service.metric_report`: ReportMetric (the chief's metric for the schedules);
 - :mod:`~psframe.ps.service.status_report`: what GetInfo reports.
 
@@ -220,6 +220,7 @@ class ParameterServerService(TaskService):
             "StepMembers": self.step_members,
             "DataRange": self._data_ranges.data_range,
             "StreamPartitions": self._data_ranges.stream_partitions,
+            "StreamOffsets": self._data_ranges.stream_offsets,
             "AskRelayout": self._relayout_participant.ask,
             "RelayoutStatus": self._relayout_participant.status,
             "RelayoutDone": self._relayout_participant.done,

@@ -1,5 +1,5 @@
-"""The DataRange and StreamPartitions handlers: a worker's next range of a data set read in
-ranges, and its partitions of a stream.
+"""The DataRange, StreamPartitions and StreamOffsets handlers: a worker's next range of a data
+set read in ranges, its partitions of a stream, and where this task's updates of them reached.
 
 The queues are :class:`psframe.ps.protocol.data_ranges.RangeQueue`'s (they live
 on ps task 0); a push records what its worker consumed of its range
@@ -78,3 +78,8 @@ class DataRangeHandler:
                 for lease in assignment.leases
             ]
         )
+
+    def stream_offsets(self, request: pb.StreamOffsetsRequest) -> pb.StreamOffsetsReply:
+        """How far this task's updates of each partition of a stream reached."""
+        self._membership.check_caller(request.caller)
+        return pb.StreamOffsetsReply(applied=self._data.streams.applied(request.name))

@@ -281,11 +281,13 @@ class PushPullHandler:
                 store.check_rows(rows)
                 grads, rows, pushes = {}, [], False
             progress = request.progress if pushes else None
-            if progress is not None:  # the range is still this worker's, or nothing applies
-                self._data.check(worker, progress)
+            # The range (or partition) is still this worker's, or nothing applies; a stream's
+            # batch applied here already is answered as a push sent again is.
+            if progress is not None and self._data.check(worker, progress):
+                grads, rows, pushes, progress = {}, [], False, None
             step, values = store.push_pull(grads, pull, request.end_of_step and pushes, rows)
             ahead = self._record(worker, request.push_id, request.end_of_step) if pushes else 0
-            if progress is not None:  # consumed exactly when the update that trained on it applied
+            if progress is not None and request.end_of_step:  # consumed exactly when its update applied
                 self._data.record(worker, progress)
             if (
                 cache is not None

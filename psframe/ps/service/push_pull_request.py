@@ -68,9 +68,7 @@ class PushPullRequest:
             row_pulls=row_pulls,
             pull=list(header.pull),
             wire_dtype=wire_dtype,
-            progress=Progress(header.progress.name, header.progress.lease, header.progress.offset)
-            if header.HasField("progress")
-            else None,
+            progress=_progress_of(header.progress) if header.HasField("progress") else None,
             rows_async=header.rows_async,
             span=GradientSpan(*span) if span is not None and wire_dtype is None and not (rows or row_pulls) else None,
         )
@@ -81,3 +79,16 @@ def outgoing(
 ) -> list[tuple[str, torch.Tensor]]:
     """The pulled variables as they travel: compressed when the worker asked."""
     return [(name, dtypes.to_wire(value, wire_dtype)) for name, value in zip(names, values)]
+
+
+def _progress_of(progress: pb.DataProgress) -> Progress:
+    """What a push says it consumed of a data set's range, or of a stream's partition."""
+    return Progress(
+        progress.name,
+        progress.lease,
+        progress.offset,
+        progress.start,
+        progress.seen,
+        progress.partition,
+        progress.partitions,
+    )

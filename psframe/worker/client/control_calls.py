@@ -224,6 +224,14 @@ def stream_partitions(
     return [StreamLease(lease.lease, lease.partition, lease.offset, lease.give_back) for lease in reply.leases]
 
 
+def stream_offsets(client: PsClient, name: str) -> list[dict[int, int]]:
+    """Where each ps task's updates of each partition of stream ``name`` reached (partition:
+    offset; a partition it applied nothing of is absent), asked of every ps task at once."""
+    request = pb.StreamOffsetsRequest(caller=client.caller, name=name)
+    calls = [(connection, "StreamOffsets", request) for connection in client.connections]
+    return [dict(reply.applied) for reply in transport.call_all(calls, client.rpc_timeout)]
+
+
 def report_metric(
     client: PsClient, value: float, step: int, tasks: Sequence[int]
 ) -> list[tuple[pb.ReportMetricReply | None, errors.PsframeError | None]]:

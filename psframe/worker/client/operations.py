@@ -36,7 +36,7 @@ its tensors may move through a shared region.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -82,6 +82,32 @@ class PushPull:
         self.pushes = bool(request.push or rows)
         # It travels with rows: a message of its own make, not its prepared request's.
         self.carries_rows = bool(rows or row_pulls)
+
+
+@dataclass(frozen=True)
+class StreamProgress:
+    """What a step on a stream's batch tells one ps task: the batch is records ``[start, end)`` of
+    ``partition`` (of ``partitions``), on lease ``lease`` (ps 0's), and the worker last knew the
+    task's updates of the partition to have reached ``seen``."""
+
+    name: str
+    lease: int
+    partition: int
+    partitions: int
+    start: int
+    end: int
+    seen: int
+
+    def message(self) -> pb.DataProgress:
+        return pb.DataProgress(
+            name=self.name,
+            lease=self.lease,
+            offset=self.end,
+            start=self.start,
+            seen=self.seen,
+            partition=self.partition,
+            partitions=self.partitions,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,15 +212,17 @@ class OperationEncoder:
         self.share_with = share_with
         # Made once per planned request (and compression): see PreparedRequest.
         self.prepared: dict[tuple[Request, bool], PreparedRequest] = {}
-        # Data read in ranges: the ps task that keeps the queue, and what this step consumed,
-        # for its step-ending push there (psframe.ps.protocol.data_ranges); None between such steps.
-        self.progress: tuple[int, pb.DataProgress] | None = None
+        # Data read in ranges or from a stream: what this step consumed, for its step-ending push
+        # to each ps task named (psframe.ps.protocol.data_ranges); None between such steps.
+        self.progress: Mapping[int, pb.DataProgress] | None = None
+        self.carried: set[int] = set()  # the ps tasks whose step-ending push named it
         self.relayout_word = relayout_word or RelayoutWord()
 
-    def carry_progress(self, progress: tuple[int, pb.DataProgress] | None) -> None:
-        """Name ``progress`` in the step-ending pushes to its ps task from now on; None: in none
+    def carry_progress(self, progress: Mapping[int, pb.DataProgress] | None) -> None:
+        """Name ``progress[k]`` in the step-ending pushes to ps task ``k`` from now on; None: in none
         (the prepared headers forget what they named, so that a step without it checks nothing)."""
         self.progress = progress
+        self.carried = set()
         if progress is None:
             for prepared in self.prepared.values():
                 prepared.header.ClearField("progress")
@@ -260,9 +288,14 @@ class OperationEncoder:
             header.staleness_timeout = self._staleness.timeout
 
     def _report_progress(self, header: pb.PushPullHeader, ps_task: int) -> None:
-        """Name the data this step consumed in its step-ending push to the queue's ps task (only there)."""
-        if self.progress is not None and header.end_of_step and ps_task == self.progress[0]:
-            header.progress.CopyFrom(self.progress[1])
+        """Name the data this step consumed in its step-ending push to each ps task it is for; a
+        stream's batch in every push of the step there (each is applied, or answered as applied
+        already, or refused, as the step's batch is: :mod:`psframe.ps.protocol.stream_partitions`)."""
+        progress = self.progress.get(ps_task) if self.progress is not None else None
+        if progress is not None and (header.end_of_step or progress.partitions):
+            header.progress.CopyFrom(progress)
+            if header.end_of_step:
+                self.carried.add(ps_task)
         elif header.HasField("progress"):
             header.ClearField("progress")
 

@@ -42,6 +42,7 @@ from psframe.worker.client.operations import (
     Reply,
     RowsPulled,
     RowsPushed,
+    StreamProgress,
 )
 from psframe.worker.client.streams import PushPullStreams
 from psframe.worker.plan.step_plan import Request
@@ -401,7 +402,16 @@ class PsClient:
     def report_progress(self, ps_task: int, name: str, lease: int, offset: int) -> None:
         """Carry, in the next step's step-ending push to ``ps_task``, that the step consumed data set
         ``name``'s range ``lease`` up to ``offset`` (recorded with the push, applied once)."""
-        self._streams.encoder.carry_progress((ps_task, pb.DataProgress(name=name, lease=lease, offset=offset)))
+        self._streams.encoder.carry_progress({ps_task: pb.DataProgress(name=name, lease=lease, offset=offset)})
+
+    def report_stream_progress(self, progress: Mapping[int, StreamProgress]) -> None:
+        """Carry, in the next step's pushes to each ps task ``k`` of ``progress``, the stream's
+        batch ``progress[k]`` (:mod:`psframe.ps.protocol.stream_partitions`)."""
+        self._streams.encoder.carry_progress({task: batch.message() for task, batch in progress.items()})
+
+    def progress_carried(self) -> set[int]:
+        """The ps tasks whose step-ending push carried the progress (since it was last set)."""
+        return set(self._streams.encoder.carried)
 
     def take_progress(self, other: PsClient) -> None:
         """Carry the data progress ``other`` was to send (a client of the layout before a re-layout)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -28,6 +28,7 @@ from psframe.config.options import DataRanges
 from psframe.errors import BarrierTimeoutError, DataRangeLostError, PsframeError
 from psframe.worker.client import control_calls
 from psframe.worker.client.control_calls import RangeGrant
+from psframe.worker.client.operations import StreamProgress
 from psframe.worker.session.session import Session
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ class RangeFeed:
     def __init__(self, session: Session) -> None:
         self._session = session
         self._outcome: Outcome | None = None  # what became of the batch the last step trained on
+        self.carried: set[int] = set()  # the ps tasks whose push carried the last batch's progress
         # A batch is out: the next step reports its progress, and tells its outcome (a step
         # reads this, and calls nothing here without it).
         self.reading = False
@@ -165,21 +167,31 @@ class RangeFeed:
                 "there carries the data consumed (place one there, e.g. Placement(variable_devices=...))"
             )
 
-    def out(self, name: str, lease: int, stop: int, batch: T) -> Generator[T, None, Outcome]:
-        """Give ``batch`` out for one step, whose push says that it takes lease ``lease`` of
-        ``name`` to ``stop``; what became of the step (``outcome = yield from feed.out(...)``).
+    def out(
+        self, name: str, lease: int, stop: int, batch: T, stream: Mapping[int, StreamProgress] | None = None
+    ) -> Generator[T, None, Outcome]:
+        """Give ``batch`` out for one step, whose push to ps 0 says that it takes lease ``lease``
+        of ``name`` to ``stop`` (a stream's batch: whose push to each ps task ``k`` carries
+        ``stream[k]``); what became of the step (``outcome = yield from feed.out(...)``), and in
+        :attr:`carried` the ps tasks whose push carried it.
 
         Raises:
             PsframeError: the batch was not stepped on.
         """
         self._outcome = None
         self.reading = True
-        self._session.client.report_progress(0, name, lease, stop)
+        client = self._session.client
+        if stream is None:
+            client.report_progress(0, name, lease, stop)
+        else:
+            client.report_stream_progress(stream)
         try:
             yield batch
         finally:
             self.reading = False
-            self._session.client.clear_progress()
+            client = self._session.client  # another after a re-layout (it took the progress)
+            self.carried = client.progress_carried()
+            client.clear_progress()
         outcome = self._outcome
         if outcome is None:
             raise PsframeError(

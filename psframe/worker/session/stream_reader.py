@@ -28,6 +28,7 @@ from psframe.errors import PsframeError, StreamError
 from psframe.streams.source import StreamRecord, StreamSource
 from psframe.worker.client import control_calls
 from psframe.worker.client.control_calls import StreamLease
+from psframe.worker.client.operations import StreamProgress
 from psframe.worker.session.data_reader import Outcome, RangeFeed
 from psframe.worker.session.session import Session
 
@@ -39,13 +40,48 @@ WAIT_FOR_PARTITIONS_S = 0.2  # how long a worker with no partition waits before 
 
 @dataclass
 class _Partition:
+    """One partition this worker holds: where it trains from, how far each ps task's updates of
+    it reached (as last known), and the records read ahead."""
+
     lease: int
     partition: int
-    offset: int  # committed up to here: the next record to train on
+    offset: int  # the next record to train on: every ps task's updates reached it (or past it)
+    reached: dict[int, int]  # ps task: the offset its updates of the partition reached
     ahead: list[StreamRecord] = field(default_factory=list)  # read from `offset` on, not yet trained
 
     def next_offset(self) -> int:
         return self.ahead[-1].offset + 1 if self.ahead else self.offset
+
+    def batch(self, size: int) -> list[StreamRecord]:
+        """The next batch: up to ``size`` records, none past an offset some ps task reached (a
+        batch is applied by a ps task whole, or not at all)."""
+        while True:
+            past = [reached for reached in self.reached.values() if reached > self.offset]
+            limit = min(past) if past else None
+            records = self.ahead[:size]
+            if limit is None:
+                return records
+            records = [record for record in records if record.offset < limit]
+            if records or not self.ahead:
+                return records
+            self.offset = limit  # no record lies before it: nothing to train there
+
+    def progress(self, name: str, partitions: int, stop: int) -> dict[int, StreamProgress]:
+        """What the step on the batch ending at ``stop`` tells each ps task (the leases are ps 0's)."""
+        return {
+            task: StreamProgress(
+                name, self.lease if task == 0 else 0, self.partition, partitions, self.offset, stop, seen
+            )
+            for task, seen in self.reached.items()
+        }
+
+    def applied(self, stop: int, carried: set[int], trained: int) -> None:
+        """The step on the batch ending at ``stop`` (its first ``trained`` records) was applied by
+        the ps tasks ``carried`` (or was there already)."""
+        self.offset = stop
+        del self.ahead[:trained]
+        for task in carried:
+            self.reached[task] = max(self.reached.get(task, 0), stop)
 
 
 def stream_batches(
@@ -76,9 +112,13 @@ def stream_batches(
             lambda at: control_calls.stream_partitions(at.client, 0, name, partitions, given_back, leaving), lost=False
         )
 
+    def offsets(name: str) -> list[dict[int, int]]:
+        return session.call(lambda at: control_calls.stream_offsets(at.client, name), lost=False)
+
     reader = StreamReader(
         feed,
         ask,
+        offsets,
         source,
         batch_size,
         idle_timeout=idle_timeout,
@@ -96,6 +136,8 @@ class StreamReader:
         feed: gives each batch out for one step, and learns what became of it.
         ask: asks ps 0 for this worker's partitions (``control_calls.stream_partitions``'s
             arguments after the client: name, partitions, given back, leaving).
+        offsets: asks every ps task how far its updates of each partition of a stream reached
+            (``control_calls.stream_offsets``).
         source: the stream.
         batch_size: records a batch at most (fewer when fewer have come).
         idle_timeout: end the iteration once no record came for this long (None: never).
@@ -108,6 +150,7 @@ class StreamReader:
         self,
         feed: RangeFeed,
         ask: Callable[..., list[StreamLease]],
+        offsets: Callable[[str], list[dict[int, int]]],
         source: StreamSource,
         batch_size: int,
         *,
@@ -128,7 +171,7 @@ class StreamReader:
                 raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
         if not isinstance(source, StreamSource):
             raise TypeError(f"source must be a psframe.streams.StreamSource, got {type(source).__name__}")
-        self._feed, self._ask, self._source = feed, ask, source
+        self._feed, self._ask, self._offsets, self._source = feed, ask, offsets, source
         self._batch_size, self._idle_timeout, self._rebalance = batch_size, idle_timeout, rebalance_seconds
         self._read_ahead = max(read_ahead, batch_size)
         self._held: dict[int, _Partition] = {}  # by lease id
@@ -138,30 +181,30 @@ class StreamReader:
 
     def batches(self) -> Iterator[list[StreamRecord]]:
         """Batches of records until none came for ``idle_timeout`` seconds; then the partitions go back."""
-        source, held = self._source, self._held
+        source = self._source
         next_ask, idle_since = 0.0, time.monotonic()
         try:
             while True:
                 now = time.monotonic()
-                if not held or now >= next_ask:
+                if not self._held or now >= next_ask:
                     self._ask_partitions()
                     next_ask = now + self._rebalance
                 picked = self._next_batch()
                 if picked is None:
                     if self._idle_timeout is not None and time.monotonic() - idle_since >= self._idle_timeout:
                         return
-                    if not held:
+                    if not self._held:
                         time.sleep(WAIT_FOR_PARTITIONS_S)
                     continue
                 idle_since = time.monotonic()
                 part, records = picked
                 stop = records[-1].offset + 1
-                outcome = yield from self._feed.out(source.name, part.lease, stop, records)
+                progress = part.progress(source.name, source.partitions, stop)
+                outcome = yield from self._feed.out(source.name, part.lease, stop, records, progress)
                 if outcome is Outcome.APPLIED:
-                    part.offset = stop
-                    del part.ahead[: len(records)]
+                    part.applied(stop, self._feed.carried, len(records))
                 elif outcome is Outcome.LOST:
-                    held.clear()  # ps 0 says where each partition is: ask again now
+                    self._held = {}  # the ps tasks say where each partition is: ask again now
                     next_ask = 0.0
         finally:
             self._leave()
@@ -177,12 +220,14 @@ class StreamReader:
             log.info("stream %r: giving back partitions %s", source.name, [x.partition for x in leases if x.give_back])
             leases = self._ask(source.name, source.partitions, give_back, False)
         held, self._held = self._held, {}
-        for lease in leases:
-            if lease.give_back:
-                continue
+        kept = [lease for lease in leases if not lease.give_back]
+        new = [lease for lease in kept if lease.lease not in held]
+        reached = self._offsets(source.name) if new else []  # each ps task's offsets of each partition
+        for lease in kept:
             part = held.get(lease.lease)
-            if part is None or part.offset != lease.offset:  # new, or committed elsewhere: read from ps 0's offset
-                part = _Partition(lease.lease, lease.partition, lease.offset)
+            if part is None:  # read from where the ps task that is furthest behind is
+                at = {task: offsets.get(lease.partition, 0) for task, offsets in enumerate(reached)}
+                part = _Partition(lease.lease, lease.partition, min(at.values(), default=0), at)
             self._held[lease.lease] = part
 
     def _next_batch(self) -> tuple[_Partition, list[StreamRecord]] | None:
@@ -192,9 +237,10 @@ class StreamReader:
             part = parts[(self._turn + i) % len(parts)]
             if len(part.ahead) < self._batch_size:
                 part.ahead += self._read(part)
-            if part.ahead:
+            records = part.batch(self._batch_size)
+            if records:
                 self._turn = (self._turn + i + 1) % len(parts)
-                return part, part.ahead[: self._batch_size]
+                return part, records
         return None
 
     def _read(self, part: _Partition) -> Sequence[StreamRecord]:
