@@ -24,6 +24,7 @@ from psframe.errors import PsframeError
 from psframe.streams import JetStream, StreamRecord
 from psframe.streams.local_broker import LocalBroker
 from tests.conftest import free_cluster
+from tests.service.test_data_ranges import ps_tasks  # noqa: F401 (the fixture: ps tasks in this process)
 from tests.service.test_sync import run_workers
 from tests.unit.test_elastic import grow
 
@@ -39,23 +40,6 @@ def broker(tmp_path):
     broker = LocalBroker(tmp_path / "nats").start()
     yield broker
     broker.stop()
-
-
-@pytest.fixture
-def ps_tasks():
-    servers: list[psframe.Server] = []
-
-    def make(num_ps: int, num_workers: int, **options) -> tuple[psframe.ClusterSpec, list[psframe.Server]]:
-        from tests.conftest import free_cluster
-
-        cluster = free_cluster(num_ps, num_workers)
-        started = [psframe.Server(cluster, "ps", k, serving_processes=1, **options) for k in range(num_ps)]
-        servers.extend(started)
-        return cluster, started
-
-    yield make
-    for server in servers:
-        server.stop(grace=0.1)
 
 
 def publish(url: str, stream: str, ids: range) -> dict[int, int]:
