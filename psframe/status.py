@@ -74,6 +74,16 @@ class DataSetStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamStatus:
+    """A stream as one ps task knows it (:meth:`psframe.Trainer.stream`): how far the task's updates
+    of each partition reached (0: none yet), and on ps 0 the worker reading each (-1: none)."""
+
+    name: str
+    applied: tuple[int, ...]
+    readers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class MembershipEvent:
     """A worker that joined, left or was presumed dead, as a ps task saw it (elastic clusters)."""
 
@@ -125,6 +135,7 @@ class TaskStatus:
     reshard_to: str = ""  # a ps task's re-layout asked for or taken: the cluster (ClusterSpec.to_string)
     membership: tuple[MembershipEvent, ...] = ()  # who joined and left, oldest first
     data_sets: tuple[DataSetStatus, ...] = ()  # ps 0: data sets read in ranges
+    streams: tuple[StreamStatus, ...] = ()  # ps: streams read by partition
 
     @property
     def name(self) -> str:

@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     changes: list[tuple[str, ...]] = [("worker", "membership change", "at step", "when")]
     # Data sets read in ranges (psframe.DataRanges), as ps 0 keeps their queues.
     data: list[tuple[str, ...]] = [("data set", "consumed", "of", "ranges out")]
+    # Streams read by partition: how far each ps task's updates of each partition reached, and who reads it.
+    streams: list[tuple[str, ...]] = [("stream", "ps task", "offsets reached", "readers")]
     layout = ""  # ps 0's word on re-layouts (psframe reshard), if any
     client = ReportClient(cluster, rpc_timeout=args.timeout, security=security_from_flags(args))
     try:
@@ -75,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
             if k == 0 and (info.layout_version or info.reshard_to):
                 layout = _layout_line(info.relayouts, info.move_stage, info.reshard_to, cluster)
             data.extend((d.name, str(d.consumed), str(d.total), str(d.ranges_out)) for d in info.data_sets)
+            streams.extend(
+                (s.name, ClusterSpec.task_name("ps", k), _numbers(s.applied), _numbers(s.readers) or "-")
+                for s in info.streams
+            )
             if len(changes) == 1:
                 changes.extend(
                     (ClusterSpec.task_name("worker", c.worker), c.kind, str(c.global_step), f"{c.seconds_ago:.1f}s ago")
@@ -135,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     _print_table(rows)
-    for extra in (tables, ahead, changes, data):
+    for extra in (tables, ahead, changes, data, streams):
         if len(extra) > 1:
             print()
             _print_table(extra)
@@ -176,6 +182,11 @@ def _print_table(rows: Sequence[Sequence[str]]) -> None:
 def _fresher(worker: WorkerStatus, than: WorkerStatus) -> bool:
     """Whether ``worker`` was heard from more recently than ``than``."""
     return worker.seconds_ago is not None and (than.seconds_ago is None or worker.seconds_ago < than.seconds_ago)
+
+
+def _numbers(values: tuple[int, ...]) -> str:
+    """A partition's numbers in order: ``12 40 -1``."""
+    return " ".join(str(v) for v in values)
 
 
 def _bytes(n: float) -> str:

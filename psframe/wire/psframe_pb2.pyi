@@ -318,7 +318,7 @@ class DataProgress(_message.Message):
     def __init__(self, name: _Optional[str] = ..., lease: _Optional[int] = ..., offset: _Optional[int] = ..., start: _Optional[int] = ..., seen: _Optional[int] = ..., partition: _Optional[int] = ..., partitions: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "applied_steps", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts", "max_workers", "membership", "data_sets", "reshard_to", "layout_version", "relayouts", "move_stage")
+    __slots__ = ("job_name", "task_index", "address", "cluster_spec", "cluster_fingerprint", "state", "global_step", "variables", "bytes_held", "optimizer", "applied_steps", "rejected_pushes", "finished_workers", "version", "pid", "sync", "dropped_gradients", "restored_step", "workers", "checkpoint_dir", "table_optimizer", "dynamic_tables", "steps_ahead_counts", "max_workers", "membership", "data_sets", "reshard_to", "layout_version", "relayouts", "move_stage", "streams")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STARTING: _ClassVar[TaskInfo.State]
@@ -359,6 +359,7 @@ class TaskInfo(_message.Message):
     LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     RELAYOUTS_FIELD_NUMBER: _ClassVar[int]
     MOVE_STAGE_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     task_index: int
     address: str
@@ -389,7 +390,18 @@ class TaskInfo(_message.Message):
     layout_version: int
     relayouts: int
     move_stage: MoveStage
-    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., applied_steps: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ..., steps_ahead_counts: _Optional[_Iterable[int]] = ..., max_workers: _Optional[int] = ..., membership: _Optional[_Iterable[_Union[MembershipChange, _Mapping]]] = ..., data_sets: _Optional[_Iterable[_Union[DataSetCounts, _Mapping]]] = ..., reshard_to: _Optional[str] = ..., layout_version: _Optional[int] = ..., relayouts: _Optional[int] = ..., move_stage: _Optional[_Union[MoveStage, _Mapping]] = ...) -> None: ...
+    streams: _containers.RepeatedCompositeFieldContainer[StreamCounts]
+    def __init__(self, job_name: _Optional[str] = ..., task_index: _Optional[int] = ..., address: _Optional[str] = ..., cluster_spec: _Optional[str] = ..., cluster_fingerprint: _Optional[str] = ..., state: _Optional[_Union[TaskInfo.State, str]] = ..., global_step: _Optional[int] = ..., variables: _Optional[_Iterable[_Union[VariableDef, _Mapping]]] = ..., bytes_held: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., applied_steps: _Optional[int] = ..., rejected_pushes: _Optional[int] = ..., finished_workers: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., sync: _Optional[_Union[SyncDef, _Mapping]] = ..., dropped_gradients: _Optional[int] = ..., restored_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerSeen, _Mapping]]] = ..., checkpoint_dir: _Optional[str] = ..., table_optimizer: _Optional[_Union[OptimizerDef, _Mapping]] = ..., dynamic_tables: _Optional[_Iterable[_Union[DynamicTableCounts, _Mapping]]] = ..., steps_ahead_counts: _Optional[_Iterable[int]] = ..., max_workers: _Optional[int] = ..., membership: _Optional[_Iterable[_Union[MembershipChange, _Mapping]]] = ..., data_sets: _Optional[_Iterable[_Union[DataSetCounts, _Mapping]]] = ..., reshard_to: _Optional[str] = ..., layout_version: _Optional[int] = ..., relayouts: _Optional[int] = ..., move_stage: _Optional[_Union[MoveStage, _Mapping]] = ..., streams: _Optional[_Iterable[_Union[StreamCounts, _Mapping]]] = ...) -> None: ...
+
+class StreamCounts(_message.Message):
+    __slots__ = ("name", "applied", "readers")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    applied: _containers.RepeatedScalarFieldContainer[int]
+    readers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., applied: _Optional[_Iterable[int]] = ..., readers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DataSetCounts(_message.Message):
     __slots__ = ("name", "consumed", "total", "ranges_out")

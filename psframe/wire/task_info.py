@@ -14,6 +14,7 @@ from psframe.status import (
     DataSetStatus,
     DynamicTableStatus,
     MembershipEvent,
+    StreamStatus,
     TaskState,
     TaskStatus,
     VariableStatus,
@@ -71,4 +72,5 @@ def status_without_settings(info: pb.TaskInfo) -> TaskStatus:
             for c in info.membership
         ),
         data_sets=tuple(DataSetStatus(d.name, d.consumed, d.total, d.ranges_out) for d in info.data_sets),
+        streams=tuple(StreamStatus(s.name, tuple(s.applied), tuple(s.readers)) for s in info.streams),
     )

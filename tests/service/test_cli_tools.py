@@ -18,6 +18,7 @@ import psframe
 from psframe import checkpoint, cli
 from psframe.checkpoint import files as checkpoint_io
 from psframe.status import TaskState
+from psframe.streams import StreamRecord
 from psframe.worker.client import control_calls
 from psframe.worker.client.ps_client import PsClient
 from tests.conftest import assert_params_equal, free_cluster, params
@@ -226,6 +227,39 @@ def test_status_shows_how_far_data_sets_read_in_ranges_are(local_cluster, capsys
     header, *rows = out.split("\n\n")[-1].splitlines()
     assert header.split() == ["data", "set", "consumed", "of", "ranges", "out"]
     assert [row.split() for row in rows] == [["train", "30", "100", "1"]]
+
+
+class Listed:
+    """A stream held in lists (a StreamSource of no broker): partition p's record i is at offset i + 1."""
+
+    name, partitions = "clicks", 2
+
+    def __init__(self, per_partition: int) -> None:
+        self._records = [[str(p + 2 * i).encode() for i in range(per_partition)] for p in range(2)]
+
+    def read(self, partition, offset, max_records, timeout):
+        start = max(offset, 1)
+        values = self._records[partition][start - 1 : start - 1 + max_records]
+        return [StreamRecord(partition, start + i, value) for i, value in enumerate(values)]
+
+    def close(self):
+        pass
+
+
+def test_status_shows_how_far_each_ps_task_is_in_each_partition_of_a_stream(local_cluster, capsys):
+    cluster = local_cluster(num_ps=1, num_workers=1)
+    model = make_model()
+    with psframe.Trainer(model, cluster, transport=TRANSPORT) as t:
+        batches = t.stream(Listed(per_partition=6), batch_size=4)
+        for step in range(3):  # partition 0's records 1-4, partition 1's 1-4, partition 0's 5-6
+            next(batches)
+            t.step(loss_of(model, step))
+        code, out = run_cli(capsys, "status", f"--cluster_spec={cluster.to_string()}")
+        batches.close()
+    assert code == 0, out
+    header, *rows = out.split("\n\n")[-1].splitlines()
+    assert header.split() == ["stream", "ps", "task", "offsets", "reached", "readers"]
+    assert [row.split() for row in rows] == [["clicks", "/job:ps/task:0", "7", "5", "0", "0"]]
 
 
 def test_status_marks_a_ps_that_is_not_running_down_and_exits_1(servers, capsys):

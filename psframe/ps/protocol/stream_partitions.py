@@ -193,6 +193,22 @@ class StreamPartitions:
         with self._lock:
             return {name: _offsets(stream) for name, stream in self._streams.items()}
 
+    def report(self) -> dict[str, tuple[list[int], list[int]]]:
+        """Each stream this task applied batches of or keeps the leases of: how far its updates of
+        each partition reached (0: none yet), and the worker reading each (-1: none; leases kept
+        elsewhere: no entries)."""
+        with self._lock:
+            report = {}
+            for name in sorted(set(self._applied) | set(self._streams)):
+                applied, stream = self._applied.get(name, {}), self._streams.get(name)
+                count = stream.partitions if stream is not None else max(applied, default=-1) + 1
+                readers = []
+                if stream is not None:
+                    by_partition = sorted(stream.leases.values(), key=lambda lease: lease.partition)
+                    readers = [-1 if lease.worker is None else lease.worker for lease in by_partition]
+                report[name] = ([applied.get(p, 0) for p in range(count)], readers)
+            return report
+
     # ---- checkpoints
 
     def state_dict(self) -> dict[str, list[int]]:

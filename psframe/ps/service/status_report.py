@@ -84,6 +84,8 @@ def task_info(
     out = data.ranges_out()
     for name, (consumed, total) in sorted(data.counts().items()):
         info.data_sets.add(name=name, consumed=consumed, total=total, ranges_out=out.get(name, 0))
+    for name, (applied, readers) in data.streams.report().items():
+        info.streams.add(name=name, applied=applied, readers=readers)
     now = time.monotonic()
     for change in roster.changes:
         info.membership.add(
