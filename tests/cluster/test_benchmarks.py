@@ -295,3 +295,23 @@ def test_a_table_ten_times_its_ram_budget_trains_through_a_ps_process_to_the_in_
     assert tiered["budget"] * 10 <= 60_000 * 185 and in_ram["budget"] is None
     assert all(r["samples_per_s"] > 0 and r["peak_anon"] >= r["fixed_anon"] > 0 for r in (in_ram, tiered))
     assert "| disk tier |" in tables_beyond_ram_table([in_ram, tiered])
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_freshness_times_each_event_from_its_publication_to_the_row_psframe_serve_answers(tmp_path):
+    """The freshness benchmark at a tiny size (the CTR example on a stream, psframe serve following it):
+    every event of the window is found served, the latencies are ordered, lookups are answered, and
+    the plot is written."""
+    from benchmarks.suite.freshness import freshness_table, plot_freshness, run_freshness
+
+    r = run_freshness(seconds=5.0, rate=20.0, delta_secs=2.0, timeout=500.0)
+    assert 95 <= r["published"] <= 101 and r["served"] == r["published"] and r["not_served"] == 0, r
+    assert 0 < r["p50"] <= r["p90"] <= r["p99"] <= r["max"], r
+    assert r["trained_per_s"] > 0 and r["lookups_per_s"] > 0, r
+    timeline = r["timeline"]
+    assert all(s is None or s > p for p, s in zip(timeline["published"], timeline["served"]))
+    assert timeline["versions"] and timeline["trained"][-1][1] >= r["published"]
+    plot_freshness(r, tmp_path / "freshness.png")
+    assert (tmp_path / "freshness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"| 0 of {r['published']:,} " in freshness_table(r)
