@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import secrets
 import sys
 import time
 import urllib.request
@@ -155,14 +156,14 @@ def build_model(args: argparse.Namespace, kind: type[WideAndDeep] = WideAndDeep)
 BROKER_PATIENCE_S = 120.0  # how long the producer tries again to publish an event while the broker is away
 
 
-def publish(events: JetStream, partition: int, value: bytes) -> int:
+def publish(events: JetStream, partition: int, value: bytes, event_id: str) -> int:
     """Publish one event (its offset), trying again while the broker is away (:data:`BROKER_PATIENCE_S`
-    at most). An event the broker stored but whose acknowledgement was lost is then published twice:
-    at least once into the stream; from there, each record is trained once."""
+    at most). Each try names the event's id, so an event the broker stored but whose acknowledgement
+    was lost is stored once (the broker's duplicate window: two minutes)."""
     deadline, away = time.monotonic() + BROKER_PATIENCE_S, None
     while True:
         try:
-            offset = events.publish(partition, value)
+            offset = events.publish(partition, value, msg_id=event_id)
             if away is not None:
                 log.info("producer: the broker is back after %.1f s", time.monotonic() - away)
             return offset
@@ -180,6 +181,7 @@ def produce(args: argparse.Namespace) -> int:
     if not args.events_per_second > 0:
         raise psframe.PsframeError(f"--events_per_second must be > 0, got {args.events_per_second}")
     published, ends, chunk = 0, [0] * args.partitions, 0
+    producer = secrets.token_hex(6)  # this producer's events' ids: <producer>-<its index>
     start = time.monotonic()
     next_log = start + args.log_seconds
     with stream_of(args) as events:
@@ -201,7 +203,7 @@ def produce(args: argparse.Namespace) -> int:
                 at = slice(i, i + 1)
                 (value,) = encode(numpy.array([time.time()]), samples.clicks[at], samples.dense[at], samples.ids[at])
                 partition = published % args.partitions
-                ends[partition] = publish(events, partition, value) + 1
+                ends[partition] = publish(events, partition, value, f"{producer}-{published}") + 1
                 published += 1
                 if time.monotonic() >= next_log:
                     log.info("producer: %d events published", published)

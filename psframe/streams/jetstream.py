@@ -110,10 +110,17 @@ class JetStream:
         )
         self._call(self._js.add_stream(config))
 
-    def publish(self, partition: int, value: bytes) -> int:
-        """Write ``value`` to ``partition`` once the broker has stored it; its offset."""
+    def publish(self, partition: int, value: bytes, *, msg_id: str | None = None) -> int:
+        """Write ``value`` to ``partition`` once the broker has stored it; its offset.
+
+        Args:
+            msg_id: the record's id: the broker stores a record once for each id within its
+                duplicate window (two minutes by default), so a publish tried again after an
+                error whose first try was stored is stored once (and answers the first's offset).
+        """
         self._check_partition(partition)
-        ack = self._call(self._js.publish(self.subject_of(partition), value, timeout=self._timeout))
+        headers = {"Nats-Msg-Id": msg_id} if msg_id is not None else None
+        ack = self._call(self._js.publish(self.subject_of(partition), value, timeout=self._timeout, headers=headers))
         return int(ack.seq)
 
     def read(self, partition: int, offset: int, max_records: int, timeout: float) -> list[StreamRecord]:

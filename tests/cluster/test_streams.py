@@ -323,3 +323,12 @@ def test_a_ps_task_lost_and_restored_mid_stream_each_record_reaches_every_ps_tas
     finally:
         for server in servers:
             server.stop(grace=0.1)
+
+
+def test_a_record_published_again_under_its_id_is_stored_once(broker):
+    with JetStream(broker.url, "clicks", PARTITIONS) as events:
+        events.create()
+        first = events.publish(1, b"a", msg_id="event-1")
+        assert events.publish(1, b"a", msg_id="event-1") == first  # a publish tried again after a lost ack
+        second = events.publish(1, b"b", msg_id="event-2")
+        assert [(r.offset, r.value) for r in events.read(1, 0, 10, 1.0)] == [(first, b"a"), (second, b"b")]
