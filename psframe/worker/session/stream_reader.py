@@ -1,16 +1,17 @@
 """A worker's side of a stream read by partition (:meth:`psframe.Trainer.stream`).
 
-The worker asks the ps task that keeps the stream's offsets
-(:mod:`psframe.ps.protocol.stream_partitions`) for its partitions, reads
-records of each from the offset committed there (:class:`~psframe.streams.StreamSource`),
-and gives out batches of one partition's records in order, taking its
-partitions in turn. Each batch goes out through :meth:`RangeFeed.out
-<psframe.worker.session.data_reader.RangeFeed.out>`: the step's push to ps 0
-says where the batch ends, and the offset is committed there with the update.
-A batch whose step was not applied comes again; a partition lost (it went to
-another worker while this one was presumed dead, or ps 0 restored a
-checkpoint) is dropped with what was read ahead of it, and the worker asks
-for its partitions again.
+The worker asks ps 0 for its partitions (:mod:`psframe.ps.protocol.stream_partitions`),
+and every ps task how far its updates of each reached; it reads records of
+each partition (:class:`~psframe.streams.StreamSource`) from the lowest of those
+offsets, and gives out batches of one partition's records in order, taking its
+partitions in turn, each batch ending where some task's updates stop, if one
+does within it. Each batch goes out through :meth:`RangeFeed.out
+<psframe.worker.session.data_reader.RangeFeed.out>`: every push of its step
+says where the batch is and where the worker last knew that task to be, and
+each task applies it once. A batch whose step was not applied comes again; a
+push refused (the partition went to another worker while this one was
+presumed dead, or a ps task restored a checkpoint) drops every partition with
+what was read ahead of it, and the worker asks again.
 
 Every ``rebalance_seconds`` the worker asks again: it gets free partitions up
 to its share, and gives back between two batches those it is told to (a
