@@ -213,20 +213,28 @@ def test_status_lists_workers_that_joined_an_elastic_cluster_and_its_membership_
     ]
 
 
-def test_status_shows_how_far_data_sets_read_in_ranges_are(local_cluster, capsys):
-    cluster = local_cluster(num_ps=1, num_workers=2)
+def status_after_three_steps(local_cluster, capsys, num_workers: int, batches_of) -> list[list[str]]:
+    """The last table ``psframe status`` prints (its header first, each line's words) after a
+    trainer's three steps on the batches ``batches_of(trainer)`` gives."""
+    cluster = local_cluster(num_ps=1, num_workers=num_workers)
     model = make_model()
     with psframe.Trainer(model, cluster, transport=TRANSPORT) as t:
-        batches = t.read(psframe.DataRanges("train", 100, batch_size=10, range_size=40))
+        batches = batches_of(t)
         for step in range(3):
             next(batches)
             t.step(loss_of(model, step))
         code, out = run_cli(capsys, "status", f"--cluster_spec={cluster.to_string()}")
         batches.close()
     assert code == 0, out
-    header, *rows = out.split("\n\n")[-1].splitlines()
-    assert header.split() == ["data", "set", "consumed", "of", "ranges", "out"]
-    assert [row.split() for row in rows] == [["train", "30", "100", "1"]]
+    return [line.split() for line in out.split("\n\n")[-1].splitlines()]
+
+
+def test_status_shows_how_far_data_sets_read_in_ranges_are(local_cluster, capsys):
+    header, *rows = status_after_three_steps(
+        local_cluster, capsys, 2, lambda t: t.read(psframe.DataRanges("train", 100, batch_size=10, range_size=40))
+    )
+    assert header == ["data", "set", "consumed", "of", "ranges", "out"]
+    assert rows == [["train", "30", "100", "1"]]
 
 
 class Listed:
@@ -247,19 +255,12 @@ class Listed:
 
 
 def test_status_shows_how_far_each_ps_task_is_in_each_partition_of_a_stream(local_cluster, capsys):
-    cluster = local_cluster(num_ps=1, num_workers=1)
-    model = make_model()
-    with psframe.Trainer(model, cluster, transport=TRANSPORT) as t:
-        batches = t.stream(Listed(per_partition=6), batch_size=4)
-        for step in range(3):  # partition 0's records 1-4, partition 1's 1-4, partition 0's 5-6
-            next(batches)
-            t.step(loss_of(model, step))
-        code, out = run_cli(capsys, "status", f"--cluster_spec={cluster.to_string()}")
-        batches.close()
-    assert code == 0, out
-    header, *rows = out.split("\n\n")[-1].splitlines()
-    assert header.split() == ["stream", "ps", "task", "offsets", "reached", "readers"]
-    assert [row.split() for row in rows] == [["clicks", "/job:ps/task:0", "7", "5", "0", "0"]]
+    # Partition 0's records 1-4, partition 1's 1-4, partition 0's 5-6.
+    header, *rows = status_after_three_steps(
+        local_cluster, capsys, 1, lambda t: t.stream(Listed(per_partition=6), batch_size=4)
+    )
+    assert header == ["stream", "ps", "task", "offsets", "reached", "readers"]
+    assert rows == [["clicks", "/job:ps/task:0", "7", "5", "0", "0"]]
 
 
 def test_status_marks_a_ps_that_is_not_running_down_and_exits_1(servers, capsys):
