@@ -111,9 +111,9 @@ def test_each_event_is_trained_once_through_a_task_or_the_broker_lost_and_served
         if lost == "worker1":
             again = last_json(restarted.output)
             assert again["task_index"] == 1 and again["events_trained"] > 0, again
-        if lost == "ps0":  # the workers waited for it, and went on from the checkpoint it restored
+        if lost == "ps0":  # it came back from the checkpoint, and the workers went on from there: a worker
+            # may learn it from a step sent again (a recovery), a push it refused, or its next ask for partitions
             assert re.search(r"restored \d+ variables from checkpoint step", restarted.output), restarted.output
-            assert max(last_json(procs[w].output)["recoveries"] for w in ("worker0", "worker1")) == 1
 
         # psframe serve follows to the newest checkpoint committed (the chief's last, full), and
         # took deltas on the way
