@@ -48,6 +48,8 @@ PUBLIC_MODULES = {
     "psframe.errors",
     "psframe.flags",
     "psframe.export",
+    "psframe.streams",
+    "psframe.streams.local_broker",
 }
 # The one suite module that may import psframe's internals, and why: the transport,
 # security and memory sections time psframe's own client sending the trainer's step plan
