@@ -42,15 +42,16 @@ def broker(tmp_path):
     broker.stop()
 
 
-def publish(url: str, stream: str, ids: range) -> dict[int, int]:
-    """Publish one record per id (its id as text), partition ``id % PARTITIONS``; the offset after
-    each partition's last record."""
+def publish(url: str, stream: str, ids: range, pause: float = 0.0) -> dict[int, int]:
+    """Publish one record per id (its id as text), partition ``id % PARTITIONS``, ``pause`` seconds
+    apart; the offset after each partition's last record."""
     ends = {}
     with JetStream(url, stream, PARTITIONS) as events:
         events.create()
         for record_id in ids:
             partition = record_id % PARTITIONS
             ends[partition] = events.publish(partition, str(record_id).encode()) + 1
+            time.sleep(pause)
     return ends
 
 
@@ -109,7 +110,7 @@ def rows_on(server: psframe.Server) -> torch.Tensor:
 
 
 def test_each_record_once_with_a_worker_dying_and_one_joining(broker, ps_tasks):
-    n = 600
+    n, more = 600, 300
     ends = publish(broker.url, "clicks", range(n))
     cluster, (server,) = ps_tasks(1, 3, max_workers=4, worker_timeout=1.0)
     polling = threading.Thread(target=server.join, kwargs={"timeout": DEADLINE_S}, daemon=True)
@@ -120,20 +121,29 @@ def test_each_record_once_with_a_worker_dying_and_one_joining(broker, ps_tasks):
         while sum(server.service.data.streams.offsets().get("clicks", [0])) < 200 * PARTITIONS:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        return train(trainer_of(grow(cluster, 1), 3, n), JetStream(broker.url, "clicks", PARTITIONS))
+        # Records keep coming for a few seconds as it joins (the others may have read the first ones all).
+        later = threading.Thread(target=lambda: ends.update(publish(broker.url, "clicks", range(n, n + more), 0.01)))
+        later.start()
+        try:
+            return train(trainer_of(grow(cluster, 1), 3, n + more), JetStream(broker.url, "clicks", PARTITIONS))
+        finally:
+            later.join(DEADLINE_S)
 
     steps = run_workers(
         {
-            0: lambda: train(trainer_of(cluster, 0, n), JetStream(broker.url, "clicks", PARTITIONS)),
-            1: lambda: train(trainer_of(cluster, 1, n), JetStream(broker.url, "clicks", PARTITIONS)),
+            0: lambda: train(trainer_of(cluster, 0, n + more), JetStream(broker.url, "clicks", PARTITIONS)),
+            1: lambda: train(trainer_of(cluster, 1, n + more), JetStream(broker.url, "clicks", PARTITIONS)),
             2: lambda: train(
-                trainer_of(cluster, 2, n), JetStream(broker.url, "clicks", PARTITIONS), stop_after=4, close=False
+                trainer_of(cluster, 2, n + more),
+                JetStream(broker.url, "clicks", PARTITIONS),
+                stop_after=4,
+                close=False,
             ),
             3: joiner,
         }
     )
     assert steps[2] == 4 and steps[3] > 0
-    assert torch.equal(rows_on(server), torch.full((n,), -1.0))
+    assert torch.equal(rows_on(server), torch.full((n + more,), -1.0))
     assert server.service.data.streams.offsets() == {"clicks": [ends[p] for p in range(PARTITIONS)]}
 
 
