@@ -261,16 +261,14 @@ class StreamPartitionsRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., name: _Optional[str] = ..., partitions: _Optional[int] = ..., given_back: _Optional[_Iterable[int]] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class StreamLease(_message.Message):
-    __slots__ = ("lease", "partition", "offset", "give_back")
+    __slots__ = ("lease", "partition", "give_back")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
-    OFFSET_FIELD_NUMBER: _ClassVar[int]
     GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
     lease: int
     partition: int
-    offset: int
     give_back: bool
-    def __init__(self, lease: _Optional[int] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., give_back: _Optional[bool] = ...) -> None: ...
+    def __init__(self, lease: _Optional[int] = ..., partition: _Optional[int] = ..., give_back: _Optional[bool] = ...) -> None: ...
 
 class StreamPartitionsReply(_message.Message):
     __slots__ = ("leases",)

@@ -31,7 +31,7 @@ def test_one_reader_takes_every_partition_from_offset_zero():
     streams = StreamPartitions(gone=lambda worker: False)
     mine = streams.assign(0, "clicks", 4)
     assert partitions_of(mine) == [0, 1, 2, 3] and mine.give_back == ()
-    assert [lease.offset for lease in mine.leases] == [0, 0, 0, 0]
+    assert streams.offsets() == {"clicks": [0, 0, 0, 0]}
 
 
 def test_a_joining_worker_gets_its_share_once_the_holder_gives_back():
@@ -68,7 +68,7 @@ def test_a_gone_workers_partitions_go_to_the_others_at_their_committed_offsets()
     assert streams.record(1, batch(lease, 0, 17, 0))
     gone.add(1)
     taken = streams.assign(0, "clicks", 2)
-    assert partitions_of(taken) == [0, 1] and taken.leases[1].offset == 17
+    assert partitions_of(taken) == [0, 1] and streams.offsets()["clicks"][1] == 17
     with pytest.raises(DataRangeLostError, match="no longer worker 1's"):
         streams.check(1, batch(lease, 17, 20, 17))  # it came back: its push is refused
     assert not streams.record(1, batch(lease, 17, 20, 17))
@@ -134,17 +134,17 @@ def test_the_queue_routes_progress_by_name_and_checkpoints_both_kinds():
         assert not queue.check(0, progress)
         assert queue.record(0, progress)
     state = queue.state_dict()
-    assert state["stream:clicks"] == [2, 0, 41] and state["stream-applied:clicks"] == [1, 41]
+    assert state["stream:clicks"] == [2] and state["stream-applied:clicks"] == [1, 41]
     restored = RangeQueue(gone=lambda worker: False)
     restored.load_state_dict({**state, "last_push": [5]})
     assert restored.streams.offsets() == {"clicks": [0, 41]} and restored.counts() == {"train": (3, 10)}
     again = restored.assign_stream(0, "clicks", 2)
-    assert [lease.offset for lease in again.leases] == [0, 41]
+    assert partitions_of(again) == [0, 1]
     with pytest.raises(DataRangeLostError):  # the leases of before the restore are void
         restored.check(0, batch(second, 41, 50, 41))
 
 
-@pytest.mark.parametrize("record", [[], [0], [2, 5], [70000] + [0] * 70000, [2, 0, 1, 4]])
+@pytest.mark.parametrize("record", [[], [0], [2, 5], [70000], [-1]])
 def test_a_malformed_stream_record_in_a_checkpoint_is_refused(record):
     with pytest.raises(CheckpointError, match="record of stream 'clicks' is malformed"):
         StreamPartitions(gone=lambda worker: False).load_state_dict({"stream:clicks": record})

@@ -40,18 +40,17 @@ from psframe.errors import CheckpointError, DataRangeLostError, WireFormatError
 if TYPE_CHECKING:  # the data ranges' queue holds this one, and hands it their progress
     from psframe.ps.protocol.data_ranges import Progress
 
-STATE_PREFIX = "stream:"  # a stream's leases in a checkpoint's record of pushes (ps 0)
+STATE_PREFIX = "stream:"  # a stream whose leases are kept here (ps 0), in a checkpoint's record of pushes
 APPLIED_PREFIX = "stream-applied:"  # how far a ps task's updates of a stream's partitions reached
 MAX_PARTITIONS = 1 << 16
 
 
 @dataclass
 class PartitionLease:
-    """A partition out with a worker (or free, ``worker`` None), committed up to ``offset``."""
+    """A partition out with a worker (or free, ``worker`` None)."""
 
     lease_id: int
     partition: int
-    offset: int  # the next record to train on
     worker: int | None
 
 
@@ -178,8 +177,6 @@ class StreamPartitions:
             return False
         applied = self._applied.setdefault(progress.name, {})
         applied[progress.partition] = max(applied.get(progress.partition, 0), progress.offset)
-        if lease is not None:
-            lease.offset = max(lease.offset, progress.offset)
         return True
 
     def applied(self, name: str) -> dict[int, int]:
@@ -189,9 +186,10 @@ class StreamPartitions:
             return dict(self._applied.get(name, {}))
 
     def offsets(self) -> dict[str, list[int]]:
-        """Each stream's committed offset of each partition."""
+        """Each stream whose leases are kept here: how far this task's updates of each partition
+        reached (0: none yet)."""
         with self._lock:
-            return {name: _offsets(stream) for name, stream in self._streams.items()}
+            return {name: self._reached(name, stream.partitions) for name, stream in self._streams.items()}
 
     def report(self) -> dict[str, tuple[list[int], list[int]]]:
         """Each stream this task applied batches of or keeps the leases of: how far its updates of
@@ -200,31 +198,30 @@ class StreamPartitions:
         with self._lock:
             report = {}
             for name in sorted(set(self._applied) | set(self._streams)):
-                applied, stream = self._applied.get(name, {}), self._streams.get(name)
-                count = stream.partitions if stream is not None else max(applied, default=-1) + 1
+                stream = self._streams.get(name)
+                count = stream.partitions if stream is not None else max(self._applied[name], default=-1) + 1
                 readers = []
                 if stream is not None:
                     by_partition = sorted(stream.leases.values(), key=lambda lease: lease.partition)
                     readers = [-1 if lease.worker is None else lease.worker for lease in by_partition]
-                report[name] = ([applied.get(p, 0) for p in range(count)], readers)
+                report[name] = (self._reached(name, count), readers)
             return report
 
     # ---- checkpoints
 
     def state_dict(self) -> dict[str, list[int]]:
         """What a checkpoint keeps: for each stream whose leases are kept here, under
-        ``"stream:<name>"``, ``[partitions]`` and then each partition's committed offset; for each
-        stream this task applied batches of, under ``"stream-applied:<name>"``, pairs of a
-        partition and the offset this task's updates of it reached."""
+        ``"stream:<name>"``, ``[partitions]``; for each stream this task applied batches of, under
+        ``"stream-applied:<name>"``, pairs of a partition and the offset its updates reached."""
         with self._lock:
-            state = {f"{STATE_PREFIX}{name}": [s.partitions, *_offsets(s)] for name, s in self._streams.items()}
+            state = {f"{STATE_PREFIX}{name}": [s.partitions] for name, s in self._streams.items()}
             for name, applied in self._applied.items():
                 state[f"{APPLIED_PREFIX}{name}"] = [x for p in sorted(applied) for x in (p, applied[p])]
             return state
 
     def load_state_dict(self, state: Mapping[str, Sequence[int]]) -> None:
-        """Take a checkpoint's offsets (its ``"stream:"`` keys): every partition goes back to the
-        queue at them, and the leases of before are void.
+        """Take a checkpoint's streams (its ``"stream:"`` and ``"stream-applied:"`` keys): the offsets
+        its values hold, and every partition back in the queue (the leases of before are void).
 
         Raises:
             CheckpointError: a stream's record is malformed.
@@ -237,12 +234,9 @@ class StreamPartitions:
                 if not key.startswith(STATE_PREFIX):
                     continue
                 name = key[len(STATE_PREFIX) :]
-                if not values or not 1 <= int(values[0]) <= MAX_PARTITIONS or len(values) != 1 + int(values[0]):
+                if len(values) != 1 or not 1 <= int(values[0]) <= MAX_PARTITIONS:
                     raise CheckpointError(f"the record of stream {name!r} is malformed: {list(values)!r}")
-                stream = self._new_stream(int(values[0]))
-                for lease, offset in zip(sorted(stream.leases.values(), key=lambda x: x.partition), values[1:]):
-                    lease.offset = int(offset)
-                self._streams[name] = stream
+                self._streams[name] = self._new_stream(int(values[0]))
 
     # ---- inside
 
@@ -262,10 +256,14 @@ class StreamPartitions:
     def _new_stream(self, partitions: int) -> _Stream:
         stream = _Stream(partitions)
         for partition in range(partitions):
-            lease = PartitionLease(self._next_lease, partition, 0, None)
+            lease = PartitionLease(self._next_lease, partition, None)
             self._next_lease += 1
             stream.leases[lease.lease_id] = lease
         return stream
+
+    def _reached(self, name: str, partitions: int) -> list[int]:
+        applied = self._applied.get(name, {})
+        return [applied.get(partition, 0) for partition in range(partitions)]
 
     def _lease(self, progress: Progress) -> PartitionLease | None:
         stream = self._streams.get(progress.name)
@@ -276,7 +274,3 @@ def _pairs(key: str, values: Sequence[int]) -> dict[int, int]:
     if len(values) % 2 or any(int(v) < 0 for v in values):
         raise CheckpointError(f"the record {key!r} is malformed: {list(values)!r}")
     return {int(values[i]): int(values[i + 1]) for i in range(0, len(values), 2)}
-
-
-def _offsets(stream: _Stream) -> list[int]:
-    return [lease.offset for lease in sorted(stream.leases.values(), key=lambda lease: lease.partition)]

@@ -72,7 +72,6 @@ class DataRangeHandler:
                 pb.StreamLease(
                     lease=lease.lease_id,
                     partition=lease.partition,
-                    offset=lease.offset,
                     give_back=lease.lease_id in give_back,
                 )
                 for lease in assignment.leases

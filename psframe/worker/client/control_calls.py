@@ -203,12 +203,11 @@ def data_range(
 
 @dataclass(frozen=True)
 class StreamLease:
-    """A partition of a stream out with this worker, committed up to ``offset``; ``give_back``:
-    beyond the worker's share, to give back between two batches."""
+    """A partition of a stream out with this worker; ``give_back``: beyond the worker's share, to
+    give back between two batches (where to read it from, every ps task says: :func:`stream_offsets`)."""
 
     lease: int
     partition: int
-    offset: int
     give_back: bool
 
 
@@ -221,7 +220,7 @@ def stream_partitions(
         caller=client.caller, name=name, partitions=partitions, given_back=list(given_back), leaving=leaving
     )
     reply = client.connections[ps_task].call("StreamPartitions", request, timeout=client.rpc_timeout)
-    return [StreamLease(lease.lease, lease.partition, lease.offset, lease.give_back) for lease in reply.leases]
+    return [StreamLease(lease.lease, lease.partition, lease.give_back) for lease in reply.leases]
 
 
 def stream_offsets(client: PsClient, name: str) -> list[dict[int, int]]:
